@@ -1,0 +1,121 @@
+/* bench_util.h - timing, the machine's read bandwidth and a float32 GEMV
+   baseline, shared by the benchmarks. */
+#ifndef MPQ_BENCH_UTIL_H
+#define MPQ_BENCH_UTIL_H
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+static inline double bench_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static inline int bench_max_threads(void)
+{
+#ifdef _OPENMP
+    return omp_get_max_threads();
+#else
+    return 1;
+#endif
+}
+
+static int bench_cmp(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static inline double bench_median(double *t, int n)
+{
+    qsort(t, (size_t)n, sizeof(double), bench_cmp);
+    return n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
+}
+
+/* Read bandwidth (bytes/s): the best of several passes over a buffer far
+   larger than the caches, split over `threads` threads. The reduction is an
+   integer sum, which the compiler may reorder and vectorise freely, so the
+   loop is limited by memory, not by adder latency. */
+static inline double bench_read_bandwidth(int threads, int quick)
+{
+    const size_t n = (size_t)(quick ? 32 : 64) << 20; /* uint64: 256 or 512 MiB */
+    uint64_t *a = (uint64_t *)malloc(n * sizeof(uint64_t));
+    if (!a) return 0.0;
+    (void)threads;
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(threads) schedule(static)
+#endif
+    for (size_t i = 0; i < n; i++) a[i] = i; /* first touch by the readers */
+    double best = 0.0;
+    volatile uint64_t sink = 0;
+    for (int rep = 0; rep < 6; rep++) {
+        double t0 = bench_now();
+        uint64_t total = 0;
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(threads) schedule(static) reduction(+ : total)
+#endif
+        for (size_t i = 0; i < n; i++) total += a[i];
+        double dt = bench_now() - t0;
+        sink += total;
+        double bw = (double)(n * sizeof(uint64_t)) / dt;
+        best = bw > best ? bw : best;
+    }
+    free(a);
+    return best;
+}
+
+/* Plain float32 GEMV y = W x, vectorised by the compiler, OpenMP over rows. */
+static inline void bench_f32_gemv(const float *W, const float *x, float *y, int m, int n, int threads)
+{
+    (void)threads;
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(threads) schedule(static)
+#endif
+    for (int i = 0; i < m; i++) {
+        const float *w = W + (size_t)i * n;
+        float s[16] = {0};
+        int j = 0;
+        for (; j + 16 <= n; j += 16)
+            for (int k = 0; k < 16; k++) s[k] += w[j + k] * x[j + k];
+        float t = 0.0f;
+        for (; j < n; j++) t += w[j] * x[j];
+        for (int k = 0; k < 16; k++) t += s[k];
+        y[i] = t;
+    }
+}
+
+/* Median microseconds of the float32 GEMV, rotating over copies of W so
+   that the caches never hold the one being read. */
+static inline double bench_f32_gemv_us(const float *W, const float *x, float *y, int m, int n, int threads,
+                                       size_t rotate_bytes, int quick)
+{
+    size_t bytes = sizeof(float) * (size_t)m * (size_t)n;
+    int ncopies = (int)(rotate_bytes / bytes) + 2;
+    float **C = (float **)malloc(sizeof(float *) * (size_t)ncopies);
+    for (int c = 0; c < ncopies; c++) {
+        C[c] = (float *)malloc(bytes);
+        memcpy(C[c], W, bytes);
+    }
+    int reps = quick ? 10 : 30;
+    double *ts = (double *)malloc(sizeof(double) * (size_t)reps);
+    for (int c = 0; c < ncopies; c++) bench_f32_gemv(C[c], x, y, m, n, threads);
+    for (int r = 0; r < reps; r++) {
+        double t0 = bench_now();
+        bench_f32_gemv(C[r % ncopies], x, y, m, n, threads);
+        ts[r] = bench_now() - t0;
+    }
+    double us = bench_median(ts, reps) * 1e6;
+    for (int c = 0; c < ncopies; c++) free(C[c]);
+    free(C);
+    free(ts);
+    return us;
+}
+
+#endif

@@ -1,0 +1,180 @@
+/* bench/gemv: CPU bit-plane LUT GEMV against the machine's own read bandwidth
+   and a plain float32 GEMV, all measured in this run.
+
+   usage: gemv [--quick] [--threads N] [--shape MxN] [--block-rows R]
+
+   For every shape and bits-per-weight point it prints the median time of one
+   GEMV (batch 1), the packed bytes streamed per second, that rate over the
+   read bandwidth measured at the start, and the speedup over the float32
+   GEMV with the same threads. Weight copies are rotated so that the caches
+   never hold the matrix being multiplied. 2.5 and 3.25 bpw are block mixes of
+   two neighbouring widths. */
+#define MPQ_IMPLEMENTATION
+#include "mpq.h"
+#include "bench_util.h"
+#include "synth.h"
+
+#include <stdio.h>
+
+/* A block mix for `bpw`: the higher width on a fraction bpw - floor(bpw) of
+   the blocks, spread evenly. */
+static void make_bits(uint8_t *bits, int nb, double bpw)
+{
+    int lo = (int)bpw;
+    double frac = bpw - lo, acc = 0.0;
+    for (int k = 0; k < nb; k++) {
+        acc += frac;
+        bits[k] = (uint8_t)(acc >= 1.0 - 1e-9 ? lo + 1 : lo);
+        if (acc >= 1.0 - 1e-9) acc -= 1.0;
+    }
+}
+
+/* Median microseconds of one GEMV, rotating over copies of A's buffer. */
+static double time_gemv(const mpq_packed *A, const float *x, float *y, int threads, size_t rotate_bytes, int reps)
+{
+    int ncopies = (int)(rotate_bytes / A->bytes) + 2;
+    if (ncopies > 256) ncopies = 256;
+    mpq_packed *C = (mpq_packed *)malloc(sizeof(mpq_packed) * (size_t)ncopies);
+    for (int c = 0; c < ncopies; c++) {
+        void *buf = mpq_aligned_alloc(A->bytes);
+        memcpy(buf, A->buf, A->bytes);
+        if (!buf || mpq_packed_open(buf, A->bytes, &C[c]) != MPQ_OK) exit(1);
+    }
+    size_t wb = mpq_gemv_work_bytes(A, 1);
+    void *work = mpq_aligned_alloc(wb);
+    mpq_gemv_opts o;
+    memset(&o, 0, sizeof o);
+    o.threads = threads;
+    double *ts = (double *)malloc(sizeof(double) * (size_t)reps);
+    for (int c = 0; c < ncopies; c++) mpq_gemv(&C[c], x, y, 1, &o, work, wb); /* warm up, touch every copy */
+    for (int r = 0; r < reps; r++) {
+        double t0 = bench_now();
+        mpq_gemv(&C[r % ncopies], x, y, 1, &o, work, wb);
+        ts[r] = bench_now() - t0;
+    }
+    double us = bench_median(ts, reps) * 1e6;
+    for (int c = 0; c < ncopies; c++) mpq_aligned_free((void *)(uintptr_t)C[c].buf);
+    free(C);
+    free(ts);
+    mpq_aligned_free(work);
+    return us;
+}
+
+int main(int argc, char **argv)
+{
+    int quick = 0, only_threads = 0, sm = 0, sn = 0, block_rows = 16;
+    for (int a = 1; a < argc; a++) {
+        if (!strcmp(argv[a], "--quick"))
+            quick = 1;
+        else if (!strcmp(argv[a], "--threads") && a + 1 < argc)
+            only_threads = atoi(argv[++a]);
+        else if (!strcmp(argv[a], "--block-rows") && a + 1 < argc)
+            block_rows = atoi(argv[++a]);
+        else if (!(!strcmp(argv[a], "--shape") && a + 1 < argc && sscanf(argv[++a], "%dx%d", &sm, &sn) == 2)) {
+            fprintf(stderr, "usage: %s [--quick] [--threads N] [--shape MxN] [--block-rows R]\n", argv[0]);
+            return 2;
+        }
+    }
+    int shapes[3][2] = {{4096, 4096}, {14336, 4096}, {4096, 14336}}, nshapes = 3;
+    if (sm > 0 && sn > 0) {
+        shapes[0][0] = sm;
+        shapes[0][1] = sn;
+        nshapes = 1;
+    }
+    const double bpws[] = {2.0, 2.5, 3.0, 3.25, 4.0};
+    const int nbpw = 5, group = 128;
+    const int maxth = bench_max_threads();
+    int thr[2] = {1, 2}, nthr = maxth > 1 ? 2 : 1;
+    if (only_threads > 0) {
+        thr[0] = only_threads;
+        nthr = 1;
+    }
+    const size_t rotate = (size_t)(quick ? 96 : 256) << 20; /* far beyond the last-level cache */
+    const int reps = quick ? 15 : 50;
+    synth_rng rng = {42};
+
+    const mpq_path path = mpq__resolve_path(MPQ_PATH_AUTO);
+    printf("mpq bench/gemv: group %d, block_rows %d, kernel path %s, batch 1\n", group, block_rows, mpq_path_name(path));
+    double bw[2];
+    for (int ti = 0; ti < nthr; ti++) {
+        bw[ti] = bench_read_bandwidth(thr[ti], quick);
+        printf("read bandwidth, %d thread(s): %.1f GB/s\n", thr[ti], bw[ti] / 1e9);
+    }
+    printf("\n%-12s %5s %3s %10s %8s %6s %10s %8s\n", "shape", "bpw", "thr", "us", "GB/s", "of bw", "fp32 us",
+           "speedup");
+    double t3_4096 = 0.0;
+    for (int si = 0; si < nshapes; si++) {
+        const int m = shapes[si][0], n = shapes[si][1];
+        float *W = (float *)mpq_aligned_alloc(sizeof(float) * (size_t)m * n);
+        float *x = (float *)mpq_aligned_alloc(sizeof(float) * (size_t)n);
+        float *y = (float *)mpq_aligned_alloc(sizeof(float) * (size_t)m);
+        if (!W || !x || !y) return 1;
+        synth_weights(&rng, W, m, n);
+        synth_activations(&rng, x, n);
+        double f32_us[2];
+        for (int ti = 0; ti < nthr; ti++) f32_us[ti] = bench_f32_gemv_us(W, x, y, m, n, thr[ti], rotate, quick);
+        const int ngr = (n + group - 1) / group, nbr = (m + block_rows - 1) / block_rows;
+        uint8_t *bits = (uint8_t *)malloc((size_t)ngr * nbr);
+        for (int bi = 0; bi < nbpw; bi++) {
+            make_bits(bits, ngr * nbr, bpws[bi]);
+            mpq_bitplane_desc d;
+            memset(&d, 0, sizeof d);
+            d.rows = m;
+            d.cols = n;
+            d.group = group;
+            d.block_rows = block_rows;
+            d.bits = bits;
+            mpq_packed A;
+            double t0 = bench_now();
+            mpq_status st = mpq_pack_alloc(&d, W, &A);
+            double pack_s = bench_now() - t0;
+            if (st != MPQ_OK) {
+                fprintf(stderr, "pack: %s\n", mpq_status_str(st));
+                return 1;
+            }
+            for (int ti = 0; ti < nthr; ti++) {
+                double us = time_gemv(&A, x, y, thr[ti], rotate, reps);
+                double gbs = (double)A.bytes / (us * 1e-6);
+                if (m == 4096 && n == 4096 && bpws[bi] == 3.0 && ti == nthr - 1) t3_4096 = us;
+                printf("%5dx%-6d %5.2f %3d %10.1f %8.1f %5.0f%% %10.1f %7.2fx\n", m, n, mpq_packed_bpw(&A, 0), thr[ti],
+                       us, gbs / 1e9, 100.0 * gbs / bw[ti], f32_us[ti], f32_us[ti] / us);
+            }
+            printf("%5dx%-6d %5.2f     quantize+pack: %.1f M weights/s (%d threads), %.2f bpw with metadata\n", m, n,
+                   mpq_packed_bpw(&A, 0), (double)m * n / pack_s / 1e6, maxth, mpq_packed_bpw(&A, 1));
+            mpq_packed_free(&A);
+        }
+        free(bits);
+        mpq_aligned_free(W);
+        mpq_aligned_free(x);
+        mpq_aligned_free(y);
+    }
+
+    if (t3_4096 > 0.0) { /* building the tables for one vector, against that GEMV */
+        const int n = 4096;
+        mpq_bitplane_desc d;
+        memset(&d, 0, sizeof d);
+        d.rows = 16;
+        d.cols = n;
+        float *W = (float *)mpq_aligned_alloc(sizeof(float) * 16u * n), *x = (float *)mpq_aligned_alloc(4u * n);
+        synth_weights(&rng, W, 16, n);
+        synth_activations(&rng, x, n);
+        mpq_packed A;
+        if (mpq_pack_alloc(&d, W, &A) != MPQ_OK) return 1;
+        size_t wb = mpq_gemv_work_bytes(&A, 1);
+        uint8_t *work = (uint8_t *)mpq_aligned_alloc(wb);
+        double ts[201];
+        for (int r = 0; r < 201; r++) {
+            double t0 = bench_now();
+            mpq__build_tables(&A, x, path, work);
+            ts[r] = bench_now() - t0;
+        }
+        double tb = bench_median(ts, 201) * 1e6;
+        printf("\ntables for one vector, n = %d: %.2f us = %.1f%% of the 4096x4096 3-bit GEMV above (%.1f us)\n", n, tb,
+               100.0 * tb / t3_4096, t3_4096);
+        mpq_aligned_free(work);
+        mpq_packed_free(&A);
+        mpq_aligned_free(W);
+        mpq_aligned_free(x);
+    }
+    return 0;
+}

@@ -1,0 +1,2201 @@
+/* mpq.h - mixed-precision quantization of LLM weights, in one header.     v0.1.0
+
+   mpq turns float weight matrices into compact packed matrices at any average
+   bit width (1..8 bits per weight, mixed per block) and multiplies activations
+   by them with a lookup-table GEMV that never dequantizes.
+
+   QUICK START
+
+     In exactly one C or C++ file:
+
+       #define MPQ_IMPLEMENTATION
+       #include "mpq.h"
+
+     Everywhere else just #include "mpq.h".
+
+       mpq_bitplane_desc d = {0};          // zero means "default" for every field
+       d.rows = m; d.cols = n;             // W is m x n, row-major float32, y = W x
+       d.uniform_bits = 3;                 // or d.bits = per-block widths map
+       mpq_packed A;
+       mpq_status st = mpq_pack_alloc(&d, W, &A);   // quantize + pack (allocates)
+       if (st != MPQ_OK) fprintf(stderr, "%s\n", mpq_status_str(st));
+
+       size_t wb = mpq_gemv_work_bytes(&A, 1);      // tables for one vector
+       void *work = mpq_aligned_alloc(wb);
+       mpq_gemv_opts o = {0};                       // o.skip_planes = 1: one bit less
+       st = mpq_gemv(&A, x, y, 1, &o, work, wb);    // y (m) = W x (n)
+       mpq_aligned_free(work);
+       mpq_packed_free(&A);
+
+     A packed matrix is one self-describing byte buffer (A.buf, A.bytes) that
+     can be written to a file as it is; mpq_packed_open() validates such a
+     buffer before anything reads it.
+
+   CONFIGURATION MACROS (define before including)
+
+     MPQ_IMPLEMENTATION   emit the implementation in this translation unit
+     MPQ_STATIC           make every function static to this translation unit
+     MPQ_MALLOC(sz)       allocator (default malloc)        \ all three or
+     MPQ_REALLOC(p, sz)   reallocator (default realloc)      > none; the library
+     MPQ_FREE(p)          deallocator (default free)        /  never calls others
+     MPQ_ASSERT(x)        internal invariants only, never user input
+                          (default assert)
+     MPQ_NO_SIMD          use the portable scalar code even where the compiler
+                          targets AVX2 / AVX-512
+     MPQ_NO_F16C          convert halves in software even where F16C exists
+
+     SIMD paths are compiled when the compiler targets them: AVX-512 (F+BW+VL)
+     with -mavx512f -mavx512bw -mavx512vl or -march=native on such a machine,
+     AVX2 with -mavx2 -mfma -mf16c. The scalar path is always compiled and is
+     what the tests compare every other path against. OpenMP (-fopenmp)
+     parallelises the GEMV and the packer over row tiles; without it mpq is
+     single-threaded and still correct.
+
+   CONTENTS (declarations, then implementation, in this order)
+
+     1. Basics ............ version, linkage, mpq_status, aligned memory
+     2. Half precision .... float <-> fp16, round-to-nearest-even
+     3. Group quantization  uniform asymmetric / symmetric, 1..8 bits
+     4. Bit-plane matrices  mpq_bitplane_desc, byte layout, pack, open, decode
+     5. Products .......... lookup tables, GEMV / small GEMM, float64 reference
+     6. Formats, backends . format traits table, backend dispatch table
+
+   NOTATION (see the design notes for the math)
+
+     W is rows x cols (m x n), y = W x, batched Y = X W^T with X batch x n.
+     Permutations: the packed matrix holds W~[i][j] = W[p_row[i]][p_col[j]];
+     at run time x~[j] = x[p_col[j]] * col_scale[j] and y[p_row[i]] = y~[i].
+     A group is `group` consecutive columns of one row with its own scale and
+     zero; a block is block_rows x group weights sharing one bit width.
+
+   FORMATS
+     Bit-plane ("mirror", +-1) format: section 4, "BYTE LAYOUT".
+
+   LICENSE: MIT (end of file).
+*/
+#ifndef MPQ_H_INCLUDED
+#define MPQ_H_INCLUDED
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* ========================================================================== */
+/* 1. Basics                                                                  */
+/* ========================================================================== */
+
+#define MPQ_VERSION_MAJOR 0
+#define MPQ_VERSION_MINOR 1
+#define MPQ_VERSION_PATCH 0
+#define MPQ_VERSION ((MPQ_VERSION_MAJOR * 10000) + (MPQ_VERSION_MINOR * 100) + MPQ_VERSION_PATCH)
+
+#if defined(__GNUC__) || defined(__clang__)
+#define MPQ__UNUSED __attribute__((unused))
+#else
+#define MPQ__UNUSED
+#endif
+
+#ifdef MPQ_STATIC
+#define MPQ_DEF static MPQ__UNUSED
+#else
+#define MPQ_DEF extern
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Every fallible function returns one of these. MPQ_OK is zero, errors are
+   negative. On error, no output has been written. */
+typedef enum mpq_status {
+    MPQ_OK = 0,
+    MPQ_ERR_ARG = -1,         /* a NULL pointer or an option out of range */
+    MPQ_ERR_SIZE = -2,        /* rows, cols, group, batch or a buffer size is wrong */
+    MPQ_ERR_NONFINITE = -3,   /* NaN or Inf in an input that must be finite */
+    MPQ_ERR_BITS = -4,        /* a bit width outside 1..8 */
+    MPQ_ERR_PERM = -5,        /* not a permutation (index out of range or repeated) */
+    MPQ_ERR_RANGE = -6,       /* a value overflows its storage type (e.g. fp16 scale) */
+    MPQ_ERR_FORMAT = -7,      /* a packed buffer is malformed or corrupted */
+    MPQ_ERR_ALIGN = -8,       /* a buffer is not aligned as required */
+    MPQ_ERR_NOMEM = -9,       /* an allocation failed */
+    MPQ_ERR_UNSUPPORTED = -10,/* the operation or code path is not available in this build */
+    MPQ_ERR_NODEVICE = -11,   /* no usable accelerator */
+    MPQ_ERR_DEVICE = -12      /* the accelerator runtime reported an error */
+} mpq_status;
+
+/* A short English description of a status code; never NULL. */
+MPQ_DEF const char *mpq_status_str(mpq_status st);
+
+/* 64-byte aligned allocation through MPQ_MALLOC; NULL on failure or size 0.
+   Free with mpq_aligned_free (NULL is accepted). */
+MPQ_DEF void *mpq_aligned_alloc(size_t bytes);
+MPQ_DEF void mpq_aligned_free(void *p);
+
+/* ========================================================================== */
+/* 2. Half precision                                                          */
+/* ========================================================================== */
+
+/* IEEE 754 binary16 <-> binary32. float -> half rounds to nearest, ties to
+   even; overflow gives +-Inf; subnormal halves are produced and read; NaN
+   keeps its sign and the top 9 payload bits and is made quiet (as F16C does).
+   half -> float is exact; a signalling NaN half comes back quiet. The scalar
+   code and the F16C instructions agree bit for bit; the array versions use
+   F16C where the compiler targets it. */
+MPQ_DEF uint16_t mpq_f32_to_f16(float f);
+MPQ_DEF float mpq_f16_to_f32(uint16_t h);
+MPQ_DEF void mpq_f32_to_f16_n(const float *src, uint16_t *dst, size_t n);
+MPQ_DEF void mpq_f16_to_f32_n(const uint16_t *src, float *dst, size_t n);
+/* The portable versions, always compiled (the tests compare both). */
+MPQ_DEF uint16_t mpq_f32_to_f16_soft(float f);
+MPQ_DEF float mpq_f16_to_f32_soft(uint16_t h);
+
+/* ========================================================================== */
+/* 3. Group quantization                                                      */
+/* ========================================================================== */
+
+/* Uniform group quantization in the AWQ convention (design notes), stored in
+   the +-1 "mirror" form the kernels use. For a group v of width b:
+
+     asymmetric:  s = (max - min) / (2^b - 1),  z = clamp(round(-min / s), 0, 2^b - 1)
+     symmetric:   s = 2 max|v| / (2^b - 1),     z = 2^(b-1)
+
+   and the stored pair is  s^ = fp16(s / 2),  z^ = fp16(s ((2^b - 1)/2 - z))
+   (symmetric: z^ = -s^ exactly). The code of each element is then chosen
+   against the *stored* pair, q = clamp(round((v - z^) / (2 s^) + (2^b - 1)/2)),
+   so that the dequantized value
+
+     w^ = s^ (2 q - (2^b - 1)) + z^
+
+   is within s^ (half a step) of v for every value the grid covers. Rounding is
+   to nearest, ties to even, independent of the FPU rounding mode. A constant
+   group (max == min), symmetric or not, has s^ = 0 and z^ = fp16(v): it
+   reconstructs exactly when v is representable in fp16. So does a group
+   whose step is below fp16 resolution (z^ = fp16 of its midrange). NaN or Inf anywhere is MPQ_ERR_NONFINITE; a
+   value above 65504 in magnitude is MPQ_ERR_RANGE (s^, z^ are fp16). */
+MPQ_DEF mpq_status mpq_quantize_group(const float *v, int len, int bits, int symmetric,
+                                      uint8_t *q, uint16_t *s_hat, uint16_t *z_hat);
+
+/* w^ for one code (the formula above), and with the lowest `skip` planes
+   dropped: s^ sum_{i>=skip} 2^i sigma_i + z^, the midpoint of the coarser
+   (bits - skip)-bit bucket (design notes, "nested precision"). */
+MPQ_DEF float mpq_dequant_value(uint8_t q, int bits, int skip, float s_hat, float z_hat);
+
+/* Whole-matrix quantization under a per-block bits map: see mpq_bitplane_desc
+   (section 4) for the shape fields; permutations and col_scale are ignored
+   here (codes are in the coordinates of W). Outputs: codes (rows*cols bytes),
+   s_hat and z_hat (rows * ceil(cols/group) halves each, row-major by group). */
+struct mpq_bitplane_desc;
+MPQ_DEF mpq_status mpq_quantize(const struct mpq_bitplane_desc *d, const float *W, uint8_t *codes,
+                                uint16_t *s_hat, uint16_t *z_hat);
+/* Inverse of mpq_quantize: W (rows*cols floats) from codes and the pairs. */
+MPQ_DEF mpq_status mpq_dequantize(const struct mpq_bitplane_desc *d, const uint8_t *codes,
+                                  const uint16_t *s_hat, const uint16_t *z_hat, float *W);
+
+/* ========================================================================== */
+/* 4. Bit-plane matrices                                                      */
+/* ========================================================================== */
+
+#define MPQ_TILE_ROWS 16   /* rows interleaved in one record (one SIMD register) */
+#define MPQ_MAX_BITS 8
+
+/* Describes a bit-plane matrix to pack. Zero-initialise, then set fields;
+   every zero field means the default written next to it. */
+typedef struct mpq_bitplane_desc {
+    int rows;               /* m, output features (required, >= 1) */
+    int cols;               /* n, input features (required, >= 1) */
+    int group;              /* columns per group, a multiple of 8; 0 -> 128 */
+    int block_rows;         /* rows per bit-width block; 0 -> 16 */
+    const uint8_t *bits;    /* ceil(rows/block_rows) x ceil(cols/group) widths in
+                               1..8, in packed (permuted) coordinates; NULL ->
+                               every block has uniform_bits */
+    int uniform_bits;       /* used when bits == NULL; 0 -> 4 */
+    unsigned symmetric;     /* bit b set: b-bit blocks are quantized symmetrically
+                               (MixLLM: 1u << 8); 0 -> all asymmetric */
+    const uint32_t *p_row;  /* optional row permutation (length rows): packed row i
+                               holds W row p_row[i] */
+    const uint32_t *p_col;  /* optional column permutation (length cols) */
+    const float *col_scale; /* optional per packed column activation scale c[j]
+                               (finite, non-zero): x~[j] = x[p_col[j]] * c[j], and
+                               the packer quantizes W~[i][j] / c[j] so that the
+                               product still approximates W x (AWQ fills it) */
+} mpq_bitplane_desc;
+
+/* BYTE LAYOUT of a packed bit-plane matrix (format version 1). Little-endian.
+   One buffer, every section starting at a multiple of 64 bytes:
+
+     header      128 bytes, see mpq__bp_header in the implementation: magic
+                 "MPQBITP\0", version, format, rows, cols, group, block_rows,
+                 band_rows, flags (1 p_row, 2 p_col, 4 col_scale), the offset
+                 of every section and the total size
+     bits        ceil(rows/block_rows) * ceil(cols/group) bytes, row-major
+     p_row       rows  x uint32   (if flag 1)
+     p_col       cols  x uint32   (if flag 2)
+     col_scale   cols  x float32  (if flag 4)
+     band index  (nbands + 1) x uint64: byte offset of each band in `data`,
+                 the last entry is the size of `data`
+     data        the records, band after band
+
+   Rows are cut into tiles of 16 (the last one padded with rows that are all
+   zero). A band is block_rows rows when block_rows is a multiple of 16 (then a
+   block's records are adjacent), otherwise one tile. Inside a band, for each
+   group g, for each tile of the band, one RECORD:
+
+     s^[16]  fp16, one per row of the tile (padding rows 0)         32 bytes
+     z^[16]  fp16                                                   32 bytes
+     plane 0, plane 1, ..., plane B-1      each nch * 16 bytes
+
+   where nch = ceil(width of group g / 8) and B = the largest width of the
+   tile's rows in group g. A row whose own width b < B stores zero bytes in
+   planes b..B-1 (only tiles that straddle blocks of different widths, which
+   happens only when block_rows is not a multiple of 16, have such rows).
+
+   A PLANE of a record holds bit i of the code of every weight of the tile's
+   16 rows x group columns: "chunk" c is columns 8c..8c+7 of the group, one
+   byte per row, bit k = column 8c+k. Chunks are laid out in three kinds of
+   segment so that the same columns of all 16 rows sit in one SIMD register:
+
+     quads      chunks 4u..4u+3 for u < nch/4: 64 bytes each, row r at bytes
+                4r..4r+3 (a 16 x uint32 vector: lane r = 32 columns of row r)
+     pair       if nch & 2: the next 2 chunks, 32 bytes, row r at bytes 2r, 2r+1
+     single     if nch & 1: the last chunk, 16 bytes, row r at byte r
+
+   Every record and segment is a multiple of 16 bytes, so 16-byte loads are
+   always aligned when the buffer is. Padding columns (past `cols`) have bit 0;
+   the kernels give them zero activations, so they never change a result. */
+
+/* A packed matrix: a validated view into one buffer. `buf` is owned by
+   whoever allocated it (mpq_pack_alloc: free with mpq_packed_free). */
+typedef struct mpq_packed {
+    int format;             /* MPQ_FORMAT_BITPLANE */
+    int rows, cols, group, block_rows, band_rows;
+    int ngroups, nbands;
+    const uint8_t *bits;
+    const uint32_t *p_row, *p_col;  /* NULL when absent */
+    const float *col_scale;         /* NULL when absent */
+    const uint64_t *band_off;
+    const uint8_t *data;
+    const void *buf;
+    size_t bytes;
+    int owned;              /* buf allocated by mpq_pack_alloc */
+} mpq_packed;
+
+/* Exact size in bytes of the packed buffer for d (validates d's shape, bits
+   and option pointers, not the weights). */
+MPQ_DEF mpq_status mpq_bitplane_bytes(const mpq_bitplane_desc *d, size_t *bytes);
+/* Quantize W (rows x cols, row-major float32, original coordinates) and pack
+   it into buf (size from mpq_bitplane_bytes, 64-byte aligned). On success *out
+   is a view into buf. Validates everything first: on error buf is untouched. */
+MPQ_DEF mpq_status mpq_pack(const mpq_bitplane_desc *d, const float *W, void *buf, size_t bytes,
+                            mpq_packed *out);
+/* The same, allocating the buffer (mpq_packed_free releases it). */
+MPQ_DEF mpq_status mpq_pack_alloc(const mpq_bitplane_desc *d, const float *W, mpq_packed *out);
+/* Pack codes and pairs computed elsewhere (mpq_quantize, or another
+   quantizer), given in packed coordinates: codes[i*cols + j] is the code of
+   W~[i][j]. Codes must fit their block's width. */
+MPQ_DEF mpq_status mpq_pack_quantized(const mpq_bitplane_desc *d, const uint8_t *codes,
+                                      const uint16_t *s_hat, const uint16_t *z_hat, void *buf,
+                                      size_t bytes, mpq_packed *out);
+/* Validate a buffer (from memory or a file) and make a view of it. Checks
+   the header, every size and offset (overflow-safe), the bits map, the
+   permutations, col_scale, the band index, that every s^ and z^ is finite
+   and that padding rows are zero. Never reads outside [buf, buf + bytes).
+   buf must be 16-byte aligned. */
+MPQ_DEF mpq_status mpq_packed_open(const void *buf, size_t bytes, mpq_packed *out);
+/* Frees the buffer of a matrix made by mpq_pack_alloc; clears *A. */
+MPQ_DEF void mpq_packed_free(mpq_packed *A);
+/* Width of the block holding packed row i, packed group g. */
+MPQ_DEF int mpq_packed_bits_at(const mpq_packed *A, int i, int g);
+/* Average stored weight bits per weight, and with fp16 scale + zero metadata
+   (32/group bpw for full groups), the budget convention of the design notes. */
+MPQ_DEF double mpq_packed_bpw(const mpq_packed *A, int with_metadata);
+/* Dequantize to a rows x cols float matrix in ORIGINAL coordinates (undoing
+   the permutations and multiplying by col_scale), with the lowest skip_planes
+   planes dropped (at least one plane always remains). */
+MPQ_DEF mpq_status mpq_packed_dequantize(const mpq_packed *A, int skip_planes, float *W);
+
+/* ========================================================================== */
+/* 5. Products                                                                */
+/* ========================================================================== */
+
+typedef enum mpq_path {
+    MPQ_PATH_AUTO = 0,      /* the fastest path compiled in */
+    MPQ_PATH_SCALAR = 1,    /* portable: 128-entry mirrored tables per 8 activations */
+    MPQ_PATH_AVX2 = 2,      /* 16-entry float tables, 8 rows per instruction */
+    MPQ_PATH_AVX512 = 3,    /* 16-entry float tables, 16 rows per instruction */
+    MPQ_PATH_AVX512_VNNI = 4 /* 16-entry int16 tables (AVX-512 VBMI + VNNI): 64
+                               lookups per instruction; see "QUANTIZED TABLES" */
+} mpq_path;
+
+/* QUANTIZED TABLES (MPQ_PATH_AVX512_VNNI). The 16-entry tables of one group
+   are stored as int16, q = rne(Q / 2^e), with one power-of-two scale 2^e per
+   group and input vector: the smallest e with max|Q| / 2^e <= 32767, where
+   max|Q| over the group is the largest sum of 4 activation magnitudes. Only
+   that rounding differs from the float paths: for row r of group g,
+
+     |y_quantized - y_float| <= |s^_r| * (sum of the plane weights 2^i used)
+                                * (quads of 4 columns in the group) * 2^e / 2
+
+   (plus float32 rounding), and the result is exact when every Q is a
+   multiple of 2^e (small integer activations, say). That is 2^-15 of the
+   group's largest table entry per lookup, finer than rounding the
+   activations to fp16 unless the group holds an activation outlier. The
+   float paths (SCALAR, AVX2, AVX512) stay available for exact tables. */
+
+typedef struct mpq_gemv_opts {
+    int skip_planes;        /* drop the lowest planes of every group (nested
+                               precision, PMPD); at least one plane always
+                               remains; 0 -> full precision */
+    int threads;            /* OpenMP threads; 0 -> the OpenMP default */
+    mpq_path path;          /* 0 -> MPQ_PATH_AUTO */
+} mpq_gemv_opts;
+
+/* Is `path` compiled into this build (AUTO always is)? */
+MPQ_DEF int mpq_path_available(mpq_path path);
+MPQ_DEF const char *mpq_path_name(mpq_path path);
+
+/* Workspace for one call with `batch` vectors on any path: the lookup tables,
+   built once per input vector. Thread-safe if every thread has its own. */
+MPQ_DEF size_t mpq_gemv_work_bytes(const mpq_packed *A, int batch);
+
+/* y = W x for `batch` vectors: x is batch x cols, y is batch x rows, both
+   row-major float32 in original coordinates. The p_col gather and col_scale
+   are applied while building the tables, the p_row scatter in the epilogue.
+   work: mpq_gemv_work_bytes(A, batch) bytes, 64-byte aligned, or NULL (then
+   the call allocates and frees it). x must be finite. */
+MPQ_DEF mpq_status mpq_gemv(const mpq_packed *A, const float *x, float *y, int batch,
+                            const mpq_gemv_opts *opts, void *work, size_t work_bytes);
+
+/* The reference: the dequantized matrix (mpq_packed_dequantize) times x,
+   accumulated in float64, row by row. Slow; allocates; for tests. */
+MPQ_DEF mpq_status mpq_gemv_ref(const mpq_packed *A, const float *x, double *y, int batch,
+                                int skip_planes);
+
+/* The tables themselves, exposed for tests and for other kernels.
+   T has 128 entries: T[p] = sum_k (bit k of p ? +1 : -1) * x8[k], p < 128;
+   the other half is T[p ^ 0xFF] = -T[p] (the "mirror"). Q16 has 16 entries
+   over 4 activations, T[p] = Q16(x8[0..3])[p & 15] + Q16(x8[4..7])[p >> 4]. */
+MPQ_DEF void mpq_lut128(const float x8[8], float T[128]);
+MPQ_DEF float mpq_lut128_get(const float T[128], uint8_t p);
+MPQ_DEF void mpq_lut16(const float x4[4], float Q[16]);
+
+/* ========================================================================== */
+/* 6. Formats, backends                                                       */
+/* ========================================================================== */
+
+typedef enum mpq_format {
+    MPQ_FORMAT_BITPLANE = 1
+} mpq_format;
+
+/* One row per packed format: generic code dispatches through it. */
+typedef struct mpq_format_traits {
+    mpq_format format;
+    const char *name;
+    char magic[8];
+    mpq_status (*open)(const void *buf, size_t bytes, mpq_packed *out);
+    mpq_status (*dequantize)(const mpq_packed *A, int skip_planes, float *W);
+    mpq_status (*gemv)(const mpq_packed *A, const float *x, float *y, int batch,
+                       const mpq_gemv_opts *opts, void *work, size_t work_bytes);
+    size_t (*work_bytes)(const mpq_packed *A, int batch);
+} mpq_format_traits;
+
+/* The traits of a format, or NULL if unknown. */
+MPQ_DEF const mpq_format_traits *mpq_format_get(mpq_format f);
+
+#define MPQ_CAP_BITPLANE 1u     /* multiplies bit-plane matrices */
+#define MPQ_CAP_HOST_MEMORY 2u  /* x and y are host pointers */
+
+/* A compute backend: a table of function pointers. The CPU backend is in this
+   header; mpq_cuda.h provides the CUDA one. `ctx` is the backend's own state.
+   upload makes a backend-side handle for a validated matrix (the CPU backend
+   keeps a view and a workspace, and does not copy the weights); gemv takes x
+   and y in the backend's memory space (see caps). A handle is used by one
+   thread at a time. */
+typedef struct mpq_backend {
+    const char *name;
+    unsigned caps;
+    void *ctx;
+    mpq_status (*upload)(void *ctx, const mpq_packed *A, void **handle);
+    void (*release)(void *ctx, void *handle);
+    mpq_status (*gemv)(void *ctx, void *handle, const float *x, float *y, int batch,
+                       const mpq_gemv_opts *opts);
+    mpq_status (*synchronize)(void *ctx);
+} mpq_backend;
+
+/* Fills *b with the CPU backend. */
+MPQ_DEF void mpq_backend_cpu(mpq_backend *b);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* MPQ_H_INCLUDED */
+
+/* ========================================================================== */
+/*                              IMPLEMENTATION                                */
+/* ========================================================================== */
+#if defined(MPQ_IMPLEMENTATION) && !defined(MPQ__IMPLEMENTED)
+#define MPQ__IMPLEMENTED
+
+#include <float.h>
+#include <limits.h>
+#include <math.h>
+#include <string.h>
+
+#if !defined(MPQ_MALLOC) && !defined(MPQ_REALLOC) && !defined(MPQ_FREE)
+#include <stdlib.h>
+#define MPQ_MALLOC(sz) malloc(sz)
+#define MPQ_REALLOC(p, sz) realloc(p, sz)
+#define MPQ_FREE(p) free(p)
+#elif !defined(MPQ_MALLOC) || !defined(MPQ_REALLOC) || !defined(MPQ_FREE)
+#error "mpq.h: define all of MPQ_MALLOC, MPQ_REALLOC and MPQ_FREE, or none"
+#endif
+#ifndef MPQ_ASSERT
+#include <assert.h>
+#define MPQ_ASSERT(x) assert(x)
+#endif
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#if !defined(MPQ_NO_SIMD) && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#define MPQ__HAVE_AVX512 1
+#endif
+#if defined(MPQ__HAVE_AVX512) && defined(__AVX512VBMI__) && defined(__AVX512VNNI__)
+#define MPQ__HAVE_VNNI 1
+#endif
+#if !defined(MPQ_NO_SIMD) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define MPQ__HAVE_AVX2 1
+#endif
+#if !defined(MPQ_NO_F16C) && defined(__F16C__)
+#define MPQ__HAVE_F16C 1
+#endif
+#if defined(MPQ__HAVE_AVX512) || defined(MPQ__HAVE_AVX2) || defined(MPQ__HAVE_F16C)
+#include <immintrin.h>
+#endif
+/* g++ 12 reports maybe-uninitialized inside its own AVX-512 intrinsics (they
+   start from an intentionally undefined register); it is not about mpq. */
+#if defined(__cplusplus) && defined(__GNUC__) && !defined(__clang__) && defined(MPQ__HAVE_AVX512)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#define MPQ__POP_DIAGNOSTIC 1
+#endif
+
+#if defined(__GNUC__) || defined(__clang__)
+#define MPQ__INLINE static inline __attribute__((always_inline))
+#define MPQ__PREFETCH(p) __builtin_prefetch((const void *)(p), 0, 3)
+#else
+#define MPQ__INLINE static inline
+#define MPQ__PREFETCH(p) ((void)(p))
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------------------
+   1. Basics
+   ------------------------------------------------------------------------- */
+
+MPQ_DEF const char *mpq_status_str(mpq_status st)
+{
+    switch (st) {
+    case MPQ_OK: return "ok";
+    case MPQ_ERR_ARG: return "invalid argument (NULL pointer or option out of range)";
+    case MPQ_ERR_SIZE: return "invalid size (rows, cols, group, batch or buffer size)";
+    case MPQ_ERR_NONFINITE: return "NaN or Inf in an input that must be finite";
+    case MPQ_ERR_BITS: return "bit width outside 1..8";
+    case MPQ_ERR_PERM: return "not a permutation (index out of range or repeated)";
+    case MPQ_ERR_RANGE: return "value overflows its storage type (fp16 scale or zero)";
+    case MPQ_ERR_FORMAT: return "packed buffer is malformed or corrupted";
+    case MPQ_ERR_ALIGN: return "buffer is not aligned as required";
+    case MPQ_ERR_NOMEM: return "out of memory";
+    case MPQ_ERR_UNSUPPORTED: return "not supported by this build";
+    case MPQ_ERR_NODEVICE: return "no usable accelerator";
+    case MPQ_ERR_DEVICE: return "accelerator runtime error";
+    }
+    return "unknown status";
+}
+
+MPQ_DEF void *mpq_aligned_alloc(size_t bytes)
+{
+    const size_t extra = 64 + sizeof(void *);
+    if (bytes == 0 || bytes > SIZE_MAX - extra) return NULL;
+    unsigned char *raw = (unsigned char *)MPQ_MALLOC(bytes + extra);
+    if (!raw) return NULL;
+    uintptr_t p = ((uintptr_t)(raw + sizeof(void *)) + 63u) & ~(uintptr_t)63u;
+    memcpy((unsigned char *)p - sizeof(void *), &raw, sizeof(void *));
+    return (void *)p;
+}
+
+MPQ_DEF void mpq_aligned_free(void *p)
+{
+    if (!p) return;
+    void *raw;
+    memcpy(&raw, (unsigned char *)p - sizeof(void *), sizeof(void *));
+    MPQ_FREE(raw);
+}
+
+static size_t mpq__align64(size_t x) { return (x + 63u) & ~(size_t)63u; }
+static int mpq__finite(float f) { return f - f == 0.0f; } /* false for NaN and Inf */
+
+/* ---------------------------------------------------------------------------
+   2. Half precision
+   ------------------------------------------------------------------------- */
+
+MPQ_DEF uint16_t mpq_f32_to_f16_soft(float f)
+{
+    uint32_t x;
+    memcpy(&x, &f, 4);
+    uint32_t sign = (x >> 16) & 0x8000u, ax = x & 0x7FFFFFFFu;
+    if (ax >= 0x7F800000u) /* Inf, or NaN made quiet with its top payload bits */
+        return (uint16_t)(sign | 0x7C00u | (ax > 0x7F800000u ? 0x200u | ((ax >> 13) & 0x3FFu) : 0u));
+    if (ax >= 0x477FF000u) return (uint16_t)(sign | 0x7C00u); /* >= 65520 rounds to Inf */
+    if (ax < 0x38800000u) {                                   /* below 2^-14: subnormal half */
+        if (ax <= 0x33000000u) return (uint16_t)sign;          /* <= 2^-25 rounds to zero */
+        uint32_t e = ax >> 23, m = (ax & 0x7FFFFFu) | 0x800000u;
+        uint32_t shift = 126u - e, r = m >> shift, rem = m & ((1u << shift) - 1u);
+        uint32_t half = 1u << (shift - 1u);
+        if (rem > half || (rem == half && (r & 1u))) r++;
+        return (uint16_t)(sign | r);
+    }
+    uint32_t r = (ax >> 13) - (112u << 10), rem = ax & 0x1FFFu; /* rebias 127 -> 15 */
+    if (rem > 0x1000u || (rem == 0x1000u && (r & 1u))) r++;    /* may carry into the exponent */
+    return (uint16_t)(sign | r);
+}
+
+MPQ_DEF float mpq_f16_to_f32_soft(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1Fu, m = h & 0x3FFu, x;
+    if (e == 0x1Fu)
+        x = sign | 0x7F800000u | (m ? (m << 13) | 0x400000u : 0u);
+    else if (e == 0) {
+        if (m == 0)
+            x = sign;
+        else {
+            uint32_t ee = 113;
+            while (!(m & 0x400u)) { m <<= 1; ee--; }
+            x = sign | (ee << 23) | ((m & 0x3FFu) << 13);
+        }
+    } else
+        x = sign | ((e + 112u) << 23) | (m << 13);
+    float f;
+    memcpy(&f, &x, 4);
+    return f;
+}
+
+MPQ_DEF uint16_t mpq_f32_to_f16(float f)
+{
+#ifdef MPQ__HAVE_F16C
+    return (uint16_t)_cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+#else
+    return mpq_f32_to_f16_soft(f);
+#endif
+}
+
+MPQ_DEF float mpq_f16_to_f32(uint16_t h)
+{
+#ifdef MPQ__HAVE_F16C
+    return _cvtsh_ss(h);
+#else
+    return mpq_f16_to_f32_soft(h);
+#endif
+}
+
+MPQ_DEF void mpq_f32_to_f16_n(const float *src, uint16_t *dst, size_t n)
+{
+    size_t i = 0;
+#ifdef MPQ__HAVE_F16C
+    const size_t nv = n & ~(size_t)7;
+    for (; i < nv; i += 8)
+        _mm_storeu_si128((__m128i *)(dst + i),
+                         _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+#endif
+    for (; i < n; i++) dst[i] = mpq_f32_to_f16(src[i]);
+}
+
+MPQ_DEF void mpq_f16_to_f32_n(const uint16_t *src, float *dst, size_t n)
+{
+    size_t i = 0;
+#ifdef MPQ__HAVE_F16C
+    const size_t nv = n & ~(size_t)7;
+    for (; i < nv; i += 8)
+        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i))));
+#endif
+    for (; i < n; i++) dst[i] = mpq_f16_to_f32(src[i]);
+}
+
+/* ---------------------------------------------------------------------------
+   3. Group quantization
+   ------------------------------------------------------------------------- */
+
+#define MPQ__F16_MAX 65504.0f
+
+/* Round to nearest, ties to even, whatever the FPU rounding mode. */
+static float mpq__rne(float x)
+{
+    float r = floorf(x), d = x - r; /* exact for |x| < 2^23; larger x are integers */
+    if (d > 0.5f || (d == 0.5f && fmodf(r, 2.0f) != 0.0f)) r += 1.0f;
+    return r;
+}
+
+/* The quantizer proper; the caller has checked its arguments. */
+static void mpq__quant_group(const float *v, int len, int bits, int symmetric, uint8_t *q,
+                             uint16_t *s_hat, uint16_t *z_hat)
+{
+    const int qmax = (1 << bits) - 1;
+    float mn = v[0], mx = v[0], amax = fabsf(v[0]);
+    for (int k = 1; k < len; k++) {
+        mn = v[k] < mn ? v[k] : mn;
+        mx = v[k] > mx ? v[k] : mx;
+        amax = fabsf(v[k]) > amax ? fabsf(v[k]) : amax;
+    }
+    float s = symmetric ? 2.0f * amax / (float)qmax : (mx - mn) / (float)qmax;
+    uint16_t hs = mpq_f32_to_f16(0.5f * s);
+    float sh = mpq_f16_to_f32(hs);
+    if (mn == mx || sh == 0.0f) { /* constant group, or a step below fp16 resolution */
+        *s_hat = 0;
+        *z_hat = mpq_f32_to_f16(0.5f * mn + 0.5f * mx);
+        memset(q, 0, (size_t)len);
+        return;
+    }
+    uint16_t hz;
+    if (symmetric)
+        hz = (uint16_t)(hs | 0x8000u); /* z^ = s((2^b-1)/2 - 2^(b-1)) = -s/2 = -s^ */
+    else {
+        float z = mpq__rne(-mn / s);
+        z = z < 0.0f ? 0.0f : (z > (float)qmax ? (float)qmax : z);
+        hz = mpq_f32_to_f16(s * (0.5f * (float)qmax - z));
+    }
+    const float zh = mpq_f16_to_f32(hz), step = 2.0f * sh, mid = 0.5f * (float)qmax;
+    for (int k = 0; k < len; k++) { /* codes against the stored pair */
+        float t = mpq__rne((v[k] - zh) / step + mid);
+        t = t < 0.0f ? 0.0f : (t > (float)qmax ? (float)qmax : t);
+        q[k] = (uint8_t)t;
+    }
+    *s_hat = hs;
+    *z_hat = hz;
+}
+
+static mpq_status mpq__check_values(const float *v, size_t n)
+{
+    for (size_t k = 0; k < n; k++) {
+        if (!mpq__finite(v[k])) return MPQ_ERR_NONFINITE;
+        if (fabsf(v[k]) > MPQ__F16_MAX) return MPQ_ERR_RANGE;
+    }
+    return MPQ_OK;
+}
+
+MPQ_DEF mpq_status mpq_quantize_group(const float *v, int len, int bits, int symmetric, uint8_t *q,
+                                      uint16_t *s_hat, uint16_t *z_hat)
+{
+    if (!v || !q || !s_hat || !z_hat) return MPQ_ERR_ARG;
+    if (len < 1) return MPQ_ERR_SIZE;
+    if (bits < 1 || bits > MPQ_MAX_BITS) return MPQ_ERR_BITS;
+    mpq_status st = mpq__check_values(v, (size_t)len);
+    if (st != MPQ_OK) return st;
+    mpq__quant_group(v, len, bits, symmetric, q, s_hat, z_hat);
+    return MPQ_OK;
+}
+
+/* sum_{i>=skip} 2^i sigma_i = 2 (q with the low `skip` bits cleared) - (2^b - 2^skip) */
+static int mpq__mirror_sum(unsigned q, int bits, int skip)
+{
+    return 2 * (int)(q & ~((1u << skip) - 1u)) - ((1 << bits) - (1 << skip));
+}
+
+MPQ_DEF float mpq_dequant_value(uint8_t q, int bits, int skip, float s_hat, float z_hat)
+{
+    if (bits < 1) bits = 1;
+    if (bits > MPQ_MAX_BITS) bits = MPQ_MAX_BITS;
+    skip = skip < 0 ? 0 : (skip > bits - 1 ? bits - 1 : skip);
+    return s_hat * (float)mpq__mirror_sum(q & ((1u << bits) - 1u), bits, skip) + z_hat;
+}
+
+/* A bit-plane shape with its defaults resolved. */
+typedef struct mpq__shape {
+    int rows, cols, group, block_rows, ngroups, nbrows, band_rows, nbands, ntiles, ubits;
+    unsigned symmetric;
+    const uint8_t *bits; /* NULL: uniform */
+} mpq__shape;
+
+static int mpq__bits_at(const mpq__shape *s, int i, int g)
+{
+    if (i >= s->rows) return 0;
+    return s->bits ? s->bits[(size_t)(i / s->block_rows) * (size_t)s->ngroups + (size_t)g] : s->ubits;
+}
+
+static int mpq__group_cols(const mpq__shape *s, int g)
+{
+    int w = s->cols - g * s->group;
+    return w < s->group ? w : s->group;
+}
+
+static mpq_status mpq__shape_fill(mpq__shape *s, int rows, int cols, int group, int block_rows)
+{
+    memset(s, 0, sizeof *s);
+    if (rows < 1 || cols < 1 || group < 8 || group % 8 || block_rows < 1) return MPQ_ERR_SIZE;
+    s->rows = rows;
+    s->cols = cols;
+    s->group = group;
+    s->block_rows = block_rows;
+    s->ngroups = (int)(((int64_t)cols + group - 1) / group);
+    s->nbrows = (int)(((int64_t)rows + block_rows - 1) / block_rows);
+    s->ntiles = (int)(((int64_t)rows + MPQ_TILE_ROWS - 1) / MPQ_TILE_ROWS);
+    s->band_rows = block_rows % MPQ_TILE_ROWS == 0 ? block_rows : MPQ_TILE_ROWS;
+    s->nbands = (int)(((int64_t)rows + s->band_rows - 1) / s->band_rows);
+    return MPQ_OK;
+}
+
+static mpq_status mpq__shape_from_desc(const mpq_bitplane_desc *d, mpq__shape *s)
+{
+    if (!d) return MPQ_ERR_ARG;
+    mpq_status st = mpq__shape_fill(s, d->rows, d->cols, d->group ? d->group : 128,
+                                    d->block_rows ? d->block_rows : 16);
+    if (st != MPQ_OK) return st;
+    s->ubits = d->uniform_bits ? d->uniform_bits : 4;
+    s->symmetric = d->symmetric;
+    s->bits = d->bits;
+    if (d->bits) {
+        size_t nb = (size_t)s->nbrows * (size_t)s->ngroups;
+        for (size_t k = 0; k < nb; k++)
+            if (d->bits[k] < 1 || d->bits[k] > MPQ_MAX_BITS) return MPQ_ERR_BITS;
+    } else if (s->ubits < 1 || s->ubits > MPQ_MAX_BITS)
+        return MPQ_ERR_BITS;
+    return MPQ_OK;
+}
+
+MPQ_DEF mpq_status mpq_quantize(const mpq_bitplane_desc *d, const float *W, uint8_t *codes,
+                                uint16_t *s_hat, uint16_t *z_hat)
+{
+    mpq__shape s;
+    mpq_status st = mpq__shape_from_desc(d, &s);
+    if (st != MPQ_OK) return st;
+    if (!W || !codes || !s_hat || !z_hat) return MPQ_ERR_ARG;
+    st = mpq__check_values(W, (size_t)s.rows * (size_t)s.cols);
+    if (st != MPQ_OK) return st;
+    for (int i = 0; i < s.rows; i++)
+        for (int g = 0; g < s.ngroups; g++) {
+            int b = mpq__bits_at(&s, i, g);
+            size_t o = (size_t)i * (size_t)s.cols + (size_t)g * (size_t)s.group;
+            size_t p = (size_t)i * (size_t)s.ngroups + (size_t)g;
+            mpq__quant_group(W + o, mpq__group_cols(&s, g), b, (int)((s.symmetric >> b) & 1u), codes + o,
+                             s_hat + p, z_hat + p);
+        }
+    return MPQ_OK;
+}
+
+static int mpq__half_finite(uint16_t h) { return (h & 0x7C00u) != 0x7C00u; }
+
+MPQ_DEF mpq_status mpq_dequantize(const mpq_bitplane_desc *d, const uint8_t *codes, const uint16_t *s_hat,
+                                  const uint16_t *z_hat, float *W)
+{
+    mpq__shape s;
+    mpq_status st = mpq__shape_from_desc(d, &s);
+    if (st != MPQ_OK) return st;
+    if (!W || !codes || !s_hat || !z_hat) return MPQ_ERR_ARG;
+    size_t np = (size_t)s.rows * (size_t)s.ngroups;
+    for (size_t p = 0; p < np; p++)
+        if (!mpq__half_finite(s_hat[p]) || !mpq__half_finite(z_hat[p])) return MPQ_ERR_NONFINITE;
+    for (int i = 0; i < s.rows; i++)
+        for (int j = 0; j < s.cols; j++) {
+            int g = j / s.group, b = mpq__bits_at(&s, i, g);
+            if (codes[(size_t)i * (size_t)s.cols + (size_t)j] >> b) return MPQ_ERR_BITS;
+        }
+    for (int i = 0; i < s.rows; i++)
+        for (int j = 0; j < s.cols; j++) {
+            int g = j / s.group, b = mpq__bits_at(&s, i, g);
+            size_t p = (size_t)i * (size_t)s.ngroups + (size_t)g, o = (size_t)i * (size_t)s.cols + (size_t)j;
+            W[o] = mpq_dequant_value(codes[o], b, 0, mpq_f16_to_f32(s_hat[p]), mpq_f16_to_f32(z_hat[p]));
+        }
+    return MPQ_OK;
+}
+
+/* ---------------------------------------------------------------------------
+   4. Bit-plane matrices
+   ------------------------------------------------------------------------- */
+
+#ifdef __cplusplus
+#define MPQ__STATIC_ASSERT(c, m) static_assert(c, m)
+#else
+#define MPQ__STATIC_ASSERT(c, m) _Static_assert(c, m)
+#endif
+
+#define MPQ__BP_VERSION 1u
+#define MPQ__FLAG_PROW 1u
+#define MPQ__FLAG_PCOL 2u
+#define MPQ__FLAG_CSCALE 4u
+#define MPQ__REC_META 64u /* 16 s^ + 16 z^, fp16 */
+
+/* The header at the start of every packed bit-plane buffer (little-endian). */
+typedef struct mpq__bp_header {
+    char magic[8]; /* "MPQBITP\0" */
+    uint32_t version, format;
+    uint32_t rows, cols, group, block_rows;
+    uint32_t tile_rows, band_rows, flags, reserved0;
+    uint64_t total_bytes, off_bits, off_prow, off_pcol, off_cscale, off_index, off_data, data_bytes;
+    uint8_t reserved[16];
+} mpq__bp_header;
+MPQ__STATIC_ASSERT(sizeof(mpq__bp_header) == 128, "bit-plane header must be 128 bytes");
+MPQ__STATIC_ASSERT(sizeof(float) == 4 && sizeof(uint64_t) == 8, "float32 and uint64 expected");
+
+static const char mpq__bp_magic[8] = {'M', 'P', 'Q', 'B', 'I', 'T', 'P', 0};
+
+typedef struct mpq__layout {
+    uint64_t off_bits, off_prow, off_pcol, off_cscale, off_index, off_data, data_bytes, total;
+} mpq__layout;
+
+static int mpq__nch(const mpq__shape *s, int g) { return (mpq__group_cols(s, g) + 7) / 8; }
+
+/* Planes stored in the record of tile t, group g: the largest width of its rows. */
+static int mpq__tile_planes(const mpq__shape *s, int t, int g)
+{
+    if (!s->bits) return s->ubits;
+    int r0 = t * MPQ_TILE_ROWS, r1 = r0 + MPQ_TILE_ROWS < s->rows ? r0 + MPQ_TILE_ROWS : s->rows;
+    int b = 0;
+    for (int br = r0 / s->block_rows; br <= (r1 - 1) / s->block_rows; br++) {
+        int w = s->bits[(size_t)br * (size_t)s->ngroups + (size_t)g];
+        b = w > b ? w : b;
+    }
+    return b;
+}
+
+static uint64_t mpq__rec_bytes(const mpq__shape *s, int t, int g)
+{
+    return MPQ__REC_META + (uint64_t)mpq__tile_planes(s, t, g) * (uint64_t)mpq__nch(s, g) * 16u;
+}
+
+/* Byte offset, inside one plane, of chunk c of row r (see BYTE LAYOUT). */
+static size_t mpq__slab_off(int c, int r, int nch)
+{
+    int q4 = nch & ~3;
+    if (c < q4) return (size_t)(c >> 2) * 64u + (size_t)r * 4u + (size_t)(c & 3);
+    size_t off = (size_t)q4 * 16u;
+    c -= q4;
+    if (nch & 2) {
+        if (c < 2) return off + (size_t)r * 2u + (size_t)c;
+        off += 32u;
+    }
+    return off + (size_t)r;
+}
+
+static void mpq__band_tiles(const mpq__shape *s, int band, int *t0, int *nt)
+{
+    int per = s->band_rows / MPQ_TILE_ROWS;
+    *t0 = band * per;
+    *nt = *t0 + per < s->ntiles ? per : s->ntiles - *t0;
+}
+
+/* Offsets of every section; index (nbands + 1 entries) is filled if given. */
+static void mpq__layout_compute(const mpq__shape *s, unsigned flags, mpq__layout *L, uint64_t *index)
+{
+    uint64_t off = sizeof(mpq__bp_header);
+    L->off_bits = off;
+    off = mpq__align64(off + (uint64_t)s->nbrows * (uint64_t)s->ngroups);
+    L->off_prow = (flags & MPQ__FLAG_PROW) ? off : 0;
+    if (flags & MPQ__FLAG_PROW) off = mpq__align64(off + 4u * (uint64_t)s->rows);
+    L->off_pcol = (flags & MPQ__FLAG_PCOL) ? off : 0;
+    if (flags & MPQ__FLAG_PCOL) off = mpq__align64(off + 4u * (uint64_t)s->cols);
+    L->off_cscale = (flags & MPQ__FLAG_CSCALE) ? off : 0;
+    if (flags & MPQ__FLAG_CSCALE) off = mpq__align64(off + 4u * (uint64_t)s->cols);
+    L->off_index = off;
+    off = mpq__align64(off + 8u * ((uint64_t)s->nbands + 1u));
+    L->off_data = off;
+    uint64_t pos = 0;
+    for (int b = 0; b < s->nbands; b++) {
+        if (index) index[b] = pos;
+        int t0, nt;
+        mpq__band_tiles(s, b, &t0, &nt);
+        for (int g = 0; g < s->ngroups; g++)
+            for (int t = t0; t < t0 + nt; t++) pos += mpq__rec_bytes(s, t, g);
+    }
+    if (index) index[s->nbands] = pos;
+    L->data_bytes = pos;
+    L->total = L->off_data + pos;
+}
+
+/* Offset in `data` of the record (t, 0), and the band geometry for walking:
+   all tiles of a band with more than one tile have equal record sizes. */
+typedef struct mpq__cursor {
+    uint64_t pos;
+    int t, tl, nt;
+} mpq__cursor;
+
+static void mpq__cursor_init(const mpq__shape *s, const uint64_t *index, int t, mpq__cursor *c)
+{
+    int band = t * MPQ_TILE_ROWS / s->band_rows, t0;
+    mpq__band_tiles(s, band, &t0, &c->nt);
+    c->t = t;
+    c->tl = t - t0;
+    c->pos = index[band] + (uint64_t)c->tl * mpq__rec_bytes(s, t, 0);
+}
+
+static void mpq__cursor_next(const mpq__shape *s, mpq__cursor *c, int g) /* from g to g + 1 */
+{
+    c->pos += (uint64_t)(c->nt - c->tl) * mpq__rec_bytes(s, c->t, g);
+    if (g + 1 < s->ngroups) c->pos += (uint64_t)c->tl * mpq__rec_bytes(s, c->t, g + 1);
+}
+
+static mpq_status mpq__perm_check(const uint32_t *p, int n)
+{
+    uint8_t *seen = (uint8_t *)MPQ_MALLOC(((size_t)n + 7u) / 8u);
+    if (!seen) return MPQ_ERR_NOMEM;
+    memset(seen, 0, ((size_t)n + 7u) / 8u);
+    mpq_status st = MPQ_OK;
+    for (int i = 0; i < n && st == MPQ_OK; i++) {
+        uint32_t v = p[i];
+        if (v >= (uint32_t)n || (seen[v >> 3] >> (v & 7u) & 1u))
+            st = MPQ_ERR_PERM;
+        else
+            seen[v >> 3] |= (uint8_t)(1u << (v & 7u));
+    }
+    MPQ_FREE(seen);
+    return st;
+}
+
+static mpq_status mpq__scale_check(const float *c, int n)
+{
+    for (int j = 0; j < n; j++)
+        if (!mpq__finite(c[j]) || c[j] == 0.0f) return c[j] == 0.0f ? MPQ_ERR_RANGE : MPQ_ERR_NONFINITE;
+    return MPQ_OK;
+}
+
+static unsigned mpq__desc_flags(const mpq_bitplane_desc *d)
+{
+    return (d->p_row ? MPQ__FLAG_PROW : 0u) | (d->p_col ? MPQ__FLAG_PCOL : 0u) |
+           (d->col_scale ? MPQ__FLAG_CSCALE : 0u);
+}
+
+MPQ_DEF mpq_status mpq_bitplane_bytes(const mpq_bitplane_desc *d, size_t *bytes)
+{
+    mpq__shape s;
+    mpq_status st = mpq__shape_from_desc(d, &s);
+    if (st != MPQ_OK) return st;
+    if (!bytes) return MPQ_ERR_ARG;
+    mpq__layout L;
+    mpq__layout_compute(&s, mpq__desc_flags(d), &L, NULL);
+    if (L.total > (uint64_t)SIZE_MAX) return MPQ_ERR_SIZE;
+    *bytes = (size_t)L.total;
+    return MPQ_OK;
+}
+
+/* Checks shared by both packers; on success *L and *s describe the buffer. */
+static mpq_status mpq__pack_check(const mpq_bitplane_desc *d, void *buf, size_t bytes, mpq_packed *out,
+                                  mpq__shape *s, mpq__layout *L)
+{
+    mpq_status st = mpq__shape_from_desc(d, s);
+    if (st != MPQ_OK) return st;
+    if (!buf || !out) return MPQ_ERR_ARG;
+    if ((uintptr_t)buf % 16u) return MPQ_ERR_ALIGN;
+    mpq__layout_compute(s, mpq__desc_flags(d), L, NULL);
+    if (L->total != (uint64_t)bytes) return MPQ_ERR_SIZE;
+    if (d->p_row && (st = mpq__perm_check(d->p_row, s->rows)) != MPQ_OK) return st;
+    if (d->p_col && (st = mpq__perm_check(d->p_col, s->cols)) != MPQ_OK) return st;
+    if (d->col_scale && (st = mpq__scale_check(d->col_scale, s->cols)) != MPQ_OK) return st;
+    return MPQ_OK;
+}
+
+/* Writes the header and every section but the records. */
+static void mpq__write_sections(const mpq_bitplane_desc *d, const mpq__shape *s, const mpq__layout *L,
+                                uint8_t *buf)
+{
+    memset(buf, 0, (size_t)L->off_data);
+    mpq__bp_header h;
+    memset(&h, 0, sizeof h);
+    memcpy(h.magic, mpq__bp_magic, 8);
+    h.version = MPQ__BP_VERSION;
+    h.format = MPQ_FORMAT_BITPLANE;
+    h.rows = (uint32_t)s->rows;
+    h.cols = (uint32_t)s->cols;
+    h.group = (uint32_t)s->group;
+    h.block_rows = (uint32_t)s->block_rows;
+    h.tile_rows = MPQ_TILE_ROWS;
+    h.band_rows = (uint32_t)s->band_rows;
+    h.flags = mpq__desc_flags(d);
+    h.total_bytes = L->total;
+    h.off_bits = L->off_bits;
+    h.off_prow = L->off_prow;
+    h.off_pcol = L->off_pcol;
+    h.off_cscale = L->off_cscale;
+    h.off_index = L->off_index;
+    h.off_data = L->off_data;
+    h.data_bytes = L->data_bytes;
+    memcpy(buf, &h, sizeof h);
+    size_t nb = (size_t)s->nbrows * (size_t)s->ngroups;
+    if (s->bits)
+        memcpy(buf + L->off_bits, s->bits, nb);
+    else
+        memset(buf + L->off_bits, s->ubits, nb);
+    if (d->p_row) memcpy(buf + L->off_prow, d->p_row, 4u * (size_t)s->rows);
+    if (d->p_col) memcpy(buf + L->off_pcol, d->p_col, 4u * (size_t)s->cols);
+    if (d->col_scale) memcpy(buf + L->off_cscale, d->col_scale, 4u * (size_t)s->cols);
+    mpq__layout Lx;
+    mpq__layout_compute(s, h.flags, &Lx, (uint64_t *)(void *)(buf + L->off_index));
+}
+
+/* One record: tile t, group g. codes: the tile's rows, row stride cstride,
+   starting at the group's first column; sh/zh: the tile's 16 pairs. */
+static void mpq__write_record(uint8_t *rec, const mpq__shape *s, int t, int g, const uint8_t *codes,
+                              size_t cstride, const uint16_t *sh, const uint16_t *zh)
+{
+    const int planes = mpq__tile_planes(s, t, g), nch = mpq__nch(s, g), gw = mpq__group_cols(s, g);
+    const int nr = s->rows - t * MPQ_TILE_ROWS < MPQ_TILE_ROWS ? s->rows - t * MPQ_TILE_ROWS : MPQ_TILE_ROWS;
+    const size_t pbytes = (size_t)nch * 16u;
+    memset(rec, 0, MPQ__REC_META + (size_t)planes * pbytes);
+    for (int r = 0; r < nr; r++) {
+        memcpy(rec + 2 * r, &sh[r], 2);
+        memcpy(rec + 32 + 2 * r, &zh[r], 2);
+        const int b = mpq__bits_at(s, t * MPQ_TILE_ROWS + r, g);
+        const uint8_t *q = codes + (size_t)r * cstride;
+        for (int c = 0; c < nch; c++) {
+            uint8_t v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            for (int k = 0; k < 8 && 8 * c + k < gw; k++) v[k] = q[8 * c + k];
+            size_t o = MPQ__REC_META + mpq__slab_off(c, r, nch);
+            for (int i = 0; i < b; i++, o += pbytes) {
+                unsigned byte = 0;
+                for (int k = 0; k < 8; k++) byte |= ((unsigned)(v[k] >> i) & 1u) << k;
+                rec[o] = (uint8_t)byte;
+            }
+        }
+    }
+}
+
+/* Writes every record of tile t from the tile's codes and pairs. */
+static void mpq__write_tile(uint8_t *data, const mpq__shape *s, const uint64_t *index, int t, const uint8_t *codes,
+                            size_t cstride, const uint16_t *sh, const uint16_t *zh, size_t pstride)
+{
+    mpq__cursor c;
+    mpq__cursor_init(s, index, t, &c);
+    uint16_t tsh[MPQ_TILE_ROWS], tzh[MPQ_TILE_ROWS];
+    for (int g = 0; g < s->ngroups; g++) {
+        for (int r = 0; r < MPQ_TILE_ROWS; r++) {
+            int ok = t * MPQ_TILE_ROWS + r < s->rows;
+            tsh[r] = ok ? sh[(size_t)r * pstride + (size_t)g] : 0;
+            tzh[r] = ok ? zh[(size_t)r * pstride + (size_t)g] : 0;
+        }
+        mpq__write_record(data + c.pos, s, t, g, codes + (size_t)g * (size_t)s->group, cstride, tsh, tzh);
+        mpq__cursor_next(s, &c, g);
+    }
+}
+
+static void mpq__view(mpq_packed *A, const mpq__shape *s, const mpq__layout *L, const uint8_t *buf, unsigned flags)
+{
+    memset(A, 0, sizeof *A);
+    A->format = MPQ_FORMAT_BITPLANE;
+    A->rows = s->rows;
+    A->cols = s->cols;
+    A->group = s->group;
+    A->block_rows = s->block_rows;
+    A->band_rows = s->band_rows;
+    A->ngroups = s->ngroups;
+    A->nbands = s->nbands;
+    A->bits = buf + L->off_bits;
+    A->p_row = (flags & MPQ__FLAG_PROW) ? (const uint32_t *)(const void *)(buf + L->off_prow) : NULL;
+    A->p_col = (flags & MPQ__FLAG_PCOL) ? (const uint32_t *)(const void *)(buf + L->off_pcol) : NULL;
+    A->col_scale = (flags & MPQ__FLAG_CSCALE) ? (const float *)(const void *)(buf + L->off_cscale) : NULL;
+    A->band_off = (const uint64_t *)(const void *)(buf + L->off_index);
+    A->data = buf + L->off_data;
+    A->buf = buf;
+    A->bytes = (size_t)L->total;
+}
+
+static void mpq__shape_of(const mpq_packed *A, mpq__shape *s)
+{
+    mpq__shape_fill(s, A->rows, A->cols, A->group, A->block_rows);
+    s->bits = A->bits;
+    s->ubits = 0;
+    s->symmetric = 0;
+}
+
+static int mpq__max_threads(void)
+{
+#ifdef _OPENMP
+    return omp_get_max_threads();
+#else
+    return 1;
+#endif
+}
+
+static int mpq__thread_id(void)
+{
+#ifdef _OPENMP
+    return omp_get_thread_num();
+#else
+    return 0;
+#endif
+}
+
+MPQ_DEF mpq_status mpq_pack(const mpq_bitplane_desc *d, const float *W, void *buf, size_t bytes, mpq_packed *out)
+{
+    mpq__shape s;
+    mpq__layout L;
+    mpq_status st = mpq__pack_check(d, buf, bytes, out, &s, &L);
+    if (st != MPQ_OK) return st;
+    if (!W) return MPQ_ERR_ARG;
+    const size_t n = (size_t)s.cols;
+    for (int i = 0; i < s.rows; i++) { /* every value that will be quantized */
+        const float *src = W + (size_t)(d->p_row ? d->p_row[i] : (uint32_t)i) * n;
+        for (size_t j = 0; j < n; j++) {
+            float v = src[d->p_col ? d->p_col[j] : j];
+            if (!mpq__finite(v)) return MPQ_ERR_NONFINITE;
+            if (d->col_scale) v /= d->col_scale[j];
+            if (!mpq__finite(v) || fabsf(v) > MPQ__F16_MAX) return MPQ_ERR_RANGE;
+        }
+    }
+    const int nth = mpq__max_threads();
+    /* per thread: the tile's rows as floats, their pairs, their codes */
+    const size_t per = mpq__align64(MPQ_TILE_ROWS * n * (sizeof(float) + 1u) + 4u * MPQ_TILE_ROWS * (size_t)s.ngroups);
+    uint8_t *scratch = (uint8_t *)mpq_aligned_alloc(per * (size_t)nth);
+    if (!scratch) return MPQ_ERR_NOMEM;
+    uint8_t *b8 = (uint8_t *)buf;
+    mpq__write_sections(d, &s, &L, b8);
+    const uint64_t *index = (const uint64_t *)(const void *)(b8 + L.off_index);
+    const int ntiles = s.ntiles;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(dynamic, 4)
+#endif
+    for (int t = 0; t < ntiles; t++) {
+        uint8_t *mine = scratch + per * (size_t)mpq__thread_id();
+        float *v = (float *)(void *)mine;
+        uint16_t *sh = (uint16_t *)(void *)(mine + MPQ_TILE_ROWS * n * sizeof(float));
+        uint16_t *zh = sh + MPQ_TILE_ROWS * (size_t)s.ngroups;
+        uint8_t *q = (uint8_t *)(zh + MPQ_TILE_ROWS * (size_t)s.ngroups);
+        for (int r = 0; r < MPQ_TILE_ROWS && t * MPQ_TILE_ROWS + r < s.rows; r++) {
+            int i = t * MPQ_TILE_ROWS + r;
+            const float *src = W + (size_t)(d->p_row ? d->p_row[i] : (uint32_t)i) * n;
+            float *row = v + (size_t)r * n;
+            for (size_t j = 0; j < n; j++) {
+                row[j] = src[d->p_col ? d->p_col[j] : j];
+                if (d->col_scale) row[j] /= d->col_scale[j];
+            }
+            for (int g = 0; g < s.ngroups; g++) {
+                int b = mpq__bits_at(&s, i, g);
+                size_t o = (size_t)g * (size_t)s.group, p = (size_t)r * (size_t)s.ngroups + (size_t)g;
+                mpq__quant_group(row + o, mpq__group_cols(&s, g), b, (int)((s.symmetric >> b) & 1u),
+                                 q + (size_t)r * n + o, sh + p, zh + p);
+            }
+        }
+        mpq__write_tile(b8 + L.off_data, &s, index, t, q, n, sh, zh, (size_t)s.ngroups);
+    }
+    mpq_aligned_free(scratch);
+    mpq__view(out, &s, &L, b8, mpq__desc_flags(d));
+    return MPQ_OK;
+}
+
+MPQ_DEF mpq_status mpq_pack_alloc(const mpq_bitplane_desc *d, const float *W, mpq_packed *out)
+{
+    size_t bytes;
+    mpq_status st = mpq_bitplane_bytes(d, &bytes);
+    if (st != MPQ_OK) return st;
+    if (!out) return MPQ_ERR_ARG;
+    void *buf = mpq_aligned_alloc(bytes);
+    if (!buf) return MPQ_ERR_NOMEM;
+    st = mpq_pack(d, W, buf, bytes, out);
+    if (st != MPQ_OK) {
+        mpq_aligned_free(buf);
+        return st;
+    }
+    out->owned = 1;
+    return MPQ_OK;
+}
+
+MPQ_DEF mpq_status mpq_pack_quantized(const mpq_bitplane_desc *d, const uint8_t *codes, const uint16_t *s_hat,
+                                      const uint16_t *z_hat, void *buf, size_t bytes, mpq_packed *out)
+{
+    mpq__shape s;
+    mpq__layout L;
+    mpq_status st = mpq__pack_check(d, buf, bytes, out, &s, &L);
+    if (st != MPQ_OK) return st;
+    if (!codes || !s_hat || !z_hat) return MPQ_ERR_ARG;
+    size_t np = (size_t)s.rows * (size_t)s.ngroups;
+    for (size_t p = 0; p < np; p++)
+        if (!mpq__half_finite(s_hat[p]) || !mpq__half_finite(z_hat[p])) return MPQ_ERR_NONFINITE;
+    for (int i = 0; i < s.rows; i++)
+        for (int j = 0; j < s.cols; j++)
+            if (codes[(size_t)i * (size_t)s.cols + (size_t)j] >> mpq__bits_at(&s, i, j / s.group))
+                return MPQ_ERR_BITS;
+    uint8_t *b8 = (uint8_t *)buf;
+    mpq__write_sections(d, &s, &L, b8);
+    const uint64_t *index = (const uint64_t *)(const void *)(b8 + L.off_index);
+    const int ntiles = s.ntiles;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(dynamic, 4)
+#endif
+    for (int t = 0; t < ntiles; t++) {
+        size_t r0 = (size_t)t * MPQ_TILE_ROWS;
+        mpq__write_tile(b8 + L.off_data, &s, index, t, codes + r0 * (size_t)s.cols, (size_t)s.cols,
+                        s_hat + r0 * (size_t)s.ngroups, z_hat + r0 * (size_t)s.ngroups, (size_t)s.ngroups);
+    }
+    mpq__view(out, &s, &L, b8, mpq__desc_flags(d));
+    return MPQ_OK;
+}
+
+static mpq_status mpq__bp_open(const void *buf, size_t bytes, mpq_packed *out)
+{
+    if (!buf || !out) return MPQ_ERR_ARG;
+    if ((uintptr_t)buf % 16u) return MPQ_ERR_ALIGN;
+    if (bytes < sizeof(mpq__bp_header)) return MPQ_ERR_FORMAT;
+    const uint8_t *b8 = (const uint8_t *)buf;
+    mpq__bp_header h;
+    memcpy(&h, b8, sizeof h);
+    if (memcmp(h.magic, mpq__bp_magic, 8) || h.version != MPQ__BP_VERSION || h.format != MPQ_FORMAT_BITPLANE ||
+        h.tile_rows != MPQ_TILE_ROWS || (h.flags & ~7u) || h.rows > INT_MAX || h.cols > INT_MAX ||
+        h.group > INT_MAX || h.block_rows > INT_MAX || h.total_bytes != (uint64_t)bytes)
+        return MPQ_ERR_FORMAT;
+    mpq__shape s;
+    if (mpq__shape_fill(&s, (int)h.rows, (int)h.cols, (int)h.group, (int)h.block_rows) != MPQ_OK ||
+        h.band_rows != (uint32_t)s.band_rows)
+        return MPQ_ERR_FORMAT;
+    /* Bound every loop below by the buffer size before running it. */
+    uint64_t nb = (uint64_t)s.nbrows * (uint64_t)s.ngroups;
+    if (h.off_bits != sizeof h || nb > bytes - sizeof h ||
+        (uint64_t)s.ntiles * (uint64_t)s.ngroups > bytes / MPQ__REC_META)
+        return MPQ_ERR_FORMAT;
+    const uint8_t *bits = b8 + h.off_bits;
+    for (uint64_t k = 0; k < nb; k++)
+        if (bits[k] < 1 || bits[k] > MPQ_MAX_BITS) return MPQ_ERR_FORMAT;
+    s.bits = bits;
+    mpq__layout L;
+    mpq__layout_compute(&s, h.flags, &L, NULL);
+    if (L.total != bytes || L.off_prow != h.off_prow || L.off_pcol != h.off_pcol || L.off_cscale != h.off_cscale ||
+        L.off_index != h.off_index || L.off_data != h.off_data || L.data_bytes != h.data_bytes)
+        return MPQ_ERR_FORMAT;
+    /* The band index must be exactly the one the bits map implies. */
+    const uint64_t *index = (const uint64_t *)(const void *)(b8 + L.off_index);
+    {
+        uint64_t pos = 0;
+        for (int b = 0; b < s.nbands; b++) {
+            if (index[b] != pos) return MPQ_ERR_FORMAT;
+            int t0, nt;
+            mpq__band_tiles(&s, b, &t0, &nt);
+            for (int g = 0; g < s.ngroups; g++)
+                for (int t = t0; t < t0 + nt; t++) pos += mpq__rec_bytes(&s, t, g);
+        }
+        if (index[s.nbands] != pos) return MPQ_ERR_FORMAT;
+    }
+    mpq_status st;
+    if ((h.flags & MPQ__FLAG_PROW) &&
+        (st = mpq__perm_check((const uint32_t *)(const void *)(b8 + L.off_prow), s.rows)) != MPQ_OK)
+        return st == MPQ_ERR_PERM ? MPQ_ERR_FORMAT : st;
+    if ((h.flags & MPQ__FLAG_PCOL) &&
+        (st = mpq__perm_check((const uint32_t *)(const void *)(b8 + L.off_pcol), s.cols)) != MPQ_OK)
+        return st == MPQ_ERR_PERM ? MPQ_ERR_FORMAT : st;
+    if ((h.flags & MPQ__FLAG_CSCALE) &&
+        mpq__scale_check((const float *)(const void *)(b8 + L.off_cscale), s.cols) != MPQ_OK)
+        return MPQ_ERR_FORMAT;
+    /* Every pair finite; padding rows of the last tile all zero. */
+    for (int t = 0; t < s.ntiles; t++) {
+        mpq__cursor c;
+        mpq__cursor_init(&s, index, t, &c);
+        for (int g = 0; g < s.ngroups; g++) {
+            const uint8_t *rec = b8 + L.off_data + c.pos;
+            for (int r = 0; r < MPQ_TILE_ROWS; r++) {
+                uint16_t sh, zh;
+                memcpy(&sh, rec + 2 * r, 2);
+                memcpy(&zh, rec + 32 + 2 * r, 2);
+                if (!mpq__half_finite(sh) || !mpq__half_finite(zh)) return MPQ_ERR_FORMAT;
+                if (t * MPQ_TILE_ROWS + r >= s.rows && (sh | zh)) return MPQ_ERR_FORMAT;
+            }
+            mpq__cursor_next(&s, &c, g);
+        }
+    }
+    mpq__view(out, &s, &L, b8, h.flags);
+    return MPQ_OK;
+}
+
+MPQ_DEF void mpq_packed_free(mpq_packed *A)
+{
+    if (!A) return;
+    if (A->owned) mpq_aligned_free((void *)(uintptr_t)A->buf);
+    memset(A, 0, sizeof *A);
+}
+
+MPQ_DEF int mpq_packed_bits_at(const mpq_packed *A, int i, int g)
+{
+    if (!A || i < 0 || i >= A->rows || g < 0 || g >= A->ngroups) return 0;
+    return A->bits[(size_t)(i / A->block_rows) * (size_t)A->ngroups + (size_t)g];
+}
+
+MPQ_DEF double mpq_packed_bpw(const mpq_packed *A, int with_metadata)
+{
+    if (!A || !A->bits) return 0.0;
+    mpq__shape s;
+    mpq__shape_of(A, &s);
+    double bits = 0.0;
+    for (int br = 0; br < s.nbrows; br++) {
+        int r = (br + 1) * s.block_rows < s.rows ? s.block_rows : s.rows - br * s.block_rows;
+        for (int g = 0; g < s.ngroups; g++)
+            bits += (double)r * (double)mpq__group_cols(&s, g) * (double)s.bits[(size_t)br * (size_t)s.ngroups + (size_t)g];
+    }
+    if (with_metadata) bits += 32.0 * (double)s.rows * (double)s.ngroups;
+    return bits / ((double)s.rows * (double)s.cols);
+}
+
+/* Decodes row r of record (t, g) into out[0 .. group width): values in
+   float64, exact (fp16 times a small integer plus fp16). */
+static void mpq__decode_row(const mpq__shape *s, const uint8_t *rec, int t, int g, int r, int skip, double *out)
+{
+    const int b = mpq__bits_at(s, t * MPQ_TILE_ROWS + r, g), nch = mpq__nch(s, g), gw = mpq__group_cols(s, g);
+    const int sk = skip < 0 ? 0 : (skip > b - 1 ? b - 1 : skip);
+    uint16_t sh, zh;
+    memcpy(&sh, rec + 2 * r, 2);
+    memcpy(&zh, rec + 32 + 2 * r, 2);
+    const double S = (double)mpq_f16_to_f32(sh), Z = (double)mpq_f16_to_f32(zh);
+    for (int j = 0; j < gw; j++) {
+        unsigned q = 0;
+        size_t o = MPQ__REC_META + mpq__slab_off(j / 8, r, nch);
+        for (int i = 0; i < b; i++, o += (size_t)nch * 16u) q |= ((unsigned)(rec[o] >> (j % 8)) & 1u) << i;
+        out[j] = S * (double)mpq__mirror_sum(q, b, sk) + Z;
+    }
+}
+
+/* Calls emit(row, col, value) in original coordinates for every weight. */
+typedef void (*mpq__emit_fn)(void *u, int row, int col, double w);
+
+static void mpq__bp_decode_all(const mpq_packed *A, int skip, mpq__emit_fn emit, void *u, double *tmp)
+{
+    mpq__shape s;
+    mpq__shape_of(A, &s);
+    for (int t = 0; t < s.ntiles; t++) {
+        mpq__cursor c;
+        mpq__cursor_init(&s, A->band_off, t, &c);
+        for (int g = 0; g < s.ngroups; g++) {
+            const uint8_t *rec = A->data + c.pos;
+            for (int r = 0; r < MPQ_TILE_ROWS && t * MPQ_TILE_ROWS + r < s.rows; r++) {
+                int i = t * MPQ_TILE_ROWS + r, gw = mpq__group_cols(&s, g);
+                mpq__decode_row(&s, rec, t, g, r, skip, tmp);
+                int orow = A->p_row ? (int)A->p_row[i] : i;
+                for (int k = 0; k < gw; k++) {
+                    int j = g * s.group + k;
+                    double w = tmp[k] * (A->col_scale ? (double)A->col_scale[j] : 1.0);
+                    emit(u, orow, A->p_col ? (int)A->p_col[j] : j, w);
+                }
+            }
+            mpq__cursor_next(&s, &c, g);
+        }
+    }
+}
+
+typedef struct mpq__emit_f32 {
+    float *W;
+    size_t cols;
+} mpq__emit_f32;
+
+static void mpq__emit_float(void *u, int row, int col, double w)
+{
+    mpq__emit_f32 *e = (mpq__emit_f32 *)u;
+    e->W[(size_t)row * e->cols + (size_t)col] = (float)w;
+}
+
+static mpq_status mpq__bp_dequantize(const mpq_packed *A, int skip_planes, float *W)
+{
+    if (!A || !W || A->format != MPQ_FORMAT_BITPLANE || !A->data) return MPQ_ERR_ARG;
+    if (skip_planes < 0) return MPQ_ERR_ARG;
+    double *tmp = (double *)MPQ_MALLOC(sizeof(double) * (size_t)A->group);
+    if (!tmp) return MPQ_ERR_NOMEM;
+    mpq__emit_f32 e = {W, (size_t)A->cols};
+    mpq__bp_decode_all(A, skip_planes, mpq__emit_float, &e, tmp);
+    MPQ_FREE(tmp);
+    return MPQ_OK;
+}
+
+/* ---------------------------------------------------------------------------
+   5. Products
+   ------------------------------------------------------------------------- */
+
+MPQ_DEF void mpq_lut16(const float x4[4], float Q[16])
+{
+    /* Same operation order for p and p ^ 15 with every sign flipped, so the
+       mirror Q[p ^ 15] = -Q[p] holds exactly in floating point. */
+    for (int p = 0; p < 16; p++) {
+        float v = (p & 1) ? x4[0] : -x4[0];
+        v += (p & 2) ? x4[1] : -x4[1];
+        v += (p & 4) ? x4[2] : -x4[2];
+        v += (p & 8) ? x4[3] : -x4[3];
+        Q[p] = v;
+    }
+}
+
+MPQ_DEF void mpq_lut128(const float x8[8], float T[128])
+{
+    float L[16], H[16];
+    mpq_lut16(x8, L);
+    mpq_lut16(x8 + 4, H);
+    for (int p = 0; p < 128; p++) T[p] = L[p & 15] + H[p >> 4];
+}
+
+MPQ_DEF float mpq_lut128_get(const float T[128], uint8_t p)
+{
+    return (p & 0x80u) ? -T[p ^ 0xFFu] : T[p];
+}
+
+MPQ_DEF int mpq_path_available(mpq_path path)
+{
+    switch (path) {
+    case MPQ_PATH_AUTO:
+    case MPQ_PATH_SCALAR: return 1;
+#ifdef MPQ__HAVE_AVX2
+    case MPQ_PATH_AVX2: return 1;
+#endif
+#ifdef MPQ__HAVE_AVX512
+    case MPQ_PATH_AVX512: return 1;
+#endif
+#ifdef MPQ__HAVE_VNNI
+    case MPQ_PATH_AVX512_VNNI: return 1;
+#endif
+    default: return 0;
+    }
+}
+
+MPQ_DEF const char *mpq_path_name(mpq_path path)
+{
+    switch (path) {
+    case MPQ_PATH_AUTO: return "auto";
+    case MPQ_PATH_SCALAR: return "scalar";
+    case MPQ_PATH_AVX2: return "avx2";
+    case MPQ_PATH_AVX512: return "avx512";
+    case MPQ_PATH_AVX512_VNNI: return "avx512-vnni";
+    }
+    return "unknown";
+}
+
+static mpq_path mpq__resolve_path(mpq_path p)
+{
+    if (p != MPQ_PATH_AUTO) return p;
+#if defined(MPQ__HAVE_VNNI)
+    return MPQ_PATH_AVX512_VNNI;
+#elif defined(MPQ__HAVE_AVX512)
+    return MPQ_PATH_AVX512;
+#elif defined(MPQ__HAVE_AVX2)
+    return MPQ_PATH_AVX2;
+#else
+    return MPQ_PATH_SCALAR;
+#endif
+}
+
+/* Workspace of one input vector, each part 64-byte aligned:
+     tab    512 bytes per chunk of 8 columns: the scalar path's 128-entry
+            float tables, the float SIMD paths' two 16-entry tables (first
+            128 bytes), or the int16 tables of MPQ_PATH_AVX512_VNNI (256
+            bytes per unit of up to 4 chunks, see mpq__build_q16)
+     xt     x~: x gathered through p_col, times col_scale, zero past cols
+     gsum   sum of x~ over each group (the z^ term)
+     gscale the power-of-two table scale of each group (int16 tables) */
+typedef struct mpq__vecwork {
+    size_t tab, xt, gsum, gscale, bytes;
+} mpq__vecwork;
+
+static mpq__vecwork mpq__vec_layout(const mpq_packed *A)
+{
+    const size_t nchunks = ((size_t)A->cols + 7u) / 8u, ng = (size_t)A->ngroups;
+    mpq__vecwork w;
+    w.tab = 0;
+    w.xt = mpq__align64(nchunks * 512u);
+    w.gsum = w.xt + mpq__align64(nchunks * 8u * sizeof(float));
+    w.gscale = w.gsum + mpq__align64(ng * sizeof(float));
+    w.bytes = w.gscale + mpq__align64(ng * sizeof(float));
+    return w;
+}
+
+static size_t mpq__bp_work_bytes(const mpq_packed *A, int batch)
+{
+    if (!A || batch < 1) return 0;
+    return (size_t)batch * mpq__vec_layout(A).bytes;
+}
+
+/* Units of the int16 tables of a group of nch chunks: one per 4 chunks, one
+   for a trailing pair, one for a trailing single (the record's segments). */
+static int mpq__units(int nch) { return nch / 4 + ((nch & 2) ? 1 : 0) + (nch & 1); }
+
+/* Tables for one vector. x~ and the group sums first, then the tables of
+   `path`. */
+static void mpq__build_tables(const mpq_packed *A, const float *x, mpq_path path, uint8_t *w)
+{
+    const mpq__vecwork L = mpq__vec_layout(A);
+    const int nchunks = (A->cols + 7) / 8, cpg = A->group / 8;
+    float *xt = (float *)(void *)(w + L.xt), *gsum = (float *)(void *)(w + L.gsum);
+    float *gscale = (float *)(void *)(w + L.gscale);
+    for (int g = 0; g < A->ngroups; g++) gsum[g] = 0.0f;
+    for (int c = 0; c < nchunks; c++) {
+        float *x8 = xt + 8 * c;
+        for (int k = 0; k < 8; k++) {
+            int j = 8 * c + k;
+            x8[k] = j < A->cols ? x[A->p_col ? A->p_col[j] : (uint32_t)j] * (A->col_scale ? A->col_scale[j] : 1.0f)
+                                : 0.0f;
+        }
+        gsum[c / cpg] += ((x8[0] + x8[1]) + (x8[2] + x8[3])) + ((x8[4] + x8[5]) + (x8[6] + x8[7]));
+    }
+    float *tab = (float *)(void *)(w + L.tab);
+    switch (path) {
+    case MPQ_PATH_SCALAR:
+        for (int c = 0; c < nchunks; c++) mpq_lut128(xt + 8 * c, tab + (size_t)c * 128u);
+        break;
+    case MPQ_PATH_AVX512_VNNI: {
+        const int ufull = mpq__units(cpg);
+        for (int g = 0; g < A->ngroups; g++) {
+            const int c0 = g * cpg, nch = (A->cols - g * A->group < A->group ? (A->cols - g * A->group + 7) / 8 : cpg);
+            /* the power-of-two scale: smallest e with max|Q| / 2^e <= 32767 */
+            float mx = 0.0f;
+            for (int c = c0; c < c0 + nch; c++)
+                for (int h = 0; h < 2; h++) {
+                    const float *a = xt + 8 * c + 4 * h;
+                    float sabs = ((fabsf(a[0]) + fabsf(a[1])) + fabsf(a[2])) + fabsf(a[3]);
+                    mx = sabs > mx ? sabs : mx;
+                }
+            int e = 0;
+            if (mx > 0.0f) {
+                frexpf(mx, &e);
+                e -= 15;
+                if (ldexpf(mx, -e) > 32767.0f) e++;
+            }
+            gscale[g] = mx > 0.0f ? ldexpf(1.0f, e) : 0.0f;
+            const float inv = mx > 0.0f ? ldexpf(1.0f, -e) : 0.0f;
+            uint8_t *T = w + L.tab + (size_t)g * (size_t)ufull * 256u;
+            const int nq = nch / 4, nu = mpq__units(nch);
+#ifdef MPQ__HAVE_VNNI
+            if (nch % 4 == 0) { /* every unit full: 16 entries a register */
+                const __m512 sg0 = _mm512_setr_ps(-1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1);
+                const __m512 sg1 = _mm512_setr_ps(-1, -1, 1, 1, -1, -1, 1, 1, -1, -1, 1, 1, -1, -1, 1, 1);
+                const __m512 sg2 = _mm512_setr_ps(-1, -1, -1, -1, 1, 1, 1, 1, -1, -1, -1, -1, 1, 1, 1, 1);
+                const __m512 sg3 = _mm512_setr_ps(-1, -1, -1, -1, -1, -1, -1, -1, 1, 1, 1, 1, 1, 1, 1, 1);
+                const __m512 vinv = _mm512_set1_ps(inv), lim = _mm512_set1_ps(32767.0f);
+                for (int c = 0; c < nch; c++)
+                    for (int h = 0; h < 2; h++) {
+                        const float *a = xt + 8 * (c0 + c) + 4 * h;
+                        /* same operation order as mpq_lut16: ((+-a0 +- a1) +- a2) +- a3 */
+                        __m512 q = _mm512_mul_ps(sg0, _mm512_set1_ps(a[0]));
+                        q = _mm512_add_ps(q, _mm512_mul_ps(sg1, _mm512_set1_ps(a[1])));
+                        q = _mm512_add_ps(q, _mm512_mul_ps(sg2, _mm512_set1_ps(a[2])));
+                        q = _mm512_add_ps(q, _mm512_mul_ps(sg3, _mm512_set1_ps(a[3])));
+                        q = _mm512_min_ps(_mm512_max_ps(_mm512_mul_ps(q, vinv), _mm512_sub_ps(_mm512_setzero_ps(), lim)), lim);
+                        __m512i qi = _mm512_cvt_roundps_epi32(q, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+                        uint8_t *dst = T + (size_t)(c / 4) * 256u + (size_t)h * 128u + (size_t)(16 * (c % 4));
+                        _mm_storeu_si128((__m128i *)(void *)dst, _mm512_cvtepi32_epi8(qi));
+                        _mm_storeu_si128((__m128i *)(void *)(dst + 64), _mm512_cvtepi32_epi8(_mm512_srai_epi32(qi, 8)));
+                    }
+                continue;
+            }
+#endif
+            memset(T, 0, (size_t)nu * 256u);
+            for (int u = 0; u < nu; u++) {
+                int first, count; /* chunks of this unit, as the record's segments */
+                if (u < nq) first = 4 * u, count = 4;
+                else if (u == nq && (nch & 2)) first = 4 * nq, count = 2;
+                else first = nch - 1, count = 1;
+                for (int pos = 0; pos < count; pos++)
+                    for (int h = 0; h < 2; h++) {
+                        float Q[16];
+                        mpq_lut16(xt + 8 * (c0 + first + pos) + 4 * h, Q);
+                        for (int p = 0; p < 16; p++) {
+                            float qv = mpq__rne(Q[p] * inv);
+                            qv = qv > 32767.0f ? 32767.0f : (qv < -32767.0f ? -32767.0f : qv);
+                            int q = (int)qv;
+                            T[(size_t)u * 256u + (size_t)h * 128u + (size_t)(16 * pos + p)] = (uint8_t)(q & 0xFF);
+                            T[(size_t)u * 256u + (size_t)h * 128u + 64u + (size_t)(16 * pos + p)] = (uint8_t)((q >> 8) & 0xFF);
+                        }
+                    }
+            }
+        }
+        break;
+    }
+    default: /* float 16-entry tables */
+        for (int c = 0; c < nchunks; c++) {
+            mpq_lut16(xt + 8 * c, tab + (size_t)c * 32u);
+            mpq_lut16(xt + 8 * c + 4, tab + (size_t)c * 32u + 16u);
+        }
+        break;
+    }
+}
+
+/* Everything a tile kernel needs about one record. */
+typedef struct mpq__rec {
+    const uint8_t *p; /* the record */
+    int nch;          /* chunks of 8 columns */
+    int i0, np;       /* first plane read, planes read */
+    int uniform;      /* every row has the same width and skip */
+    float mult[MPQ_MAX_BITS][MPQ_TILE_ROWS]; /* non-uniform: weight of plane i0+p for row r, or 0 */
+} mpq__rec;
+
+/* Which planes of record (t, g) count for each row, after skip_planes. */
+static void mpq__rec_setup(const mpq__shape *s, const uint8_t *data, uint64_t pos, int t, int g, int skip,
+                           mpq__rec *R)
+{
+    const int r0 = t * MPQ_TILE_ROWS, nr = s->rows - r0 < MPQ_TILE_ROWS ? s->rows - r0 : MPQ_TILE_ROWS;
+    const int B = mpq__tile_planes(s, t, g);
+    R->p = data + pos;
+    R->nch = mpq__nch(s, g);
+    int bmin = B;
+    for (int br = r0 / s->block_rows; br <= (r0 + nr - 1) / s->block_rows; br++) {
+        int w = s->bits[(size_t)br * (size_t)s->ngroups + (size_t)g];
+        bmin = w < bmin ? w : bmin;
+    }
+    R->uniform = bmin == B;
+    int i0 = B;
+    int sk[MPQ_TILE_ROWS], w[MPQ_TILE_ROWS];
+    for (int r = 0; r < MPQ_TILE_ROWS; r++) {
+        w[r] = r < nr ? mpq__bits_at(s, r0 + r, g) : B; /* padding rows: zero pairs, any width */
+        sk[r] = skip < w[r] - 1 ? skip : w[r] - 1;
+        i0 = sk[r] < i0 ? sk[r] : i0;
+        if (R->uniform) break;
+    }
+    R->i0 = i0;
+    R->np = B - i0;
+    if (!R->uniform)
+        for (int p = 0; p < R->np; p++)
+            for (int r = 0; r < MPQ_TILE_ROWS; r++) {
+                int i = i0 + p;
+                R->mult[p][r] = (i >= sk[r] && i < w[r]) ? (float)(1 << i) : 0.0f;
+            }
+}
+
+static float mpq__plane_weight(const mpq__rec *R, int p, int r)
+{
+    return R->uniform ? (float)(1 << (R->i0 + p)) : R->mult[p][r];
+}
+
+/* ---- scalar path: 128-entry mirrored tables, one byte = 8 weights ---- */
+
+static float mpq__lut128_at(const float *T, unsigned p)
+{
+    /* p >= 128: -T[p ^ 0xFF]; branch-free, the bytes are random */
+    uint32_t hi = p >> 7, u;
+    float v = T[(p ^ (0u - hi)) & 0x7Fu];
+    memcpy(&u, &v, 4);
+    u ^= hi << 31;
+    memcpy(&v, &u, 4);
+    return v;
+}
+
+static void mpq__tile_scalar(const mpq__rec *R, int r, const float *T, float *acc)
+{
+    const size_t pbytes = (size_t)R->nch * 16u;
+    const int nq = R->nch / 4;
+    float a = 0.0f;
+    for (int p = 0; p < R->np; p++) {
+        float wgt = mpq__plane_weight(R, p, r);
+        if (wgt == 0.0f) continue;
+        const uint8_t *q = R->p + MPQ__REC_META + (size_t)(R->i0 + p) * pbytes;
+        const float *t = T;
+        float p4[4] = {0.0f, 0.0f, 0.0f, 0.0f}; /* four chains: adds overlap */
+        for (int u = 0; u < nq; u++, q += 64, t += 512)
+            for (int k = 0; k < 4; k++) p4[k] += mpq__lut128_at(t + 128 * k, q[4 * r + k]);
+        float ps = (p4[0] + p4[1]) + (p4[2] + p4[3]);
+        if (R->nch & 2) {
+            ps += mpq__lut128_at(t, q[2 * r]) + mpq__lut128_at(t + 128, q[2 * r + 1]);
+            q += 32;
+            t += 256;
+        }
+        if (R->nch & 1) ps += mpq__lut128_at(t, q[r]);
+        a += ps * wgt;
+    }
+    *acc = a;
+}
+
+/* ---- AVX-512 path: 16-entry float tables, vpermps looks up 16 rows ---- */
+#ifdef MPQ__HAVE_AVX512
+/* lane r of v holds nq nibbles of row r; nibble k indexes table Q + 16k. */
+MPQ__INLINE __m512 mpq__lk512(__m512i v, const __m512 *t, int nq)
+{
+    __m512 a = _mm512_permutexvar_ps(v, t[0]);
+    __m512 b = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), t[1]);
+    if (nq == 2) return _mm512_add_ps(a, b);
+    a = _mm512_add_ps(a, _mm512_permutexvar_ps(_mm512_srli_epi32(v, 8), t[2]));
+    b = _mm512_add_ps(b, _mm512_permutexvar_ps(_mm512_srli_epi32(v, 12), t[3]));
+    if (nq == 4) return _mm512_add_ps(a, b);
+    __m512 c = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 16), t[4]);
+    __m512 d = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 20), t[5]);
+    c = _mm512_add_ps(c, _mm512_permutexvar_ps(_mm512_srli_epi32(v, 24), t[6]));
+    d = _mm512_add_ps(d, _mm512_permutexvar_ps(_mm512_srli_epi32(v, 28), t[7]));
+    return _mm512_add_ps(_mm512_add_ps(a, b), _mm512_add_ps(c, d));
+}
+
+/* sum over planes p < NP of weight_p * (lookups of plane i0 + p); NP is a
+   compile-time constant in each caller so the accumulators stay in registers. */
+MPQ__INLINE __m512 mpq__group512(const mpq__rec *R, const float *Q, const int NP)
+{
+    const uint8_t *pl = R->p + MPQ__REC_META + (size_t)R->i0 * (size_t)R->nch * 16u;
+    const size_t pb = (size_t)R->nch * 16u;
+    const int nq = R->nch >> 2;
+    __m512 acc[MPQ_MAX_BITS], t[8];
+    for (int p = 0; p < NP; p++) acc[p] = _mm512_setzero_ps();
+    for (int u = 0; u < nq; u++) {
+        for (int k = 0; k < 8; k++) t[k] = _mm512_loadu_ps(Q + (size_t)(8 * u + k) * 16u);
+        for (int p = 0; p < NP; p++)
+            acc[p] = _mm512_add_ps(acc[p], mpq__lk512(_mm512_loadu_si512((const void *)(pl + p * pb + (size_t)u * 64u)), t, 8));
+    }
+    size_t off = (size_t)nq * 64u;
+    const float *Qr = Q + (size_t)nq * 128u;
+    if (R->nch & 2) {
+        for (int k = 0; k < 4; k++) t[k] = _mm512_loadu_ps(Qr + 16 * k);
+        for (int p = 0; p < NP; p++)
+            acc[p] = _mm512_add_ps(acc[p], mpq__lk512(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(const void *)(pl + p * pb + off))), t, 4));
+        off += 32u;
+        Qr += 64;
+    }
+    if (R->nch & 1) {
+        for (int k = 0; k < 2; k++) t[k] = _mm512_loadu_ps(Qr + 16 * k);
+        for (int p = 0; p < NP; p++)
+            acc[p] = _mm512_add_ps(acc[p], mpq__lk512(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)(pl + p * pb + off))), t, 2));
+    }
+    __m512 r = _mm512_setzero_ps();
+    for (int p = 0; p < NP; p++)
+        r = _mm512_fmadd_ps(acc[p], R->uniform ? _mm512_set1_ps((float)(1 << (R->i0 + p))) : _mm512_loadu_ps(R->mult[p]), r);
+    return r;
+}
+
+static __m512 mpq__group512_any(const mpq__rec *R, const float *Q)
+{
+    switch (R->np) {
+    case 1: return mpq__group512(R, Q, 1);
+    case 2: return mpq__group512(R, Q, 2);
+    case 3: return mpq__group512(R, Q, 3);
+    case 4: return mpq__group512(R, Q, 4);
+    case 5: return mpq__group512(R, Q, 5);
+    case 6: return mpq__group512(R, Q, 6);
+    case 7: return mpq__group512(R, Q, 7);
+    default: return mpq__group512(R, Q, 8);
+    }
+}
+#endif
+
+/* ---- AVX-512 VBMI + VNNI path: int16 tables, vpermb looks up 64 bytes ---- */
+#ifdef MPQ__HAVE_VNNI
+/* Lane r of v: 4 bytes = 4 chunks of row r. Byte position p of a lane
+   selects table p of the unit (index = nibble | p << 4), the low and high
+   bytes of the int16 entries come from separate 64-entry byte tables, and
+   vpdpbusd adds the 4 bytes of each lane: that lane's row. */
+MPQ__INLINE void mpq__lkq(__m512i v, const __m512i *t, __m512i *lo, __m512i *hi)
+{
+    const __m512i m0f = _mm512_set1_epi8(0x0F), pos = _mm512_set1_epi32(0x30201000), ones = _mm512_set1_epi8(1);
+    __m512i il = _mm512_ternarylogic_epi32(v, m0f, pos, 0xEA); /* (v & 0x0F) | pos */
+    __m512i ih = _mm512_ternarylogic_epi32(_mm512_srli_epi16(v, 4), m0f, pos, 0xEA);
+    *lo = _mm512_dpbusd_epi32(*lo, _mm512_permutexvar_epi8(il, t[0]), ones);
+    *hi = _mm512_dpbusd_epi32(*hi, ones, _mm512_permutexvar_epi8(il, t[1]));
+    *lo = _mm512_dpbusd_epi32(*lo, _mm512_permutexvar_epi8(ih, t[2]), ones);
+    *hi = _mm512_dpbusd_epi32(*hi, ones, _mm512_permutexvar_epi8(ih, t[3]));
+}
+
+MPQ__INLINE __m512 mpq__groupq(const mpq__rec *R, const uint8_t *T, const int NP)
+{
+    const uint8_t *pl = R->p + MPQ__REC_META + (size_t)R->i0 * (size_t)R->nch * 16u;
+    const size_t pb = (size_t)R->nch * 16u;
+    const int nq = R->nch >> 2;
+    __m512i lo[MPQ_MAX_BITS], hi[MPQ_MAX_BITS], t[4];
+    for (int p = 0; p < NP; p++) lo[p] = hi[p] = _mm512_setzero_si512();
+    for (int u = 0; u < nq; u++, T += 256) {
+        for (int k = 0; k < 4; k++) t[k] = _mm512_loadu_si512((const void *)(T + 64 * k));
+        for (int p = 0; p < NP; p++) mpq__lkq(_mm512_loadu_si512((const void *)(pl + p * pb + (size_t)u * 64u)), t, &lo[p], &hi[p]);
+    }
+    size_t off = (size_t)nq * 64u;
+    if (R->nch & 2) {
+        for (int k = 0; k < 4; k++) t[k] = _mm512_loadu_si512((const void *)(T + 64 * k));
+        for (int p = 0; p < NP; p++)
+            mpq__lkq(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(const void *)(pl + p * pb + off))), t, &lo[p], &hi[p]);
+        off += 32u;
+        T += 256;
+    }
+    if (R->nch & 1) {
+        for (int k = 0; k < 4; k++) t[k] = _mm512_loadu_si512((const void *)(T + 64 * k));
+        for (int p = 0; p < NP; p++)
+            mpq__lkq(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)(pl + p * pb + off))), t, &lo[p], &hi[p]);
+    }
+    __m512 r = _mm512_setzero_ps();
+    for (int p = 0; p < NP; p++) {
+        __m512 v = _mm512_cvtepi32_ps(_mm512_add_epi32(lo[p], _mm512_slli_epi32(hi[p], 8)));
+        r = _mm512_fmadd_ps(v, R->uniform ? _mm512_set1_ps((float)(1 << (R->i0 + p))) : _mm512_loadu_ps(R->mult[p]), r);
+    }
+    return r;
+}
+
+static __m512 mpq__groupq_any(const mpq__rec *R, const uint8_t *T)
+{
+    switch (R->np) {
+    case 1: return mpq__groupq(R, T, 1);
+    case 2: return mpq__groupq(R, T, 2);
+    case 3: return mpq__groupq(R, T, 3);
+    case 4: return mpq__groupq(R, T, 4);
+    case 5: return mpq__groupq(R, T, 5);
+    case 6: return mpq__groupq(R, T, 6);
+    case 7: return mpq__groupq(R, T, 7);
+    default: return mpq__groupq(R, T, 8);
+    }
+}
+#endif
+
+/* ---- AVX2 path: 16-entry tables as two 8-entry halves, 8 rows a register ---- */
+#ifdef MPQ__HAVE_AVX2
+MPQ__INLINE __m256 mpq__lk256_1(__m256i idx, const float *Q)
+{
+    __m256 lo = _mm256_permutevar8x32_ps(_mm256_loadu_ps(Q), idx);
+    __m256 hi = _mm256_permutevar8x32_ps(_mm256_loadu_ps(Q + 8), idx);
+    return _mm256_blendv_ps(lo, hi, _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28)));
+}
+
+MPQ__INLINE __m256 mpq__lk256(__m256i v, const float *Q, int nq)
+{
+    __m256 a = mpq__lk256_1(v, Q), b = mpq__lk256_1(_mm256_srli_epi32(v, 4), Q + 16);
+    for (int k = 2; k < nq; k += 2) {
+        a = _mm256_add_ps(a, mpq__lk256_1(_mm256_srli_epi32(v, 4 * k), Q + 16 * k));
+        b = _mm256_add_ps(b, mpq__lk256_1(_mm256_srli_epi32(v, 4 * k + 4), Q + 16 * k + 16));
+    }
+    return _mm256_add_ps(a, b);
+}
+
+/* One half (rows 8h .. 8h+7) of a record. */
+MPQ__INLINE __m256 mpq__group256(const mpq__rec *R, const float *Q, int h, const int NP)
+{
+    const uint8_t *pl = R->p + MPQ__REC_META + (size_t)R->i0 * (size_t)R->nch * 16u;
+    const size_t pb = (size_t)R->nch * 16u;
+    const int nq = R->nch >> 2;
+    __m256 acc[MPQ_MAX_BITS];
+    for (int p = 0; p < NP; p++) acc[p] = _mm256_setzero_ps();
+    for (int u = 0; u < nq; u++)
+        for (int p = 0; p < NP; p++)
+            acc[p] = _mm256_add_ps(acc[p], mpq__lk256(_mm256_loadu_si256((const __m256i *)(const void *)(pl + p * pb + (size_t)u * 64u + 32u * (size_t)h)), Q + (size_t)u * 128u, 8));
+    size_t off = (size_t)nq * 64u;
+    const float *Qr = Q + (size_t)nq * 128u;
+    if (R->nch & 2) {
+        for (int p = 0; p < NP; p++)
+            acc[p] = _mm256_add_ps(acc[p], mpq__lk256(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(const void *)(pl + p * pb + off + 16u * (size_t)h))), Qr, 4));
+        off += 32u;
+        Qr += 64;
+    }
+    if (R->nch & 1)
+        for (int p = 0; p < NP; p++)
+            acc[p] = _mm256_add_ps(acc[p], mpq__lk256(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)(pl + p * pb + off + 8u * (size_t)h))), Qr, 2));
+    __m256 r = _mm256_setzero_ps();
+    for (int p = 0; p < NP; p++)
+        r = _mm256_fmadd_ps(acc[p], R->uniform ? _mm256_set1_ps((float)(1 << (R->i0 + p))) : _mm256_loadu_ps(R->mult[p] + 8 * h), r);
+    return r;
+}
+
+static __m256 mpq__group256_any(const mpq__rec *R, const float *Q, int h)
+{
+    switch (R->np) {
+    case 1: return mpq__group256(R, Q, h, 1);
+    case 2: return mpq__group256(R, Q, h, 2);
+    case 3: return mpq__group256(R, Q, h, 3);
+    case 4: return mpq__group256(R, Q, h, 4);
+    case 5: return mpq__group256(R, Q, h, 5);
+    case 6: return mpq__group256(R, Q, h, 6);
+    case 7: return mpq__group256(R, Q, h, 7);
+    default: return mpq__group256(R, Q, h, 8);
+    }
+}
+#endif
+
+#define MPQ__BATCH_STEP 8 /* vectors per pass over a tile's records */
+#define MPQ__LOOKAHEAD 4  /* records prefetched ahead of the one in use */
+
+/* One tile, vectors b0 .. b0+nb-1: y~ of its 16 rows into yt[v][r]. The
+   records of tile t are found by walking its band's sections: section g
+   holds the band's nt records of group g, and every record of a band with
+   more than one tile has the same size. */
+static void mpq__tile(const mpq__shape *s, const mpq_packed *A, mpq_path path, int t, const uint8_t *work,
+                      size_t vstride, int b0, int nb, int skip, float yt[MPQ__BATCH_STEP][MPQ_TILE_ROWS])
+{
+    const mpq__vecwork L = mpq__vec_layout(A);
+    const int cpg = s->group / 8, ng = s->ngroups, nch_last = mpq__nch(s, ng - 1);
+    const size_t qstride = (size_t)mpq__units(cpg) * 256u; /* int16 tables of a group */
+    (void)qstride;
+    const int band = t * MPQ_TILE_ROWS / s->band_rows;
+    int t0, nt;
+    mpq__band_tiles(s, band, &t0, &nt);
+    const uint64_t tl = (uint64_t)(t - t0);
+    uint64_t sec = A->band_off[band];
+    for (int v = 0; v < nb; v++)
+        for (int r = 0; r < MPQ_TILE_ROWS; r++) yt[v][r] = 0.0f;
+    /* With block_rows a multiple of 16 every tile lies in one block row. */
+    const int uniform = s->block_rows % MPQ_TILE_ROWS == 0;
+    const uint8_t *brow = s->bits + (size_t)(t * MPQ_TILE_ROWS / s->block_rows) * (size_t)ng;
+    /* A second walker runs MPQ__LOOKAHEAD records ahead and prefetches: the
+       lookups leave the memory system idle for too long otherwise. */
+    uint64_t pf_sec = sec;
+    int pf_g = 0;
+    mpq__rec R;
+    for (int g = 0; g < ng; g++) {
+        for (; pf_g < ng && pf_g <= g + MPQ__LOOKAHEAD; pf_g++) {
+            const int pn = pf_g < ng - 1 ? cpg : nch_last;
+            const uint64_t prb = MPQ__REC_META + (uint64_t)(uniform ? brow[pf_g] : mpq__tile_planes(s, t, pf_g)) * (uint64_t)pn * 16u;
+            const uint8_t *pp = A->data + pf_sec + tl * prb;
+            for (uint64_t o = 0; o < prb; o += 64) MPQ__PREFETCH(pp + o);
+            pf_sec += (uint64_t)nt * prb;
+        }
+        const int nch = g < ng - 1 ? cpg : nch_last;
+        const int B = uniform ? brow[g] : mpq__tile_planes(s, t, g);
+        const uint64_t rb = MPQ__REC_META + (uint64_t)B * (uint64_t)nch * 16u;
+        if (uniform) {
+            R.p = A->data + sec + tl * rb;
+            R.nch = nch;
+            R.uniform = 1;
+            R.i0 = skip < B - 1 ? skip : B - 1;
+            R.np = B - R.i0;
+        } else
+            mpq__rec_setup(s, A->data, sec + tl * rb, t, g, skip, &R);
+        sec += (uint64_t)nt * rb;
+        for (int v = 0; v < nb; v++) {
+            const uint8_t *vw = work + (size_t)(b0 + v) * vstride;
+            const float *tab = (const float *)(const void *)(vw + L.tab);
+            const float gs = ((const float *)(const void *)(vw + L.gsum))[g];
+            switch (path) {
+#ifdef MPQ__HAVE_VNNI
+            case MPQ_PATH_AVX512_VNNI: {
+                __m512 acc = mpq__groupq_any(&R, vw + L.tab + (size_t)g * qstride);
+                acc = _mm512_mul_ps(acc, _mm512_set1_ps(((const float *)(const void *)(vw + L.gscale))[g]));
+                __m512 y = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)R.p)), acc,
+                                           _mm512_loadu_ps(yt[v]));
+                y = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(R.p + 32))),
+                                    _mm512_set1_ps(gs), y);
+                _mm512_storeu_ps(yt[v], y);
+                continue;
+            }
+#endif
+#ifdef MPQ__HAVE_AVX512
+            case MPQ_PATH_AVX512: {
+                __m512 acc = mpq__group512_any(&R, tab + (size_t)g * (size_t)cpg * 32u);
+                __m512 y = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)R.p)), acc,
+                                           _mm512_loadu_ps(yt[v]));
+                y = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(R.p + 32))),
+                                    _mm512_set1_ps(gs), y);
+                _mm512_storeu_ps(yt[v], y);
+                continue;
+            }
+#endif
+#ifdef MPQ__HAVE_AVX2
+            case MPQ_PATH_AVX2:
+                for (int h = 0; h < 2; h++) {
+                    __m256 acc = mpq__group256_any(&R, tab + (size_t)g * (size_t)cpg * 32u, h);
+                    __m256 y = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(R.p + 16 * h))),
+                                               acc, _mm256_loadu_ps(yt[v] + 8 * h));
+                    y = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(R.p + 32 + 16 * h))),
+                                        _mm256_set1_ps(gs), y);
+                    _mm256_storeu_ps(yt[v] + 8 * h, y);
+                }
+                continue;
+#endif
+            default:
+                break;
+            }
+            for (int r = 0; r < MPQ_TILE_ROWS; r++) {
+                uint16_t hs, hz;
+                float acc;
+                memcpy(&hs, R.p + 2 * r, 2);
+                memcpy(&hz, R.p + 32 + 2 * r, 2);
+                mpq__tile_scalar(&R, r, tab + (size_t)g * (size_t)cpg * 128u, &acc);
+                yt[v][r] += mpq_f16_to_f32(hs) * acc + mpq_f16_to_f32(hz) * gs;
+            }
+        }
+    }
+}
+
+static mpq_status mpq__bp_gemv(const mpq_packed *A, const float *x, float *y, int batch, const mpq_gemv_opts *opts,
+                               void *work, size_t work_bytes)
+{
+    if (!A || !x || !y || A->format != MPQ_FORMAT_BITPLANE || !A->data || !A->band_off) return MPQ_ERR_ARG;
+    if (batch < 1) return MPQ_ERR_SIZE;
+    mpq_gemv_opts o;
+    memset(&o, 0, sizeof o);
+    if (opts) o = *opts;
+    if (o.skip_planes < 0 || o.threads < 0) return MPQ_ERR_ARG;
+    if (!mpq_path_available(o.path)) return MPQ_ERR_UNSUPPORTED;
+    const mpq_path path = mpq__resolve_path(o.path);
+    const size_t need = mpq__bp_work_bytes(A, batch);
+    if (work && work_bytes < need) return MPQ_ERR_SIZE;
+    if (work && ((uintptr_t)work % 64u)) return MPQ_ERR_ALIGN;
+    for (size_t k = 0; k < (size_t)batch * (size_t)A->cols; k++)
+        if (!mpq__finite(x[k])) return MPQ_ERR_NONFINITE;
+    uint8_t *w = (uint8_t *)work;
+    if (!w && !(w = (uint8_t *)mpq_aligned_alloc(need))) return MPQ_ERR_NOMEM;
+
+    mpq__shape s;
+    mpq__shape_of(A, &s);
+    const size_t vstride = mpq__vec_layout(A).bytes;
+    for (int v = 0; v < batch; v++) mpq__build_tables(A, x + (size_t)v * (size_t)A->cols, path, w + (size_t)v * vstride);
+    const int ntiles = s.ntiles, nth = o.threads ? o.threads : mpq__max_threads();
+    (void)nth;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) num_threads(nth)
+#endif
+    for (int t = 0; t < ntiles; t++) {
+        float yt[MPQ__BATCH_STEP][MPQ_TILE_ROWS];
+        for (int b0 = 0; b0 < batch; b0 += MPQ__BATCH_STEP) {
+            int nb = batch - b0 < MPQ__BATCH_STEP ? batch - b0 : MPQ__BATCH_STEP;
+            mpq__tile(&s, A, path, t, w, vstride, b0, nb, o.skip_planes, yt);
+            for (int r = 0; r < MPQ_TILE_ROWS && t * MPQ_TILE_ROWS + r < s.rows; r++) {
+                int i = t * MPQ_TILE_ROWS + r, oi = A->p_row ? (int)A->p_row[i] : i;
+                for (int v = 0; v < nb; v++) y[(size_t)(b0 + v) * (size_t)s.rows + (size_t)oi] = yt[v][r];
+            }
+        }
+    }
+    if (w != (uint8_t *)work) mpq_aligned_free(w);
+    return MPQ_OK;
+}
+
+typedef struct mpq__emit_gemv {
+    const float *x;
+    double *y;
+    int batch, rows, cols;
+} mpq__emit_gemv;
+
+static void mpq__emit_dot(void *u, int row, int col, double w)
+{
+    mpq__emit_gemv *e = (mpq__emit_gemv *)u;
+    for (int v = 0; v < e->batch; v++)
+        e->y[(size_t)v * (size_t)e->rows + (size_t)row] += w * (double)e->x[(size_t)v * (size_t)e->cols + (size_t)col];
+}
+
+MPQ_DEF mpq_status mpq_gemv_ref(const mpq_packed *A, const float *x, double *y, int batch, int skip_planes)
+{
+    if (!A || !x || !y || A->format != MPQ_FORMAT_BITPLANE || !A->data) return MPQ_ERR_ARG;
+    if (batch < 1) return MPQ_ERR_SIZE;
+    if (skip_planes < 0) return MPQ_ERR_ARG;
+    for (size_t k = 0; k < (size_t)batch * (size_t)A->cols; k++)
+        if (!mpq__finite(x[k])) return MPQ_ERR_NONFINITE;
+    double *tmp = (double *)MPQ_MALLOC(sizeof(double) * (size_t)A->group);
+    if (!tmp) return MPQ_ERR_NOMEM;
+    for (size_t k = 0; k < (size_t)batch * (size_t)A->rows; k++) y[k] = 0.0;
+    mpq__emit_gemv e = {x, y, batch, A->rows, A->cols};
+    mpq__bp_decode_all(A, skip_planes, mpq__emit_dot, &e, tmp);
+    MPQ_FREE(tmp);
+    return MPQ_OK;
+}
+
+/* ---------------------------------------------------------------------------
+   6. Formats, backends
+   ------------------------------------------------------------------------- */
+
+static const mpq_format_traits mpq__formats[] = {
+    {MPQ_FORMAT_BITPLANE, "bitplane", {'M', 'P', 'Q', 'B', 'I', 'T', 'P', 0}, mpq__bp_open, mpq__bp_dequantize,
+     mpq__bp_gemv, mpq__bp_work_bytes},
+};
+
+MPQ_DEF const mpq_format_traits *mpq_format_get(mpq_format f)
+{
+    for (size_t k = 0; k < sizeof mpq__formats / sizeof mpq__formats[0]; k++)
+        if (mpq__formats[k].format == f) return &mpq__formats[k];
+    return NULL;
+}
+
+MPQ_DEF mpq_status mpq_packed_open(const void *buf, size_t bytes, mpq_packed *out)
+{
+    if (!buf || !out) return MPQ_ERR_ARG;
+    if ((uintptr_t)buf % 16u) return MPQ_ERR_ALIGN;
+    if (bytes < 8) return MPQ_ERR_FORMAT;
+    for (size_t k = 0; k < sizeof mpq__formats / sizeof mpq__formats[0]; k++)
+        if (!memcmp(buf, mpq__formats[k].magic, 8)) return mpq__formats[k].open(buf, bytes, out);
+    return MPQ_ERR_FORMAT;
+}
+
+MPQ_DEF mpq_status mpq_packed_dequantize(const mpq_packed *A, int skip_planes, float *W)
+{
+    const mpq_format_traits *f = A ? mpq_format_get((mpq_format)A->format) : NULL;
+    return f ? f->dequantize(A, skip_planes, W) : MPQ_ERR_ARG;
+}
+
+MPQ_DEF size_t mpq_gemv_work_bytes(const mpq_packed *A, int batch)
+{
+    const mpq_format_traits *f = A ? mpq_format_get((mpq_format)A->format) : NULL;
+    return f ? f->work_bytes(A, batch) : 0;
+}
+
+MPQ_DEF mpq_status mpq_gemv(const mpq_packed *A, const float *x, float *y, int batch, const mpq_gemv_opts *opts,
+                            void *work, size_t work_bytes)
+{
+    const mpq_format_traits *f = A ? mpq_format_get((mpq_format)A->format) : NULL;
+    return f ? f->gemv(A, x, y, batch, opts, work, work_bytes) : MPQ_ERR_ARG;
+}
+
+/* The CPU backend: a handle is the view plus a workspace grown on demand. */
+typedef struct mpq__cpu_handle {
+    mpq_packed A;
+    void *work;
+    size_t work_bytes;
+} mpq__cpu_handle;
+
+static mpq_status mpq__cpu_upload(void *ctx, const mpq_packed *A, void **handle)
+{
+    (void)ctx;
+    if (!A || !handle || !mpq_format_get((mpq_format)A->format)) return MPQ_ERR_ARG;
+    mpq__cpu_handle *h = (mpq__cpu_handle *)MPQ_MALLOC(sizeof *h);
+    if (!h) return MPQ_ERR_NOMEM;
+    h->A = *A;
+    h->A.owned = 0; /* the caller keeps ownership of the buffer */
+    h->work = NULL;
+    h->work_bytes = 0;
+    *handle = h;
+    return MPQ_OK;
+}
+
+static void mpq__cpu_release(void *ctx, void *handle)
+{
+    (void)ctx;
+    mpq__cpu_handle *h = (mpq__cpu_handle *)handle;
+    if (!h) return;
+    mpq_aligned_free(h->work);
+    MPQ_FREE(h);
+}
+
+static mpq_status mpq__cpu_gemv(void *ctx, void *handle, const float *x, float *y, int batch,
+                                const mpq_gemv_opts *opts)
+{
+    (void)ctx;
+    mpq__cpu_handle *h = (mpq__cpu_handle *)handle;
+    if (!h) return MPQ_ERR_ARG;
+    if (batch < 1) return MPQ_ERR_SIZE;
+    size_t need = mpq_gemv_work_bytes(&h->A, batch);
+    if (need > h->work_bytes) {
+        void *w = mpq_aligned_alloc(need);
+        if (!w) return MPQ_ERR_NOMEM;
+        mpq_aligned_free(h->work);
+        h->work = w;
+        h->work_bytes = need;
+    }
+    return mpq_gemv(&h->A, x, y, batch, opts, h->work, h->work_bytes);
+}
+
+static mpq_status mpq__cpu_sync(void *ctx)
+{
+    (void)ctx;
+    return MPQ_OK;
+}
+
+MPQ_DEF void mpq_backend_cpu(mpq_backend *b)
+{
+    if (!b) return;
+    b->name = "cpu";
+    b->caps = MPQ_CAP_BITPLANE | MPQ_CAP_HOST_MEMORY;
+    b->ctx = NULL;
+    b->upload = mpq__cpu_upload;
+    b->release = mpq__cpu_release;
+    b->gemv = mpq__cpu_gemv;
+    b->synchronize = mpq__cpu_sync;
+}
+
+#ifdef __cplusplus
+}
+#endif
+#ifdef MPQ__POP_DIAGNOSTIC
+#pragma GCC diagnostic pop
+#endif
+#endif /* MPQ_IMPLEMENTATION */
+
+/*
+   VERSION HISTORY
+     0.1.0  bit-plane packed matrices, group quantization, fp16, CPU LUT GEMV
+            (scalar, AVX2, AVX-512), CPU backend.
+
+   LICENSE (MIT)
+   Copyright (c) 2026 the mpq authors.
+   Permission is hereby granted, free of charge, to any person obtaining a copy
+   of this software and associated documentation files (the "Software"), to
+   deal in the Software without restriction, including without limitation the
+   rights to use, copy, modify, merge, publish, distribute, sublicense, and/or
+   sell copies of the Software, and to permit persons to whom the Software is
+   furnished to do so, subject to the following conditions: The above copyright
+   notice and this permission notice shall be included in all copies or
+   substantial portions of the Software. THE SOFTWARE IS PROVIDED "AS IS",
+   WITHOUT WARRANTY OF ANY KIND, EXPRESS OR IMPLIED, INCLUDING BUT NOT LIMITED
+   TO THE WARRANTIES OF MERCHANTABILITY, FITNESS FOR A PARTICULAR PURPOSE AND
+   NONINFRINGEMENT. IN NO EVENT SHALL THE AUTHORS OR COPYRIGHT HOLDERS BE LIABLE
+   FOR ANY CLAIM, DAMAGES OR OTHER LIABILITY, WHETHER IN AN ACTION OF CONTRACT,
+   TORT OR OTHERWISE, ARISING FROM, OUT OF OR IN CONNECTION WITH THE SOFTWARE OR
+   THE USE OR OTHER DEALINGS IN THE SOFTWARE.
+*/

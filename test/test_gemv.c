@@ -1,0 +1,280 @@
+/* Section 5: the GEMV on every compiled path against a float64 reference
+   built from an independent reading of the packed bytes. */
+#include "common.h"
+
+static const mpq_path paths[] = {MPQ_PATH_SCALAR, MPQ_PATH_AVX2, MPQ_PATH_AVX512, MPQ_PATH_AVX512_VNNI};
+#define NPATHS (int)(sizeof paths / sizeof paths[0])
+
+typedef struct shape {
+    int m, n, G, br;
+} shape;
+
+static const shape shapes[] = {{1, 8, 8, 16},     {7, 24, 8, 1},       {33, 200, 64, 3},  {48, 40, 24, 5},
+                                {50, 300, 40, 32}, {100, 130, 16, 1},   {17, 1000, 128, 16}, {64, 96, 32, 48},
+                                {20, 136, 136, 2}, {3, 57, 56, 7},      {129, 257, 128, 256}, {16, 64, 64, 16}};
+
+/* Packs W (m x n) with a random mixed bits map; perms and column scale when asked. */
+static mpq_packed pack_random(synth_rng *r, const shape *s, int with_perm, int bmin, int bmax, const float *W)
+{
+    int nb = ((s->m + s->br - 1) / s->br) * ((s->n + s->G - 1) / s->G);
+    uint8_t *bits = malloc((size_t)nb);
+    for (int k = 0; k < nb; k++) bits[k] = (uint8_t)(bmin + synth_int(r, bmax - bmin + 1));
+    uint32_t *pr = malloc(4u * s->m), *pc = malloc(4u * s->n);
+    float *cs = malloc(4u * s->n);
+    synth_perm(r, pr, s->m);
+    synth_perm(r, pc, s->n);
+    for (int j = 0; j < s->n; j++) cs[j] = 0.3f + 2.0f * (float)synth_unif(r);
+    mpq_bitplane_desc d = {0};
+    d.rows = s->m, d.cols = s->n, d.group = s->G, d.block_rows = s->br, d.bits = bits;
+    if (with_perm) d.p_row = pr, d.p_col = pc, d.col_scale = cs;
+    mpq_packed A;
+    cr_assert_eq(mpq_pack_alloc(&d, W, &A), MPQ_OK);
+    free(bits), free(pr), free(pc), free(cs); /* the buffer holds copies */
+    return A;
+}
+
+/* Compares y from `path` with the reference, row by row. */
+static void check(const mpq_packed *A, const tc_mat *M, const float *x, int batch, int skip, mpq_path path,
+                  const float *y, const double *ref, const double *mag)
+{
+    const int cpg = A->group / 8;
+    const double gamma = 2.0 * (2 * cpg + A->ngroups + 32) * ldexp(1.0, -24);
+    for (int v = 0; v < batch; v++)
+        for (int i = 0; i < A->rows; i++) { /* i: packed row */
+            size_t o = (size_t)v * A->rows + M->prow[i];
+            double tol = gamma * mag[o] + 1e-30;
+            if (path == MPQ_PATH_AVX512_VNNI) tol += tc_q16_bound(M, x + (size_t)v * A->cols, i, skip) * (1 + 1e-6);
+            cr_assert(isfinite(y[o]), "%s: y[%zu] not written", mpq_path_name(path), o);
+            cr_assert_leq(fabs(y[o] - ref[o]), tol, "%s %dx%d G%d br%d skip %d batch %d: row %d: %.9g vs %.9g (tol %.3g)",
+                          mpq_path_name(path), A->rows, A->cols, A->group, A->block_rows, skip, batch, M->prow[i],
+                          (double)y[o], ref[o], tol);
+        }
+}
+
+Test(gemv, every_path_matches_the_float64_reference)
+{
+    synth_rng r = {31};
+    const int batches[] = {1, 3, 11};
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
+        for (int wp = 0; wp < 2; wp++) {
+            const shape *s = &shapes[si];
+            float *W = malloc(sizeof(float) * s->m * s->n);
+            synth_weights(&r, W, s->m, s->n);
+            mpq_packed A = pack_random(&r, s, wp, 1, 8, W);
+            tc_mat M;
+            tc_decode(A.buf, &M);
+            for (size_t bi = 0; bi < 3; bi++) {
+                int batch = batches[bi];
+                float *x = malloc(sizeof(float) * batch * s->n), *y = malloc(sizeof(float) * batch * s->m);
+                double *ref = malloc(sizeof(double) * batch * s->m), *mag = malloc(sizeof(double) * batch * s->m);
+                for (int v = 0; v < batch; v++) synth_activations(&r, x + (size_t)v * s->n, s->n);
+                for (int skip = 0; skip < 4; skip++) {
+                    tc_gemv(&M, x, batch, skip, ref, mag);
+                    for (int p = 0; p < NPATHS; p++) {
+                        if (!mpq_path_available(paths[p])) continue;
+                        mpq_gemv_opts o = {0};
+                        o.path = paths[p], o.skip_planes = skip;
+                        tc_poison(y, (size_t)batch * s->m);
+                        cr_assert_eq(mpq_gemv(&A, x, y, batch, &o, NULL, 0), MPQ_OK);
+                        check(&A, &M, x, batch, skip, paths[p], y, ref, mag);
+                    }
+                }
+                free(x), free(y), free(ref), free(mag);
+            }
+            tc_free(&M);
+            mpq_packed_free(&A);
+            free(W);
+        }
+}
+
+/* Small integers everywhere: every path must be exact, bit for bit. */
+static void exact_case(synth_rng *r, int m, int n, int G, int br, int bmax, int batch)
+{
+    const int ng = (n + G - 1) / G, nb = ((m + br - 1) / br) * ng;
+    uint8_t *bits = malloc((size_t)nb), *codes = malloc((size_t)m * n);
+    uint16_t *sh = malloc(2u * m * ng), *zh = malloc(2u * m * ng);
+    uint32_t *pr = malloc(4u * m), *pc = malloc(4u * n);
+    float *cs = malloc(4u * n), *x = malloc(4u * n * batch), *y = malloc(4u * m * batch);
+    double *ref = malloc(8u * m * batch);
+    for (int k = 0; k < nb; k++) bits[k] = (uint8_t)(1 + synth_int(r, bmax));
+    for (int i = 0; i < m; i++)
+        for (int j = 0; j < n; j++) codes[(size_t)i * n + j] = (uint8_t)synth_int(r, 1 << bits[(i / br) * ng + j / G]);
+    const float svals[] = {0.5f, 1.0f, 2.0f};
+    for (int k = 0; k < m * ng; k++) {
+        sh[k] = mpq_f32_to_f16(svals[synth_int(r, 3)]);
+        zh[k] = mpq_f32_to_f16((float)(synth_int(r, 9) - 4));
+    }
+    synth_perm(r, pr, m);
+    synth_perm(r, pc, n);
+    for (int j = 0; j < n; j++) cs[j] = synth_int(r, 2) ? 1.0f : 2.0f;
+    for (int k = 0; k < n * batch; k++) x[k] = (float)(synth_int(r, 5) - 2);
+    mpq_bitplane_desc d = {0};
+    d.rows = m, d.cols = n, d.group = G, d.block_rows = br, d.bits = bits, d.p_row = pr, d.p_col = pc, d.col_scale = cs;
+    size_t bytes;
+    mpq_bitplane_bytes(&d, &bytes);
+    void *buf = tc_alloc(bytes);
+    mpq_packed A;
+    cr_assert_eq(mpq_pack_quantized(&d, codes, sh, zh, buf, bytes, &A), MPQ_OK);
+    tc_mat M;
+    tc_decode(buf, &M);
+    for (int skip = 0; skip < 3; skip++) {
+        tc_gemv(&M, x, batch, skip, ref, NULL);
+        for (int p = 0; p < NPATHS; p++) {
+            if (!mpq_path_available(paths[p])) continue;
+            mpq_gemv_opts o = {0};
+            o.path = paths[p], o.skip_planes = skip;
+            tc_poison(y, (size_t)m * batch);
+            cr_assert_eq(mpq_gemv(&A, x, y, batch, &o, NULL, 0), MPQ_OK);
+            for (int k = 0; k < m * batch; k++)
+                cr_assert_eq((double)y[k], ref[k], "%s %dx%d G%d br%d skip %d: y[%d] = %.9g, exact %.9g",
+                             mpq_path_name(paths[p]), m, n, G, br, skip, k, (double)y[k], ref[k]);
+        }
+    }
+    tc_free(&M);
+    mpq_aligned_free(buf);
+    free(bits), free(codes), free(sh), free(zh), free(pr), free(pc), free(cs), free(x), free(y), free(ref);
+}
+
+Test(gemv, exact_on_small_integers_at_odd_sizes)
+{
+    synth_rng r = {32};
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
+        exact_case(&r, shapes[si].m, shapes[si].n, shapes[si].G, shapes[si].br, 8, si % 2 ? 9 : 1);
+}
+
+Test(gemv, exact_on_small_integers_4096x4096)
+{
+    synth_rng r = {33};
+    exact_case(&r, 4096, 4096, 128, 16, 6, 1);
+}
+
+Test(gemv, llm_like_4096x4096_every_path)
+{
+    synth_rng r = {34};
+    const shape s = {4096, 4096, 128, 16};
+    float *W = malloc(sizeof(float) * 4096 * 4096), x[4096], *y = malloc(4 * 4096);
+    double *ref = malloc(8 * 4096), *mag = malloc(8 * 4096);
+    synth_weights(&r, W, 4096, 4096);
+    synth_activations(&r, x, 4096);
+    mpq_packed A = pack_random(&r, &s, 1, 2, 4, W);
+    tc_mat M;
+    tc_decode(A.buf, &M);
+    tc_gemv(&M, x, 1, 0, ref, mag);
+    for (int p = 0; p < NPATHS; p++) {
+        if (!mpq_path_available(paths[p])) continue;
+        mpq_gemv_opts o = {0};
+        o.path = paths[p];
+        tc_poison(y, 4096);
+        cr_assert_eq(mpq_gemv(&A, x, y, 1, &o, NULL, 0), MPQ_OK);
+        check(&A, &M, x, 1, 0, paths[p], y, ref, mag);
+    }
+    tc_free(&M);
+    mpq_packed_free(&A);
+    free(W), free(y), free(ref), free(mag);
+}
+
+Test(gemv, threads_batches_and_workspaces_do_not_change_a_bit)
+{
+    synth_rng r = {35};
+    const shape s = {300, 520, 128, 32};
+    const int batch = 11;
+    float *W = malloc(sizeof(float) * s.m * s.n), *x = malloc(4u * s.n * batch);
+    float *y1 = malloc(4u * s.m * batch), *y2 = malloc(4u * s.m * batch), *ys = malloc(4u * s.m);
+    synth_weights(&r, W, s.m, s.n);
+    for (int v = 0; v < batch; v++) synth_activations(&r, x + v * s.n, s.n);
+    mpq_packed A = pack_random(&r, &s, 1, 1, 8, W);
+    for (int p = 0; p < NPATHS; p++) {
+        if (!mpq_path_available(paths[p])) continue;
+        mpq_gemv_opts o = {0};
+        o.path = paths[p], o.threads = 1;
+        cr_assert_eq(mpq_gemv(&A, x, y1, batch, &o, NULL, 0), MPQ_OK);
+        o.threads = 2;
+        size_t wb = mpq_gemv_work_bytes(&A, batch);
+        void *w = tc_alloc(wb);
+        cr_assert_eq(mpq_gemv(&A, x, y2, batch, &o, w, wb), MPQ_OK);
+        cr_assert_eq(memcmp(y1, y2, 4u * s.m * batch), 0, "%s: threads or workspace changed the result", mpq_path_name(paths[p]));
+        for (int v = 0; v < batch; v++) {
+            cr_assert_eq(mpq_gemv(&A, x + v * s.n, ys, 1, &o, w, wb), MPQ_OK);
+            cr_assert_eq(memcmp(ys, y1 + v * s.m, 4u * s.m), 0, "%s: batch row %d differs", mpq_path_name(paths[p]), v);
+        }
+        mpq_aligned_free(w);
+    }
+    mpq_packed_free(&A);
+    free(W), free(x), free(y1), free(y2), free(ys);
+}
+
+Test(gemv, library_reference_agrees_with_the_test_reference)
+{
+    synth_rng r = {36};
+    const shape s = {70, 333, 32, 5};
+    float *W = malloc(sizeof(float) * s.m * s.n), x[2 * 333];
+    synth_weights(&r, W, s.m, s.n);
+    synth_activations(&r, x, 2 * s.n);
+    mpq_packed A = pack_random(&r, &s, 1, 1, 8, W);
+    tc_mat M;
+    tc_decode(A.buf, &M);
+    double ref[140], lib[140];
+    for (int skip = 0; skip < 8; skip++) {
+        tc_gemv(&M, x, 2, skip, ref, NULL);
+        cr_assert_eq(mpq_gemv_ref(&A, x, lib, 2, skip), MPQ_OK);
+        for (int k = 0; k < 140; k++) cr_assert_leq(fabs(lib[k] - ref[k]), 1e-12 * (fabs(ref[k]) + 1));
+    }
+    tc_free(&M);
+    mpq_packed_free(&A);
+    free(W);
+}
+
+Test(gemv, bad_inputs_are_errors_and_write_nothing)
+{
+    synth_rng r = {37};
+    const shape s = {40, 64, 32, 16};
+    float W[40 * 64], x[2 * 64], y[80];
+    synth_weights(&r, W, 40, 64);
+    synth_activations(&r, x, 128);
+    mpq_packed A = pack_random(&r, &s, 0, 2, 3, W);
+    size_t wb = mpq_gemv_work_bytes(&A, 2);
+    uint8_t *w = tc_alloc(wb + 64);
+    mpq_gemv_opts o = {0};
+#define EXPECT(call, st)                                                                                                   \
+    do {                                                                                                                   \
+        for (int k = 0; k < 80; k++) y[k] = 12345.0f;                                                                     \
+        cr_assert_eq((call), (st), #call);                                                                                 \
+        for (int k = 0; k < 80; k++) cr_assert_eq(y[k], 12345.0f, "y written by " #call);                               \
+    } while (0)
+    x[70] = NAN;
+    EXPECT(mpq_gemv(&A, x, y, 2, &o, w, wb), MPQ_ERR_NONFINITE);
+    x[70] = -INFINITY;
+    EXPECT(mpq_gemv(&A, x, y, 2, &o, w, wb), MPQ_ERR_NONFINITE);
+    double yd[80];
+    cr_assert_eq(mpq_gemv_ref(&A, x, yd, 2, 0), MPQ_ERR_NONFINITE);
+    x[70] = 1.0f;
+    EXPECT(mpq_gemv(&A, x, y, 0, &o, w, wb), MPQ_ERR_SIZE);
+    EXPECT(mpq_gemv(&A, x, y, 2, &o, w, wb - 1), MPQ_ERR_SIZE);
+    EXPECT(mpq_gemv(&A, x, y, 2, &o, w + 16, wb), MPQ_ERR_ALIGN);
+    EXPECT(mpq_gemv(NULL, x, y, 2, &o, w, wb), MPQ_ERR_ARG);
+    EXPECT(mpq_gemv(&A, NULL, y, 2, &o, w, wb), MPQ_ERR_ARG);
+    o.skip_planes = -1;
+    EXPECT(mpq_gemv(&A, x, y, 2, &o, w, wb), MPQ_ERR_ARG);
+    o.skip_planes = 0, o.threads = -2;
+    EXPECT(mpq_gemv(&A, x, y, 2, &o, w, wb), MPQ_ERR_ARG);
+    o.threads = 0, o.path = (mpq_path)42;
+    EXPECT(mpq_gemv(&A, x, y, 2, &o, w, wb), MPQ_ERR_UNSUPPORTED);
+    mpq_packed bad = A;
+    bad.format = 99;
+    EXPECT(mpq_gemv(&bad, x, y, 2, NULL, NULL, 0), MPQ_ERR_ARG);
+#undef EXPECT
+    o.path = MPQ_PATH_AUTO;
+    cr_assert_eq(mpq_gemv(&A, x, y, 2, &o, w, wb), MPQ_OK);
+    /* skip_planes beyond a block's width leaves one plane */
+    float y9[80];
+    o.skip_planes = 9;
+    cr_assert_eq(mpq_gemv(&A, x, y9, 2, &o, w, wb), MPQ_OK);
+    tc_mat M;
+    tc_decode(A.buf, &M);
+    double ref[80];
+    tc_gemv(&M, x, 2, 7, ref, NULL);
+    for (int k = 0; k < 80; k++) cr_assert_leq(fabs(y9[k] - ref[k]), 1e-3 * (fabs(ref[k]) + 1));
+    tc_free(&M);
+    mpq_aligned_free(w);
+    mpq_packed_free(&A);
+}
