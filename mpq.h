@@ -327,15 +327,17 @@ typedef enum mpq_path {
 
 /* QUANTIZED TABLES (MPQ_PATH_AVX512_VNNI). The 16-entry tables of one group
    are stored as int16, q = rne(Q / 2^e), with one power-of-two scale 2^e per
-   group and input vector: the smallest e with max|Q| / 2^e <= 32767, where
-   max|Q| over the group is the largest sum of 4 activation magnitudes. Only
+   group and input vector: the smallest e with max|Q| / 2^e <= 32639 (so that
+   q = 256 hi + lo with signed bytes hi and lo), where max|Q| over the group
+   is the largest sum of 4 activation magnitudes. Groups wider than 262144
+   columns use MPQ_PATH_AVX512 under AUTO (int32 sums could overflow). Only
    that rounding differs from the float paths: for row r of group g,
 
      |y_quantized - y_float| <= |s^_r| * (sum of the plane weights 2^i used)
                                 * (quads of 4 columns in the group) * 2^e / 2
 
    (plus float32 rounding), and the result is exact when every Q is a
-   multiple of 2^e (small integer activations, say). That is 2^-15 of the
+   multiple of 2^e (small integer activations, say). That is about 2^-15 of the
    group's largest table entry per lookup, finer than rounding the
    activations to fp16 unless the group holds an activation outlier. The
    float paths (SCALAR, AVX2, AVX512) stay available for exact tables. */
@@ -491,9 +493,9 @@ MPQ_DEF void mpq_backend_cpu(mpq_backend *b);
 extern "C" {
 #endif
 
-/* ---------------------------------------------------------------------------
-   1. Basics
-   ------------------------------------------------------------------------- */
+/* ========================================================================== */
+/* 1. Basics                                                                  */
+/* ========================================================================== */
 
 MPQ_DEF const char *mpq_status_str(mpq_status st)
 {
@@ -537,9 +539,9 @@ MPQ_DEF void mpq_aligned_free(void *p)
 static size_t mpq__align64(size_t x) { return (x + 63u) & ~(size_t)63u; }
 static int mpq__finite(float f) { return f - f == 0.0f; } /* false for NaN and Inf */
 
-/* ---------------------------------------------------------------------------
-   2. Half precision
-   ------------------------------------------------------------------------- */
+/* ========================================================================== */
+/* 2. Half precision                                                          */
+/* ========================================================================== */
 
 MPQ_DEF uint16_t mpq_f32_to_f16_soft(float f)
 {
@@ -623,9 +625,9 @@ MPQ_DEF void mpq_f16_to_f32_n(const uint16_t *src, float *dst, size_t n)
     for (; i < n; i++) dst[i] = mpq_f16_to_f32(src[i]);
 }
 
-/* ---------------------------------------------------------------------------
-   3. Group quantization
-   ------------------------------------------------------------------------- */
+/* ========================================================================== */
+/* 3. Group quantization                                                      */
+/* ========================================================================== */
 
 #define MPQ__F16_MAX 65504.0f
 
@@ -809,9 +811,9 @@ MPQ_DEF mpq_status mpq_dequantize(const mpq_bitplane_desc *d, const uint8_t *cod
     return MPQ_OK;
 }
 
-/* ---------------------------------------------------------------------------
-   4. Bit-plane matrices
-   ------------------------------------------------------------------------- */
+/* ========================================================================== */
+/* 4. Bit-plane matrices                                                      */
+/* ========================================================================== */
 
 #ifdef __cplusplus
 #define MPQ__STATIC_ASSERT(c, m) static_assert(c, m)
@@ -1397,9 +1399,9 @@ static mpq_status mpq__bp_dequantize(const mpq_packed *A, int skip_planes, float
     return MPQ_OK;
 }
 
-/* ---------------------------------------------------------------------------
-   5. Products
-   ------------------------------------------------------------------------- */
+/* ========================================================================== */
+/* 5. Products                                                                */
+/* ========================================================================== */
 
 MPQ_DEF void mpq_lut16(const float x4[4], float Q[16])
 {
@@ -1501,6 +1503,9 @@ static size_t mpq__bp_work_bytes(const mpq_packed *A, int batch)
     return (size_t)batch * mpq__vec_layout(A).bytes;
 }
 
+#define MPQ__Q16_MAX 32639.0f          /* 127 * 256 + 127: q = 256 hi + lo, signed bytes */
+#define MPQ__Q16_MAX_GROUP 262144      /* int32 sums are safe up to this group width */
+
 /* Units of the int16 tables of a group of nch chunks: one per 4 chunks, one
    for a trailing pair, one for a trailing single (the record's segments). */
 static int mpq__units(int nch) { return nch / 4 + ((nch & 2) ? 1 : 0) + (nch & 1); }
@@ -1544,7 +1549,7 @@ static void mpq__build_tables(const mpq_packed *A, const float *x, mpq_path path
             if (mx > 0.0f) {
                 frexpf(mx, &e);
                 e -= 15;
-                if (ldexpf(mx, -e) > 32767.0f) e++;
+                if (ldexpf(mx, -e) > MPQ__Q16_MAX) e++;
             }
             gscale[g] = mx > 0.0f ? ldexpf(1.0f, e) : 0.0f;
             const float inv = mx > 0.0f ? ldexpf(1.0f, -e) : 0.0f;
@@ -1556,7 +1561,7 @@ static void mpq__build_tables(const mpq_packed *A, const float *x, mpq_path path
                 const __m512 sg1 = _mm512_setr_ps(-1, -1, 1, 1, -1, -1, 1, 1, -1, -1, 1, 1, -1, -1, 1, 1);
                 const __m512 sg2 = _mm512_setr_ps(-1, -1, -1, -1, 1, 1, 1, 1, -1, -1, -1, -1, 1, 1, 1, 1);
                 const __m512 sg3 = _mm512_setr_ps(-1, -1, -1, -1, -1, -1, -1, -1, 1, 1, 1, 1, 1, 1, 1, 1);
-                const __m512 vinv = _mm512_set1_ps(inv), lim = _mm512_set1_ps(32767.0f);
+                const __m512 vinv = _mm512_set1_ps(inv), lim = _mm512_set1_ps(MPQ__Q16_MAX);
                 for (int c = 0; c < nch; c++)
                     for (int h = 0; h < 2; h++) {
                         const float *a = xt + 8 * (c0 + c) + 4 * h;
@@ -1569,7 +1574,8 @@ static void mpq__build_tables(const mpq_packed *A, const float *x, mpq_path path
                         __m512i qi = _mm512_cvt_roundps_epi32(q, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
                         uint8_t *dst = T + (size_t)(c / 4) * 256u + (size_t)h * 128u + (size_t)(16 * (c % 4));
                         _mm_storeu_si128((__m128i *)(void *)dst, _mm512_cvtepi32_epi8(qi));
-                        _mm_storeu_si128((__m128i *)(void *)(dst + 64), _mm512_cvtepi32_epi8(_mm512_srai_epi32(qi, 8)));
+                        _mm_storeu_si128((__m128i *)(void *)(dst + 64),
+                                         _mm512_cvtepi32_epi8(_mm512_srai_epi32(_mm512_add_epi32(qi, _mm512_set1_epi32(128)), 8)));
                     }
                 continue;
             }
@@ -1586,10 +1592,10 @@ static void mpq__build_tables(const mpq_packed *A, const float *x, mpq_path path
                         mpq_lut16(xt + 8 * (c0 + first + pos) + 4 * h, Q);
                         for (int p = 0; p < 16; p++) {
                             float qv = mpq__rne(Q[p] * inv);
-                            qv = qv > 32767.0f ? 32767.0f : (qv < -32767.0f ? -32767.0f : qv);
-                            int q = (int)qv;
-                            T[(size_t)u * 256u + (size_t)h * 128u + (size_t)(16 * pos + p)] = (uint8_t)(q & 0xFF);
-                            T[(size_t)u * 256u + (size_t)h * 128u + 64u + (size_t)(16 * pos + p)] = (uint8_t)((q >> 8) & 0xFF);
+                            qv = qv > MPQ__Q16_MAX ? MPQ__Q16_MAX : (qv < -MPQ__Q16_MAX ? -MPQ__Q16_MAX : qv);
+                            int q = (int)qv, lo = (int)(int8_t)(uint8_t)(q & 0xFF), hi = (q - lo) / 256;
+                            T[(size_t)u * 256u + (size_t)h * 128u + (size_t)(16 * pos + p)] = (uint8_t)(lo & 0xFF);
+                            T[(size_t)u * 256u + (size_t)h * 128u + 64u + (size_t)(16 * pos + p)] = (uint8_t)(hi & 0xFF);
                         }
                     }
             }
@@ -1604,6 +1610,9 @@ static void mpq__build_tables(const mpq_packed *A, const float *x, mpq_path path
         break;
     }
 }
+
+#define MPQ__BATCH_STEP 8 /* vectors per pass over a tile's records */
+#define MPQ__LOOKAHEAD 4  /* records prefetched ahead of the one in use */
 
 /* Everything a tile kernel needs about one record. */
 typedef struct mpq__rec {
@@ -1758,65 +1767,146 @@ static __m512 mpq__group512_any(const mpq__rec *R, const float *Q)
 
 /* ---- AVX-512 VBMI + VNNI path: int16 tables, vpermb looks up 64 bytes ---- */
 #ifdef MPQ__HAVE_VNNI
-/* Lane r of v: 4 bytes = 4 chunks of row r. Byte position p of a lane
-   selects table p of the unit (index = nibble | p << 4), the low and high
-   bytes of the int16 entries come from separate 64-entry byte tables, and
-   vpdpbusd adds the 4 bytes of each lane: that lane's row. */
-MPQ__INLINE void mpq__lkq(__m512i v, const __m512i *t, __m512i *lo, __m512i *hi)
+#define MPQ__VNNI_TILES 4 /* tiles (64 rows) sharing the group's tables in L1 */
+
+/* One 64-byte unit of one plane: lane r of v = 4 bytes = 4 chunks of row r.
+   Byte position p of a lane selects table p of the unit (index = nibble |
+   p << 4); the int16 entries are 256 hi + lo with signed bytes in separate
+   64-entry tables; vpdpbusd multiplies each looked-up byte by the row's
+   plane weight (u8 in m: 2^i, or 0 for a plane the row does not use) and
+   adds the 4 bytes of a lane, i.e. of one row. */
+MPQ__INLINE void mpq__lkq(__m512i v, const __m512i *t, __m512i m, __m512i *acc)
 {
-    const __m512i m0f = _mm512_set1_epi8(0x0F), pos = _mm512_set1_epi32(0x30201000), ones = _mm512_set1_epi8(1);
+    const __m512i m0f = _mm512_set1_epi8(0x0F), pos = _mm512_set1_epi32(0x30201000);
     __m512i il = _mm512_ternarylogic_epi32(v, m0f, pos, 0xEA); /* (v & 0x0F) | pos */
     __m512i ih = _mm512_ternarylogic_epi32(_mm512_srli_epi16(v, 4), m0f, pos, 0xEA);
-    *lo = _mm512_dpbusd_epi32(*lo, _mm512_permutexvar_epi8(il, t[0]), ones);
-    *hi = _mm512_dpbusd_epi32(*hi, ones, _mm512_permutexvar_epi8(il, t[1]));
-    *lo = _mm512_dpbusd_epi32(*lo, _mm512_permutexvar_epi8(ih, t[2]), ones);
-    *hi = _mm512_dpbusd_epi32(*hi, ones, _mm512_permutexvar_epi8(ih, t[3]));
+    /* four independent sums (low/high byte x low/high nibble): vpdpbusd's
+       latency, not its throughput, would bound a single chain */
+    acc[0] = _mm512_dpbusd_epi32(acc[0], m, _mm512_permutexvar_epi8(il, t[0]));
+    acc[1] = _mm512_dpbusd_epi32(acc[1], m, _mm512_permutexvar_epi8(il, t[1]));
+    acc[2] = _mm512_dpbusd_epi32(acc[2], m, _mm512_permutexvar_epi8(ih, t[2]));
+    acc[3] = _mm512_dpbusd_epi32(acc[3], m, _mm512_permutexvar_epi8(ih, t[3]));
 }
 
-MPQ__INLINE __m512 mpq__groupq(const mpq__rec *R, const uint8_t *T, const int NP)
+/* One plane of one segment: a full unit (kind 4), a pair or a single chunk. */
+MPQ__INLINE __m512i mpq__lkq_load(const uint8_t *a, int kind)
 {
-    const uint8_t *pl = R->p + MPQ__REC_META + (size_t)R->i0 * (size_t)R->nch * 16u;
-    const size_t pb = (size_t)R->nch * 16u;
-    const int nq = R->nch >> 2;
-    __m512i lo[MPQ_MAX_BITS], hi[MPQ_MAX_BITS], t[4];
-    for (int p = 0; p < NP; p++) lo[p] = hi[p] = _mm512_setzero_si512();
-    for (int u = 0; u < nq; u++, T += 256) {
-        for (int k = 0; k < 4; k++) t[k] = _mm512_loadu_si512((const void *)(T + 64 * k));
-        for (int p = 0; p < NP; p++) mpq__lkq(_mm512_loadu_si512((const void *)(pl + p * pb + (size_t)u * 64u)), t, &lo[p], &hi[p]);
-    }
-    size_t off = (size_t)nq * 64u;
-    if (R->nch & 2) {
-        for (int k = 0; k < 4; k++) t[k] = _mm512_loadu_si512((const void *)(T + 64 * k));
-        for (int p = 0; p < NP; p++)
-            mpq__lkq(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(const void *)(pl + p * pb + off))), t, &lo[p], &hi[p]);
-        off += 32u;
-        T += 256;
-    }
-    if (R->nch & 1) {
-        for (int k = 0; k < 4; k++) t[k] = _mm512_loadu_si512((const void *)(T + 64 * k));
-        for (int p = 0; p < NP; p++)
-            mpq__lkq(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)(pl + p * pb + off))), t, &lo[p], &hi[p]);
-    }
-    __m512 r = _mm512_setzero_ps();
-    for (int p = 0; p < NP; p++) {
-        __m512 v = _mm512_cvtepi32_ps(_mm512_add_epi32(lo[p], _mm512_slli_epi32(hi[p], 8)));
-        r = _mm512_fmadd_ps(v, R->uniform ? _mm512_set1_ps((float)(1 << (R->i0 + p))) : _mm512_loadu_ps(R->mult[p]), r);
-    }
-    return r;
+    return kind == 4 ? _mm512_loadu_si512((const void *)a)
+           : kind == 2 ? _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(const void *)a))
+                       : _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)a));
 }
 
-static __m512 mpq__groupq_any(const mpq__rec *R, const uint8_t *T)
+/* All planes of one segment of a record: even planes into acc[0..3], odd
+   ones into acc[4..7], eight chains in flight. */
+MPQ__INLINE void mpq__lkq_planes(const uint8_t *pl, size_t pb, int np, int kind, const __m512i *tb, const __m512i *m,
+                                 __m512i *acc)
 {
-    switch (R->np) {
-    case 1: return mpq__groupq(R, T, 1);
-    case 2: return mpq__groupq(R, T, 2);
-    case 3: return mpq__groupq(R, T, 3);
-    case 4: return mpq__groupq(R, T, 4);
-    case 5: return mpq__groupq(R, T, 5);
-    case 6: return mpq__groupq(R, T, 6);
-    case 7: return mpq__groupq(R, T, 7);
-    default: return mpq__groupq(R, T, 8);
+    int p = 0;
+    for (; p + 1 < np; p += 2) {
+        mpq__lkq(mpq__lkq_load(pl + (size_t)p * pb, kind), tb, m[p], acc);
+        mpq__lkq(mpq__lkq_load(pl + (size_t)(p + 1) * pb, kind), tb, m[p + 1], acc + 4);
     }
+    if (p < np) mpq__lkq(mpq__lkq_load(pl + (size_t)p * pb, kind), tb, m[p], acc);
+}
+
+/* One record of a tile block: where it is and which planes count. */
+typedef struct mpq__qrec {
+    const uint8_t *p;
+    int i0, np;
+    __m512i m[MPQ_MAX_BITS]; /* plane weights, u8 in every byte of a row's lane */
+} mpq__qrec;
+
+/* Tiles t0 .. t0+nt-1 (at most MPQ__VNNI_TILES) for one input vector, group
+   by group: the group's tables are read from L2 once for the whole block. */
+static void mpq__tiles_vnni(const mpq__shape *s, const mpq_packed *A, int t0, int nt, const uint8_t *vw,
+                            const mpq__vecwork *L, int skip, float yt[][MPQ_TILE_ROWS])
+{
+    const int cpg = s->group / 8, ng = s->ngroups, nch_last = mpq__nch(s, ng - 1);
+    const size_t qstride = (size_t)mpq__units(cpg) * 256u;
+    const float *gsum = (const float *)(const void *)(vw + L->gsum);
+    const float *gscale = (const float *)(const void *)(vw + L->gscale);
+    const int uniform = s->block_rows % MPQ_TILE_ROWS == 0;
+    uint64_t sec[MPQ__VNNI_TILES], tl[MPQ__VNNI_TILES], pf_sec[MPQ__VNNI_TILES];
+    int bnt[MPQ__VNNI_TILES], pf_g[MPQ__VNNI_TILES];
+    const uint8_t *brow[MPQ__VNNI_TILES];
+    __m512 y[MPQ__VNNI_TILES];
+    for (int k = 0; k < nt; k++) {
+        int t = t0 + k, band = t * MPQ_TILE_ROWS / s->band_rows, first;
+        mpq__band_tiles(s, band, &first, &bnt[k]);
+        tl[k] = (uint64_t)(t - first);
+        sec[k] = pf_sec[k] = A->band_off[band];
+        pf_g[k] = 0;
+        brow[k] = s->bits + (size_t)(t * MPQ_TILE_ROWS / s->block_rows) * (size_t)ng;
+        y[k] = _mm512_setzero_ps();
+    }
+    mpq__qrec R[MPQ__VNNI_TILES];
+    mpq__rec G; /* the general (non-uniform) description, when needed */
+    for (int g = 0; g < ng; g++) {
+        const int nch = g < ng - 1 ? cpg : nch_last, nq = nch >> 2;
+        const size_t pb = (size_t)nch * 16u;
+        for (int k = 0; k < nt; k++) {
+            const int t = t0 + k, B = uniform ? brow[k][g] : mpq__tile_planes(s, t, g);
+            const uint64_t rb = MPQ__REC_META + (uint64_t)B * (uint64_t)nch * 16u;
+            MPQ_ASSERT(B >= 1 && B <= MPQ_MAX_BITS);
+            R[k].p = A->data + sec[k] + tl[k] * rb;
+            sec[k] += (uint64_t)bnt[k] * rb;
+            /* a second walker, MPQ__LOOKAHEAD groups ahead, prefetches */
+            for (; pf_g[k] < ng && pf_g[k] <= g + MPQ__LOOKAHEAD; pf_g[k]++) {
+                const int pn = pf_g[k] < ng - 1 ? cpg : nch_last;
+                const int pB = uniform ? brow[k][pf_g[k]] : mpq__tile_planes(s, t, pf_g[k]);
+                const uint64_t prb = MPQ__REC_META + (uint64_t)pB * (uint64_t)pn * 16u;
+                for (uint64_t o = 0; o < prb; o += 64) MPQ__PREFETCH(A->data + pf_sec[k] + tl[k] * prb + o);
+                pf_sec[k] += (uint64_t)bnt[k] * prb;
+            }
+            if (uniform) {
+                R[k].i0 = skip < B - 1 ? skip : B - 1;
+                R[k].np = B - R[k].i0;
+                for (int p = 0; p < R[k].np; p++) R[k].m[p] = _mm512_set1_epi8((char)(1u << (R[k].i0 + p)));
+            } else {
+                mpq__rec_setup(s, A->data, (uint64_t)(R[k].p - A->data), t, g, skip, &G);
+                R[k].i0 = G.i0;
+                R[k].np = G.np;
+                for (int p = 0; p < G.np; p++)
+                    R[k].m[p] = G.uniform ? _mm512_set1_epi8((char)(1u << (G.i0 + p)))
+                                          : _mm512_mullo_epi32(_mm512_cvttps_epi32(_mm512_loadu_ps(G.mult[p])),
+                                                               _mm512_set1_epi32(0x01010101));
+            }
+        }
+        /* Tile by tile, so that the plane loop has the same trip count for
+           every unit (a branch that predicts); the group's tables, 256 bytes
+           a unit, come from L1 after the first tile. */
+        __m512i tot[MPQ__VNNI_TILES], tb[4], acc[8];
+        const uint8_t *T0 = vw + L->tab + (size_t)g * qstride;
+        for (int k = 0; k < nt; k++) {
+            const uint8_t *T = T0, *pl = R[k].p + MPQ__REC_META + (size_t)R[k].i0 * pb;
+            for (int a = 0; a < 8; a++) acc[a] = _mm512_setzero_si512();
+            for (int u = 0; u < nq; u++, T += 256, pl += 64) {
+                for (int q = 0; q < 4; q++) tb[q] = _mm512_loadu_si512((const void *)(T + 64 * q));
+                mpq__lkq_planes(pl, pb, R[k].np, 4, tb, R[k].m, acc);
+            }
+            if (nch & 2) {
+                for (int q = 0; q < 4; q++) tb[q] = _mm512_loadu_si512((const void *)(T + 64 * q));
+                mpq__lkq_planes(pl, pb, R[k].np, 2, tb, R[k].m, acc);
+                pl += 32;
+                T += 256;
+            }
+            if (nch & 1) {
+                for (int q = 0; q < 4; q++) tb[q] = _mm512_loadu_si512((const void *)(T + 64 * q));
+                mpq__lkq_planes(pl, pb, R[k].np, 1, tb, R[k].m, acc);
+            }
+            /* low-byte sums + 256 * high-byte sums */
+            __m512i lo = _mm512_add_epi32(_mm512_add_epi32(acc[0], acc[2]), _mm512_add_epi32(acc[4], acc[6]));
+            __m512i hi = _mm512_add_epi32(_mm512_add_epi32(acc[1], acc[3]), _mm512_add_epi32(acc[5], acc[7]));
+            tot[k] = _mm512_add_epi32(lo, _mm512_slli_epi32(hi, 8));
+        }
+        const __m512 sc = _mm512_set1_ps(gscale[g]), gs = _mm512_set1_ps(gsum[g]);
+        for (int k = 0; k < nt; k++) {
+            __m512 acc = _mm512_mul_ps(_mm512_cvtepi32_ps(tot[k]), sc);
+            y[k] = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)R[k].p)), acc, y[k]);
+            y[k] = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(R[k].p + 32))), gs, y[k]);
+        }
+    }
+    for (int k = 0; k < nt; k++) _mm512_storeu_ps(yt[k], y[k]);
 }
 #endif
 
@@ -1882,8 +1972,6 @@ static __m256 mpq__group256_any(const mpq__rec *R, const float *Q, int h)
 }
 #endif
 
-#define MPQ__BATCH_STEP 8 /* vectors per pass over a tile's records */
-#define MPQ__LOOKAHEAD 4  /* records prefetched ahead of the one in use */
 
 /* One tile, vectors b0 .. b0+nb-1: y~ of its 16 rows into yt[v][r]. The
    records of tile t are found by walking its band's sections: section g
@@ -1894,8 +1982,6 @@ static void mpq__tile(const mpq__shape *s, const mpq_packed *A, mpq_path path, i
 {
     const mpq__vecwork L = mpq__vec_layout(A);
     const int cpg = s->group / 8, ng = s->ngroups, nch_last = mpq__nch(s, ng - 1);
-    const size_t qstride = (size_t)mpq__units(cpg) * 256u; /* int16 tables of a group */
-    (void)qstride;
     const int band = t * MPQ_TILE_ROWS / s->band_rows;
     int t0, nt;
     mpq__band_tiles(s, band, &t0, &nt);
@@ -1922,6 +2008,7 @@ static void mpq__tile(const mpq__shape *s, const mpq_packed *A, mpq_path path, i
         const int nch = g < ng - 1 ? cpg : nch_last;
         const int B = uniform ? brow[g] : mpq__tile_planes(s, t, g);
         const uint64_t rb = MPQ__REC_META + (uint64_t)B * (uint64_t)nch * 16u;
+        MPQ_ASSERT(B >= 1 && B <= MPQ_MAX_BITS && sec + (tl + 1) * rb <= A->band_off[band + 1]);
         if (uniform) {
             R.p = A->data + sec + tl * rb;
             R.nch = nch;
@@ -1936,18 +2023,6 @@ static void mpq__tile(const mpq__shape *s, const mpq_packed *A, mpq_path path, i
             const float *tab = (const float *)(const void *)(vw + L.tab);
             const float gs = ((const float *)(const void *)(vw + L.gsum))[g];
             switch (path) {
-#ifdef MPQ__HAVE_VNNI
-            case MPQ_PATH_AVX512_VNNI: {
-                __m512 acc = mpq__groupq_any(&R, vw + L.tab + (size_t)g * qstride);
-                acc = _mm512_mul_ps(acc, _mm512_set1_ps(((const float *)(const void *)(vw + L.gscale))[g]));
-                __m512 y = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)R.p)), acc,
-                                           _mm512_loadu_ps(yt[v]));
-                y = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(R.p + 32))),
-                                    _mm512_set1_ps(gs), y);
-                _mm512_storeu_ps(yt[v], y);
-                continue;
-            }
-#endif
 #ifdef MPQ__HAVE_AVX512
             case MPQ_PATH_AVX512: {
                 __m512 acc = mpq__group512_any(&R, tab + (size_t)g * (size_t)cpg * 32u);
@@ -1996,7 +2071,11 @@ static mpq_status mpq__bp_gemv(const mpq_packed *A, const float *x, float *y, in
     if (opts) o = *opts;
     if (o.skip_planes < 0 || o.threads < 0) return MPQ_ERR_ARG;
     if (!mpq_path_available(o.path)) return MPQ_ERR_UNSUPPORTED;
-    const mpq_path path = mpq__resolve_path(o.path);
+    mpq_path path = mpq__resolve_path(o.path);
+    if (path == MPQ_PATH_AVX512_VNNI && A->group > MPQ__Q16_MAX_GROUP) {
+        if (o.path != MPQ_PATH_AUTO) return MPQ_ERR_UNSUPPORTED;
+        path = MPQ_PATH_AVX512;
+    }
     const size_t need = mpq__bp_work_bytes(A, batch);
     if (work && work_bytes < need) return MPQ_ERR_SIZE;
     if (work && ((uintptr_t)work % 64u)) return MPQ_ERR_ALIGN;
@@ -2011,6 +2090,29 @@ static mpq_status mpq__bp_gemv(const mpq_packed *A, const float *x, float *y, in
     for (int v = 0; v < batch; v++) mpq__build_tables(A, x + (size_t)v * (size_t)A->cols, path, w + (size_t)v * vstride);
     const int ntiles = s.ntiles, nth = o.threads ? o.threads : mpq__max_threads();
     (void)nth;
+#ifdef MPQ__HAVE_VNNI
+    if (path == MPQ_PATH_AVX512_VNNI) {
+        const mpq__vecwork L = mpq__vec_layout(A);
+        const int nblk = (ntiles + MPQ__VNNI_TILES - 1) / MPQ__VNNI_TILES;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) num_threads(nth)
+#endif
+        for (int blk = 0; blk < nblk; blk++) {
+            const int t0 = blk * MPQ__VNNI_TILES, nt = ntiles - t0 < MPQ__VNNI_TILES ? ntiles - t0 : MPQ__VNNI_TILES;
+            float yt[MPQ__VNNI_TILES][MPQ_TILE_ROWS];
+            for (int v = 0; v < batch; v++) {
+                mpq__tiles_vnni(&s, A, t0, nt, w + (size_t)v * vstride, &L, o.skip_planes, yt);
+                for (int k = 0; k < nt; k++)
+                    for (int r = 0; r < MPQ_TILE_ROWS && (t0 + k) * MPQ_TILE_ROWS + r < s.rows; r++) {
+                        int i = (t0 + k) * MPQ_TILE_ROWS + r;
+                        y[(size_t)v * (size_t)s.rows + (size_t)(A->p_row ? (int)A->p_row[i] : i)] = yt[k][r];
+                    }
+            }
+        }
+        if (w != (uint8_t *)work) mpq_aligned_free(w);
+        return MPQ_OK;
+    }
+#endif
 #ifdef _OPENMP
 #pragma omp parallel for schedule(static) num_threads(nth)
 #endif
@@ -2058,9 +2160,9 @@ MPQ_DEF mpq_status mpq_gemv_ref(const mpq_packed *A, const float *x, double *y, 
     return MPQ_OK;
 }
 
-/* ---------------------------------------------------------------------------
-   6. Formats, backends
-   ------------------------------------------------------------------------- */
+/* ========================================================================== */
+/* 6. Formats, backends                                                       */
+/* ========================================================================== */
 
 static const mpq_format_traits mpq__formats[] = {
     {MPQ_FORMAT_BITPLANE, "bitplane", {'M', 'P', 'Q', 'B', 'I', 'T', 'P', 0}, mpq__bp_open, mpq__bp_dequantize,

@@ -138,7 +138,7 @@ static inline void tc_gemv(const tc_mat *M, const float *x, int batch, int skip,
 }
 
 /* The int16 table scale 2^e of group g, by the documented rule: the smallest
-   e with max over quads of (sum of 4 |x~|) / 2^e <= 32767. */
+   e with max over quads of (sum of 4 |x~|) / 2^e <= 32639. */
 static inline double tc_q16_scale(const tc_mat *M, const float *x, int g)
 {
     double mx = 0;
@@ -149,7 +149,7 @@ static inline double tc_q16_scale(const tc_mat *M, const float *x, int g)
     }
     if (mx == 0) return 0;
     int e = -200;
-    while (mx / ldexp(1.0, e) > 32767.0) e++;
+    while (mx / ldexp(1.0, e) > 32639.0) e++;
     return ldexp(1.0, e);
 }
 
