@@ -787,6 +787,19 @@ MPQ_DEF mpq_status mpq_quantize(const mpq_bitplane_desc *d, const float *W, uint
 
 static int mpq__half_finite(uint16_t h) { return (h & 0x7C00u) != 0x7C00u; }
 
+/* Codes that fit their block's width, pairs that are finite halves. */
+static mpq_status mpq__check_quantized(const mpq__shape *s, const uint8_t *codes, const uint16_t *s_hat,
+                                       const uint16_t *z_hat)
+{
+    const size_t np = (size_t)s->rows * (size_t)s->ngroups;
+    for (size_t p = 0; p < np; p++)
+        if (!mpq__half_finite(s_hat[p]) || !mpq__half_finite(z_hat[p])) return MPQ_ERR_NONFINITE;
+    for (int i = 0; i < s->rows; i++)
+        for (int j = 0; j < s->cols; j++)
+            if (codes[(size_t)i * (size_t)s->cols + (size_t)j] >> mpq__bits_at(s, i, j / s->group)) return MPQ_ERR_BITS;
+    return MPQ_OK;
+}
+
 MPQ_DEF mpq_status mpq_dequantize(const mpq_bitplane_desc *d, const uint8_t *codes, const uint16_t *s_hat,
                                   const uint16_t *z_hat, float *W)
 {
@@ -794,14 +807,7 @@ MPQ_DEF mpq_status mpq_dequantize(const mpq_bitplane_desc *d, const uint8_t *cod
     mpq_status st = mpq__shape_from_desc(d, &s);
     if (st != MPQ_OK) return st;
     if (!W || !codes || !s_hat || !z_hat) return MPQ_ERR_ARG;
-    size_t np = (size_t)s.rows * (size_t)s.ngroups;
-    for (size_t p = 0; p < np; p++)
-        if (!mpq__half_finite(s_hat[p]) || !mpq__half_finite(z_hat[p])) return MPQ_ERR_NONFINITE;
-    for (int i = 0; i < s.rows; i++)
-        for (int j = 0; j < s.cols; j++) {
-            int g = j / s.group, b = mpq__bits_at(&s, i, g);
-            if (codes[(size_t)i * (size_t)s.cols + (size_t)j] >> b) return MPQ_ERR_BITS;
-        }
+    if ((st = mpq__check_quantized(&s, codes, s_hat, z_hat)) != MPQ_OK) return st;
     for (int i = 0; i < s.rows; i++)
         for (int j = 0; j < s.cols; j++) {
             int g = j / s.group, b = mpq__bits_at(&s, i, g);
@@ -914,26 +920,67 @@ static void mpq__layout_compute(const mpq__shape *s, unsigned flags, mpq__layout
     L->total = L->off_data + pos;
 }
 
-/* Offset in `data` of the record (t, 0), and the band geometry for walking:
-   all tiles of a band with more than one tile have equal record sizes. */
-typedef struct mpq__cursor {
-    uint64_t pos;
-    int t, tl, nt;
-} mpq__cursor;
+/* Walks the records of one tile in group order. Section g of a band holds
+   the band's records of group g, one per tile; in a band of several tiles
+   they all have the same size, so the tile's record is at section start +
+   (its index in the band) * size. With lookahead > 0, a second walker that
+   many records ahead prefetches. */
+typedef struct mpq__walk {
+    const mpq__shape *s;
+    const uint8_t *data;
+    const uint8_t *brow; /* the tile's block row of the bits map, when uniform */
+    int t, nt, g, pf_g, uniform;
+    uint64_t tl, sec, pf_sec;
+} mpq__walk;
 
-static void mpq__cursor_init(const mpq__shape *s, const uint64_t *index, int t, mpq__cursor *c)
+static void mpq__walk_init(mpq__walk *w, const mpq__shape *s, const uint64_t *index, const uint8_t *data, int t)
 {
-    int band = t * MPQ_TILE_ROWS / s->band_rows, t0;
-    mpq__band_tiles(s, band, &t0, &c->nt);
-    c->t = t;
-    c->tl = t - t0;
-    c->pos = index[band] + (uint64_t)c->tl * mpq__rec_bytes(s, t, 0);
+    const int band = t * MPQ_TILE_ROWS / s->band_rows;
+    int t0;
+    mpq__band_tiles(s, band, &t0, &w->nt);
+    w->s = s;
+    w->data = data;
+    w->t = t;
+    w->g = w->pf_g = 0;
+    w->tl = (uint64_t)(t - t0);
+    w->sec = w->pf_sec = index[band];
+    /* with block_rows a multiple of 16 every tile lies in one block row */
+    w->uniform = s->bits && s->block_rows % MPQ_TILE_ROWS == 0;
+    w->brow = s->bits ? s->bits + (size_t)(t * MPQ_TILE_ROWS / s->block_rows) * (size_t)s->ngroups : NULL;
 }
 
-static void mpq__cursor_next(const mpq__shape *s, mpq__cursor *c, int g) /* from g to g + 1 */
+static int mpq__walk_planes(const mpq__walk *w, int g)
 {
-    c->pos += (uint64_t)(c->nt - c->tl) * mpq__rec_bytes(s, c->t, g);
-    if (g + 1 < s->ngroups) c->pos += (uint64_t)c->tl * mpq__rec_bytes(s, c->t, g + 1);
+    return w->uniform ? w->brow[g] : mpq__tile_planes(w->s, w->t, g);
+}
+
+/* The record of group w->g; moves to the next group. */
+static const uint8_t *mpq__walk_next(mpq__walk *w, int lookahead)
+{
+    for (; lookahead && w->pf_g < w->s->ngroups && w->pf_g <= w->g + lookahead; w->pf_g++) {
+        const uint64_t rb = MPQ__REC_META + (uint64_t)mpq__walk_planes(w, w->pf_g) * (uint64_t)mpq__nch(w->s, w->pf_g) * 16u;
+        for (uint64_t o = 0; o < rb; o += 64) MPQ__PREFETCH(w->data + w->pf_sec + w->tl * rb + o);
+        w->pf_sec += (uint64_t)w->nt * rb;
+    }
+    const uint64_t rb = MPQ__REC_META + (uint64_t)mpq__walk_planes(w, w->g) * (uint64_t)mpq__nch(w->s, w->g) * 16u;
+    const uint8_t *p = w->data + w->sec + w->tl * rb;
+    w->sec += (uint64_t)w->nt * rb;
+    w->g++;
+    return p;
+}
+
+/* Prefetches the first n records of tile t (a tile this thread takes next),
+   so that its streams do not start cold. */
+static void mpq__walk_warm(const mpq__shape *s, const uint64_t *index, const uint8_t *data, int t, int n)
+{
+    if (t >= s->ntiles) return;
+    mpq__walk w;
+    mpq__walk_init(&w, s, index, data, t);
+    for (int g = 0; g < n && g < s->ngroups; g++) {
+        const uint64_t rb = MPQ__REC_META + (uint64_t)mpq__walk_planes(&w, g) * (uint64_t)mpq__nch(s, g) * 16u;
+        const uint8_t *p = mpq__walk_next(&w, 0);
+        for (uint64_t o = 0; o < rb; o += 64) MPQ__PREFETCH(p + o);
+    }
 }
 
 static mpq_status mpq__perm_check(const uint32_t *p, int n)
@@ -1064,8 +1111,8 @@ static void mpq__write_record(uint8_t *rec, const mpq__shape *s, int t, int g, c
 static void mpq__write_tile(uint8_t *data, const mpq__shape *s, const uint64_t *index, int t, const uint8_t *codes,
                             size_t cstride, const uint16_t *sh, const uint16_t *zh, size_t pstride)
 {
-    mpq__cursor c;
-    mpq__cursor_init(s, index, t, &c);
+    mpq__walk w;
+    mpq__walk_init(&w, s, index, data, t);
     uint16_t tsh[MPQ_TILE_ROWS], tzh[MPQ_TILE_ROWS];
     for (int g = 0; g < s->ngroups; g++) {
         for (int r = 0; r < MPQ_TILE_ROWS; r++) {
@@ -1073,8 +1120,8 @@ static void mpq__write_tile(uint8_t *data, const mpq__shape *s, const uint64_t *
             tsh[r] = ok ? sh[(size_t)r * pstride + (size_t)g] : 0;
             tzh[r] = ok ? zh[(size_t)r * pstride + (size_t)g] : 0;
         }
-        mpq__write_record(data + c.pos, s, t, g, codes + (size_t)g * (size_t)s->group, cstride, tsh, tzh);
-        mpq__cursor_next(s, &c, g);
+        uint8_t *rec = data + (mpq__walk_next(&w, 0) - data); /* the walker reads; this one writes */
+        mpq__write_record(rec, s, t, g, codes + (size_t)g * (size_t)s->group, cstride, tsh, tzh);
     }
 }
 
@@ -1207,13 +1254,7 @@ MPQ_DEF mpq_status mpq_pack_quantized(const mpq_bitplane_desc *d, const uint8_t 
     mpq_status st = mpq__pack_check(d, buf, bytes, out, &s, &L);
     if (st != MPQ_OK) return st;
     if (!codes || !s_hat || !z_hat) return MPQ_ERR_ARG;
-    size_t np = (size_t)s.rows * (size_t)s.ngroups;
-    for (size_t p = 0; p < np; p++)
-        if (!mpq__half_finite(s_hat[p]) || !mpq__half_finite(z_hat[p])) return MPQ_ERR_NONFINITE;
-    for (int i = 0; i < s.rows; i++)
-        for (int j = 0; j < s.cols; j++)
-            if (codes[(size_t)i * (size_t)s.cols + (size_t)j] >> mpq__bits_at(&s, i, j / s.group))
-                return MPQ_ERR_BITS;
+    if ((st = mpq__check_quantized(&s, codes, s_hat, z_hat)) != MPQ_OK) return st;
     uint8_t *b8 = (uint8_t *)buf;
     mpq__write_sections(d, &s, &L, b8);
     const uint64_t *index = (const uint64_t *)(const void *)(b8 + L.off_index);
@@ -1285,10 +1326,10 @@ static mpq_status mpq__bp_open(const void *buf, size_t bytes, mpq_packed *out)
         return MPQ_ERR_FORMAT;
     /* Every pair finite; padding rows of the last tile all zero. */
     for (int t = 0; t < s.ntiles; t++) {
-        mpq__cursor c;
-        mpq__cursor_init(&s, index, t, &c);
+        mpq__walk w;
+        mpq__walk_init(&w, &s, index, b8 + L.off_data, t);
         for (int g = 0; g < s.ngroups; g++) {
-            const uint8_t *rec = b8 + L.off_data + c.pos;
+            const uint8_t *rec = mpq__walk_next(&w, 0);
             for (int r = 0; r < MPQ_TILE_ROWS; r++) {
                 uint16_t sh, zh;
                 memcpy(&sh, rec + 2 * r, 2);
@@ -1296,7 +1337,6 @@ static mpq_status mpq__bp_open(const void *buf, size_t bytes, mpq_packed *out)
                 if (!mpq__half_finite(sh) || !mpq__half_finite(zh)) return MPQ_ERR_FORMAT;
                 if (t * MPQ_TILE_ROWS + r >= s.rows && (sh | zh)) return MPQ_ERR_FORMAT;
             }
-            mpq__cursor_next(&s, &c, g);
         }
     }
     mpq__view(out, &s, &L, b8, h.flags);
@@ -1357,21 +1397,20 @@ static void mpq__bp_decode_all(const mpq_packed *A, int skip, mpq__emit_fn emit,
     mpq__shape s;
     mpq__shape_of(A, &s);
     for (int t = 0; t < s.ntiles; t++) {
-        mpq__cursor c;
-        mpq__cursor_init(&s, A->band_off, t, &c);
+        mpq__walk w;
+        mpq__walk_init(&w, &s, A->band_off, A->data, t);
         for (int g = 0; g < s.ngroups; g++) {
-            const uint8_t *rec = A->data + c.pos;
+            const uint8_t *rec = mpq__walk_next(&w, 0);
             for (int r = 0; r < MPQ_TILE_ROWS && t * MPQ_TILE_ROWS + r < s.rows; r++) {
                 int i = t * MPQ_TILE_ROWS + r, gw = mpq__group_cols(&s, g);
                 mpq__decode_row(&s, rec, t, g, r, skip, tmp);
                 int orow = A->p_row ? (int)A->p_row[i] : i;
                 for (int k = 0; k < gw; k++) {
                     int j = g * s.group + k;
-                    double w = tmp[k] * (A->col_scale ? (double)A->col_scale[j] : 1.0);
-                    emit(u, orow, A->p_col ? (int)A->p_col[j] : j, w);
+                    double wt = tmp[k] * (A->col_scale ? (double)A->col_scale[j] : 1.0);
+                    emit(u, orow, A->p_col ? (int)A->p_col[j] : j, wt);
                 }
             }
-            mpq__cursor_next(&s, &c, g);
         }
     }
 }
@@ -1825,18 +1864,11 @@ static void mpq__tiles_vnni(const mpq__shape *s, const mpq_packed *A, int t0, in
     const size_t qstride = (size_t)mpq__units(cpg) * 256u;
     const float *gsum = (const float *)(const void *)(vw + L->gsum);
     const float *gscale = (const float *)(const void *)(vw + L->gscale);
-    const int uniform = s->block_rows % MPQ_TILE_ROWS == 0;
-    uint64_t sec[MPQ__VNNI_TILES], tl[MPQ__VNNI_TILES], pf_sec[MPQ__VNNI_TILES];
-    int bnt[MPQ__VNNI_TILES], pf_g[MPQ__VNNI_TILES];
-    const uint8_t *brow[MPQ__VNNI_TILES];
+    mpq__walk w[MPQ__VNNI_TILES];
     __m512 y[MPQ__VNNI_TILES];
     for (int k = 0; k < nt; k++) {
-        int t = t0 + k, band = t * MPQ_TILE_ROWS / s->band_rows, first;
-        mpq__band_tiles(s, band, &first, &bnt[k]);
-        tl[k] = (uint64_t)(t - first);
-        sec[k] = pf_sec[k] = A->band_off[band];
-        pf_g[k] = 0;
-        brow[k] = s->bits + (size_t)(t * MPQ_TILE_ROWS / s->block_rows) * (size_t)ng;
+        mpq__walk_init(&w[k], s, A->band_off, A->data, t0 + k);
+        mpq__walk_warm(s, A->band_off, A->data, t0 + MPQ__VNNI_TILES + k, MPQ__LOOKAHEAD); /* the next block */
         y[k] = _mm512_setzero_ps();
     }
     mpq__qrec R[MPQ__VNNI_TILES];
@@ -1845,25 +1877,15 @@ static void mpq__tiles_vnni(const mpq__shape *s, const mpq_packed *A, int t0, in
         const int nch = g < ng - 1 ? cpg : nch_last, nq = nch >> 2;
         const size_t pb = (size_t)nch * 16u;
         for (int k = 0; k < nt; k++) {
-            const int t = t0 + k, B = uniform ? brow[k][g] : mpq__tile_planes(s, t, g);
-            const uint64_t rb = MPQ__REC_META + (uint64_t)B * (uint64_t)nch * 16u;
+            const int B = mpq__walk_planes(&w[k], g);
             MPQ_ASSERT(B >= 1 && B <= MPQ_MAX_BITS);
-            R[k].p = A->data + sec[k] + tl[k] * rb;
-            sec[k] += (uint64_t)bnt[k] * rb;
-            /* a second walker, MPQ__LOOKAHEAD groups ahead, prefetches */
-            for (; pf_g[k] < ng && pf_g[k] <= g + MPQ__LOOKAHEAD; pf_g[k]++) {
-                const int pn = pf_g[k] < ng - 1 ? cpg : nch_last;
-                const int pB = uniform ? brow[k][pf_g[k]] : mpq__tile_planes(s, t, pf_g[k]);
-                const uint64_t prb = MPQ__REC_META + (uint64_t)pB * (uint64_t)pn * 16u;
-                for (uint64_t o = 0; o < prb; o += 64) MPQ__PREFETCH(A->data + pf_sec[k] + tl[k] * prb + o);
-                pf_sec[k] += (uint64_t)bnt[k] * prb;
-            }
-            if (uniform) {
+            R[k].p = mpq__walk_next(&w[k], MPQ__LOOKAHEAD);
+            if (w[k].uniform) {
                 R[k].i0 = skip < B - 1 ? skip : B - 1;
                 R[k].np = B - R[k].i0;
                 for (int p = 0; p < R[k].np; p++) R[k].m[p] = _mm512_set1_epi8((char)(1u << (R[k].i0 + p)));
             } else {
-                mpq__rec_setup(s, A->data, (uint64_t)(R[k].p - A->data), t, g, skip, &G);
+                mpq__rec_setup(s, A->data, (uint64_t)(R[k].p - A->data), t0 + k, g, skip, &G);
                 R[k].i0 = G.i0;
                 R[k].np = G.np;
                 for (int p = 0; p < G.np; p++)
@@ -1872,9 +1894,6 @@ static void mpq__tiles_vnni(const mpq__shape *s, const mpq_packed *A, int t0, in
                                                                _mm512_set1_epi32(0x01010101));
             }
         }
-        /* Tile by tile, so that the plane loop has the same trip count for
-           every unit (a branch that predicts); the group's tables, 256 bytes
-           a unit, come from L1 after the first tile. */
         __m512i tot[MPQ__VNNI_TILES], tb[4], acc[8];
         const uint8_t *T0 = vw + L->tab + (size_t)g * qstride;
         for (int k = 0; k < nt; k++) {
@@ -1981,43 +2000,25 @@ static void mpq__tile(const mpq__shape *s, const mpq_packed *A, mpq_path path, i
                       size_t vstride, int b0, int nb, int skip, float yt[MPQ__BATCH_STEP][MPQ_TILE_ROWS])
 {
     const mpq__vecwork L = mpq__vec_layout(A);
-    const int cpg = s->group / 8, ng = s->ngroups, nch_last = mpq__nch(s, ng - 1);
-    const int band = t * MPQ_TILE_ROWS / s->band_rows;
-    int t0, nt;
-    mpq__band_tiles(s, band, &t0, &nt);
-    const uint64_t tl = (uint64_t)(t - t0);
-    uint64_t sec = A->band_off[band];
+    const int cpg = s->group / 8, ng = s->ngroups;
     for (int v = 0; v < nb; v++)
         for (int r = 0; r < MPQ_TILE_ROWS; r++) yt[v][r] = 0.0f;
-    /* With block_rows a multiple of 16 every tile lies in one block row. */
-    const int uniform = s->block_rows % MPQ_TILE_ROWS == 0;
-    const uint8_t *brow = s->bits + (size_t)(t * MPQ_TILE_ROWS / s->block_rows) * (size_t)ng;
-    /* A second walker runs MPQ__LOOKAHEAD records ahead and prefetches: the
-       lookups leave the memory system idle for too long otherwise. */
-    uint64_t pf_sec = sec;
-    int pf_g = 0;
+    mpq__walk w;
+    mpq__walk_init(&w, s, A->band_off, A->data, t);
+    mpq__walk_warm(s, A->band_off, A->data, t + 1, MPQ__LOOKAHEAD); /* the next tile */
     mpq__rec R;
     for (int g = 0; g < ng; g++) {
-        for (; pf_g < ng && pf_g <= g + MPQ__LOOKAHEAD; pf_g++) {
-            const int pn = pf_g < ng - 1 ? cpg : nch_last;
-            const uint64_t prb = MPQ__REC_META + (uint64_t)(uniform ? brow[pf_g] : mpq__tile_planes(s, t, pf_g)) * (uint64_t)pn * 16u;
-            const uint8_t *pp = A->data + pf_sec + tl * prb;
-            for (uint64_t o = 0; o < prb; o += 64) MPQ__PREFETCH(pp + o);
-            pf_sec += (uint64_t)nt * prb;
-        }
-        const int nch = g < ng - 1 ? cpg : nch_last;
-        const int B = uniform ? brow[g] : mpq__tile_planes(s, t, g);
-        const uint64_t rb = MPQ__REC_META + (uint64_t)B * (uint64_t)nch * 16u;
-        MPQ_ASSERT(B >= 1 && B <= MPQ_MAX_BITS && sec + (tl + 1) * rb <= A->band_off[band + 1]);
-        if (uniform) {
-            R.p = A->data + sec + tl * rb;
-            R.nch = nch;
+        const int B = mpq__walk_planes(&w, g);
+        const uint8_t *rec = mpq__walk_next(&w, MPQ__LOOKAHEAD);
+        MPQ_ASSERT(B >= 1 && B <= MPQ_MAX_BITS);
+        if (w.uniform) {
+            R.p = rec;
+            R.nch = mpq__nch(s, g);
             R.uniform = 1;
             R.i0 = skip < B - 1 ? skip : B - 1;
             R.np = B - R.i0;
         } else
-            mpq__rec_setup(s, A->data, sec + tl * rb, t, g, skip, &R);
-        sec += (uint64_t)nt * rb;
+            mpq__rec_setup(s, A->data, (uint64_t)(rec - A->data), t, g, skip, &R);
         for (int v = 0; v < nb; v++) {
             const uint8_t *vw = work + (size_t)(b0 + v) * vstride;
             const float *tab = (const float *)(const void *)(vw + L.tab);
