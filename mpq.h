@@ -56,7 +56,7 @@
      1. Basics ............ version, linkage, mpq_status, aligned memory
      2. Half precision .... float <-> fp16, round-to-nearest-even
      3. Group quantization  uniform asymmetric / symmetric, 1..8 bits
-     4. Bit-plane matrices  mpq_bitplane_desc, byte layout, pack, open, decode
+     4. Bit-plane matrices  mpq_bitplane_desc, byte layout, MXINT, pack, open
      5. Products .......... lookup tables, GEMV / small GEMM, float64 reference
      6. Formats, backends . format traits table, backend dispatch table
 
@@ -68,8 +68,10 @@
      A group is `group` consecutive columns of one row with its own scale and
      zero; a block is block_rows x group weights sharing one bit width.
 
-   FORMATS
+   FORMATS (one row each in the format traits table, section 6)
      Bit-plane ("mirror", +-1) format: section 4, "BYTE LAYOUT".
+     MXINT with 2..8-bit mantissas, stored in the same bit planes: section 4,
+     "MXINT" (set mpq_bitplane_desc.format = MPQ_FORMAT_MXINT).
 
    LICENSE: MIT (end of file).
 */
@@ -195,6 +197,7 @@ MPQ_DEF mpq_status mpq_dequantize(const struct mpq_bitplane_desc *d, const uint8
 /* ========================================================================== */
 
 #define MPQ_TILE_ROWS 16   /* rows interleaved in one record (one SIMD register) */
+#define MPQ_MX_BLOCK 32    /* elements sharing one E8M0 exponent (MXINT) */
 #define MPQ_MAX_BITS 8
 
 /* Describes a bit-plane matrix to pack. Zero-initialise, then set fields;
@@ -217,6 +220,10 @@ typedef struct mpq_bitplane_desc {
                                (finite, non-zero): x~[j] = x[p_col[j]] * c[j], and
                                the packer quantizes W~[i][j] / c[j] so that the
                                product still approximates W x (AWQ fills it) */
+    int format;             /* 0 or MPQ_FORMAT_BITPLANE: groups with fp16 pairs;
+                               MPQ_FORMAT_MXINT: group is 32 (0 -> 32), widths
+                               2..8 are mantissa bits, symmetric is ignored;
+                               see "MXINT" below */
 } mpq_bitplane_desc;
 
 /* BYTE LAYOUT of a packed bit-plane matrix (format version 1). Little-endian.
@@ -262,10 +269,43 @@ typedef struct mpq_bitplane_desc {
    always aligned when the buffer is. Padding columns (past `cols`) have bit 0;
    the kernels give them zero activations, so they never change a result. */
 
+/* MXINT (format MPQ_FORMAT_MXINT). The element rules of the OCP Microscaling
+   Formats (MX) v1.0 specification for MXINT8, extended to k = 2..8 bits:
+
+     block      32 consecutive elements of a packed row (the last block of a
+                row may be shorter), one shared scale 2^X stored as E8M0: the
+                byte X + 127; X ranges over -127..127 (byte 0xFF, NaN, is
+                rejected as a malformed buffer)
+     element    a k-bit two's-complement integer P in [-2^(k-1), 2^(k-1) - 1]
+                with an implicit binary point after the sign and one integer
+                bit: value P * 2^-(k-2), so every k has the range [-2, 2) and
+                the largest power of two of the element format is 2^0
+     scale      X = floor(log2(max |v|)) - 0, clamped to -127..127 (so values
+                below 2^-127 keep what precision the elements give them)
+     elements   P = clamp(round(v / 2^X * 2^(k-2)), -2^(k-1), 2^(k-1) - 1),
+                rounding to nearest, ties to even; values that round past the
+                largest element saturate (v = 1.999 * 2^X -> 127/64 at k = 8)
+     zero       an all-zero block has X = -127 (byte 0) and all P = 0
+     NaN, Inf   the specification gives the block a NaN scale; mpq rejects
+                them (MPQ_ERR_NONFINITE), as everywhere
+
+   The value P * 2^(X-k+2) is stored as the unsigned k-bit code q = P + 2^(k-1)
+   in k bit planes, exactly the symmetric group form with s^ = 2^(X-k+1) and
+   z^ = -s^: an MXINT matrix is a bit-plane matrix with group 32 whose records
+   hold 16 E8M0 bytes (one per row) instead of the 64 bytes of fp16 pairs.
+   Storage is k + 8/32 bits per weight. Everything else (tiles, planes,
+   permutations, column scales, validation, every GEMV path, skip_planes) is
+   shared; header magic "MPQMXIN\0", format 2. */
+
+/* One MXINT block: mant[k] = P, *e8m0 = X + 127, by the rules above. */
+MPQ_DEF mpq_status mpq_mxint_quantize_block(const float *v, int len, int bits, int8_t *mant, uint8_t *e8m0);
+/* The value of one element: P * 2^(X - (k - 2)). */
+MPQ_DEF double mpq_mxint_value(int mant, int bits, uint8_t e8m0);
+
 /* A packed matrix: a validated view into one buffer. `buf` is owned by
    whoever allocated it (mpq_pack_alloc: free with mpq_packed_free). */
 typedef struct mpq_packed {
-    int format;             /* MPQ_FORMAT_BITPLANE */
+    int format;             /* MPQ_FORMAT_BITPLANE or MPQ_FORMAT_MXINT */
     int rows, cols, group, block_rows, band_rows;
     int ngroups, nbands;
     const uint8_t *bits;
@@ -290,7 +330,7 @@ MPQ_DEF mpq_status mpq_pack(const mpq_bitplane_desc *d, const float *W, void *bu
 MPQ_DEF mpq_status mpq_pack_alloc(const mpq_bitplane_desc *d, const float *W, mpq_packed *out);
 /* Pack codes and pairs computed elsewhere (mpq_quantize, or another
    quantizer), given in packed coordinates: codes[i*cols + j] is the code of
-   W~[i][j]. Codes must fit their block's width. */
+   W~[i][j]. Codes must fit their block's width. Bit-plane format only. */
 MPQ_DEF mpq_status mpq_pack_quantized(const mpq_bitplane_desc *d, const uint8_t *codes,
                                       const uint16_t *s_hat, const uint16_t *z_hat, void *buf,
                                       size_t bytes, mpq_packed *out);
@@ -304,8 +344,9 @@ MPQ_DEF mpq_status mpq_packed_open(const void *buf, size_t bytes, mpq_packed *ou
 MPQ_DEF void mpq_packed_free(mpq_packed *A);
 /* Width of the block holding packed row i, packed group g. */
 MPQ_DEF int mpq_packed_bits_at(const mpq_packed *A, int i, int g);
-/* Average stored weight bits per weight, and with fp16 scale + zero metadata
-   (32/group bpw for full groups), the budget convention of the design notes. */
+/* Average stored weight bits per weight, and with the per-group metadata
+   (bit-plane: fp16 scale + zero, 32/group bpw for full groups; MXINT: the
+   E8M0 byte, 8/32 bpw), the budget convention of the design notes. */
 MPQ_DEF double mpq_packed_bpw(const mpq_packed *A, int with_metadata);
 /* Dequantize to a rows x cols float matrix in ORIGINAL coordinates (undoing
    the permutations and multiplying by col_scale), with the lowest skip_planes
@@ -384,7 +425,8 @@ MPQ_DEF void mpq_lut16(const float x4[4], float Q[16]);
 /* ========================================================================== */
 
 typedef enum mpq_format {
-    MPQ_FORMAT_BITPLANE = 1
+    MPQ_FORMAT_BITPLANE = 1, /* uniform groups, fp16 (s^, z^) per group */
+    MPQ_FORMAT_MXINT = 2     /* OCP MXINT blocks of 32 with k-bit mantissas, in bit planes */
 } mpq_format;
 
 /* One row per packed format: generic code dispatches through it. */
@@ -712,8 +754,57 @@ MPQ_DEF float mpq_dequant_value(uint8_t q, int bits, int skip, float s_hat, floa
     return s_hat * (float)mpq__mirror_sum(q & ((1u << bits) - 1u), bits, skip) + z_hat;
 }
 
+/* One MXINT block (rules in section 4): signed mantissas and the E8M0 byte. */
+static void mpq__mx_quant_block(const float *v, int len, int k, int8_t *mant, uint8_t *e8m0)
+{
+    float amax = 0.0f;
+    for (int i = 0; i < len; i++) amax = fabsf(v[i]) > amax ? fabsf(v[i]) : amax;
+    int X = -127;
+    if (amax > 0.0f) {
+        int e;
+        frexpf(amax, &e); /* amax = m 2^e, m in [0.5, 1): floor(log2 amax) = e - 1 */
+        X = e - 1 < -127 ? -127 : e - 1;
+    }
+    const int pmax = (1 << (k - 1)) - 1, pmin = -(1 << (k - 1));
+    for (int i = 0; i < len; i++) {
+        /* v / 2^X * 2^(k-2): two exact power-of-two scalings, split so that
+           neither over- nor underflows */
+        float t = mpq__rne(ldexpf(ldexpf(v[i], -X / 2), -(X - X / 2) + k - 2));
+        t = t > (float)pmax ? (float)pmax : (t < (float)pmin ? (float)pmin : t);
+        mant[i] = (int8_t)t;
+    }
+    *e8m0 = (uint8_t)(X + 127);
+}
+
+MPQ_DEF mpq_status mpq_mxint_quantize_block(const float *v, int len, int bits, int8_t *mant, uint8_t *e8m0)
+{
+    if (!v || !mant || !e8m0) return MPQ_ERR_ARG;
+    if (len < 1 || len > MPQ_MX_BLOCK) return MPQ_ERR_SIZE;
+    if (bits < 2 || bits > MPQ_MAX_BITS) return MPQ_ERR_BITS;
+    for (int i = 0; i < len; i++)
+        if (!mpq__finite(v[i])) return MPQ_ERR_NONFINITE;
+    mpq__mx_quant_block(v, len, bits, mant, e8m0);
+    return MPQ_OK;
+}
+
+MPQ_DEF double mpq_mxint_value(int mant, int bits, uint8_t e8m0)
+{
+    return ldexp((double)mant, (int)e8m0 - 127 - (bits - 2));
+}
+
+/* s^ = 2^e as a float: exact for normal results, ldexpf below. */
+static float mpq__exp2i(int e)
+{
+    if (e < -126 || e > 127) return ldexpf(1.0f, e);
+    uint32_t u = (uint32_t)(e + 127) << 23;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
 /* A bit-plane shape with its defaults resolved. */
 typedef struct mpq__shape {
+    int format, meta; /* MPQ_FORMAT_*, metadata bytes at the start of a record */
     int rows, cols, group, block_rows, ngroups, nbrows, band_rows, nbands, ntiles, ubits;
     unsigned symmetric;
     const uint8_t *bits; /* NULL: uniform */
@@ -731,10 +822,14 @@ static int mpq__group_cols(const mpq__shape *s, int g)
     return w < s->group ? w : s->group;
 }
 
-static mpq_status mpq__shape_fill(mpq__shape *s, int rows, int cols, int group, int block_rows)
+static mpq_status mpq__shape_fill(mpq__shape *s, int format, int rows, int cols, int group, int block_rows)
 {
     memset(s, 0, sizeof *s);
+    if (format != MPQ_FORMAT_BITPLANE && format != MPQ_FORMAT_MXINT) return MPQ_ERR_ARG;
+    s->format = format;
+    s->meta = format == MPQ_FORMAT_MXINT ? MPQ_TILE_ROWS : 4 * MPQ_TILE_ROWS;
     if (rows < 1 || cols < 1 || group < 8 || group % 8 || block_rows < 1) return MPQ_ERR_SIZE;
+    if (format == MPQ_FORMAT_MXINT && group != MPQ_MX_BLOCK) return MPQ_ERR_SIZE;
     s->rows = rows;
     s->cols = cols;
     s->group = group;
@@ -747,20 +842,24 @@ static mpq_status mpq__shape_fill(mpq__shape *s, int rows, int cols, int group, 
     return MPQ_OK;
 }
 
+static int mpq__min_bits(int format) { return format == MPQ_FORMAT_MXINT ? 2 : 1; }
+
 static mpq_status mpq__shape_from_desc(const mpq_bitplane_desc *d, mpq__shape *s)
 {
     if (!d) return MPQ_ERR_ARG;
-    mpq_status st = mpq__shape_fill(s, d->rows, d->cols, d->group ? d->group : 128,
+    const int fmt = d->format ? d->format : MPQ_FORMAT_BITPLANE;
+    mpq_status st = mpq__shape_fill(s, fmt, d->rows, d->cols, d->group ? d->group : (fmt == MPQ_FORMAT_MXINT ? MPQ_MX_BLOCK : 128),
                                     d->block_rows ? d->block_rows : 16);
     if (st != MPQ_OK) return st;
     s->ubits = d->uniform_bits ? d->uniform_bits : 4;
-    s->symmetric = d->symmetric;
+    s->symmetric = fmt == MPQ_FORMAT_MXINT ? 0u : d->symmetric;
     s->bits = d->bits;
+    const int bmin = mpq__min_bits(fmt);
     if (d->bits) {
         size_t nb = (size_t)s->nbrows * (size_t)s->ngroups;
         for (size_t k = 0; k < nb; k++)
-            if (d->bits[k] < 1 || d->bits[k] > MPQ_MAX_BITS) return MPQ_ERR_BITS;
-    } else if (s->ubits < 1 || s->ubits > MPQ_MAX_BITS)
+            if (d->bits[k] < bmin || d->bits[k] > MPQ_MAX_BITS) return MPQ_ERR_BITS;
+    } else if (s->ubits < bmin || s->ubits > MPQ_MAX_BITS)
         return MPQ_ERR_BITS;
     return MPQ_OK;
 }
@@ -771,6 +870,7 @@ MPQ_DEF mpq_status mpq_quantize(const mpq_bitplane_desc *d, const float *W, uint
     mpq__shape s;
     mpq_status st = mpq__shape_from_desc(d, &s);
     if (st != MPQ_OK) return st;
+    if (s.format != MPQ_FORMAT_BITPLANE) return MPQ_ERR_ARG;
     if (!W || !codes || !s_hat || !z_hat) return MPQ_ERR_ARG;
     st = mpq__check_values(W, (size_t)s.rows * (size_t)s.cols);
     if (st != MPQ_OK) return st;
@@ -806,7 +906,7 @@ MPQ_DEF mpq_status mpq_dequantize(const mpq_bitplane_desc *d, const uint8_t *cod
     mpq__shape s;
     mpq_status st = mpq__shape_from_desc(d, &s);
     if (st != MPQ_OK) return st;
-    if (!W || !codes || !s_hat || !z_hat) return MPQ_ERR_ARG;
+    if (s.format != MPQ_FORMAT_BITPLANE || !W || !codes || !s_hat || !z_hat) return MPQ_ERR_ARG;
     if ((st = mpq__check_quantized(&s, codes, s_hat, z_hat)) != MPQ_OK) return st;
     for (int i = 0; i < s.rows; i++)
         for (int j = 0; j < s.cols; j++) {
@@ -831,7 +931,6 @@ MPQ_DEF mpq_status mpq_dequantize(const mpq_bitplane_desc *d, const uint8_t *cod
 #define MPQ__FLAG_PROW 1u
 #define MPQ__FLAG_PCOL 2u
 #define MPQ__FLAG_CSCALE 4u
-#define MPQ__REC_META 64u /* 16 s^ + 16 z^, fp16 */
 
 /* The header at the start of every packed bit-plane buffer (little-endian). */
 typedef struct mpq__bp_header {
@@ -846,6 +945,8 @@ MPQ__STATIC_ASSERT(sizeof(mpq__bp_header) == 128, "bit-plane header must be 128 
 MPQ__STATIC_ASSERT(sizeof(float) == 4 && sizeof(uint64_t) == 8, "float32 and uint64 expected");
 
 static const char mpq__bp_magic[8] = {'M', 'P', 'Q', 'B', 'I', 'T', 'P', 0};
+static const char mpq__mx_magic[8] = {'M', 'P', 'Q', 'M', 'X', 'I', 'N', 0};
+static const char *mpq__magic_of(int format) { return format == MPQ_FORMAT_MXINT ? mpq__mx_magic : mpq__bp_magic; }
 
 typedef struct mpq__layout {
     uint64_t off_bits, off_prow, off_pcol, off_cscale, off_index, off_data, data_bytes, total;
@@ -868,7 +969,7 @@ static int mpq__tile_planes(const mpq__shape *s, int t, int g)
 
 static uint64_t mpq__rec_bytes(const mpq__shape *s, int t, int g)
 {
-    return MPQ__REC_META + (uint64_t)mpq__tile_planes(s, t, g) * (uint64_t)mpq__nch(s, g) * 16u;
+    return (uint64_t)s->meta + (uint64_t)mpq__tile_planes(s, t, g) * (uint64_t)mpq__nch(s, g) * 16u;
 }
 
 /* Byte offset, inside one plane, of chunk c of row r (see BYTE LAYOUT). */
@@ -958,11 +1059,11 @@ static int mpq__walk_planes(const mpq__walk *w, int g)
 static const uint8_t *mpq__walk_next(mpq__walk *w, int lookahead)
 {
     for (; lookahead && w->pf_g < w->s->ngroups && w->pf_g <= w->g + lookahead; w->pf_g++) {
-        const uint64_t rb = MPQ__REC_META + (uint64_t)mpq__walk_planes(w, w->pf_g) * (uint64_t)mpq__nch(w->s, w->pf_g) * 16u;
+        const uint64_t rb = (uint64_t)w->s->meta + (uint64_t)mpq__walk_planes(w, w->pf_g) * (uint64_t)mpq__nch(w->s, w->pf_g) * 16u;
         for (uint64_t o = 0; o < rb; o += 64) MPQ__PREFETCH(w->data + w->pf_sec + w->tl * rb + o);
         w->pf_sec += (uint64_t)w->nt * rb;
     }
-    const uint64_t rb = MPQ__REC_META + (uint64_t)mpq__walk_planes(w, w->g) * (uint64_t)mpq__nch(w->s, w->g) * 16u;
+    const uint64_t rb = (uint64_t)w->s->meta + (uint64_t)mpq__walk_planes(w, w->g) * (uint64_t)mpq__nch(w->s, w->g) * 16u;
     const uint8_t *p = w->data + w->sec + w->tl * rb;
     w->sec += (uint64_t)w->nt * rb;
     w->g++;
@@ -977,7 +1078,7 @@ static void mpq__walk_warm(const mpq__shape *s, const uint64_t *index, const uin
     mpq__walk w;
     mpq__walk_init(&w, s, index, data, t);
     for (int g = 0; g < n && g < s->ngroups; g++) {
-        const uint64_t rb = MPQ__REC_META + (uint64_t)mpq__walk_planes(&w, g) * (uint64_t)mpq__nch(s, g) * 16u;
+        const uint64_t rb = (uint64_t)s->meta + (uint64_t)mpq__walk_planes(&w, g) * (uint64_t)mpq__nch(s, g) * 16u;
         const uint8_t *p = mpq__walk_next(&w, 0);
         for (uint64_t o = 0; o < rb; o += 64) MPQ__PREFETCH(p + o);
     }
@@ -1049,9 +1150,9 @@ static void mpq__write_sections(const mpq_bitplane_desc *d, const mpq__shape *s,
     memset(buf, 0, (size_t)L->off_data);
     mpq__bp_header h;
     memset(&h, 0, sizeof h);
-    memcpy(h.magic, mpq__bp_magic, 8);
+    memcpy(h.magic, mpq__magic_of(s->format), 8);
     h.version = MPQ__BP_VERSION;
-    h.format = MPQ_FORMAT_BITPLANE;
+    h.format = (uint32_t)s->format;
     h.rows = (uint32_t)s->rows;
     h.cols = (uint32_t)s->cols;
     h.group = (uint32_t)s->group;
@@ -1081,23 +1182,28 @@ static void mpq__write_sections(const mpq_bitplane_desc *d, const mpq__shape *s,
 }
 
 /* One record: tile t, group g. codes: the tile's rows, row stride cstride,
-   starting at the group's first column; sh/zh: the tile's 16 pairs. */
+   starting at the group's first column; sh/zh: the tile's 16 pairs (MXINT:
+   sh holds the E8M0 bytes, zh is unused). */
 static void mpq__write_record(uint8_t *rec, const mpq__shape *s, int t, int g, const uint8_t *codes,
                               size_t cstride, const uint16_t *sh, const uint16_t *zh)
 {
     const int planes = mpq__tile_planes(s, t, g), nch = mpq__nch(s, g), gw = mpq__group_cols(s, g);
     const int nr = s->rows - t * MPQ_TILE_ROWS < MPQ_TILE_ROWS ? s->rows - t * MPQ_TILE_ROWS : MPQ_TILE_ROWS;
     const size_t pbytes = (size_t)nch * 16u;
-    memset(rec, 0, MPQ__REC_META + (size_t)planes * pbytes);
+    memset(rec, 0, (size_t)s->meta + (size_t)planes * pbytes);
     for (int r = 0; r < nr; r++) {
-        memcpy(rec + 2 * r, &sh[r], 2);
-        memcpy(rec + 32 + 2 * r, &zh[r], 2);
+        if (s->format == MPQ_FORMAT_MXINT)
+            rec[r] = (uint8_t)sh[r]; /* the E8M0 byte */
+        else {
+            memcpy(rec + 2 * r, &sh[r], 2);
+            memcpy(rec + 32 + 2 * r, &zh[r], 2);
+        }
         const int b = mpq__bits_at(s, t * MPQ_TILE_ROWS + r, g);
         const uint8_t *q = codes + (size_t)r * cstride;
         for (int c = 0; c < nch; c++) {
             uint8_t v[8] = {0, 0, 0, 0, 0, 0, 0, 0};
             for (int k = 0; k < 8 && 8 * c + k < gw; k++) v[k] = q[8 * c + k];
-            size_t o = MPQ__REC_META + mpq__slab_off(c, r, nch);
+            size_t o = (size_t)s->meta + mpq__slab_off(c, r, nch);
             for (int i = 0; i < b; i++, o += pbytes) {
                 unsigned byte = 0;
                 for (int k = 0; k < 8; k++) byte |= ((unsigned)(v[k] >> i) & 1u) << k;
@@ -1128,7 +1234,7 @@ static void mpq__write_tile(uint8_t *data, const mpq__shape *s, const uint64_t *
 static void mpq__view(mpq_packed *A, const mpq__shape *s, const mpq__layout *L, const uint8_t *buf, unsigned flags)
 {
     memset(A, 0, sizeof *A);
-    A->format = MPQ_FORMAT_BITPLANE;
+    A->format = s->format;
     A->rows = s->rows;
     A->cols = s->cols;
     A->group = s->group;
@@ -1148,7 +1254,7 @@ static void mpq__view(mpq_packed *A, const mpq__shape *s, const mpq__layout *L, 
 
 static void mpq__shape_of(const mpq_packed *A, mpq__shape *s)
 {
-    mpq__shape_fill(s, A->rows, A->cols, A->group, A->block_rows);
+    mpq__shape_fill(s, A->format, A->rows, A->cols, A->group, A->block_rows);
     s->bits = A->bits;
     s->ubits = 0;
     s->symmetric = 0;
@@ -1186,7 +1292,8 @@ MPQ_DEF mpq_status mpq_pack(const mpq_bitplane_desc *d, const float *W, void *bu
             float v = src[d->p_col ? d->p_col[j] : j];
             if (!mpq__finite(v)) return MPQ_ERR_NONFINITE;
             if (d->col_scale) v /= d->col_scale[j];
-            if (!mpq__finite(v) || fabsf(v) > MPQ__F16_MAX) return MPQ_ERR_RANGE;
+            /* fp16 pairs bound the bit-plane range; E8M0 covers every float */
+            if (!mpq__finite(v) || (s.format == MPQ_FORMAT_BITPLANE && fabsf(v) > MPQ__F16_MAX)) return MPQ_ERR_RANGE;
         }
     }
     const int nth = mpq__max_threads();
@@ -1216,10 +1323,17 @@ MPQ_DEF mpq_status mpq_pack(const mpq_bitplane_desc *d, const float *W, void *bu
                 if (d->col_scale) row[j] /= d->col_scale[j];
             }
             for (int g = 0; g < s.ngroups; g++) {
-                int b = mpq__bits_at(&s, i, g);
+                int b = mpq__bits_at(&s, i, g), gw = mpq__group_cols(&s, g);
                 size_t o = (size_t)g * (size_t)s.group, p = (size_t)r * (size_t)s.ngroups + (size_t)g;
-                mpq__quant_group(row + o, mpq__group_cols(&s, g), b, (int)((s.symmetric >> b) & 1u),
-                                 q + (size_t)r * n + o, sh + p, zh + p);
+                if (s.format == MPQ_FORMAT_MXINT) { /* code = mantissa + 2^(k-1), sh = the E8M0 byte */
+                    int8_t mant[MPQ_MX_BLOCK];
+                    uint8_t e;
+                    mpq__mx_quant_block(row + o, gw, b, mant, &e);
+                    for (int k = 0; k < gw; k++) q[(size_t)r * n + o + (size_t)k] = (uint8_t)(mant[k] + (1 << (b - 1)));
+                    sh[p] = e;
+                    zh[p] = 0;
+                } else
+                    mpq__quant_group(row + o, gw, b, (int)((s.symmetric >> b) & 1u), q + (size_t)r * n + o, sh + p, zh + p);
             }
         }
         mpq__write_tile(b8 + L.off_data, &s, index, t, q, n, sh, zh, (size_t)s.ngroups);
@@ -1253,7 +1367,7 @@ MPQ_DEF mpq_status mpq_pack_quantized(const mpq_bitplane_desc *d, const uint8_t 
     mpq__layout L;
     mpq_status st = mpq__pack_check(d, buf, bytes, out, &s, &L);
     if (st != MPQ_OK) return st;
-    if (!codes || !s_hat || !z_hat) return MPQ_ERR_ARG;
+    if (s.format != MPQ_FORMAT_BITPLANE || !codes || !s_hat || !z_hat) return MPQ_ERR_ARG;
     if ((st = mpq__check_quantized(&s, codes, s_hat, z_hat)) != MPQ_OK) return st;
     uint8_t *b8 = (uint8_t *)buf;
     mpq__write_sections(d, &s, &L, b8);
@@ -1271,7 +1385,7 @@ MPQ_DEF mpq_status mpq_pack_quantized(const mpq_bitplane_desc *d, const uint8_t 
     return MPQ_OK;
 }
 
-static mpq_status mpq__bp_open(const void *buf, size_t bytes, mpq_packed *out)
+static mpq_status mpq__open_format(const void *buf, size_t bytes, mpq_packed *out, int format)
 {
     if (!buf || !out) return MPQ_ERR_ARG;
     if ((uintptr_t)buf % 16u) return MPQ_ERR_ALIGN;
@@ -1279,22 +1393,22 @@ static mpq_status mpq__bp_open(const void *buf, size_t bytes, mpq_packed *out)
     const uint8_t *b8 = (const uint8_t *)buf;
     mpq__bp_header h;
     memcpy(&h, b8, sizeof h);
-    if (memcmp(h.magic, mpq__bp_magic, 8) || h.version != MPQ__BP_VERSION || h.format != MPQ_FORMAT_BITPLANE ||
+    if (memcmp(h.magic, mpq__magic_of(format), 8) || h.version != MPQ__BP_VERSION || h.format != (uint32_t)format ||
         h.tile_rows != MPQ_TILE_ROWS || (h.flags & ~7u) || h.rows > INT_MAX || h.cols > INT_MAX ||
         h.group > INT_MAX || h.block_rows > INT_MAX || h.total_bytes != (uint64_t)bytes)
         return MPQ_ERR_FORMAT;
     mpq__shape s;
-    if (mpq__shape_fill(&s, (int)h.rows, (int)h.cols, (int)h.group, (int)h.block_rows) != MPQ_OK ||
+    if (mpq__shape_fill(&s, format, (int)h.rows, (int)h.cols, (int)h.group, (int)h.block_rows) != MPQ_OK ||
         h.band_rows != (uint32_t)s.band_rows)
         return MPQ_ERR_FORMAT;
     /* Bound every loop below by the buffer size before running it. */
     uint64_t nb = (uint64_t)s.nbrows * (uint64_t)s.ngroups;
     if (h.off_bits != sizeof h || nb > bytes - sizeof h ||
-        (uint64_t)s.ntiles * (uint64_t)s.ngroups > bytes / MPQ__REC_META)
+        (uint64_t)s.ntiles * (uint64_t)s.ngroups > bytes / (uint64_t)s.meta)
         return MPQ_ERR_FORMAT;
     const uint8_t *bits = b8 + h.off_bits;
     for (uint64_t k = 0; k < nb; k++)
-        if (bits[k] < 1 || bits[k] > MPQ_MAX_BITS) return MPQ_ERR_FORMAT;
+        if (bits[k] < mpq__min_bits(format) || bits[k] > MPQ_MAX_BITS) return MPQ_ERR_FORMAT;
     s.bits = bits;
     mpq__layout L;
     mpq__layout_compute(&s, h.flags, &L, NULL);
@@ -1331,16 +1445,31 @@ static mpq_status mpq__bp_open(const void *buf, size_t bytes, mpq_packed *out)
         for (int g = 0; g < s.ngroups; g++) {
             const uint8_t *rec = mpq__walk_next(&w, 0);
             for (int r = 0; r < MPQ_TILE_ROWS; r++) {
+                const int pad = t * MPQ_TILE_ROWS + r >= s.rows;
+                if (format == MPQ_FORMAT_MXINT) { /* E8M0: 0xFF is NaN */
+                    if (rec[r] == 0xFF || (pad && rec[r])) return MPQ_ERR_FORMAT;
+                    continue;
+                }
                 uint16_t sh, zh;
                 memcpy(&sh, rec + 2 * r, 2);
                 memcpy(&zh, rec + 32 + 2 * r, 2);
                 if (!mpq__half_finite(sh) || !mpq__half_finite(zh)) return MPQ_ERR_FORMAT;
-                if (t * MPQ_TILE_ROWS + r >= s.rows && (sh | zh)) return MPQ_ERR_FORMAT;
+                if (pad && (sh | zh)) return MPQ_ERR_FORMAT;
             }
         }
     }
     mpq__view(out, &s, &L, b8, h.flags);
     return MPQ_OK;
+}
+
+static mpq_status mpq__bp_open(const void *buf, size_t bytes, mpq_packed *out)
+{
+    return mpq__open_format(buf, bytes, out, MPQ_FORMAT_BITPLANE);
+}
+
+static mpq_status mpq__mx_open(const void *buf, size_t bytes, mpq_packed *out)
+{
+    return mpq__open_format(buf, bytes, out, MPQ_FORMAT_MXINT);
 }
 
 MPQ_DEF void mpq_packed_free(mpq_packed *A)
@@ -1367,8 +1496,26 @@ MPQ_DEF double mpq_packed_bpw(const mpq_packed *A, int with_metadata)
         for (int g = 0; g < s.ngroups; g++)
             bits += (double)r * (double)mpq__group_cols(&s, g) * (double)s.bits[(size_t)br * (size_t)s.ngroups + (size_t)g];
     }
-    if (with_metadata) bits += 32.0 * (double)s.rows * (double)s.ngroups;
+    if (with_metadata) bits += (s.format == MPQ_FORMAT_MXINT ? 8.0 : 32.0) * (double)s.rows * (double)s.ngroups;
     return bits / ((double)s.rows * (double)s.cols);
+}
+
+/* The (s^, z^) of the 16 rows of record (t, g): fp16 pairs, or from the
+   E8M0 byte and the row's width k, s^ = 2^(X-k+1), z^ = -s^ (MXINT). b is
+   the record's width when every row has it, else 0. */
+static void mpq__rec_pairs(const mpq__shape *s, const uint8_t *rec, int t, int g, int b, float sh[MPQ_TILE_ROWS],
+                           float zh[MPQ_TILE_ROWS])
+{
+    if (s->format != MPQ_FORMAT_MXINT) {
+        mpq_f16_to_f32_n((const uint16_t *)(const void *)rec, sh, MPQ_TILE_ROWS);
+        mpq_f16_to_f32_n((const uint16_t *)(const void *)(rec + 32), zh, MPQ_TILE_ROWS);
+        return;
+    }
+    for (int r = 0; r < MPQ_TILE_ROWS; r++) {
+        const int k = b ? b : mpq__bits_at(s, t * MPQ_TILE_ROWS + r, g);
+        sh[r] = k ? mpq__exp2i((int)rec[r] - 127 - k + 1) : 0.0f;
+        zh[r] = -sh[r];
+    }
 }
 
 /* Decodes row r of record (t, g) into out[0 .. group width): values in
@@ -1377,13 +1524,20 @@ static void mpq__decode_row(const mpq__shape *s, const uint8_t *rec, int t, int 
 {
     const int b = mpq__bits_at(s, t * MPQ_TILE_ROWS + r, g), nch = mpq__nch(s, g), gw = mpq__group_cols(s, g);
     const int sk = skip < 0 ? 0 : (skip > b - 1 ? b - 1 : skip);
-    uint16_t sh, zh;
-    memcpy(&sh, rec + 2 * r, 2);
-    memcpy(&zh, rec + 32 + 2 * r, 2);
-    const double S = (double)mpq_f16_to_f32(sh), Z = (double)mpq_f16_to_f32(zh);
+    double S, Z;
+    if (s->format == MPQ_FORMAT_MXINT) {
+        S = ldexp(1.0, (int)rec[r] - 127 - b + 1);
+        Z = -S;
+    } else {
+        uint16_t sh, zh;
+        memcpy(&sh, rec + 2 * r, 2);
+        memcpy(&zh, rec + 32 + 2 * r, 2);
+        S = (double)mpq_f16_to_f32(sh);
+        Z = (double)mpq_f16_to_f32(zh);
+    }
     for (int j = 0; j < gw; j++) {
         unsigned q = 0;
-        size_t o = MPQ__REC_META + mpq__slab_off(j / 8, r, nch);
+        size_t o = (size_t)s->meta + mpq__slab_off(j / 8, r, nch);
         for (int i = 0; i < b; i++, o += (size_t)nch * 16u) q |= ((unsigned)(rec[o] >> (j % 8)) & 1u) << i;
         out[j] = S * (double)mpq__mirror_sum(q, b, sk) + Z;
     }
@@ -1428,7 +1582,7 @@ static void mpq__emit_float(void *u, int row, int col, double w)
 
 static mpq_status mpq__bp_dequantize(const mpq_packed *A, int skip_planes, float *W)
 {
-    if (!A || !W || A->format != MPQ_FORMAT_BITPLANE || !A->data) return MPQ_ERR_ARG;
+    if (!A || !W || !A->data) return MPQ_ERR_ARG;
     if (skip_planes < 0) return MPQ_ERR_ARG;
     double *tmp = (double *)MPQ_MALLOC(sizeof(double) * (size_t)A->group);
     if (!tmp) return MPQ_ERR_NOMEM;
@@ -1655,7 +1809,8 @@ static void mpq__build_tables(const mpq_packed *A, const float *x, mpq_path path
 
 /* Everything a tile kernel needs about one record. */
 typedef struct mpq__rec {
-    const uint8_t *p; /* the record */
+    const uint8_t *p;  /* the record */
+    const uint8_t *pl; /* its first plane */
     int nch;          /* chunks of 8 columns */
     int i0, np;       /* first plane read, planes read */
     int uniform;      /* every row has the same width and skip */
@@ -1669,6 +1824,7 @@ static void mpq__rec_setup(const mpq__shape *s, const uint8_t *data, uint64_t po
     const int r0 = t * MPQ_TILE_ROWS, nr = s->rows - r0 < MPQ_TILE_ROWS ? s->rows - r0 : MPQ_TILE_ROWS;
     const int B = mpq__tile_planes(s, t, g);
     R->p = data + pos;
+    R->pl = R->p + s->meta;
     R->nch = mpq__nch(s, g);
     int bmin = B;
     for (int br = r0 / s->block_rows; br <= (r0 + nr - 1) / s->block_rows; br++) {
@@ -1720,7 +1876,7 @@ static void mpq__tile_scalar(const mpq__rec *R, int r, const float *T, float *ac
     for (int p = 0; p < R->np; p++) {
         float wgt = mpq__plane_weight(R, p, r);
         if (wgt == 0.0f) continue;
-        const uint8_t *q = R->p + MPQ__REC_META + (size_t)(R->i0 + p) * pbytes;
+        const uint8_t *q = R->pl + (size_t)(R->i0 + p) * pbytes;
         const float *t = T;
         float p4[4] = {0.0f, 0.0f, 0.0f, 0.0f}; /* four chains: adds overlap */
         for (int u = 0; u < nq; u++, q += 64, t += 512)
@@ -1759,7 +1915,7 @@ MPQ__INLINE __m512 mpq__lk512(__m512i v, const __m512 *t, int nq)
    compile-time constant in each caller so the accumulators stay in registers. */
 MPQ__INLINE __m512 mpq__group512(const mpq__rec *R, const float *Q, const int NP)
 {
-    const uint8_t *pl = R->p + MPQ__REC_META + (size_t)R->i0 * (size_t)R->nch * 16u;
+    const uint8_t *pl = R->pl + (size_t)R->i0 * (size_t)R->nch * 16u;
     const size_t pb = (size_t)R->nch * 16u;
     const int nq = R->nch >> 2;
     __m512 acc[MPQ_MAX_BITS], t[8];
@@ -1851,7 +2007,7 @@ MPQ__INLINE void mpq__lkq_planes(const uint8_t *pl, size_t pb, int np, int kind,
 /* One record of a tile block: where it is and which planes count. */
 typedef struct mpq__qrec {
     const uint8_t *p;
-    int i0, np;
+    int b, i0, np;
     __m512i m[MPQ_MAX_BITS]; /* plane weights, u8 in every byte of a row's lane */
 } mpq__qrec;
 
@@ -1880,6 +2036,7 @@ static void mpq__tiles_vnni(const mpq__shape *s, const mpq_packed *A, int t0, in
             const int B = mpq__walk_planes(&w[k], g);
             MPQ_ASSERT(B >= 1 && B <= MPQ_MAX_BITS);
             R[k].p = mpq__walk_next(&w[k], MPQ__LOOKAHEAD);
+            R[k].b = B;
             if (w[k].uniform) {
                 R[k].i0 = skip < B - 1 ? skip : B - 1;
                 R[k].np = B - R[k].i0;
@@ -1897,7 +2054,7 @@ static void mpq__tiles_vnni(const mpq__shape *s, const mpq_packed *A, int t0, in
         __m512i tot[MPQ__VNNI_TILES], tb[4], acc[8];
         const uint8_t *T0 = vw + L->tab + (size_t)g * qstride;
         for (int k = 0; k < nt; k++) {
-            const uint8_t *T = T0, *pl = R[k].p + MPQ__REC_META + (size_t)R[k].i0 * pb;
+            const uint8_t *T = T0, *pl = R[k].p + s->meta + (size_t)R[k].i0 * pb;
             for (int a = 0; a < 8; a++) acc[a] = _mm512_setzero_si512();
             for (int u = 0; u < nq; u++, T += 256, pl += 64) {
                 for (int q = 0; q < 4; q++) tb[q] = _mm512_loadu_si512((const void *)(T + 64 * q));
@@ -1921,8 +2078,20 @@ static void mpq__tiles_vnni(const mpq__shape *s, const mpq_packed *A, int t0, in
         const __m512 sc = _mm512_set1_ps(gscale[g]), gs = _mm512_set1_ps(gsum[g]);
         for (int k = 0; k < nt; k++) {
             __m512 acc = _mm512_mul_ps(_mm512_cvtepi32_ps(tot[k]), sc);
-            y[k] = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)R[k].p)), acc, y[k]);
-            y[k] = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(R[k].p + 32))), gs, y[k]);
+            if (s->format == MPQ_FORMAT_BITPLANE) {
+                y[k] = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)R[k].p)), acc, y[k]);
+                y[k] = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(R[k].p + 32))), gs, y[k]);
+            } else if (w[k].uniform) { /* MXINT: s^ = 2^(X - k + 1) = 2^(byte - 127 - k + 1), z^ = -s^ */
+                __m512i e = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)R[k].p));
+                __m512 sh = _mm512_scalef_ps(_mm512_set1_ps(1.0f),
+                                             _mm512_cvtepi32_ps(_mm512_sub_epi32(e, _mm512_set1_epi32(126 + R[k].b))));
+                y[k] = _mm512_fmadd_ps(sh, _mm512_sub_ps(acc, gs), y[k]);
+            } else {
+                float sh[MPQ_TILE_ROWS], zh[MPQ_TILE_ROWS];
+                mpq__rec_pairs(s, R[k].p, t0 + k, g, 0, sh, zh);
+                y[k] = _mm512_fmadd_ps(_mm512_loadu_ps(sh), acc, y[k]);
+                y[k] = _mm512_fmadd_ps(_mm512_loadu_ps(zh), gs, y[k]);
+            }
         }
     }
     for (int k = 0; k < nt; k++) _mm512_storeu_ps(yt[k], y[k]);
@@ -1951,7 +2120,7 @@ MPQ__INLINE __m256 mpq__lk256(__m256i v, const float *Q, int nq)
 /* One half (rows 8h .. 8h+7) of a record. */
 MPQ__INLINE __m256 mpq__group256(const mpq__rec *R, const float *Q, int h, const int NP)
 {
-    const uint8_t *pl = R->p + MPQ__REC_META + (size_t)R->i0 * (size_t)R->nch * 16u;
+    const uint8_t *pl = R->pl + (size_t)R->i0 * (size_t)R->nch * 16u;
     const size_t pb = (size_t)R->nch * 16u;
     const int nq = R->nch >> 2;
     __m256 acc[MPQ_MAX_BITS];
@@ -2013,12 +2182,15 @@ static void mpq__tile(const mpq__shape *s, const mpq_packed *A, mpq_path path, i
         MPQ_ASSERT(B >= 1 && B <= MPQ_MAX_BITS);
         if (w.uniform) {
             R.p = rec;
+            R.pl = rec + s->meta;
             R.nch = mpq__nch(s, g);
             R.uniform = 1;
             R.i0 = skip < B - 1 ? skip : B - 1;
             R.np = B - R.i0;
         } else
             mpq__rec_setup(s, A->data, (uint64_t)(rec - A->data), t, g, skip, &R);
+        float sh[MPQ_TILE_ROWS], zh[MPQ_TILE_ROWS];
+        mpq__rec_pairs(s, rec, t, g, w.uniform ? B : 0, sh, zh);
         for (int v = 0; v < nb; v++) {
             const uint8_t *vw = work + (size_t)(b0 + v) * vstride;
             const float *tab = (const float *)(const void *)(vw + L.tab);
@@ -2027,10 +2199,8 @@ static void mpq__tile(const mpq__shape *s, const mpq_packed *A, mpq_path path, i
 #ifdef MPQ__HAVE_AVX512
             case MPQ_PATH_AVX512: {
                 __m512 acc = mpq__group512_any(&R, tab + (size_t)g * (size_t)cpg * 32u);
-                __m512 y = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)R.p)), acc,
-                                           _mm512_loadu_ps(yt[v]));
-                y = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(R.p + 32))),
-                                    _mm512_set1_ps(gs), y);
+                __m512 y = _mm512_fmadd_ps(_mm512_loadu_ps(sh), acc, _mm512_loadu_ps(yt[v]));
+                y = _mm512_fmadd_ps(_mm512_loadu_ps(zh), _mm512_set1_ps(gs), y);
                 _mm512_storeu_ps(yt[v], y);
                 continue;
             }
@@ -2039,10 +2209,8 @@ static void mpq__tile(const mpq__shape *s, const mpq_packed *A, mpq_path path, i
             case MPQ_PATH_AVX2:
                 for (int h = 0; h < 2; h++) {
                     __m256 acc = mpq__group256_any(&R, tab + (size_t)g * (size_t)cpg * 32u, h);
-                    __m256 y = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(R.p + 16 * h))),
-                                               acc, _mm256_loadu_ps(yt[v] + 8 * h));
-                    y = _mm256_fmadd_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(R.p + 32 + 16 * h))),
-                                        _mm256_set1_ps(gs), y);
+                    __m256 y = _mm256_fmadd_ps(_mm256_loadu_ps(sh + 8 * h), acc, _mm256_loadu_ps(yt[v] + 8 * h));
+                    y = _mm256_fmadd_ps(_mm256_loadu_ps(zh + 8 * h), _mm256_set1_ps(gs), y);
                     _mm256_storeu_ps(yt[v] + 8 * h, y);
                 }
                 continue;
@@ -2051,12 +2219,9 @@ static void mpq__tile(const mpq__shape *s, const mpq_packed *A, mpq_path path, i
                 break;
             }
             for (int r = 0; r < MPQ_TILE_ROWS; r++) {
-                uint16_t hs, hz;
                 float acc;
-                memcpy(&hs, R.p + 2 * r, 2);
-                memcpy(&hz, R.p + 32 + 2 * r, 2);
                 mpq__tile_scalar(&R, r, tab + (size_t)g * (size_t)cpg * 128u, &acc);
-                yt[v][r] += mpq_f16_to_f32(hs) * acc + mpq_f16_to_f32(hz) * gs;
+                yt[v][r] += sh[r] * acc + zh[r] * gs;
             }
         }
     }
@@ -2065,7 +2230,7 @@ static void mpq__tile(const mpq__shape *s, const mpq_packed *A, mpq_path path, i
 static mpq_status mpq__bp_gemv(const mpq_packed *A, const float *x, float *y, int batch, const mpq_gemv_opts *opts,
                                void *work, size_t work_bytes)
 {
-    if (!A || !x || !y || A->format != MPQ_FORMAT_BITPLANE || !A->data || !A->band_off) return MPQ_ERR_ARG;
+    if (!A || !x || !y || !A->data || !A->band_off) return MPQ_ERR_ARG;
     if (batch < 1) return MPQ_ERR_SIZE;
     mpq_gemv_opts o;
     memset(&o, 0, sizeof o);
@@ -2147,7 +2312,7 @@ static void mpq__emit_dot(void *u, int row, int col, double w)
 
 MPQ_DEF mpq_status mpq_gemv_ref(const mpq_packed *A, const float *x, double *y, int batch, int skip_planes)
 {
-    if (!A || !x || !y || A->format != MPQ_FORMAT_BITPLANE || !A->data) return MPQ_ERR_ARG;
+    if (!A || !x || !y || !mpq_format_get((mpq_format)A->format) || !A->data) return MPQ_ERR_ARG;
     if (batch < 1) return MPQ_ERR_SIZE;
     if (skip_planes < 0) return MPQ_ERR_ARG;
     for (size_t k = 0; k < (size_t)batch * (size_t)A->cols; k++)
@@ -2168,6 +2333,9 @@ MPQ_DEF mpq_status mpq_gemv_ref(const mpq_packed *A, const float *x, double *y, 
 static const mpq_format_traits mpq__formats[] = {
     {MPQ_FORMAT_BITPLANE, "bitplane", {'M', 'P', 'Q', 'B', 'I', 'T', 'P', 0}, mpq__bp_open, mpq__bp_dequantize,
      mpq__bp_gemv, mpq__bp_work_bytes},
+    /* MXINT shares the record layout and every kernel; only the metadata differs */
+    {MPQ_FORMAT_MXINT, "mxint", {'M', 'P', 'Q', 'M', 'X', 'I', 'N', 0}, mpq__mx_open, mpq__bp_dequantize, mpq__bp_gemv,
+     mpq__bp_work_bytes},
 };
 
 MPQ_DEF const mpq_format_traits *mpq_format_get(mpq_format f)
@@ -2283,7 +2451,8 @@ MPQ_DEF void mpq_backend_cpu(mpq_backend *b)
 /*
    VERSION HISTORY
      0.1.0  bit-plane packed matrices, group quantization, fp16, CPU LUT GEMV
-            (scalar, AVX2, AVX-512), CPU backend.
+            (scalar, AVX2, AVX-512, AVX-512 VNNI), CPU backend; MXINT with
+            2..8-bit mantissas in the bit-plane layout.
 
    LICENSE (MIT)
    Copyright (c) 2026 the mpq authors.

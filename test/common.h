@@ -33,7 +33,7 @@ static inline double tc_half(uint16_t h)
 
 /* A decoded bit-plane matrix in packed coordinates. */
 typedef struct tc_mat {
-    int rows, cols, group, block_rows, ngroups;
+    int format, rows, cols, group, block_rows, ngroups;
     uint8_t *code;     /* rows x cols */
     uint8_t *width;    /* rows x ngroups */
     double *sh, *zh;   /* rows x ngroups */
@@ -56,12 +56,13 @@ static inline int tc_slab_off(int c, int r, int nch)
 /* Reads buf the way the layout comment describes it. */
 static inline void tc_decode(const uint8_t *buf, tc_mat *M)
 {
+    int format = (int)tc_u32(buf + 12), meta = format == 2 ? 16 : 64; /* MXINT: one E8M0 byte per row */
     int rows = (int)tc_u32(buf + 16), cols = (int)tc_u32(buf + 20), group = (int)tc_u32(buf + 24);
     int br = (int)tc_u32(buf + 28), band = (int)tc_u32(buf + 36), flags = (int)tc_u32(buf + 40);
     int ng = (cols + group - 1) / group, ntiles = (rows + 15) / 16, nbands = (rows + band - 1) / band;
     uint64_t off_bits = tc_u64(buf + 56), off_prow = tc_u64(buf + 64), off_pcol = tc_u64(buf + 72);
     uint64_t off_cs = tc_u64(buf + 80), off_index = tc_u64(buf + 88), off_data = tc_u64(buf + 96);
-    M->rows = rows, M->cols = cols, M->group = group, M->block_rows = br, M->ngroups = ng;
+    M->format = format, M->rows = rows, M->cols = cols, M->group = group, M->block_rows = br, M->ngroups = ng;
     M->code = calloc((size_t)rows * cols, 1);
     M->width = calloc((size_t)rows * ng, 1);
     M->sh = calloc((size_t)rows * ng, sizeof(double));
@@ -88,16 +89,21 @@ static inline void tc_decode(const uint8_t *buf, tc_mat *M)
                     if (M->width[(t * 16 + r) * ng + g] > planes) planes = M->width[(t * 16 + r) * ng + g];
                 for (int r = 0; r < 16 && t * 16 + r < rows; r++) {
                     int i = t * 16 + r, w = M->width[i * ng + g];
-                    M->sh[i * ng + g] = tc_half(tc_u16(buf + pos + 2 * r));
-                    M->zh[i * ng + g] = tc_half(tc_u16(buf + pos + 32 + 2 * r));
+                    if (format == 2) { /* s^ = 2^(X-k+1), z^ = -s^ */
+                        M->sh[i * ng + g] = ldexp(1.0, (int)buf[pos + r] - 127 - w + 1);
+                        M->zh[i * ng + g] = -M->sh[i * ng + g];
+                    } else {
+                        M->sh[i * ng + g] = tc_half(tc_u16(buf + pos + 2 * r));
+                        M->zh[i * ng + g] = tc_half(tc_u16(buf + pos + 32 + 2 * r));
+                    }
                     for (int j = 0; j < gw; j++) {
                         int q = 0;
                         for (int p = 0; p < w; p++)
-                            q |= ((buf[pos + 64 + (uint64_t)p * nch * 16 + tc_slab_off(j / 8, r, nch)] >> (j % 8)) & 1) << p;
+                            q |= ((buf[pos + meta + (uint64_t)p * nch * 16 + tc_slab_off(j / 8, r, nch)] >> (j % 8)) & 1) << p;
                         M->code[(size_t)i * cols + g * group + j] = (uint8_t)q;
                     }
                 }
-                pos += 64 + (uint64_t)planes * nch * 16;
+                pos += (uint64_t)meta + (uint64_t)planes * nch * 16;
             }
         }
     }
@@ -165,6 +171,29 @@ static inline double tc_q16_bound(const tc_mat *M, const float *x, int i, int sk
         b += fabs(M->sh[i * M->ngroups + g]) * planes * (2.0 * ((gw + 7) / 8)) * tc_q16_scale(M, x, g) / 2.0;
     }
     return b;
+}
+
+static const mpq_path tc_paths[] = {MPQ_PATH_SCALAR, MPQ_PATH_AVX2, MPQ_PATH_AVX512, MPQ_PATH_AVX512_VNNI};
+#define TC_NPATHS (int)(sizeof tc_paths / sizeof tc_paths[0])
+
+/* Compares y from `path` with the reference, row by row: float32 rounding
+   bounded by gamma * (sum of term magnitudes), plus the documented bound of
+   the quantized tables on that path. */
+static inline void tc_check_gemv(const mpq_packed *A, const tc_mat *M, const float *x, int batch, int skip, mpq_path path,
+                                 const float *y, const double *ref, const double *mag)
+{
+    const int cpg = A->group / 8;
+    const double gamma = 2.0 * (2 * cpg + A->ngroups + 32) * ldexp(1.0, -24);
+    for (int v = 0; v < batch; v++)
+        for (int i = 0; i < A->rows; i++) { /* i: packed row */
+            size_t o = (size_t)v * A->rows + M->prow[i];
+            double tol = gamma * mag[o] + 1e-30;
+            if (path == MPQ_PATH_AVX512_VNNI) tol += tc_q16_bound(M, x + (size_t)v * A->cols, i, skip) * (1 + 1e-6);
+            cr_assert(isfinite(y[o]), "%s: y[%zu] not written", mpq_path_name(path), o);
+            cr_assert_leq(fabs(y[o] - ref[o]), tol, "%s %dx%d G%d br%d skip %d batch %d: row %d: %.9g vs %.9g (tol %.3g)",
+                          mpq_path_name(path), A->rows, A->cols, A->group, A->block_rows, skip, batch, M->prow[i],
+                          (double)y[o], ref[o], tol);
+        }
 }
 
 static inline void tc_poison(float *y, size_t n)

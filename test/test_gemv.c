@@ -2,8 +2,8 @@
    built from an independent reading of the packed bytes. */
 #include "common.h"
 
-static const mpq_path paths[] = {MPQ_PATH_SCALAR, MPQ_PATH_AVX2, MPQ_PATH_AVX512, MPQ_PATH_AVX512_VNNI};
-#define NPATHS (int)(sizeof paths / sizeof paths[0])
+#define paths tc_paths
+#define NPATHS TC_NPATHS
 
 typedef struct shape {
     int m, n, G, br;
@@ -33,24 +33,6 @@ static mpq_packed pack_random(synth_rng *r, const shape *s, int with_perm, int b
     return A;
 }
 
-/* Compares y from `path` with the reference, row by row. */
-static void check(const mpq_packed *A, const tc_mat *M, const float *x, int batch, int skip, mpq_path path,
-                  const float *y, const double *ref, const double *mag)
-{
-    const int cpg = A->group / 8;
-    const double gamma = 2.0 * (2 * cpg + A->ngroups + 32) * ldexp(1.0, -24);
-    for (int v = 0; v < batch; v++)
-        for (int i = 0; i < A->rows; i++) { /* i: packed row */
-            size_t o = (size_t)v * A->rows + M->prow[i];
-            double tol = gamma * mag[o] + 1e-30;
-            if (path == MPQ_PATH_AVX512_VNNI) tol += tc_q16_bound(M, x + (size_t)v * A->cols, i, skip) * (1 + 1e-6);
-            cr_assert(isfinite(y[o]), "%s: y[%zu] not written", mpq_path_name(path), o);
-            cr_assert_leq(fabs(y[o] - ref[o]), tol, "%s %dx%d G%d br%d skip %d batch %d: row %d: %.9g vs %.9g (tol %.3g)",
-                          mpq_path_name(path), A->rows, A->cols, A->group, A->block_rows, skip, batch, M->prow[i],
-                          (double)y[o], ref[o], tol);
-        }
-}
-
 Test(gemv, every_path_matches_the_float64_reference)
 {
     synth_rng r = {31};
@@ -76,7 +58,7 @@ Test(gemv, every_path_matches_the_float64_reference)
                         o.path = paths[p], o.skip_planes = skip;
                         tc_poison(y, (size_t)batch * s->m);
                         cr_assert_eq(mpq_gemv(&A, x, y, batch, &o, NULL, 0), MPQ_OK);
-                        check(&A, &M, x, batch, skip, paths[p], y, ref, mag);
+                        tc_check_gemv(&A, &M, x, batch, skip, paths[p], y, ref, mag);
                     }
                 }
                 free(x), free(y), free(ref), free(mag);
@@ -166,7 +148,7 @@ Test(gemv, llm_like_4096x4096_every_path)
         o.path = paths[p];
         tc_poison(y, 4096);
         cr_assert_eq(mpq_gemv(&A, x, y, 1, &o, NULL, 0), MPQ_OK);
-        check(&A, &M, x, 1, 0, paths[p], y, ref, mag);
+        tc_check_gemv(&A, &M, x, 1, 0, paths[p], y, ref, mag);
     }
     tc_free(&M);
     mpq_packed_free(&A);
