@@ -59,6 +59,7 @@
      4. Bit-plane matrices  mpq_bitplane_desc, byte layout, MXINT, pack, open
      5. Products .......... lookup tables, GEMV / small GEMM, float64 reference
      6. Formats, backends . format traits table, backend dispatch table
+     7. AWQ ............... activation-aware column scales and clip search
 
    NOTATION (see the design notes for the math)
 
@@ -224,6 +225,11 @@ typedef struct mpq_bitplane_desc {
                                MPQ_FORMAT_MXINT: group is 32 (0 -> 32), widths
                                2..8 are mantissa bits, symmetric is ignored;
                                see "MXINT" below */
+    const float *clip;      /* optional, rows x ceil(cols/group) in packed
+                               coordinates: before quantization the values
+                               W~[i][j] / c[j] of that group are clamped to
+                               [-clip, +clip]; 0 means no clipping (AWQ's clip
+                               search fills it; it is not stored) */
 } mpq_bitplane_desc;
 
 /* BYTE LAYOUT of a packed bit-plane matrix (format version 1). Little-endian.
@@ -466,6 +472,55 @@ typedef struct mpq_backend {
 
 /* Fills *b with the CPU backend. */
 MPQ_DEF void mpq_backend_cpu(mpq_backend *b);
+
+/* ========================================================================== */
+/* 7. AWQ                                                                     */
+/* ========================================================================== */
+
+/* Activation-aware weight quantization (Lin et al., AWQ; the quantizer SFMP
+   builds on), for either packed format, with any bits map and permutations:
+
+   1. scales: for alpha = k / grid, k = 0 .. grid-1, s_j = max(mean_t |X[t][j]|,
+      1e-4)^alpha, normalised by sqrt(max s * min s); the layer is quantized
+      as W diag(s) and multiplied by diag(1/s) x, and the alpha with the least
+      output error on X wins (alpha = 0 is plain round-to-nearest, so the
+      result is never worse than RTN on X). The objective is
+      mean over tokens and rows of (sum_j (w^_ij - w_ij) x_tj)^2.
+   2. clipping: for every group of every row, the scaled weights are clamped
+      to r * max|w| for r = 1 - k * max_shrink / clip_steps, k = 0 .. clip_steps,
+      and the r with the least output error of that group on a sample of
+      tokens wins (r = 1, no clip, is a candidate: no group gets worse there).
+
+   Outputs: col_scale (cols floats, packed column order: c[j] = 1 / s of the
+   original column p_col[j]) and clip (rows x ceil(cols/group), packed
+   coordinates, 0 = none); put both in the description and call mpq_pack.
+   The scales cost nothing at inference: the GEMV applies them while it
+   builds its tables. X is read in place (one gathered copy when d has a
+   column permutation), never copied per grid point. d->col_scale and
+   d->clip are ignored. Alphas whose scaled weights leave the fp16 range of
+   the bit-plane pairs are skipped. */
+typedef struct mpq_awq_desc {
+    const float *X;      /* calibration activations, tokens x cols, row-major,
+                            original column order (required) */
+    int tokens;          /* rows of X (required, >= 1) */
+    int grid;            /* alphas k / grid; 0 -> 20 */
+    int clip_steps;      /* clip ratios; 0 -> 20; negative: no clip search */
+    float max_shrink;    /* smallest clip ratio is 1 - max_shrink; 0 -> 0.5 */
+    int clip_tokens;     /* tokens of X (evenly spaced) for the clip search;
+                            0 -> min(tokens, 32) */
+} mpq_awq_desc;
+
+typedef struct mpq_awq_result {
+    float alpha;         /* the chosen ratio */
+    double loss_rtn;     /* objective at alpha = 0 without clipping: plain RTN */
+    double loss_scaled;  /* at the chosen alpha, without clipping */
+    double loss_final;   /* at the chosen alpha with the chosen clips */
+} mpq_awq_result;
+
+/* W: rows x cols float32 in original coordinates, as for mpq_pack. clip may
+   be NULL when a->clip_steps < 0. res may be NULL. */
+MPQ_DEF mpq_status mpq_awq_search(const mpq_bitplane_desc *d, const float *W, const mpq_awq_desc *a, float *col_scale,
+                                  float *clip, mpq_awq_result *res);
 
 #ifdef __cplusplus
 }
@@ -752,6 +807,37 @@ MPQ_DEF float mpq_dequant_value(uint8_t q, int bits, int skip, float s_hat, floa
     if (bits > MPQ_MAX_BITS) bits = MPQ_MAX_BITS;
     skip = skip < 0 ? 0 : (skip > bits - 1 ? bits - 1 : skip);
     return s_hat * (float)mpq__mirror_sum(q & ((1u << bits) - 1u), bits, skip) + z_hat;
+}
+
+/* Forward: used by mpq__quant_any, defined below. */
+static void mpq__mx_quant_block(const float *v, int len, int k, int8_t *mant, uint8_t *e8m0);
+
+/* One group of a packed row in either format, after clamping to +-clip
+   (clip > 0): codes q, and the metadata (bit-plane: the fp16 pair; MXINT:
+   the E8M0 byte in *sh, *zh = 0). tmp holds len floats. */
+static void mpq__quant_any(int format, int b, int symmetric, const float *v, int len, float clip, float *tmp, uint8_t *q,
+                           uint16_t *sh, uint16_t *zh)
+{
+    if (clip > 0.0f) {
+        for (int k = 0; k < len; k++) tmp[k] = v[k] > clip ? clip : (v[k] < -clip ? -clip : v[k]);
+        v = tmp;
+    }
+    if (format == MPQ_FORMAT_MXINT) {
+        int8_t mant[32];
+        uint8_t e;
+        mpq__mx_quant_block(v, len, b, mant, &e);
+        for (int k = 0; k < len; k++) q[k] = (uint8_t)(mant[k] + (1 << (b - 1)));
+        *sh = e;
+        *zh = 0;
+    } else
+        mpq__quant_group(v, len, b, symmetric, q, sh, zh);
+}
+
+/* The value of code q under that metadata. */
+static float mpq__deq_any(int format, int b, unsigned q, uint16_t sh, uint16_t zh)
+{
+    if (format == MPQ_FORMAT_MXINT) return ldexpf((float)((int)q - (1 << (b - 1))), (int)sh - 127 - b + 2);
+    return mpq_dequant_value((uint8_t)q, b, 0, mpq_f16_to_f32(sh), mpq_f16_to_f32(zh));
 }
 
 /* One MXINT block (rules in section 4): signed mantissas and the E8M0 byte. */
@@ -1108,6 +1194,15 @@ static mpq_status mpq__scale_check(const float *c, int n)
     return MPQ_OK;
 }
 
+static mpq_status mpq__clip_check(const float *c, size_t n)
+{
+    for (size_t k = 0; k < n; k++) {
+        if (!mpq__finite(c[k])) return MPQ_ERR_NONFINITE;
+        if (c[k] < 0.0f) return MPQ_ERR_RANGE;
+    }
+    return MPQ_OK;
+}
+
 static unsigned mpq__desc_flags(const mpq_bitplane_desc *d)
 {
     return (d->p_row ? MPQ__FLAG_PROW : 0u) | (d->p_col ? MPQ__FLAG_PCOL : 0u) |
@@ -1140,6 +1235,7 @@ static mpq_status mpq__pack_check(const mpq_bitplane_desc *d, void *buf, size_t 
     if (d->p_row && (st = mpq__perm_check(d->p_row, s->rows)) != MPQ_OK) return st;
     if (d->p_col && (st = mpq__perm_check(d->p_col, s->cols)) != MPQ_OK) return st;
     if (d->col_scale && (st = mpq__scale_check(d->col_scale, s->cols)) != MPQ_OK) return st;
+    if (d->clip && (st = mpq__clip_check(d->clip, (size_t)s->rows * (size_t)s->ngroups)) != MPQ_OK) return st;
     return MPQ_OK;
 }
 
@@ -1297,8 +1393,9 @@ MPQ_DEF mpq_status mpq_pack(const mpq_bitplane_desc *d, const float *W, void *bu
         }
     }
     const int nth = mpq__max_threads();
-    /* per thread: the tile's rows as floats, their pairs, their codes */
-    const size_t per = mpq__align64(MPQ_TILE_ROWS * n * (sizeof(float) + 1u) + 4u * MPQ_TILE_ROWS * (size_t)s.ngroups);
+    /* per thread: the tile's rows as floats, their pairs, their codes, a group */
+    const size_t per = mpq__align64(MPQ_TILE_ROWS * n * (sizeof(float) + 1u) + 4u * MPQ_TILE_ROWS * (size_t)s.ngroups) +
+                       mpq__align64(sizeof(float) * (size_t)s.group);
     uint8_t *scratch = (uint8_t *)mpq_aligned_alloc(per * (size_t)nth);
     if (!scratch) return MPQ_ERR_NOMEM;
     uint8_t *b8 = (uint8_t *)buf;
@@ -1314,6 +1411,7 @@ MPQ_DEF mpq_status mpq_pack(const mpq_bitplane_desc *d, const float *W, void *bu
         uint16_t *sh = (uint16_t *)(void *)(mine + MPQ_TILE_ROWS * n * sizeof(float));
         uint16_t *zh = sh + MPQ_TILE_ROWS * (size_t)s.ngroups;
         uint8_t *q = (uint8_t *)(zh + MPQ_TILE_ROWS * (size_t)s.ngroups);
+        float *tmp = (float *)(void *)(mine + per - mpq__align64(sizeof(float) * (size_t)s.group));
         for (int r = 0; r < MPQ_TILE_ROWS && t * MPQ_TILE_ROWS + r < s.rows; r++) {
             int i = t * MPQ_TILE_ROWS + r;
             const float *src = W + (size_t)(d->p_row ? d->p_row[i] : (uint32_t)i) * n;
@@ -1323,17 +1421,11 @@ MPQ_DEF mpq_status mpq_pack(const mpq_bitplane_desc *d, const float *W, void *bu
                 if (d->col_scale) row[j] /= d->col_scale[j];
             }
             for (int g = 0; g < s.ngroups; g++) {
-                int b = mpq__bits_at(&s, i, g), gw = mpq__group_cols(&s, g);
+                int b = mpq__bits_at(&s, i, g);
                 size_t o = (size_t)g * (size_t)s.group, p = (size_t)r * (size_t)s.ngroups + (size_t)g;
-                if (s.format == MPQ_FORMAT_MXINT) { /* code = mantissa + 2^(k-1), sh = the E8M0 byte */
-                    int8_t mant[MPQ_MX_BLOCK];
-                    uint8_t e;
-                    mpq__mx_quant_block(row + o, gw, b, mant, &e);
-                    for (int k = 0; k < gw; k++) q[(size_t)r * n + o + (size_t)k] = (uint8_t)(mant[k] + (1 << (b - 1)));
-                    sh[p] = e;
-                    zh[p] = 0;
-                } else
-                    mpq__quant_group(row + o, gw, b, (int)((s.symmetric >> b) & 1u), q + (size_t)r * n + o, sh + p, zh + p);
+                float clip = d->clip ? d->clip[(size_t)i * (size_t)s.ngroups + (size_t)g] : 0.0f;
+                mpq__quant_any(s.format, b, (int)((s.symmetric >> b) & 1u), row + o, mpq__group_cols(&s, g), clip, tmp,
+                               q + (size_t)r * n + o, sh + p, zh + p);
             }
         }
         mpq__write_tile(b8 + L.off_data, &s, index, t, q, n, sh, zh, (size_t)s.ngroups);
@@ -2438,6 +2530,206 @@ MPQ_DEF void mpq_backend_cpu(mpq_backend *b)
     b->release = mpq__cpu_release;
     b->gemv = mpq__cpu_gemv;
     b->synchronize = mpq__cpu_sync;
+}
+
+/* ========================================================================== */
+/* 7. AWQ                                                                     */
+/* ========================================================================== */
+
+/* Everything one evaluation of the AWQ objective needs. */
+typedef struct mpq__awq {
+    const mpq__shape *s;
+    const mpq_bitplane_desc *d;
+    const float *W;
+    const float *Xt; /* tokens x cols in packed column order (X itself without p_col) */
+    int tokens;
+} mpq__awq;
+
+/* dot(a, b) over n floats with 16 partial sums, so that it vectorises. */
+static float mpq__dot(const float *a, const float *b, int n)
+{
+    float acc[16] = {0};
+    int j = 0;
+    for (; j + 16 <= n; j += 16)
+        for (int k = 0; k < 16; k++) acc[k] += a[j + k] * b[j + k];
+    float t = 0.0f;
+    for (; j < n; j++) t += a[j] * b[j];
+    for (int k = 0; k < 16; k++) t += acc[k];
+    return t;
+}
+
+/* Delta (original scale) of packed row i quantized with column scales c and
+   clips (per group of row i, or NULL): delta[j] = (q(w~_j / c_j) - w~_j / c_j) c_j.
+   buf: 3 * cols floats. Returns 0 when a scaled weight leaves the fp16 range. */
+static int mpq__awq_delta(const mpq__awq *a, int i, const float *c, const float *clips, float *delta, float *buf)
+{
+    const mpq__shape *s = a->s;
+    const int n = s->cols;
+    const float *src = a->W + (size_t)(a->d->p_row ? a->d->p_row[i] : (uint32_t)i) * (size_t)n;
+    float *v = buf, *tmp = buf + n;
+    uint8_t *q = (uint8_t *)(void *)(buf + 2 * n);
+    for (int j = 0; j < n; j++) {
+        v[j] = src[a->d->p_col ? a->d->p_col[j] : (uint32_t)j] / c[j];
+        if (s->format == MPQ_FORMAT_BITPLANE && !(fabsf(v[j]) <= MPQ__F16_MAX)) return 0;
+    }
+    for (int g = 0; g < s->ngroups; g++) {
+        const int b = mpq__bits_at(s, i, g), o = g * s->group, gw = mpq__group_cols(s, g);
+        uint16_t sh, zh;
+        mpq__quant_any(s->format, b, (int)((s->symmetric >> b) & 1u), v + o, gw, clips ? clips[g] : 0.0f, tmp, q, &sh, &zh);
+        for (int k = 0; k < gw; k++) delta[o + k] = (mpq__deq_any(s->format, b, q[k], sh, zh) - v[o + k]) * c[o + k];
+    }
+    return 1;
+}
+
+/* The objective: mean over tokens and rows of the squared output error. */
+static double mpq__awq_loss(const mpq__awq *a, const float *c, const float *clip, float *work, int nth)
+{
+    const mpq__shape *s = a->s;
+    const size_t per = 4u * (size_t)s->cols + 64u;
+    double total = 0.0;
+    int bad = 0;
+    (void)nth;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(dynamic, 8) reduction(+ : total, bad) num_threads(nth)
+#endif
+    for (int i = 0; i < s->rows; i++) {
+        float *delta = work + per * (size_t)mpq__thread_id(), *buf = delta + s->cols;
+        if (!mpq__awq_delta(a, i, c, clip ? clip + (size_t)i * (size_t)s->ngroups : NULL, delta, buf)) {
+            bad = 1;
+            continue;
+        }
+        for (int t = 0; t < a->tokens; t++) {
+            double e = mpq__dot(delta, a->Xt + (size_t)t * (size_t)s->cols, s->cols);
+            total += e * e;
+        }
+    }
+    return bad ? HUGE_VAL : total / ((double)a->tokens * (double)s->rows);
+}
+
+MPQ_DEF mpq_status mpq_awq_search(const mpq_bitplane_desc *d, const float *W, const mpq_awq_desc *ad, float *col_scale,
+                                  float *clip, mpq_awq_result *res)
+{
+    mpq__shape s;
+    mpq_status st = mpq__shape_from_desc(d, &s);
+    if (st != MPQ_OK) return st;
+    if (!W || !ad || !ad->X || !col_scale) return MPQ_ERR_ARG;
+    const int grid = ad->grid ? ad->grid : 20, steps = ad->clip_steps ? ad->clip_steps : 20;
+    const float shrink = ad->max_shrink != 0.0f ? ad->max_shrink : 0.5f;
+    if (ad->tokens < 1 || grid < 1 || ad->clip_tokens < 0) return MPQ_ERR_SIZE;
+    if (!(shrink > 0.0f && shrink < 1.0f)) return MPQ_ERR_ARG;
+    if (steps > 0 && !clip) return MPQ_ERR_ARG;
+    if (d->p_row && (st = mpq__perm_check(d->p_row, s.rows)) != MPQ_OK) return st;
+    if (d->p_col && (st = mpq__perm_check(d->p_col, s.cols)) != MPQ_OK) return st;
+    for (size_t k = 0; k < (size_t)s.rows * (size_t)s.cols; k++)
+        if (!mpq__finite(W[k])) return MPQ_ERR_NONFINITE;
+    for (size_t k = 0; k < (size_t)ad->tokens * (size_t)s.cols; k++)
+        if (!mpq__finite(ad->X[k])) return MPQ_ERR_NONFINITE;
+
+    const size_t n = (size_t)s.cols;
+    const int nth = mpq__max_threads();
+    const size_t per = 4u * n + 64u; /* delta, v, tmp, codes of a wide group */
+    float *mean = (float *)MPQ_MALLOC(sizeof(float) * n * 3), *c = mean + n, *best = c + n;
+    float *work = (float *)mpq_aligned_alloc(sizeof(float) * per * (size_t)nth);
+    float *Xt = d->p_col ? (float *)mpq_aligned_alloc(sizeof(float) * n * (size_t)ad->tokens) : NULL;
+    if (!mean || !work || (d->p_col && !Xt)) {
+        MPQ_FREE(mean);
+        mpq_aligned_free(work);
+        mpq_aligned_free(Xt);
+        return MPQ_ERR_NOMEM;
+    }
+    if (Xt) /* the one gathered copy: packed column order */
+        for (int t = 0; t < ad->tokens; t++)
+            for (size_t j = 0; j < n; j++) Xt[(size_t)t * n + j] = ad->X[(size_t)t * n + d->p_col[j]];
+    mpq__awq a = {&s, d, W, Xt ? Xt : ad->X, ad->tokens};
+
+    /* mean |x| per packed column */
+    for (size_t j = 0; j < n; j++) {
+        double m = 0.0;
+        for (int t = 0; t < ad->tokens; t++) m += fabs((double)a.Xt[(size_t)t * n + j]);
+        mean[j] = (float)(m / ad->tokens);
+    }
+    /* 1. the scale grid; alpha = 0 (every c = 1) is plain RTN */
+    double best_loss = HUGE_VAL, rtn = HUGE_VAL;
+    float best_alpha = 0.0f;
+    for (int k = 0; k < grid; k++) {
+        const float alpha = (float)k / (float)grid;
+        double mx = 0.0, mn = HUGE_VAL;
+        for (size_t j = 0; j < n; j++) {
+            double sj = pow(fmax((double)mean[j], 1e-4), (double)alpha);
+            c[j] = (float)sj;
+            mx = sj > mx ? sj : mx;
+            mn = sj < mn ? sj : mn;
+        }
+        const double norm = sqrt(mx * mn);
+        for (size_t j = 0; j < n; j++) c[j] = (float)(norm / (double)c[j]); /* c = 1 / (s / norm) */
+        double loss = mpq__awq_loss(&a, c, NULL, work, nth);
+        if (k == 0) rtn = loss;
+        if (loss < best_loss) {
+            best_loss = loss;
+            best_alpha = alpha;
+            memcpy(best, c, sizeof(float) * n);
+        }
+    }
+    if (best_loss == HUGE_VAL) { /* not even RTN fits the fp16 pairs */
+        MPQ_FREE(mean);
+        mpq_aligned_free(work);
+        mpq_aligned_free(Xt);
+        return MPQ_ERR_RANGE;
+    }
+    /* 2. clips, group by group, on evenly spaced tokens */
+    double final = best_loss;
+    if (steps > 0) {
+        const int ct = ad->clip_tokens ? (ad->clip_tokens < ad->tokens ? ad->clip_tokens : ad->tokens)
+                                       : (ad->tokens < 32 ? ad->tokens : 32);
+#ifdef _OPENMP
+#pragma omp parallel for schedule(dynamic, 8) num_threads(nth)
+#endif
+        for (int i = 0; i < s.rows; i++) {
+            float *delta = work + per * (size_t)mpq__thread_id(), *buf = delta + n;
+            const float *src = W + (size_t)(d->p_row ? d->p_row[i] : (uint32_t)i) * n;
+            for (int g = 0; g < s.ngroups; g++) {
+                const int b = mpq__bits_at(&s, i, g), o = g * s.group, gw = mpq__group_cols(&s, g);
+                float *v = buf, *tmp = buf + gw, amax = 0.0f;
+                uint8_t *q = (uint8_t *)(void *)(tmp + gw);
+                for (int k = 0; k < gw; k++) {
+                    v[k] = src[d->p_col ? d->p_col[o + k] : (uint32_t)(o + k)] / best[o + k];
+                    amax = fabsf(v[k]) > amax ? fabsf(v[k]) : amax;
+                }
+                double err_best = HUGE_VAL;
+                float clip_best = 0.0f;
+                for (int step = 0; step <= steps; step++) {
+                    const float cl = step ? (1.0f - (float)step * shrink / (float)steps) * amax : 0.0f;
+                    uint16_t sh, zh;
+                    mpq__quant_any(s.format, b, (int)((s.symmetric >> b) & 1u), v, gw, cl, tmp, q, &sh, &zh);
+                    for (int k = 0; k < gw; k++) delta[k] = (mpq__deq_any(s.format, b, q[k], sh, zh) - v[k]) * best[o + k];
+                    double err = 0.0;
+                    for (int u = 0; u < ct; u++) {
+                        const int t = (int)(((int64_t)u * ad->tokens) / ct);
+                        double e = mpq__dot(delta, a.Xt + (size_t)t * n + (size_t)o, gw);
+                        err += e * e;
+                    }
+                    if (err < err_best) {
+                        err_best = err;
+                        clip_best = cl;
+                    }
+                }
+                clip[(size_t)i * (size_t)s.ngroups + (size_t)g] = clip_best;
+            }
+        }
+        final = mpq__awq_loss(&a, best, clip, work, nth);
+    } else if (clip)
+        memset(clip, 0, sizeof(float) * (size_t)s.rows * (size_t)s.ngroups);
+    memcpy(col_scale, best, sizeof(float) * n);
+    if (res) {
+        res->alpha = best_alpha;
+        res->loss_rtn = rtn;
+        res->loss_scaled = best_loss;
+        res->loss_final = final;
+    }
+    MPQ_FREE(mean);
+    mpq_aligned_free(work);
+    mpq_aligned_free(Xt);
+    return MPQ_OK;
 }
 
 #ifdef __cplusplus

@@ -8,7 +8,9 @@
    read bandwidth measured at the start, and the speedup over the float32
    GEMV with the same threads. Weight copies are rotated so that the caches
    never hold the matrix being multiplied. 2.5 and 3.25 bpw are block mixes of
-   two neighbouring widths. */
+   two neighbouring widths. Then AWQ next to round-to-nearest at 4096 x 4096:
+   search and pack time, output error on held-out tokens, GEMV time (the
+   column scales are applied while building tables, so it should not move). */
 #define MPQ_IMPLEMENTATION
 #include "mpq.h"
 #include "bench_util.h"
@@ -161,6 +163,65 @@ int main(int argc, char **argv)
     }
     for (int ti = 0; ti < nthr; ti++)
         printf("highest read bandwidth seen, %d thread(s): %.1f GB/s\n", thr[ti], bw[ti] / 1e9);
+
+    if (!only_threads && (sm == 0 || (sm == 4096 && sn == 4096))) { /* AWQ next to RTN, 4096 x 4096 at 3 bits */
+        const int m = 4096, n = 4096, T = 64, H = 16;
+        float *W = (float *)mpq_aligned_alloc(sizeof(float) * (size_t)m * n);
+        float *Xc = (float *)malloc(sizeof(float) * (size_t)T * n), *Xh = (float *)malloc(sizeof(float) * (size_t)H * n);
+        float *Y = (float *)malloc(sizeof(float) * (size_t)H * m), *cs = (float *)malloc(sizeof(float) * n);
+        float *clip = (float *)malloc(sizeof(float) * (size_t)m * (n / 128));
+        double *Yr = (double *)malloc(sizeof(double) * (size_t)H * m);
+        synth_weights(&rng, W, m, n);
+        synth_tokens(&rng, Xc, T, n, 7);
+        synth_tokens(&rng, Xh, H, n, 7);
+        for (int t = 0; t < H; t++)
+            for (int i = 0; i < m; i++) {
+                double acc = 0;
+                for (int j = 0; j < n; j++) acc += (double)W[(size_t)i * n + j] * Xh[(size_t)t * n + j];
+                Yr[(size_t)t * m + i] = acc;
+            }
+        mpq_bitplane_desc d;
+        memset(&d, 0, sizeof d);
+        d.rows = m, d.cols = n, d.uniform_bits = 3;
+        printf("\nAWQ next to RTN, %dx%d at 3 bits, group 128, %d threads (error: relative, %d held-out tokens)\n", m, n,
+               thr[nthr - 1], H);
+        printf("%-5s %10s %12s %10s\n", "", "prepare s", "output err", "gemv us");
+        mpq_packed P[2];
+        double prep[2], err[2], us[2] = {1e300, 1e300};
+        for (int k = 0; k < 2; k++) { /* 0: RTN, 1: AWQ */
+            double t0 = bench_now();
+            if (k) {
+                mpq_awq_desc a;
+                memset(&a, 0, sizeof a);
+                a.X = Xc, a.tokens = T;
+                if (mpq_awq_search(&d, W, &a, cs, clip, NULL) != MPQ_OK) return 1;
+                d.col_scale = cs, d.clip = clip;
+            }
+            if (mpq_pack_alloc(&d, W, &P[k]) != MPQ_OK) return 1;
+            prep[k] = bench_now() - t0;
+            mpq_gemv_opts o;
+            memset(&o, 0, sizeof o);
+            o.threads = thr[nthr - 1];
+            mpq_gemv(&P[k], Xh, Y, H, &o, NULL, 0);
+            double e = 0, r = 0;
+            for (size_t q = 0; q < (size_t)H * m; q++) {
+                e += ((double)Y[q] - Yr[q]) * ((double)Y[q] - Yr[q]);
+                r += Yr[q] * Yr[q];
+            }
+            err[k] = sqrt(e / r);
+        }
+        for (int round = 0; round < 2; round++) /* alternate, keep the better of two */
+            for (int k = 0; k < 2; k++) {
+                double t = time_gemv(&P[k], Xh, Y, thr[nthr - 1], rotate, reps);
+                us[k] = t < us[k] ? t : us[k];
+            }
+        for (int k = 0; k < 2; k++) {
+            printf("%-5s %10.2f %12.5f %10.1f\n", k ? "AWQ" : "RTN", prep[k], err[k], us[k]);
+            mpq_packed_free(&P[k]);
+        }
+        mpq_aligned_free(W);
+        free(Xc), free(Xh), free(Y), free(cs), free(clip), free(Yr);
+    }
 
     if (t3_4096 > 0.0) { /* building the tables for one vector, against that GEMV */
         const int n = 4096;

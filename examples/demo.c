@@ -1,17 +1,19 @@
-/* demo: quantize a synthetic LLM-like layer at several bit widths and report
-   error and speed.
+/* demo: quantize a synthetic LLM-like layer at several bit widths, with and
+   without AWQ, and report error and speed.
 
    usage: demo [--rows M] [--cols N] [--seed S] [--threads T]
 
    The layer (default 4096 x 4096, seed 42) has the statistics of trained LLM
    weights: heavy-tailed entries and a few outlier rows and columns (see
-   examples/synth.h); the activations have a few massive channels. For every
-   bits-per-weight point the demo packs the layer (fractional points are
-   16 x 128 block mixes of two neighbouring widths), multiplies, and prints the
-   weight error, the output error against the float product, and the time
-   against a float32 GEMV. The higher width goes to the blocks with the
-   largest share of the output (see block_mix). It then shows nested
-   precision: the 4-bit matrix run with its lowest planes skipped. */
+   examples/synth.h). The activations come in batches whose massive channels
+   are the same in every token, as in LLMs: 64 calibration tokens for AWQ and
+   16 held-out tokens on which every error below is measured (relative
+   Frobenius norm of Y - Y_float). Fractional bit widths are 16 x 128 block
+   mixes of two neighbouring widths, the higher width on the blocks with the
+   largest share of the output (a stand-in for the salience planners). Then
+   AWQ next to round-to-nearest, MXINT, and nested precision: one 4-bit
+   matrix run with its lowest planes skipped. Times are the median of 25
+   GEMVs with one vector, against a float32 GEMV measured the same way. */
 #define MPQ_IMPLEMENTATION
 #include "mpq.h"
 #ifdef MPQ_HAVE_CUDA
@@ -25,211 +27,265 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* The high width on the fraction bpw - floor(bpw) of the 16 x 128 blocks that
-   matter most to this input: score = sum over the block of (w_ij x_j)^2, the
-   block's share of the squared output. (A stand-in for the salience
-   planners, which rank blocks from gradients across whole models.) */
+enum { CALIB = 64, HELD = 16 };
+
+typedef struct demo {
+    int m, n, threads;
+    float *W, *Xc, *Xh, *Y, *Wd;
+    double *Yref, wnorm, t32;
+    mpq_backend be;
+} demo;
+
 static int cmp_desc(const void *a, const void *b)
 {
     double x = ((const double *)a)[0], y = ((const double *)b)[0];
     return (x < y) - (x > y);
 }
 
-static void block_mix(uint8_t *bits, const float *W, const float *x, int m, int n, double bpw)
+/* Widths per 16 x 128 block: the higher one on the fraction bpw - floor(bpw)
+   of the blocks with the largest sum of (w_ij x_j)^2 over the calibration
+   tokens. */
+static void block_mix(const demo *D, uint8_t *bits, double bpw)
 {
-    const int nbr = (m + 15) / 16, ngr = (n + 127) / 128, nb = nbr * ngr;
-    double *score = malloc(sizeof(double) * 2 * (size_t)nb); /* (score, index) pairs */
+    const int nbr = (D->m + 15) / 16, ngr = (D->n + 127) / 128, nb = nbr * ngr;
+    double *score = malloc(sizeof(double) * 2 * (size_t)nb), *x2 = calloc((size_t)D->n, sizeof(double));
+    for (int t = 0; t < CALIB; t++)
+        for (int j = 0; j < D->n; j++) x2[j] += (double)D->Xc[(size_t)t * D->n + j] * D->Xc[(size_t)t * D->n + j];
     for (int b = 0; b < nb; b++) score[2 * b] = 0.0, score[2 * b + 1] = b;
-    for (int i = 0; i < m; i++)
-        for (int j = 0; j < n; j++) {
-            double v = (double)W[(size_t)i * n + j] * x[j];
-            score[2 * ((i / 16) * ngr + j / 128)] += v * v;
-        }
+    for (int i = 0; i < D->m; i++)
+        for (int j = 0; j < D->n; j++)
+            score[2 * ((i / 16) * ngr + j / 128)] += (double)D->W[(size_t)i * D->n + j] * D->W[(size_t)i * D->n + j] * x2[j];
     qsort(score, (size_t)nb, 2 * sizeof(double), cmp_desc);
     int lo = (int)bpw, nhi = (int)((bpw - lo) * nb + 0.5);
     for (int k = 0; k < nb; k++) bits[(int)score[2 * k + 1]] = (uint8_t)(k < nhi ? lo + 1 : lo);
     free(score);
+    free(x2);
 }
 
-static double rel_err(const float *a, const double *ref, size_t n)
+/* Output error on the held-out tokens (through the backend), weight error,
+   and the time of one GEMV. */
+static void evaluate(demo *D, const mpq_packed *A, double *oerr, double *werr, double *us)
 {
+    void *h = NULL;
+    mpq_gemv_opts o;
+    memset(&o, 0, sizeof o);
+    o.threads = D->threads;
+    mpq_status st = D->be.upload(D->be.ctx, A, &h);
+    if (st == MPQ_OK) st = D->be.gemv(D->be.ctx, h, D->Xh, D->Y, HELD, &o);
+    if (st != MPQ_OK) {
+        fprintf(stderr, "gemv: %s\n", mpq_status_str(st));
+        exit(1);
+    }
     double e = 0, r = 0;
-    for (size_t k = 0; k < n; k++) {
-        e += ((double)a[k] - ref[k]) * ((double)a[k] - ref[k]);
-        r += ref[k] * ref[k];
+    for (size_t k = 0; k < (size_t)HELD * D->m; k++) {
+        e += ((double)D->Y[k] - D->Yref[k]) * ((double)D->Y[k] - D->Yref[k]);
+        r += D->Yref[k] * D->Yref[k];
     }
-    return sqrt(e / r);
+    *oerr = sqrt(e / r);
+    mpq_packed_dequantize(A, 0, D->Wd);
+    e = 0;
+    for (size_t k = 0; k < (size_t)D->m * D->n; k++) e += ((double)D->Wd[k] - D->W[k]) * ((double)D->Wd[k] - D->W[k]);
+    *werr = sqrt(e / D->wnorm);
+    double t[25];
+    for (int k = 0; k < 25; k++) {
+        double t0 = bench_now();
+        D->be.gemv(D->be.ctx, h, D->Xh, D->Y, 1, &o);
+        t[k] = bench_now() - t0;
+    }
+    *us = bench_median(t, 25) * 1e6;
+    D->be.release(D->be.ctx, h);
 }
 
-static double time_us(const mpq_packed *A, const float *x, float *y, const mpq_gemv_opts *o, void *work, size_t wb)
+/* AWQ for description d: fills its column scales and clips; returns seconds. */
+static double awq(const demo *D, mpq_bitplane_desc *d, float *cs, float *clip, mpq_awq_result *res)
 {
-    double t[25];
-    for (int r = 0; r < 25; r++) {
-        double t0 = bench_now();
-        mpq_gemv(A, x, y, 1, o, work, wb);
-        t[r] = bench_now() - t0;
+    mpq_awq_desc a;
+    memset(&a, 0, sizeof a);
+    a.X = D->Xc;
+    a.tokens = CALIB;
+    double t0 = bench_now();
+    mpq_status st = mpq_awq_search(d, D->W, &a, cs, clip, res);
+    if (st != MPQ_OK) {
+        fprintf(stderr, "awq: %s\n", mpq_status_str(st));
+        exit(1);
     }
-    return bench_median(t, 25) * 1e6;
+    d->col_scale = cs;
+    d->clip = clip;
+    return bench_now() - t0;
 }
 
 int main(int argc, char **argv)
 {
-    int m = 4096, n = 4096, threads = 0;
+    demo D;
+    memset(&D, 0, sizeof D);
+    D.m = 4096, D.n = 4096;
     unsigned long long seed = 42;
     for (int a = 1; a < argc; a++) {
         if (!strcmp(argv[a], "--rows") && a + 1 < argc)
-            m = atoi(argv[++a]);
+            D.m = atoi(argv[++a]);
         else if (!strcmp(argv[a], "--cols") && a + 1 < argc)
-            n = atoi(argv[++a]);
+            D.n = atoi(argv[++a]);
         else if (!strcmp(argv[a], "--seed") && a + 1 < argc)
             seed = strtoull(argv[++a], NULL, 10);
         else if (!strcmp(argv[a], "--threads") && a + 1 < argc)
-            threads = atoi(argv[++a]);
+            D.threads = atoi(argv[++a]);
         else {
             fprintf(stderr, "usage: %s [--rows M] [--cols N] [--seed S] [--threads T]\n", argv[0]);
             return 2;
         }
     }
-    if (m < 1 || n < 1) {
+    if (D.m < 1 || D.n < 1) {
         fprintf(stderr, "rows and cols must be positive\n");
         return 2;
     }
+    const int m = D.m, n = D.n;
     synth_rng rng = {seed};
-    float *W = malloc(sizeof(float) * (size_t)m * n), *x = malloc(sizeof(float) * n), *y = malloc(sizeof(float) * m);
-    float *Wd = malloc(sizeof(float) * (size_t)m * n);
-    double *yref = malloc(sizeof(double) * m);
-    if (!W || !x || !y || !Wd || !yref) return 1;
-    synth_weights(&rng, W, m, n);
-    synth_activations(&rng, x, n);
-    for (int i = 0; i < m; i++) {
-        double s = 0;
-        for (int j = 0; j < n; j++) s += (double)W[(size_t)i * n + j] * x[j];
-        yref[i] = s;
+    D.W = malloc(sizeof(float) * (size_t)m * n);
+    D.Wd = malloc(sizeof(float) * (size_t)m * n);
+    D.Xc = malloc(sizeof(float) * (size_t)CALIB * n);
+    D.Xh = malloc(sizeof(float) * (size_t)HELD * n);
+    D.Y = malloc(sizeof(float) * (size_t)HELD * m);
+    D.Yref = malloc(sizeof(double) * (size_t)HELD * m);
+    float *cs = malloc(sizeof(float) * n), *clip = malloc(sizeof(float) * (size_t)m * ((n + 31) / 32));
+    uint8_t *bits = malloc((size_t)((m + 15) / 16) * (size_t)((n + 31) / 32));
+    if (!D.W || !D.Wd || !D.Xc || !D.Xh || !D.Y || !D.Yref || !cs || !clip || !bits) return 1;
+    synth_weights(&rng, D.W, m, n);
+    synth_tokens(&rng, D.Xc, CALIB, n, seed + 1);
+    synth_tokens(&rng, D.Xh, HELD, n, seed + 1); /* the same massive channels */
+    for (int t = 0; t < HELD; t++)
+        for (int i = 0; i < m; i++) {
+            double s = 0;
+            for (int j = 0; j < n; j++) s += (double)D.W[(size_t)i * n + j] * D.Xh[(size_t)t * n + j];
+            D.Yref[(size_t)t * m + i] = s;
+        }
+    for (size_t k = 0; k < (size_t)m * n; k++) D.wnorm += (double)D.W[k] * D.W[k];
+    {
+        double t[25];
+        for (int k = 0; k < 25; k++) {
+            double t0 = bench_now();
+            bench_f32_gemv(D.W, D.Xh, D.Y, m, n, D.threads > 0 ? D.threads : bench_max_threads());
+            t[k] = bench_now() - t0;
+        }
+        D.t32 = bench_median(t, 25) * 1e6;
     }
-    double wnorm = 0;
-    for (size_t k = 0; k < (size_t)m * n; k++) wnorm += (double)W[k] * W[k];
 
-    mpq_backend be;
-    mpq_backend_cpu(&be);
+    mpq_backend_cpu(&D.be);
 #ifdef MPQ_HAVE_CUDA
     mpq_backend gpu;
     mpq_status gst = mpq_cuda_backend(0, &gpu);
     if (gst == MPQ_OK && (gpu.caps & MPQ_CAP_BITPLANE))
-        be = gpu;
+        D.be = gpu;
     else
         printf("CUDA backend: %s; using the CPU\n",
                gst == MPQ_OK ? "no GPU kernels in this version" : mpq_status_str(gst));
-    if (gst == MPQ_OK) mpq_cuda_backend_destroy(&gpu);
+    if (gst == MPQ_OK && !(gpu.caps & MPQ_CAP_BITPLANE)) mpq_cuda_backend_destroy(&gpu);
 #endif
-    printf("mpq demo: synthetic LLM-like layer %d x %d (seed %llu), group 128, kernel %s, backend %s\n\n", m, n, seed,
-           mpq_path_name(mpq__resolve_path(MPQ_PATH_AUTO)), be.name);
+    printf("mpq demo: synthetic LLM-like layer %d x %d (seed %llu), kernel %s, backend %s\n", m, n, seed,
+           mpq_path_name(mpq__resolve_path(MPQ_PATH_AUTO)), D.be.name);
+    printf("errors: relative, on %d held-out tokens; float32 GEMV %.1f us\n\n", HELD, D.t32);
+
+    printf("round to nearest, group 128\n%6s %7s %10s %11s %11s %9s %8s\n", "bpw", "+meta", "bytes", "weight err",
+           "output err", "gemv us", "vs fp32");
     const double bpws[] = {2.0, 2.5, 3.0, 3.25, 4.0, 5.0, 8.0};
-    uint8_t *bits = malloc((size_t)((m + 15) / 16) * (size_t)((n + 127) / 128));
-    mpq_gemv_opts o;
-    memset(&o, 0, sizeof o);
-    o.threads = threads;
-    double t32;
-    {
-        double t[15];
-        for (int r = 0; r < 15; r++) {
-            double t0 = bench_now();
-            bench_f32_gemv(W, x, y, m, n, threads > 0 ? threads : bench_max_threads());
-            t[r] = bench_now() - t0;
-        }
-        t32 = bench_median(t, 15) * 1e6;
-    }
-    printf("%6s %8s %10s %12s %12s %10s %9s\n", "bpw", "+meta", "bytes", "weight err", "output err", "gemv us",
-           "vs fp32");
-    mpq_packed A4;
-    memset(&A4, 0, sizeof A4);
     for (size_t k = 0; k < sizeof bpws / sizeof bpws[0]; k++) {
-        block_mix(bits, W, x, m, n, bpws[k]);
+        block_mix(&D, bits, bpws[k]);
         mpq_bitplane_desc d;
         memset(&d, 0, sizeof d);
-        d.rows = m;
-        d.cols = n;
-        d.bits = bits;
+        d.rows = m, d.cols = n, d.bits = bits;
         mpq_packed A;
-        mpq_status st = mpq_pack_alloc(&d, W, &A);
-        if (st != MPQ_OK) {
-            fprintf(stderr, "pack: %s\n", mpq_status_str(st));
-            return 1;
-        }
-        void *h = NULL;
-        if ((st = be.upload(be.ctx, &A, &h)) != MPQ_OK || (st = be.gemv(be.ctx, h, x, y, 1, &o)) != MPQ_OK) {
-            fprintf(stderr, "gemv: %s\n", mpq_status_str(st));
-            return 1;
-        }
-        be.release(be.ctx, h);
-        double oerr = rel_err(y, yref, (size_t)m);
-        mpq_packed_dequantize(&A, 0, Wd);
-        double we = 0;
-        for (size_t q = 0; q < (size_t)m * n; q++) we += ((double)Wd[q] - W[q]) * ((double)Wd[q] - W[q]);
-        size_t wb = mpq_gemv_work_bytes(&A, 1);
-        void *work = mpq_aligned_alloc(wb);
-        double us = time_us(&A, x, y, &o, work, wb);
-        mpq_aligned_free(work);
-        printf("%6.2f %8.2f %10zu %12.5f %12.5f %10.1f %8.2fx\n", mpq_packed_bpw(&A, 0), mpq_packed_bpw(&A, 1), A.bytes,
-               sqrt(we / wnorm), oerr, us, t32 / us);
-        if (bpws[k] == 4.0)
-            A4 = A;
-        else
-            mpq_packed_free(&A);
+        if (mpq_pack_alloc(&d, D.W, &A) != MPQ_OK) return 1;
+        double oe, we, us;
+        evaluate(&D, &A, &oe, &we, &us);
+        printf("%6.2f %7.2f %10zu %11.5f %11.5f %9.1f %7.2fx\n", mpq_packed_bpw(&A, 0), mpq_packed_bpw(&A, 1), A.bytes, we,
+               oe, us, D.t32 / us);
+        mpq_packed_free(&A);
     }
-    /* MXINT: 32-column blocks with a shared power-of-two scale; the 4/6/8
-       row spreads mantissa widths like MXSens (its planner picks columns). */
+
+    printf("\nAWQ next to round to nearest (64 calibration tokens; scales applied while building tables)\n");
+    printf("%-12s %7s %11s %11s %7s %9s %9s %9s\n", "format", "+meta", "RTN err", "AWQ err", "alpha", "search s",
+           "RTN us", "AWQ us");
     const struct {
         const char *name;
-        int bits[3];
-    } mx[] = {{"MXINT4", {4, 4, 4}}, {"MXINT 4/6/8", {8, 6, 4}}, {"MXINT8", {8, 8, 8}}};
-    printf("\n%12s %8s %10s %12s %12s %10s %9s\n", "MXINT", "+meta", "bytes", "weight err", "output err", "gemv us",
-           "vs fp32");
-    for (size_t k = 0; k < sizeof mx / sizeof mx[0]; k++) {
-        const int ngr = (n + 31) / 32;
-        uint8_t *mb = malloc((size_t)ngr);
-        for (int g = 0; g < ngr; g++) /* 8 bits on the first block, 6 on the next eighth, 4 on the rest */
-            mb[g] = (uint8_t)(g == 0 ? mx[k].bits[0] : (g <= ngr / 8 ? mx[k].bits[1] : mx[k].bits[2]));
+        int format;
+        double bpw;
+    } cfg[] = {{"bitplane 3", MPQ_FORMAT_BITPLANE, 3.0}, {"bitplane 3.25", MPQ_FORMAT_BITPLANE, 3.25},
+               {"bitplane 4", MPQ_FORMAT_BITPLANE, 4.0}, {"MXINT4", MPQ_FORMAT_MXINT, 4.0}};
+    for (size_t k = 0; k < sizeof cfg / sizeof cfg[0]; k++) {
         mpq_bitplane_desc d;
         memset(&d, 0, sizeof d);
-        d.format = MPQ_FORMAT_MXINT;
-        d.rows = m;
-        d.cols = n;
-        d.block_rows = m;
-        d.bits = mb;
+        d.rows = m, d.cols = n, d.format = cfg[k].format;
+        if (cfg[k].format == MPQ_FORMAT_BITPLANE) {
+            block_mix(&D, bits, cfg[k].bpw);
+            d.bits = bits;
+        } else
+            d.uniform_bits = (int)cfg[k].bpw;
         mpq_packed A;
-        if (mpq_pack_alloc(&d, W, &A) != MPQ_OK) return 1;
-        mpq_gemv(&A, x, y, 1, &o, NULL, 0);
-        double oerr = rel_err(y, yref, (size_t)m);
-        mpq_packed_dequantize(&A, 0, Wd);
-        double we = 0;
-        for (size_t q = 0; q < (size_t)m * n; q++) we += ((double)Wd[q] - W[q]) * ((double)Wd[q] - W[q]);
-        size_t wb = mpq_gemv_work_bytes(&A, 1);
+        double oe0, we0, us0, oe1, we1, us1;
+        if (mpq_pack_alloc(&d, D.W, &A) != MPQ_OK) return 1;
+        evaluate(&D, &A, &oe0, &we0, &us0);
+        mpq_packed_free(&A);
+        mpq_awq_result res;
+        double secs = awq(&D, &d, cs, clip, &res);
+        if (mpq_pack_alloc(&d, D.W, &A) != MPQ_OK) return 1;
+        evaluate(&D, &A, &oe1, &we1, &us1);
+        printf("%-12s %7.2f %11.5f %11.5f %7.2f %9.2f %9.1f %9.1f\n", cfg[k].name, mpq_packed_bpw(&A, 1), oe0, oe1,
+               (double)res.alpha, secs, us0, us1);
+        mpq_packed_free(&A);
+    }
+
+    printf("\nMXINT: 32-column blocks, shared power-of-two scale (4/6/8: one 8-bit block, an eighth at 6, rest 4)\n");
+    printf("%-12s %7s %10s %11s %11s %9s %8s\n", "format", "+meta", "bytes", "weight err", "output err", "gemv us",
+           "vs fp32");
+    const struct {
+        const char *name;
+        int hi, mid, lo;
+    } mx[] = {{"MXINT4", 4, 4, 4}, {"MXINT 4/6/8", 8, 6, 4}, {"MXINT8", 8, 8, 8}};
+    for (size_t k = 0; k < sizeof mx / sizeof mx[0]; k++) {
+        const int ngr = (n + 31) / 32;
+        for (int g = 0; g < ngr; g++) bits[g] = (uint8_t)(g == 0 ? mx[k].hi : (g <= ngr / 8 ? mx[k].mid : mx[k].lo));
+        mpq_bitplane_desc d;
+        memset(&d, 0, sizeof d);
+        d.format = MPQ_FORMAT_MXINT, d.rows = m, d.cols = n, d.block_rows = m, d.bits = bits;
+        mpq_packed A;
+        if (mpq_pack_alloc(&d, D.W, &A) != MPQ_OK) return 1;
+        double oe, we, us;
+        evaluate(&D, &A, &oe, &we, &us);
+        printf("%-12s %7.2f %10zu %11.5f %11.5f %9.1f %7.2fx\n", mx[k].name, mpq_packed_bpw(&A, 1), A.bytes, we, oe, us,
+               D.t32 / us);
+        mpq_packed_free(&A);
+    }
+
+    printf("\nnested precision: one 4-bit matrix, lowest planes skipped at run time\n");
+    printf("%12s %10s %11s %9s\n", "skip_planes", "bits used", "output err", "gemv us");
+    {
+        mpq_bitplane_desc d;
+        memset(&d, 0, sizeof d);
+        d.rows = m, d.cols = n, d.uniform_bits = 4;
+        mpq_packed A;
+        if (mpq_pack_alloc(&d, D.W, &A) != MPQ_OK) return 1;
+        size_t wb = mpq_gemv_work_bytes(&A, HELD);
         void *work = mpq_aligned_alloc(wb);
-        double us = time_us(&A, x, y, &o, work, wb);
-        printf("%12s %8.2f %10zu %12.5f %12.5f %10.1f %8.2fx\n", mx[k].name, mpq_packed_bpw(&A, 1), A.bytes,
-               sqrt(we / wnorm), oerr, us, t32 / us);
+        for (int sk = 0; sk < 4; sk++) {
+            mpq_gemv_opts o;
+            memset(&o, 0, sizeof o);
+            o.threads = D.threads, o.skip_planes = sk;
+            mpq_gemv(&A, D.Xh, D.Y, HELD, &o, work, wb);
+            double e = 0, r = 0;
+            for (size_t k = 0; k < (size_t)HELD * m; k++) {
+                e += ((double)D.Y[k] - D.Yref[k]) * ((double)D.Y[k] - D.Yref[k]);
+                r += D.Yref[k] * D.Yref[k];
+            }
+            double t[25];
+            for (int k = 0; k < 25; k++) {
+                double t0 = bench_now();
+                mpq_gemv(&A, D.Xh, D.Y, 1, &o, work, wb);
+                t[k] = bench_now() - t0;
+            }
+            printf("%12d %10d %11.5f %9.1f\n", sk, 4 - sk, sqrt(e / r), bench_median(t, 25) * 1e6);
+        }
         mpq_aligned_free(work);
         mpq_packed_free(&A);
-        free(mb);
     }
-    printf("\nfloat32 GEMV: %.1f us (matrix in cache after the first run, like the rows above)\n", t32);
-    printf("\nnested precision: the same 4-bit bytes with the lowest planes skipped\n");
-    printf("%12s %10s %12s %10s\n", "skip_planes", "bits used", "output err", "gemv us");
-    size_t wb = mpq_gemv_work_bytes(&A4, 1);
-    void *work = mpq_aligned_alloc(wb);
-    for (int sk = 0; sk < 4; sk++) {
-        o.skip_planes = sk;
-        mpq_gemv(&A4, x, y, 1, &o, work, wb);
-        double oerr = rel_err(y, yref, (size_t)m);
-        printf("%12d %10d %12.5f %10.1f\n", sk, 4 - sk, oerr, time_us(&A4, x, y, &o, work, wb));
-    }
-    mpq_aligned_free(work);
-    mpq_packed_free(&A4);
-    free(bits);
-    free(W);
-    free(Wd);
-    free(x);
-    free(y);
-    free(yref);
+    free(D.W), free(D.Wd), free(D.Xc), free(D.Xh), free(D.Y), free(D.Yref), free(cs), free(clip), free(bits);
     return 0;
 }

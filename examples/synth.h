@@ -68,6 +68,23 @@ static inline void synth_activations(synth_rng *r, float *x, int n)
     for (int k = 0; k < n / 100 + 1; k++) x[synth_int(r, n)] *= 10.0f + 40.0f * (float)synth_unif(r);
 }
 
+/* X (tokens x n): a batch of activations whose massive channels are the
+   same in every token (as in LLMs, where a few channels carry large values
+   throughout): about 1 % of the channels, chosen from `layer_seed`, are
+   scaled 10..50x. Two batches with the same layer_seed share them. */
+static inline void synth_tokens(synth_rng *r, float *X, int tokens, int n, uint64_t layer_seed)
+{
+    synth_rng h = {layer_seed};
+    int nh = n / 100 + 1;
+    for (int t = 0; t < tokens; t++)
+        for (int j = 0; j < n; j++) X[(size_t)t * n + j] = synth_gauss(r);
+    for (int k = 0; k < nh; k++) {
+        int j = synth_int(&h, n);
+        float f = 10.0f + 40.0f * (float)synth_unif(&h);
+        for (int t = 0; t < tokens; t++) X[(size_t)t * n + j] *= f;
+    }
+}
+
 /* A uniformly random permutation of 0..n-1 (Fisher-Yates). */
 static inline void synth_perm(synth_rng *r, uint32_t *p, int n)
 {
