@@ -2096,6 +2096,50 @@ MPQ__INLINE void mpq__lkq_planes(const uint8_t *pl, size_t pb, int np, int kind,
     if (p < np) mpq__lkq(mpq__lkq_load(pl + (size_t)p * pb, kind), tb, m[p], acc);
 }
 
+/* The planes of one record against the group's tables: sum of the int16
+   entries times the plane weights, per row (lane). NP is a compile-time
+   constant in each instance (see mpq__vnni_rec_any), so that a record costs
+   one predictable dispatch instead of a loop whose trip count changes from
+   record to record in mixed-width matrices. */
+MPQ__INLINE __m512i mpq__vnni_rec(const uint8_t *pl, size_t pb, int nch, const uint8_t *T, const __m512i *m, const int NP)
+{
+    __m512i tb[4], acc[8];
+    for (int a = 0; a < 8; a++) acc[a] = _mm512_setzero_si512();
+    const int nq = nch >> 2;
+    for (int u = 0; u < nq; u++, T += 256, pl += 64) {
+        for (int q = 0; q < 4; q++) tb[q] = _mm512_loadu_si512((const void *)(T + 64 * q));
+        mpq__lkq_planes(pl, pb, NP, 4, tb, m, acc);
+    }
+    if (nch & 2) {
+        for (int q = 0; q < 4; q++) tb[q] = _mm512_loadu_si512((const void *)(T + 64 * q));
+        mpq__lkq_planes(pl, pb, NP, 2, tb, m, acc);
+        pl += 32;
+        T += 256;
+    }
+    if (nch & 1) {
+        for (int q = 0; q < 4; q++) tb[q] = _mm512_loadu_si512((const void *)(T + 64 * q));
+        mpq__lkq_planes(pl, pb, NP, 1, tb, m, acc);
+    }
+    /* low-byte sums + 256 * high-byte sums */
+    __m512i lo = _mm512_add_epi32(_mm512_add_epi32(acc[0], acc[2]), _mm512_add_epi32(acc[4], acc[6]));
+    __m512i hi = _mm512_add_epi32(_mm512_add_epi32(acc[1], acc[3]), _mm512_add_epi32(acc[5], acc[7]));
+    return _mm512_add_epi32(lo, _mm512_slli_epi32(hi, 8));
+}
+
+static __m512i mpq__vnni_rec_any(const uint8_t *pl, size_t pb, int nch, const uint8_t *T, const __m512i *m, int np)
+{
+    switch (np) {
+    case 1: return mpq__vnni_rec(pl, pb, nch, T, m, 1);
+    case 2: return mpq__vnni_rec(pl, pb, nch, T, m, 2);
+    case 3: return mpq__vnni_rec(pl, pb, nch, T, m, 3);
+    case 4: return mpq__vnni_rec(pl, pb, nch, T, m, 4);
+    case 5: return mpq__vnni_rec(pl, pb, nch, T, m, 5);
+    case 6: return mpq__vnni_rec(pl, pb, nch, T, m, 6);
+    case 7: return mpq__vnni_rec(pl, pb, nch, T, m, 7);
+    default: return mpq__vnni_rec(pl, pb, nch, T, m, 8);
+    }
+}
+
 /* One record of a tile block: where it is and which planes count. */
 typedef struct mpq__qrec {
     const uint8_t *p;
@@ -2122,7 +2166,7 @@ static void mpq__tiles_vnni(const mpq__shape *s, const mpq_packed *A, int t0, in
     mpq__qrec R[MPQ__VNNI_TILES];
     mpq__rec G; /* the general (non-uniform) description, when needed */
     for (int g = 0; g < ng; g++) {
-        const int nch = g < ng - 1 ? cpg : nch_last, nq = nch >> 2;
+        const int nch = g < ng - 1 ? cpg : nch_last;
         const size_t pb = (size_t)nch * 16u;
         for (int k = 0; k < nt; k++) {
             const int B = mpq__walk_planes(&w[k], g);
@@ -2143,30 +2187,9 @@ static void mpq__tiles_vnni(const mpq__shape *s, const mpq_packed *A, int t0, in
                                                                _mm512_set1_epi32(0x01010101));
             }
         }
-        __m512i tot[MPQ__VNNI_TILES], tb[4], acc[8];
+        __m512i tot[MPQ__VNNI_TILES];
         const uint8_t *T0 = vw + L->tab + (size_t)g * qstride;
-        for (int k = 0; k < nt; k++) {
-            const uint8_t *T = T0, *pl = R[k].p + s->meta + (size_t)R[k].i0 * pb;
-            for (int a = 0; a < 8; a++) acc[a] = _mm512_setzero_si512();
-            for (int u = 0; u < nq; u++, T += 256, pl += 64) {
-                for (int q = 0; q < 4; q++) tb[q] = _mm512_loadu_si512((const void *)(T + 64 * q));
-                mpq__lkq_planes(pl, pb, R[k].np, 4, tb, R[k].m, acc);
-            }
-            if (nch & 2) {
-                for (int q = 0; q < 4; q++) tb[q] = _mm512_loadu_si512((const void *)(T + 64 * q));
-                mpq__lkq_planes(pl, pb, R[k].np, 2, tb, R[k].m, acc);
-                pl += 32;
-                T += 256;
-            }
-            if (nch & 1) {
-                for (int q = 0; q < 4; q++) tb[q] = _mm512_loadu_si512((const void *)(T + 64 * q));
-                mpq__lkq_planes(pl, pb, R[k].np, 1, tb, R[k].m, acc);
-            }
-            /* low-byte sums + 256 * high-byte sums */
-            __m512i lo = _mm512_add_epi32(_mm512_add_epi32(acc[0], acc[2]), _mm512_add_epi32(acc[4], acc[6]));
-            __m512i hi = _mm512_add_epi32(_mm512_add_epi32(acc[1], acc[3]), _mm512_add_epi32(acc[5], acc[7]));
-            tot[k] = _mm512_add_epi32(lo, _mm512_slli_epi32(hi, 8));
-        }
+        for (int k = 0; k < nt; k++) tot[k] = mpq__vnni_rec_any(R[k].p + s->meta + (size_t)R[k].i0 * pb, pb, nch, T0, R[k].m, R[k].np);
         const __m512 sc = _mm512_set1_ps(gscale[g]), gs = _mm512_set1_ps(gsum[g]);
         for (int k = 0; k < nt; k++) {
             __m512 acc = _mm512_mul_ps(_mm512_cvtepi32_ps(tot[k]), sc);

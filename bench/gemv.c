@@ -117,7 +117,17 @@ int main(int argc, char **argv)
         synth_weights(&rng, W, m, n);
         synth_activations(&rng, x, n);
         double f32_us[2];
-        for (int ti = 0; ti < nthr; ti++) f32_us[ti] = bench_f32_gemv_us(W, x, y, m, n, thr[ti], rotate, quick);
+        for (int ti = 0; ti < nthr; ti++) {
+            f32_us[ti] = bench_f32_gemv_us(W, x, y, m, n, thr[ti], rotate, quick);
+            /* the float32 GEMV streams its matrix too: if it read faster than
+               the probe, its rate is the bandwidth the ratios use */
+            double f32bw = 4.0 * (double)m * n / (f32_us[ti] * 1e-6);
+            if (f32bw > bw[ti]) {
+                printf("read bandwidth, %d thread(s), from the float32 GEMV: %.1f GB/s (probe: %.1f)\n", thr[ti],
+                       f32bw / 1e9, bw[ti] / 1e9);
+                bw[ti] = f32bw;
+            }
+        }
         const int ngr = (n + group - 1) / group, nbr = (m + block_rows - 1) / block_rows;
         uint8_t *bits = (uint8_t *)malloc((size_t)ngr * nbr);
         for (int bi = 0; bi < nbpw; bi++) {
