@@ -2,6 +2,7 @@
    and a plain float32 GEMV, all measured in this run.
 
    usage: gemv [--quick] [--threads N] [--shape MxN] [--block-rows R]
+               [--path auto|scalar|avx2|avx512|avx512-vnni]
 
    For every shape and bits-per-weight point it prints the median time of one
    GEMV (batch 1), the packed bytes streamed per second, that rate over the
@@ -32,6 +33,8 @@ static void make_bits(uint8_t *bits, int nb, double bpw)
 }
 
 /* Median microseconds of one GEMV, rotating over copies of A's buffer. */
+static mpq_path g_path = MPQ_PATH_AUTO; /* --path */
+
 static double time_gemv(const mpq_packed *A, const float *x, float *y, int threads, size_t rotate_bytes, int reps)
 {
     int ncopies = (int)(rotate_bytes / A->bytes) + 2;
@@ -47,6 +50,7 @@ static double time_gemv(const mpq_packed *A, const float *x, float *y, int threa
     mpq_gemv_opts o;
     memset(&o, 0, sizeof o);
     o.threads = threads;
+    o.path = g_path;
     double *ts = (double *)malloc(sizeof(double) * (size_t)reps);
     for (int c = 0; c < ncopies; c++) mpq_gemv(&C[c], x, y, 1, &o, work, wb); /* warm up, touch every copy */
     for (int r = 0; r < reps; r++) {
@@ -72,8 +76,18 @@ int main(int argc, char **argv)
             only_threads = atoi(argv[++a]);
         else if (!strcmp(argv[a], "--block-rows") && a + 1 < argc)
             block_rows = atoi(argv[++a]);
+        else if (!strcmp(argv[a], "--path") && a + 1 < argc) {
+            const char *name = argv[++a];
+            int found = 0;
+            for (int p = MPQ_PATH_AUTO; p <= MPQ_PATH_AVX512_VNNI; p++)
+                if (!strcmp(name, mpq_path_name((mpq_path)p))) g_path = (mpq_path)p, found = 1;
+            if (!found || !mpq_path_available(g_path)) {
+                fprintf(stderr, "path %s is not available in this build\n", name);
+                return 2;
+            }
+        }
         else if (!(!strcmp(argv[a], "--shape") && a + 1 < argc && sscanf(argv[++a], "%dx%d", &sm, &sn) == 2)) {
-            fprintf(stderr, "usage: %s [--quick] [--threads N] [--shape MxN] [--block-rows R]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--quick] [--threads N] [--shape MxN] [--block-rows R] [--path NAME]\n", argv[0]);
             return 2;
         }
     }
@@ -95,7 +109,7 @@ int main(int argc, char **argv)
     const int reps = quick ? 15 : 50;
     synth_rng rng = {42};
 
-    const mpq_path path = mpq__resolve_path(MPQ_PATH_AUTO);
+    const mpq_path path = mpq__resolve_path(g_path);
     printf("mpq bench/gemv: group %d, block_rows %d, kernel path %s, batch 1\n", group, block_rows, mpq_path_name(path));
     /* The bandwidth is measured again after every shape and the highest
        figure is the one reported and used: on a shared machine a lower one
