@@ -1960,29 +1960,32 @@ static float mpq__lut128_at(const float *T, unsigned p)
     return v;
 }
 
-static void mpq__tile_scalar(const mpq__rec *R, int r, const float *T, float *acc)
+/* All 16 rows of a record, plane by plane and chunk by chunk, so that a
+   chunk's 128-entry table (512 bytes) stays in L1 while the 16 rows use it
+   and the 16 sums are independent chains. */
+static void mpq__tile_scalar(const mpq__rec *R, const float *T, float acc[MPQ_TILE_ROWS])
 {
     const size_t pbytes = (size_t)R->nch * 16u;
     const int nq = R->nch / 4;
-    float a = 0.0f;
+    for (int r = 0; r < MPQ_TILE_ROWS; r++) acc[r] = 0.0f;
     for (int p = 0; p < R->np; p++) {
-        float wgt = mpq__plane_weight(R, p, r);
-        if (wgt == 0.0f) continue;
         const uint8_t *q = R->pl + (size_t)(R->i0 + p) * pbytes;
         const float *t = T;
-        float p4[4] = {0.0f, 0.0f, 0.0f, 0.0f}; /* four chains: adds overlap */
+        float ps[MPQ_TILE_ROWS];
+        for (int r = 0; r < MPQ_TILE_ROWS; r++) ps[r] = 0.0f;
         for (int u = 0; u < nq; u++, q += 64, t += 512)
-            for (int k = 0; k < 4; k++) p4[k] += mpq__lut128_at(t + 128 * k, q[4 * r + k]);
-        float ps = (p4[0] + p4[1]) + (p4[2] + p4[3]);
+            for (int k = 0; k < 4; k++)
+                for (int r = 0; r < MPQ_TILE_ROWS; r++) ps[r] += mpq__lut128_at(t + 128 * k, q[4 * r + k]);
         if (R->nch & 2) {
-            ps += mpq__lut128_at(t, q[2 * r]) + mpq__lut128_at(t + 128, q[2 * r + 1]);
+            for (int k = 0; k < 2; k++)
+                for (int r = 0; r < MPQ_TILE_ROWS; r++) ps[r] += mpq__lut128_at(t + 128 * k, q[2 * r + k]);
             q += 32;
             t += 256;
         }
-        if (R->nch & 1) ps += mpq__lut128_at(t, q[r]);
-        a += ps * wgt;
+        if (R->nch & 1)
+            for (int r = 0; r < MPQ_TILE_ROWS; r++) ps[r] += mpq__lut128_at(t, q[r]);
+        for (int r = 0; r < MPQ_TILE_ROWS; r++) acc[r] += ps[r] * mpq__plane_weight(R, p, r);
     }
-    *acc = a;
 }
 
 /* ---- AVX-512 path: 16-entry float tables, vpermps looks up 16 rows ---- */
@@ -2333,11 +2336,9 @@ static void mpq__tile(const mpq__shape *s, const mpq_packed *A, mpq_path path, i
             default:
                 break;
             }
-            for (int r = 0; r < MPQ_TILE_ROWS; r++) {
-                float acc;
-                mpq__tile_scalar(&R, r, tab + (size_t)g * (size_t)cpg * 128u, &acc);
-                yt[v][r] += sh[r] * acc + zh[r] * gs;
-            }
+            float acc[MPQ_TILE_ROWS];
+            mpq__tile_scalar(&R, tab + (size_t)g * (size_t)cpg * 128u, acc);
+            for (int r = 0; r < MPQ_TILE_ROWS; r++) yt[v][r] += sh[r] * acc[r] + zh[r] * gs;
         }
     }
 }
