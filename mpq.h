@@ -60,6 +60,8 @@
      5. Products .......... lookup tables, GEMV / small GEMM, float64 reference
      6. Formats, backends . format traits table, backend dispatch table
      7. AWQ ............... activation-aware column scales and clip search
+     8. Selection, perms .. quantile, top-k (also across layers), stable
+                            argsort, permutations from salience
 
    NOTATION (see the design notes for the math)
 
@@ -521,6 +523,59 @@ typedef struct mpq_awq_result {
    be NULL when a->clip_steps < 0. res may be NULL. */
 MPQ_DEF mpq_status mpq_awq_search(const mpq_bitplane_desc *d, const float *W, const mpq_awq_desc *a, float *col_scale,
                                   float *clip, mpq_awq_result *res);
+
+/* ========================================================================== */
+/* 8. Selection, permutations                                                 */
+/* ========================================================================== */
+
+/* The building blocks of the planners. Values must be finite (NaN or Inf is
+   MPQ_ERR_NONFINITE, nothing written). Ties are always broken the same way:
+   the lower index (and, across layers, the earlier layer) ranks first, so
+   every result is deterministic. Functions that need scratch memory
+   allocate it (MPQ_MALLOC) and free it before returning. */
+
+/* idx (n entries) = 0..n-1 sorted by v descending; stable (equal values keep
+   index order). O(n log n) merge sort. */
+MPQ_DEF mpq_status mpq_argsort_desc(const float *v, size_t n, uint32_t *idx);
+
+/* The value of rank floor(q (n - 1)) in ascending order (the lower
+   q-quantile, no interpolation), q in [0, 1]. Expected O(n) (three-way
+   quickselect, median-of-three pivots, a sort as the fallback when the
+   partitions keep coming out unbalanced). */
+MPQ_DEF mpq_status mpq_quantile(const float *v, size_t n, double q, float *out);
+
+/* The k largest values: idx (k entries) receives their indices in ascending
+   index order. Expected O(n). k = 0 writes nothing and succeeds. */
+MPQ_DEF mpq_status mpq_top_k(const float *v, size_t n, size_t k, uint32_t *idx);
+
+/* One layer's values for the global selection. */
+typedef struct mpq_span {
+    const float *v;
+    size_t n;
+} mpq_span;
+
+/* The k largest values over all spans at once ("global": across the layers
+   of a model): selected[l][i] = 1 for the chosen, 0 for the others, in every
+   span l. Expected O(total). */
+MPQ_DEF mpq_status mpq_top_k_global(const mpq_span *spans, int nspans, size_t k, uint8_t *const *selected);
+
+/* Permutations from salience S (rows x cols, row-major), SFMP eq. 11-12:
+   row sums s_row = S 1 and column sums s_col = S^T 1 (in float64), each
+   argsorted descending, so that p_row[0] is the most salient row. Either
+   output may be NULL (reorder the other dimension only). */
+MPQ_DEF mpq_status mpq_perm_from_salience(const float *S, int rows, int cols, uint32_t *p_row, uint32_t *p_col);
+/* MPQ_OK when p is a permutation of 0..n-1, MPQ_ERR_PERM otherwise. */
+MPQ_DEF mpq_status mpq_perm_validate(const uint32_t *p, int n);
+/* inv[p[i]] = i. */
+MPQ_DEF mpq_status mpq_perm_invert(const uint32_t *p, int n, uint32_t *inv);
+/* Gathering by `first` and then by `second` (y[i] = x[first[i]], then
+   z[i] = y[second[i]]) equals gathering by out: out[i] = first[second[i]]. */
+MPQ_DEF mpq_status mpq_perm_compose(const uint32_t *first, const uint32_t *second, int n, uint32_t *out);
+/* out[i][j] = W[p_row[i]][p_col[j]] (SFMP eq. 13, offline; at run time the
+   packed matrix carries the permutations). Either permutation may be NULL
+   (identity). out must not overlap W. */
+MPQ_DEF mpq_status mpq_perm_apply(const float *W, int rows, int cols, const uint32_t *p_row, const uint32_t *p_col,
+                                  float *out);
 
 #ifdef __cplusplus
 }
@@ -2753,6 +2808,251 @@ MPQ_DEF mpq_status mpq_awq_search(const mpq_bitplane_desc *d, const float *W, co
     MPQ_FREE(mean);
     mpq_aligned_free(work);
     mpq_aligned_free(Xt);
+    return MPQ_OK;
+}
+
+/* ========================================================================== */
+/* 8. Selection, permutations                                                 */
+/* ========================================================================== */
+
+static mpq_status mpq__check_finite(const float *v, size_t n)
+{
+    for (size_t k = 0; k < n; k++)
+        if (!mpq__finite(v[k])) return MPQ_ERR_NONFINITE;
+    return MPQ_OK;
+}
+
+/* Merge sort of indices: v descending, then index ascending. */
+MPQ_DEF mpq_status mpq_argsort_desc(const float *v, size_t n, uint32_t *idx)
+{
+    if ((!v || !idx) && n) return MPQ_ERR_ARG;
+    if (n > UINT32_MAX) return MPQ_ERR_SIZE;
+    mpq_status st = mpq__check_finite(v, n);
+    if (st != MPQ_OK) return st;
+    if (n == 0) return MPQ_OK;
+    uint32_t *tmp = (uint32_t *)MPQ_MALLOC(sizeof(uint32_t) * n);
+    if (!tmp) return MPQ_ERR_NOMEM;
+    for (size_t i = 0; i < n; i++) idx[i] = (uint32_t)i;
+    uint32_t *a = idx, *b = tmp;
+    for (size_t w = 1; w < n; w *= 2) { /* bottom-up: runs of w are sorted */
+        for (size_t lo = 0; lo < n; lo += 2 * w) {
+            size_t mid = lo + w < n ? lo + w : n, hi = lo + 2 * w < n ? lo + 2 * w : n, i = lo, j = mid, o = lo;
+            while (i < mid && j < hi) b[o++] = v[a[j]] > v[a[i]] ? a[j++] : a[i++]; /* ties: the left run first */
+            while (i < mid) b[o++] = a[i++];
+            while (j < hi) b[o++] = a[j++];
+        }
+        uint32_t *t = a;
+        a = b;
+        b = t;
+    }
+    if (a != idx) memcpy(idx, a, sizeof(uint32_t) * n);
+    MPQ_FREE(tmp);
+    return MPQ_OK;
+}
+
+static int mpq__cmp_float(const void *x, const void *y)
+{
+    float a = *(const float *)x, b = *(const float *)y;
+    return (a > b) - (a < b);
+}
+
+/* The k-th smallest (0-based) of a[0..n), reordering a: three-way
+   quickselect with median-of-three pivots; after 2 log2(n) + 8 rounds it
+   sorts what is left, so the worst case stays O(n log n). */
+static float mpq__select(float *a, size_t n, size_t k)
+{
+    size_t lo = 0, hi = n - 1;
+    int budget = 8;
+    for (size_t m = n; m > 1; m >>= 1) budget += 2;
+    while (hi > lo) {
+        if (budget-- == 0) {
+            qsort(a + lo, hi - lo + 1, sizeof(float), mpq__cmp_float);
+            return a[k];
+        }
+        size_t mid = lo + (hi - lo) / 2;
+        float x = a[lo], y = a[mid], z = a[hi];
+        float p = x < y ? (y < z ? y : (x < z ? z : x)) : (x < z ? x : (y < z ? z : y));
+        size_t lt = lo, i = lo, gt = hi; /* [lo, lt) < p, [lt, i) == p, (gt, hi] > p */
+        while (i <= gt) {
+            if (a[i] < p) {
+                float t = a[i];
+                a[i++] = a[lt];
+                a[lt++] = t;
+            } else if (a[i] > p) {
+                float t = a[i];
+                a[i] = a[gt];
+                a[gt] = t;
+                if (gt == 0) break;
+                gt--;
+            } else
+                i++;
+        }
+        if (k < lt)
+            hi = lt - 1;
+        else if (k > gt)
+            lo = gt + 1;
+        else
+            return p;
+    }
+    return a[k];
+}
+
+MPQ_DEF mpq_status mpq_quantile(const float *v, size_t n, double q, float *out)
+{
+    if (!v || !out) return MPQ_ERR_ARG;
+    if (n == 0) return MPQ_ERR_SIZE;
+    if (!(q >= 0.0 && q <= 1.0)) return MPQ_ERR_ARG;
+    mpq_status st = mpq__check_finite(v, n);
+    if (st != MPQ_OK) return st;
+    float *a = (float *)MPQ_MALLOC(sizeof(float) * n);
+    if (!a) return MPQ_ERR_NOMEM;
+    memcpy(a, v, sizeof(float) * n);
+    size_t k = (size_t)floor(q * (double)(n - 1));
+    *out = mpq__select(a, n, k < n ? k : n - 1);
+    MPQ_FREE(a);
+    return MPQ_OK;
+}
+
+/* The threshold of the k largest over the spans (k >= 1): the k-th largest
+   value, and how many of the chosen equal it (the rest are above it). */
+static mpq_status mpq__top_threshold(const mpq_span *sp, int ns, size_t total, size_t k, float *thr, size_t *ties)
+{
+    float *a = (float *)MPQ_MALLOC(sizeof(float) * total);
+    if (!a) return MPQ_ERR_NOMEM;
+    size_t o = 0;
+    for (int l = 0; l < ns; l++) {
+        memcpy(a + o, sp[l].v, sizeof(float) * sp[l].n);
+        o += sp[l].n;
+    }
+    const float t = mpq__select(a, total, total - k);
+    size_t above = 0;
+    for (size_t i = 0; i < total; i++) above += a[i] > t;
+    MPQ_FREE(a);
+    *thr = t;
+    *ties = k - above;
+    return MPQ_OK;
+}
+
+MPQ_DEF mpq_status mpq_top_k_global(const mpq_span *spans, int nspans, size_t k, uint8_t *const *selected)
+{
+    if (!spans || !selected || nspans < 1) return MPQ_ERR_ARG;
+    size_t total = 0;
+    for (int l = 0; l < nspans; l++) {
+        if ((!spans[l].v || !selected[l]) && spans[l].n) return MPQ_ERR_ARG;
+        mpq_status st = mpq__check_finite(spans[l].v, spans[l].n);
+        if (st != MPQ_OK) return st;
+        total += spans[l].n;
+    }
+    if (k > total) return MPQ_ERR_SIZE;
+    float thr = 0.0f;
+    size_t ties = 0;
+    if (k > 0) {
+        mpq_status st = mpq__top_threshold(spans, nspans, total, k, &thr, &ties);
+        if (st != MPQ_OK) return st;
+    }
+    for (int l = 0; l < nspans; l++) /* above the threshold, then ties in order */
+        for (size_t i = 0; i < spans[l].n; i++) {
+            const float x = spans[l].v[i];
+            int take = k > 0 && (x > thr || (x == thr && ties > 0));
+            if (k > 0 && x == thr && ties > 0) ties--;
+            selected[l][i] = (uint8_t)take;
+        }
+    return MPQ_OK;
+}
+
+MPQ_DEF mpq_status mpq_top_k(const float *v, size_t n, size_t k, uint32_t *idx)
+{
+    if (!v || (!idx && k)) return MPQ_ERR_ARG;
+    if (k > n) return MPQ_ERR_SIZE;
+    mpq_status st = mpq__check_finite(v, n);
+    if (st != MPQ_OK || k == 0) return st;
+    mpq_span sp = {v, n};
+    float thr;
+    size_t ties;
+    if ((st = mpq__top_threshold(&sp, 1, n, k, &thr, &ties)) != MPQ_OK) return st;
+    size_t o = 0;
+    for (size_t i = 0; i < n; i++)
+        if (v[i] > thr || (v[i] == thr && ties > 0 && ties--)) idx[o++] = (uint32_t)i;
+    MPQ_ASSERT(o == k);
+    return MPQ_OK;
+}
+
+MPQ_DEF mpq_status mpq_perm_from_salience(const float *S, int rows, int cols, uint32_t *p_row, uint32_t *p_col)
+{
+    if (!S) return MPQ_ERR_ARG;
+    if (rows < 1 || cols < 1) return MPQ_ERR_SIZE;
+    mpq_status st = mpq__check_finite(S, (size_t)rows * (size_t)cols);
+    if (st != MPQ_OK) return st;
+    double *rs = (double *)MPQ_MALLOC(sizeof(double) * ((size_t)rows + (size_t)cols)), *cs = rs + rows;
+    float *f = (float *)MPQ_MALLOC(sizeof(float) * ((size_t)rows > (size_t)cols ? (size_t)rows : (size_t)cols));
+    if (!rs || !f) {
+        MPQ_FREE(rs);
+        MPQ_FREE(f);
+        return MPQ_ERR_NOMEM;
+    }
+    for (int j = 0; j < cols; j++) cs[j] = 0.0;
+    for (int i = 0; i < rows; i++) { /* SFMP eq. 11 */
+        double r = 0.0;
+        for (int j = 0; j < cols; j++) {
+            r += S[(size_t)i * (size_t)cols + (size_t)j];
+            cs[j] += S[(size_t)i * (size_t)cols + (size_t)j];
+        }
+        rs[i] = r;
+    }
+    /* eq. 12; sums of floats fit a float's range, and ranking their float
+       roundings keeps ties stable */
+    if (p_row) {
+        for (int i = 0; i < rows; i++) f[i] = (float)rs[i];
+        st = mpq_argsort_desc(f, (size_t)rows, p_row);
+    }
+    if (st == MPQ_OK && p_col) {
+        for (int j = 0; j < cols; j++) f[j] = (float)cs[j];
+        st = mpq_argsort_desc(f, (size_t)cols, p_col);
+    }
+    MPQ_FREE(rs);
+    MPQ_FREE(f);
+    return st == MPQ_ERR_NONFINITE ? MPQ_ERR_RANGE : st;
+}
+
+MPQ_DEF mpq_status mpq_perm_validate(const uint32_t *p, int n)
+{
+    if (!p) return MPQ_ERR_ARG;
+    if (n < 1) return MPQ_ERR_SIZE;
+    return mpq__perm_check(p, n);
+}
+
+MPQ_DEF mpq_status mpq_perm_invert(const uint32_t *p, int n, uint32_t *inv)
+{
+    if (!inv) return MPQ_ERR_ARG;
+    mpq_status st = mpq_perm_validate(p, n);
+    if (st != MPQ_OK) return st;
+    for (int i = 0; i < n; i++) inv[p[i]] = (uint32_t)i;
+    return MPQ_OK;
+}
+
+MPQ_DEF mpq_status mpq_perm_compose(const uint32_t *first, const uint32_t *second, int n, uint32_t *out)
+{
+    if (!out || !second) return MPQ_ERR_ARG;
+    mpq_status st = mpq_perm_validate(first, n);
+    if (st != MPQ_OK || (st = mpq_perm_validate(second, n)) != MPQ_OK) return st;
+    if (out == first || out == second) return MPQ_ERR_ARG;
+    for (int i = 0; i < n; i++) out[i] = first[second[i]];
+    return MPQ_OK;
+}
+
+MPQ_DEF mpq_status mpq_perm_apply(const float *W, int rows, int cols, const uint32_t *p_row, const uint32_t *p_col,
+                                  float *out)
+{
+    if (!W || !out || out == W) return MPQ_ERR_ARG;
+    if (rows < 1 || cols < 1) return MPQ_ERR_SIZE;
+    mpq_status st;
+    if (p_row && (st = mpq_perm_validate(p_row, rows)) != MPQ_OK) return st;
+    if (p_col && (st = mpq_perm_validate(p_col, cols)) != MPQ_OK) return st;
+    for (int i = 0; i < rows; i++) {
+        const float *src = W + (size_t)(p_row ? p_row[i] : (uint32_t)i) * (size_t)cols;
+        float *dst = out + (size_t)i * (size_t)cols;
+        for (int j = 0; j < cols; j++) dst[j] = src[p_col ? p_col[j] : (uint32_t)j];
+    }
     return MPQ_OK;
 }
 
