@@ -62,6 +62,8 @@
      7. AWQ ............... activation-aware column scales and clip search
      8. Selection, perms .. quantile, top-k (also across layers), stable
                             argsort, permutations from salience
+     9. Statistics ........ streaming Fisher, diag(X^T X), mean |x|, MixLLM
+                            salience, PQI, MXSens layer sensitivity
 
    NOTATION (see the design notes for the math)
 
@@ -576,6 +578,66 @@ MPQ_DEF mpq_status mpq_perm_compose(const uint32_t *first, const uint32_t *secon
    (identity). out must not overlap W. */
 MPQ_DEF mpq_status mpq_perm_apply(const float *W, int rows, int cols, const uint32_t *p_row, const uint32_t *p_col,
                                   float *out);
+
+/* ========================================================================== */
+/* 9. Statistics                                                              */
+/* ========================================================================== */
+
+/* Salience statistics, accumulated a batch at a time in O(size of the
+   statistic) memory (float64 sums and a sample count): a caller never needs
+   all its calibration data at once. Every *_add rejects NaN and Inf
+   (MPQ_ERR_NONFINITE) and a size that does not match the statistic
+   (MPQ_ERR_SIZE), and then leaves the statistic unchanged. */
+typedef struct mpq_stat {
+    double *sum;    /* n sums (owned; mpq_stat_free) */
+    size_t n;
+    uint64_t count; /* samples: gradients for the gradient statistics, tokens for the activation ones */
+} mpq_stat;
+
+MPQ_DEF mpq_status mpq_stat_init(mpq_stat *st, size_t n);
+MPQ_DEF void mpq_stat_free(mpq_stat *st);
+/* out[i] = sum[i] / count: the mean (MPQ_ERR_SIZE before any sample). */
+MPQ_DEF mpq_status mpq_stat_mean(const mpq_stat *st, float *out);
+/* out[i] = sum[i]: for diag(X^T X), which is a sum. */
+MPQ_DEF mpq_status mpq_stat_sum(const mpq_stat *st, float *out);
+
+/* Fisher diagonal (SFMP alg. 1): one gradient of the loss with respect to the
+   st->n weights per call; the mean of g^2 is the salience. */
+MPQ_DEF mpq_status mpq_fisher_add(mpq_stat *st, const float *grad, size_t n);
+/* Column Hessian diagonal H_jj = sum_k X_kj^2 (MXSens alg. 1), X: tokens x
+   cols (st->n = cols); mpq_stat_sum reads it. */
+MPQ_DEF mpq_status mpq_hessian_diag_add(mpq_stat *st, const float *X, int tokens, int cols);
+/* Mean |x| per column (AWQ), X: tokens x cols; mpq_stat_mean reads it. */
+MPQ_DEF mpq_status mpq_mean_abs_add(mpq_stat *st, const float *X, int tokens, int cols);
+/* MixLLM's output-channel salience (its eq. 4): for one sample d with the
+   gradient G (rows x cols) of the loss with respect to the layer's weights
+   and the quantization delta D = W_q - W (rows x cols), adds
+   |g_c^T d_c + (g_c^T d_c)^2 / 2| for every output channel (row) c
+   (st->n = rows); the mean over samples is S_c. */
+MPQ_DEF mpq_status mpq_mixllm_add(mpq_stat *st, const float *G, const float *D, int rows, int cols);
+
+/* Gradient callback for PQI: grad = dF/dw at the n weights w. A non-OK
+   status stops the computation and is returned. */
+typedef mpq_status (*mpq_grad_fn)(void *user, const float *w, float *grad, size_t n);
+
+/* Post-quantization integral (PQI/ReQuant eq. 7):
+   v[i] = (1/N) sum_{k=1..N} |dF/dw_i (w + k/N (w~ - w))|, a right-endpoint
+   Riemann sum along the path from w to its quantized value w~, with N
+   gradient calls. Memory: two vectors of n floats and n doubles. */
+MPQ_DEF mpq_status mpq_pqi(const float *w, const float *w_q, size_t n, int N, mpq_grad_fn grad, void *user, float *v);
+
+/* Delta F_PQI (eq. 6) of a rows x cols layer: v_i |w~_i - w_i| per weight
+   (per_weight, rows x cols), summed per row (rows), per column (cols), per
+   block (ceil(rows/block_rows) x ceil(cols/group)) and for the layer; every
+   output may be NULL. Sums in float64. */
+MPQ_DEF mpq_status mpq_pqi_delta(const float *v, const float *w, const float *w_q, int rows, int cols, int block_rows,
+                                 int group, float *per_weight, double *per_row, double *per_col, double *per_block,
+                                 double *layer);
+
+/* MXSens layer sensitivity (its alg. 3): S_i = e_i / max e from the output
+   errors e_i the caller measured by quantizing one layer at a time; in
+   [0, 1]. Errors must be finite, >= 0, and not all zero. */
+MPQ_DEF mpq_status mpq_mxsens_layer_sensitivity(const double *errors, int nlayers, float *S);
 
 #ifdef __cplusplus
 }
@@ -3053,6 +3115,172 @@ MPQ_DEF mpq_status mpq_perm_apply(const float *W, int rows, int cols, const uint
         float *dst = out + (size_t)i * (size_t)cols;
         for (int j = 0; j < cols; j++) dst[j] = src[p_col ? p_col[j] : (uint32_t)j];
     }
+    return MPQ_OK;
+}
+
+/* ========================================================================== */
+/* 9. Statistics                                                              */
+/* ========================================================================== */
+
+MPQ_DEF mpq_status mpq_stat_init(mpq_stat *st, size_t n)
+{
+    if (!st) return MPQ_ERR_ARG;
+    if (n == 0 || n > SIZE_MAX / sizeof(double)) return MPQ_ERR_SIZE;
+    double *sum = (double *)MPQ_MALLOC(sizeof(double) * n);
+    if (!sum) return MPQ_ERR_NOMEM;
+    for (size_t i = 0; i < n; i++) sum[i] = 0.0;
+    st->sum = sum;
+    st->n = n;
+    st->count = 0;
+    return MPQ_OK;
+}
+
+MPQ_DEF void mpq_stat_free(mpq_stat *st)
+{
+    if (!st) return;
+    MPQ_FREE(st->sum);
+    memset(st, 0, sizeof *st);
+}
+
+MPQ_DEF mpq_status mpq_stat_mean(const mpq_stat *st, float *out)
+{
+    if (!st || !st->sum || !out) return MPQ_ERR_ARG;
+    if (st->count == 0) return MPQ_ERR_SIZE;
+    for (size_t i = 0; i < st->n; i++) out[i] = (float)(st->sum[i] / (double)st->count);
+    return MPQ_OK;
+}
+
+MPQ_DEF mpq_status mpq_stat_sum(const mpq_stat *st, float *out)
+{
+    if (!st || !st->sum || !out) return MPQ_ERR_ARG;
+    for (size_t i = 0; i < st->n; i++) out[i] = (float)st->sum[i];
+    return MPQ_OK;
+}
+
+MPQ_DEF mpq_status mpq_fisher_add(mpq_stat *st, const float *grad, size_t n)
+{
+    if (!st || !st->sum || !grad) return MPQ_ERR_ARG;
+    if (n != st->n) return MPQ_ERR_SIZE;
+    mpq_status r = mpq__check_finite(grad, n);
+    if (r != MPQ_OK) return r;
+    for (size_t i = 0; i < n; i++) st->sum[i] += (double)grad[i] * (double)grad[i];
+    st->count++;
+    return MPQ_OK;
+}
+
+/* Per-column sums of |x| (power 1) or x^2 (power 2) over a batch of tokens. */
+static mpq_status mpq__col_add(mpq_stat *st, const float *X, int tokens, int cols, int power)
+{
+    if (!st || !st->sum || !X) return MPQ_ERR_ARG;
+    if (tokens < 1 || cols < 1 || (size_t)cols != st->n) return MPQ_ERR_SIZE;
+    mpq_status r = mpq__check_finite(X, (size_t)tokens * (size_t)cols);
+    if (r != MPQ_OK) return r;
+    for (int t = 0; t < tokens; t++)
+        for (int j = 0; j < cols; j++) {
+            double x = X[(size_t)t * (size_t)cols + (size_t)j];
+            st->sum[j] += power == 2 ? x * x : fabs(x);
+        }
+    st->count += (uint64_t)tokens;
+    return MPQ_OK;
+}
+
+MPQ_DEF mpq_status mpq_hessian_diag_add(mpq_stat *st, const float *X, int tokens, int cols)
+{
+    return mpq__col_add(st, X, tokens, cols, 2);
+}
+
+MPQ_DEF mpq_status mpq_mean_abs_add(mpq_stat *st, const float *X, int tokens, int cols)
+{
+    return mpq__col_add(st, X, tokens, cols, 1);
+}
+
+MPQ_DEF mpq_status mpq_mixllm_add(mpq_stat *st, const float *G, const float *D, int rows, int cols)
+{
+    if (!st || !st->sum || !G || !D) return MPQ_ERR_ARG;
+    if (rows < 1 || cols < 1 || (size_t)rows != st->n) return MPQ_ERR_SIZE;
+    mpq_status r = mpq__check_finite(G, (size_t)rows * (size_t)cols);
+    if (r != MPQ_OK || (r = mpq__check_finite(D, (size_t)rows * (size_t)cols)) != MPQ_OK) return r;
+    for (int c = 0; c < rows; c++) { /* MixLLM eq. 4: first- plus second-order Taylor term */
+        double gd = 0.0;
+        for (int j = 0; j < cols; j++) gd += (double)G[(size_t)c * (size_t)cols + (size_t)j] * D[(size_t)c * (size_t)cols + (size_t)j];
+        st->sum[c] += fabs(gd + 0.5 * gd * gd);
+    }
+    st->count++;
+    return MPQ_OK;
+}
+
+MPQ_DEF mpq_status mpq_pqi(const float *w, const float *w_q, size_t n, int N, mpq_grad_fn grad, void *user, float *v)
+{
+    if (!w || !w_q || !grad || !v) return MPQ_ERR_ARG;
+    if (n == 0 || N < 1) return MPQ_ERR_SIZE;
+    mpq_status st = mpq__check_finite(w, n);
+    if (st != MPQ_OK || (st = mpq__check_finite(w_q, n)) != MPQ_OK) return st;
+    float *p = (float *)MPQ_MALLOC(sizeof(float) * n * 2), *g = p ? p + n : NULL;
+    double *acc = (double *)MPQ_MALLOC(sizeof(double) * n);
+    if (!p || !acc) {
+        MPQ_FREE(p);
+        MPQ_FREE(acc);
+        return MPQ_ERR_NOMEM;
+    }
+    for (size_t i = 0; i < n; i++) acc[i] = 0.0;
+    for (int k = 1; k <= N && st == MPQ_OK; k++) { /* eq. 7: the points w + k/N (w~ - w) */
+        const double t = (double)k / (double)N;
+        for (size_t i = 0; i < n; i++) p[i] = (float)((double)w[i] + t * ((double)w_q[i] - (double)w[i]));
+        st = grad(user, p, g, n);
+        if (st == MPQ_OK) st = mpq__check_finite(g, n);
+        if (st == MPQ_OK)
+            for (size_t i = 0; i < n; i++) acc[i] += fabs((double)g[i]);
+    }
+    if (st == MPQ_OK)
+        for (size_t i = 0; i < n; i++) v[i] = (float)(acc[i] / N);
+    MPQ_FREE(p);
+    MPQ_FREE(acc);
+    return st;
+}
+
+MPQ_DEF mpq_status mpq_pqi_delta(const float *v, const float *w, const float *w_q, int rows, int cols, int block_rows,
+                                 int group, float *per_weight, double *per_row, double *per_col, double *per_block,
+                                 double *layer)
+{
+    if (!v || !w || !w_q) return MPQ_ERR_ARG;
+    if (rows < 1 || cols < 1 || block_rows < 1 || group < 1) return MPQ_ERR_SIZE;
+    const size_t nw = (size_t)rows * (size_t)cols;
+    mpq_status st = mpq__check_finite(v, nw);
+    if (st != MPQ_OK || (st = mpq__check_finite(w, nw)) != MPQ_OK || (st = mpq__check_finite(w_q, nw)) != MPQ_OK) return st;
+    const int ng = (cols + group - 1) / group, nbr = (rows + block_rows - 1) / block_rows;
+    if (per_row)
+        for (int i = 0; i < rows; i++) per_row[i] = 0.0;
+    if (per_col)
+        for (int j = 0; j < cols; j++) per_col[j] = 0.0;
+    if (per_block)
+        for (size_t b = 0; b < (size_t)nbr * (size_t)ng; b++) per_block[b] = 0.0;
+    double tot = 0.0;
+    for (int i = 0; i < rows; i++)
+        for (int j = 0; j < cols; j++) {
+            const size_t k = (size_t)i * (size_t)cols + (size_t)j;
+            const double d = (double)v[k] * fabs((double)w_q[k] - (double)w[k]); /* eq. 6, term by term */
+            if (per_weight) per_weight[k] = (float)d;
+            if (per_row) per_row[i] += d;
+            if (per_col) per_col[j] += d;
+            if (per_block) per_block[(size_t)(i / block_rows) * (size_t)ng + (size_t)(j / group)] += d;
+            tot += d;
+        }
+    if (layer) *layer = tot;
+    return MPQ_OK;
+}
+
+MPQ_DEF mpq_status mpq_mxsens_layer_sensitivity(const double *errors, int nlayers, float *S)
+{
+    if (!errors || !S) return MPQ_ERR_ARG;
+    if (nlayers < 1) return MPQ_ERR_SIZE;
+    double mx = 0.0;
+    for (int i = 0; i < nlayers; i++) {
+        if (!(errors[i] - errors[i] == 0.0)) return MPQ_ERR_NONFINITE;
+        if (errors[i] < 0.0) return MPQ_ERR_RANGE;
+        mx = errors[i] > mx ? errors[i] : mx;
+    }
+    if (mx == 0.0) return MPQ_ERR_RANGE;
+    for (int i = 0; i < nlayers; i++) S[i] = (float)(errors[i] / mx); /* alg. 3, lines 9-10 */
     return MPQ_OK;
 }
 
