@@ -64,6 +64,7 @@
                             argsort, permutations from salience
      9. Statistics ........ streaming Fisher, diag(X^T X), mean |x|, MixLLM
                             salience, PQI, MXSens layer sensitivity
+    10. Plans ............. mpq_plan (data), the SFMP planner
 
    NOTATION (see the design notes for the math)
 
@@ -638,6 +639,75 @@ MPQ_DEF mpq_status mpq_pqi_delta(const float *v, const float *w, const float *w_
    errors e_i the caller measured by quantizing one layer at a time; in
    [0, 1]. Errors must be finite, >= 0, and not all zero. */
 MPQ_DEF mpq_status mpq_mxsens_layer_sensitivity(const double *errors, int nlayers, float *S);
+
+/* ========================================================================== */
+/* 10. Plans                                                                  */
+/* ========================================================================== */
+
+/* A plan is data: for every layer the permutations, the group, block_rows,
+   format and bits map, and the budget it achieves. Planners fill plans and
+   never quantize; mpq_plan_desc turns a layer's plan into the description
+   that mpq_pack (the quantizer) takes. Budgets follow the design notes: bits
+   per weight count weight bits plus per-group metadata (32/group for the
+   fp16 pairs of the bit-plane format, 8/32 for MXINT's E8M0 byte);
+   permutations and bits maps are reported separately, in bytes. */
+typedef struct mpq_layer_plan {
+    int rows, cols, group, block_rows, format;
+    uint8_t *bits;        /* ceil(rows/block_rows) x ceil(cols/group), packed coordinates */
+    uint32_t *p_row;      /* NULL: identity */
+    uint32_t *p_col;      /* NULL: identity */
+    double weight_bits;   /* sum of the widths of all weights */
+    double meta_bits;     /* scales and zeros (or exponents) */
+} mpq_layer_plan;
+
+typedef struct mpq_plan {
+    int nlayers;
+    mpq_layer_plan *layers; /* owned: mpq_plan_free */
+    double bpw;             /* achieved: (weight + metadata bits) / weights, over all layers */
+    double index_bytes;     /* permutations and bits maps, reported apart from bpw */
+} mpq_plan;
+
+MPQ_DEF void mpq_plan_free(mpq_plan *p);
+/* The description that packs layer l as planned (pointers into the plan). */
+MPQ_DEF mpq_status mpq_plan_desc(const mpq_plan *p, int layer, mpq_bitplane_desc *d);
+/* A readable summary (one line per layer: shape, widths histogram, bpw) into
+   buf, like snprintf: returns the length it needs. Prints nothing itself. */
+MPQ_DEF size_t mpq_plan_summary(const mpq_plan *p, char *buf, size_t size);
+/* How two plans of the same layers differ: blocks whose width differs (a
+   block is compared by its weights' widths, so plans with different blocks
+   or permutations compare weight by weight: differing weights), and the
+   difference in bpw (b - a). */
+typedef struct mpq_plan_diff {
+    double weights_differing; /* weights whose width differs */
+    double bpw_delta;
+} mpq_plan_diff;
+MPQ_DEF mpq_status mpq_plan_compare(const mpq_plan *a, const mpq_plan *b, mpq_plan_diff *out);
+
+/* SFMP (its section 4 and algorithm 2): block-wise fractional bit widths from
+   salience. Every layer is cut into block_rows x group blocks (after the
+   optional reordering by row and column salience sums, eq. 11-13), a block's
+   salience is the sum of its weights' salience (eq. 9), and the blocks of all
+   layers are ranked together: the most salient get ceil(b) bits, the rest
+   floor(b) (eq. 10), where b is the weight-bit budget left after metadata.
+   The fraction at ceil(b) is the largest prefix of the ranking that fits the
+   budget, so the plan meets it exactly (whole blocks) or from below; ties
+   rank the earlier layer and block first. A budget whose weight bits fall
+   below 1 is MPQ_ERR_RANGE; above 8, every block gets 8. */
+enum { MPQ_REORDER_NONE = 0, MPQ_REORDER_ROWS = 1, MPQ_REORDER_COLS = 2, MPQ_REORDER_BOTH = 3 };
+
+typedef struct mpq_sfmp_layer {
+    const float *S; /* salience per weight, rows x cols (the Fisher diagonal), finite and >= 0 */
+    int rows, cols;
+} mpq_sfmp_layer;
+
+typedef struct mpq_sfmp_desc {
+    double bpw;      /* budget over all layers, weight bits + metadata (required) */
+    int group;       /* 0 -> 128 */
+    int block_rows;  /* 0 -> 16 */
+    int reorder;     /* MPQ_REORDER_*; 0 -> none */
+} mpq_sfmp_desc;
+
+MPQ_DEF mpq_status mpq_plan_sfmp(const mpq_sfmp_layer *layers, int nlayers, const mpq_sfmp_desc *d, mpq_plan *out);
 
 #ifdef __cplusplus
 }
@@ -3281,6 +3351,304 @@ MPQ_DEF mpq_status mpq_mxsens_layer_sensitivity(const double *errors, int nlayer
     }
     if (mx == 0.0) return MPQ_ERR_RANGE;
     for (int i = 0; i < nlayers; i++) S[i] = (float)(errors[i] / mx); /* alg. 3, lines 9-10 */
+    return MPQ_OK;
+}
+
+/* ========================================================================== */
+/* 10. Plans                                                                  */
+/* ========================================================================== */
+
+MPQ_DEF void mpq_plan_free(mpq_plan *p)
+{
+    if (!p) return;
+    for (int l = 0; l < p->nlayers && p->layers; l++) {
+        MPQ_FREE(p->layers[l].bits);
+        MPQ_FREE(p->layers[l].p_row);
+        MPQ_FREE(p->layers[l].p_col);
+    }
+    MPQ_FREE(p->layers);
+    memset(p, 0, sizeof *p);
+}
+
+MPQ_DEF mpq_status mpq_plan_desc(const mpq_plan *p, int layer, mpq_bitplane_desc *d)
+{
+    if (!p || !d || !p->layers) return MPQ_ERR_ARG;
+    if (layer < 0 || layer >= p->nlayers) return MPQ_ERR_SIZE;
+    const mpq_layer_plan *L = &p->layers[layer];
+    memset(d, 0, sizeof *d);
+    d->rows = L->rows, d->cols = L->cols, d->group = L->group, d->block_rows = L->block_rows;
+    d->bits = L->bits, d->p_row = L->p_row, d->p_col = L->p_col, d->format = L->format;
+    return MPQ_OK;
+}
+
+static size_t mpq__nblocks(const mpq_layer_plan *L)
+{
+    return (size_t)((L->rows + L->block_rows - 1) / L->block_rows) * (size_t)((L->cols + L->group - 1) / L->group);
+}
+
+/* The width of original weight (i, j) of a planned layer. */
+static int mpq__plan_width(const mpq_layer_plan *L, const uint32_t *inv_row, const uint32_t *inv_col, int i, int j)
+{
+    int pi = inv_row ? (int)inv_row[i] : i, pj = inv_col ? (int)inv_col[j] : j;
+    const int ng = (L->cols + L->group - 1) / L->group;
+    return L->bits[(size_t)(pi / L->block_rows) * (size_t)ng + (size_t)(pj / L->group)];
+}
+
+MPQ_DEF mpq_status mpq_plan_compare(const mpq_plan *a, const mpq_plan *b, mpq_plan_diff *out)
+{
+    if (!a || !b || !out || !a->layers || !b->layers) return MPQ_ERR_ARG;
+    if (a->nlayers != b->nlayers) return MPQ_ERR_SIZE;
+    for (int l = 0; l < a->nlayers; l++)
+        if (a->layers[l].rows != b->layers[l].rows || a->layers[l].cols != b->layers[l].cols) return MPQ_ERR_SIZE;
+    double diff = 0.0;
+    for (int l = 0; l < a->nlayers; l++) {
+        const mpq_layer_plan *A = &a->layers[l], *B = &b->layers[l];
+        uint32_t *inv = (uint32_t *)MPQ_MALLOC(sizeof(uint32_t) * 2 * ((size_t)A->rows + (size_t)A->cols));
+        if (!inv) return MPQ_ERR_NOMEM;
+        uint32_t *ar = inv, *ac = ar + A->rows, *br = ac + A->cols, *bc = br + A->rows;
+        if (A->p_row) mpq_perm_invert(A->p_row, A->rows, ar);
+        if (A->p_col) mpq_perm_invert(A->p_col, A->cols, ac);
+        if (B->p_row) mpq_perm_invert(B->p_row, B->rows, br);
+        if (B->p_col) mpq_perm_invert(B->p_col, B->cols, bc);
+        for (int i = 0; i < A->rows; i++)
+            for (int j = 0; j < A->cols; j++)
+                diff += mpq__plan_width(A, A->p_row ? ar : NULL, A->p_col ? ac : NULL, i, j) !=
+                        mpq__plan_width(B, B->p_row ? br : NULL, B->p_col ? bc : NULL, i, j);
+        MPQ_FREE(inv);
+    }
+    out->weights_differing = diff;
+    out->bpw_delta = b->bpw - a->bpw;
+    return MPQ_OK;
+}
+
+static size_t mpq__append(char *buf, size_t size, size_t pos, const char *s)
+{
+    size_t n = strlen(s);
+    if (buf && pos < size) {
+        size_t k = pos + n < size ? n : size - pos - 1;
+        memcpy(buf + pos, s, k);
+        buf[pos + k] = 0;
+    }
+    return pos + n;
+}
+
+/* Unsigned integer to text (the library prints nothing and avoids stdio). */
+static void mpq__utoa(char *t, unsigned long long v)
+{
+    char r[24];
+    int n = 0;
+    do r[n++] = (char)('0' + v % 10); while ((v /= 10) && n < 23);
+    for (int k = 0; k < n; k++) t[k] = r[n - 1 - k];
+    t[n] = 0;
+}
+
+/* x with 3 decimals. */
+static void mpq__ftoa3(char *t, double x)
+{
+    unsigned long long v = (unsigned long long)(x * 1000.0 + 0.5);
+    char a[24], b[24];
+    mpq__utoa(a, v / 1000);
+    mpq__utoa(b, v % 1000 + 1000); /* leading zeros */
+    size_t n = strlen(a);
+    memcpy(t, a, n);
+    t[n] = '.';
+    memcpy(t + n + 1, b + 1, 4);
+}
+
+MPQ_DEF size_t mpq_plan_summary(const mpq_plan *p, char *buf, size_t size)
+{
+    if (buf && size) buf[0] = 0;
+    if (!p || !p->layers) return 0;
+    size_t pos = 0;
+    char t[32];
+    for (int l = 0; l < p->nlayers; l++) {
+        const mpq_layer_plan *L = &p->layers[l];
+        double hist[MPQ_MAX_BITS + 1] = {0};
+        const int ng = (L->cols + L->group - 1) / L->group;
+        for (int br = 0; br * L->block_rows < L->rows; br++)
+            for (int g = 0; g < ng; g++) {
+                int r = L->rows - br * L->block_rows < L->block_rows ? L->rows - br * L->block_rows : L->block_rows;
+                int c = L->cols - g * L->group < L->group ? L->cols - g * L->group : L->group;
+                hist[L->bits[(size_t)br * (size_t)ng + (size_t)g]] += (double)r * c;
+            }
+        pos = mpq__append(buf, size, pos, "layer ");
+        mpq__utoa(t, (unsigned long long)l);
+        pos = mpq__append(buf, size, pos, t);
+        pos = mpq__append(buf, size, pos, ": ");
+        mpq__utoa(t, (unsigned long long)L->rows);
+        pos = mpq__append(buf, size, pos, t);
+        pos = mpq__append(buf, size, pos, "x");
+        mpq__utoa(t, (unsigned long long)L->cols);
+        pos = mpq__append(buf, size, pos, t);
+        for (int b = 1; b <= MPQ_MAX_BITS; b++)
+            if (hist[b] > 0) {
+                pos = mpq__append(buf, size, pos, "  ");
+                mpq__utoa(t, (unsigned long long)b);
+                pos = mpq__append(buf, size, pos, t);
+                pos = mpq__append(buf, size, pos, "-bit ");
+                mpq__ftoa3(t, 100.0 * hist[b] / ((double)L->rows * L->cols));
+                pos = mpq__append(buf, size, pos, t);
+                pos = mpq__append(buf, size, pos, "%");
+            }
+        pos = mpq__append(buf, size, pos, "  bpw ");
+        mpq__ftoa3(t, (L->weight_bits + L->meta_bits) / ((double)L->rows * L->cols));
+        pos = mpq__append(buf, size, pos, t);
+        pos = mpq__append(buf, size, pos, "\n");
+    }
+    pos = mpq__append(buf, size, pos, "total bpw ");
+    mpq__ftoa3(t, p->bpw);
+    pos = mpq__append(buf, size, pos, t);
+    pos = mpq__append(buf, size, pos, " (weights + metadata), index bytes ");
+    mpq__utoa(t, (unsigned long long)p->index_bytes);
+    pos = mpq__append(buf, size, pos, t);
+    pos = mpq__append(buf, size, pos, "\n");
+    return pos;
+}
+
+/* Fills the accounting fields of a plan from its layers' bits maps. */
+static void mpq__plan_account(mpq_plan *p)
+{
+    double wb = 0.0, mb = 0.0, nw = 0.0, ib = 0.0;
+    for (int l = 0; l < p->nlayers; l++) {
+        mpq_layer_plan *L = &p->layers[l];
+        const int ng = (L->cols + L->group - 1) / L->group;
+        L->weight_bits = 0.0;
+        for (int br = 0; br * L->block_rows < L->rows; br++)
+            for (int g = 0; g < ng; g++) {
+                int r = L->rows - br * L->block_rows < L->block_rows ? L->rows - br * L->block_rows : L->block_rows;
+                int c = L->cols - g * L->group < L->group ? L->cols - g * L->group : L->group;
+                L->weight_bits += (double)r * c * L->bits[(size_t)br * (size_t)ng + (size_t)g];
+            }
+        L->meta_bits = (L->format == MPQ_FORMAT_MXINT ? 8.0 : 32.0) * (double)L->rows * ng;
+        wb += L->weight_bits;
+        mb += L->meta_bits;
+        nw += (double)L->rows * L->cols;
+        ib += (double)mpq__nblocks(L) + (L->p_row ? 4.0 * L->rows : 0.0) + (L->p_col ? 4.0 * L->cols : 0.0);
+    }
+    p->bpw = (wb + mb) / nw;
+    p->index_bytes = ib;
+}
+
+MPQ_DEF mpq_status mpq_plan_sfmp(const mpq_sfmp_layer *layers, int nlayers, const mpq_sfmp_desc *d, mpq_plan *out)
+{
+    if (!layers || !d || !out) return MPQ_ERR_ARG;
+    if (nlayers < 1) return MPQ_ERR_SIZE;
+    const int G = d->group ? d->group : 128, BR = d->block_rows ? d->block_rows : 16;
+    if (G < 8 || G % 8 || BR < 1 || d->reorder < 0 || d->reorder > MPQ_REORDER_BOTH) return MPQ_ERR_ARG;
+    if (!(d->bpw - d->bpw == 0.0)) return MPQ_ERR_ARG;
+    double nw = 0.0, meta = 0.0;
+    size_t nblocks = 0;
+    for (int l = 0; l < nlayers; l++) {
+        if (!layers[l].S) return MPQ_ERR_ARG;
+        if (layers[l].rows < 1 || layers[l].cols < 1) return MPQ_ERR_SIZE;
+        const size_t n = (size_t)layers[l].rows * (size_t)layers[l].cols;
+        const int ng = (layers[l].cols + G - 1) / G; /* values are checked in the block-sum pass */
+        nw += (double)n;
+        meta += 32.0 * (double)layers[l].rows * ng;
+        nblocks += (size_t)((layers[l].rows + BR - 1) / BR) * (size_t)ng;
+    }
+    const double bits_avail = d->bpw * nw - meta; /* weight bits the budget leaves */
+    if (bits_avail < nw) return MPQ_ERR_RANGE;   /* below 1 bit per weight */
+    const int lo = bits_avail >= 8.0 * nw ? 8 : (int)floor(bits_avail / nw);
+    double extra = lo < 8 ? bits_avail - (double)lo * nw : 0.0; /* for promotions to lo + 1 */
+
+    mpq_plan P;
+    memset(&P, 0, sizeof P);
+    P.nlayers = nlayers;
+    P.layers = (mpq_layer_plan *)MPQ_MALLOC(sizeof(mpq_layer_plan) * (size_t)nlayers);
+    float *sal = (float *)MPQ_MALLOC(sizeof(float) * nblocks);
+    uint32_t *order = (uint32_t *)MPQ_MALLOC(sizeof(uint32_t) * nblocks);
+    double *cost = (double *)MPQ_MALLOC(sizeof(double) * nblocks);
+    mpq_status st = (P.layers && sal && order && cost) ? MPQ_OK : MPQ_ERR_NOMEM;
+    if (P.layers) memset(P.layers, 0, sizeof(mpq_layer_plan) * (size_t)nlayers);
+    size_t b0 = 0;
+    for (int l = 0; l < nlayers && st == MPQ_OK; l++) {
+        const mpq_sfmp_layer *Ly = &layers[l];
+        mpq_layer_plan *L = &P.layers[l];
+        const int ng = (Ly->cols + G - 1) / G, nbr = (Ly->rows + BR - 1) / BR;
+        L->rows = Ly->rows, L->cols = Ly->cols, L->group = G, L->block_rows = BR, L->format = MPQ_FORMAT_BITPLANE;
+        L->bits = (uint8_t *)MPQ_MALLOC((size_t)nbr * (size_t)ng);
+        if (d->reorder & MPQ_REORDER_ROWS) L->p_row = (uint32_t *)MPQ_MALLOC(sizeof(uint32_t) * (size_t)Ly->rows);
+        if (d->reorder & MPQ_REORDER_COLS) L->p_col = (uint32_t *)MPQ_MALLOC(sizeof(uint32_t) * (size_t)Ly->cols);
+        if (!L->bits || ((d->reorder & MPQ_REORDER_ROWS) && !L->p_row) || ((d->reorder & MPQ_REORDER_COLS) && !L->p_col)) {
+            st = MPQ_ERR_NOMEM;
+            break;
+        }
+        if (d->reorder && (st = mpq_perm_from_salience(Ly->S, Ly->rows, Ly->cols, L->p_row, L->p_col)) != MPQ_OK) break;
+        /* eq. 9 on the reordered salience, read through the permutations;
+           the same pass checks every value (finite, >= 0) */
+        double *acc = (double *)MPQ_MALLOC(sizeof(double) * (size_t)nbr * (size_t)ng);
+        if (!acc) {
+            st = MPQ_ERR_NOMEM;
+            break;
+        }
+        int bad_nan = 0, bad_neg = 0;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(dynamic, 1) reduction(| : bad_nan, bad_neg)
+#endif
+        for (int br = 0; br < nbr; br++) {
+            double *arow = acc + (size_t)br * (size_t)ng;
+            for (int g = 0; g < ng; g++) arow[g] = 0.0;
+            for (int i = br * BR; i < Ly->rows && i < (br + 1) * BR; i++) {
+                const float *srow = Ly->S + (size_t)(L->p_row ? L->p_row[i] : (uint32_t)i) * (size_t)Ly->cols;
+                for (int g = 0; g < ng; g++) {
+                    const int j1 = g * G + G < Ly->cols ? g * G + G : Ly->cols;
+                    float part = 0.0f, lo_v = 0.0f;
+                    for (int j = g * G; j < j1; j++) {
+                        const float v = srow[L->p_col ? L->p_col[j] : (uint32_t)j];
+                        part += v;
+                        lo_v = v < lo_v ? v : lo_v;
+                    }
+                    bad_nan |= !mpq__finite(part); /* NaN or Inf anywhere makes the sum so */
+                    bad_neg |= lo_v < 0.0f;
+                    arow[g] += (double)part;
+                }
+            }
+        }
+        if (bad_nan || bad_neg) {
+            MPQ_FREE(acc);
+            st = bad_nan ? MPQ_ERR_NONFINITE : MPQ_ERR_RANGE;
+            break;
+        }
+        for (int br = 0; br < nbr; br++)
+            for (int g = 0; g < ng; g++) {
+                size_t b = (size_t)br * (size_t)ng + (size_t)g;
+                int r = Ly->rows - br * BR < BR ? Ly->rows - br * BR : BR, c = Ly->cols - g * G < G ? Ly->cols - g * G : G;
+                sal[b0 + b] = (float)acc[b];
+                cost[b0 + b] = (double)r * c;
+                L->bits[b] = (uint8_t)lo;
+            }
+        MPQ_FREE(acc);
+        b0 += (size_t)nbr * (size_t)ng;
+    }
+    /* eq. 10 as a ranking: the most salient blocks, across all layers, take
+       lo + 1 bits while the budget lasts (stable: ties keep layer and block
+       order) */
+    if (st == MPQ_OK && extra > 0.0 && (st = mpq_argsort_desc(sal, nblocks, order)) == MPQ_OK) {
+        for (size_t k = 0; k < nblocks; k++) {
+            const uint32_t b = order[k];
+            if (cost[b] > extra) break;
+            extra -= cost[b];
+            size_t base = 0;
+            for (int l = 0; l < nlayers; l++) { /* the layer of block b */
+                size_t nb = mpq__nblocks(&P.layers[l]);
+                if (b < base + nb) {
+                    P.layers[l].bits[b - base] = (uint8_t)(lo + 1);
+                    break;
+                }
+                base += nb;
+            }
+        }
+    }
+    MPQ_FREE(sal);
+    MPQ_FREE(order);
+    MPQ_FREE(cost);
+    if (st != MPQ_OK) {
+        mpq_plan_free(&P);
+        return st;
+    }
+    mpq__plan_account(&P);
+    *out = P;
     return MPQ_OK;
 }
 

@@ -148,7 +148,7 @@ Test(awq, clipping_never_increases_a_groups_error)
             for (int pass = 0; pass < 2; pass++) { /* 0: as chosen, 1: no clip */
                 for (int k = 0; k < 64; k++) vc[k] = (pass == 0 && cl > 0) ? fminf(fmaxf(v[k], -cl), cl) : v[k];
                 uint8_t q[64];
-                uint16_t hs, hz;
+                uint16_t hs = 0, hz = 0;
                 mpq_quantize_group(vc, 64, b, 0, q, &hs, &hz);
                 err[pass] = 0;
                 for (int u = 0; u < ct; u++) { /* the documented sample: evenly spaced tokens */

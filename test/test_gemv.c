@@ -92,7 +92,7 @@ static void exact_case(synth_rng *r, int m, int n, int G, int br, int bmax, int 
     for (int k = 0; k < n * batch; k++) x[k] = (float)(synth_int(r, 5) - 2);
     mpq_bitplane_desc d = {0};
     d.rows = m, d.cols = n, d.group = G, d.block_rows = br, d.bits = bits, d.p_row = pr, d.p_col = pc, d.col_scale = cs;
-    size_t bytes;
+    size_t bytes = 0;
     mpq_bitplane_bytes(&d, &bytes);
     void *buf = tc_alloc(bytes);
     mpq_packed A;

@@ -280,7 +280,7 @@ Test(mxint, bad_descriptions_and_corrupt_buffers)
     synth_weights(&r, W, 20, 64);
     mpq_bitplane_desc d = {0};
     d.format = MPQ_FORMAT_MXINT, d.rows = 20, d.cols = 64;
-    size_t bytes;
+    size_t bytes = 0;
     d.group = 64;
     cr_assert_eq(mpq_bitplane_bytes(&d, &bytes), MPQ_ERR_SIZE);
     d.group = 0, d.uniform_bits = 1;

@@ -57,7 +57,7 @@ Test(pack, codes_and_pairs_read_back_through_the_documented_layout)
                 sh[k] = mpq_f32_to_f16((float)synth_unif(&r));
                 zh[k] = mpq_f32_to_f16((float)synth_gauss(&r));
             }
-            size_t bytes;
+            size_t bytes = 0;
             cr_assert_eq(mpq_bitplane_bytes(&P.d, &bytes), MPQ_OK);
             uint8_t *buf = tc_alloc(bytes);
             memset(buf, 0xCD, bytes);
@@ -118,7 +118,7 @@ Test(pack, packing_floats_quantizes_the_permuted_scaled_matrix)
                     row[j] = W[(size_t)M.prow[i] * s->n + M.pcol[j]] / M.cscale[j]; /* W~ / c */
                 for (int g = 0; g < ng; g++) {
                     int b = M.width[i * ng + g], gw = s->n - g * s->G < s->G ? s->n - g * s->G : s->G;
-                    uint16_t hs, hz;
+                    uint16_t hs = 0, hz = 0;
                     mpq_quantize_group(row + g * s->G, gw, b, b == 5, q, &hs, &hz);
                     cr_assert_eq(tc_half(hs), M.sh[i * ng + g]);
                     cr_assert_eq(tc_half(hz), M.zh[i * ng + g]);
@@ -179,7 +179,7 @@ Test(pack, bad_inputs_are_errors_and_write_nothing)
     bits[0] = 3, bits[1] = 4;
     mpq_bitplane_desc d = {0};
     d.rows = m, d.cols = n, d.group = 40, d.bits = bits, d.p_row = pr, d.p_col = pc, d.col_scale = cs;
-    size_t bytes;
+    size_t bytes = 0;
     cr_assert_eq(mpq_bitplane_bytes(&d, &bytes), MPQ_OK);
     uint8_t *buf = tc_alloc(bytes + 16), *ref = malloc(bytes + 16);
     memset(buf, 0x5A, bytes + 16);
@@ -278,7 +278,7 @@ static void put_u64(uint8_t *p, uint64_t v) { memcpy(p, &v, 8); }
 
 Test(pack, open_rejects_every_corruption)
 {
-    size_t bytes;
+    size_t bytes = 0;
     uint8_t *good = valid_buffer(&bytes), *b = tc_alloc(bytes + 64);
     mpq_packed A;
     cr_assert_eq(mpq_packed_open(good, bytes, &A), MPQ_OK);
@@ -356,7 +356,7 @@ Test(pack, open_rejects_every_corruption)
 
 Test(pack, random_corruption_never_crashes)
 {
-    size_t bytes;
+    size_t bytes = 0;
     uint8_t *good = valid_buffer(&bytes), *b = tc_alloc(bytes);
     synth_rng r = {26};
     float x[50], y[21];

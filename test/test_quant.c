@@ -57,7 +57,7 @@ Test(quant, error_within_half_a_step_for_every_width_and_length)
                     int len = lens[li];
                     float scale = rep % 3 == 0 ? 1e-3f : (rep % 3 == 1 ? 0.02f : 30.0f);
                     for (int k = 0; k < len; k++) v[k] = scale * synth_student4(&r) + (rep % 4 == 0 ? scale : 0.0f);
-                    uint16_t hs, hz;
+                    uint16_t hs = 0, hz = 0;
                     cr_assert_eq(mpq_quantize_group(v, len, b, sym, q, &hs, &hz), MPQ_OK);
                     check_group(v, len, b, sym, q, hs, hz);
                 }
@@ -67,7 +67,7 @@ Test(quant, constant_groups_do_not_divide_by_zero)
 {
     float v[16];
     uint8_t q[16];
-    uint16_t hs, hz;
+    uint16_t hs = 0, hz = 0;
     for (int b = 1; b <= 8; b++)
         for (int sym = 0; sym < 2; sym++) {
             for (int k = 0; k < 16; k++) v[k] = 0.5f;
@@ -121,7 +121,7 @@ Test(quant, whole_matrix_follows_the_bits_map_and_symmetric_mask)
     for (int i = 0; i < m; i++)
         for (int g = 0; g < ng; g++) {
             int b = bits[(i / br) * ng + g], gw = n - g * G < G ? n - g * G : G;
-            uint16_t hs, hz;
+            uint16_t hs = 0, hz = 0;
             mpq_quantize_group(W + i * n + g * G, gw, b, b == 8 || b == 3, q, &hs, &hz);
             cr_assert_eq(hs, sh[i * ng + g]);
             cr_assert_eq(hz, zh[i * ng + g]);
@@ -155,7 +155,7 @@ Test(quant, sfmp_appendix_b_worked_example)
     uint16_t sh = mpq_f32_to_f16(0.5f), zh = 0;
     mpq_bitplane_desc d = {0};
     d.rows = 1, d.cols = 8, d.group = 8, d.uniform_bits = 4;
-    size_t bytes;
+    size_t bytes = 0;
     cr_assert_eq(mpq_bitplane_bytes(&d, &bytes), MPQ_OK);
     uint8_t *buf = tc_alloc(bytes);
     mpq_packed A;

@@ -1,0 +1,229 @@
+/* Section 10: plans and the SFMP planner. */
+#include "common.h"
+
+typedef struct model {
+    int n;
+    mpq_sfmp_layer L[8];
+} model;
+
+static void make_model(synth_rng *r, model *M, int n, const int (*shape)[2])
+{
+    M->n = n;
+    for (int l = 0; l < n; l++) {
+        int m = shape[l][0], c = shape[l][1];
+        float *S = malloc(sizeof(float) * m * c);
+        for (int k = 0; k < m * c; k++) S[k] = 1e-6f * fabsf(synth_student4(r));
+        for (int k = 0; k < 2; k++) { /* planted salient rows and columns, as in SFMP's figure 13 */
+            int i = synth_int(r, m), j = synth_int(r, c);
+            for (int q = 0; q < c; q++) S[i * c + q] *= 30.0f;
+            for (int q = 0; q < m; q++) S[q * c + j] *= 30.0f;
+        }
+        M->L[l].S = S, M->L[l].rows = m, M->L[l].cols = c;
+    }
+}
+
+static void free_model(model *M)
+{
+    for (int l = 0; l < M->n; l++) free((void *)M->L[l].S);
+}
+
+static double frac_at(const mpq_plan *p, int bits)
+{
+    double w = 0, all = 0;
+    for (int l = 0; l < p->nlayers; l++) {
+        const mpq_layer_plan *L = &p->layers[l];
+        int ng = (L->cols + L->group - 1) / L->group;
+        for (int i = 0; i < L->rows; i++)
+            for (int j = 0; j < L->cols; j++) {
+                w += L->bits[(i / L->block_rows) * ng + j / L->group] == bits;
+                all += 1;
+            }
+    }
+    return w / all;
+}
+
+Test(plan, sfmp_2_25_bpw_at_group_256_puts_an_eighth_at_3_bits)
+{
+    synth_rng r = {91};
+    const int shape[2][2] = {{512, 1024}, {256, 2048}};
+    model M;
+    make_model(&r, &M, 2, shape);
+    mpq_sfmp_desc d = {0};
+    d.bpw = 2.25, d.group = 256;
+    mpq_plan p;
+    cr_assert_eq(mpq_plan_sfmp(M.L, 2, &d, &p), MPQ_OK);
+    /* 2.25 - 32/256 metadata = 2.125 weight bits: 12.5 % at 3 bits */
+    cr_assert_float_eq(frac_at(&p, 3), 0.125, 1e-12);
+    cr_assert_float_eq(frac_at(&p, 2), 0.875, 1e-12);
+    cr_assert_float_eq(p.bpw, 2.25, 1e-12);
+    /* and it is the most salient eighth of the blocks, ranked across both layers */
+    double *sal = malloc(sizeof(double) * 256);
+    int *who = malloc(sizeof(int) * 256), nb = 0;
+    for (int l = 0; l < 2; l++) {
+        int m = shape[l][0], c = shape[l][1], ng = c / 256;
+        for (int br = 0; br < m / 16; br++)
+            for (int g = 0; g < ng; g++, nb++) {
+                double s = 0;
+                for (int i = br * 16; i < br * 16 + 16; i++)
+                    for (int j = g * 256; j < g * 256 + 256; j++) s += M.L[l].S[i * c + j];
+                sal[nb] = s;
+                who[nb] = p.layers[l].bits[br * ng + g];
+            }
+    }
+    for (int a = 0; a < nb; a++) /* every 3-bit block outranks every 2-bit block */
+        for (int b = 0; b < nb; b++)
+            if (who[a] == 3 && who[b] == 2) cr_assert_geq(sal[a], sal[b] * (1 - 1e-6));
+    free(sal), free(who);
+    mpq_plan_free(&p);
+    free_model(&M);
+}
+
+Test(plan, budgets_are_met_from_below_on_random_models)
+{
+    synth_rng r = {92};
+    for (int rep = 0; rep < 40; rep++) {
+        int shape[4][2], n = 1 + synth_int(&r, 4);
+        for (int l = 0; l < n; l++) shape[l][0] = 1 + synth_int(&r, 90), shape[l][1] = 8 + synth_int(&r, 300);
+        model M;
+        make_model(&r, &M, n, (const int(*)[2])shape);
+        mpq_sfmp_desc d = {0};
+        d.group = 8 * (1 + synth_int(&r, 16));
+        d.block_rows = 1 + synth_int(&r, 40);
+        d.reorder = synth_int(&r, 4);
+        double meta = 0, nw0 = 0; /* exact metadata: a partial group costs a whole pair */
+        for (int l = 0; l < n; l++) {
+            meta += 32.0 * shape[l][0] * ((shape[l][1] + d.group - 1) / d.group);
+            nw0 += (double)shape[l][0] * shape[l][1];
+        }
+        d.bpw = 1.0 + meta / nw0 + 7.0 * synth_unif(&r);
+        mpq_plan p;
+        cr_assert_eq(mpq_plan_sfmp(M.L, n, &d, &p), MPQ_OK);
+        cr_assert_leq(p.bpw, d.bpw + 1e-12, "budget %g exceeded: %g", d.bpw, p.bpw);
+        /* from below by less than one block */
+        double nw = 0, biggest = (double)d.block_rows * d.group;
+        for (int l = 0; l < n; l++) nw += (double)shape[l][0] * shape[l][1];
+        if (d.bpw < 8.0) cr_assert_geq(p.bpw, d.bpw - biggest / nw - 1e-12, "budget %g, achieved %g", d.bpw, p.bpw);
+        for (int l = 0; l < n; l++) {
+            if (p.layers[l].p_row) cr_assert_eq(mpq_perm_validate(p.layers[l].p_row, shape[l][0]), MPQ_OK);
+            if (p.layers[l].p_col) cr_assert_eq(mpq_perm_validate(p.layers[l].p_col, shape[l][1]), MPQ_OK);
+        }
+        mpq_plan_free(&p);
+        d.bpw = 0.999 + meta / nw0; /* just below 1 weight bit */
+        cr_assert_eq(mpq_plan_sfmp(M.L, n, &d, &p), MPQ_ERR_RANGE);
+        free_model(&M);
+    }
+}
+
+Test(plan, integer_budgets_edges_and_ties)
+{
+    synth_rng r = {93};
+    const int shape[1][2] = {{64, 512}};
+    model M;
+    make_model(&r, &M, 1, shape);
+    mpq_sfmp_desc d = {0};
+    mpq_plan p;
+    d.bpw = 3.25; /* group 128: exactly 3 weight bits */
+    cr_assert_eq(mpq_plan_sfmp(M.L, 1, &d, &p), MPQ_OK);
+    cr_assert_float_eq(frac_at(&p, 3), 1.0, 0);
+    mpq_plan_free(&p);
+    d.bpw = 1.2; /* below 1 weight bit after metadata */
+    memset(&p, 0x5A, sizeof p);
+    cr_assert_eq(mpq_plan_sfmp(M.L, 1, &d, &p), MPQ_ERR_RANGE);
+    d.bpw = 9.0; /* above 8: every block at 8 */
+    cr_assert_eq(mpq_plan_sfmp(M.L, 1, &d, &p), MPQ_OK);
+    cr_assert_float_eq(frac_at(&p, 8), 1.0, 0);
+    cr_assert_float_eq(p.bpw, 8.25, 1e-12);
+    mpq_plan_free(&p);
+    /* equal salience everywhere: the first blocks (layer, then block order) win */
+    float *S = (float *)M.L[0].S;
+    for (int k = 0; k < 64 * 512; k++) S[k] = 1.0f;
+    d.bpw = 2.25 + 0.25; /* group 128: 2.25 weight bits, a quarter of the blocks at 3 */
+    cr_assert_eq(mpq_plan_sfmp(M.L, 1, &d, &p), MPQ_OK);
+    for (int b = 0; b < 16; b++) cr_assert_eq(p.layers[0].bits[b], b < 4 ? 3 : 2, "block %d", b);
+    mpq_plan_free(&p);
+    /* bad inputs */
+    S[7] = NAN;
+    cr_assert_eq(mpq_plan_sfmp(M.L, 1, &d, &p), MPQ_ERR_NONFINITE);
+    S[7] = -1.0f;
+    cr_assert_eq(mpq_plan_sfmp(M.L, 1, &d, &p), MPQ_ERR_RANGE);
+    S[7] = 1.0f;
+    cr_assert_eq(mpq_plan_sfmp(M.L, 0, &d, &p), MPQ_ERR_SIZE, "an empty layer list");
+    d.group = 12;
+    cr_assert_eq(mpq_plan_sfmp(M.L, 1, &d, &p), MPQ_ERR_ARG);
+    d.group = 0, d.bpw = NAN;
+    cr_assert_eq(mpq_plan_sfmp(M.L, 1, &d, &p), MPQ_ERR_ARG);
+    free_model(&M);
+}
+
+Test(plan, reordering_gathers_salience_into_the_promoted_blocks)
+{
+    synth_rng r = {94};
+    const int shape[2][2] = {{256, 512}, {128, 1024}};
+    model M;
+    make_model(&r, &M, 2, shape);
+    double captured[2];
+    for (int ro = 0; ro < 2; ro++) {
+        mpq_sfmp_desc d = {0};
+        d.bpw = 2.25 + 0.25, d.reorder = ro ? MPQ_REORDER_BOTH : MPQ_REORDER_NONE;
+        mpq_plan p;
+        cr_assert_eq(mpq_plan_sfmp(M.L, 2, &d, &p), MPQ_OK);
+        double got = 0, all = 0;
+        for (int l = 0; l < 2; l++) { /* salience of the weights that got 3 bits */
+            const mpq_layer_plan *L = &p.layers[l];
+            int c = L->cols, ng = c / 128;
+            for (int i = 0; i < L->rows; i++)
+                for (int j = 0; j < c; j++) {
+                    double s = M.L[l].S[(L->p_row ? L->p_row[i] : (uint32_t)i) * c + (L->p_col ? L->p_col[j] : (uint32_t)j)];
+                    all += s;
+                    if (L->bits[(i / 16) * ng + j / 128] == 3) got += s;
+                }
+        }
+        captured[ro] = got / all;
+        /* the plan packs: its description is what mpq_pack takes */
+        float *W = malloc(sizeof(float) * 256 * 512);
+        synth_weights(&r, W, 256, 512);
+        mpq_bitplane_desc bd;
+        cr_assert_eq(mpq_plan_desc(&p, 0, &bd), MPQ_OK);
+        mpq_packed A;
+        cr_assert_eq(mpq_pack_alloc(&bd, W, &A), MPQ_OK);
+        cr_assert_float_eq(mpq_packed_bpw(&A, 1), (p.layers[0].weight_bits + p.layers[0].meta_bits) / (256.0 * 512), 1e-12);
+        mpq_packed_free(&A);
+        free(W);
+        mpq_plan_free(&p);
+    }
+    cr_assert_gt(captured[1], captured[0], "reordered %.3f vs not %.3f", captured[1], captured[0]);
+    free_model(&M);
+}
+
+Test(plan, summary_and_compare)
+{
+    synth_rng r = {95};
+    const int shape[2][2] = {{64, 256}, {32, 512}};
+    model M;
+    make_model(&r, &M, 2, shape);
+    mpq_sfmp_desc d = {0};
+    d.bpw = 2.75;
+    mpq_plan a, b;
+    cr_assert_eq(mpq_plan_sfmp(M.L, 2, &d, &a), MPQ_OK);
+    cr_assert_eq(mpq_plan_sfmp(M.L, 2, &d, &b), MPQ_OK);
+    mpq_plan_diff df;
+    cr_assert_eq(mpq_plan_compare(&a, &b, &df), MPQ_OK);
+    cr_assert_eq(df.weights_differing, 0.0, "planning is deterministic");
+    mpq_plan_free(&b);
+    d.bpw = 3.0, d.reorder = MPQ_REORDER_ROWS;
+    cr_assert_eq(mpq_plan_sfmp(M.L, 2, &d, &b), MPQ_OK);
+    cr_assert_eq(mpq_plan_compare(&a, &b, &df), MPQ_OK);
+    cr_assert_gt(df.weights_differing, 0.0);
+    cr_assert_float_eq(df.bpw_delta, b.bpw - a.bpw, 1e-15);
+    char buf[512];
+    size_t need = mpq_plan_summary(&a, buf, sizeof buf);
+    cr_assert_lt(need, sizeof buf);
+    cr_assert_eq(strlen(buf), need);
+    cr_assert_not_null(strstr(buf, "layer 0: 64x256"), "%s", buf);
+    cr_assert_not_null(strstr(buf, "total bpw 2.750"), "%s", buf);
+    char small[10];
+    cr_assert_eq(mpq_plan_summary(&a, small, sizeof small), need, "returns the length it needs");
+    cr_assert_eq(strlen(small), 9u);
+    mpq_plan_free(&a), mpq_plan_free(&b);
+    free_model(&M);
+}
