@@ -64,7 +64,7 @@
                             argsort, permutations from salience
      9. Statistics ........ streaming Fisher, diag(X^T X), mean |x|, MixLLM
                             salience, PQI, MXSens layer sensitivity
-    10. Plans ............. mpq_plan (data), the SFMP planner
+    10. Plans ............. mpq_plan (data), the SFMP and MXSens planners
 
    NOTATION (see the design notes for the math)
 
@@ -708,6 +708,31 @@ typedef struct mpq_sfmp_desc {
 } mpq_sfmp_desc;
 
 MPQ_DEF mpq_status mpq_plan_sfmp(const mpq_sfmp_layer *layers, int nlayers, const mpq_sfmp_desc *d, mpq_plan *out);
+
+/* MXSens (its section 4.2, algorithm 2 and theorem A.1), for the MXINT
+   format: in every layer the columns are ranked by sensitivity (diag(X^T X))
+   and permuted so; the top 32 (one MXINT block) get 8-bit mantissas, the next
+   N6 columns 6 bits and the rest 4, with N6 = R * S_layer * (d_in - 32) and
+   one global R chosen for the budget. Differences from the paper, so that
+   the budget always holds:
+   - the budget is bits per weight including the E8M0 byte (8/32 bpw), and R
+     weights every column by its layer's rows; with equal rows this is the
+     paper's eq. 2 exactly;
+   - N6 is rounded down to whole 32-column blocks (the last, partial block is
+     the least sensitive and stays at 4 bits);
+   - where R * S_layer would give more 6-bit columns than a layer has, the
+     layer is capped and R is solved again over the other layers;
+   - a layer of 32 columns or fewer is one block at 8 bits; when those fixed
+     costs alone exceed the budget, or the budget is below 4.25, the result
+     is MPQ_ERR_RANGE. */
+typedef struct mpq_mxsens_layer {
+    const float *col_sens; /* cols values, diag(X^T X) (finite, >= 0) */
+    float layer_sens;      /* S_layer in [0, 1] (mpq_mxsens_layer_sensitivity) */
+    int rows, cols;
+} mpq_mxsens_layer;
+
+/* *R_out (may be NULL) receives the final R. */
+MPQ_DEF mpq_status mpq_plan_mxsens(const mpq_mxsens_layer *layers, int nlayers, double bpw, mpq_plan *out, double *R_out);
 
 #ifdef __cplusplus
 }
@@ -3648,6 +3673,91 @@ MPQ_DEF mpq_status mpq_plan_sfmp(const mpq_sfmp_layer *layers, int nlayers, cons
         return st;
     }
     mpq__plan_account(&P);
+    *out = P;
+    return MPQ_OK;
+}
+
+MPQ_DEF mpq_status mpq_plan_mxsens(const mpq_mxsens_layer *layers, int nlayers, double bpw, mpq_plan *out, double *R_out)
+{
+    if (!layers || !out) return MPQ_ERR_ARG;
+    if (nlayers < 1) return MPQ_ERR_SIZE;
+    if (!(bpw - bpw == 0.0)) return MPQ_ERR_ARG;
+    for (int l = 0; l < nlayers; l++) {
+        const mpq_mxsens_layer *Ly = &layers[l];
+        if (!Ly->col_sens) return MPQ_ERR_ARG;
+        if (Ly->rows < 1 || Ly->cols < 1) return MPQ_ERR_SIZE;
+        if (!mpq__finite(Ly->layer_sens)) return MPQ_ERR_NONFINITE;
+        if (Ly->layer_sens < 0.0f || Ly->layer_sens > 1.0f) return MPQ_ERR_RANGE;
+        mpq_status st = mpq__check_finite(Ly->col_sens, (size_t)Ly->cols);
+        if (st != MPQ_OK) return st;
+        for (int j = 0; j < Ly->cols; j++)
+            if (Ly->col_sens[j] < 0.0f) return MPQ_ERR_RANGE;
+    }
+    /* Mantissa bits available: the budget less the E8M0 byte of every block. */
+    double nw = 0.0, avail = 0.0, fixed = 0.0;
+    for (int l = 0; l < nlayers; l++) {
+        const double r = layers[l].rows, d = layers[l].cols, nb = (double)((layers[l].cols + 31) / 32);
+        nw += r * d;
+        avail -= 8.0 * r * nb;
+        const double d8 = d < 32 ? d : 32; /* the 8-bit block; the rest starts at 4 bits */
+        fixed += r * (8.0 * d8 + 4.0 * (d - d8));
+    }
+    avail += bpw * nw;
+    if (avail < fixed) return MPQ_ERR_RANGE;
+    /* R over the layers not yet capped: sum over them of 2 r S (d - 32) R
+       equals what is left (theorem A.1 with rows as weights); capped layers
+       take all their 6-bit columns. */
+    uint8_t *capped = (uint8_t *)MPQ_MALLOC((size_t)nlayers);
+    if (!capped) return MPQ_ERR_NOMEM;
+    memset(capped, 0, (size_t)nlayers);
+    double R = 0.0;
+    for (int round = 0; round <= nlayers; round++) {
+        double left = avail - fixed, den = 0.0;
+        for (int l = 0; l < nlayers; l++) {
+            const double r = layers[l].rows, rest = layers[l].cols > 32 ? layers[l].cols - 32 : 0;
+            if (capped[l])
+                left -= 2.0 * r * rest;
+            else
+                den += 2.0 * r * (double)layers[l].layer_sens * rest;
+        }
+        R = den > 0.0 && left > 0.0 ? left / den : 0.0;
+        int changed = 0;
+        for (int l = 0; l < nlayers; l++)
+            if (!capped[l] && R * layers[l].layer_sens > 1.0) capped[l] = 1, changed = 1;
+        if (!changed) break;
+    }
+    mpq_plan P;
+    memset(&P, 0, sizeof P);
+    P.nlayers = nlayers;
+    P.layers = (mpq_layer_plan *)MPQ_MALLOC(sizeof(mpq_layer_plan) * (size_t)nlayers);
+    mpq_status st = P.layers ? MPQ_OK : MPQ_ERR_NOMEM;
+    if (P.layers) memset(P.layers, 0, sizeof(mpq_layer_plan) * (size_t)nlayers);
+    for (int l = 0; l < nlayers && st == MPQ_OK; l++) {
+        const mpq_mxsens_layer *Ly = &layers[l];
+        mpq_layer_plan *L = &P.layers[l];
+        const int nb = (Ly->cols + 31) / 32, rest = Ly->cols > 32 ? Ly->cols - 32 : 0;
+        L->rows = Ly->rows, L->cols = Ly->cols, L->group = MPQ_MX_BLOCK, L->block_rows = Ly->rows;
+        L->format = MPQ_FORMAT_MXINT;
+        L->bits = (uint8_t *)MPQ_MALLOC((size_t)nb);
+        L->p_col = (uint32_t *)MPQ_MALLOC(sizeof(uint32_t) * (size_t)Ly->cols);
+        if (!L->bits || !L->p_col) {
+            st = MPQ_ERR_NOMEM;
+            break;
+        }
+        if ((st = mpq_argsort_desc(Ly->col_sens, (size_t)Ly->cols, L->p_col)) != MPQ_OK) break;
+        /* algorithm 2, line 8, rounded down to whole blocks */
+        double n6 = capped[l] ? (double)rest : floor(R * (double)Ly->layer_sens * (double)rest);
+        int b6 = (int)(n6 / 32.0);
+        if (b6 > nb - 1) b6 = nb - 1;
+        for (int b = 0; b < nb; b++) L->bits[b] = (uint8_t)(b == 0 ? 8 : (b <= b6 ? 6 : 4));
+    }
+    MPQ_FREE(capped);
+    if (st != MPQ_OK) {
+        mpq_plan_free(&P);
+        return st;
+    }
+    mpq__plan_account(&P);
+    if (R_out) *R_out = R;
     *out = P;
     return MPQ_OK;
 }

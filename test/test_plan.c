@@ -227,3 +227,115 @@ Test(plan, summary_and_compare)
     mpq_plan_free(&a), mpq_plan_free(&b);
     free_model(&M);
 }
+
+/* ---- MXSens ---- */
+
+typedef struct mxmodel {
+    int n;
+    mpq_mxsens_layer L[6];
+} mxmodel;
+
+static void make_mx(synth_rng *r, mxmodel *M, int n, const int (*shape)[2], const float *S)
+{
+    M->n = n;
+    for (int l = 0; l < n; l++) {
+        float *c = malloc(sizeof(float) * shape[l][1]);
+        for (int j = 0; j < shape[l][1]; j++) c[j] = fabsf(synth_student4(r));
+        M->L[l].col_sens = c, M->L[l].layer_sens = S[l], M->L[l].rows = shape[l][0], M->L[l].cols = shape[l][1];
+    }
+}
+
+static void free_mx(mxmodel *M)
+{
+    for (int l = 0; l < M->n; l++) free((void *)M->L[l].col_sens);
+}
+
+Test(plan, mxsens_R_is_theorem_a1_and_reproduces_eq3)
+{
+    synth_rng r = {96};
+    const int shape[3][2] = {{128, 1024}, {128, 512}, {128, 2048}};
+    const float S[3] = {1.0f, 0.5f, 0.25f};
+    mxmodel M;
+    make_mx(&r, &M, 3, shape, S);
+    const double bpw = 4.25 + 0.5; /* mantissa average B = 4.5 */
+    mpq_plan p;
+    double R;
+    cr_assert_eq(mpq_plan_mxsens(M.L, 3, bpw, &p, &R), MPQ_OK);
+    /* eq. 2: R = ((B - 4) sum d - 4 * 32 * n) / (sum 2 S (d - 32)) */
+    const double B = bpw - 0.25, sd = 1024 + 512 + 2048;
+    const double num = (B - 4) * sd - 4.0 * 32 * 3, den = 2 * (1.0 * 992 + 0.5 * 480 + 0.25 * 2016);
+    cr_assert_float_eq(R, num / den, 1e-12);
+    /* eq. 3 with that R (before rounding to blocks) is exactly B */
+    double avg = 0;
+    for (int l = 0; l < 3; l++) {
+        double d = shape[l][1], n6 = R * S[l] * (d - 32);
+        avg += 8 * 32 + 6 * n6 + 4 * (d - 32 - n6);
+    }
+    cr_assert_float_eq(avg / sd, B, 1e-12);
+    /* the plan: budget from below by less than one 32-column block per layer */
+    cr_assert_leq(p.bpw, bpw + 1e-12);
+    cr_assert_geq(p.bpw, bpw - 3 * 128.0 * 32 * 2 / (128.0 * sd), "%g", p.bpw);
+    for (int l = 0; l < 3; l++) {
+        const mpq_layer_plan *L = &p.layers[l];
+        cr_assert_eq(L->format, MPQ_FORMAT_MXINT);
+        cr_assert_eq(L->bits[0], 8);
+        /* the 8-bit block holds the 32 most sensitive columns */
+        uint32_t top[32];
+        cr_assert_eq(mpq_top_k(M.L[l].col_sens, (size_t)L->cols, 32, top), MPQ_OK);
+        uint8_t in8[2048] = {0};
+        for (int j = 0; j < 32; j++) in8[L->p_col[j]] = 1;
+        for (int k = 0; k < 32; k++) cr_assert(in8[top[k]]);
+        /* widths never increase along the ranking, and the 6-bit count is eq. line 8 in whole blocks */
+        int nb = L->cols / 32, n6 = 0;
+        for (int b = 1; b < nb; b++) {
+            cr_assert_leq(L->bits[b], L->bits[b - 1]);
+            n6 += L->bits[b] == 6;
+        }
+        cr_assert_eq(n6, (int)(floor(R * S[l] * (L->cols - 32)) / 32));
+    }
+    /* the plan packs as MXINT */
+    float *W = malloc(sizeof(float) * 128 * 1024);
+    synth_weights(&r, W, 128, 1024);
+    mpq_bitplane_desc d;
+    cr_assert_eq(mpq_plan_desc(&p, 0, &d), MPQ_OK);
+    mpq_packed A;
+    cr_assert_eq(mpq_pack_alloc(&d, W, &A), MPQ_OK);
+    cr_assert_float_eq(mpq_packed_bpw(&A, 1), (p.layers[0].weight_bits + p.layers[0].meta_bits) / (128.0 * 1024), 1e-12);
+    mpq_packed_free(&A);
+    free(W);
+    mpq_plan_free(&p);
+    free_mx(&M);
+}
+
+Test(plan, mxsens_open_cases_keep_the_budget)
+{
+    synth_rng r = {97};
+    /* R * S > 1 for the sensitive layer: it is capped, R is solved again */
+    const int shape[3][2] = {{64, 256}, {64, 4096}, {64, 20}}; /* the last is narrower than a block */
+    const float S[3] = {1.0f, 0.02f, 0.5f};
+    mxmodel M;
+    make_mx(&r, &M, 3, shape, S);
+    for (double bpw = 4.4; bpw < 8.3; bpw += 0.37) {
+        mpq_plan p;
+        double R;
+        mpq_status st = mpq_plan_mxsens(M.L, 3, bpw, &p, &R);
+        if (st == MPQ_ERR_RANGE) continue; /* only when the fixed 8-bit blocks alone exceed it */
+        cr_assert_eq(st, MPQ_OK);
+        cr_assert_leq(p.bpw, bpw + 1e-12, "budget %g, got %g", bpw, p.bpw);
+        cr_assert_eq(p.layers[2].bits[0], 8, "a narrow layer is one 8-bit block");
+        if (R * S[0] > 1.0) /* capped: every block after the first at 6 bits */
+            for (int b = 1; b < 8; b++) cr_assert_eq(p.layers[0].bits[b], 6);
+        mpq_plan_free(&p);
+    }
+    mpq_plan p;
+    cr_assert_eq(mpq_plan_mxsens(M.L, 3, 4.2, &p, NULL), MPQ_ERR_RANGE, "below 4-bit mantissas plus exponents");
+    M.L[1].layer_sens = 1.5f;
+    cr_assert_eq(mpq_plan_mxsens(M.L, 3, 5.0, &p, NULL), MPQ_ERR_RANGE);
+    M.L[1].layer_sens = NAN;
+    cr_assert_eq(mpq_plan_mxsens(M.L, 3, 5.0, &p, NULL), MPQ_ERR_NONFINITE);
+    M.L[1].layer_sens = 0.5f;
+    ((float *)M.L[0].col_sens)[3] = -1.0f;
+    cr_assert_eq(mpq_plan_mxsens(M.L, 3, 5.0, &p, NULL), MPQ_ERR_RANGE);
+    cr_assert_eq(mpq_plan_mxsens(M.L, 0, 5.0, &p, NULL), MPQ_ERR_SIZE);
+    free_mx(&M);
+}
