@@ -8,9 +8,9 @@
    examples/synth.h). The activations come in batches whose massive channels
    are the same in every token, as in LLMs: 64 calibration tokens for AWQ and
    16 held-out tokens on which every error below is measured (relative
-   Frobenius norm of Y - Y_float). Fractional bit widths are 16 x 128 block
-   mixes of two neighbouring widths, the higher width on the blocks with the
-   largest share of the output (a stand-in for the salience planners). Then
+   Frobenius norm of Y - Y_float). Bit widths come from the SFMP planner
+   (16 x 128 blocks, rows reordered; fractional widths mix two neighbouring
+   ones), with the salience proxy w^2 E[x^2]. Then
    AWQ next to round-to-nearest, MXINT, and nested precision: one 4-bit
    matrix run with its lowest planes skipped. Times are the median of 25
    GEMVs with one vector, against a float32 GEMV measured the same way. */
@@ -36,29 +36,33 @@ typedef struct demo {
     mpq_backend be;
 } demo;
 
-static int cmp_desc(const void *a, const void *b)
+/* SFMP plan for `bpw` weight bits (+ 0.25 metadata at group 128) on 16 x 128
+   blocks, rows reordered by salience. This single layer has no
+   gradients, so the salience is the proxy w_ij^2 E[x_j^2] over the
+   calibration tokens (each weight's share of the squared output). The plan
+   owns the bits map and permutations it puts in *d. */
+static void sfmp_plan(const demo *D, double bpw, mpq_plan *plan, mpq_bitplane_desc *d)
 {
-    double x = ((const double *)a)[0], y = ((const double *)b)[0];
-    return (x < y) - (x > y);
-}
-
-/* Widths per 16 x 128 block: the higher one on the fraction bpw - floor(bpw)
-   of the blocks with the largest sum of (w_ij x_j)^2 over the calibration
-   tokens. */
-static void block_mix(const demo *D, uint8_t *bits, double bpw)
-{
-    const int nbr = (D->m + 15) / 16, ngr = (D->n + 127) / 128, nb = nbr * ngr;
-    double *score = malloc(sizeof(double) * 2 * (size_t)nb), *x2 = calloc((size_t)D->n, sizeof(double));
+    const size_t mn = (size_t)D->m * D->n;
+    float *S = malloc(sizeof(float) * mn);
+    double *x2 = calloc((size_t)D->n, sizeof(double));
     for (int t = 0; t < CALIB; t++)
-        for (int j = 0; j < D->n; j++) x2[j] += (double)D->Xc[(size_t)t * D->n + j] * D->Xc[(size_t)t * D->n + j];
-    for (int b = 0; b < nb; b++) score[2 * b] = 0.0, score[2 * b + 1] = b;
-    for (int i = 0; i < D->m; i++)
-        for (int j = 0; j < D->n; j++)
-            score[2 * ((i / 16) * ngr + j / 128)] += (double)D->W[(size_t)i * D->n + j] * D->W[(size_t)i * D->n + j] * x2[j];
-    qsort(score, (size_t)nb, 2 * sizeof(double), cmp_desc);
-    int lo = (int)bpw, nhi = (int)((bpw - lo) * nb + 0.5);
-    for (int k = 0; k < nb; k++) bits[(int)score[2 * k + 1]] = (uint8_t)(k < nhi ? lo + 1 : lo);
-    free(score);
+        for (int j = 0; j < D->n; j++) x2[j] += (double)D->Xc[(size_t)t * D->n + j] * D->Xc[(size_t)t * D->n + j] / CALIB;
+    for (size_t k = 0; k < mn; k++) S[k] = (float)((double)D->W[k] * D->W[k] * x2[k % (size_t)D->n]);
+    mpq_sfmp_layer L = {S, D->m, D->n};
+    mpq_sfmp_desc sd;
+    memset(&sd, 0, sizeof sd);
+    /* rows only: reordering columns also regroups the columns that share a
+       scale, and on this layer that gathers the outlier columns into one
+       group of every row (weight error at 4 bits 0.118 -> 0.181) */
+    sd.bpw = bpw + 32.0 / 128, sd.group = 128, sd.block_rows = 16, sd.reorder = MPQ_REORDER_ROWS;
+    mpq_status st = mpq_plan_sfmp(&L, 1, &sd, plan);
+    if (st == MPQ_OK) st = mpq_plan_desc(plan, 0, d);
+    if (st != MPQ_OK) {
+        fprintf(stderr, "sfmp: %s\n", mpq_status_str(st));
+        exit(1);
+    }
+    free(S);
     free(x2);
 }
 
@@ -184,16 +188,16 @@ int main(int argc, char **argv)
            mpq_path_name(mpq__resolve_path(MPQ_PATH_AUTO)), D.be.name);
     printf("errors: relative, on %d held-out tokens; float32 GEMV %.1f us\n\n", HELD, D.t32);
 
-    printf("round to nearest, group 128\n%6s %7s %10s %11s %11s %9s %8s\n", "bpw", "+meta", "bytes", "weight err",
-           "output err", "gemv us", "vs fp32");
+    printf("SFMP plan, round to nearest, group 128\n%6s %7s %10s %11s %11s %9s %8s\n", "bpw", "+meta", "bytes",
+           "weight err", "output err", "gemv us", "vs fp32");
     const double bpws[] = {2.0, 2.5, 3.0, 3.25, 4.0, 5.0, 8.0};
     for (size_t k = 0; k < sizeof bpws / sizeof bpws[0]; k++) {
-        block_mix(&D, bits, bpws[k]);
+        mpq_plan plan;
         mpq_bitplane_desc d;
-        memset(&d, 0, sizeof d);
-        d.rows = m, d.cols = n, d.bits = bits;
+        sfmp_plan(&D, bpws[k], &plan, &d);
         mpq_packed A;
         if (mpq_pack_alloc(&d, D.W, &A) != MPQ_OK) return 1;
+        mpq_plan_free(&plan);
         double oe, we, us;
         evaluate(&D, &A, &oe, &we, &us);
         printf("%6.2f %7.2f %10zu %11.5f %11.5f %9.1f %7.2fx\n", mpq_packed_bpw(&A, 0), mpq_packed_bpw(&A, 1), A.bytes, we,
@@ -212,13 +216,13 @@ int main(int argc, char **argv)
                {"bitplane 4", MPQ_FORMAT_BITPLANE, 4.0}, {"MXINT4", MPQ_FORMAT_MXINT, 4.0}};
     for (size_t k = 0; k < sizeof cfg / sizeof cfg[0]; k++) {
         mpq_bitplane_desc d;
+        mpq_plan plan;
+        memset(&plan, 0, sizeof plan);
         memset(&d, 0, sizeof d);
-        d.rows = m, d.cols = n, d.format = cfg[k].format;
-        if (cfg[k].format == MPQ_FORMAT_BITPLANE) {
-            block_mix(&D, bits, cfg[k].bpw);
-            d.bits = bits;
-        } else
-            d.uniform_bits = (int)cfg[k].bpw;
+        if (cfg[k].format == MPQ_FORMAT_BITPLANE)
+            sfmp_plan(&D, cfg[k].bpw, &plan, &d);
+        else
+            d.rows = m, d.cols = n, d.format = cfg[k].format, d.uniform_bits = (int)cfg[k].bpw;
         mpq_packed A;
         double oe0, we0, us0, oe1, we1, us1;
         if (mpq_pack_alloc(&d, D.W, &A) != MPQ_OK) return 1;
@@ -231,6 +235,7 @@ int main(int argc, char **argv)
         printf("%-12s %7.2f %11.5f %11.5f %7.2f %9.2f %9.1f %9.1f\n", cfg[k].name, mpq_packed_bpw(&A, 1), oe0, oe1,
                (double)res.alpha, secs, us0, us1);
         mpq_packed_free(&A);
+        mpq_plan_free(&plan);
     }
 
     printf("\nMXINT: 32-column blocks, shared power-of-two scale (4/6/8: one 8-bit block, an eighth at 6, rest 4)\n");
