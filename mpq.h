@@ -64,7 +64,7 @@
                             argsort, permutations from salience
      9. Statistics ........ streaming Fisher, diag(X^T X), mean |x|, MixLLM
                             salience, PQI, MXSens layer sensitivity
-    10. Plans ............. mpq_plan (data), the SFMP and MXSens planners
+    10. Plans ............. mpq_plan (data), the SFMP, MixLLM and MXSens planners
 
    NOTATION (see the design notes for the math)
 
@@ -653,6 +653,7 @@ MPQ_DEF mpq_status mpq_mxsens_layer_sensitivity(const double *errors, int nlayer
    permutations and bits maps are reported separately, in bytes. */
 typedef struct mpq_layer_plan {
     int rows, cols, group, block_rows, format;
+    unsigned symmetric;   /* widths quantized symmetrically (bit b: b bits), as in mpq_bitplane_desc */
     uint8_t *bits;        /* ceil(rows/block_rows) x ceil(cols/group), packed coordinates */
     uint32_t *p_row;      /* NULL: identity */
     uint32_t *p_col;      /* NULL: identity */
@@ -708,6 +709,29 @@ typedef struct mpq_sfmp_desc {
 } mpq_sfmp_desc;
 
 MPQ_DEF mpq_status mpq_plan_sfmp(const mpq_sfmp_layer *layers, int nlayers, const mpq_sfmp_desc *d, mpq_plan *out);
+
+/* MixLLM (its section 3.2 and algorithm 1): output channels of all layers are
+   ranked together by their salience (mpq_mixllm_add: the loss estimate of
+   quantizing that channel), and the top `count` channels (or `fraction` of
+   all channels when count is 0) get the high width, symmetric, the rest the
+   low width, asymmetric; group-wise. Widths are per row (block_rows = 1) and
+   each layer's rows are permuted so that its high-width rows come first
+   (then by salience), which keeps them contiguous: only the tile at the
+   boundary mixes widths. Ties rank the earlier layer and row first. */
+typedef struct mpq_mixllm_layer {
+    const float *salience; /* rows values, finite and >= 0 */
+    int rows, cols;
+} mpq_mixllm_layer;
+
+typedef struct mpq_mixllm_desc {
+    long long count;  /* channels at the high width over all layers; 0 -> use fraction */
+    double fraction;  /* of all channels, in [0, 1] (used when count is 0) */
+    int high_bits;    /* 0 -> 8 (symmetric) */
+    int low_bits;     /* 0 -> 4 (asymmetric) */
+    int group;        /* 0 -> 128 */
+} mpq_mixllm_desc;
+
+MPQ_DEF mpq_status mpq_plan_mixllm(const mpq_mixllm_layer *layers, int nlayers, const mpq_mixllm_desc *d, mpq_plan *out);
 
 /* MXSens (its section 4.2, algorithm 2 and theorem A.1), for the MXINT
    format: in every layer the columns are ranked by sensitivity (diag(X^T X))
@@ -3402,7 +3426,7 @@ MPQ_DEF mpq_status mpq_plan_desc(const mpq_plan *p, int layer, mpq_bitplane_desc
     const mpq_layer_plan *L = &p->layers[layer];
     memset(d, 0, sizeof *d);
     d->rows = L->rows, d->cols = L->cols, d->group = L->group, d->block_rows = L->block_rows;
-    d->bits = L->bits, d->p_row = L->p_row, d->p_col = L->p_col, d->format = L->format;
+    d->bits = L->bits, d->p_row = L->p_row, d->p_col = L->p_col, d->format = L->format, d->symmetric = L->symmetric;
     return MPQ_OK;
 }
 
@@ -3668,6 +3692,82 @@ MPQ_DEF mpq_status mpq_plan_sfmp(const mpq_sfmp_layer *layers, int nlayers, cons
     MPQ_FREE(sal);
     MPQ_FREE(order);
     MPQ_FREE(cost);
+    if (st != MPQ_OK) {
+        mpq_plan_free(&P);
+        return st;
+    }
+    mpq__plan_account(&P);
+    *out = P;
+    return MPQ_OK;
+}
+
+MPQ_DEF mpq_status mpq_plan_mixllm(const mpq_mixllm_layer *layers, int nlayers, const mpq_mixllm_desc *d, mpq_plan *out)
+{
+    if (!layers || !d || !out) return MPQ_ERR_ARG;
+    if (nlayers < 1) return MPQ_ERR_SIZE;
+    const int hi = d->high_bits ? d->high_bits : 8, lo = d->low_bits ? d->low_bits : 4, G = d->group ? d->group : 128;
+    if (hi < 1 || hi > MPQ_MAX_BITS || lo < 1 || lo > MPQ_MAX_BITS) return MPQ_ERR_BITS;
+    if (G < 8 || G % 8 || d->count < 0 || !(d->fraction >= 0.0 && d->fraction <= 1.0)) return MPQ_ERR_ARG;
+    mpq_span *sp = (mpq_span *)MPQ_MALLOC(sizeof(mpq_span) * (size_t)nlayers);
+    uint8_t **sel = (uint8_t **)MPQ_MALLOC(sizeof(uint8_t *) * (size_t)nlayers);
+    if (!sp || !sel) {
+        MPQ_FREE(sp);
+        MPQ_FREE(sel);
+        return MPQ_ERR_NOMEM;
+    }
+    size_t total = 0;
+    mpq_status st = MPQ_OK;
+    for (int l = 0; l < nlayers; l++) sel[l] = NULL;
+    for (int l = 0; l < nlayers && st == MPQ_OK; l++) {
+        if (!layers[l].salience) st = MPQ_ERR_ARG;
+        else if (layers[l].rows < 1 || layers[l].cols < 1) st = MPQ_ERR_SIZE;
+        else if ((st = mpq__check_finite(layers[l].salience, (size_t)layers[l].rows)) == MPQ_OK)
+            for (int i = 0; i < layers[l].rows; i++)
+                if (layers[l].salience[i] < 0.0f) st = MPQ_ERR_RANGE;
+        sp[l].v = layers[l].salience;
+        sp[l].n = (size_t)layers[l].rows;
+        total += sp[l].n;
+    }
+    const size_t k = d->count ? (size_t)d->count : (size_t)floor(d->fraction * (double)total);
+    if (st == MPQ_OK && k > total) st = MPQ_ERR_SIZE;
+    for (int l = 0; l < nlayers && st == MPQ_OK; l++)
+        if (!(sel[l] = (uint8_t *)MPQ_MALLOC((size_t)layers[l].rows))) st = MPQ_ERR_NOMEM;
+    if (st == MPQ_OK) st = mpq_top_k_global(sp, nlayers, k, sel); /* algorithm 1: the global ranking */
+    mpq_plan P;
+    memset(&P, 0, sizeof P);
+    if (st == MPQ_OK) {
+        P.nlayers = nlayers;
+        P.layers = (mpq_layer_plan *)MPQ_MALLOC(sizeof(mpq_layer_plan) * (size_t)nlayers);
+        if (!P.layers) st = MPQ_ERR_NOMEM;
+        else memset(P.layers, 0, sizeof(mpq_layer_plan) * (size_t)nlayers);
+    }
+    for (int l = 0; l < nlayers && st == MPQ_OK; l++) {
+        const int m = layers[l].rows, ng = (layers[l].cols + G - 1) / G;
+        mpq_layer_plan *L = &P.layers[l];
+        L->rows = m, L->cols = layers[l].cols, L->group = G, L->block_rows = 1, L->format = MPQ_FORMAT_BITPLANE;
+        L->symmetric = 1u << hi;
+        L->bits = (uint8_t *)MPQ_MALLOC((size_t)m * (size_t)ng);
+        L->p_row = (uint32_t *)MPQ_MALLOC(sizeof(uint32_t) * (size_t)m);
+        float *key = (float *)MPQ_MALLOC(sizeof(float) * (size_t)m);
+        if (!L->bits || !L->p_row || !key) {
+            MPQ_FREE(key);
+            st = MPQ_ERR_NOMEM;
+            break;
+        }
+        /* high-width rows first, each part by salience: the chosen rows carry
+           their salience + 1 above every unchosen one (ranks only) */
+        float top = 0.0f;
+        for (int i = 0; i < m; i++) top = layers[l].salience[i] > top ? layers[l].salience[i] : top;
+        for (int i = 0; i < m; i++) key[i] = sel[l][i] ? 2.0f + layers[l].salience[i] / (top > 0.0f ? top : 1.0f)
+                                                         : layers[l].salience[i] / (top > 0.0f ? top : 1.0f);
+        st = mpq_argsort_desc(key, (size_t)m, L->p_row);
+        MPQ_FREE(key);
+        for (int i = 0; i < m && st == MPQ_OK; i++)
+            memset(L->bits + (size_t)i * (size_t)ng, sel[l][L->p_row[i]] ? hi : lo, (size_t)ng);
+    }
+    for (int l = 0; l < nlayers; l++) MPQ_FREE(sel[l]);
+    MPQ_FREE(sel);
+    MPQ_FREE(sp);
     if (st != MPQ_OK) {
         mpq_plan_free(&P);
         return st;

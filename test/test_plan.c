@@ -339,3 +339,87 @@ Test(plan, mxsens_open_cases_keep_the_budget)
     cr_assert_eq(mpq_plan_mxsens(M.L, 0, 5.0, &p, NULL), MPQ_ERR_SIZE);
     free_mx(&M);
 }
+
+/* ---- MixLLM ---- */
+
+Test(plan, mixllm_global_channels_at_8_bits_contiguous)
+{
+    synth_rng r = {98};
+    const int rows[3] = {100, 37, 64}, cols[3] = {256, 200, 128};
+    float *sal[3];
+    mpq_mixllm_layer L[3];
+    for (int l = 0; l < 3; l++) {
+        sal[l] = malloc(sizeof(float) * rows[l]);
+        for (int i = 0; i < rows[l]; i++) sal[l][i] = fabsf(synth_student4(&r)) * (l == 1 ? 5.0f : 1.0f); /* layer 1 matters more */
+        L[l].salience = sal[l], L[l].rows = rows[l], L[l].cols = cols[l];
+    }
+    mpq_mixllm_desc d = {0};
+    d.fraction = 0.10; /* 10 % of 201 channels: 20 */
+    mpq_plan p;
+    cr_assert_eq(mpq_plan_mixllm(L, 3, &d, &p), MPQ_OK);
+    /* reference: the 20 largest saliences over all layers */
+    float all[201];
+    int o = 0, chosen = 0, per_layer[3] = {0};
+    for (int l = 0; l < 3; l++)
+        for (int i = 0; i < rows[l]; i++) all[o++] = sal[l][i];
+    float thr;
+    cr_assert_eq(mpq_quantile(all, 201, (201.0 - 20.0) / 200.0, &thr), MPQ_OK); /* the 20th largest */
+    for (int l = 0; l < 3; l++) {
+        const mpq_layer_plan *P = &p.layers[l];
+        int ng = (cols[l] + 127) / 128, seen_low = 0;
+        cr_assert_eq(P->block_rows, 1);
+        cr_assert_eq(mpq_perm_validate(P->p_row, rows[l]), MPQ_OK);
+        for (int i = 0; i < rows[l]; i++) {
+            int b = P->bits[i * ng];
+            for (int g = 1; g < ng; g++) cr_assert_eq(P->bits[i * ng + g], b, "per-row widths");
+            cr_assert(b == 8 || b == 4);
+            if (b == 4) seen_low = 1;
+            else cr_assert(!seen_low, "layer %d: 8-bit rows are contiguous and first", l);
+            float s = sal[l][P->p_row[i]];
+            if (b == 8) {
+                cr_assert_geq(s, thr);
+                chosen++;
+                per_layer[l]++;
+            } else
+                cr_assert_leq(s, thr);
+        }
+    }
+    cr_assert_eq(chosen, 20);
+    cr_assert_gt(per_layer[1], per_layer[2], "the globally salient layer gets more: %d vs %d", per_layer[1], per_layer[2]);
+    /* the plan packs with symmetric 8-bit rows */
+    float *W = malloc(sizeof(float) * 37 * 200);
+    synth_weights(&r, W, 37, 200);
+    mpq_bitplane_desc bd;
+    cr_assert_eq(mpq_plan_desc(&p, 1, &bd), MPQ_OK);
+    cr_assert_eq(bd.symmetric, 1u << 8);
+    mpq_packed A;
+    cr_assert_eq(mpq_pack_alloc(&bd, W, &A), MPQ_OK);
+    tc_mat M;
+    tc_decode(A.buf, &M);
+    for (int i = 0; i < 37; i++)
+        if (M.width[i * 2] == 8) cr_assert_eq(M.zh[i * 2], -M.sh[i * 2], "8-bit rows are symmetric");
+    tc_free(&M);
+    mpq_packed_free(&A);
+    free(W);
+    mpq_plan_free(&p);
+    /* an exact count, and bad inputs */
+    d.count = 201;
+    cr_assert_eq(mpq_plan_mixllm(L, 3, &d, &p), MPQ_OK);
+    /* every channel at 8 bits; metadata counts whole pairs for the partial groups */
+    const double weights = 100.0 * 256 + 37.0 * 200 + 64.0 * 128, meta = 32.0 * (100 * 2 + 37 * 2 + 64 * 1);
+    cr_assert_float_eq(p.bpw, 8.0 + meta / weights, 1e-12, "%g", p.bpw);
+    mpq_plan_free(&p);
+    d.count = 202;
+    cr_assert_eq(mpq_plan_mixllm(L, 3, &d, &p), MPQ_ERR_SIZE);
+    d.count = 0, d.fraction = 1.5;
+    cr_assert_eq(mpq_plan_mixllm(L, 3, &d, &p), MPQ_ERR_ARG);
+    d.fraction = 0.1, d.high_bits = 9;
+    cr_assert_eq(mpq_plan_mixllm(L, 3, &d, &p), MPQ_ERR_BITS);
+    d.high_bits = 0;
+    sal[2][5] = NAN;
+    cr_assert_eq(mpq_plan_mixllm(L, 3, &d, &p), MPQ_ERR_NONFINITE);
+    sal[2][5] = -1.0f;
+    cr_assert_eq(mpq_plan_mixllm(L, 3, &d, &p), MPQ_ERR_RANGE);
+    cr_assert_eq(mpq_plan_mixllm(L, 0, &d, &p), MPQ_ERR_SIZE);
+    for (int l = 0; l < 3; l++) free(sal[l]);
+}
