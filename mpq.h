@@ -45,9 +45,11 @@
      MPQ_NO_F16C          convert halves in software even where F16C exists
 
      SIMD paths are compiled when the compiler targets them: AVX-512 (F+BW+VL)
-     with -mavx512f -mavx512bw -mavx512vl or -march=native on such a machine,
-     AVX2 with -mavx2 -mfma -mf16c. The scalar path is always compiled and is
-     what the tests compare every other path against. OpenMP (-fopenmp)
+     with -mavx512f -mavx512bw -mavx512vl, its int16-table path when VBMI and
+     VNNI are targeted too (-mavx512vbmi -mavx512vnni; -march=native on Ice
+     Lake, Zen 4 and later), AVX2 with -mavx2 -mfma -mf16c. The scalar path is
+     always compiled and is what the tests compare every other path against.
+     OpenMP (-fopenmp)
      parallelises the GEMV and the packer over row tiles; without it mpq is
      single-threaded and still correct.
 
