@@ -3580,6 +3580,19 @@ static void mpq__plan_account(mpq_plan *p)
     p->index_bytes = ib;
 }
 
+/* A planner's last step: on success account the plan and hand it over, on
+   error free what was built. */
+static mpq_status mpq__plan_finish(mpq_plan *P, mpq_status st, mpq_plan *out)
+{
+    if (st != MPQ_OK) {
+        mpq_plan_free(P);
+        return st;
+    }
+    mpq__plan_account(P);
+    *out = *P;
+    return MPQ_OK;
+}
+
 MPQ_DEF mpq_status mpq_plan_sfmp(const mpq_sfmp_layer *layers, int nlayers, const mpq_sfmp_desc *d, mpq_plan *out)
 {
     if (!layers || !d || !out) return MPQ_ERR_ARG;
@@ -3694,13 +3707,7 @@ MPQ_DEF mpq_status mpq_plan_sfmp(const mpq_sfmp_layer *layers, int nlayers, cons
     MPQ_FREE(sal);
     MPQ_FREE(order);
     MPQ_FREE(cost);
-    if (st != MPQ_OK) {
-        mpq_plan_free(&P);
-        return st;
-    }
-    mpq__plan_account(&P);
-    *out = P;
-    return MPQ_OK;
+    return mpq__plan_finish(&P, st, out);
 }
 
 MPQ_DEF mpq_status mpq_plan_mixllm(const mpq_mixllm_layer *layers, int nlayers, const mpq_mixllm_desc *d, mpq_plan *out)
@@ -3770,13 +3777,7 @@ MPQ_DEF mpq_status mpq_plan_mixllm(const mpq_mixllm_layer *layers, int nlayers, 
     for (int l = 0; l < nlayers; l++) MPQ_FREE(sel[l]);
     MPQ_FREE(sel);
     MPQ_FREE(sp);
-    if (st != MPQ_OK) {
-        mpq_plan_free(&P);
-        return st;
-    }
-    mpq__plan_account(&P);
-    *out = P;
-    return MPQ_OK;
+    return mpq__plan_finish(&P, st, out);
 }
 
 MPQ_DEF mpq_status mpq_plan_mxsens(const mpq_mxsens_layer *layers, int nlayers, double bpw, mpq_plan *out, double *R_out)
@@ -3854,14 +3855,8 @@ MPQ_DEF mpq_status mpq_plan_mxsens(const mpq_mxsens_layer *layers, int nlayers, 
         for (int b = 0; b < nb; b++) L->bits[b] = (uint8_t)(b == 0 ? 8 : (b <= b6 ? 6 : 4));
     }
     MPQ_FREE(capped);
-    if (st != MPQ_OK) {
-        mpq_plan_free(&P);
-        return st;
-    }
-    mpq__plan_account(&P);
-    if (R_out) *R_out = R;
-    *out = P;
-    return MPQ_OK;
+    if (st == MPQ_OK && R_out) *R_out = R;
+    return mpq__plan_finish(&P, st, out);
 }
 
 #ifdef __cplusplus
