@@ -1291,9 +1291,15 @@ static int mpq__tile_planes(const mpq__shape *s, int t, int g)
     return b;
 }
 
+/* Bytes of a record of group g with that many planes: metadata, planes. */
+static uint64_t mpq__rec_size(const mpq__shape *s, int planes, int g)
+{
+    return (uint64_t)s->meta + (uint64_t)planes * (uint64_t)mpq__nch(s, g) * 16u;
+}
+
 static uint64_t mpq__rec_bytes(const mpq__shape *s, int t, int g)
 {
-    return (uint64_t)s->meta + (uint64_t)mpq__tile_planes(s, t, g) * (uint64_t)mpq__nch(s, g) * 16u;
+    return mpq__rec_size(s, mpq__tile_planes(s, t, g), g);
 }
 
 /* Byte offset, inside one plane, of chunk c of row r (see BYTE LAYOUT). */
@@ -1317,8 +1323,11 @@ static void mpq__band_tiles(const mpq__shape *s, int band, int *t0, int *nt)
     *nt = *t0 + per < s->ntiles ? per : s->ntiles - *t0;
 }
 
-/* Offsets of every section; index (nbands + 1 entries) is filled if given. */
-static void mpq__layout_compute(const mpq__shape *s, unsigned flags, mpq__layout *L, uint64_t *index)
+/* Offsets of every section. The band index (nbands + 1 entries) is written
+   to fill when given, and compared with expect when given: the result is 0
+   when expect differs from the index the bits map implies, else 1. */
+static int mpq__layout_compute(const mpq__shape *s, unsigned flags, mpq__layout *L, uint64_t *fill,
+                               const uint64_t *expect)
 {
     uint64_t off = sizeof(mpq__bp_header);
     L->off_bits = off;
@@ -1333,16 +1342,19 @@ static void mpq__layout_compute(const mpq__shape *s, unsigned flags, mpq__layout
     off = mpq__align64(off + 8u * ((uint64_t)s->nbands + 1u));
     L->off_data = off;
     uint64_t pos = 0;
-    for (int b = 0; b < s->nbands; b++) {
-        if (index) index[b] = pos;
+    int same = 1;
+    for (int b = 0; b <= s->nbands; b++) {
+        if (fill) fill[b] = pos;
+        if (expect && expect[b] != pos) same = 0;
+        if (b == s->nbands) break;
         int t0, nt;
         mpq__band_tiles(s, b, &t0, &nt);
         for (int g = 0; g < s->ngroups; g++)
             for (int t = t0; t < t0 + nt; t++) pos += mpq__rec_bytes(s, t, g);
     }
-    if (index) index[s->nbands] = pos;
     L->data_bytes = pos;
     L->total = L->off_data + pos;
+    return same;
 }
 
 /* Walks the records of one tile in group order. Section g of a band holds
@@ -1383,11 +1395,11 @@ static int mpq__walk_planes(const mpq__walk *w, int g)
 static const uint8_t *mpq__walk_next(mpq__walk *w, int lookahead)
 {
     for (; lookahead && w->pf_g < w->s->ngroups && w->pf_g <= w->g + lookahead; w->pf_g++) {
-        const uint64_t rb = (uint64_t)w->s->meta + (uint64_t)mpq__walk_planes(w, w->pf_g) * (uint64_t)mpq__nch(w->s, w->pf_g) * 16u;
+        const uint64_t rb = mpq__rec_size(w->s, mpq__walk_planes(w, w->pf_g), w->pf_g);
         for (uint64_t o = 0; o < rb; o += 64) MPQ__PREFETCH(w->data + w->pf_sec + w->tl * rb + o);
         w->pf_sec += (uint64_t)w->nt * rb;
     }
-    const uint64_t rb = (uint64_t)w->s->meta + (uint64_t)mpq__walk_planes(w, w->g) * (uint64_t)mpq__nch(w->s, w->g) * 16u;
+    const uint64_t rb = mpq__rec_size(w->s, mpq__walk_planes(w, w->g), w->g);
     const uint8_t *p = w->data + w->sec + w->tl * rb;
     w->sec += (uint64_t)w->nt * rb;
     w->g++;
@@ -1402,7 +1414,7 @@ static void mpq__walk_warm(const mpq__shape *s, const uint64_t *index, const uin
     mpq__walk w;
     mpq__walk_init(&w, s, index, data, t);
     for (int g = 0; g < n && g < s->ngroups; g++) {
-        const uint64_t rb = (uint64_t)s->meta + (uint64_t)mpq__walk_planes(&w, g) * (uint64_t)mpq__nch(s, g) * 16u;
+        const uint64_t rb = mpq__rec_size(s, mpq__walk_planes(&w, g), g);
         const uint8_t *p = mpq__walk_next(&w, 0);
         for (uint64_t o = 0; o < rb; o += 64) MPQ__PREFETCH(p + o);
     }
@@ -1454,7 +1466,7 @@ MPQ_DEF mpq_status mpq_bitplane_bytes(const mpq_bitplane_desc *d, size_t *bytes)
     if (st != MPQ_OK) return st;
     if (!bytes) return MPQ_ERR_ARG;
     mpq__layout L;
-    mpq__layout_compute(&s, mpq__desc_flags(d), &L, NULL);
+    mpq__layout_compute(&s, mpq__desc_flags(d), &L, NULL, NULL);
     if (L.total > (uint64_t)SIZE_MAX) return MPQ_ERR_SIZE;
     *bytes = (size_t)L.total;
     return MPQ_OK;
@@ -1468,7 +1480,7 @@ static mpq_status mpq__pack_check(const mpq_bitplane_desc *d, void *buf, size_t 
     if (st != MPQ_OK) return st;
     if (!buf || !out) return MPQ_ERR_ARG;
     if ((uintptr_t)buf % 16u) return MPQ_ERR_ALIGN;
-    mpq__layout_compute(s, mpq__desc_flags(d), L, NULL);
+    mpq__layout_compute(s, mpq__desc_flags(d), L, NULL, NULL);
     if (L->total != (uint64_t)bytes) return MPQ_ERR_SIZE;
     if (d->p_row && (st = mpq__perm_check(d->p_row, s->rows)) != MPQ_OK) return st;
     if (d->p_col && (st = mpq__perm_check(d->p_col, s->cols)) != MPQ_OK) return st;
@@ -1512,7 +1524,7 @@ static void mpq__write_sections(const mpq_bitplane_desc *d, const mpq__shape *s,
     if (d->p_col) memcpy(buf + L->off_pcol, d->p_col, 4u * (size_t)s->cols);
     if (d->col_scale) memcpy(buf + L->off_cscale, d->col_scale, 4u * (size_t)s->cols);
     mpq__layout Lx;
-    mpq__layout_compute(s, h.flags, &Lx, (uint64_t *)(void *)(buf + L->off_index));
+    mpq__layout_compute(s, h.flags, &Lx, (uint64_t *)(void *)(buf + L->off_index), NULL);
 }
 
 /* One record: tile t, group g. codes: the tile's rows, row stride cstride,
@@ -1741,23 +1753,13 @@ static mpq_status mpq__open_format(const void *buf, size_t bytes, mpq_packed *ou
         if (bits[k] < mpq__min_bits(format) || bits[k] > MPQ_MAX_BITS) return MPQ_ERR_FORMAT;
     s.bits = bits;
     mpq__layout L;
-    mpq__layout_compute(&s, h.flags, &L, NULL);
+    mpq__layout_compute(&s, h.flags, &L, NULL, NULL);
     if (L.total != bytes || L.off_prow != h.off_prow || L.off_pcol != h.off_pcol || L.off_cscale != h.off_cscale ||
         L.off_index != h.off_index || L.off_data != h.off_data || L.data_bytes != h.data_bytes)
         return MPQ_ERR_FORMAT;
     /* The band index must be exactly the one the bits map implies. */
     const uint64_t *index = (const uint64_t *)(const void *)(b8 + L.off_index);
-    {
-        uint64_t pos = 0;
-        for (int b = 0; b < s.nbands; b++) {
-            if (index[b] != pos) return MPQ_ERR_FORMAT;
-            int t0, nt;
-            mpq__band_tiles(&s, b, &t0, &nt);
-            for (int g = 0; g < s.ngroups; g++)
-                for (int t = t0; t < t0 + nt; t++) pos += mpq__rec_bytes(&s, t, g);
-        }
-        if (index[s.nbands] != pos) return MPQ_ERR_FORMAT;
-    }
+    if (!mpq__layout_compute(&s, h.flags, &L, NULL, index)) return MPQ_ERR_FORMAT;
     mpq_status st;
     if ((h.flags & MPQ__FLAG_PROW) &&
         (st = mpq__perm_check((const uint32_t *)(const void *)(b8 + L.off_prow), s.rows)) != MPQ_OK)
