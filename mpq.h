@@ -66,7 +66,10 @@
                             argsort, permutations from salience
      9. Statistics ........ streaming Fisher, diag(X^T X), mean |x|, MixLLM
                             salience, PQI, MXSens layer sensitivity
-    10. Plans ............. mpq_plan (data), the SFMP, MixLLM and MXSens planners
+    10. Plans ............. mpq_plan (data), the SFMP, MixLLM and MXSens
+                            planners, ReQuant's dense-and-sparse split
+    11. Schedules ......... PMPD: precision over the tokens of a generation
+                            (skip_planes), static and phase-aware search
 
    NOTATION (see the design notes for the math)
 
@@ -80,6 +83,8 @@
      Bit-plane ("mirror", +-1) format: section 4, "BYTE LAYOUT".
      MXINT with 2..8-bit mantissas, stored in the same bit planes: section 4,
      "MXINT" (set mpq_bitplane_desc.format = MPQ_FORMAT_MXINT).
+     Either may carry a sparse part (CSR, fp16 values) that every product
+     adds: section 4, "SPARSE PART".
 
    LICENSE: MIT (end of file).
 */
@@ -237,14 +242,44 @@ typedef struct mpq_bitplane_desc {
                                W~[i][j] / c[j] of that group are clamped to
                                [-clip, +clip]; 0 means no clipping (AWQ's clip
                                search fills it; it is not stored) */
+    const struct mpq_sparse *sparse; /* optional sparse part (ReQuant), stored
+                               beside the dense part and added by every
+                               product; see "SPARSE PART" */
 } mpq_bitplane_desc;
+
+/* SPARSE PART (dense-and-sparse decomposition, PQI/ReQuant eq. 8). A matrix
+   S in compressed sparse row form, in ORIGINAL coordinates (no permutation,
+   no column scale): every product computes y = W^ x + S x and the
+   dequantized matrix is W^ + S, where W^ is the dense quantized part. mpq
+   stores the values as fp16, so they must be finite with |v| <= 65504; the
+   column indices as uint16 when cols <= 65536, else uint32. Stored bytes:
+   4 (rows + 1) + (2 + 2 or 4) nnz. */
+typedef struct mpq_sparse {
+    int rows, cols;     /* the matrix's shape */
+    size_t nnz;         /* entries, at most 2^32 - 1 */
+    uint32_t *row_ptr;  /* rows + 1: row i holds entries row_ptr[i] .. row_ptr[i+1]-1;
+                           row_ptr[0] = 0, non-decreasing, row_ptr[rows] = nnz */
+    uint32_t *col;      /* nnz column indices, strictly increasing inside a row */
+    float *val;         /* nnz values */
+} mpq_sparse;
+
+/* Release the arrays of a sparse part made by mpq_sparse_from_mask. */
+MPQ_DEF void mpq_sparse_free(mpq_sparse *S);
+/* The sparse part that makes dense + sparse reproduce W at the marked
+   positions: S[i][j] = W[i][j] - D[i][j] where mask[i*cols + j] != 0, with D
+   the dense reconstruction (mpq_packed_dequantize of the dense part). W, D
+   and mask are rows x cols, original coordinates. Allocates (free with
+   mpq_sparse_free); values beyond the fp16 range are MPQ_ERR_RANGE. */
+MPQ_DEF mpq_status mpq_sparse_from_mask(const float *W, const float *D, const uint8_t *mask, int rows, int cols,
+                                        mpq_sparse *out);
 
 /* BYTE LAYOUT of a packed bit-plane matrix (format version 1). Little-endian.
    One buffer, every section starting at a multiple of 64 bytes:
 
      header      128 bytes, see mpq__bp_header in the implementation: magic
                  "MPQBITP\0", version, format, rows, cols, group, block_rows,
-                 band_rows, flags (1 p_row, 2 p_col, 4 col_scale), the offset
+                 band_rows, flags (1 p_row, 2 p_col, 4 col_scale, 8 sparse
+                 part), the offset
                  of every section and the total size
      bits        ceil(rows/block_rows) * ceil(cols/group) bytes, row-major
      p_row       rows  x uint32   (if flag 1)
@@ -253,6 +288,9 @@ typedef struct mpq_bitplane_desc {
      band index  (nbands + 1) x uint64: byte offset of each band in `data`,
                  the last entry is the size of `data`
      data        the records, band after band
+     sparse      (if flag 8, "SPARSE PART") row_ptr (rows + 1) x uint32,
+                 col nnz x uint16 (cols <= 65536) or uint32, val nnz x fp16;
+                 the header's off_sparse and sparse_nnz locate it
 
    Rows are cut into tiles of 16 (the last one padded with rows that are all
    zero). A band is block_rows rows when block_rows is a multiple of 16 (then a
@@ -324,6 +362,11 @@ typedef struct mpq_packed {
     const uint8_t *bits;
     const uint32_t *p_row, *p_col;  /* NULL when absent */
     const float *col_scale;         /* NULL when absent */
+    size_t sp_nnz;                  /* sparse part: entries (0 when absent) */
+    const uint32_t *sp_row_ptr;     /* rows + 1, NULL when there is no sparse part */
+    const uint16_t *sp_col16;       /* column indices when cols <= 65536 ... */
+    const uint32_t *sp_col32;       /* ... else these (the other one is NULL) */
+    const uint16_t *sp_val;         /* fp16 values */
     const uint64_t *band_off;
     const uint8_t *data;
     const void *buf;
@@ -357,10 +400,13 @@ MPQ_DEF mpq_status mpq_packed_open(const void *buf, size_t bytes, mpq_packed *ou
 MPQ_DEF void mpq_packed_free(mpq_packed *A);
 /* Width of the block holding packed row i, packed group g. */
 MPQ_DEF int mpq_packed_bits_at(const mpq_packed *A, int i, int g);
-/* Average stored weight bits per weight, and with the per-group metadata
-   (bit-plane: fp16 scale + zero, 32/group bpw for full groups; MXINT: the
-   E8M0 byte, 8/32 bpw), the budget convention of the design notes. */
-MPQ_DEF double mpq_packed_bpw(const mpq_packed *A, int with_metadata);
+/* Average stored bits per weight. level 0: the weight bits; 1: plus the
+   per-group metadata (bit-plane: fp16 scale + zero, 32/group bpw for full
+   groups; MXINT: the E8M0 byte, 8/32 bpw), the budget convention of the
+   design notes; 2: plus the sparse part's bytes (mpq_packed_sparse_bytes). */
+MPQ_DEF double mpq_packed_bpw(const mpq_packed *A, int level);
+/* Bytes of the sparse part as stored (0 when there is none). */
+MPQ_DEF size_t mpq_packed_sparse_bytes(const mpq_packed *A);
 /* Dequantize to a rows x cols float matrix in ORIGINAL coordinates (undoing
    the permutations and multiplying by col_scale), with the lowest skip_planes
    planes dropped (at least one plane always remains). */
@@ -661,6 +707,7 @@ typedef struct mpq_layer_plan {
     uint32_t *p_col;      /* NULL: identity */
     double weight_bits;   /* sum of the widths of all weights */
     double meta_bits;     /* scales and zeros (or exponents) */
+    size_t outliers;      /* weights to keep in the sparse part (mpq_plan_requant); 0: none */
 } mpq_layer_plan;
 
 typedef struct mpq_plan {
@@ -668,6 +715,7 @@ typedef struct mpq_plan {
     mpq_layer_plan *layers; /* owned: mpq_plan_free */
     double bpw;             /* achieved: (weight + metadata bits) / weights, over all layers */
     double index_bytes;     /* permutations and bits maps, reported apart from bpw */
+    double sparse_bytes;    /* the planned sparse parts (outliers) as stored, apart from bpw */
 } mpq_plan;
 
 MPQ_DEF void mpq_plan_free(mpq_plan *p);
@@ -759,6 +807,154 @@ typedef struct mpq_mxsens_layer {
 
 /* *R_out (may be NULL) receives the final R. */
 MPQ_DEF mpq_status mpq_plan_mxsens(const mpq_mxsens_layer *layers, int nlayers, double bpw, mpq_plan *out, double *R_out);
+
+/* ReQuant (PQI/ReQuant section 6): a dense-and-sparse split on top of any
+   dense plan, W^ = Q(W - W_o) + W_o + W_s (eq. 8). Its pipeline, with the
+   caller's quantizer and loss in callbacks (the planner never quantizes):
+
+   1. pre-quantize W~ = Q(W); PQI v along W -> W~ (mpq_pqi) gives each
+      layer's mean Delta F_PQI (mpq_pqi_delta's layer sum / weights);
+   2. mpq_plan_requant: outlier counts per layer from a global ratio r_o and
+      a temperature t (eq. 9, mpq_requant_outlier_counts), t by grid search
+      against the caller's loss of each candidate (its algorithm 1);
+   3. mpq_requant_outliers marks the largest |w| of each layer; the dense
+      part quantizes W with those weights set to 0;
+   4. mpq_requant_significant detaches the weights with the largest
+      v (.) |W^ - W| over all layers, beta at a time, PQI refreshed between
+      steps by a callback (its algorithm 2);
+   5. mpq_sparse_from_mask turns the marked weights (outliers and
+      significant) into the sparse part, pack with d.sparse set.
+
+   One difference from the paper: the sparse part stores W - Q(W - W_o) at
+   an outlier, not W_o, so dense + sparse reproduces the outlier (up to fp16)
+   instead of W_o + Q(0). */
+
+/* Eq. 9 with layer sizes: counts[l] = K * n_l dF_l^t / sum_i n_i dF_i^t for
+   K = floor(ratio * sum n) outliers, where dF_l is the layer's MEAN Delta
+   F_PQI per weight (the paper's table 4). With layers of equal size this is
+   eq. 9 exactly; weighting by n_l makes t = 0 the uniform ratio (every layer
+   r_o of its weights), the baseline the paper improves on. Counts are whole
+   numbers summing to exactly K (largest remainders, ties to the earlier
+   layer) and never exceed a layer's size (the excess goes to the others).
+   dF must be finite and > 0 when t != 0; ratio in [0, 1]; t finite. */
+MPQ_DEF mpq_status mpq_requant_outlier_counts(const double *layer_dF, const size_t *layer_n, int nlayers, double ratio,
+                                              double t, size_t *counts);
+
+/* The caller's loss F of the model quantized with these outlier counts (its
+   algorithm 1's inner step: select, quantize W - W_o, add W_o, evaluate). */
+typedef mpq_status (*mpq_requant_loss_fn)(void *user, const size_t *counts, int nlayers, double *loss);
+
+/* Algorithm 1 on a plan: t = 0, t_step, 2 t_step, ... below 1 (t_step 0 ->
+   0.1), the t with the least loss wins (the first on ties), and
+   p->layers[l].outliers receives its counts; p->sparse_bytes accounts the
+   sparse parts they will take. layer_dF: one value per plan layer (as in
+   mpq_requant_outlier_counts). *t_best (may be NULL) receives t. A loss
+   that is not finite is MPQ_ERR_NONFINITE; on any error the plan is
+   unchanged. */
+MPQ_DEF mpq_status mpq_plan_requant(mpq_plan *p, const double *layer_dF, double ratio, double t_step,
+                                    mpq_requant_loss_fn loss, void *user, double *t_best);
+
+/* mask[i] = 1 for the `count` entries of W (n values) with the largest |w|
+   (ties: lower index first), 0 elsewhere. */
+MPQ_DEF mpq_status mpq_requant_outliers(const float *W, size_t n, size_t count, uint8_t *mask);
+
+/* One layer in the significant-weight search. */
+typedef struct mpq_requant_layer {
+    const float *W;   /* original weights (n) */
+    float *Wq;        /* the current reconstruction W^ (n): set to W where detached */
+    float *v;         /* PQI along W -> Wq (n), written by the refresh callback */
+    uint8_t *mask;    /* 1 where the weight is already in the sparse part (n); updated */
+    size_t n;
+} mpq_requant_layer;
+
+/* Refreshes every layer's v for the current Wq (mpq_pqi with the model's
+   gradient). */
+typedef mpq_status (*mpq_requant_pqi_fn)(void *user, mpq_requant_layer *layers, int nlayers);
+
+/* Algorithm 2: in `steps` passes (r_s / beta), refresh v, then detach the
+   weights with the largest v_i |Wq_i - W_i| over all layers among those not
+   yet detached (Wq_i = W_i, mask_i = 1); the passes detach `total` weights
+   in all (step s takes floor(total (s+1)/steps) - floor(total s/steps)).
+   Ties: earlier layer, lower index. total may not exceed the weights not yet
+   masked. */
+MPQ_DEF mpq_status mpq_requant_significant(mpq_requant_layer *layers, int nlayers, size_t total, int steps,
+                                           mpq_requant_pqi_fn refresh, void *user);
+
+/* ========================================================================== */
+/* 11. Precision schedules (PMPD)                                             */
+/* ========================================================================== */
+
+/* Phase-aware and progressive mixed-precision decoding (PMPD sections 4.1 to
+   4.3). Precision levels are `skip_planes` values of one nested packed model
+   (design notes, "Nested precision"): a larger skip is a lower precision, and
+   switching is a change of mpq_gemv_opts.skip_planes between tokens. The
+   prompt is processed at prefill_skip; decoded token t (0-based) at level k
+   for start[k] <= t < start[k+1], the last level until the end. Levels are
+   progressive: skip[] strictly increases and start[] does not decrease
+   (PMPD eq. 3); equal starts give a level no tokens. */
+#define MPQ_PMPD_MAX_LEVELS 8
+
+typedef struct mpq_pmpd_schedule {
+    int prefill_skip;                  /* skip_planes for the prompt (>= 0) */
+    int nlevels;                       /* 1 .. MPQ_PMPD_MAX_LEVELS */
+    int skip[MPQ_PMPD_MAX_LEVELS];     /* per level, strictly increasing, >= 0 */
+    long start[MPQ_PMPD_MAX_LEVELS];   /* first decoded token of each level; start[0] = 0 */
+} mpq_pmpd_schedule;
+
+MPQ_DEF mpq_status mpq_pmpd_validate(const mpq_pmpd_schedule *s);
+/* skip_planes for decoded token t (t < 0: the prompt, prefill_skip); -1 when
+   the schedule is invalid. */
+MPQ_DEF int mpq_pmpd_skip_at(const mpq_pmpd_schedule *s, long t);
+/* Average bits per weight read while decoding `length` tokens:
+   (1/length) sum_t bits[skip at t], where bits[k] is the model's weight bits
+   per weight at skip k (mpq_packed_bpw_skip), for k up to the schedule's
+   largest skip. */
+MPQ_DEF mpq_status mpq_pmpd_average_bits(const mpq_pmpd_schedule *s, const double *bits, long length, double *avg);
+/* Bits per weight a product with this skip_planes reads: the weight bits
+   max(b - skip, 1) of every weight plus the metadata (level 1 of
+   mpq_packed_bpw). */
+MPQ_DEF double mpq_packed_bpw_skip(const mpq_packed *A, int skip_planes);
+
+/* The caller's quality q(S) of a schedule on its validation set (higher is
+   better: accuracy, -perplexity, ROUGE...). */
+typedef mpq_status (*mpq_pmpd_quality_fn)(void *user, const mpq_pmpd_schedule *s, double *quality);
+
+/* The static scheduler (section 4.3). Candidate switch points are
+   round(k * length / (N - 1)), k = 0 .. N-1 (0 and length included; a level
+   starting at `length` is never used). Every progressive schedule over the
+   levels skip[0..nlevels-1] with starts from the candidates is ranked by its
+   average bits (the objective: minimize what decoding reads), cheapest
+   first, and the first whose quality is at least target (q_ref - epsilon)
+   is returned: the cheapest schedule that meets the target, with one
+   quality call per schedule cheaper than it. Ties in average bits: the
+   schedule that keeps higher precision longer first. Candidates: at most
+   MPQ_PMPD_MAX_SEARCH schedules (MPQ_ERR_RANGE beyond). No schedule meeting
+   the target (not even all tokens at skip[0]) is MPQ_ERR_RANGE. */
+#define MPQ_PMPD_MAX_SEARCH 100000
+typedef struct mpq_pmpd_search {
+    int prefill_skip;
+    int nlevels;                       /* levels to schedule, 1 .. MPQ_PMPD_MAX_LEVELS */
+    int skip[MPQ_PMPD_MAX_LEVELS];     /* strictly increasing */
+    const double *bits;                /* bits[k] per weight at skip k, as for average_bits */
+    long length;                       /* OL, the generation length the average is over */
+    int candidates;                    /* N >= 2 */
+    double target;                     /* q_ref - epsilon */
+} mpq_pmpd_search;
+
+/* *out: the schedule; *quality (may be NULL): its quality; *evaluated (may
+   be NULL): quality calls made. */
+MPQ_DEF mpq_status mpq_pmpd_static_search(const mpq_pmpd_search *d, mpq_pmpd_quality_fn q, void *user,
+                                          mpq_pmpd_schedule *out, double *quality, int *evaluated);
+
+/* Phase-aware precision allocation (section 4.1): over the pairs (prefill
+   skip, decode skip) with both in skips[0..n-1] (n <= 8, skips 0..7) and
+   the prefill at least as precise as the decode (prefill skip <= decode
+   skip), the pair with the fewest decode bits (then the fewest prefill bits)
+   whose single-level schedule meets the target. bits as above. Pairs are
+   tried cheapest first, so the quality calls stop at the answer;
+   MPQ_ERR_RANGE when no pair meets the target. */
+MPQ_DEF mpq_status mpq_pmpd_phase_allocate(const int *skips, int n, const double *bits, double target,
+                                           mpq_pmpd_quality_fn q, void *user, mpq_pmpd_schedule *out);
 
 #ifdef __cplusplus
 }
@@ -1132,6 +1328,7 @@ typedef struct mpq__shape {
     int rows, cols, group, block_rows, ngroups, nbrows, band_rows, nbands, ntiles, ubits;
     unsigned symmetric;
     const uint8_t *bits; /* NULL: uniform */
+    uint64_t sp_nnz;     /* entries of the sparse part (flag MPQ__FLAG_SPARSE) */
 } mpq__shape;
 
 static int mpq__bits_at(const mpq__shape *s, int i, int g)
@@ -1178,6 +1375,12 @@ static mpq_status mpq__shape_from_desc(const mpq_bitplane_desc *d, mpq__shape *s
     s->ubits = d->uniform_bits ? d->uniform_bits : 4;
     s->symmetric = fmt == MPQ_FORMAT_MXINT ? 0u : d->symmetric;
     s->bits = d->bits;
+    if (d->sparse) {
+        if (d->sparse->rows != d->rows || d->sparse->cols != d->cols) return MPQ_ERR_SIZE;
+        if ((uint64_t)d->sparse->nnz > 0xFFFFFFFFu) return MPQ_ERR_SIZE;
+        if (!d->sparse->row_ptr || (d->sparse->nnz && (!d->sparse->col || !d->sparse->val))) return MPQ_ERR_ARG;
+        s->sp_nnz = (uint64_t)d->sparse->nnz;
+    }
     const int bmin = mpq__min_bits(fmt);
     if (d->bits) {
         size_t nb = (size_t)s->nbrows * (size_t)s->ngroups;
@@ -1255,6 +1458,8 @@ MPQ_DEF mpq_status mpq_dequantize(const mpq_bitplane_desc *d, const uint8_t *cod
 #define MPQ__FLAG_PROW 1u
 #define MPQ__FLAG_PCOL 2u
 #define MPQ__FLAG_CSCALE 4u
+#define MPQ__FLAG_SPARSE 8u
+#define MPQ__FLAGS_ALL 15u
 
 /* The header at the start of every packed bit-plane buffer (little-endian). */
 typedef struct mpq__bp_header {
@@ -1263,7 +1468,7 @@ typedef struct mpq__bp_header {
     uint32_t rows, cols, group, block_rows;
     uint32_t tile_rows, band_rows, flags, reserved0;
     uint64_t total_bytes, off_bits, off_prow, off_pcol, off_cscale, off_index, off_data, data_bytes;
-    uint8_t reserved[16];
+    uint64_t off_sparse, sparse_nnz; /* both 0 without flag 8 */
 } mpq__bp_header;
 MPQ__STATIC_ASSERT(sizeof(mpq__bp_header) == 128, "bit-plane header must be 128 bytes");
 MPQ__STATIC_ASSERT(sizeof(float) == 4 && sizeof(uint64_t) == 8, "float32 and uint64 expected");
@@ -1273,8 +1478,16 @@ static const char mpq__mx_magic[8] = {'M', 'P', 'Q', 'M', 'X', 'I', 'N', 0};
 static const char *mpq__magic_of(int format) { return format == MPQ_FORMAT_MXINT ? mpq__mx_magic : mpq__bp_magic; }
 
 typedef struct mpq__layout {
-    uint64_t off_bits, off_prow, off_pcol, off_cscale, off_index, off_data, data_bytes, total;
+    uint64_t off_bits, off_prow, off_pcol, off_cscale, off_index, off_data, data_bytes, off_sparse, total;
 } mpq__layout;
+
+/* Bytes of one sparse column index: uint16 while every index fits. */
+static uint64_t mpq__sp_colbytes(int cols) { return cols <= 65536 ? 2u : 4u; }
+
+static uint64_t mpq__sp_bytes(const mpq__shape *s)
+{
+    return 4u * ((uint64_t)s->rows + 1u) + (mpq__sp_colbytes(s->cols) + 2u) * s->sp_nnz;
+}
 
 static int mpq__nch(const mpq__shape *s, int g) { return (mpq__group_cols(s, g) + 7) / 8; }
 
@@ -1354,6 +1567,11 @@ static int mpq__layout_compute(const mpq__shape *s, unsigned flags, mpq__layout 
     }
     L->data_bytes = pos;
     L->total = L->off_data + pos;
+    L->off_sparse = 0;
+    if (flags & MPQ__FLAG_SPARSE) {
+        L->off_sparse = mpq__align64(L->total);
+        L->total = L->off_sparse + mpq__sp_bytes(s);
+    }
     return same;
 }
 
@@ -1456,7 +1674,75 @@ static mpq_status mpq__clip_check(const float *c, size_t n)
 static unsigned mpq__desc_flags(const mpq_bitplane_desc *d)
 {
     return (d->p_row ? MPQ__FLAG_PROW : 0u) | (d->p_col ? MPQ__FLAG_PCOL : 0u) |
-           (d->col_scale ? MPQ__FLAG_CSCALE : 0u);
+           (d->col_scale ? MPQ__FLAG_CSCALE : 0u) | (d->sparse ? MPQ__FLAG_SPARSE : 0u);
+}
+
+/* A sparse part is well formed: CSR structure, indices in range and
+   strictly increasing inside a row. For values, see mpq__sparse_vals_check. */
+static mpq_status mpq__sparse_check(const uint32_t *row_ptr, const uint16_t *c16, const uint32_t *c32, int rows,
+                                    int cols, uint64_t nnz)
+{
+    if (row_ptr[0] != 0 || (uint64_t)row_ptr[rows] != nnz) return MPQ_ERR_FORMAT;
+    for (int i = 0; i < rows; i++) {
+        if (row_ptr[i + 1] < row_ptr[i]) return MPQ_ERR_FORMAT;
+        uint64_t prev = 0;
+        for (uint32_t k = row_ptr[i]; k < row_ptr[i + 1]; k++) {
+            uint64_t c = c16 ? (uint64_t)c16[k] : (uint64_t)c32[k];
+            if (c >= (uint64_t)cols || (k > row_ptr[i] && c <= prev)) return MPQ_ERR_FORMAT;
+            prev = c;
+        }
+    }
+    return MPQ_OK;
+}
+
+MPQ_DEF void mpq_sparse_free(mpq_sparse *S)
+{
+    if (!S) return;
+    MPQ_FREE(S->row_ptr);
+    MPQ_FREE(S->col);
+    MPQ_FREE(S->val);
+    memset(S, 0, sizeof *S);
+}
+
+MPQ_DEF mpq_status mpq_sparse_from_mask(const float *W, const float *D, const uint8_t *mask, int rows, int cols,
+                                        mpq_sparse *out)
+{
+    if (!W || !D || !mask || !out) return MPQ_ERR_ARG;
+    if (rows < 1 || cols < 1) return MPQ_ERR_SIZE;
+    const size_t n = (size_t)rows * (size_t)cols;
+    size_t nnz = 0;
+    for (size_t k = 0; k < n; k++) {
+        if (!mask[k]) continue;
+        if (!mpq__finite(W[k]) || !mpq__finite(D[k])) return MPQ_ERR_NONFINITE;
+        if (fabs((double)W[k] - (double)D[k]) > MPQ__F16_MAX) return MPQ_ERR_RANGE;
+        nnz++;
+    }
+    if ((uint64_t)nnz > 0xFFFFFFFFu) return MPQ_ERR_SIZE;
+    mpq_sparse S;
+    memset(&S, 0, sizeof S);
+    S.rows = rows;
+    S.cols = cols;
+    S.nnz = nnz;
+    S.row_ptr = (uint32_t *)MPQ_MALLOC(4u * ((size_t)rows + 1u));
+    S.col = (uint32_t *)MPQ_MALLOC(4u * (nnz ? nnz : 1u));
+    S.val = (float *)MPQ_MALLOC(4u * (nnz ? nnz : 1u));
+    if (!S.row_ptr || !S.col || !S.val) {
+        mpq_sparse_free(&S);
+        return MPQ_ERR_NOMEM;
+    }
+    size_t k = 0;
+    for (int i = 0; i < rows; i++) {
+        S.row_ptr[i] = (uint32_t)k;
+        for (int j = 0; j < cols; j++) {
+            size_t o = (size_t)i * (size_t)cols + (size_t)j;
+            if (!mask[o]) continue;
+            S.col[k] = (uint32_t)j;
+            S.val[k++] = (float)((double)W[o] - (double)D[o]);
+        }
+    }
+    S.row_ptr[rows] = (uint32_t)k;
+    *out = S;
+    return MPQ_OK;
 }
 
 MPQ_DEF mpq_status mpq_bitplane_bytes(const mpq_bitplane_desc *d, size_t *bytes)
@@ -1486,6 +1772,14 @@ static mpq_status mpq__pack_check(const mpq_bitplane_desc *d, void *buf, size_t 
     if (d->p_col && (st = mpq__perm_check(d->p_col, s->cols)) != MPQ_OK) return st;
     if (d->col_scale && (st = mpq__scale_check(d->col_scale, s->cols)) != MPQ_OK) return st;
     if (d->clip && (st = mpq__clip_check(d->clip, (size_t)s->rows * (size_t)s->ngroups)) != MPQ_OK) return st;
+    if (d->sparse) {
+        const mpq_sparse *S = d->sparse;
+        if (mpq__sparse_check(S->row_ptr, NULL, S->col, s->rows, s->cols, s->sp_nnz) != MPQ_OK) return MPQ_ERR_ARG;
+        for (size_t k = 0; k < S->nnz; k++) {
+            if (!mpq__finite(S->val[k])) return MPQ_ERR_NONFINITE;
+            if (fabsf(S->val[k]) > MPQ__F16_MAX) return MPQ_ERR_RANGE;
+        }
+    }
     return MPQ_OK;
 }
 
@@ -1514,6 +1808,8 @@ static void mpq__write_sections(const mpq_bitplane_desc *d, const mpq__shape *s,
     h.off_index = L->off_index;
     h.off_data = L->off_data;
     h.data_bytes = L->data_bytes;
+    h.off_sparse = L->off_sparse;
+    h.sparse_nnz = s->sp_nnz;
     memcpy(buf, &h, sizeof h);
     size_t nb = (size_t)s->nbrows * (size_t)s->ngroups;
     if (s->bits)
@@ -1525,6 +1821,25 @@ static void mpq__write_sections(const mpq_bitplane_desc *d, const mpq__shape *s,
     if (d->col_scale) memcpy(buf + L->off_cscale, d->col_scale, 4u * (size_t)s->cols);
     mpq__layout Lx;
     mpq__layout_compute(s, h.flags, &Lx, (uint64_t *)(void *)(buf + L->off_index), NULL);
+    if (d->sparse) { /* CSR after the records; the gap before it is zero */
+        const mpq_sparse *S = d->sparse;
+        uint8_t *p = buf + L->off_sparse;
+        memset(buf + L->off_data + L->data_bytes, 0, (size_t)(L->total - L->off_data - L->data_bytes));
+        memcpy(p, S->row_ptr, 4u * ((size_t)s->rows + 1u));
+        p += 4u * ((size_t)s->rows + 1u);
+        const int cb = (int)mpq__sp_colbytes(s->cols);
+        for (size_t k = 0; k < S->nnz; k++, p += cb) {
+            if (cb == 2) {
+                uint16_t c = (uint16_t)S->col[k];
+                memcpy(p, &c, 2);
+            } else
+                memcpy(p, &S->col[k], 4);
+        }
+        for (size_t k = 0; k < S->nnz; k++, p += 2) {
+            uint16_t h16 = mpq_f32_to_f16(S->val[k]);
+            memcpy(p, &h16, 2);
+        }
+    }
 }
 
 /* One record: tile t, group g. codes: the tile's rows, row stride cstride,
@@ -1594,6 +1909,17 @@ static void mpq__view(mpq_packed *A, const mpq__shape *s, const mpq__layout *L, 
     A->col_scale = (flags & MPQ__FLAG_CSCALE) ? (const float *)(const void *)(buf + L->off_cscale) : NULL;
     A->band_off = (const uint64_t *)(const void *)(buf + L->off_index);
     A->data = buf + L->off_data;
+    if (flags & MPQ__FLAG_SPARSE) {
+        const uint8_t *p = buf + L->off_sparse;
+        A->sp_nnz = (size_t)s->sp_nnz;
+        A->sp_row_ptr = (const uint32_t *)(const void *)p;
+        p += 4u * ((size_t)s->rows + 1u);
+        if (mpq__sp_colbytes(s->cols) == 2)
+            A->sp_col16 = (const uint16_t *)(const void *)p;
+        else
+            A->sp_col32 = (const uint32_t *)(const void *)p;
+        A->sp_val = (const uint16_t *)(const void *)(p + mpq__sp_colbytes(s->cols) * s->sp_nnz);
+    }
     A->buf = buf;
     A->bytes = (size_t)L->total;
 }
@@ -1604,6 +1930,7 @@ static void mpq__shape_of(const mpq_packed *A, mpq__shape *s)
     s->bits = A->bits;
     s->ubits = 0;
     s->symmetric = 0;
+    s->sp_nnz = (uint64_t)A->sp_nnz;
 }
 
 static int mpq__max_threads(void)
@@ -1736,7 +2063,7 @@ static mpq_status mpq__open_format(const void *buf, size_t bytes, mpq_packed *ou
     mpq__bp_header h;
     memcpy(&h, b8, sizeof h);
     if (memcmp(h.magic, mpq__magic_of(format), 8) || h.version != MPQ__BP_VERSION || h.format != (uint32_t)format ||
-        h.tile_rows != MPQ_TILE_ROWS || (h.flags & ~7u) || h.rows > INT_MAX || h.cols > INT_MAX ||
+        h.tile_rows != MPQ_TILE_ROWS || (h.flags & ~MPQ__FLAGS_ALL) || h.rows > INT_MAX || h.cols > INT_MAX ||
         h.group > INT_MAX || h.block_rows > INT_MAX || h.total_bytes != (uint64_t)bytes)
         return MPQ_ERR_FORMAT;
     mpq__shape s;
@@ -1752,9 +2079,15 @@ static mpq_status mpq__open_format(const void *buf, size_t bytes, mpq_packed *ou
     for (uint64_t k = 0; k < nb; k++)
         if (bits[k] < mpq__min_bits(format) || bits[k] > MPQ_MAX_BITS) return MPQ_ERR_FORMAT;
     s.bits = bits;
+    /* bounds the sparse sizes too: every entry takes at least 4 bytes */
+    if (((h.flags & MPQ__FLAG_SPARSE) ? h.sparse_nnz > (bytes - sizeof h) / 4u || h.sparse_nnz > 0xFFFFFFFFu
+                                      : (h.sparse_nnz | h.off_sparse) != 0) ||
+        (uint64_t)s.rows + 1u > (bytes - sizeof h) / 4u)
+        return MPQ_ERR_FORMAT;
+    s.sp_nnz = h.sparse_nnz;
     mpq__layout L;
     mpq__layout_compute(&s, h.flags, &L, NULL, NULL);
-    if (L.total != bytes || L.off_prow != h.off_prow || L.off_pcol != h.off_pcol || L.off_cscale != h.off_cscale ||
+    if (L.total != bytes || L.off_sparse != h.off_sparse || L.off_prow != h.off_prow || L.off_pcol != h.off_pcol || L.off_cscale != h.off_cscale ||
         L.off_index != h.off_index || L.off_data != h.off_data || L.data_bytes != h.data_bytes)
         return MPQ_ERR_FORMAT;
     /* The band index must be exactly the one the bits map implies. */
@@ -1790,6 +2123,17 @@ static mpq_status mpq__open_format(const void *buf, size_t bytes, mpq_packed *ou
             }
         }
     }
+    if (h.flags & MPQ__FLAG_SPARSE) {
+        mpq_packed v;
+        mpq__view(&v, &s, &L, b8, h.flags);
+        if (mpq__sparse_check(v.sp_row_ptr, v.sp_col16, v.sp_col32, s.rows, s.cols, s.sp_nnz) != MPQ_OK)
+            return MPQ_ERR_FORMAT;
+        for (size_t k = 0; k < v.sp_nnz; k++) {
+            uint16_t h16;
+            memcpy(&h16, v.sp_val + k, 2);
+            if (!mpq__half_finite(h16)) return MPQ_ERR_FORMAT;
+        }
+    }
     mpq__view(out, &s, &L, b8, h.flags);
     return MPQ_OK;
 }
@@ -1817,7 +2161,15 @@ MPQ_DEF int mpq_packed_bits_at(const mpq_packed *A, int i, int g)
     return A->bits[(size_t)(i / A->block_rows) * (size_t)A->ngroups + (size_t)g];
 }
 
-MPQ_DEF double mpq_packed_bpw(const mpq_packed *A, int with_metadata)
+MPQ_DEF size_t mpq_packed_sparse_bytes(const mpq_packed *A)
+{
+    if (!A || !A->sp_row_ptr) return 0;
+    mpq__shape s;
+    mpq__shape_of(A, &s);
+    return (size_t)mpq__sp_bytes(&s);
+}
+
+MPQ_DEF double mpq_packed_bpw(const mpq_packed *A, int level)
 {
     if (!A || !A->bits) return 0.0;
     mpq__shape s;
@@ -1828,7 +2180,8 @@ MPQ_DEF double mpq_packed_bpw(const mpq_packed *A, int with_metadata)
         for (int g = 0; g < s.ngroups; g++)
             bits += (double)r * (double)mpq__group_cols(&s, g) * (double)s.bits[(size_t)br * (size_t)s.ngroups + (size_t)g];
     }
-    if (with_metadata) bits += (s.format == MPQ_FORMAT_MXINT ? 8.0 : 32.0) * (double)s.rows * (double)s.ngroups;
+    if (level >= 1) bits += (s.format == MPQ_FORMAT_MXINT ? 8.0 : 32.0) * (double)s.rows * (double)s.ngroups;
+    if (level >= 2) bits += 8.0 * (double)mpq_packed_sparse_bytes(A);
     return bits / ((double)s.rows * (double)s.cols);
 }
 
@@ -1912,6 +2265,28 @@ static void mpq__emit_float(void *u, int row, int col, double w)
     e->W[(size_t)row * e->cols + (size_t)col] = (float)w;
 }
 
+/* Column index k of the sparse part. */
+static uint32_t mpq__sp_col(const mpq_packed *A, size_t k)
+{
+    return A->sp_col16 ? (uint32_t)A->sp_col16[k] : A->sp_col32[k];
+}
+
+/* Calls emit(row, col, value) for every entry of the sparse part. */
+static void mpq__sparse_emit(const mpq_packed *A, mpq__emit_fn emit, void *u)
+{
+    if (!A->sp_row_ptr) return;
+    for (int i = 0; i < A->rows; i++)
+        for (uint32_t k = A->sp_row_ptr[i]; k < A->sp_row_ptr[i + 1]; k++)
+            emit(u, i, (int)mpq__sp_col(A, k), (double)mpq_f16_to_f32(A->sp_val[k]));
+}
+
+static void mpq__emit_add_float(void *u, int row, int col, double w)
+{
+    mpq__emit_f32 *e = (mpq__emit_f32 *)u;
+    float *p = e->W + (size_t)row * e->cols + (size_t)col;
+    *p = (float)((double)*p + w);
+}
+
 static mpq_status mpq__bp_dequantize(const mpq_packed *A, int skip_planes, float *W)
 {
     if (!A || !W || !A->data) return MPQ_ERR_ARG;
@@ -1920,6 +2295,7 @@ static mpq_status mpq__bp_dequantize(const mpq_packed *A, int skip_planes, float
     if (!tmp) return MPQ_ERR_NOMEM;
     mpq__emit_f32 e = {W, (size_t)A->cols};
     mpq__bp_decode_all(A, skip_planes, mpq__emit_float, &e, tmp);
+    mpq__sparse_emit(A, mpq__emit_add_float, &e);
     MPQ_FREE(tmp);
     return MPQ_OK;
 }
@@ -2583,6 +2959,28 @@ static void mpq__tile(const mpq__shape *s, const mpq_packed *A, mpq_path path, i
     }
 }
 
+/* y += S x for the sparse part (rows in parallel; float64 sums per row). */
+static void mpq__sparse_gemv(const mpq_packed *A, const float *x, float *y, int batch, int nth)
+{
+    if (!A->sp_row_ptr || !A->sp_nnz) return;
+    const int rows = A->rows;
+    (void)nth;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) num_threads(nth) if (A->sp_nnz > 65536)
+#endif
+    for (int i = 0; i < rows; i++) {
+        const uint32_t k0 = A->sp_row_ptr[i], k1 = A->sp_row_ptr[i + 1];
+        if (k0 == k1) continue;
+        for (int v = 0; v < batch; v++) {
+            const float *xv = x + (size_t)v * (size_t)A->cols;
+            double acc = 0.0;
+            for (uint32_t k = k0; k < k1; k++) acc += (double)mpq_f16_to_f32(A->sp_val[k]) * (double)xv[mpq__sp_col(A, k)];
+            float *yo = y + (size_t)v * (size_t)rows + (size_t)i;
+            *yo = (float)((double)*yo + acc);
+        }
+    }
+}
+
 static mpq_status mpq__bp_gemv(const mpq_packed *A, const float *x, float *y, int batch, const mpq_gemv_opts *opts,
                                void *work, size_t work_bytes)
 {
@@ -2631,6 +3029,7 @@ static mpq_status mpq__bp_gemv(const mpq_packed *A, const float *x, float *y, in
                     }
             }
         }
+        mpq__sparse_gemv(A, x, y, batch, nth);
         if (w != (uint8_t *)work) mpq_aligned_free(w);
         return MPQ_OK;
     }
@@ -2649,6 +3048,7 @@ static mpq_status mpq__bp_gemv(const mpq_packed *A, const float *x, float *y, in
             }
         }
     }
+    mpq__sparse_gemv(A, x, y, batch, nth);
     if (w != (uint8_t *)work) mpq_aligned_free(w);
     return MPQ_OK;
 }
@@ -2678,6 +3078,7 @@ MPQ_DEF mpq_status mpq_gemv_ref(const mpq_packed *A, const float *x, double *y, 
     for (size_t k = 0; k < (size_t)batch * (size_t)A->rows; k++) y[k] = 0.0;
     mpq__emit_gemv e = {x, y, batch, A->rows, A->cols};
     mpq__bp_decode_all(A, skip_planes, mpq__emit_dot, &e, tmp);
+    mpq__sparse_emit(A, mpq__emit_dot, &e);
     MPQ_FREE(tmp);
     return MPQ_OK;
 }
@@ -3543,6 +3944,11 @@ MPQ_DEF size_t mpq_plan_summary(const mpq_plan *p, char *buf, size_t size)
                 pos = mpq__append(buf, size, pos, t);
                 pos = mpq__append(buf, size, pos, "%");
             }
+        if (L->outliers) {
+            pos = mpq__append(buf, size, pos, "  outliers ");
+            mpq__utoa(t, (unsigned long long)L->outliers);
+            pos = mpq__append(buf, size, pos, t);
+        }
         pos = mpq__append(buf, size, pos, "  bpw ");
         mpq__ftoa3(t, (L->weight_bits + L->meta_bits) / ((double)L->rows * L->cols));
         pos = mpq__append(buf, size, pos, t);
@@ -3554,6 +3960,11 @@ MPQ_DEF size_t mpq_plan_summary(const mpq_plan *p, char *buf, size_t size)
     pos = mpq__append(buf, size, pos, " (weights + metadata), index bytes ");
     mpq__utoa(t, (unsigned long long)p->index_bytes);
     pos = mpq__append(buf, size, pos, t);
+    if (p->sparse_bytes > 0.0) {
+        pos = mpq__append(buf, size, pos, ", sparse bytes ");
+        mpq__utoa(t, (unsigned long long)p->sparse_bytes);
+        pos = mpq__append(buf, size, pos, t);
+    }
     pos = mpq__append(buf, size, pos, "\n");
     return pos;
 }
@@ -3859,6 +4270,390 @@ MPQ_DEF mpq_status mpq_plan_mxsens(const mpq_mxsens_layer *layers, int nlayers, 
     MPQ_FREE(capped);
     if (st == MPQ_OK && R_out) *R_out = R;
     return mpq__plan_finish(&P, st, out);
+}
+
+/* ReQuant. Weights of eq. 9 with layer sizes; see the declaration. */
+MPQ_DEF mpq_status mpq_requant_outlier_counts(const double *layer_dF, const size_t *layer_n, int nlayers, double ratio,
+                                              double t, size_t *counts)
+{
+    if (!layer_dF || !layer_n || !counts || nlayers < 1) return MPQ_ERR_ARG;
+    if (!(ratio >= 0.0 && ratio <= 1.0) || !isfinite(t)) return MPQ_ERR_RANGE;
+    double total = 0.0;
+    for (int l = 0; l < nlayers; l++) {
+        if (!isfinite(layer_dF[l])) return MPQ_ERR_NONFINITE;
+        if (layer_dF[l] < 0.0 || (layer_dF[l] == 0.0 && t < 0.0)) return MPQ_ERR_RANGE;
+        total += (double)layer_n[l];
+    }
+    double *w = (double *)MPQ_MALLOC(sizeof(double) * (size_t)nlayers * 2u);
+    if (!w) return MPQ_ERR_NOMEM;
+    double *frac = w + nlayers, wsum = 0.0;
+    for (int l = 0; l < nlayers; l++) {
+        w[l] = layer_n[l] ? (double)layer_n[l] * pow(layer_dF[l], t) : 0.0;
+        wsum += w[l];
+    }
+    size_t K = (size_t)floor(ratio * total);
+    if (!isfinite(wsum) || (wsum <= 0.0 && K > 0)) {
+        MPQ_FREE(w);
+        return MPQ_ERR_RANGE;
+    }
+    for (int l = 0; l < nlayers; l++) counts[l] = (size_t)-1; /* -1: not settled */
+    /* water-filling: a layer whose share reaches its size is capped and the
+       rest is shared again among the others */
+    for (;;) {
+        double ws = 0.0;
+        for (int l = 0; l < nlayers; l++)
+            if (counts[l] == (size_t)-1) ws += w[l];
+        int capped = 0;
+        for (int l = 0; l < nlayers; l++)
+            if (counts[l] == (size_t)-1 && ws > 0.0 && (double)K * (w[l] / ws) >= (double)layer_n[l]) {
+                counts[l] = layer_n[l];
+                K -= layer_n[l];
+                capped = 1;
+            }
+        if (capped) continue;
+        size_t given = 0;
+        for (int l = 0; l < nlayers; l++) {
+            if (counts[l] != (size_t)-1) continue;
+            double q = ws > 0.0 ? (double)K * (w[l] / ws) : 0.0;
+            counts[l] = (size_t)floor(q);
+            frac[l] = q - floor(q);
+            given += counts[l];
+        }
+        /* what rounding left: the largest remainders, earlier layers first,
+           then (only when every weight left is zero) layers with room, in order */
+        size_t left = K - given;
+        for (; left > 0; left--) {
+            int best = -1;
+            for (int l = 0; l < nlayers; l++)
+                if (frac[l] > 0.0 && counts[l] < layer_n[l] && (best < 0 || frac[l] > frac[best])) best = l;
+            if (best < 0)
+                for (int l = 0; l < nlayers && best < 0; l++)
+                    if (counts[l] < layer_n[l]) best = l;
+            counts[best]++;
+            frac[best] = 0.0;
+        }
+        break;
+    }
+    MPQ_FREE(w);
+    return MPQ_OK;
+}
+
+MPQ_DEF mpq_status mpq_plan_requant(mpq_plan *p, const double *layer_dF, double ratio, double t_step,
+                                    mpq_requant_loss_fn loss, void *user, double *t_best)
+{
+    if (!p || !p->layers || p->nlayers < 1 || !layer_dF || !loss) return MPQ_ERR_ARG;
+    if (t_step == 0.0) t_step = 0.1;
+    if (!(t_step > 0.0 && t_step <= 1.0)) return MPQ_ERR_RANGE;
+    const int L = p->nlayers;
+    size_t *buf = (size_t *)MPQ_MALLOC(sizeof(size_t) * (size_t)L * 3u);
+    if (!buf) return MPQ_ERR_NOMEM;
+    size_t *n = buf, *cand = buf + L, *best = buf + 2 * L;
+    for (int l = 0; l < L; l++) n[l] = (size_t)p->layers[l].rows * (size_t)p->layers[l].cols;
+    double best_loss = INFINITY, tb = 0.0;
+    mpq_status st = MPQ_OK;
+    for (int k = 0; st == MPQ_OK && (double)k * t_step < 1.0 - 1e-12; k++) {
+        const double t = (double)k * t_step;
+        double f = 0.0;
+        if ((st = mpq_requant_outlier_counts(layer_dF, n, L, ratio, t, cand)) != MPQ_OK) break;
+        if ((st = loss(user, cand, L, &f)) != MPQ_OK) break;
+        if (!isfinite(f)) st = MPQ_ERR_NONFINITE;
+        else if (f < best_loss) {
+            best_loss = f;
+            tb = t;
+            memcpy(best, cand, sizeof(size_t) * (size_t)L);
+        }
+    }
+    if (st == MPQ_OK) {
+        p->sparse_bytes = 0.0;
+        for (int l = 0; l < L; l++) {
+            mpq_layer_plan *Ly = &p->layers[l];
+            Ly->outliers = best[l];
+            p->sparse_bytes += best[l] ? 4.0 * ((double)Ly->rows + 1.0) +
+                                             (double)(mpq__sp_colbytes(Ly->cols) + 2u) * (double)best[l]
+                                       : 0.0;
+        }
+        if (t_best) *t_best = tb;
+    }
+    MPQ_FREE(buf);
+    return st;
+}
+
+MPQ_DEF mpq_status mpq_requant_outliers(const float *W, size_t n, size_t count, uint8_t *mask)
+{
+    if (!W || !mask) return MPQ_ERR_ARG;
+    if (count > n) return MPQ_ERR_SIZE;
+    mpq_status st = mpq__check_finite(W, n);
+    if (st != MPQ_OK) return st;
+    float *a = (float *)MPQ_MALLOC(sizeof(float) * (n ? n : 1u));
+    if (!a) return MPQ_ERR_NOMEM;
+    for (size_t i = 0; i < n; i++) a[i] = fabsf(W[i]);
+    mpq_span sp = {a, n};
+    st = mpq_top_k_global(&sp, 1, count, &mask);
+    MPQ_FREE(a);
+    return st;
+}
+
+MPQ_DEF mpq_status mpq_requant_significant(mpq_requant_layer *layers, int nlayers, size_t total, int steps,
+                                           mpq_requant_pqi_fn refresh, void *user)
+{
+    if (!layers || nlayers < 1 || !refresh) return MPQ_ERR_ARG;
+    if (steps < 1) return MPQ_ERR_RANGE;
+    size_t free_w = 0, all = 0;
+    for (int l = 0; l < nlayers; l++) {
+        const mpq_requant_layer *Ly = &layers[l];
+        if (Ly->n && (!Ly->W || !Ly->Wq || !Ly->v || !Ly->mask)) return MPQ_ERR_ARG;
+        for (size_t i = 0; i < Ly->n; i++) free_w += !Ly->mask[i];
+        all += Ly->n;
+    }
+    if (total > free_w) return MPQ_ERR_SIZE;
+    float *score = (float *)MPQ_MALLOC(sizeof(float) * (all ? all : 1u));
+    uint8_t *sel = (uint8_t *)MPQ_MALLOC(all ? all : 1u);
+    mpq_span *sp = (mpq_span *)MPQ_MALLOC(sizeof(mpq_span) * (size_t)nlayers);
+    uint8_t **selp = (uint8_t **)MPQ_MALLOC(sizeof(uint8_t *) * (size_t)nlayers);
+    mpq_status st = score && sel && sp && selp ? MPQ_OK : MPQ_ERR_NOMEM;
+    const size_t q = total / (size_t)steps, r = total % (size_t)steps;
+    for (int s = 0; s < steps && st == MPQ_OK; s++) {
+        /* floor(total (s+1) / steps) - floor(total s / steps), without overflow */
+        const size_t k = q + (r * (size_t)(s + 1)) / (size_t)steps - (r * (size_t)s) / (size_t)steps;
+        if ((st = refresh(user, layers, nlayers)) != MPQ_OK) break;
+        size_t o = 0;
+        for (int l = 0; l < nlayers && st == MPQ_OK; l++) {
+            const mpq_requant_layer *Ly = &layers[l];
+            for (size_t i = 0; i < Ly->n; i++) {
+                const float v = Ly->v[i], d = fabsf(Ly->Wq[i] - Ly->W[i]);
+                if (!mpq__finite(v) || !mpq__finite(d)) {
+                    st = MPQ_ERR_NONFINITE;
+                    break;
+                }
+                /* masked weights rank below every free one (scores are >= 0) */
+                score[o + i] = Ly->mask[i] ? -1.0f : fabsf(v) * d;
+            }
+            sp[l].v = score + o;
+            sp[l].n = Ly->n;
+            selp[l] = sel + o;
+            o += Ly->n;
+        }
+        if (st != MPQ_OK || (st = mpq_top_k_global(sp, nlayers, k, selp)) != MPQ_OK) break;
+        for (int l = 0; l < nlayers; l++)
+            for (size_t i = 0; i < layers[l].n; i++)
+                if (selp[l][i]) {
+                    layers[l].Wq[i] = layers[l].W[i];
+                    layers[l].mask[i] = 1;
+                }
+    }
+    MPQ_FREE(score);
+    MPQ_FREE(sel);
+    MPQ_FREE(sp);
+    MPQ_FREE(selp);
+    return st;
+}
+
+/* ========================================================================== */
+/* 11. Precision schedules (PMPD)                                             */
+/* ========================================================================== */
+
+MPQ_DEF mpq_status mpq_pmpd_validate(const mpq_pmpd_schedule *s)
+{
+    if (!s) return MPQ_ERR_ARG;
+    if (s->nlevels < 1 || s->nlevels > MPQ_PMPD_MAX_LEVELS || s->prefill_skip < 0 || s->skip[0] < 0 ||
+        s->start[0] != 0)
+        return MPQ_ERR_RANGE;
+    for (int k = 1; k < s->nlevels; k++)
+        if (s->skip[k] <= s->skip[k - 1] || s->start[k] < s->start[k - 1]) return MPQ_ERR_RANGE;
+    return MPQ_OK;
+}
+
+MPQ_DEF int mpq_pmpd_skip_at(const mpq_pmpd_schedule *s, long t)
+{
+    if (mpq_pmpd_validate(s) != MPQ_OK) return -1;
+    if (t < 0) return s->prefill_skip;
+    int k = 0;
+    while (k + 1 < s->nlevels && t >= s->start[k + 1]) k++;
+    return s->skip[k];
+}
+
+/* Tokens of `length` decoded at each level. */
+static void mpq__pmpd_counts(const mpq_pmpd_schedule *s, long length, long *cnt)
+{
+    for (int k = 0; k < s->nlevels; k++) {
+        long a = s->start[k] < length ? s->start[k] : length;
+        long b = k + 1 < s->nlevels ? (s->start[k + 1] < length ? s->start[k + 1] : length) : length;
+        cnt[k] = b - a;
+    }
+}
+
+static double mpq__pmpd_avg(const mpq_pmpd_schedule *s, const double *bits, long length)
+{
+    long cnt[MPQ_PMPD_MAX_LEVELS];
+    mpq__pmpd_counts(s, length, cnt);
+    double sum = 0.0;
+    for (int k = 0; k < s->nlevels; k++) sum += (double)cnt[k] * bits[s->skip[k]];
+    return sum / (double)length;
+}
+
+static mpq_status mpq__bits_check(const double *bits, int n)
+{
+    for (int k = 0; k < n; k++)
+        if (!isfinite(bits[k]) || bits[k] < 0.0) return MPQ_ERR_RANGE;
+    return MPQ_OK;
+}
+
+MPQ_DEF mpq_status mpq_pmpd_average_bits(const mpq_pmpd_schedule *s, const double *bits, long length, double *avg)
+{
+    mpq_status st = mpq_pmpd_validate(s);
+    if (st != MPQ_OK) return st;
+    if (!bits || !avg) return MPQ_ERR_ARG;
+    if (length < 1) return MPQ_ERR_SIZE;
+    if ((st = mpq__bits_check(bits, s->skip[s->nlevels - 1] + 1)) != MPQ_OK) return st;
+    *avg = mpq__pmpd_avg(s, bits, length);
+    return MPQ_OK;
+}
+
+MPQ_DEF double mpq_packed_bpw_skip(const mpq_packed *A, int skip_planes)
+{
+    if (!A || !A->bits || skip_planes < 0) return 0.0;
+    mpq__shape s;
+    mpq__shape_of(A, &s);
+    double bits = (s.format == MPQ_FORMAT_MXINT ? 8.0 : 32.0) * (double)s.rows * (double)s.ngroups;
+    for (int br = 0; br < s.nbrows; br++) {
+        int r = (br + 1) * s.block_rows < s.rows ? s.block_rows : s.rows - br * s.block_rows;
+        for (int g = 0; g < s.ngroups; g++) {
+            int b = s.bits[(size_t)br * (size_t)s.ngroups + (size_t)g] - skip_planes;
+            bits += (double)r * (double)mpq__group_cols(&s, g) * (double)(b < 1 ? 1 : b);
+        }
+    }
+    return bits / ((double)s.rows * (double)s.cols);
+}
+
+typedef struct mpq__pmpd_cand {
+    double cost;
+    long cnt[MPQ_PMPD_MAX_LEVELS];
+    long start[MPQ_PMPD_MAX_LEVELS];
+} mpq__pmpd_cand;
+
+static int mpq__pmpd_cmp(const void *x, const void *y)
+{
+    const mpq__pmpd_cand *a = (const mpq__pmpd_cand *)x, *b = (const mpq__pmpd_cand *)y;
+    if (a->cost != b->cost) return a->cost < b->cost ? -1 : 1;
+    for (int k = 0; k < MPQ_PMPD_MAX_LEVELS; k++) /* more tokens at the higher precision first */
+        if (a->cnt[k] != b->cnt[k]) return a->cnt[k] > b->cnt[k] ? -1 : 1;
+    return 0;
+}
+
+MPQ_DEF mpq_status mpq_pmpd_static_search(const mpq_pmpd_search *d, mpq_pmpd_quality_fn q, void *user,
+                                          mpq_pmpd_schedule *out, double *quality, int *evaluated)
+{
+    if (!d || !q || !out || !d->bits) return MPQ_ERR_ARG;
+    if (d->length < 1 || d->candidates < 2) return MPQ_ERR_SIZE;
+    if (!isfinite(d->target)) return MPQ_ERR_NONFINITE;
+    mpq_pmpd_schedule base;
+    memset(&base, 0, sizeof base);
+    base.prefill_skip = d->prefill_skip;
+    base.nlevels = d->nlevels;
+    if (d->nlevels < 1 || d->nlevels > MPQ_PMPD_MAX_LEVELS) return MPQ_ERR_RANGE;
+    for (int k = 0; k < d->nlevels; k++) base.skip[k] = d->skip[k];
+    mpq_status st = mpq_pmpd_validate(&base);
+    if (st != MPQ_OK) return st;
+    if ((st = mpq__bits_check(d->bits, d->skip[d->nlevels - 1] + 1)) != MPQ_OK) return st;
+    /* count the schedules: non-decreasing choices of nlevels-1 starts from N
+       candidates, C(N + L - 2, L - 1) */
+    const int N = d->candidates, S = d->nlevels - 1;
+    double ncand = 1.0;
+    for (int k = 1; k <= S; k++) ncand = ncand * (double)(N - 1 + k) / (double)k;
+    if (ncand > (double)MPQ_PMPD_MAX_SEARCH) return MPQ_ERR_RANGE;
+    mpq__pmpd_cand *c = (mpq__pmpd_cand *)MPQ_MALLOC(sizeof(mpq__pmpd_cand) * (size_t)(ncand + 0.5));
+    if (!c) return MPQ_ERR_NOMEM;
+    size_t nc = 0;
+    int idx[MPQ_PMPD_MAX_LEVELS] = {0};
+    for (;;) { /* idx[1..S] non-decreasing in 0..N-1 */
+        mpq_pmpd_schedule sc = base;
+        for (int k = 1; k <= S; k++) sc.start[k] = (long)floor((double)idx[k] * (double)d->length / (N - 1) + 0.5);
+        mpq__pmpd_cand *e = &c[nc++];
+        memset(e, 0, sizeof *e);
+        e->cost = mpq__pmpd_avg(&sc, d->bits, d->length);
+        mpq__pmpd_counts(&sc, d->length, e->cnt);
+        for (int k = 0; k <= S; k++) e->start[k] = sc.start[k];
+        int k = S;
+        while (k >= 1 && idx[k] == N - 1) k--;
+        if (k < 1) break;
+        idx[k]++;
+        for (int j = k + 1; j <= S; j++) idx[j] = idx[k];
+    }
+    qsort(c, nc, sizeof *c, mpq__pmpd_cmp);
+    int evals = 0;
+    st = MPQ_ERR_RANGE;
+    for (size_t i = 0; i < nc; i++) {
+        if (i > 0 && mpq__pmpd_cmp(&c[i], &c[i - 1]) == 0) continue; /* the same tokens at the same levels */
+        mpq_pmpd_schedule sc = base;
+        for (int k = 0; k <= S; k++) sc.start[k] = c[i].start[k];
+        double qv = 0.0;
+        mpq_status qs = q(user, &sc, &qv);
+        evals++;
+        if (qs != MPQ_OK) {
+            st = qs;
+            break;
+        }
+        if (!isfinite(qv)) {
+            st = MPQ_ERR_NONFINITE;
+            break;
+        }
+        if (qv >= d->target) {
+            *out = sc;
+            if (quality) *quality = qv;
+            st = MPQ_OK;
+            break;
+        }
+    }
+    MPQ_FREE(c);
+    if (evaluated) *evaluated = evals;
+    return st;
+}
+
+MPQ_DEF mpq_status mpq_pmpd_phase_allocate(const int *skips, int n, const double *bits, double target,
+                                           mpq_pmpd_quality_fn q, void *user, mpq_pmpd_schedule *out)
+{
+    if (!skips || !bits || !q || !out) return MPQ_ERR_ARG;
+    if (n < 1 || n > MPQ_PMPD_MAX_LEVELS) return MPQ_ERR_SIZE;
+    if (!isfinite(target)) return MPQ_ERR_NONFINITE;
+    int mx = 0;
+    for (int k = 0; k < n; k++) {
+        if (skips[k] < 0 || skips[k] >= MPQ_MAX_BITS) return MPQ_ERR_RANGE;
+        mx = skips[k] > mx ? skips[k] : mx;
+    }
+    mpq_status st = mpq__bits_check(bits, mx + 1);
+    if (st != MPQ_OK) return st;
+    /* pairs (prefill p, decode d) with p <= d, cheapest decode first, then
+       cheapest prefill */
+    int pr[MPQ_PMPD_MAX_LEVELS * MPQ_PMPD_MAX_LEVELS][2], np = 0;
+    for (int a = 0; a < n; a++)
+        for (int b = 0; b < n; b++)
+            if (skips[a] <= skips[b]) pr[np][0] = skips[a], pr[np++][1] = skips[b];
+    for (int i = 1; i < np; i++) { /* insertion sort, stable */
+        int p0 = pr[i][0], d0 = pr[i][1], j = i;
+        for (; j > 0; j--) {
+            int pp = pr[j - 1][0], dd = pr[j - 1][1];
+            int later = bits[dd] > bits[d0] || (bits[dd] == bits[d0] && bits[pp] > bits[p0]);
+            if (!later) break;
+            pr[j][0] = pp, pr[j][1] = dd;
+        }
+        pr[j][0] = p0, pr[j][1] = d0;
+    }
+    for (int i = 0; i < np; i++) {
+        if (i > 0 && pr[i][0] == pr[i - 1][0] && pr[i][1] == pr[i - 1][1]) continue;
+        mpq_pmpd_schedule sc;
+        memset(&sc, 0, sizeof sc);
+        sc.prefill_skip = pr[i][0];
+        sc.nlevels = 1;
+        sc.skip[0] = pr[i][1];
+        double qv = 0.0;
+        if ((st = q(user, &sc, &qv)) != MPQ_OK) return st;
+        if (!isfinite(qv)) return MPQ_ERR_NONFINITE;
+        if (qv >= target) {
+            *out = sc;
+            return MPQ_OK;
+        }
+    }
+    return MPQ_ERR_RANGE;
 }
 
 #ifdef __cplusplus

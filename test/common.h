@@ -39,6 +39,9 @@ typedef struct tc_mat {
     double *sh, *zh;   /* rows x ngroups */
     uint32_t *prow, *pcol;
     float *cscale;
+    size_t sp_nnz;     /* sparse part (original coordinates), 0 when absent */
+    int *sp_row, *sp_col;
+    double *sp_val;
 } tc_mat;
 
 static inline int tc_slab_off(int c, int r, int nch)
@@ -107,11 +110,29 @@ static inline void tc_decode(const uint8_t *buf, tc_mat *M)
             }
         }
     }
+    /* sparse part: header bytes 112 (offset) and 120 (entries) */
+    M->sp_nnz = 0, M->sp_row = NULL, M->sp_col = NULL, M->sp_val = NULL;
+    if (flags & 8) {
+        uint64_t off = tc_u64(buf + 112), nnz = tc_u64(buf + 120);
+        int cb = cols <= 65536 ? 2 : 4;
+        const uint8_t *rp = buf + off, *cp = rp + 4 * ((uint64_t)rows + 1), *vp = cp + cb * nnz;
+        M->sp_nnz = (size_t)nnz;
+        M->sp_row = malloc(sizeof(int) * (nnz + 1));
+        M->sp_col = malloc(sizeof(int) * (nnz + 1));
+        M->sp_val = malloc(sizeof(double) * (nnz + 1));
+        for (int i = 0; i < rows; i++)
+            for (uint32_t k = tc_u32(rp + 4 * i); k < tc_u32(rp + 4 * (i + 1)); k++) {
+                M->sp_row[k] = i;
+                M->sp_col[k] = cb == 2 ? tc_u16(cp + 2 * k) : (int)tc_u32(cp + 4 * k);
+                M->sp_val[k] = tc_half(tc_u16(vp + 2 * k));
+            }
+    }
 }
 
 static inline void tc_free(tc_mat *M)
 {
     free(M->code), free(M->width), free(M->sh), free(M->zh), free(M->prow), free(M->pcol), free(M->cscale);
+    free(M->sp_row), free(M->sp_col), free(M->sp_val);
 }
 
 /* w^ of packed weight (i, j) with `skip` planes dropped, by the mirror-form
@@ -140,6 +161,12 @@ static inline void tc_gemv(const tc_mat *M, const float *x, int batch, int skip,
             }
             y[(size_t)v * M->rows + M->prow[i]] = s;
             if (mag) mag[(size_t)v * M->rows + M->prow[i]] = a;
+        }
+    for (int v = 0; v < batch; v++) /* the sparse part, in original coordinates */
+        for (size_t k = 0; k < M->sp_nnz; k++) {
+            double t = M->sp_val[k] * (double)x[(size_t)v * M->cols + M->sp_col[k]];
+            y[(size_t)v * M->rows + M->sp_row[k]] += t;
+            if (mag) mag[(size_t)v * M->rows + M->sp_row[k]] += fabs(t);
         }
 }
 
