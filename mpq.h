@@ -128,7 +128,8 @@ typedef enum mpq_status {
     MPQ_ERR_NONFINITE = -3,   /* NaN or Inf in an input that must be finite */
     MPQ_ERR_BITS = -4,        /* a bit width outside 1..8 */
     MPQ_ERR_PERM = -5,        /* not a permutation (index out of range or repeated) */
-    MPQ_ERR_RANGE = -6,       /* a value overflows its storage type (e.g. fp16 scale) */
+    MPQ_ERR_RANGE = -6,       /* a value outside what can be stored or met: an fp16 overflow,
+                                 a budget no plan can meet, a parameter out of its range */
     MPQ_ERR_FORMAT = -7,      /* a packed buffer is malformed or corrupted */
     MPQ_ERR_ALIGN = -8,       /* a buffer is not aligned as required */
     MPQ_ERR_NOMEM = -9,       /* an allocation failed */
@@ -1037,7 +1038,7 @@ MPQ_DEF const char *mpq_status_str(mpq_status st)
     case MPQ_ERR_NONFINITE: return "NaN or Inf in an input that must be finite";
     case MPQ_ERR_BITS: return "bit width outside 1..8";
     case MPQ_ERR_PERM: return "not a permutation (index out of range or repeated)";
-    case MPQ_ERR_RANGE: return "value overflows its storage type (fp16 scale or zero)";
+    case MPQ_ERR_RANGE: return "value out of range (beyond fp16, a budget that cannot be met, or a bad parameter)";
     case MPQ_ERR_FORMAT: return "packed buffer is malformed or corrupted";
     case MPQ_ERR_ALIGN: return "buffer is not aligned as required";
     case MPQ_ERR_NOMEM: return "out of memory";

@@ -1,7 +1,7 @@
 /* demo: quantize a synthetic LLM-like layer at several bit widths, with and
    without AWQ, and report error and speed.
 
-   usage: demo [--rows M] [--cols N] [--seed S] [--threads T]
+   usage: demo [--rows M] [--cols N] [--seed S] [--threads T] [--model-dim D]
 
    The layer (default 4096 x 4096, seed 42) has the statistics of trained LLM
    weights: heavy-tailed entries and a few outlier rows and columns (see
@@ -13,7 +13,11 @@
    ones), with the salience proxy w^2 E[x^2]. Then
    AWQ next to round-to-nearest, MXINT, and nested precision: one 4-bit
    matrix run with its lowest planes skipped. Times are the median of 25
-   GEMVs with one vector, against a float32 GEMV measured the same way. */
+   GEMVs with one vector, against a float32 GEMV measured the same way.
+
+   Then every planner on a synthetic 8-layer model of width D (default
+   256; 0 skips it) with a planted loss, at equal bits per weight: where each
+   puts the high width and what the loss comes to (examples/planners.h). */
 #define MPQ_IMPLEMENTATION
 #include "mpq.h"
 #ifdef MPQ_HAVE_CUDA
@@ -21,6 +25,7 @@
 #endif
 #include "bench_util.h"
 #include "synth.h"
+#include "planners.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -124,6 +129,7 @@ int main(int argc, char **argv)
     memset(&D, 0, sizeof D);
     D.m = 4096, D.n = 4096;
     unsigned long long seed = 42;
+    int model_dim = 256;
     for (int a = 1; a < argc; a++) {
         if (!strcmp(argv[a], "--rows") && a + 1 < argc)
             D.m = atoi(argv[++a]);
@@ -133,13 +139,15 @@ int main(int argc, char **argv)
             seed = strtoull(argv[++a], NULL, 10);
         else if (!strcmp(argv[a], "--threads") && a + 1 < argc)
             D.threads = atoi(argv[++a]);
+        else if (!strcmp(argv[a], "--model-dim") && a + 1 < argc)
+            model_dim = atoi(argv[++a]);
         else {
-            fprintf(stderr, "usage: %s [--rows M] [--cols N] [--seed S] [--threads T]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--rows M] [--cols N] [--seed S] [--threads T] [--model-dim D]\n", argv[0]);
             return 2;
         }
     }
-    if (D.m < 1 || D.n < 1) {
-        fprintf(stderr, "rows and cols must be positive\n");
+    if (D.m < 1 || D.n < 1 || model_dim < 0 || model_dim % 32) {
+        fprintf(stderr, "rows and cols must be positive, the model dimension a multiple of 32 (0: no model part)\n");
         return 2;
     }
     const int m = D.m, n = D.n;
@@ -292,5 +300,6 @@ int main(int argc, char **argv)
         mpq_packed_free(&A);
     }
     free(D.W), free(D.Wd), free(D.Xc), free(D.Xh), free(D.Y), free(D.Yref), free(cs), free(clip), free(bits);
+    if (model_dim > 0) demo_planners(seed, model_dim);
     return 0;
 }
