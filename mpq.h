@@ -504,8 +504,9 @@ typedef struct mpq_format_traits {
 /* The traits of a format, or NULL if unknown. */
 MPQ_DEF const mpq_format_traits *mpq_format_get(mpq_format f);
 
-#define MPQ_CAP_BITPLANE 1u     /* multiplies bit-plane matrices */
-#define MPQ_CAP_HOST_MEMORY 2u  /* x and y are host pointers */
+#define MPQ_CAP_BITPLANE 1u      /* multiplies bit-plane (and MXINT) matrices */
+#define MPQ_CAP_HOST_MEMORY 2u   /* x and y may be host pointers */
+#define MPQ_CAP_DEVICE_MEMORY 4u /* x and y may be the backend's device pointers */
 
 /* A compute backend: a table of function pointers. The CPU backend is in this
    header; mpq_cuda.h provides the CUDA one. `ctx` is the backend's own state.

@@ -5,13 +5,22 @@
        mpq_backend gpu;
        if (mpq_cuda_backend(0, &gpu) != MPQ_OK) mpq_backend_cpu(&gpu);  // fall back
 
-   STATUS (v0.1): the table is complete in shape: device selection, one
-   stream, upload of a packed bit-plane buffer to device memory and its
-   release, synchronisation, and every CUDA error mapped to an mpq_status.
-   The GEMV kernels are not in yet: gemv returns MPQ_ERR_UNSUPPORTED and
-   caps is 0, so callers that check caps (as the demo does) fall back to the
-   CPU backend. A machine without a GPU gets MPQ_ERR_NODEVICE, never a
-   crash. Link with the program's MPQ_IMPLEMENTATION translation unit. */
+   What it does:
+   - upload copies a packed matrix (bit-plane or MXINT, with permutations,
+     column scales and sparse part) to device memory as it is, plus a small
+     table of record offsets (4 + 1 bytes per record);
+   - gemv, batch 1..8: one launch of the LUT kernel (mpq_cuda.cu, top) for
+     groups that are a multiple of 32 columns, any mix of widths, skip_planes;
+     other groups (and matrices whose last group ends inside a quad) take a
+     plain kernel that decodes every weight; batch > 8 dequantizes to fp16
+     and multiplies with cuBLAS (fp32 accumulation);
+   - x and y may be device pointers (the call is then asynchronous on the
+     backend's stream: synchronize before reading y) or host pointers (staged
+     through device buffers; the call returns with y written);
+   - every CUDA and cuBLAS error is an mpq_status; a machine without a GPU
+     gets MPQ_ERR_NODEVICE from mpq_cuda_backend, never a crash.
+   One backend (its stream and scratch buffers) serves one thread at a time.
+   Link with the program's MPQ_IMPLEMENTATION translation unit and cuBLAS. */
 #ifndef MPQ_CUDA_H_INCLUDED
 #define MPQ_CUDA_H_INCLUDED
 
@@ -29,6 +38,10 @@ void mpq_cuda_backend_destroy(mpq_backend *b);
 
 /* Number of CUDA devices, 0 when there is no driver or no GPU. */
 int mpq_cuda_device_count(void);
+
+/* The backend's stream (a cudaStream_t), for callers that order their own
+   work or events with the products; NULL for a backend that is not CUDA's. */
+void *mpq_cuda_stream(const mpq_backend *b);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,261 @@
+/* bench_gemv_cuda: the CUDA LUT GEMV on the shapes and widths of LLM layers,
+   against the copy bandwidth and cuBLAS fp16 measured in the same run.
+
+   usage: bench_gemv_cuda [--quick] [--shape MxN] [--reps R]
+
+   For every shape, weight width b (2, 2.5, 3, 3.25, 4, 4.25 bits; fractional
+   widths mix floor(b) and ceil(b) over random 16 x 128 blocks, plus 0.25 bpw
+   of fp16 scales and zeros at group 128) and batch (1, 4, 8): the median
+   time of one product, timed with CUDA events on the backend's stream over
+   runs of 20 products that rotate over enough uploaded copies of the matrix
+   that the 50 MB L2 cannot hold them; the packed bytes per second; that as
+   a share of the device-to-device copy bandwidth (bytes read + written)
+   measured first; and cuBLAS fp16 (cublasGemmEx, fp16 weights and inputs,
+   fp32 accumulation and output) on the same shape and batch, timed the same
+   way, and the speedup over it. */
+#define MPQ_IMPLEMENTATION
+#include "mpq.h"
+#include "mpq_cuda.h"
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define CK(x)                                                                                                          \
+    do {                                                                                                               \
+        cudaError_t e_ = (x);                                                                                          \
+        if (e_ != cudaSuccess) {                                                                                       \
+            fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, cudaGetErrorString(e_));                                \
+            exit(1);                                                                                                   \
+        }                                                                                                              \
+    } while (0)
+
+static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
+static inline uint64_t rnd(void)
+{
+    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+static inline float frand(void) { return (float)((double)(rnd() >> 11) * (1.0 / 9007199254740992.0)) - 0.5f; }
+
+static int cmpd(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(double *t, int n)
+{
+    qsort(t, (size_t)n, sizeof(double), cmpd);
+    return n % 2 ? t[n / 2] : 0.5 * (t[n / 2 - 1] + t[n / 2]);
+}
+
+/* Device-to-device copy of 1 GiB: (read + written bytes) / time. */
+static double copy_bandwidth(void)
+{
+    const size_t bytes = (size_t)1 << 30;
+    void *a, *b;
+    CK(cudaMalloc(&a, bytes));
+    CK(cudaMalloc(&b, bytes));
+    CK(cudaMemset(a, 1, bytes));
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    double t[9];
+    for (int k = 0; k < 11; k++) {
+        CK(cudaEventRecord(e0, 0));
+        CK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, 0));
+        CK(cudaEventRecord(e1, 0));
+        CK(cudaEventSynchronize(e1));
+        float ms;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        if (k >= 2) t[k - 2] = ms * 1e-3;
+    }
+    cudaFree(a), cudaFree(b);
+    cudaEventDestroy(e0), cudaEventDestroy(e1);
+    return 2.0 * (double)bytes / median(t, 9);
+}
+
+/* Median seconds per call of fn over runs of `per` calls on `stream`. */
+typedef void (*call_fn)(void *u, int k);
+static double time_calls(cudaStream_t stream, call_fn fn, void *u, int reps, int per)
+{
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    for (int k = 0; k < 3; k++) fn(u, k); /* warm-up */
+    double *t = malloc(sizeof(double) * reps);
+    int call = 0;
+    for (int r = 0; r < reps; r++) {
+        CK(cudaEventRecord(e0, stream));
+        for (int k = 0; k < per; k++) fn(u, call++);
+        CK(cudaEventRecord(e1, stream));
+        CK(cudaEventSynchronize(e1));
+        float ms;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        t[r] = ms * 1e-3 / per;
+    }
+    double m = median(t, reps);
+    free(t);
+    cudaEventDestroy(e0), cudaEventDestroy(e1);
+    return m;
+}
+
+typedef struct mpq_calls {
+    mpq_backend *be;
+    void **h;
+    int copies, batch;
+    const float *x;
+    float *y;
+} mpq_calls;
+
+static void call_mpq(void *u, int k)
+{
+    mpq_calls *c = (mpq_calls *)u;
+    mpq_status st = c->be->gemv(c->be->ctx, c->h[k % c->copies], c->x, c->y, c->batch, NULL);
+    if (st != MPQ_OK) {
+        fprintf(stderr, "gemv: %s\n", mpq_status_str(st));
+        exit(1);
+    }
+}
+
+typedef struct blas_calls {
+    cublasHandle_t h;
+    uint16_t **W;
+    int copies, m, n, batch;
+    const uint16_t *x;
+    float *y;
+} blas_calls;
+
+static void call_blas(void *u, int k)
+{
+    blas_calls *c = (blas_calls *)u;
+    const float one = 1.0f, zero = 0.0f;
+    cublasStatus_t s = cublasGemmEx(c->h, CUBLAS_OP_T, CUBLAS_OP_N, c->m, c->batch, c->n, &one, c->W[k % c->copies],
+                                    CUDA_R_16F, c->n, c->x, CUDA_R_16F, c->n, &zero, c->y, CUDA_R_32F, c->m,
+                                    CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    if (s != CUBLAS_STATUS_SUCCESS) {
+        fprintf(stderr, "cublas: %d\n", (int)s);
+        exit(1);
+    }
+}
+
+int main(int argc, char **argv)
+{
+    int quick = 0, reps = 15;
+    int shapes[6][2] = {{4096, 4096}, {14336, 4096}, {4096, 14336}, {8192, 8192}, {28672, 8192}, {8192, 28672}};
+    int nshapes = 6;
+    for (int a = 1; a < argc; a++) {
+        if (!strcmp(argv[a], "--quick"))
+            quick = 1;
+        else if (!strcmp(argv[a], "--shape") && a + 1 < argc && sscanf(argv[a + 1], "%dx%d", &shapes[0][0], &shapes[0][1]) == 2)
+            nshapes = 1, a++;
+        else if (!strcmp(argv[a], "--reps") && a + 1 < argc)
+            reps = atoi(argv[++a]);
+        else {
+            fprintf(stderr, "usage: %s [--quick] [--shape MxN] [--reps R]\n", argv[0]);
+            return 2;
+        }
+    }
+    if (mpq_cuda_device_count() == 0) {
+        printf("no CUDA device: nothing to measure\n");
+        return 0;
+    }
+    mpq_backend be;
+    if (mpq_cuda_backend(0, &be) != MPQ_OK) return 1;
+    cudaStream_t stream = (cudaStream_t)mpq_cuda_stream(&be);
+    struct cudaDeviceProp prop;
+    CK(cudaGetDeviceProperties(&prop, 0));
+    const double bw = copy_bandwidth();
+    printf("%s, %d SMs, L2 %d MB; copy bandwidth (read + write) %.0f GB/s\n", prop.name, prop.multiProcessorCount,
+           prop.l2CacheSize >> 20, bw / 1e9);
+    printf("%-12s %5s %5s %5s %9s %9s %6s %10s %8s\n", "shape", "bits", "+meta", "batch", "mpq us", "GB/s", "%copy",
+           "cuBLAS us", "speedup");
+    cublasHandle_t blas;
+    if (cublasCreate(&blas) != CUBLAS_STATUS_SUCCESS) return 1;
+    cudaStream_t bstream;
+    CK(cudaStreamCreate(&bstream));
+    cublasSetStream(blas, bstream);
+    const double widths[6] = {2.0, 2.5, 3.0, 3.25, 4.0, 4.25};
+    const int batches[3] = {1, 4, 8};
+    const int nwidths = quick ? 2 : 6;
+    for (int s = 0; s < (quick ? 1 : nshapes); s++) {
+        const int m = shapes[s][0], n = shapes[s][1];
+        const size_t mn = (size_t)m * n;
+        float *W = malloc(sizeof(float) * mn);
+        for (size_t k = 0; k < mn; k++) W[k] = 0.05f * frand();
+        /* cuBLAS fp16: copies rotating past the L2 */
+        const size_t b16 = mn * sizeof(uint16_t);
+        const int c16 = (int)(200e6 / (double)b16) + 2;
+        uint16_t **W16 = malloc(sizeof(uint16_t *) * c16), *X16;
+        uint16_t *h16 = malloc(b16);
+        for (size_t k = 0; k < mn; k++) h16[k] = mpq_f32_to_f16(W[k]);
+        for (int c = 0; c < c16; c++) {
+            CK(cudaMalloc((void **)&W16[c], b16));
+            CK(cudaMemcpy(W16[c], h16, b16, cudaMemcpyHostToDevice));
+        }
+        free(h16);
+        float *x, *y;
+        CK(cudaMalloc((void **)&x, sizeof(float) * 8 * n));
+        CK(cudaMalloc((void **)&y, sizeof(float) * 8 * m));
+        CK(cudaMalloc((void **)&X16, sizeof(uint16_t) * 8 * n));
+        {
+            float *hx = malloc(sizeof(float) * 8 * n);
+            uint16_t *hx16 = malloc(sizeof(uint16_t) * 8 * n);
+            for (int k = 0; k < 8 * n; k++) hx[k] = frand(), hx16[k] = mpq_f32_to_f16(hx[k]);
+            CK(cudaMemcpy(x, hx, sizeof(float) * 8 * n, cudaMemcpyHostToDevice));
+            CK(cudaMemcpy(X16, hx16, sizeof(uint16_t) * 8 * n, cudaMemcpyHostToDevice));
+            free(hx), free(hx16);
+        }
+        double tb[3];
+        for (int bi = 0; bi < 3; bi++) {
+            blas_calls bc = {blas, W16, c16, m, n, batches[bi], X16, y};
+            tb[bi] = time_calls(bstream, call_blas, &bc, reps, 20);
+        }
+        for (int wi = 0; wi < nwidths; wi++) {
+            const double b = widths[wi];
+            const int lo = (int)floor(b), nbr = (m + 15) / 16, ngr = (n + 127) / 128;
+            uint8_t *bits = malloc((size_t)nbr * ngr);
+            const size_t nblk = (size_t)nbr * ngr, nhi = (size_t)llround((b - lo) * (double)nblk);
+            for (size_t k = 0; k < nblk; k++) bits[k] = (uint8_t)lo;
+            for (size_t k = 0; k < nhi;) { /* random blocks at ceil(b) */
+                size_t j = rnd() % nblk;
+                if (bits[j] == lo) bits[j] = (uint8_t)(lo + 1), k++;
+            }
+            mpq_bitplane_desc d = {0};
+            d.rows = m, d.cols = n, d.group = 128, d.block_rows = 16, d.bits = bits;
+            mpq_packed A;
+            if (mpq_pack_alloc(&d, W, &A) != MPQ_OK) return 1;
+            const int copies = (int)(200e6 / (double)A.bytes) + 2;
+            void **h = malloc(sizeof(void *) * copies);
+            for (int c = 0; c < copies; c++)
+                if (be.upload(be.ctx, &A, &h[c]) != MPQ_OK) return 1;
+            for (int bi = 0; bi < 3; bi++) {
+                mpq_calls mc = {&be, h, copies, batches[bi], x, y};
+                const double t = time_calls(stream, call_mpq, &mc, reps, 20);
+                const double gbs = (double)A.bytes / t;
+                char sh[32];
+                snprintf(sh, sizeof sh, "%dx%d", m, n);
+                printf("%-12s %5.2f %5.2f %5d %9.2f %9.0f %5.0f%% %10.2f %7.2fx\n", sh, mpq_packed_bpw(&A, 0),
+                       mpq_packed_bpw(&A, 1), batches[bi], t * 1e6, gbs / 1e9, 100.0 * gbs / bw, tb[bi] * 1e6, tb[bi] / t);
+                fflush(stdout);
+            }
+            for (int c = 0; c < copies; c++) be.release(be.ctx, h[c]);
+            free(h), free(bits);
+            mpq_packed_free(&A);
+        }
+        for (int c = 0; c < c16; c++) cudaFree(W16[c]);
+        free(W16);
+        cudaFree(x), cudaFree(y), cudaFree(X16);
+        free(W);
+    }
+    cublasDestroy(blas);
+    cudaStreamDestroy(bstream);
+    mpq_cuda_backend_destroy(&be);
+    return 0;
+}

@@ -1,0 +1,206 @@
+/* cuda_check: every CUDA kernel against the float64 CPU reference, without
+   Criterion (the GPU machine has none). Output is TAP: "ok N - what" or
+   "not ok N - what", and on a machine without a GPU one line that reports
+   the whole program skipped. Exit status 1 on any failure.
+
+   Cases: both formats; groups 32, 64, 128, 256 (the LUT kernel) and 40 and a
+   partial last group (the plain kernel); mixed widths with block_rows 16 and
+   3; permutations, column scales, a sparse part; skip_planes 0..2; batch
+   1..8 (LUT) and 11 and 17 (fp16 + cuBLAS); device and host pointers; fresh
+   random inputs, outputs poisoned with NaN first. Tolerance: float32
+   rounding, (n + 64) 2^-23 times 3 max_j |w_ij| sum_j |x~_j| (the terms the
+   mirror form adds: |s^| (2^b - 1) + |z^| is at most 3 max |w| of a group);
+   fp16 path: 2^-9 sum_j |w_ij x_j| (fp16 rounding of w and x). Host and
+   device pointers must give the same bits.
+
+   Build (Meson builds it when CUDA is found):
+     nvcc -arch=sm_90 -I. -Iexamples test/gpu/cuda_check.c mpq_cuda.cu -lcublas */
+#define MPQ_IMPLEMENTATION
+#include "mpq.h"
+#include "mpq_cuda.h"
+#include "synth.h"
+
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int ntest, nfail;
+
+static void report(int ok, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    printf("%s %d - ", ok ? "ok" : "not ok", ++ntest);
+    vprintf(fmt, ap);
+    printf("\n");
+    va_end(ap);
+    nfail += !ok;
+}
+
+typedef struct cas {
+    int m, n, G, br, format, mixed, perm, sparse;
+} cas;
+
+static const cas cases[] = {
+    {16, 32, 32, 16, 1, 0, 0, 0},      {37, 96, 32, 3, 1, 1, 1, 1},     {300, 520, 40, 16, 1, 1, 1, 0},
+    {129, 1000, 128, 16, 1, 1, 1, 1},  {512, 4096, 128, 16, 1, 1, 0, 0}, {257, 2048, 256, 32, 1, 1, 1, 1},
+    {200, 768, 64, 5, 1, 1, 1, 0},     {1024, 1024, 128, 16, 1, 0, 1, 1}, {96, 640, 32, 16, 2, 1, 1, 1},
+    {33, 100, 32, 16, 2, 1, 0, 0},     {4096, 4096, 128, 16, 1, 1, 0, 0}, {2048, 1536, 32, 16, 2, 1, 1, 0},
+};
+
+/* per output: sum |w x| (wx) and 3 max |w| sum |x c| (row), from the
+   dequantized matrix (original coordinates) */
+static void magnitude(const float *Wd, const float *x, const float *cs, int m, int n, int batch, double *wx, double *row)
+{
+    for (int v = 0; v < batch; v++)
+        for (int i = 0; i < m; i++) {
+            double s = 0, mx = 0, sx = 0;
+            for (int j = 0; j < n; j++) {
+                double w = fabs((double)Wd[(size_t)i * n + j]), xv = fabs((double)x[(size_t)v * n + j]);
+                s += w * xv, mx = w > mx ? w : mx, sx += xv * (cs ? 2.0 : 1.0); /* c <= 1.5: |x~| <= 2 |x| */
+            }
+            wx[(size_t)v * m + i] = s;
+            row[(size_t)v * m + i] = 3.0 * mx * sx;
+        }
+}
+
+static int run_case(mpq_backend *be, const cas *c, synth_rng *r)
+{
+    const int m = c->m, n = c->n, ng = (n + c->G - 1) / c->G, nb = ((m + c->br - 1) / c->br) * ng;
+    const int minb = c->format == 2 ? 2 : 1;
+    float *W = malloc(sizeof(float) * m * n), *Wd = malloc(sizeof(float) * m * n), *cs = malloc(4u * n);
+    uint8_t *bits = malloc((size_t)nb), *mask = calloc((size_t)m * n, 1);
+    uint32_t *prow = malloc(4u * m), *pcol = malloc(4u * n);
+    synth_weights(r, W, m, n);
+    for (int k = 0; k < nb; k++) bits[k] = (uint8_t)(c->mixed ? minb + synth_int(r, 9 - minb) : 3 + (c->format == 2));
+    synth_perm(r, prow, m);
+    synth_perm(r, pcol, n);
+    for (int j = 0; j < n; j++) cs[j] = 0.5f + (float)synth_unif(r);
+    mpq_bitplane_desc d = {0};
+    d.rows = m, d.cols = n, d.group = c->G, d.block_rows = c->br, d.bits = bits, d.format = c->format;
+    if (c->perm) d.p_row = prow, d.p_col = pcol, d.col_scale = cs;
+    mpq_packed A;
+    mpq_sparse S = {0};
+    int ok = mpq_pack_alloc(&d, W, &A) == MPQ_OK;
+    if (ok && c->sparse) {
+        mpq_packed_dequantize(&A, 0, Wd);
+        for (size_t k = 0; k < (size_t)m * n; k++) mask[k] = synth_unif(r) < 0.01;
+        mpq_packed_free(&A);
+        ok = mpq_sparse_from_mask(W, Wd, mask, m, n, &S) == MPQ_OK;
+        d.sparse = &S;
+        ok = ok && mpq_pack_alloc(&d, W, &A) == MPQ_OK;
+    }
+    if (!ok) {
+        report(0, "pack %dx%d", m, n);
+        return 0;
+    }
+    void *h = NULL;
+    mpq_status st = be->upload(be->ctx, &A, &h);
+    report(st == MPQ_OK, "upload %s %dx%d group %d", c->format == 2 ? "mxint" : "bitplane", m, n, c->G);
+    static const int batches[] = {1, 2, 3, 4, 5, 8, 11, 17};
+    for (int skip = 0; skip <= 2 && st == MPQ_OK; skip++) {
+        mpq_packed_dequantize(&A, skip, Wd);
+        for (size_t bi = 0; bi < sizeof batches / sizeof batches[0]; bi++) {
+            const int batch = batches[bi];
+            if (skip && batch > 8 && batch != 11) continue;
+            float *x = malloc(sizeof(float) * batch * n), *y = malloc(sizeof(float) * batch * m), *y2 = malloc(sizeof(float) * batch * m);
+            double *ref = malloc(sizeof(double) * batch * m), *mag = malloc(sizeof(double) * batch * m),
+                   *magr = malloc(sizeof(double) * batch * m);
+            for (int v = 0; v < batch; v++) synth_activations(r, x + (size_t)v * n, n);
+            mpq_gemv_ref(&A, x, ref, batch, skip);
+            magnitude(Wd, x, c->perm ? cs : NULL, m, n, batch, mag, magr);
+            float *dx, *dy;
+            cudaMalloc((void **)&dx, sizeof(float) * batch * n);
+            cudaMalloc((void **)&dy, sizeof(float) * batch * m);
+            cudaMemcpy(dx, x, sizeof(float) * batch * n, cudaMemcpyHostToDevice);
+            for (int k = 0; k < batch * m; k++) y[k] = NAN;
+            cudaMemcpy(dy, y, sizeof(float) * batch * m, cudaMemcpyHostToDevice);
+            mpq_gemv_opts o = {0};
+            o.skip_planes = skip;
+            mpq_status g1 = be->gemv(be->ctx, h, dx, dy, batch, &o);
+            mpq_status sy = be->synchronize(be->ctx);
+            cudaMemcpy(y, dy, sizeof(float) * batch * m, cudaMemcpyDeviceToHost);
+            for (int k = 0; k < batch * m; k++) y2[k] = NAN;
+            mpq_status g2 = be->gemv(be->ctx, h, x, y2, batch, &o); /* host pointers */
+            double worst = 0;
+            int bad = -1, same = 1;
+            for (int k = 0; k < batch * m; k++) {
+                double e = fabs((double)y[k] - ref[k]);
+                double tol = (batch > 8 ? ldexp(mag[k], -9) : (n + 64) * ldexp(magr[k], -23)) + 1e-30;
+                if (!(e <= tol)) {
+                    if (bad < 0) bad = k;
+                }
+                if (e / (mag[k] + 1e-30) > worst) worst = e / (mag[k] + 1e-30);
+                if (memcmp(&y[k], &y2[k], 4)) same = 0;
+            }
+            report(g1 == MPQ_OK && sy == MPQ_OK && bad < 0, "%s %dx%d G%d br%d%s%s skip %d batch %d: worst |err|/sum|wx| %.2e%s",
+                   c->format == 2 ? "mxint" : "bitplane", m, n, c->G, c->br, c->perm ? " perm+scale" : "",
+                   c->sparse ? " sparse" : "", skip, batch, worst, bad < 0 ? "" : " (FAILED)");
+            if (bad >= 0)
+                printf("# first bad output %d: %.9g vs %.9g (sum |wx| %.3g)\n", bad, (double)y[bad], ref[bad], mag[bad]);
+            report(g2 == MPQ_OK && same, "  host pointers give the same bits");
+            cudaFree(dx), cudaFree(dy);
+            free(x), free(y), free(y2), free(ref), free(mag), free(magr);
+        }
+    }
+    if (st == MPQ_OK) be->release(be->ctx, h);
+    mpq_sparse_free(&S);
+    mpq_packed_free(&A);
+    free(W), free(Wd), free(cs), free(bits), free(mask), free(prow), free(pcol);
+    return 1;
+}
+
+int main(int argc, char **argv)
+{
+    const int quick = argc > 1 && !strcmp(argv[1], "--quick"); /* small cases only (for the sanitizers) */
+    int ndev = mpq_cuda_device_count();
+    mpq_backend be;
+    mpq_status st = mpq_cuda_backend(0, &be);
+    if (ndev == 0) {
+        printf("1..2\n");
+        report(st == MPQ_ERR_NODEVICE, "no device: mpq_cuda_backend says MPQ_ERR_NODEVICE");
+        printf("ok 2 - kernels against the CPU reference # SKIP no CUDA device on this machine\n");
+        return nfail ? 1 : 0;
+    }
+    report(st == MPQ_OK, "backend on device 0");
+    if (st != MPQ_OK) {
+        printf("1..%d\n", ntest);
+        return 1;
+    }
+    report((be.caps & MPQ_CAP_BITPLANE) && (be.caps & MPQ_CAP_HOST_MEMORY), "caps: bit-plane GEMV, host and device pointers");
+    mpq_backend other;
+    report(mpq_cuda_backend(ndev, &other) == MPQ_ERR_NODEVICE, "device index past the count: MPQ_ERR_NODEVICE");
+    synth_rng r = {20261122};
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        if (quick && (size_t)cases[k].m * cases[k].n > 600000) continue;
+        run_case(&be, &cases[k], &r);
+    }
+    /* bad input */
+    {
+        void *h = NULL;
+        report(be.upload(be.ctx, NULL, &h) == MPQ_ERR_ARG, "upload NULL: MPQ_ERR_ARG");
+        float W[64 * 32], x[32], y[64];
+        synth_weights(&r, W, 64, 32);
+        synth_activations(&r, x, 32);
+        mpq_bitplane_desc d = {0};
+        d.rows = 64, d.cols = 32, d.group = 32;
+        mpq_packed A;
+        mpq_pack_alloc(&d, W, &A);
+        be.upload(be.ctx, &A, &h);
+        mpq_gemv_opts o = {0};
+        report(be.gemv(be.ctx, h, x, y, 0, &o) == MPQ_ERR_SIZE, "batch 0: MPQ_ERR_SIZE");
+        o.skip_planes = -1;
+        report(be.gemv(be.ctx, h, x, y, 1, &o) == MPQ_ERR_ARG, "skip_planes -1: MPQ_ERR_ARG");
+        report(be.gemv(be.ctx, NULL, x, y, 1, NULL) == MPQ_ERR_ARG, "no handle: MPQ_ERR_ARG");
+        be.release(be.ctx, h);
+        mpq_packed_free(&A);
+    }
+    mpq_cuda_backend_destroy(&be);
+    report(be.ctx == NULL, "destroyed");
+    printf("1..%d\n", ntest);
+    printf("# %d passed, %d failed\n", ntest - nfail, nfail);
+    return nfail ? 1 : 0;
+}

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Everything the CUDA backend needs checked and timed on a machine with a GPU,
+# in one go: the kernels against the CPU reference (cuda_check), the same
+# under compute-sanitizer memcheck and racecheck (small cases), and the
+# benchmark. Build here first (bash test/gpu/run_device.sh build), then run
+# it where the GPU is (bash test/gpu/run_device.sh run [OUTDIR]).
+set -u
+cd "$(dirname "$0")/../.."
+bin=.gpu
+case "${1:-run}" in
+build)
+    # a portable build (no -march=native: the GPU machine's CPU may differ)
+    rm -rf "$bin" && mkdir -p "$bin" &&
+        meson setup "$bin/build" --buildtype=release -Dnative=false -Dcuda=enabled -Dtests=true -Dbenches=true \
+            -Dexamples=false >"$bin/setup.log" 2>&1 &&
+        ninja -C "$bin/build" cuda_check bench_gemv_cuda >"$bin/ninja.log" 2>&1 &&
+        cp "$bin/build/cuda_check" "$bin/build/bench_gemv_cuda" "$bin/" && rm -rf "$bin/build" ||
+        { tail -n 30 "$bin"/*.log; exit 1; }
+    ;;
+run)
+    out=${2:-${OUT:-/tmp}}
+    nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv | tee "$out/gpu.txt"
+    rc=0
+    "$bin/cuda_check" >"$out/cuda_check.txt" 2>&1 || rc=1
+    grep -E "^not ok|^# " "$out/cuda_check.txt"; tail -n 1 "$out/cuda_check.txt"
+    for tool in memcheck racecheck; do
+        compute-sanitizer --tool $tool --error-exitcode 9 "$bin/cuda_check" --quick >"$out/$tool.txt" 2>&1 || rc=1
+        echo "$tool: $(grep -cE '^ok' "$out/$tool.txt") ok, $(grep -cE '^not ok' "$out/$tool.txt") not ok; $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/$tool.txt" | tail -n 1)"
+    done
+    "$bin/bench_gemv_cuda" ${BENCH_ARGS:-} 2>&1 | tee "$out/bench.txt"
+    exit $rc
+    ;;
+esac
