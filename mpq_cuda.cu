@@ -17,6 +17,19 @@
 // a row range to finish sums the slices in a fixed order (deterministic),
 // adds the sparse part, and scatters through p_row.
 //
+// PERFORMANCE (H100, bench_gemv_cuda, 2026-11-22): correct everywhere, not
+// yet fast. 8192 x 8192 at batch 1 takes 28 us at 2 bits and 35 us at 3.25
+// (22-32 % of the copy bandwidth; cuBLAS fp16 49 us), and batches 4 and 8
+// are slower than cuBLAS. Nsight Compute on the batch-1 kernel: one wave of
+// 256 blocks, 2 blocks (16 warps) per SM for 128 registers, an issue rate
+// of 0.42 per scheduler, 13M warp instructions for 19 MB: the work per byte
+// is split between building the 256-entry tables (16K entries per block and
+// slice), locating each quad's record (two dependent loads, divisions) and
+// the lookups themselves, and too few warps hide the latencies. Batches
+// 2..8 shrink the slice (tables for every vector share 64 KB), so the table
+// building grows with the batch. See the closing note of the CUDA work for
+// the next steps (nibble tables, several quads per lane, fp16 tables).
+//
 // OTHER PATHS: groups that are not a multiple of 32 columns (tails of
 // pairs and singles inside every group) use a plain kernel, one thread per
 // row and vector, which decodes every weight; batches beyond 8 dequantize to
@@ -40,6 +53,7 @@ constexpr int kTableBytes = 256 * kWords * 4;
 // The device-side description of an uploaded matrix.
 struct dmat {
     int format, rows, cols, group, block_rows, ngroups, ntiles, meta;
+    int uniform;              // block_rows % 16 == 0: every row of a record has its planes
     const uint8_t *data;      // the records
     const uint8_t *bits;      // bits map
     const uint32_t *p_row, *p_col;
@@ -98,7 +112,9 @@ mpq_status map_blas(cublasStatus_t s)
 
 // ---------------------------------------------------------------- device code
 
-__device__ __forceinline__ float pow2i(int e) { return ldexpf(1.0f, e); }
+// 2^e for -126 <= e <= 127 (exact, no libm); smaller e (MXINT scales of
+// tiny blocks) through ldexpf.
+__device__ __forceinline__ float pow2i(int e) { return e >= -126 ? __int_as_float((e + 127) << 23) : ldexpf(1.0f, e); }
 
 // Weight of plane i for a row of width b with `skip` planes dropped
 // (at least one plane remains): 2^i for sk <= i < b, else 0.
@@ -135,11 +151,76 @@ __device__ __forceinline__ int tidx(int v, int c, int p)
     return p * kWords + v * nch + ((c + sh) & (nch - 1));
 }
 
-// The quad kernel. Grid: x = slices, y = row blocks of `tiles_per_block`.
+// One quad of one tile: where its record is (two small loads), then its
+// planes, pairs and widths (the loads that take the time).
+struct quad_ref {
+    int cq, g, qg, np; // quad in the slice (-1: none), group, quad in the group, planes
+    uint32_t rec;      // record offset / 16
+};
+
+struct quad_load {
+    uint4 u[8];        // plane i of the lane's 4 rows x 32 columns (i < np)
+    int bw[4];         // widths of the lane's 4 rows
+    float s[4], z[4];
+};
+
+__device__ __forceinline__ void quad_locate(const dmat &M, int t, int cq, int c0, int quad_cols, quad_ref &R)
+{
+    const int col = c0 + 32 * cq;
+    R.cq = (t < M.ntiles && col < quad_cols) ? cq : -1;
+    R.np = 0;
+    if (R.cq < 0) return;
+    R.g = col / M.group;
+    R.qg = (col - R.g * M.group) / 32;
+    const size_t rg = (size_t)t * M.ngroups + R.g;
+    R.rec = __ldg(&M.rec[rg]);
+    R.np = __ldg(&M.planes[rg]);
+}
+
+__device__ __forceinline__ void quad_issue(const dmat &M, int t, int rq, const quad_ref &R, quad_load &L)
+{
+    if (R.cq < 0) return;
+    const uint8_t *rec = M.data + 16 * (size_t)R.rec;
+    const int gw = min(M.group, M.cols - R.g * M.group), stride = ((gw + 7) / 8) * 16;
+    const uint8_t *pl = rec + M.meta + 64 * R.qg + 16 * rq;
+#pragma unroll
+    for (int i = 0; i < 8; i++) // every plane in flight at once
+        if (i < R.np) L.u[i] = __ldcs(reinterpret_cast<const uint4 *>(pl + (size_t)i * stride));
+#pragma unroll
+    for (int w = 0; w < 4; w++) {
+        const int row = t * kTile + 4 * rq + w;
+        L.bw[w] = M.uniform ? (row < M.rows ? R.np : 0) : width_at(M, row, R.g);
+    }
+    if (M.format == MPQ_FORMAT_MXINT) { // the 4 rows' E8M0 bytes in one load
+        const uint32_t e = *reinterpret_cast<const uint32_t *>(rec + 4 * rq);
+#pragma unroll
+        for (int w = 0; w < 4; w++) {
+            const int b = L.bw[w];
+            L.s[w] = b ? pow2i((int)((e >> (8 * w)) & 255u) - 127 - b + 1) : 0.0f;
+            L.z[w] = -L.s[w];
+        }
+    } else { // the 4 rows' s^ and z^ in two 8-byte loads
+        const uint2 sh = *reinterpret_cast<const uint2 *>(rec + 8 * rq), zh = *reinterpret_cast<const uint2 *>(rec + 32 + 8 * rq);
+        const uint32_t sw[4] = {sh.x & 0xFFFFu, sh.x >> 16, sh.y & 0xFFFFu, sh.y >> 16};
+        const uint32_t zw[4] = {zh.x & 0xFFFFu, zh.x >> 16, zh.y & 0xFFFFu, zh.y >> 16};
+#pragma unroll
+        for (int w = 0; w < 4; w++) {
+            L.s[w] = __half2float(__ushort_as_half((unsigned short)sw[w]));
+            L.z[w] = __half2float(__ushort_as_half((unsigned short)zw[w]));
+        }
+    }
+}
+
+constexpr int kTilesPerBlock = kThreads / 32; // one tile per warp
+
+// The quad kernel. Grid: x = column parts of `spp` slices each, y = row
+// blocks of one tile per warp. Per slice, the warps' plane loads are in
+// flight while the block builds the slice's tables (software pipelining
+// over the slices of a part).
 template <int B>
-__global__ void __launch_bounds__(kThreads) gemv_quads(dmat M, const float *__restrict__ x, int batch, int skip,
-                                                       int quad_cols, int tiles_per_block, float *__restrict__ part,
-                                                       unsigned *__restrict__ counters, float *__restrict__ y)
+__global__ void __launch_bounds__(kThreads, 2) gemv_quads(dmat M, const float *__restrict__ x, int batch, int skip,
+                                                          int quad_cols, int spp, float *__restrict__ part,
+                                                          unsigned *__restrict__ counters, float *__restrict__ y)
 {
     constexpr int nch = kWords / B;       // chunks per slice
     constexpr int scols = nch * 8;        // columns per slice
@@ -149,131 +230,143 @@ __global__ void __launch_bounds__(kThreads) gemv_quads(dmat M, const float *__re
     __shared__ float qsum[B][nch / 4];
     __shared__ bool last;
 
-    const int slice = blockIdx.x, nslices = gridDim.x;
-    const int c0 = slice * scols;         // first column of the slice
+    const int part_id = blockIdx.x, nparts = gridDim.x;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int v = lane / (4 * qps), q = (lane / 4) % qps, rq = lane & 3;
+    const int t_first = blockIdx.y * kTilesPerBlock, t = t_first + warp;
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    const int s_first = part_id * spp;
+    const int s_end = min(s_first + spp, (quad_cols + scols - 1) / scols);
 
-    // 1. activations of the slice: gather, scale, zero beyond the quad columns
-    for (int k = tid; k < B * scols; k += kThreads) {
-        int v = k / scols, j = k % scols, col = c0 + j;
-        float val = 0.0f;
-        if (v < batch && col < quad_cols) {
-            int src = M.p_col ? (int)M.p_col[col] : col;
-            val = x[(size_t)v * M.cols + src] * (M.cscale ? M.cscale[col] : 1.0f);
+    quad_ref R[2], Rn[2];
+    quad_load L[2];
+#pragma unroll
+    for (int step = 0; step < 2; step++) quad_locate(M, t, step * qps + q, s_first * scols, quad_cols, R[step]);
+#pragma unroll
+    for (int step = 0; step < 2; step++) quad_issue(M, t, rq, R[step], L[step]);
+
+    for (int sl = s_first; sl < s_end; sl++) {
+        const int c0 = sl * scols; // first column of the slice
+        if (sl + 1 < s_end)
+#pragma unroll
+            for (int step = 0; step < 2; step++) quad_locate(M, t, step * qps + q, c0 + scols, quad_cols, Rn[step]);
+        // 1. activations of the slice: gather, scale, zero past the quad columns
+        for (int k = tid; k < B * scols; k += kThreads) {
+            int vv = k / scols, j = k % scols, col = c0 + j;
+            float val = 0.0f;
+            if (vv < batch && col < quad_cols) {
+                int src = M.p_col ? (int)M.p_col[col] : col;
+                val = x[(size_t)vv * M.cols + src] * (M.cscale ? M.cscale[col] : 1.0f);
+            }
+            xs[vv][j] = val;
         }
-        xs[v][j] = val;
-    }
-    __syncthreads();
-    // 2. tables: thread -> one (vector, chunk) word and a quarter of the entries
-    {
-        const int w = tid % kWords, pq = tid / kWords; // pq: entries 64 pq .. 64 pq + 63
-        const int v = w / nch, c = w % nch;
-        float xv[8];
+        __syncthreads();
+        // 2. tables: thread -> one (vector, chunk) word and a quarter of the entries
+        {
+            const int w = tid % kWords, pq = tid / kWords;
+            const int vv = w / nch, c = w % nch;
+            float xv[8];
 #pragma unroll
-        for (int k = 0; k < 8; k++) xv[k] = xs[v][8 * c + k];
-        float lo[16], hi4[4];
-#pragma unroll
-        for (int n = 0; n < 16; n++) {
-            float s = 0.0f;
-#pragma unroll
-            for (int k = 0; k < 4; k++) s += (n >> k & 1) ? xv[k] : -xv[k];
-            lo[n] = s;
-        }
-#pragma unroll
-        for (int h = 0; h < 4; h++) {
-            int n = 4 * pq + h;
-            float s = 0.0f;
-#pragma unroll
-            for (int k = 0; k < 4; k++) s += (n >> k & 1) ? xv[4 + k] : -xv[4 + k];
-            hi4[h] = s;
-        }
-#pragma unroll
-        for (int h = 0; h < 4; h++)
+            for (int k = 0; k < 8; k++) xv[k] = xs[vv][8 * c + k];
+            float lo[16], hi4[4];
 #pragma unroll
             for (int n = 0; n < 16; n++) {
-                int p = (4 * pq + h) * 16 + n;
-                T[tidx<B>(v, c, p)] = lo[n] + hi4[h];
+                float s = 0.0f;
+#pragma unroll
+                for (int k = 0; k < 4; k++) s += (n >> k & 1) ? xv[k] : -xv[k];
+                lo[n] = s;
             }
-    }
-    __syncthreads();
-    for (int k = tid; k < B * (nch / 4); k += kThreads) {
-        int v = k / (nch / 4), q = k % (nch / 4);
-        float s = 0.0f;
-        for (int j = 0; j < 32; j++) s += xs[v][32 * q + j];
-        qsum[v][q] = s;
-    }
-    __syncthreads();
-
-    // 3. the tiles: warp -> tile, lane -> (vector, quad of the step, row quartet)
-    const int v = lane / (4 * qps), q = (lane / 4) % qps, rq = lane & 3;
-    const int t_first = blockIdx.y * tiles_per_block;
-    for (int tt = warp; tt < tiles_per_block; tt += kThreads / 32) {
-        const int t = t_first + tt;
-        if (t >= M.ntiles) break;
-        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+            for (int h = 0; h < 4; h++) {
+                int n = 4 * pq + h;
+                float s = 0.0f;
+#pragma unroll
+                for (int k = 0; k < 4; k++) s += (n >> k & 1) ? xv[4 + k] : -xv[4 + k];
+                hi4[h] = s;
+            }
+#pragma unroll
+            for (int h = 0; h < 4; h++)
+#pragma unroll
+                for (int n = 0; n < 16; n++) T[tidx<B>(vv, c, (4 * pq + h) * 16 + n)] = lo[n] + hi4[h];
+        }
+        for (int k = tid; k < B * (nch / 4); k += kThreads) {
+            int vv = k / (nch / 4), qq = k % (nch / 4);
+            float s = 0.0f;
+            for (int j = 0; j < 32; j++) s += xs[vv][32 * qq + j];
+            qsum[vv][qq] = s;
+        }
+        __syncthreads();
+        // 3. the lookups of the warp's tile
 #pragma unroll
         for (int step = 0; step < 2; step++) {
-            const int cq = step * qps + q;    // the lane's quad in the slice
-            const int col = c0 + 32 * cq;     // its first column
-            if (col >= quad_cols) continue;   // uniform per quad; lanes of other quads go on
-            const int g = col / M.group, qg = (col - g * M.group) / 32;
-            const size_t rg = (size_t)t * M.ngroups + g;
-            const uint8_t *rec = M.data + 16 * (size_t)M.rec[rg];
-            const int np = M.planes[rg];
-            const int gw = min(M.group, M.cols - g * M.group), nchg = (gw + 7) / 8;
-            int bw[4];
-            float s[4], z[4];
+            if (R[step].cq < 0) continue;
+            const int cq = R[step].cq;
+            int Tk[4];           // the lane's four tables (word of entry 0), in rotated order
+            int sh[4];           // the byte each of them reads
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++) {
+                const int j = (kk + rq) & 3;
+                Tk[kk] = tidx<B>(v, 4 * cq + j, 0);
+                sh[kk] = 8 * j;
+            }
+            int lo_[4], hi_[4]; // planes lo..hi-1 count for row w
 #pragma unroll
             for (int w = 0; w < 4; w++) {
-                const int r = 4 * rq + w;
-                bw[w] = width_at(M, t * kTile + r, g);
-                row_pair(M, rec, r, bw[w], s[w], z[w]);
+                const int b = L[step].bw[w];
+                hi_[w] = b;
+                lo_[w] = skip < b - 1 ? skip : b - 1;
             }
-            const uint8_t *pl = rec + M.meta + 64 * qg + 16 * rq;
             float ps[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-            for (int i = 0; i < np; i++) {
-                const uint4 u = *reinterpret_cast<const uint4 *>(pl + (size_t)i * nchg * 16);
-                const uint32_t word[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                if (i >= R[step].np) break;
+                const uint32_t word[4] = {L[step].u[i].x, L[step].u[i].y, L[step].u[i].z, L[step].u[i].w};
                 float sum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-                for (int k = 0; k < 4; k++) {
-                    const int j = (k + rq) & 3;
-                    const int c = 4 * cq + j;
+                for (int kk = 0; kk < 4; kk++)
 #pragma unroll
-                    for (int w = 0; w < 4; w++) sum[w] += T[tidx<B>(v, c, (word[w] >> (8 * j)) & 255u)];
-                }
+                    for (int w = 0; w < 4; w++) sum[w] += T[Tk[kk] + (int)((word[w] >> sh[kk]) & 255u) * kWords];
 #pragma unroll
-                for (int w = 0; w < 4; w++) ps[w] += plane_weight(i, bw[w], skip) * sum[w];
+                for (int w = 0; w < 4; w++) ps[w] += (i >= lo_[w] && i < hi_[w]) ? (float)(1 << i) * sum[w] : 0.0f;
             }
             const float xq = qsum[v][cq];
 #pragma unroll
-            for (int w = 0; w < 4; w++) acc[w] += s[w] * ps[w] + z[w] * xq;
+            for (int w = 0; w < 4; w++) acc[w] += L[step].s[w] * ps[w] + L[step].z[w] * xq;
         }
-        // lanes of the same (vector, row quartet) hold parts of the same rows
+        // 4. the next slice's planes in flight before the tables are rebuilt
+        if (sl + 1 < s_end) {
 #pragma unroll
-        for (int off = 4; off < 4 * qps; off <<= 1)
-#pragma unroll
-            for (int w = 0; w < 4; w++) acc[w] += __shfl_xor_sync(0xffffffffu, acc[w], off);
-        if (q == 0 && v < batch)
-#pragma unroll
-            for (int w = 0; w < 4; w++) {
-                const int row = t * kTile + 4 * rq + w;
-                if (row < M.rows) part[((size_t)slice * batch + v) * M.rows + row] = acc[w];
+            for (int step = 0; step < 2; step++) {
+                R[step] = Rn[step];
+                quad_issue(M, t, rq, R[step], L[step]);
             }
+        }
+        __syncthreads();
     }
+    // lanes of the same (vector, row quartet) hold parts of the same rows
+#pragma unroll
+    for (int off = 4; off < 4 * qps; off <<= 1)
+#pragma unroll
+        for (int w = 0; w < 4; w++) acc[w] += __shfl_xor_sync(0xffffffffu, acc[w], off);
+    if (q == 0 && v < batch && t < M.ntiles)
+#pragma unroll
+        for (int w = 0; w < 4; w++) {
+            const int row = t * kTile + 4 * rq + w;
+            if (row < M.rows) part[((size_t)part_id * batch + v) * M.rows + row] = acc[w];
+        }
 
-    // 4. the last block of this row range sums the slices in order
+    // 5. the last block of this row range sums the column parts in order
     __threadfence();
     __syncthreads();
-    if (tid == 0) last = atomicAdd(&counters[blockIdx.y], 1u) == (unsigned)nslices - 1;
+    if (tid == 0) last = atomicAdd(&counters[blockIdx.y], 1u) == (unsigned)nparts - 1;
     __syncthreads();
     if (!last) return;
     __threadfence();
-    const int r0 = t_first * kTile, r1 = min(M.rows, (t_first + tiles_per_block) * kTile);
+    const int r0 = t_first * kTile, r1 = min(M.rows, (t_first + kTilesPerBlock) * kTile);
     for (int k = tid; k < (r1 - r0) * batch; k += kThreads) {
         const int row = r0 + k % (r1 - r0), vv = k / (r1 - r0);
         float sum = 0.0f;
-        for (int sl = 0; sl < nslices; sl++) sum += __ldcg(&part[((size_t)sl * batch + vv) * M.rows + row]);
+        for (int pp = 0; pp < nparts; pp++) sum += __ldcg(&part[((size_t)pp * batch + vv) * M.rows + row]);
         const int orow = M.p_row ? (int)M.p_row[row] : row;
         if (M.sp_row_ptr) {
             const float *xv = x + (size_t)vv * M.cols;
@@ -454,6 +547,7 @@ mpq_status upload(void *ctx, const mpq_packed *A, void **handle)
     M.sp_col16 = dev_ptr<const uint16_t>(h, A->sp_col16);
     M.sp_col32 = dev_ptr<const uint32_t>(h, A->sp_col32);
     M.sp_val = dev_ptr<const uint16_t>(h, A->sp_val);
+    M.uniform = A->block_rows % kTile == 0;
     h->fast = A->group % 32 == 0;
     *handle = h;
     return MPQ_OK;
@@ -501,16 +595,17 @@ mpq_status launch_quads(cuda_ctx *c, const cuda_handle *h, const float *x, float
     if (quad_cols != M.cols) return MPQ_ERR_UNSUPPORTED; // tails: the plain kernel
     constexpr int scols = (kWords / B) * 8;
     const int nslices = (quad_cols + scols - 1) / scols;
-    // rows per block: enough blocks for two waves of the chip, at least 8 tiles
-    int tpb = 8;
-    while (tpb < 64 && (size_t)nslices * (size_t)((M.ntiles + 2 * tpb - 1) / (2 * tpb)) >= (size_t)c->sms * 2) tpb *= 2;
-    const int nrb = (M.ntiles + tpb - 1) / tpb;
-    mpq_status st = grow(c, sizeof(float) * (size_t)nslices * batch * M.rows, (size_t)nrb);
+    // row blocks of one tile per warp; column parts of whole slices: enough
+    // blocks for two per multiprocessor, as few parts as that allows
+    const int nrb = (M.ntiles + kTilesPerBlock - 1) / kTilesPerBlock;
+    int nparts = (2 * c->sms + nrb - 1) / nrb;
+    nparts = nparts < 1 ? 1 : (nparts > nslices ? nslices : nparts);
+    const int spp = (nslices + nparts - 1) / nparts;
+    nparts = (nslices + spp - 1) / spp;
+    mpq_status st = grow(c, sizeof(float) * (size_t)nparts * batch * M.rows, (size_t)nrb);
     if (st != MPQ_OK) return st;
-    cudaError_t e = cudaFuncSetAttribute(gemv_quads<B>, cudaFuncAttributeMaxDynamicSharedMemorySize, kTableBytes);
-    if (e != cudaSuccess) return map_error(e);
-    gemv_quads<B><<<dim3(nslices, nrb), kThreads, kTableBytes, c->stream>>>(
-        M, x, batch, skip, quad_cols, tpb, static_cast<float *>(c->scratch), c->counters, y);
+    gemv_quads<B><<<dim3(nparts, nrb), kThreads, kTableBytes, c->stream>>>(
+        M, x, batch, skip, quad_cols, spp, static_cast<float *>(c->scratch), c->counters, y);
     return map_error(cudaGetLastError());
 }
 
@@ -554,7 +649,9 @@ mpq_status gemv(void *ctx, void *handle, const float *x, float *y, int batch, co
     if (batch < 1) return MPQ_ERR_SIZE;
     const int skip = opts ? opts->skip_planes : 0;
     if (skip < 0) return MPQ_ERR_ARG;
-    cudaError_t e = cudaSetDevice(c->device);
+    int cur = -1;
+    cudaError_t e = cudaGetDevice(&cur);
+    if (e == cudaSuccess && cur != c->device) e = cudaSetDevice(c->device);
     if (e != cudaSuccess) return map_error(e);
     if (on_device(x) && on_device(y)) return gemv_device(c, h, x, y, batch, skip);
     const size_t xn = (size_t)batch * h->m.cols, yn = (size_t)batch * h->m.rows;
@@ -622,6 +719,16 @@ extern "C" mpq_status mpq_cuda_backend(int device, mpq_backend *b)
     e = cudaDeviceGetAttribute(&c->sms, cudaDevAttrMultiProcessorCount, device);
     if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
     if (e != cudaSuccess) {
+        free(c);
+        return map_error(e);
+    }
+    // the kernels' table space (64 KB) is past the default 48 KB: raise it once
+    if (e == cudaSuccess) e = cudaFuncSetAttribute(gemv_quads<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, kTableBytes);
+    if (e == cudaSuccess) e = cudaFuncSetAttribute(gemv_quads<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, kTableBytes);
+    if (e == cudaSuccess) e = cudaFuncSetAttribute(gemv_quads<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, kTableBytes);
+    if (e == cudaSuccess) e = cudaFuncSetAttribute(gemv_quads<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, kTableBytes);
+    if (e != cudaSuccess) {
+        cudaStreamDestroy(c->stream);
         free(c);
         return map_error(e);
     }

@@ -189,8 +189,10 @@ int main(int argc, char **argv)
         D.be = gpu;
     else
         printf("CUDA backend: %s; using the CPU\n",
-               gst == MPQ_OK ? "no GPU kernels in this version" : mpq_status_str(gst));
+               gst == MPQ_OK ? "no bit-plane GEMV in this backend" : mpq_status_str(gst));
     if (gst == MPQ_OK && !(gpu.caps & MPQ_CAP_BITPLANE)) mpq_cuda_backend_destroy(&gpu);
+    if (D.be.ctx != NULL && !strcmp(D.be.name, "cuda"))
+        printf("(GPU times below include copying x to the device and y back in every call)\n");
 #endif
     printf("mpq demo: synthetic LLM-like layer %d x %d (seed %llu), kernel %s, backend %s\n", m, n, seed,
            mpq_path_name(mpq__resolve_path(MPQ_PATH_AUTO)), D.be.name);
@@ -300,6 +302,9 @@ int main(int argc, char **argv)
         mpq_packed_free(&A);
     }
     free(D.W), free(D.Wd), free(D.Xc), free(D.Xh), free(D.Y), free(D.Yref), free(cs), free(clip), free(bits);
+#ifdef MPQ_HAVE_CUDA
+    if (!strcmp(D.be.name, "cuda")) mpq_cuda_backend_destroy(&D.be);
+#endif
     if (model_dim > 0) demo_planners(seed, model_dim);
     return 0;
 }
