@@ -1679,14 +1679,16 @@ static unsigned mpq__desc_flags(const mpq_bitplane_desc *d)
            (d->col_scale ? MPQ__FLAG_CSCALE : 0u) | (d->sparse ? MPQ__FLAG_SPARSE : 0u);
 }
 
-/* A sparse part is well formed: CSR structure, indices in range and
-   strictly increasing inside a row. For values, see mpq__sparse_vals_check. */
+/* A sparse part is well formed: CSR structure (every row pointer within
+   0..nnz and non-decreasing, checked before the row is read), indices in
+   range and strictly increasing inside a row. Values are checked by the
+   callers (floats when packing, halves when opening). */
 static mpq_status mpq__sparse_check(const uint32_t *row_ptr, const uint16_t *c16, const uint32_t *c32, int rows,
                                     int cols, uint64_t nnz)
 {
     if (row_ptr[0] != 0 || (uint64_t)row_ptr[rows] != nnz) return MPQ_ERR_FORMAT;
     for (int i = 0; i < rows; i++) {
-        if (row_ptr[i + 1] < row_ptr[i]) return MPQ_ERR_FORMAT;
+        if (row_ptr[i + 1] < row_ptr[i] || (uint64_t)row_ptr[i + 1] > nnz) return MPQ_ERR_FORMAT;
         uint64_t prev = 0;
         for (uint32_t k = row_ptr[i]; k < row_ptr[i + 1]; k++) {
             uint64_t c = c16 ? (uint64_t)c16[k] : (uint64_t)c32[k];
@@ -4290,6 +4292,7 @@ MPQ_DEF mpq_status mpq_requant_outlier_counts(const double *layer_dF, const size
     if (!w) return MPQ_ERR_NOMEM;
     double *frac = w + nlayers, wsum = 0.0;
     for (int l = 0; l < nlayers; l++) {
+        frac[l] = 0.0;
         w[l] = layer_n[l] ? (double)layer_n[l] * pow(layer_dF[l], t) : 0.0;
         wsum += w[l];
     }
@@ -4563,13 +4566,15 @@ MPQ_DEF mpq_status mpq_pmpd_static_search(const mpq_pmpd_search *d, mpq_pmpd_qua
     double ncand = 1.0;
     for (int k = 1; k <= S; k++) ncand = ncand * (double)(N - 1 + k) / (double)k;
     if (ncand > (double)MPQ_PMPD_MAX_SEARCH) return MPQ_ERR_RANGE;
-    mpq__pmpd_cand *c = (mpq__pmpd_cand *)MPQ_MALLOC(sizeof(mpq__pmpd_cand) * (size_t)(ncand + 0.5));
+    const size_t cap = (size_t)(ncand + 0.5) + 1u;
+    mpq__pmpd_cand *c = (mpq__pmpd_cand *)MPQ_MALLOC(sizeof(mpq__pmpd_cand) * cap);
     if (!c) return MPQ_ERR_NOMEM;
     size_t nc = 0;
     int idx[MPQ_PMPD_MAX_LEVELS] = {0};
     for (;;) { /* idx[1..S] non-decreasing in 0..N-1 */
         mpq_pmpd_schedule sc = base;
         for (int k = 1; k <= S; k++) sc.start[k] = (long)floor((double)idx[k] * (double)d->length / (N - 1) + 0.5);
+        if (nc == cap) break; /* cannot happen: cap is the count plus one */
         mpq__pmpd_cand *e = &c[nc++];
         memset(e, 0, sizeof *e);
         e->cost = mpq__pmpd_avg(&sc, d->bits, d->length);

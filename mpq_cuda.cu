@@ -141,6 +141,18 @@ __device__ __forceinline__ int width_at(const dmat &M, int row, int g)
     return row < M.rows ? M.bits[(size_t)(row / M.block_rows) * M.ngroups + g] : 0;
 }
 
+// Row `orow` (original coordinates) of the sparse part times x.
+__device__ float sparse_dot(const dmat &M, int orow, const float *xv)
+{
+    float sum = 0.0f;
+    if (M.sp_row_ptr)
+        for (uint32_t e = M.sp_row_ptr[orow]; e < M.sp_row_ptr[orow + 1]; e++) {
+            const uint32_t c = M.sp_col16 ? M.sp_col16[e] : M.sp_col32[e];
+            sum += __half2float(__ushort_as_half(M.sp_val[e])) * xv[c];
+        }
+    return sum;
+}
+
 // Table word of vector v, chunk c (of the slice), entry p: a layout in which
 // the lanes of one warp step always read 32 different banks (see the top).
 template <int B>
@@ -368,14 +380,7 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_quads(dmat M, const float *_
         float sum = 0.0f;
         for (int pp = 0; pp < nparts; pp++) sum += __ldcg(&part[((size_t)pp * batch + vv) * M.rows + row]);
         const int orow = M.p_row ? (int)M.p_row[row] : row;
-        if (M.sp_row_ptr) {
-            const float *xv = x + (size_t)vv * M.cols;
-            for (uint32_t e = M.sp_row_ptr[orow]; e < M.sp_row_ptr[orow + 1]; e++) {
-                const uint32_t c = M.sp_col16 ? M.sp_col16[e] : M.sp_col32[e];
-                sum += __half2float(__ushort_as_half(M.sp_val[e])) * xv[c];
-            }
-        }
-        y[(size_t)vv * M.rows + orow] = sum;
+        y[(size_t)vv * M.rows + orow] = sum + sparse_dot(M, orow, x + (size_t)vv * M.cols);
     }
     if (tid == 0) counters[blockIdx.y] = 0; // ready for the next launch
 }
@@ -424,12 +429,7 @@ __global__ void gemv_plain(dmat M, const float *__restrict__ x, int batch, int s
         sum += decode_weight(M, row, col, skip) * (xv[src] * (M.cscale ? M.cscale[col] : 1.0f));
     }
     const int orow = M.p_row ? (int)M.p_row[row] : row;
-    if (M.sp_row_ptr)
-        for (uint32_t e = M.sp_row_ptr[orow]; e < M.sp_row_ptr[orow + 1]; e++) {
-            const uint32_t c = M.sp_col16 ? M.sp_col16[e] : M.sp_col32[e];
-            sum += __half2float(__ushort_as_half(M.sp_val[e])) * xv[c];
-        }
-    y[(size_t)v * M.rows + orow] = sum;
+    y[(size_t)v * M.rows + orow] = sum + sparse_dot(M, orow, xv);
 }
 
 // Dequantizes to fp16 in ORIGINAL coordinates (for the cuBLAS path): one

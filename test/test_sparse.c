@@ -221,12 +221,13 @@ Test(sparse, bad_parts_are_errors_and_leave_the_buffer_untouched)
     BAD(rp2[0] = 1, MPQ_ERR_ARG);
     BAD(rp2[2] = 0, MPQ_ERR_ARG);            /* decreasing */
     BAD(rp2[4] = 2, MPQ_ERR_ARG);            /* last != nnz */
+    BAD(rp2[1] = 1000000, MPQ_ERR_ARG);      /* past nnz before the end */
     BAD(col2[0] = 16, MPQ_ERR_ARG);          /* out of range */
     BAD(col2[2] = 0, MPQ_ERR_ARG);           /* repeated column in a row */
     BAD(val2[1] = NAN, MPQ_ERR_NONFINITE);
     BAD(val2[1] = 70000.0f, MPQ_ERR_RANGE);  /* beyond fp16 */
     BAD(T.row_ptr = NULL, MPQ_ERR_ARG);
-    cr_assert_eq(nbad, 10);
+    cr_assert_eq(nbad, 11);
     d.sparse = &S;
     cr_assert_eq(mpq_pack(&d, W, buf, bytes, &A), MPQ_OK);
     mpq_aligned_free(buf);
@@ -293,6 +294,7 @@ Test(sparse, hostile_sparse_sections_are_rejected)
     CORRUPT(put_u32(b + rp, 1));                               /* row_ptr[0] */
     CORRUPT(put_u32(b + rp + 4 * (row + 1), k0 - 1));          /* decreasing */
     CORRUPT(put_u32(b + rp + 4 * m, (uint32_t)nnz - 1));       /* last */
+    CORRUPT(put_u32(b + rp + 4 * (row + 1), 0x7FFFFFF0u));     /* far past nnz, then falling */
     CORRUPT(memcpy(b + cp + 2 * k0, &(uint16_t){120}, 2));     /* column out of range */
     CORRUPT(memcpy(b + cp + 2 * (k0 + 1), b + cp + 2 * k0, 2)); /* repeated column */
     CORRUPT(memcpy(b + vp + 2 * k0, &(uint16_t){0x7E00}, 2));  /* NaN */
