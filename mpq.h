@@ -1486,10 +1486,13 @@ typedef struct mpq__layout {
 /* Bytes of one sparse column index: uint16 while every index fits. */
 static uint64_t mpq__sp_colbytes(int cols) { return cols <= 65536 ? 2u : 4u; }
 
-static uint64_t mpq__sp_bytes(const mpq__shape *s)
+/* Stored bytes of a sparse part: row pointers, column indices, fp16 values. */
+static uint64_t mpq__sparse_size(int rows, int cols, uint64_t nnz)
 {
-    return 4u * ((uint64_t)s->rows + 1u) + (mpq__sp_colbytes(s->cols) + 2u) * s->sp_nnz;
+    return 4u * ((uint64_t)rows + 1u) + (mpq__sp_colbytes(cols) + 2u) * nnz;
 }
+
+static uint64_t mpq__sp_bytes(const mpq__shape *s) { return mpq__sparse_size(s->rows, s->cols, s->sp_nnz); }
 
 static int mpq__nch(const mpq__shape *s, int g) { return (mpq__group_cols(s, g) + 7) / 8; }
 
@@ -4373,9 +4376,7 @@ MPQ_DEF mpq_status mpq_plan_requant(mpq_plan *p, const double *layer_dF, double 
         for (int l = 0; l < L; l++) {
             mpq_layer_plan *Ly = &p->layers[l];
             Ly->outliers = best[l];
-            p->sparse_bytes += best[l] ? 4.0 * ((double)Ly->rows + 1.0) +
-                                             (double)(mpq__sp_colbytes(Ly->cols) + 2u) * (double)best[l]
-                                       : 0.0;
+            p->sparse_bytes += best[l] ? (double)mpq__sparse_size(Ly->rows, Ly->cols, best[l]) : 0.0;
         }
         if (t_best) *t_best = tb;
     }

@@ -12,10 +12,12 @@
 // 16 bytes; the 4 lanes of a quad take the 4 bytes of a row in rotated order
 // so that the 32 lanes of a warp always read 32 different banks. Plane sums
 // are weighted by 2^i (0 for planes a row does not have or skips), scaled by
-// the row's s^ and offset by z^ times the quad's activation sum (T_c[255]).
-// Per-row partial sums of a slice go to a scratch buffer; the last block of
-// a row range to finish sums the slices in a fixed order (deterministic),
-// adds the sparse part, and scatters through p_row.
+// the row's s^ and offset by z^ times the quad's activation sum. A block
+// walks the slices of its column part one after the other, with the next
+// slice's plane loads in flight while it builds that slice's tables. Per-row
+// sums of a column part go to a scratch buffer; the last block of a row
+// range to finish sums the parts in a fixed order (deterministic), adds the
+// sparse part, and scatters through p_row.
 //
 // PERFORMANCE (H100, bench_gemv_cuda, 2026-11-22): correct everywhere, not
 // yet fast. 8192 x 8192 at batch 1 takes 28 us at 2 bits and 35 us at 3.25
@@ -27,8 +29,10 @@
 // slice), locating each quad's record (two dependent loads, divisions) and
 // the lookups themselves, and too few warps hide the latencies. Batches
 // 2..8 shrink the slice (tables for every vector share 64 KB), so the table
-// building grows with the batch. See the closing note of the CUDA work for
-// the next steps (nibble tables, several quads per lane, fp16 tables).
+// building grows with the batch. Next steps: several quads per lane and
+// record offsets loaded once per slice (less locating per byte), 16-entry
+// nibble or fp16 tables (much cheaper building, wider slices, room for
+// every vector), and fewer registers for more warps per SM.
 //
 // OTHER PATHS: groups that are not a multiple of 32 columns (tails of
 // pairs and singles inside every group) use a plain kernel, one thread per
