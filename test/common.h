@@ -228,6 +228,21 @@ static inline void tc_poison(float *y, size_t n)
     for (size_t k = 0; k < n; k++) y[k] = NAN;
 }
 
+/* mpq_gemv on every path this build has, y (batch x rows) poisoned first,
+   each result checked against the reference ref/mag of tc_gemv. */
+static inline void tc_gemv_every_path(const mpq_packed *A, const tc_mat *M, const float *x, int batch, int skip, float *y,
+                                      const double *ref, const double *mag)
+{
+    for (int p = 0; p < TC_NPATHS; p++) {
+        if (!mpq_path_available(tc_paths[p])) continue;
+        mpq_gemv_opts o = {0};
+        o.path = tc_paths[p], o.skip_planes = skip;
+        tc_poison(y, (size_t)batch * A->rows);
+        cr_assert_eq(mpq_gemv(A, x, y, batch, &o, NULL, 0), MPQ_OK);
+        tc_check_gemv(A, M, x, batch, skip, tc_paths[p], y, ref, mag);
+    }
+}
+
 static inline void *tc_alloc(size_t bytes) { return mpq_aligned_alloc(bytes ? bytes : 1); }
 
 #endif

@@ -186,14 +186,7 @@ Test(awq, the_packed_result_multiplies_correctly_on_every_path)
         tc_mat M;
         tc_decode(A.buf, &M);
         tc_gemv(&M, L.Xh, 1, 0, ref, mag);
-        for (int p = 0; p < TC_NPATHS; p++) {
-            if (!mpq_path_available(tc_paths[p])) continue;
-            mpq_gemv_opts o = {0};
-            o.path = tc_paths[p];
-            tc_poison(y, 50);
-            cr_assert_eq(mpq_gemv(&A, L.Xh, y, 1, &o, NULL, 0), MPQ_OK);
-            tc_check_gemv(&A, &M, L.Xh, 1, 0, tc_paths[p], y, ref, mag);
-        }
+        tc_gemv_every_path(&A, &M, L.Xh, 1, 0, y, ref, mag);
         tc_free(&M);
         mpq_packed_free(&A);
         free(cs), free(clip);

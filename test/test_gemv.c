@@ -52,14 +52,7 @@ Test(gemv, every_path_matches_the_float64_reference)
                 for (int v = 0; v < batch; v++) synth_activations(&r, x + (size_t)v * s->n, s->n);
                 for (int skip = 0; skip < 4; skip++) {
                     tc_gemv(&M, x, batch, skip, ref, mag);
-                    for (int p = 0; p < NPATHS; p++) {
-                        if (!mpq_path_available(paths[p])) continue;
-                        mpq_gemv_opts o = {0};
-                        o.path = paths[p], o.skip_planes = skip;
-                        tc_poison(y, (size_t)batch * s->m);
-                        cr_assert_eq(mpq_gemv(&A, x, y, batch, &o, NULL, 0), MPQ_OK);
-                        tc_check_gemv(&A, &M, x, batch, skip, paths[p], y, ref, mag);
-                    }
+                    tc_gemv_every_path(&A, &M, x, batch, skip, y, ref, mag);
                 }
                 free(x), free(y), free(ref), free(mag);
             }
@@ -142,14 +135,7 @@ Test(gemv, llm_like_4096x4096_every_path)
     tc_mat M;
     tc_decode(A.buf, &M);
     tc_gemv(&M, x, 1, 0, ref, mag);
-    for (int p = 0; p < NPATHS; p++) {
-        if (!mpq_path_available(paths[p])) continue;
-        mpq_gemv_opts o = {0};
-        o.path = paths[p];
-        tc_poison(y, 4096);
-        cr_assert_eq(mpq_gemv(&A, x, y, 1, &o, NULL, 0), MPQ_OK);
-        tc_check_gemv(&A, &M, x, 1, 0, paths[p], y, ref, mag);
-    }
+    tc_gemv_every_path(&A, &M, x, 1, 0, y, ref, mag);
     tc_free(&M);
     mpq_packed_free(&A);
     free(W), free(y), free(ref), free(mag);

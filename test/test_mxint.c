@@ -220,14 +220,7 @@ Test(mxint, gemv_on_every_path_matches_the_reference)
             tc_decode(A.buf, &M);
             for (int skip = 0; skip < 3; skip++) {
                 tc_gemv(&M, x, batch, skip, ref, mag);
-                for (int p = 0; p < TC_NPATHS; p++) {
-                    if (!mpq_path_available(tc_paths[p])) continue;
-                    mpq_gemv_opts o = {0};
-                    o.path = tc_paths[p], o.skip_planes = skip;
-                    tc_poison(y, (size_t)m * batch);
-                    cr_assert_eq(mpq_gemv(&A, x, y, batch, &o, NULL, 0), MPQ_OK);
-                    tc_check_gemv(&A, &M, x, batch, skip, tc_paths[p], y, ref, mag);
-                }
+                tc_gemv_every_path(&A, &M, x, batch, skip, y, ref, mag);
             }
             tc_free(&M);
             mpq_packed_free(&A);

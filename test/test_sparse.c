@@ -95,14 +95,7 @@ Test(sparse, dense_plus_sparse_reads_back_multiplies_and_dequantizes)
                 tc_gemv(&M, x, batch, skip, ref, mag);
                 cr_assert_eq(mpq_gemv_ref(&A, x, yr, batch, skip), MPQ_OK);
                 for (int o = 0; o < batch * c->m; o++) cr_assert_leq(fabs(yr[o] - ref[o]), 1e-9 * mag[o] + 1e-30);
-                for (int p = 0; p < TC_NPATHS; p++) {
-                    if (!mpq_path_available(tc_paths[p])) continue;
-                    mpq_gemv_opts o = {0};
-                    o.path = tc_paths[p], o.skip_planes = skip;
-                    tc_poison(y, (size_t)batch * c->m);
-                    cr_assert_eq(mpq_gemv(&A, x, y, batch, &o, NULL, 0), MPQ_OK);
-                    tc_check_gemv(&A, &M, x, batch, skip, tc_paths[p], y, ref, mag);
-                }
+                tc_gemv_every_path(&A, &M, x, batch, skip, y, ref, mag);
                 free(x), free(y), free(ref), free(mag), free(yr);
             }
         /* the buffer opens again as the same matrix */
@@ -146,14 +139,7 @@ Test(sparse, wide_matrices_store_32_bit_columns)
     double ref[3], mag[3];
     synth_activations(&r, x, n);
     tc_gemv(&M, x, 1, 0, ref, mag);
-    for (int p = 0; p < TC_NPATHS; p++) {
-        if (!mpq_path_available(tc_paths[p])) continue;
-        mpq_gemv_opts o = {0};
-        o.path = tc_paths[p];
-        tc_poison(y, 3);
-        cr_assert_eq(mpq_gemv(&A, x, y, 1, &o, NULL, 0), MPQ_OK);
-        tc_check_gemv(&A, &M, x, 1, 0, tc_paths[p], y, ref, mag);
-    }
+    tc_gemv_every_path(&A, &M, x, 1, 0, y, ref, mag);
     tc_free(&M);
     mpq_sparse_free(&S);
     mpq_packed_free(&A);
