@@ -42,6 +42,22 @@ static double frac_at(const mpq_plan *p, int bits)
     return w / all;
 }
 
+/* Layer l of plan p packs (mpq_plan_desc is what mpq_pack takes) to exactly
+   the bits per weight the plan accounted for it. */
+static void packs_as_accounted(synth_rng *r, const mpq_plan *p, int l)
+{
+    const mpq_layer_plan *L = &p->layers[l];
+    float *W = malloc(sizeof(float) * L->rows * L->cols);
+    synth_weights(r, W, L->rows, L->cols);
+    mpq_bitplane_desc d;
+    cr_assert_eq(mpq_plan_desc(p, l, &d), MPQ_OK);
+    mpq_packed A;
+    cr_assert_eq(mpq_pack_alloc(&d, W, &A), MPQ_OK);
+    cr_assert_float_eq(mpq_packed_bpw(&A, 1), (L->weight_bits + L->meta_bits) / ((double)L->rows * L->cols), 1e-12);
+    mpq_packed_free(&A);
+    free(W);
+}
+
 Test(plan, sfmp_2_25_bpw_at_group_256_puts_an_eighth_at_3_bits)
 {
     synth_rng r = {91};
@@ -179,16 +195,7 @@ Test(plan, reordering_gathers_salience_into_the_promoted_blocks)
                 }
         }
         captured[ro] = got / all;
-        /* the plan packs: its description is what mpq_pack takes */
-        float *W = malloc(sizeof(float) * 256 * 512);
-        synth_weights(&r, W, 256, 512);
-        mpq_bitplane_desc bd;
-        cr_assert_eq(mpq_plan_desc(&p, 0, &bd), MPQ_OK);
-        mpq_packed A;
-        cr_assert_eq(mpq_pack_alloc(&bd, W, &A), MPQ_OK);
-        cr_assert_float_eq(mpq_packed_bpw(&A, 1), (p.layers[0].weight_bits + p.layers[0].meta_bits) / (256.0 * 512), 1e-12);
-        mpq_packed_free(&A);
-        free(W);
+        packs_as_accounted(&r, &p, 0);
         mpq_plan_free(&p);
     }
     cr_assert_gt(captured[1], captured[0], "reordered %.3f vs not %.3f", captured[1], captured[0]);
@@ -293,16 +300,8 @@ Test(plan, mxsens_R_is_theorem_a1_and_reproduces_eq3)
         }
         cr_assert_eq(n6, (int)(floor(R * S[l] * (L->cols - 32)) / 32));
     }
-    /* the plan packs as MXINT */
-    float *W = malloc(sizeof(float) * 128 * 1024);
-    synth_weights(&r, W, 128, 1024);
-    mpq_bitplane_desc d;
-    cr_assert_eq(mpq_plan_desc(&p, 0, &d), MPQ_OK);
-    mpq_packed A;
-    cr_assert_eq(mpq_pack_alloc(&d, W, &A), MPQ_OK);
-    cr_assert_float_eq(mpq_packed_bpw(&A, 1), (p.layers[0].weight_bits + p.layers[0].meta_bits) / (128.0 * 1024), 1e-12);
-    mpq_packed_free(&A);
-    free(W);
+    cr_assert_eq(p.layers[0].format, MPQ_FORMAT_MXINT);
+    packs_as_accounted(&r, &p, 0); /* as MXINT */
     mpq_plan_free(&p);
     free_mx(&M);
 }
@@ -401,6 +400,7 @@ Test(plan, mixllm_global_channels_at_8_bits_contiguous)
     tc_free(&M);
     mpq_packed_free(&A);
     free(W);
+    packs_as_accounted(&r, &p, 1);
     mpq_plan_free(&p);
     /* an exact count, and bad inputs */
     d.count = 201;
