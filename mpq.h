@@ -135,7 +135,9 @@ typedef enum mpq_status {
     MPQ_ERR_NOMEM = -9,       /* an allocation failed */
     MPQ_ERR_UNSUPPORTED = -10,/* the operation or code path is not available in this build */
     MPQ_ERR_NODEVICE = -11,   /* no usable accelerator */
-    MPQ_ERR_DEVICE = -12      /* the accelerator runtime reported an error */
+    MPQ_ERR_DEVICE = -12,     /* the accelerator runtime reported an error */
+    MPQ_ERR_IO = -13          /* a file could not be opened, read or written (file
+                                 I/O lives beside the header, in mpq_io.h) */
 } mpq_status;
 
 /* A short English description of a status code; never NULL. */
@@ -1046,6 +1048,7 @@ MPQ_DEF const char *mpq_status_str(mpq_status st)
     case MPQ_ERR_UNSUPPORTED: return "not supported by this build";
     case MPQ_ERR_NODEVICE: return "no usable accelerator";
     case MPQ_ERR_DEVICE: return "accelerator runtime error";
+    case MPQ_ERR_IO: return "file could not be opened, read or written";
     }
     return "unknown status";
 }

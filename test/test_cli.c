@@ -1,0 +1,357 @@
+/* The `mpq` tool end to end: a checkpoint of synthetic layers quantized by
+   every method through the command line, each packed tensor compared byte
+   for byte with the library called directly; the other tensors copied; and
+   the exit codes and messages of what goes wrong. The tool's path comes in
+   MPQ_CLI (set by meson). */
+#define _XOPEN_SOURCE 700
+#include "common.h"
+#include "mpq_io.h"
+
+#include <dirent.h>
+#include <stdio.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static char dir[256];
+
+static void setup(void)
+{
+    snprintf(dir, sizeof dir, "/tmp/mpq-test-cli-XXXXXX");
+    cr_assert_not_null(mkdtemp(dir));
+}
+
+static void teardown(void)
+{
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    char p[600];
+    while (d && (e = readdir(d)))
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) {
+            snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+            unlink(p);
+        }
+    if (d) closedir(d);
+    rmdir(dir);
+}
+
+/* Runs `mpq <args>` with stdout and stderr in files; returns the exit code. */
+static int run(const char *args)
+{
+    const char *cli = getenv("MPQ_CLI");
+    cr_assert(cli && *cli, "MPQ_CLI is not set");
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "cd %s && %s %s >out.txt 2>err.txt", dir, cli, args);
+    int st = system(cmd);
+    cr_assert(WIFEXITED(st), "mpq %s did not exit normally", args);
+    return WEXITSTATUS(st);
+}
+
+static char *text(const char *name)
+{
+    char p[600];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    FILE *f = fopen(p, "rb");
+    cr_assert_not_null(f);
+    static char buf[1 << 16];
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    buf[n] = 0;
+    fclose(f);
+    return buf;
+}
+
+/* ---- the synthetic checkpoint -------------------------------------------- */
+
+enum { NL = 4, TOKENS = 24 };
+static const int shapes[NL][2] = {{48, 96}, {40, 160}, {64, 128}, {33, 72}};
+static const mpq_dtype dtypes[NL] = {MPQ_DT_F32, MPQ_DT_F16, MPQ_DT_BF16, MPQ_DT_F32};
+
+static void layer_name(int l, char *s, size_t cap) { snprintf(s, cap, "model.layers.%d.proj.weight", l); }
+
+static void path_of(const char *name, char *p, size_t cap) { snprintf(p, cap, "%s/%s", dir, name); }
+
+/* model.safetensors, salience.safetensors (per-weight Fisher, per-row
+   salience, per-column diag(X^T X) under separate files) and calib. */
+static void write_inputs(void)
+{
+    synth_rng r = {314};
+    char p[600], name[64], key[96];
+    mpq_io_err e;
+    mpq_st_writer *m, *sf, *sm, *sx, *ca;
+    path_of("model.safetensors", p, sizeof p);
+    cr_assert_eq(mpq_st_writer_open(p, &m, &e), MPQ_OK);
+    path_of("fisher.safetensors", p, sizeof p);
+    cr_assert_eq(mpq_st_writer_open(p, &sf, &e), MPQ_OK);
+    path_of("rows.safetensors", p, sizeof p);
+    cr_assert_eq(mpq_st_writer_open(p, &sm, &e), MPQ_OK);
+    path_of("cols.safetensors", p, sizeof p);
+    cr_assert_eq(mpq_st_writer_open(p, &sx, &e), MPQ_OK);
+    path_of("calib.safetensors", p, sizeof p);
+    cr_assert_eq(mpq_st_writer_open(p, &ca, &e), MPQ_OK);
+    float emb[50 * 32], norm[96];
+    synth_weights(&r, emb, 50, 32);
+    for (int j = 0; j < 96; j++) norm[j] = 1.0f + 0.01f * (float)j;
+    cr_assert_eq(mpq_st_write_f32(m, "model.embed.weight", MPQ_DT_F16, 2, (const uint64_t[]){50, 32}, emb, &e), MPQ_OK);
+    for (int l = 0; l < NL; l++) {
+        const int rows = shapes[l][0], cols = shapes[l][1];
+        const uint64_t sh[2] = {(uint64_t)rows, (uint64_t)cols};
+        float *W = malloc(sizeof(float) * rows * cols), *S = malloc(sizeof(float) * rows * cols);
+        float *X = malloc(sizeof(float) * TOKENS * cols), *rs = malloc(sizeof(float) * rows);
+        float *cs = malloc(sizeof(float) * cols);
+        synth_weights(&r, W, rows, cols);
+        synth_tokens(&r, X, TOKENS, cols, 1000 + (uint64_t)l);
+        for (int k = 0; k < rows * cols; k++) S[k] = W[k] * W[k] * (float)(1.0 + synth_unif(&r));
+        for (int i = 0; i < rows; i++) rs[i] = (float)synth_unif(&r) * (l + 1);
+        for (int j = 0; j < cols; j++) {
+            double h = 0;
+            for (int t = 0; t < TOKENS; t++) h += (double)X[t * cols + j] * X[t * cols + j];
+            cs[j] = (float)h;
+        }
+        layer_name(l, name, sizeof name);
+        cr_assert_eq(mpq_st_write_f32(m, name, dtypes[l], 2, sh, W, &e), MPQ_OK);
+        cr_assert_eq(mpq_st_write_f32(sf, name, MPQ_DT_F32, 2, sh, S, &e), MPQ_OK);
+        cr_assert_eq(mpq_st_write_f32(sm, name, MPQ_DT_F32, 1, sh, rs, &e), MPQ_OK);
+        cr_assert_eq(mpq_st_write_f32(sx, name, MPQ_DT_F32, 1, sh + 1, cs, &e), MPQ_OK);
+        const float ls = 0.25f * (float)(l + 1);
+        snprintf(key, sizeof key, "%s.layer_sensitivity", name);
+        cr_assert_eq(mpq_st_write_f32(sx, key, MPQ_DT_F32, 0, NULL, &ls, &e), MPQ_OK);
+        cr_assert_eq(mpq_st_write_f32(ca, name, MPQ_DT_F32, 2, (const uint64_t[]){TOKENS, (uint64_t)cols}, X, &e),
+                     MPQ_OK);
+        free(W), free(S), free(X), free(rs), free(cs);
+    }
+    cr_assert_eq(mpq_st_write_f32(m, "model.norm.weight", MPQ_DT_F32, 1, (const uint64_t[]){96}, norm, &e), MPQ_OK);
+    const int64_t step = 1234;
+    cr_assert_eq(mpq_st_write(m, "step", MPQ_DT_I64, 0, NULL, &step, 8, &e), MPQ_OK);
+    cr_assert_eq(mpq_st_write_meta(m, "format", "pt", &e), MPQ_OK);
+    cr_assert_eq(mpq_st_writer_close(m, &e), MPQ_OK);
+    cr_assert_eq(mpq_st_writer_close(sf, &e), MPQ_OK);
+    cr_assert_eq(mpq_st_writer_close(sm, &e), MPQ_OK);
+    cr_assert_eq(mpq_st_writer_close(sx, &e), MPQ_OK);
+    cr_assert_eq(mpq_st_writer_close(ca, &e), MPQ_OK);
+}
+
+static float *read_f32(const char *file, const char *name, size_t *n)
+{
+    char p[600];
+    path_of(file, p, sizeof p);
+    mpq_io_err e;
+    mpq_st_file *f;
+    cr_assert_eq(mpq_st_open(p, &f, &e), MPQ_OK, "%s", e.msg);
+    const mpq_st_tensor *t = mpq_st_find(f, name);
+    cr_assert_not_null(t, "%s in %s", name, file);
+    float *v = malloc(sizeof(float) * (size_t)t->numel + 4);
+    cr_assert_eq(mpq_st_read_f32(f, t, v, (size_t)t->numel, &e), MPQ_OK);
+    if (n) *n = (size_t)t->numel;
+    mpq_st_close(f);
+    return v;
+}
+
+/* The packed matrices the library makes for `method` when called directly,
+   in layer order. */
+static void direct(const char *method, const char *opts_group, mpq_packed *out)
+{
+    char name[64];
+    float *W[NL], *stat[NL];
+    mpq_plan plan;
+    int planned = 0;
+    memset(&plan, 0, sizeof plan);
+    for (int l = 0; l < NL; l++) {
+        layer_name(l, name, sizeof name);
+        W[l] = read_f32("model.safetensors", name, NULL);
+        stat[l] = NULL;
+        if (!strcmp(method, "sfmp")) stat[l] = read_f32("fisher.safetensors", name, NULL);
+        if (!strcmp(method, "mixllm")) stat[l] = read_f32("rows.safetensors", name, NULL);
+        if (!strcmp(method, "mxsens")) stat[l] = read_f32("cols.safetensors", name, NULL);
+    }
+    const int group = opts_group ? atoi(opts_group) : 0;
+    if (!strcmp(method, "sfmp")) {
+        mpq_sfmp_layer L[NL];
+        for (int l = 0; l < NL; l++) L[l].S = stat[l], L[l].rows = shapes[l][0], L[l].cols = shapes[l][1];
+        mpq_sfmp_desc d = {0};
+        d.bpw = 3.3, d.group = group, d.reorder = MPQ_REORDER_BOTH;
+        cr_assert_eq(mpq_plan_sfmp(L, NL, &d, &plan), MPQ_OK);
+        planned = 1;
+    } else if (!strcmp(method, "mixllm")) {
+        mpq_mixllm_layer L[NL];
+        for (int l = 0; l < NL; l++) L[l].salience = stat[l], L[l].rows = shapes[l][0], L[l].cols = shapes[l][1];
+        mpq_mixllm_desc d = {0};
+        d.fraction = 0.2, d.group = group;
+        cr_assert_eq(mpq_plan_mixllm(L, NL, &d, &plan), MPQ_OK);
+        planned = 1;
+    } else if (!strcmp(method, "mxsens")) {
+        mpq_mxsens_layer L[NL];
+        for (int l = 0; l < NL; l++)
+            L[l].col_sens = stat[l], L[l].layer_sens = 0.25f * (float)(l + 1), L[l].rows = shapes[l][0],
+            L[l].cols = shapes[l][1];
+        cr_assert_eq(mpq_plan_mxsens(L, NL, 6.0, &plan, NULL), MPQ_OK);
+        planned = 1;
+    }
+    for (int l = 0; l < NL; l++) {
+        mpq_bitplane_desc d = {0};
+        float *cs = NULL, *clip = NULL, *X = NULL;
+        if (planned) {
+            cr_assert_eq(mpq_plan_desc(&plan, l, &d), MPQ_OK);
+        } else {
+            d.rows = shapes[l][0], d.cols = shapes[l][1], d.group = group, d.uniform_bits = 3;
+        }
+        if (!strcmp(method, "awq")) {
+            layer_name(l, name, sizeof name);
+            X = read_f32("calib.safetensors", name, NULL);
+            const int g = group ? group : 128;
+            cs = malloc(sizeof(float) * d.cols);
+            clip = malloc(sizeof(float) * d.rows * ((d.cols + g - 1) / g));
+            mpq_awq_desc a = {0};
+            a.X = X, a.tokens = TOKENS;
+            cr_assert_eq(mpq_awq_search(&d, W[l], &a, cs, clip, NULL), MPQ_OK);
+            d.col_scale = cs, d.clip = clip;
+        }
+        cr_assert_eq(mpq_pack_alloc(&d, W[l], &out[l]), MPQ_OK);
+        free(cs), free(clip), free(X), free(W[l]), free(stat[l]);
+    }
+    if (planned) mpq_plan_free(&plan);
+}
+
+/* out.safetensors holds, for every layer, exactly `want`, and every other
+   tensor of model.safetensors unchanged. */
+static void check_output(const mpq_packed *want)
+{
+    char p[600], name[64];
+    mpq_io_err e;
+    mpq_st_file *in, *out;
+    path_of("model.safetensors", p, sizeof p);
+    cr_assert_eq(mpq_st_open(p, &in, &e), MPQ_OK);
+    path_of("out.safetensors", p, sizeof p);
+    cr_assert_eq(mpq_st_open(p, &out, &e), MPQ_OK, "%s", e.msg);
+    cr_assert_eq(mpq_st_count(out), mpq_st_count(in));
+    cr_assert_str_eq(mpq_st_meta(out, "format"), "pt", "the input's metadata is carried");
+    for (int l = 0; l < NL; l++) {
+        layer_name(l, name, sizeof name);
+        mpq_packed A;
+        cr_assert_eq(mpq_st_read_packed(out, name, &A, &e), MPQ_OK, "%s", e.msg);
+        cr_assert_eq(A.bytes, want[l].bytes, "%s", name);
+        cr_assert_eq(memcmp(A.buf, want[l].buf, A.bytes), 0, "%s: the tool and the library agree byte for byte", name);
+        mpq_packed_free(&A);
+    }
+    for (int i = 0; i < mpq_st_count(in); i++) {
+        const mpq_st_tensor *t = mpq_st_at(in, i), *u = mpq_st_find(out, t->name);
+        cr_assert_not_null(u);
+        if (strstr(t->name, ".layers.")) continue;
+        cr_assert_eq(u->dtype, t->dtype);
+        cr_assert_eq(u->ndim, t->ndim);
+        const size_t n = (size_t)(t->end - t->begin);
+        uint8_t *a = malloc(n + 1), *b = malloc(n + 1);
+        cr_assert_eq(mpq_st_read(in, t, a, n, &e), MPQ_OK);
+        cr_assert_eq(mpq_st_read(out, u, b, n, &e), MPQ_OK);
+        cr_assert_eq(memcmp(a, b, n), 0, "%s copied unchanged", t->name);
+        free(a), free(b);
+    }
+    mpq_st_close(in);
+    mpq_st_close(out);
+}
+
+static void method_case(const char *method, const char *args, const char *group)
+{
+    write_inputs();
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "quantize --method %s %s --exclude '*embed*' model.safetensors out.safetensors", method,
+             args);
+    int rc = run(cmd);
+    cr_assert_eq(rc, 0, "mpq %s: exit %d: %s", cmd, rc, text("err.txt"));
+    const char *o = text("out.txt");
+    cr_assert(strstr(o, "model.layers.2.proj.weight") && strstr(o, "bits per weight"), "summary table: %s", o);
+    mpq_packed want[NL];
+    direct(method, group, want);
+    check_output(want);
+    for (int l = 0; l < NL; l++) mpq_packed_free(&want[l]);
+    cr_assert_eq(run("inspect out.safetensors"), 0, "%s", text("err.txt"));
+    cr_assert_not_null(strstr(text("out.txt"), "model.embed.weight"));
+}
+
+Test(cli, rtn_matches_the_library, .init = setup, .fini = teardown)
+{
+    method_case("rtn", "--bits 3 --group 32", "32");
+}
+
+Test(cli, awq_matches_the_library, .init = setup, .fini = teardown)
+{
+    method_case("awq", "--bits 3 --group 32 --calib calib.safetensors", "32");
+}
+
+Test(cli, sfmp_matches_the_library, .init = setup, .fini = teardown)
+{
+    method_case("sfmp", "--bpw 3.3 --group 32 --reorder both --salience fisher.safetensors", "32");
+}
+
+Test(cli, mixllm_matches_the_library, .init = setup, .fini = teardown)
+{
+    method_case("mixllm", "--fraction 0.2 --group 32 --salience rows.safetensors", "32");
+}
+
+Test(cli, mxsens_matches_the_library, .init = setup, .fini = teardown)
+{
+    method_case("mxsens", "--bpw 6.0 --salience cols.safetensors", NULL);
+}
+
+Test(cli, inspect_and_bench_read_what_quantize_wrote, .init = setup, .fini = teardown)
+{
+    write_inputs();
+    cr_assert_eq(run("quantize --bits 4 --quiet model.safetensors out.safetensors"), 0, "%s", text("err.txt"));
+    cr_assert_str_eq(text("out.txt"), "", "--quiet prints nothing");
+    cr_assert_eq(run("inspect out.safetensors"), 0);
+    const char *o = text("out.txt");
+    cr_assert(strstr(o, "bitplane 4") && strstr(o, "4.250"), "%s", o); /* 4 bits + 32/128 */
+    cr_assert_eq(run("bench --reps 2 --threads 1 --tensor model.layers.1.proj.weight out.safetensors"), 0, "%s",
+                 text("err.txt"));
+    o = text("out.txt");
+    cr_assert(strstr(o, "model.layers.1.proj.weight") && strstr(o, "read bandwidth"), "%s", o);
+    cr_assert_null(strstr(o, "model.layers.0.proj.weight"), "--tensor picks one");
+    /* a packed input tensor is carried over, validated */
+    cr_assert_eq(run("quantize --bits 2 out.safetensors again.safetensors"), 0, "%s", text("err.txt"));
+    o = text("out.txt");
+    cr_assert(strstr(o, "bitplane 4 (kept)") && strstr(o, "F32 (kept)"), "%s", o);
+    cr_assert_eq(run("inspect again.safetensors"), 0);
+    o = text("out.txt");
+    cr_assert(strstr(o, "bitplane 4") && !strstr(o, "bitplane 2"), "only float tensors are quantized: %s", o);
+}
+
+Test(cli, errors_have_exit_codes_and_name_what_is_wrong, .init = setup, .fini = teardown)
+{
+    write_inputs();
+    cr_assert_eq(run("--help"), 0);
+    cr_assert_eq(run("quantize --help"), 0);
+    cr_assert_not_null(strstr(text("out.txt"), "--method"));
+    cr_assert_eq(run("inspect --help"), 0);
+    cr_assert_eq(run("bench --help"), 0);
+    cr_assert_eq(run("frobnicate"), 1);
+    cr_assert_eq(run("quantize --bits 9 model.safetensors o.safetensors"), 1);
+    cr_assert_not_null(strstr(text("err.txt"), "--bits"));
+    cr_assert_eq(run("quantize --bogus model.safetensors o.safetensors"), 1);
+    cr_assert_eq(run("quantize model.safetensors"), 1);
+    cr_assert_eq(run("quantize --method sfmp --bpw 3 model.safetensors o.safetensors"), 1, "needs --salience");
+    cr_assert_eq(run("quantize --method awq model.safetensors o.safetensors"), 1, "needs --calib");
+    /* input problems: exit 2, naming file and tensor */
+    cr_assert_eq(run("quantize missing.safetensors o.safetensors"), 2);
+    cr_assert_not_null(strstr(text("err.txt"), "missing.safetensors"));
+    cr_assert_eq(run("quantize --method mixllm --salience fisher.safetensors --exclude '*embed*' model.safetensors o.safetensors"), 2);
+    const char *e = text("err.txt");
+    cr_assert(strstr(e, "fisher.safetensors") && strstr(e, "model.layers.0.proj.weight") && strstr(e, "shape"), "%s", e);
+    cr_assert_eq(run("quantize --method awq --calib cols.safetensors model.safetensors o.safetensors"), 2);
+    cr_assert(strstr(text("err.txt"), "activations"), "%s", text("err.txt"));
+    cr_assert_eq(run("inspect fisher.safetensors"), 0);
+    {
+        char j[600];
+        path_of("junk.safetensors", j, sizeof j);
+        FILE *f = fopen(j, "wb");
+        fwrite("\x07\0\0\0\0\0\0\0{\"a\":1}", 1, 15, f);
+        fclose(f);
+    }
+    cr_assert_eq(run("inspect junk.safetensors"), 2);
+    cr_assert(strstr(text("err.txt"), "junk.safetensors"), "%s", text("err.txt"));
+    /* a budget no plan meets: exit 4, and no output file */
+    cr_assert_eq(run("quantize --method sfmp --bpw 0.5 --salience fisher.safetensors --exclude '*embed*' model.safetensors o.safetensors"), 4);
+    char p[600];
+    path_of("o.safetensors", p, sizeof p);
+    cr_assert_eq(access(p, F_OK), -1);
+    /* an output that cannot be written: exit 3 */
+    cr_assert_eq(run("quantize model.safetensors no/such/dir/o.safetensors"), 3);
+    cr_assert(strstr(text("err.txt"), "no/such/dir/o.safetensors"), "%s", text("err.txt"));
+}
