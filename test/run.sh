@@ -4,14 +4,18 @@
 #   release   -O3 -march=native: every SIMD path this CPU has, CUDA TU if nvcc
 #   sanitize  AddressSanitizer + UndefinedBehaviorSanitizer (any finding fails)
 #   portable  plain x86-64, MPQ_NO_SIMD: the scalar kernels and software fp16
-# It also compiles mpq.h alone with clang (C11, C++17, -Wall -Wextra -Werror)
-# and runs the examples. The last line is "N passed, N failed, N skipped".
+# It also compiles mpq.h alone with clang (C11, C++17, -Wall -Wextra -Werror),
+# runs the examples, fuzzes the safetensors reader and packed-file loader for
+# a minute (libFuzzer, ASan + UBSan), and checks files against the reference
+# safetensors package (PyPI, in a virtual environment under build/).
+# The last line is "N passed, N failed, N skipped".
 set -u
 cd "$(dirname "$0")/.."
 root=$(pwd)
 
 need=()
-for p in meson ninja-build pkg-config gcc g++ libcriterion-dev libstb-dev; do
+for p in meson ninja-build pkg-config gcc g++ libcriterion-dev libstb-dev libcjson-dev clang libclang-rt-14-dev \
+    python3 python3-venv; do
     dpkg -s "$p" >/dev/null 2>&1 || need+=("$p")
 done
 if [ ${#need[@]} -gt 0 ]; then
@@ -66,10 +70,38 @@ if command -v clang >/dev/null 2>&1; then
     cp build/alone.c build/alone.cpp
     check clang-c11 clang -std=c11 -Wall -Wextra -Werror -march=native -I. -c build/alone.c -o build/alone-c.o
     check clang-cxx17 clang++ -std=c++17 -Wall -Wextra -Werror -march=native -I. -c build/alone.cpp -o build/alone-cpp.o
+    # the file I/O beside the header: strict C11, and its header from C++
+    printf '#include "mpq_io.h"\nint main(void){return 0;}\n' >build/io-alone.cpp
+    check clang-io-c11 clang -std=c11 -Wall -Wextra -Werror -I. -c mpq_io.c -o build/mpq_io-clang.o
+    check clang-io-cxx17 clang++ -std=c++17 -Wall -Wextra -Werror -I. -c build/io-alone.cpp -o build/io-alone-cpp.o
 fi
 if [ -x build/release/quickstart ]; then
     check quickstart build/release/quickstart
     check demo-small build/release/demo --rows 300 --cols 1000
+fi
+
+# libFuzzer on the reader and the packed-file loader, seeded with the valid
+# and crafted files of test_io (a crash or a sanitizer finding fails it)
+fuzz() {
+    rm -rf build/fuzz-seeds build/fuzz-corpus && mkdir -p build/fuzz-seeds build/fuzz-corpus &&
+    clang -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -I. \
+        test/fuzz/fuzz_io.c mpq_io.c -lcjson -lm -o build/fuzz_io &&
+    (cd build/sanitize && MPQ_FUZZ_CORPUS="$root/build/fuzz-seeds" ./test_io --jobs 1 >/dev/null) &&
+    build/fuzz_io -max_total_time="${MPQ_FUZZ_SECONDS:-60}" -rss_limit_mb=2048 -malloc_limit_mb=1024 \
+        -dict=test/fuzz/safetensors.dict build/fuzz-corpus build/fuzz-seeds
+}
+if [ -x build/sanitize/test_io ] && command -v clang >/dev/null 2>&1; then
+    check fuzz-io fuzz
+fi
+
+# files written by mpq open in the reference implementation and vice versa
+interop() {
+    { [ -x build/venv/bin/python ] || python3 -m venv build/venv; } &&
+    build/venv/bin/pip install -q --disable-pip-version-check 'safetensors==0.8.0' numpy &&
+    build/venv/bin/python test/interop.py build/release
+}
+if [ -x build/release/st_tool ]; then
+    check interop interop
 fi
 
 echo "$passed passed, $failed failed, $skipped skipped"

@@ -90,7 +90,7 @@ static void corpus_save(const void *b, size_t n)
     const char *dir = getenv("MPQ_FUZZ_CORPUS");
     if (!dir || !*dir) return;
     char p[512];
-    snprintf(p, sizeof p, "%s/seed-%04d.safetensors", dir, corpus_seq++);
+    snprintf(p, sizeof p, "%s/seed-%ld-%04d.safetensors", dir, (long)getpid(), corpus_seq++);
     FILE *f = fopen(p, "wb");
     if (f) {
         fwrite(b, 1, n, f);

@@ -1,0 +1,56 @@
+/* libFuzzer target: the safetensors reader and the packed-matrix loader on
+   arbitrary bytes. Whatever opens is read completely: every float tensor
+   converted, every packed matrix validated, dequantized and multiplied.
+   Built and run by test/run.sh (clang -fsanitize=fuzzer,address,undefined)
+   for a bounded time, seeded with the files test_io writes. */
+#define MPQ_IMPLEMENTATION
+#include "mpq.h"
+#include "mpq_io.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    mpq_st_file *f;
+    mpq_io_err e;
+    if (mpq_st_open_memory(data, size, &f, &e) != MPQ_OK) {
+        if (!e.msg[0]) abort(); /* every rejection says why */
+        return 0;
+    }
+    for (int i = 0; i < mpq_st_count(f); i++) {
+        const mpq_st_tensor *t = mpq_st_at(f, i);
+        /* sizes were checked against the input, so these allocations are
+           bounded by it (F16 and BF16 at most double) */
+        if (t->dtype == MPQ_DT_F32 || t->dtype == MPQ_DT_F16 || t->dtype == MPQ_DT_BF16 || t->dtype == MPQ_DT_F64) {
+            float *x = (float *)malloc(sizeof(float) * (size_t)t->numel + 1);
+            if (!x || mpq_st_read_f32(f, t, x, (size_t)t->numel, &e) != MPQ_OK) abort();
+            free(x);
+        }
+        if (!t->packed) continue;
+        mpq_packed A;
+        if (mpq_st_read_packed(f, t->name, &A, &e) != MPQ_OK) {
+            if (!e.msg[0]) abort();
+            continue;
+        }
+        const size_t mn = (size_t)A.rows * (size_t)A.cols;
+        if (mn <= ((size_t)1 << 22)) { /* a valid header can describe a big matrix in few bytes */
+            float *W = (float *)malloc(sizeof(float) * mn);
+            float *x = (float *)calloc((size_t)A.cols, sizeof(float));
+            float *y = (float *)malloc(sizeof(float) * (size_t)A.rows);
+            if (!W || !x || !y) abort();
+            for (int j = 0; j < A.cols; j++) x[j] = (float)(j % 7) - 3.0f;
+            if (mpq_packed_dequantize(&A, 0, W) != MPQ_OK) abort();
+            mpq_gemv_opts o;
+            memset(&o, 0, sizeof o);
+            o.threads = 1;
+            if (mpq_gemv(&A, x, y, 1, &o, NULL, 0) != MPQ_OK) abort();
+            free(W), free(x), free(y);
+        }
+        mpq_packed_free(&A);
+    }
+    mpq_st_close(f);
+    return 0;
+}
