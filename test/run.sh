@@ -79,6 +79,9 @@ if [ -x build/release/quickstart ]; then
     check quickstart build/release/quickstart
     check demo-small build/release/demo --rows 300 --cols 1000
 fi
+if [ -x build/release/tinylm ]; then # the main job, end to end
+    check tinylm build/release/tinylm --out build/tinylm
+fi
 
 # libFuzzer on the reader and the packed-file loader, seeded with the valid
 # and crafted files of test_io (a crash or a sanitizer finding fails it)
