@@ -6,7 +6,7 @@
      relative clause ("the dogs that the cat sees run.") and with compound
      subjects ("the cat and the dog sleep.");
    - arithmetic with answers: "a+b=c" and "a-b=c" (a >= b), operands of one
-     to three digits (each as likely);
+     to three digits (30 / 50 / 20 %);
    - key-value recall: "k=v" pairs, then a query: "b=4 q=7 m=1 ? q=7".
    The task (exact match) asks for the answer of a held-out arithmetic
    prompt ("123+45=") or recall prompt ("b=4 q=7 ? q="), greedily decoded. */
@@ -62,7 +62,7 @@ static inline int tlm_sentence(uint64_t *r, char *s)
 
 static inline int tlm_operand(uint64_t *r)
 {
-    const int digits = 1 + (int)(tlm_rand(r) % 3);
+    const int u = (int)(tlm_rand(r) % 10), digits = u < 3 ? 1 : u < 8 ? 2 : 3; /* 30 / 50 / 20 % */
     return (int)(tlm_rand(r) % (digits == 1 ? 10 : digits == 2 ? 100 : 1000));
 }
 
@@ -103,13 +103,13 @@ static inline int tlm_recall(uint64_t *r, char *prompt, char *answer)
     return len + sprintf(prompt + len, "? %c=", keys[q]);
 }
 
-/* One line of the corpus into s (at most 160 bytes): 50 % sentences, 30 %
+/* One line of the corpus into s (at most 160 bytes): 40 % sentences, 40 %
    arithmetic, 20 % recall; returns its length. */
 static inline int tlm_line(uint64_t *r, char *s)
 {
     const int kind = (int)(tlm_rand(r) % 10);
     char p[128], a[16];
-    if (kind < 5) return tlm_sentence(r, s);
+    if (kind < 4) return tlm_sentence(r, s);
     if (kind < 8) tlm_arith(r, p, a);
     else tlm_recall(r, p, a);
     return sprintf(s, "%s%s\n", p, a);

@@ -15,8 +15,8 @@
       (prompt at 4 bits, decoding lowered by a schedule).
    3. Each is measured on held-out text (seed 1001, never trained on):
       perplexity per byte over the second half of 64 windows of 128 bytes
-      (the first half is the prompt), and exact-match accuracy on 120
-      arithmetic and 40 recall prompts, greedily decoded.
+      (the first half is the prompt), and exact-match accuracy on 240
+      arithmetic and 80 recall prompts, greedily decoded.
    Writes DIR/results.md (the table) and DIR/ppl_vs_bpw.svg (the plot);
    DIR defaults to build/tinylm. */
 #define _POSIX_C_SOURCE 200809L
@@ -30,7 +30,7 @@
 #include <sys/stat.h>
 #include <time.h>
 
-enum { NCAL = 16, NHELD = 64, NARITH = 120, NRECALL = 40, AWQ_TOKENS = 256 };
+enum { NCAL = 16, NHELD = 64, NARITH = 240, NRECALL = 80, AWQ_TOKENS = 256 };
 
 static double now(void)
 {
