@@ -145,8 +145,10 @@ const char *mpq_st_path(const mpq_st_file *f);
    end - begin. */
 mpq_status mpq_st_read(mpq_st_file *f, const mpq_st_tensor *t, void *dst, size_t bytes, mpq_io_err *err);
 /* The values of an F32, F16, BF16 or F64 tensor as float (n = numel),
-   converted exactly where float can hold them (F64 rounds). Reads in
-   pieces of at most 1 MiB. */
+   converted exactly where float can hold them (F64 rounds). F32 is read
+   straight into dst, the others through a 1 MiB buffer. Every check comes
+   before the first byte is read; only MPQ_ERR_IO (a file that shrank or
+   failed under the reader) can leave dst partly written. */
 mpq_status mpq_st_read_f32(mpq_st_file *f, const mpq_st_tensor *t, float *dst, size_t n, mpq_io_err *err);
 /* A packed matrix stored under `name` (see PACKED MATRICES): read into a
    64-byte aligned buffer, validated, metadata checked; free with
