@@ -230,6 +230,21 @@ static void measure(ctx *C, const char *family, const char *name, tlm_qmodel *q,
     fflush(stdout);
 }
 
+/* AWQ's column scales and clips for linear i at `bits` (g128), from its
+   calibration tokens; the caller frees *cs and *clip. */
+static void awq_scales(const ctx *C, int i, int bits, float **cs, float **clip)
+{
+    mpq_bitplane_desc d;
+    memset(&d, 0, sizeof d);
+    d.rows = rows_of(C, i), d.cols = cols_of(C, i), d.uniform_bits = bits;
+    *cs = (float *)malloc(sizeof(float) * d.cols);
+    *clip = (float *)malloc(sizeof(float) * d.rows * ((d.cols + 127) / 128));
+    mpq_awq_desc a;
+    memset(&a, 0, sizeof a);
+    a.X = C->X[i], a.tokens = C->xtok;
+    check(*cs && *clip ? mpq_awq_search(&d, C->W0[i], &a, *cs, *clip, NULL) : MPQ_ERR_NOMEM, "awq");
+}
+
 static void quant_uniform(ctx *C, tlm_qmodel *q, int bits, int awq)
 {
     for (int i = 0; i < C->nl; i++) {
@@ -237,15 +252,8 @@ static void quant_uniform(ctx *C, tlm_qmodel *q, int bits, int awq)
         memset(&d, 0, sizeof d);
         d.rows = rows_of(C, i), d.cols = cols_of(C, i), d.uniform_bits = bits;
         float *cs = NULL, *clip = NULL;
-        if (awq) {
-            cs = (float *)malloc(sizeof(float) * d.cols);
-            clip = (float *)malloc(sizeof(float) * d.rows * ((d.cols + 127) / 128));
-            mpq_awq_desc a;
-            memset(&a, 0, sizeof a);
-            a.X = C->X[i], a.tokens = C->xtok;
-            check(mpq_awq_search(&d, C->W0[i], &a, cs, clip, NULL), "awq");
-            d.col_scale = cs, d.clip = clip;
-        }
+        if (awq) awq_scales(C, i, bits, &cs, &clip);
+        d.col_scale = cs, d.clip = clip;
         check(mpq_pack_alloc(&d, C->W0[i], &q->A[i / TLM_NLIN][i % TLM_NLIN]), "pack");
         free(cs), free(clip);
     }
@@ -462,16 +470,7 @@ static void run_requant(ctx *C, int awq)
     if (tlm_acts_alloc(C->c, R.B, &R.a) || tlm_grad_work_alloc(C->c, R.B, &R.gw) || tlm_params_alloc(C->c, &R.g)) exit(1);
     for (int i = 0; i < C->nl; i++) {
         R.offs[i + 1] = R.offs[i] + n_of(C, i);
-        if (!awq) continue;
-        R.cs[i] = (float *)malloc(sizeof(float) * cols_of(C, i));
-        R.clip[i] = (float *)malloc(sizeof(float) * rows_of(C, i) * ((cols_of(C, i) + 127) / 128));
-        mpq_bitplane_desc d;
-        memset(&d, 0, sizeof d);
-        d.rows = rows_of(C, i), d.cols = cols_of(C, i), d.uniform_bits = 3;
-        mpq_awq_desc a;
-        memset(&a, 0, sizeof a);
-        a.X = C->X[i], a.tokens = C->xtok;
-        check(mpq_awq_search(&d, C->W0[i], &a, R.cs[i], R.clip[i], NULL), "awq");
+        if (awq) awq_scales(C, i, 3, &R.cs[i], &R.clip[i]);
     }
     const size_t N = R.offs[C->nl];
     float *w = (float *)malloc(sizeof(float) * N), *wq = (float *)malloc(sizeof(float) * N);
