@@ -6,6 +6,7 @@
 #define _XOPEN_SOURCE 700
 #include "common.h"
 #include "mpq_io.h"
+#include "tmpdir.h"
 
 #include <dirent.h>
 #include <stdio.h>
@@ -14,25 +15,8 @@
 
 static char dir[256];
 
-static void setup(void)
-{
-    snprintf(dir, sizeof dir, "/tmp/mpq-test-cli-XXXXXX");
-    cr_assert_not_null(mkdtemp(dir));
-}
-
-static void teardown(void)
-{
-    DIR *d = opendir(dir);
-    struct dirent *e;
-    char p[600];
-    while (d && (e = readdir(d)))
-        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) {
-            snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
-            unlink(p);
-        }
-    if (d) closedir(d);
-    rmdir(dir);
-}
+static void setup(void) { cr_assert(tc_tmpdir_make(dir, sizeof dir, "cli")); }
+static void teardown(void) { tc_tmpdir_remove(dir); }
 
 /* Runs `mpq <args>` with stdout and stderr in files; returns the exit code. */
 static int run(const char *args)

@@ -4,6 +4,7 @@
 #define _XOPEN_SOURCE 700
 #include "common.h"
 #include "mpq_io.h"
+#include "tmpdir.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -15,26 +16,8 @@
 
 static char tmpdir[256];
 
-static void make_tmpdir(void)
-{
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/mpq-test-io-XXXXXX");
-    cr_assert_not_null(mkdtemp(tmpdir));
-}
-
-static void remove_tmpdir(void)
-{
-    DIR *d = opendir(tmpdir);
-    if (!d) return;
-    struct dirent *e;
-    char p[512];
-    while ((e = readdir(d)))
-        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) {
-            snprintf(p, sizeof p, "%s/%s", tmpdir, e->d_name);
-            unlink(p);
-        }
-    closedir(d);
-    rmdir(tmpdir);
-}
+static void make_tmpdir(void) { cr_assert(tc_tmpdir_make(tmpdir, sizeof tmpdir, "io")); }
+static void remove_tmpdir(void) { tc_tmpdir_remove(tmpdir); }
 
 static int count_files(const char *dir)
 {

@@ -259,13 +259,18 @@ static void quant_uniform(ctx *C, tlm_qmodel *q, int bits, int awq)
     }
 }
 
-static void quant_plan(ctx *C, tlm_qmodel *q, const mpq_plan *p)
+/* Pack every linear map as the plan says, measure, release (not the plan). */
+static void measure_plan(ctx *C, const char *family, const char *name, const mpq_plan *p)
 {
+    tlm_qmodel q;
+    memset(&q, 0, sizeof q);
     for (int i = 0; i < C->nl; i++) {
         mpq_bitplane_desc d;
         check(mpq_plan_desc(p, i, &d), "plan");
-        check(mpq_pack_alloc(&d, C->W0[i], &q->A[i / TLM_NLIN][i % TLM_NLIN]), "pack");
+        check(mpq_pack_alloc(&d, C->W0[i], &q.A[i / TLM_NLIN][i % TLM_NLIN]), "pack");
     }
+    measure(C, family, name, &q, NULL, tlm_qmodel_bpw(&q, C->c, -1));
+    tlm_qmodel_free(&q, C->c);
 }
 
 static void run_rtn_awq(ctx *C)
@@ -294,13 +299,9 @@ static void run_sfmp(ctx *C)
             d.bpw = budgets[b], d.reorder = re ? MPQ_REORDER_BOTH : MPQ_REORDER_NONE;
             mpq_plan p;
             check(mpq_plan_sfmp(L, C->nl, &d, &p), "sfmp plan");
-            tlm_qmodel q;
-            memset(&q, 0, sizeof q);
-            quant_plan(C, &q, &p);
             char name[48];
             snprintf(name, sizeof name, "SFMP %.2f%s", budgets[b], re ? " reordered" : "");
-            measure(C, re ? "SFMP+reorder" : "SFMP", name, &q, NULL, tlm_qmodel_bpw(&q, C->c, -1));
-            tlm_qmodel_free(&q, C->c);
+            measure_plan(C, re ? "SFMP+reorder" : "SFMP", name, &p);
             mpq_plan_free(&p);
         }
 }
@@ -315,13 +316,9 @@ static void run_mixllm(ctx *C)
         d.fraction = 0.1 * k;
         mpq_plan p;
         check(mpq_plan_mixllm(L, C->nl, &d, &p), "mixllm plan");
-        tlm_qmodel q;
-        memset(&q, 0, sizeof q);
-        quant_plan(C, &q, &p);
         char name[48];
         snprintf(name, sizeof name, "MixLLM %d%% 8-bit", 10 * k);
-        measure(C, "MixLLM", name, &q, NULL, tlm_qmodel_bpw(&q, C->c, -1));
-        tlm_qmodel_free(&q, C->c);
+        measure_plan(C, "MixLLM", name, &p);
         mpq_plan_free(&p);
     }
 }
@@ -351,12 +348,9 @@ static void run_mx(ctx *C)
             budget += 0.25;
             check(mpq_plan_mxsens(L, C->nl, budget, &p, &R), "mxsens plan");
         }
-        memset(&q, 0, sizeof q);
-        quant_plan(C, &q, &p);
         char name[48];
         snprintf(name, sizeof name, "MXSens %.2f", budget);
-        measure(C, "MXSens", name, &q, NULL, tlm_qmodel_bpw(&q, C->c, -1));
-        tlm_qmodel_free(&q, C->c);
+        measure_plan(C, "MXSens", name, &p);
     }
     mpq_plan_free(&p);
 }
