@@ -60,10 +60,10 @@ run_build() { # name, meson options...
 mkdir -p build
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:strict_string_checks=1
 export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
-run_build release --buildtype=release
+run_build release --buildtype=release -Dio=enabled
 run_build sanitize --buildtype=debugoptimized -Db_sanitize=address,undefined -Dc_args=-fno-sanitize-recover=all \
-    -Dcpp_args=-fno-sanitize-recover=all -Dcuda=disabled -Dbenches=false
-run_build portable --buildtype=release -Dnative=false -Dsimd=none -Dcuda=disabled
+    -Dcpp_args=-fno-sanitize-recover=all -Dcuda=disabled -Dbenches=false -Dio=enabled
+run_build portable --buildtype=release -Dnative=false -Dsimd=none -Dcuda=disabled -Dio=enabled
 
 if command -v clang >/dev/null 2>&1; then
     printf '#define MPQ_IMPLEMENTATION\n#include "mpq.h"\nint main(void){return 0;}\n' >build/alone.c
