@@ -25,5 +25,7 @@ if [ "${1:-}" = demo ]; then
     ninja -C build/demo demo >/dev/null
     exec build/demo/demo "$@"
 fi
-ninja -C build/demo tinylm >/dev/null
+# a build directory configured before cJSON was installed lacks the target
+ninja -C build/demo tinylm >/dev/null 2>&1 ||
+    { meson setup --reconfigure build/demo -Dio=enabled >/dev/null && ninja -C build/demo tinylm >/dev/null; }
 exec build/demo/tinylm "$@"
