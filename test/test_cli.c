@@ -8,7 +8,6 @@
 #include "mpq_io.h"
 #include "tmpdir.h"
 
-#include <dirent.h>
 #include <stdio.h>
 #include <sys/wait.h>
 #include <unistd.h>

@@ -112,7 +112,7 @@ static int is_float_dtype(mpq_dtype t)
    ------------------------------------------------------------------------ */
 
 typedef struct progress {
-    int on, total, width;
+    int on, total;
 } progress;
 
 static void progress_show(progress *p, int done, const char *what)
@@ -256,6 +256,17 @@ static void widths_text(const mpq_packed *A, char *s, size_t cap)
             if (w[k] == total) snprintf(s + n, cap - n, "%s%d", n ? " " : "", k);
             else snprintf(s + n, cap - n, "%s%d:%.0f%%", n ? " " : "", k, 100.0 * w[k] / total);
         }
+}
+
+/* A table row's description of a packed matrix: format, widths, sparse
+   part, then `suffix`; its bpw, bytes and weights. */
+static void row_packed(row *r, const mpq_packed *A, const char *suffix)
+{
+    char wt[32];
+    widths_text(A, wt, sizeof wt);
+    snprintf(r->kind, sizeof r->kind, "%s %s%s%s", A->format == MPQ_FORMAT_MXINT ? "mxint" : "bitplane", wt,
+             A->sp_row_ptr ? " +sparse" : "", suffix);
+    r->bpw = mpq_packed_bpw(A, 2), r->bytes_out = A->bytes, r->weights = (uint64_t)A->rows * (uint64_t)A->cols;
 }
 
 /* The summary table; `quantized` adds the bytes before quantization. */
@@ -456,7 +467,7 @@ static int quantize_run(const qopts *o)
         mpq_st_meta_at(in, i, &k, &v);
         if (strncmp(k, "mpq.", 4) != 0 && mpq_st_write_meta(w, k, v, &e) != MPQ_OK) rc = fail(EXIT_OUTPUT, "%s", e.msg);
     }
-    progress p = {!o->quiet && isatty(2), mpq_st_count(in), 30};
+    progress p = {!o->quiet && isatty(2), mpq_st_count(in)};
     ptrdiff_t ji = 0;
     for (int i = 0; !rc && i < mpq_st_count(in); i++) {
         const mpq_st_tensor *t = mpq_st_at(in, i);
@@ -474,12 +485,7 @@ static int quantize_run(const qopts *o)
             else if (mpq_st_read_f32(in, t, W, (size_t)t->numel, &e) != MPQ_OK) rc = fail(EXIT_INPUT, "%s", e.msg);
             if (!rc) rc = quantize_one(o, J, have_plan ? &plan : NULL, (int)ji, C, W, &A);
             if (!rc && mpq_st_write_packed(w, t->name, &A, &e) != MPQ_OK) rc = fail(EXIT_OUTPUT, "%s", e.msg);
-            if (!rc) {
-                char wt[32];
-                widths_text(&A, wt, sizeof wt);
-                snprintf(r.kind, sizeof r.kind, "%s %s", A.format == MPQ_FORMAT_MXINT ? "mxint" : "bitplane", wt);
-                r.bpw = mpq_packed_bpw(&A, 2), r.bytes_out = A.bytes, r.weights = t->numel;
-            }
+            if (!rc) row_packed(&r, &A, "");
             mpq_packed_free(&A);
             free(W);
             ji++;
@@ -488,10 +494,7 @@ static int quantize_run(const qopts *o)
             if (mpq_st_read_packed(in, t->name, &A, &e) != MPQ_OK) rc = fail(EXIT_INPUT, "%s", e.msg);
             else {
                 if (mpq_st_write_packed(w, t->name, &A, &e) != MPQ_OK) rc = fail(EXIT_OUTPUT, "%s", e.msg);
-                char wt[32];
-                widths_text(&A, wt, sizeof wt);
-                snprintf(r.kind, sizeof r.kind, "%s %s (kept)", A.format == MPQ_FORMAT_MXINT ? "mxint" : "bitplane", wt);
-                r.bpw = mpq_packed_bpw(&A, 2), r.bytes_out = A.bytes, r.weights = (uint64_t)A.rows * (uint64_t)A.cols;
+                row_packed(&r, &A, " (kept)");
                 mpq_packed_free(&A);
             }
         } else {
@@ -680,12 +683,8 @@ static int cmd_inspect(int argc, char **argv)
                 rc = fail(EXIT_INPUT, "%s", e.msg);
                 snprintf(r.kind, sizeof r.kind, "INVALID packed");
             } else {
-                char wt[32];
-                widths_text(&A, wt, sizeof wt);
-                snprintf(r.kind, sizeof r.kind, "%s %s%s", A.format == MPQ_FORMAT_MXINT ? "mxint" : "bitplane", wt,
-                         A.sp_row_ptr ? " +sparse" : "");
+                row_packed(&r, &A, "");
                 snprintf(r.shape, sizeof r.shape, "%dx%d", A.rows, A.cols);
-                r.bpw = mpq_packed_bpw(&A, 2), r.weights = (uint64_t)A.rows * (uint64_t)A.cols;
                 mpq_packed_free(&A);
             }
         }

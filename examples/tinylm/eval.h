@@ -66,7 +66,6 @@ typedef struct tlm_run {
     const mpq_pmpd_schedule *sched;
     const int *prompt_len;
     int use_packed; /* mpq_gemv on the packed bytes instead of the dense copies */
-    int threads;
     mpq_path path;  /* for use_packed (0: the fastest) */
 } tlm_run;
 
@@ -90,7 +89,6 @@ static inline void tlm_hook(void *user, const tlm_model *m, int l, int w, const 
             mpq_gemv_opts o;
             memset(&o, 0, sizeof o);
             o.skip_planes = s;
-            o.threads = r->threads;
             o.path = r->path;
             for (int i = lo; i < hi; i += 8) {
                 const int nb = hi - i < 8 ? hi - i : 8;
