@@ -1,38 +1,49 @@
 // mpq_cuda.cu - the CUDA backend of mpq: see mpq_cuda.h for what is in.
 //
 // KERNEL (batch 1..8, every format with group % 32 == 0): one launch per
-// product. A block takes a slice of the packed columns (64 table chunks of
-// 8 columns, 512 columns at batch 1, fewer at larger batches) and a run of
-// row tiles. It first builds, in shared memory, the 256-entry table of every
-// chunk of its slice for every vector: T_c[p] = sum_k (bit k of p ? +1 : -1)
-// x~[8c + k], with x~ gathered through p_col and scaled by col_scale (the
-// fused table building of the design notes). Then each warp takes one tile
-// (16 rows) and walks the slice in steps of 8 / batch quads: a lane loads the
-// 16 bytes of one quad (4 rows x 32 columns) of one plane and looks up its
-// 16 bytes; the 4 lanes of a quad take the 4 bytes of a row in rotated order
-// so that the 32 lanes of a warp always read 32 different banks. Plane sums
-// are weighted by 2^i (0 for planes a row does not have or skips), scaled by
-// the row's s^ and offset by z^ times the quad's activation sum. A block
-// walks the slices of its column part one after the other, with the next
-// slice's plane loads in flight while it builds that slice's tables. Per-row
-// sums of a column part go to a scratch buffer; the last block of a row
-// range to finish sums the parts in a fixed order (deterministic), adds the
-// sparse part, and scatters through p_row.
+// product, for any mix of widths. B is the batch rounded up to 1, 2, 4, 8.
 //
-// PERFORMANCE (H100, bench_gemv_cuda, 2026-11-22): correct everywhere, not
-// yet fast. 8192 x 8192 at batch 1 takes 28 us at 2 bits and 35 us at 3.25
-// (22-32 % of the copy bandwidth; cuBLAS fp16 49 us), and batches 4 and 8
-// are slower than cuBLAS. Nsight Compute on the batch-1 kernel: one wave of
-// 256 blocks, 2 blocks (16 warps) per SM for 128 registers, an issue rate
-// of 0.42 per scheduler, 13M warp instructions for 19 MB: the work per byte
-// is split between building the 256-entry tables (16K entries per block and
-// slice), locating each quad's record (two dependent loads, divisions) and
-// the lookups themselves, and too few warps hide the latencies. Batches
-// 2..8 shrink the slice (tables for every vector share 64 KB), so the table
-// building grows with the batch. Next steps: several quads per lane and
-// record offsets loaded once per slice (less locating per byte), 16-entry
-// nibble or fp16 tables (much cheaper building, wider slices, room for
-// every vector), and fewer registers for more warps per SM.
+//   Grid. A slice is 512 / B columns (64 / B chunks of 8 per vector). A
+//   block takes a column part of one or more slices (512 columns in all
+//   where the matrix allows) and a row block of `tpb` tiles of 16 rows,
+//   sized so that one wave of blocks fills every multiprocessor. For each
+//   slice it builds, in shared memory, the 256-entry table of every chunk
+//   for every vector, T_c[p] = sum_k (bit k of p ? +1 : -1) x~[8c + k],
+//   with x~ gathered through p_col and scaled by col_scale (the fused table
+//   building of the design notes): 64 KB of float32, built once per slice
+//   and used by every tile of the row block.
+//
+//   Lookups. Warp w takes tiles w, w + 8, ... of the row block, two steps
+//   per tile and slice. In a step a lane holds one 16-byte load per plane:
+//   4 rows x 32 columns (one quad) of one plane; the 4 lanes of a quad take
+//   its 4 chunks in rotated order and the table puts step S's chunks of
+//   vector v in words 32 S + v 32 / B + c, so the 32 lanes of every lookup
+//   read 32 different banks. The table address of a byte is one byte
+//   permute (PRMT) of the plane word with a per-lane key: a lookup is
+//   PRMT, LDS, FADD. Plane sums are weighted by 2^i (planes under
+//   skip_planes are not even loaded when a tile has one width), scaled by
+//   the row's s^ and offset by z^ times the quad's activation sum. The next
+//   step's loads are in flight (registers, one step ahead) while a step is
+//   looked up; registers hold up to 4, 6 or 8 planes (three variants, by
+//   the widest row of the matrix).
+//
+//   Sums. A part of one slice writes its per-row sums to a scratch buffer;
+//   longer parts first add up their slices in shared memory. The last block
+//   of a row block to finish adds the parts in a fixed order
+//   (deterministic), adds the sparse part, and scatters through p_row.
+//
+// PERFORMANCE (H100, bench_gemv_cuda, 2026-11-22): see the table in
+// README.md. 8192 x 8192 at batch 1 takes 15 us at 2 bits and 18 us at
+// 3.25 bits (43-61 % of the copy bandwidth; cuBLAS fp16 50 us): below the
+// 70 % the design aims at. Nsight Compute on the 3.25-bit kernel: 16 warps
+// per multiprocessor (128 registers), an issue rate of about 0.5 per
+// scheduler, stalls mostly on global loads and on fixed-latency
+// dependencies; 6.8M warp instructions, of which the lookups are 2.9M.
+// Tried and measured: a bulk L2 prefetch of the records two tiles ahead
+// (slower: 22 us against 18.6), a cap of 3 blocks per multiprocessor (85
+// registers: heavy spills). Next: stage the planes through shared memory
+// (cp.async or the bulk copy engine) instead of registers, which frees
+// about 40 registers per thread for more warps and a deeper pipeline.
 //
 // OTHER PATHS: groups that are not a multiple of 32 columns (tails of
 // pairs and singles inside every group) use a plain kernel, one thread per
@@ -50,7 +61,8 @@
 namespace {
 
 constexpr int kTile = 16;       // rows of a tile (MPQ_TILE_ROWS)
-constexpr int kThreads = 256;   // threads of a GEMV block (8 warps)
+constexpr int kThreads = 256;   // threads of a GEMV block
+constexpr int kWarps = kThreads / 32;
 constexpr int kWords = 64;      // table words per entry index p: batch * chunks per slice
 constexpr int kTableBytes = 256 * kWords * 4;
 
@@ -62,8 +74,7 @@ struct dmat {
     const uint8_t *bits;      // bits map
     const uint32_t *p_row, *p_col;
     const float *cscale;
-    const uint32_t *rec;      // (tile, group) -> byte offset of the record / 16
-    const uint8_t *planes;    // (tile, group) -> planes stored in the record
+    const uint2 *rec;         // (tile, group) -> {byte offset of the record / 16, planes in it}
     const uint32_t *sp_row_ptr;
     const uint16_t *sp_col16;
     const uint32_t *sp_col32;
@@ -72,6 +83,7 @@ struct dmat {
 
 struct cuda_ctx {
     int device, sms;
+    int occ[4][3]; // resident blocks per multiprocessor of kLut[batch][widest row]
     cudaStream_t stream;
     cublasHandle_t blas;
     // scratch, grown on demand
@@ -88,8 +100,9 @@ struct cuda_handle {
     mpq_packed view;     // host view (host pointers)
     dmat m;              // device pointers
     void *dbuf;          // the packed buffer in device memory
-    void *dside;         // rec + planes
-    int fast;            // the quad kernel applies
+    void *drec;          // the record table
+    int fast;            // the LUT kernel applies
+    int maxw;            // the largest width in the matrix
 };
 
 mpq_status map_error(cudaError_t e)
@@ -157,91 +170,178 @@ __device__ float sparse_dot(const dmat &M, int orow, const float *xv)
     return sum;
 }
 
-// Table word of vector v, chunk c (of the slice), entry p: a layout in which
-// the lanes of one warp step always read 32 different banks (see the top).
+// Table word of vector v, chunk c of the slice (entry p adds p * kWords).
+// A warp step reads 32 / B chunks of each of the B vectors: step S of the
+// slice owns words 32 S .. 32 S + 31, vector v words 32 / B of them. So the
+// 32 lanes of one lookup instruction always read 32 different banks, and the
+// second step's words are the first step's plus 32 (a constant offset).
 template <int B>
-__device__ __forceinline__ int tidx(int v, int c, int p)
+__device__ __forceinline__ int tword(int v, int c)
 {
-    constexpr int nch = kWords / B, half = nch / 2;
-    int sh = (B == 1 || v >= B / 2) ? half : 0;
-    return p * kWords + v * nch + ((c + sh) & (nch - 1));
+    constexpr int per = 32 / B; // chunks of one vector in one step
+    return 32 * (c / per) + v * per + c % per;
 }
 
-// One quad of one tile: where its record is (two small loads), then its
-// planes, pairs and widths (the loads that take the time).
-struct quad_ref {
-    int cq, g, qg, np; // quad in the slice (-1: none), group, quad in the group, planes
-    uint32_t rec;      // record offset / 16
+// What a lane needs of the columns it reads at step S of a slice (the same
+// for every tile): the group, the quad inside it, the bytes of one plane.
+struct lane_cols {
+    const uint2 *rec;  // the record table at (tile 0, the lane's group): add tile * ngroups
+    uint32_t off;      // the lane's 16 bytes of plane 0 inside a record
+    uint32_t stride;   // bytes of one plane of the record
+    int g;
+    bool ok;           // the lane's quad lies inside the matrix
 };
 
-struct quad_load {
-    uint4 u[8];        // plane i of the lane's 4 rows x 32 columns (i < np)
-    int bw[4];         // widths of the lane's 4 rows
-    float s[4], z[4];
+// The loads of one warp step for one lane: 4 rows x 32 columns of every
+// plane the step needs, and the rows' pairs (or E8M0 bytes) and widths.
+template <int MAXP>
+struct step_buf {
+    uint4 u[MAXP];
+    uint2 sh, zh; // fp16 s^ and z^ of the 4 rows; MXINT: sh.x = their E8M0 bytes
+    int np;       // planes in the record, 0: no step
+    int bw;       // the 4 rows' widths, a byte each (tiles of mixed widths only)
 };
 
-__device__ __forceinline__ void quad_locate(const dmat &M, int t, int cq, int c0, int quad_cols, quad_ref &R)
+// Streaming 16-byte load of packed planes (read once: keep them out of L1).
+__device__ __forceinline__ uint4 ld_stream(const void *p)
 {
-    const int col = c0 + 32 * cq;
-    R.cq = (t < M.ntiles && col < quad_cols) ? cq : -1;
-    R.np = 0;
-    if (R.cq < 0) return;
-    R.g = col / M.group;
-    R.qg = (col - R.g * M.group) / 32;
-    const size_t rg = (size_t)t * M.ngroups + R.g;
-    R.rec = __ldg(&M.rec[rg]);
-    R.np = __ldg(&M.planes[rg]);
+    uint4 r;
+    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+                 : "l"(p));
+    return r;
 }
 
-__device__ __forceinline__ void quad_issue(const dmat &M, int t, int rq, const quad_ref &R, quad_load &L)
+// Issues the loads of one step: record `rec` (offset / 16, planes) of tile
+// t. In tiles of one width the planes under `skip` are not read at all.
+template <int MAXP>
+__device__ __forceinline__ void step_issue(const dmat &M, uint2 rec, const lane_cols &C, int t, int rq, int skip,
+                                           step_buf<MAXP> &L)
 {
-    if (R.cq < 0) return;
-    const uint8_t *rec = M.data + 16 * (size_t)R.rec;
-    const int gw = min(M.group, M.cols - R.g * M.group), stride = ((gw + 7) / 8) * 16;
-    const uint8_t *pl = rec + M.meta + 64 * R.qg + 16 * rq;
+    L.np = 0;
+    if (t < 0 || rec.y == 0) return; // past the warp's tiles, or a quad outside the matrix
+    const uint8_t *r = M.data + 16 * (size_t)rec.x;
+    const int np = (int)rec.y;
+    L.np = np;
+    const uint8_t *pl = r + C.off;
+    const int lo = M.uniform ? min(skip, np - 1) : 0;
 #pragma unroll
-    for (int i = 0; i < 8; i++) // every plane in flight at once
-        if (i < R.np) L.u[i] = __ldcs(reinterpret_cast<const uint4 *>(pl + (size_t)i * stride));
+    for (int i = 0; i < MAXP; i++)
+        if (i >= lo && i < np) L.u[i] = ld_stream(pl + i * C.stride);
+    if (M.format == MPQ_FORMAT_MXINT) {
+        L.sh.x = *reinterpret_cast<const uint32_t *>(r + 4 * rq);
+    } else {
+        L.sh = *reinterpret_cast<const uint2 *>(r + 8 * rq);
+        L.zh = *reinterpret_cast<const uint2 *>(r + 32 + 8 * rq);
+    }
+    if (!M.uniform) {
+        int bw = 0;
+#pragma unroll
+        for (int w = 0; w < 4; w++) bw |= width_at(M, t * kTile + 4 * rq + w, C.g) << (8 * w);
+        L.bw = bw;
+    }
+}
+
+__device__ __forceinline__ float half_lo(uint32_t h) { return __half2float(__ushort_as_half((unsigned short)(h & 0xFFFFu))); }
+__device__ __forceinline__ float half_hi(uint32_t h) { return __half2float(__ushort_as_half((unsigned short)(h >> 16))); }
+
+// The key of one lookup: the table address of byte j of a plane word is
+// one byte permute, __byte_perm(word, key.x, key.y) = byte j * 256 (entry
+// p's row of kWords words) + the chunk's word offset * 4: key.x holds the
+// offset in byte 0, key.y selects key.x byte 0, word byte j, and key.x
+// byte 3 (zero) twice.
+__device__ __forceinline__ uint2 lut_key(int j, int word0)
+{
+    return make_uint2((uint32_t)(4 * word0), 0x7704u | ((uint32_t)j << 4));
+}
+
+// The lookups of one step. Plane i of row w adds 2^i sum_k T_k[byte k of
+// its word] over the lane's four chunks (keys, in the lane's rotated order).
+// One plane word quad of the lane: sum[w] = sum_k T_k[byte k of row w].
+__device__ __forceinline__ void lut_plane(const char *Tb, const uint4 &u, const uint2 (&key)[4], float (&sum)[4])
+{
+    const uint32_t word[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
     for (int w = 0; w < 4; w++) {
-        const int row = t * kTile + 4 * rq + w;
-        L.bw[w] = M.uniform ? (row < M.rows ? R.np : 0) : width_at(M, row, R.g);
-    }
-    if (M.format == MPQ_FORMAT_MXINT) { // the 4 rows' E8M0 bytes in one load
-        const uint32_t e = *reinterpret_cast<const uint32_t *>(rec + 4 * rq);
+        float s = *reinterpret_cast<const float *>(Tb + __byte_perm(word[w], key[0].x, key[0].y));
 #pragma unroll
-        for (int w = 0; w < 4; w++) {
-            const int b = L.bw[w];
-            L.s[w] = b ? pow2i((int)((e >> (8 * w)) & 255u) - 127 - b + 1) : 0.0f;
-            L.z[w] = -L.s[w];
-        }
-    } else { // the 4 rows' s^ and z^ in two 8-byte loads
-        const uint2 sh = *reinterpret_cast<const uint2 *>(rec + 8 * rq), zh = *reinterpret_cast<const uint2 *>(rec + 32 + 8 * rq);
-        const uint32_t sw[4] = {sh.x & 0xFFFFu, sh.x >> 16, sh.y & 0xFFFFu, sh.y >> 16};
-        const uint32_t zw[4] = {zh.x & 0xFFFFu, zh.x >> 16, zh.y & 0xFFFFu, zh.y >> 16};
-#pragma unroll
-        for (int w = 0; w < 4; w++) {
-            L.s[w] = __half2float(__ushort_as_half((unsigned short)sw[w]));
-            L.z[w] = __half2float(__ushort_as_half((unsigned short)zw[w]));
-        }
+        for (int kk = 1; kk < 4; kk++) s += *reinterpret_cast<const float *>(Tb + __byte_perm(word[w], key[kk].x, key[kk].y));
+        sum[w] = s;
     }
 }
 
-constexpr int kTilesPerBlock = kThreads / 32; // one tile per warp
-
-// The quad kernel. Grid: x = column parts of `spp` slices each, y = row
-// blocks of one tile per warp. Per slice, the warps' plane loads are in
-// flight while the block builds the slice's tables (software pipelining
-// over the slices of a part).
-template <int B>
-__global__ void __launch_bounds__(kThreads, 2) gemv_quads(dmat M, const float *__restrict__ x, int batch, int skip,
-                                                          int quad_cols, int spp, float *__restrict__ part,
-                                                          unsigned *__restrict__ counters, float *__restrict__ y)
+template <int S, int MAXP>
+__device__ __forceinline__ void step_compute(const dmat &M, const step_buf<MAXP> &L, const uint2 (&key)[4], int skip,
+                                             float xq, float (&acc)[4])
 {
-    constexpr int nch = kWords / B;       // chunks per slice
+    extern __shared__ float T[];
+    const char *Tb = reinterpret_cast<const char *>(T) + 128 * S; // step S: words 32 S ..
+    const int np = L.np;
+    if (np == 0) return;
+    float ps[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    int bw[4]; // the rows' widths
+    if (M.uniform) { // every row has the record's planes: one lower plane for all
+        const int lo = min(skip, np - 1);
+#pragma unroll
+        for (int i = 0; i < MAXP; i++) {
+            if (i < lo || i >= np) continue;
+            float sum[4];
+            lut_plane(Tb, L.u[i], key, sum);
+#pragma unroll
+            for (int w = 0; w < 4; w++) ps[w] = fmaf((float)(1 << i), sum[w], ps[w]);
+        }
+#pragma unroll
+        for (int w = 0; w < 4; w++) bw[w] = np;
+    } else { // rows of several widths in the tile: plane i counts where lo_w <= i < b_w
+        int lo_[4];
+#pragma unroll
+        for (int w = 0; w < 4; w++) {
+            bw[w] = (L.bw >> (8 * w)) & 255;
+            lo_[w] = skip < bw[w] - 1 ? skip : bw[w] - 1;
+        }
+#pragma unroll
+        for (int i = 0; i < MAXP; i++) {
+            if (i >= np) continue;
+            float sum[4];
+            lut_plane(Tb, L.u[i], key, sum);
+#pragma unroll
+            for (int w = 0; w < 4; w++) ps[w] += (i >= lo_[w] && i < bw[w]) ? (float)(1 << i) * sum[w] : 0.0f;
+        }
+    }
+    if (M.format == MPQ_FORMAT_MXINT) {
+#pragma unroll
+        for (int w = 0; w < 4; w++) {
+            const float s = bw[w] ? pow2i((int)((L.sh.x >> (8 * w)) & 255u) - 127 - bw[w] + 1) : 0.0f;
+            acc[w] += s * (ps[w] - xq);
+        }
+    } else {
+        const float s[4] = {half_lo(L.sh.x), half_hi(L.sh.x), half_lo(L.sh.y), half_hi(L.sh.y)};
+        const float z[4] = {half_lo(L.zh.x), half_hi(L.zh.x), half_lo(L.zh.y), half_hi(L.zh.y)};
+#pragma unroll
+        for (int w = 0; w < 4; w++) acc[w] += s[w] * ps[w] + z[w] * xq;
+    }
+}
+
+// The LUT kernel. Grid: x = column parts of `sps` slices (a slice is
+// 512 / B columns, 64 / B chunks per vector), y = row blocks of `tpb` tiles.
+// For each slice of its part a block builds the slice's tables, then every
+// warp streams tiles warp, warp + 8, ... of the row block through them, two
+// steps (256 / B columns each) per tile, with the next step's loads in
+// flight while it looks up the current one. A part of one slice keeps its
+// sums in registers; longer parts add them up in shared memory (`accs`,
+// after the tables). The block's sums go to `part`; the last block of a row
+// block to finish adds the parts in a fixed order (deterministic), adds the
+// sparse part, and scatters through p_row.
+template <int B, int MAXP>
+__global__ void __launch_bounds__(kThreads, 2) gemv_lut(dmat M, const float *__restrict__ x, int batch, int skip,
+                                                        int quad_cols, int tpb, int sps, float *__restrict__ part,
+                                                        unsigned *__restrict__ counters, float *__restrict__ y)
+{
+    constexpr int nch = kWords / B;       // chunks per vector and slice
     constexpr int scols = nch * 8;        // columns per slice
     constexpr int qps = 8 / B;            // quads per warp step
-    extern __shared__ float T[];          // 256 * kWords
+    extern __shared__ float T[];          // 256 * kWords, then accs[B][tpb * 16] when sps > 1
+    float *accs = T + 256 * kWords;
     __shared__ float xs[B][scols];
     __shared__ float qsum[B][nch / 4];
     __shared__ bool last;
@@ -249,142 +349,161 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_quads(dmat M, const float *_
     const int part_id = blockIdx.x, nparts = gridDim.x;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int v = lane / (4 * qps), q = (lane / 4) % qps, rq = lane & 3;
-    const int t_first = blockIdx.y * kTilesPerBlock, t = t_first + warp;
-    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    const int s_first = part_id * spp;
-    const int s_end = min(s_first + spp, (quad_cols + scols - 1) / scols);
-
-    quad_ref R[2], Rn[2];
-    quad_load L[2];
-#pragma unroll
-    for (int step = 0; step < 2; step++) quad_locate(M, t, step * qps + q, s_first * scols, quad_cols, R[step]);
-#pragma unroll
-    for (int step = 0; step < 2; step++) quad_issue(M, t, rq, R[step], L[step]);
+    const int t_first = blockIdx.y * tpb, t_end = min(M.ntiles, t_first + tpb);
+    const int ntw = t_end - t_first > warp ? (t_end - t_first - warp + kWarps - 1) / kWarps : 0;
+    const size_t rows16 = (size_t)M.ntiles * kTile; // row stride of `part`
+    const int s_first = part_id * sps, s_end = min(s_first + sps, (quad_cols + scols - 1) / scols);
+    const bool many = s_end - s_first > 1;
+    if (many)
+        for (int k = tid; k < B * tpb * kTile; k += kThreads) accs[k] = 0.0f;
 
     for (int sl = s_first; sl < s_end; sl++) {
-        const int c0 = sl * scols; // first column of the slice
-        if (sl + 1 < s_end)
+        const int c0 = sl * scols;
+        // the lane's columns at the two steps, and its lookup addressing
+        lane_cols C[2];
+        uint2 key[4];
 #pragma unroll
-            for (int step = 0; step < 2; step++) quad_locate(M, t, step * qps + q, c0 + scols, quad_cols, Rn[step]);
-        // 1. activations of the slice: gather, scale, zero past the quad columns
+        for (int S = 0; S < 2; S++) {
+            const int cq = S * qps + q, col = c0 + 32 * cq;
+            const int g = col / M.group, qg = (col - g * M.group) / 32;
+            C[S].ok = col < quad_cols;
+            C[S].g = g;
+            C[S].rec = M.rec + g;
+            C[S].off = (uint32_t)(M.meta + 64 * qg + 16 * rq);
+            C[S].stride = (uint32_t)((min(M.group, M.cols - g * M.group) + 7) / 8) * 16;
+            if (S == 0)
+#pragma unroll
+                for (int kk = 0; kk < 4; kk++) {
+                    const int j = (kk + rq) & 3;
+                    key[kk] = lut_key(j, tword<B>(v, 4 * cq + j));
+                    // opaque: under register pressure the compiler would rebuild
+                    // the keys before every plane (about 20 instructions)
+                    asm volatile("" : "+r"(key[kk].x), "+r"(key[kk].y));
+                }
+        }
+        auto tile_of = [&](int k) { return k < ntw ? t_first + warp + k * kWarps : -1; };
+        auto locate = [&](int k, int S) {
+            const int t = tile_of(k);
+            return (t >= 0 && C[S].ok) ? __ldg(C[S].rec + (size_t)t * M.ngroups) : make_uint2(0, 0);
+        };
+
+        // the first step's loads go out before the tables are built
+        step_buf<MAXP> L[2];
+        uint2 R[2];
+        R[0] = locate(0, 0);
+        step_issue(M, R[0], C[0], tile_of(0), rq, skip, L[0]);
+        R[1] = locate(0, 1);
+
+        if (sl > s_first) __syncthreads(); // every warp is done with the last slice's tables
+        // activations of the slice: gather, scale, zero past the quad columns
         for (int k = tid; k < B * scols; k += kThreads) {
-            int vv = k / scols, j = k % scols, col = c0 + j;
+            const int vv = k / scols, j = k % scols, col = c0 + j;
             float val = 0.0f;
             if (vv < batch && col < quad_cols) {
-                int src = M.p_col ? (int)M.p_col[col] : col;
+                const int src = M.p_col ? (int)M.p_col[col] : col;
                 val = x[(size_t)vv * M.cols + src] * (M.cscale ? M.cscale[col] : 1.0f);
             }
             xs[vv][j] = val;
         }
         __syncthreads();
-        // 2. tables: thread -> one (vector, chunk) word and a quarter of the entries
+        // tables: thread -> one (vector, chunk) word and a quarter of the entries
         {
             const int w = tid % kWords, pq = tid / kWords;
             const int vv = w / nch, c = w % nch;
             float xv[8];
 #pragma unroll
             for (int k = 0; k < 8; k++) xv[k] = xs[vv][8 * c + k];
+            // lo[n] = sum_k (bit k of n ? +1 : -1) x_k over the low 4 columns,
+            // by doubling: setting bit k adds 2 x_k
             float lo[16], hi4[4];
+            lo[0] = -((xv[0] + xv[1]) + (xv[2] + xv[3]));
 #pragma unroll
-            for (int n = 0; n < 16; n++) {
-                float s = 0.0f;
+            for (int k = 0; k < 4; k++)
 #pragma unroll
-                for (int k = 0; k < 4; k++) s += (n >> k & 1) ? xv[k] : -xv[k];
-                lo[n] = s;
-            }
+                for (int n = 0; n < (1 << k); n++) lo[n | 1 << k] = fmaf(2.0f, xv[k], lo[n]);
 #pragma unroll
             for (int h = 0; h < 4; h++) {
-                int n = 4 * pq + h;
+                const int n = 4 * pq + h;
                 float s = 0.0f;
 #pragma unroll
                 for (int k = 0; k < 4; k++) s += (n >> k & 1) ? xv[4 + k] : -xv[4 + k];
                 hi4[h] = s;
             }
+            const int word = tword<B>(vv, c);
 #pragma unroll
             for (int h = 0; h < 4; h++)
 #pragma unroll
-                for (int n = 0; n < 16; n++) T[tidx<B>(vv, c, (4 * pq + h) * 16 + n)] = lo[n] + hi4[h];
+                for (int n = 0; n < 16; n++) T[((4 * pq + h) * 16 + n) * kWords + word] = lo[n] + hi4[h];
         }
         for (int k = tid; k < B * (nch / 4); k += kThreads) {
-            int vv = k / (nch / 4), qq = k % (nch / 4);
+            const int vv = k / (nch / 4), qq = k % (nch / 4);
             float s = 0.0f;
             for (int j = 0; j < 32; j++) s += xs[vv][32 * qq + j];
             qsum[vv][qq] = s;
         }
         __syncthreads();
-        // 3. the lookups of the warp's tile
-#pragma unroll
-        for (int step = 0; step < 2; step++) {
-            if (R[step].cq < 0) continue;
-            const int cq = R[step].cq;
-            int Tk[4];           // the lane's four tables (word of entry 0), in rotated order
-            int sh[4];           // the byte each of them reads
-#pragma unroll
-            for (int kk = 0; kk < 4; kk++) {
-                const int j = (kk + rq) & 3;
-                Tk[kk] = tidx<B>(v, 4 * cq + j, 0);
-                sh[kk] = 8 * j;
-            }
-            int lo_[4], hi_[4]; // planes lo..hi-1 count for row w
-#pragma unroll
-            for (int w = 0; w < 4; w++) {
-                const int b = L[step].bw[w];
-                hi_[w] = b;
-                lo_[w] = skip < b - 1 ? skip : b - 1;
-            }
-            float ps[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-            for (int i = 0; i < 8; i++) {
-                if (i >= R[step].np) break;
-                const uint32_t word[4] = {L[step].u[i].x, L[step].u[i].y, L[step].u[i].z, L[step].u[i].w};
-                float sum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-                for (int kk = 0; kk < 4; kk++)
-#pragma unroll
-                    for (int w = 0; w < 4; w++) sum[w] += T[Tk[kk] + (int)((word[w] >> sh[kk]) & 255u) * kWords];
-#pragma unroll
-                for (int w = 0; w < 4; w++) ps[w] += (i >= lo_[w] && i < hi_[w]) ? (float)(1 << i) * sum[w] : 0.0f;
-            }
-            const float xq = qsum[v][cq];
-#pragma unroll
-            for (int w = 0; w < 4; w++) acc[w] += L[step].s[w] * ps[w] + L[step].z[w] * xq;
-        }
-        // 4. the next slice's planes in flight before the tables are rebuilt
-        if (sl + 1 < s_end) {
-#pragma unroll
-            for (int step = 0; step < 2; step++) {
-                R[step] = Rn[step];
-                quad_issue(M, t, rq, R[step], L[step]);
-            }
-        }
-        __syncthreads();
-    }
-    // lanes of the same (vector, row quartet) hold parts of the same rows
-#pragma unroll
-    for (int off = 4; off < 4 * qps; off <<= 1)
-#pragma unroll
-        for (int w = 0; w < 4; w++) acc[w] += __shfl_xor_sync(0xffffffffu, acc[w], off);
-    if (q == 0 && v < batch && t < M.ntiles)
-#pragma unroll
-        for (int w = 0; w < 4; w++) {
-            const int row = t * kTile + 4 * rq + w;
-            if (row < M.rows) part[((size_t)part_id * batch + v) * M.rows + row] = acc[w];
-        }
+        const float xq0 = qsum[v][q], xq1 = qsum[v][qps + q];
 
-    // 5. the last block of this row range sums the column parts in order
+        for (int k = 0; k < ntw; k++) {
+            const int t = tile_of(k);
+            float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            step_issue(M, R[1], C[1], t, rq, skip, L[1]);
+            R[0] = locate(k + 1, 0);
+            step_compute<0>(M, L[0], key, skip, xq0, acc);
+            step_issue(M, R[0], C[0], tile_of(k + 1), rq, skip, L[0]);
+            R[1] = locate(k + 1, 1);
+            step_compute<1>(M, L[1], key, skip, xq1, acc);
+            // lanes of the same (vector, row quartet) hold parts of the same rows
+#pragma unroll
+            for (int off = 4; off < 4 * qps; off <<= 1)
+#pragma unroll
+                for (int w = 0; w < 4; w++) acc[w] += __shfl_xor_sync(0xffffffffu, acc[w], off);
+            if (q == 0 && v < batch) {
+                const int r = (t - t_first) * kTile + 4 * rq;
+                if (many) {
+                    float4 *a = reinterpret_cast<float4 *>(&accs[v * tpb * kTile + r]);
+                    const float4 o = *a;
+                    *a = make_float4(o.x + acc[0], o.y + acc[1], o.z + acc[2], o.w + acc[3]);
+                } else {
+                    *reinterpret_cast<float4 *>(&part[((size_t)part_id * batch + v) * rows16 + (size_t)t_first * kTile + r]) =
+                        make_float4(acc[0], acc[1], acc[2], acc[3]);
+                }
+            }
+        }
+    }
+    const int r0 = t_first * kTile, nr = (t_end - t_first) * kTile; // rows of the row block, whole tiles
+    if (many) {
+        __syncthreads();
+        for (int k = tid; k < batch * nr / 4; k += kThreads) {
+            const int vv = k / (nr / 4), r = 4 * (k % (nr / 4));
+            *reinterpret_cast<float4 *>(&part[((size_t)part_id * batch + vv) * rows16 + r0 + r]) =
+                *reinterpret_cast<const float4 *>(&accs[vv * tpb * kTile + r]);
+        }
+    }
+
+    // the last block of this row block sums the parts in order
     __threadfence();
     __syncthreads();
     if (tid == 0) last = atomicAdd(&counters[blockIdx.y], 1u) == (unsigned)nparts - 1;
     __syncthreads();
     if (!last) return;
     __threadfence();
-    const int r0 = t_first * kTile, r1 = min(M.rows, (t_first + kTilesPerBlock) * kTile);
-    for (int k = tid; k < (r1 - r0) * batch; k += kThreads) {
-        const int row = r0 + k % (r1 - r0), vv = k / (r1 - r0);
-        float sum = 0.0f;
-        for (int pp = 0; pp < nparts; pp++) sum += __ldcg(&part[((size_t)pp * batch + vv) * M.rows + row]);
-        const int orow = M.p_row ? (int)M.p_row[row] : row;
-        y[(size_t)vv * M.rows + orow] = sum + sparse_dot(M, orow, x + (size_t)vv * M.cols);
+    for (int k = tid; k < batch * nr / 4; k += kThreads) {
+        const int vv = k / (nr / 4), r = r0 + 4 * (k % (nr / 4));
+        float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll 8
+        for (int p = 0; p < nparts; p++) {
+            const float4 a = __ldcg(reinterpret_cast<const float4 *>(&part[((size_t)p * batch + vv) * rows16 + r]));
+            sum.x += a.x, sum.y += a.y, sum.z += a.z, sum.w += a.w;
+        }
+        const float sw[4] = {sum.x, sum.y, sum.z, sum.w};
+#pragma unroll
+        for (int w = 0; w < 4; w++) {
+            const int row = r + w;
+            if (row >= M.rows) break;
+            const int orow = M.p_row ? (int)M.p_row[row] : row;
+            y[(size_t)vv * M.rows + orow] = sw[w] + sparse_dot(M, orow, x + (size_t)vv * M.cols);
+        }
     }
     if (tid == 0) counters[blockIdx.y] = 0; // ready for the next launch
 }
@@ -395,7 +514,7 @@ __device__ float decode_weight(const dmat &M, int row, int col, int skip)
 {
     const int t = row / kTile, r = row % kTile, g = col / M.group, j = col - g * M.group;
     const size_t rg = (size_t)t * M.ngroups + g;
-    const uint8_t *rec = M.data + 16 * (size_t)M.rec[rg];
+    const uint8_t *rec = M.data + 16 * (size_t)M.rec[rg].x;
     const int b = width_at(M, row, g), gw = min(M.group, M.cols - g * M.group), nchg = (gw + 7) / 8;
     float s, z;
     row_pair(M, rec, r, b, s, z);
@@ -469,7 +588,7 @@ __global__ void to_f16(const float *__restrict__ x, size_t n, __half *__restrict
 // Record offsets and plane counts of every (tile, group), from the BYTE
 // LAYOUT of mpq.h: band after band, inside a band group after group, inside
 // a group tile after tile; a record is the metadata then its planes.
-bool record_table(const mpq_packed *A, uint32_t *rec, uint8_t *planes)
+bool record_table(const mpq_packed *A, uint2 *rec)
 {
     const int ntiles = (A->rows + kTile - 1) / kTile, tiles_per_band = A->band_rows / kTile;
     const int meta = A->format == MPQ_FORMAT_MXINT ? kTile : 4 * kTile;
@@ -485,8 +604,7 @@ bool record_table(const mpq_packed *A, uint32_t *rec, uint8_t *planes)
                     np = w > np ? w : np;
                 }
                 if (pos % 16 || pos / 16 > 0xFFFFFFFFull) return false;
-                rec[(size_t)t * A->ngroups + g] = (uint32_t)(pos / 16);
-                planes[(size_t)t * A->ngroups + g] = (uint8_t)np;
+                rec[(size_t)t * A->ngroups + g] = make_uint2((uint32_t)(pos / 16), (uint32_t)np);
                 pos += (uint64_t)meta + (uint64_t)np * (uint64_t)((gw + 7) / 8) * 16u;
             }
         }
@@ -512,28 +630,26 @@ mpq_status upload(void *ctx, const mpq_packed *A, void **handle)
     if (e != cudaSuccess) return map_error(e);
     const int ntiles = (A->rows + kTile - 1) / kTile;
     const size_t nrec = (size_t)ntiles * (size_t)A->ngroups;
-    uint8_t *side = static_cast<uint8_t *>(malloc(nrec * 5));
+    uint2 *rec = static_cast<uint2 *>(malloc(nrec * sizeof(uint2)));
     cuda_handle *h = static_cast<cuda_handle *>(calloc(1, sizeof(cuda_handle)));
-    if (!side || !h) {
-        free(side), free(h);
+    if (!rec || !h) {
+        free(rec), free(h);
         return MPQ_ERR_NOMEM;
     }
-    uint32_t *rec = reinterpret_cast<uint32_t *>(side);
-    uint8_t *planes = side + nrec * 4;
-    if (!record_table(A, rec, planes)) {
-        free(side), free(h);
+    if (!record_table(A, rec)) {
+        free(rec), free(h);
         return MPQ_ERR_FORMAT;
     }
     h->view = *A;
     h->view.owned = 0;
     e = cudaMalloc(&h->dbuf, A->bytes);
-    if (e == cudaSuccess) e = cudaMalloc(&h->dside, nrec * 5);
+    if (e == cudaSuccess) e = cudaMalloc(&h->drec, nrec * sizeof(uint2));
     if (e == cudaSuccess) e = cudaMemcpyAsync(h->dbuf, A->buf, A->bytes, cudaMemcpyHostToDevice, c->stream);
-    if (e == cudaSuccess) e = cudaMemcpyAsync(h->dside, side, nrec * 5, cudaMemcpyHostToDevice, c->stream);
+    if (e == cudaSuccess) e = cudaMemcpyAsync(h->drec, rec, nrec * sizeof(uint2), cudaMemcpyHostToDevice, c->stream);
     if (e == cudaSuccess) e = cudaStreamSynchronize(c->stream);
-    free(side);
+    free(rec);
     if (e != cudaSuccess) {
-        cudaFree(h->dbuf), cudaFree(h->dside);
+        cudaFree(h->dbuf), cudaFree(h->drec);
         free(h);
         return map_error(e);
     }
@@ -545,14 +661,15 @@ mpq_status upload(void *ctx, const mpq_packed *A, void **handle)
     M.p_row = dev_ptr<const uint32_t>(h, A->p_row);
     M.p_col = dev_ptr<const uint32_t>(h, A->p_col);
     M.cscale = dev_ptr<const float>(h, A->col_scale);
-    M.rec = static_cast<const uint32_t *>(h->dside);
-    M.planes = static_cast<const uint8_t *>(h->dside) + nrec * 4;
+    M.rec = static_cast<const uint2 *>(h->drec);
     M.sp_row_ptr = dev_ptr<const uint32_t>(h, A->sp_row_ptr);
     M.sp_col16 = dev_ptr<const uint16_t>(h, A->sp_col16);
     M.sp_col32 = dev_ptr<const uint32_t>(h, A->sp_col32);
     M.sp_val = dev_ptr<const uint16_t>(h, A->sp_val);
     M.uniform = A->block_rows % kTile == 0;
     h->fast = A->group % 32 == 0;
+    const size_t nbits = (size_t)((A->rows + A->block_rows - 1) / A->block_rows) * (size_t)A->ngroups;
+    for (size_t k = 0; k < nbits; k++) h->maxw = A->bits[k] > h->maxw ? A->bits[k] : h->maxw;
     *handle = h;
     return MPQ_OK;
 }
@@ -563,7 +680,7 @@ void release(void *ctx, void *handle)
     cuda_handle *h = static_cast<cuda_handle *>(handle);
     if (!h) return;
     cudaFree(h->dbuf);
-    cudaFree(h->dside);
+    cudaFree(h->drec);
     free(h);
 }
 
@@ -589,27 +706,47 @@ mpq_status grow(cuda_ctx *c, size_t scratch, size_t counters)
     return MPQ_OK;
 }
 
-template <int B>
-mpq_status launch_quads(cuda_ctx *c, const cuda_handle *h, const float *x, float *y, int batch, int skip)
+// The LUT kernels: (batch 1, 2, 4, 8) x (widest row up to 4, 6, 8 bits), and
+// how many blocks of each fit on a multiprocessor (set at creation).
+typedef void (*lut_kernel)(dmat, const float *, int, int, int, int, int, float *, unsigned *, float *);
+constexpr lut_kernel kLut[4][3] = {{gemv_lut<1, 4>, gemv_lut<1, 6>, gemv_lut<1, 8>},
+                                   {gemv_lut<2, 4>, gemv_lut<2, 6>, gemv_lut<2, 8>},
+                                   {gemv_lut<4, 4>, gemv_lut<4, 6>, gemv_lut<4, 8>},
+                                   {gemv_lut<8, 4>, gemv_lut<8, 6>, gemv_lut<8, 8>}};
+constexpr int kAccBytes = 32 * 1024; // the most shared memory a block's sums over several slices take
+constexpr int kLutSmem = kTableBytes + kAccBytes;
+
+mpq_status launch_lut(cuda_ctx *c, const cuda_handle *h, const float *x, float *y, int batch, int skip)
 {
     const dmat &M = h->m;
     // columns in whole quads: all but the tail chunks of a partial last group
     const int glast = M.ngroups - 1, gw = M.cols - glast * M.group;
     const int quad_cols = glast * M.group + (gw / 32) * 32;
     if (quad_cols != M.cols) return MPQ_ERR_UNSUPPORTED; // tails: the plain kernel
-    constexpr int scols = (kWords / B) * 8;
-    const int nslices = (quad_cols + scols - 1) / scols;
-    // row blocks of one tile per warp; column parts of whole slices: enough
-    // blocks for two per multiprocessor, as few parts as that allows
-    const int nrb = (M.ntiles + kTilesPerBlock - 1) / kTilesPerBlock;
-    int nparts = (2 * c->sms + nrb - 1) / nrb;
-    nparts = nparts < 1 ? 1 : (nparts > nslices ? nslices : nparts);
-    const int spp = (nslices + nparts - 1) / nparts;
-    nparts = (nslices + spp - 1) / spp;
-    mpq_status st = grow(c, sizeof(float) * (size_t)nparts * batch * M.rows, (size_t)nrb);
+    const int bi = batch == 1 ? 0 : batch == 2 ? 1 : batch <= 4 ? 2 : 3, B = 1 << bi;
+    const int wi = h->maxw <= 4 ? 0 : h->maxw <= 6 ? 1 : 2;
+    const int nslices = (quad_cols + 512 / B - 1) / (512 / B);
+    // Blocks of 512 columns (B slices) for a small sum buffer, narrower when
+    // that leaves the multiprocessors without a full wave of blocks; row
+    // blocks of a multiple of 8 tiles (the warps) where there are enough.
+    const int want = c->occ[bi][wi] * c->sms;
+    int sps = B, nparts, nrb, tpb;
+    for (;;) {
+        nparts = (nslices + sps - 1) / sps;
+        nrb = want / nparts < 1 ? 1 : want / nparts;
+        tpb = (M.ntiles + nrb - 1) / nrb;
+        if (tpb > kWarps) tpb = (tpb + kWarps - 1) / kWarps * kWarps;
+        if (sps > 1 && tpb * kTile * B * 4 > kAccBytes) tpb = kAccBytes / (kTile * B * 4);
+        nrb = (M.ntiles + tpb - 1) / tpb;
+        if (sps == 1 || 4 * nrb * nparts >= 3 * want) break;
+        sps /= 2;
+    }
+    nparts = (nslices + sps - 1) / sps;
+    const int smem = kTableBytes + (nparts < nslices ? tpb * kTile * B * 4 : 0);
+    mpq_status st = grow(c, sizeof(float) * (size_t)nparts * batch * M.ntiles * kTile, (size_t)nrb);
     if (st != MPQ_OK) return st;
-    gemv_quads<B><<<dim3(nparts, nrb), kThreads, kTableBytes, c->stream>>>(
-        M, x, batch, skip, quad_cols, spp, static_cast<float *>(c->scratch), c->counters, y);
+    kLut[bi][wi]<<<dim3(nparts, nrb), kThreads, smem, c->stream>>>(M, x, batch, skip, quad_cols, tpb, sps,
+                                                                  static_cast<float *>(c->scratch), c->counters, y);
     return map_error(cudaGetLastError());
 }
 
@@ -680,12 +817,7 @@ mpq_status gemv_device(cuda_ctx *c, const cuda_handle *h, const float *x, float 
 {
     if (batch > 8) return gemv_batched(c, h, x, y, batch, skip);
     mpq_status st = MPQ_ERR_UNSUPPORTED;
-    if (h->fast) {
-        if (batch == 1) st = launch_quads<1>(c, h, x, y, batch, skip);
-        else if (batch == 2) st = launch_quads<2>(c, h, x, y, batch, skip);
-        else if (batch <= 4) st = launch_quads<4>(c, h, x, y, batch, skip);
-        else st = launch_quads<8>(c, h, x, y, batch, skip);
-    }
+    if (h->fast) st = launch_lut(c, h, x, y, batch, skip);
     if (st != MPQ_ERR_UNSUPPORTED) return st;
     const int n = h->m.rows * batch;
     gemv_plain<<<(n + 127) / 128, 128, 0, c->stream>>>(h->m, x, batch, skip, y);
@@ -726,11 +858,15 @@ extern "C" mpq_status mpq_cuda_backend(int device, mpq_backend *b)
         free(c);
         return map_error(e);
     }
-    // the kernels' table space (64 KB) is past the default 48 KB: raise it once
-    if (e == cudaSuccess) e = cudaFuncSetAttribute(gemv_quads<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, kTableBytes);
-    if (e == cudaSuccess) e = cudaFuncSetAttribute(gemv_quads<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, kTableBytes);
-    if (e == cudaSuccess) e = cudaFuncSetAttribute(gemv_quads<4>, cudaFuncAttributeMaxDynamicSharedMemorySize, kTableBytes);
-    if (e == cudaSuccess) e = cudaFuncSetAttribute(gemv_quads<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, kTableBytes);
+    // the kernels' table space (64 KB) is past the default 48 KB: raise it
+    // once, then ask how many blocks of each fit on a multiprocessor
+    for (int bi = 0; bi < 4 && e == cudaSuccess; bi++)
+        for (int wi = 0; wi < 3 && e == cudaSuccess; wi++) {
+            e = cudaFuncSetAttribute(kLut[bi][wi], cudaFuncAttributeMaxDynamicSharedMemorySize, kLutSmem);
+            if (e == cudaSuccess)
+                e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&c->occ[bi][wi], kLut[bi][wi], kThreads, kLutSmem);
+            if (e == cudaSuccess && c->occ[bi][wi] < 1) e = cudaErrorInvalidConfiguration;
+        }
     if (e != cudaSuccess) {
         cudaStreamDestroy(c->stream);
         free(c);

@@ -8,7 +8,8 @@
    What it does:
    - upload copies a packed matrix (bit-plane or MXINT, with permutations,
      column scales and sparse part) to device memory as it is, plus a small
-     table of record offsets (4 + 1 bytes per record);
+     table of record offsets and plane counts (8 bytes per record of 16 rows
+     x group columns);
    - gemv, batch 1..8: one launch of the LUT kernel (mpq_cuda.cu, top) for
      groups that are a multiple of 32 columns, any mix of widths, skip_planes;
      other groups (and matrices whose last group ends inside a quad) take a

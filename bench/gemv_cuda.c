@@ -1,7 +1,10 @@
 /* bench_gemv_cuda: the CUDA LUT GEMV on the shapes and widths of LLM layers,
    against the copy bandwidth and cuBLAS fp16 measured in the same run.
 
-   usage: bench_gemv_cuda [--quick] [--shape MxN] [--reps R]
+   usage: bench_gemv_cuda [--quick] [--shape MxN] [--bits B] [--batch N] [--reps R]
+
+   --shape, --bits and --batch keep one shape, width or batch (for a
+   profiler); --quick keeps the first shape and the first two widths.
 
    For every shape, weight width b (2, 2.5, 3, 3.25, 4, 4.25 bits; fractional
    widths mix floor(b) and ceil(b) over random 16 x 128 blocks, plus 0.25 bpw
@@ -147,7 +150,8 @@ static void call_blas(void *u, int k)
 
 int main(int argc, char **argv)
 {
-    int quick = 0, reps = 15;
+    int quick = 0, reps = 15, only_batch = 0;
+    double only_bits = 0;
     int shapes[6][2] = {{4096, 4096}, {14336, 4096}, {4096, 14336}, {8192, 8192}, {28672, 8192}, {8192, 28672}};
     int nshapes = 6;
     for (int a = 1; a < argc; a++) {
@@ -157,8 +161,12 @@ int main(int argc, char **argv)
             nshapes = 1, a++;
         else if (!strcmp(argv[a], "--reps") && a + 1 < argc)
             reps = atoi(argv[++a]);
+        else if (!strcmp(argv[a], "--bits") && a + 1 < argc)
+            only_bits = atof(argv[++a]);
+        else if (!strcmp(argv[a], "--batch") && a + 1 < argc)
+            only_batch = atoi(argv[++a]);
         else {
-            fprintf(stderr, "usage: %s [--quick] [--shape MxN] [--reps R]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--quick] [--shape MxN] [--bits B] [--batch N] [--reps R]\n", argv[0]);
             return 2;
         }
     }
@@ -214,11 +222,13 @@ int main(int argc, char **argv)
         }
         double tb[3];
         for (int bi = 0; bi < 3; bi++) {
+            if (only_batch && batches[bi] != only_batch) continue;
             blas_calls bc = {blas, W16, c16, m, n, batches[bi], X16, y};
             tb[bi] = time_calls(bstream, call_blas, &bc, reps, 20);
         }
         for (int wi = 0; wi < nwidths; wi++) {
             const double b = widths[wi];
+            if (only_bits > 0 && fabs(b - only_bits) > 1e-9) continue;
             const int lo = (int)floor(b), nbr = (m + 15) / 16, ngr = (n + 127) / 128;
             uint8_t *bits = malloc((size_t)nbr * ngr);
             const size_t nblk = (size_t)nbr * ngr, nhi = (size_t)llround((b - lo) * (double)nblk);
@@ -236,6 +246,7 @@ int main(int argc, char **argv)
             for (int c = 0; c < copies; c++)
                 if (be.upload(be.ctx, &A, &h[c]) != MPQ_OK) return 1;
             for (int bi = 0; bi < 3; bi++) {
+                if (only_batch && batches[bi] != only_batch) continue;
                 mpq_calls mc = {&be, h, copies, batches[bi], x, y};
                 const double t = time_calls(stream, call_mpq, &mc, reps, 20);
                 const double gbs = (double)A.bytes / t;
