@@ -418,9 +418,10 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_lut(dmat M, const float *__r
             float lo[16], hi4[4];
             lo[0] = -((xv[0] + xv[1]) + (xv[2] + xv[3]));
 #pragma unroll
-            for (int k = 0; k < 4; k++)
-#pragma unroll
-                for (int n = 0; n < (1 << k); n++) lo[n | 1 << k] = fmaf(2.0f, xv[k], lo[n]);
+            for (int n = 1; n < 16; n++) { // k: the highest bit of n
+                const int k = n >= 8 ? 3 : n >= 4 ? 2 : n >= 2 ? 1 : 0;
+                lo[n] = fmaf(2.0f, xv[k], lo[n ^ 1 << k]);
+            }
 #pragma unroll
             for (int h = 0; h < 4; h++) {
                 const int n = 4 * pq + h;
