@@ -58,6 +58,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+// Programmatic dependent launch of the LUT kernel (1) or plain stream order
+// (0): see PERFORMANCE above.
+#ifndef MPQ_CUDA_PDL
+#define MPQ_CUDA_PDL 1
+#endif
+
 namespace {
 
 constexpr int kTile = 16;       // rows of a tile (MPQ_TILE_ROWS)
@@ -393,6 +399,15 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_lut(dmat M, const float *__r
         R[0] = locate(0, 0);
         step_issue(M, R[0], C[0], tile_of(0), rq, skip, L[0]);
         R[1] = locate(0, 1);
+        if (sl == s_first) {
+            // Above this line only the packed matrix is read. With
+            // programmatic dependent launch (MPQ_CUDA_PDL) the next launch may
+            // start its own first loads as this grid's blocks retire, and this
+            // grid waits here until the launch before it is complete: x may be
+            // its output, and part and counters are shared.
+            asm volatile("griddepcontrol.launch_dependents;");
+            asm volatile("griddepcontrol.wait;" ::: "memory");
+        }
 
         if (sl > s_first) __syncthreads(); // every warp is done with the last slice's tables
         // activations of the slice: gather, scale, zero past the quad columns
@@ -746,9 +761,20 @@ mpq_status launch_lut(cuda_ctx *c, const cuda_handle *h, const float *x, float *
     const int smem = kTableBytes + (nparts < nslices ? tpb * kTile * B * 4 : 0);
     mpq_status st = grow(c, sizeof(float) * (size_t)nparts * batch * M.ntiles * kTile, (size_t)nrb);
     if (st != MPQ_OK) return st;
-    kLut[bi][wi]<<<dim3(nparts, nrb), kThreads, smem, c->stream>>>(M, x, batch, skip, quad_cols, tpb, sps,
-                                                                  static_cast<float *>(c->scratch), c->counters, y);
-    return map_error(cudaGetLastError());
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute attr[1];
+    cfg.gridDim = dim3(nparts, nrb);
+    cfg.blockDim = dim3(kThreads);
+    cfg.dynamicSmemBytes = (size_t)smem;
+    cfg.stream = c->stream;
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = MPQ_CUDA_PDL;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    float *part = static_cast<float *>(c->scratch);
+    cudaError_t e = cudaLaunchKernelEx(&cfg, kLut[bi][wi], M, x, batch, skip, quad_cols, tpb, sps, part, c->counters, y);
+    if (e == cudaSuccess) e = cudaGetLastError();
+    return map_error(e);
 }
 
 mpq_status gemv_batched(cuda_ctx *c, const cuda_handle *h, const float *x, float *y, int batch, int skip)
