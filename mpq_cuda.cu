@@ -71,6 +71,7 @@ constexpr int kThreads = 256;   // threads of a GEMV block
 constexpr int kWarps = kThreads / 32;
 constexpr int kWords = 64;      // table words per entry index p: batch * chunks per slice
 constexpr int kTableBytes = 256 * kWords * 4;
+static_assert(kThreads == 4 * kWords, "the table build gives each thread a word and a quarter of its entries");
 
 // The device-side description of an uploaded matrix.
 struct dmat {
@@ -450,12 +451,14 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_lut(dmat M, const float *__r
             for (int h = 0; h < 4; h++)
 #pragma unroll
                 for (int n = 0; n < 16; n++) T[((4 * pq + h) * 16 + n) * kWords + word] = lo[n] + hi4[h];
-        }
-        for (int k = tid; k < B * (nch / 4); k += kThreads) {
-            const int vv = k / (nch / 4), qq = k % (nch / 4);
-            float s = 0.0f;
-            for (int j = 0; j < 32; j++) s += xs[vv][32 * qq + j];
-            qsum[vv][qq] = s;
+            // entry 255 is the chunk's sum; the 4 chunks of a quad are in 4
+            // adjacent lanes (every lane of these warps has pq = 3)
+            if (pq == 3) {
+                float q4 = lo[15] + hi4[3];
+                q4 += __shfl_xor_sync(0xffffffffu, q4, 1);
+                q4 += __shfl_xor_sync(0xffffffffu, q4, 2);
+                if ((c & 3) == 0) qsum[vv][c / 4] = q4;
+            }
         }
         __syncthreads();
         const float xq0 = qsum[v][q], xq1 = qsum[v][qps + q];
