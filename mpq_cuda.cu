@@ -32,18 +32,27 @@
 //   of a row block to finish adds the parts in a fixed order
 //   (deterministic), adds the sparse part, and scatters through p_row.
 //
-// PERFORMANCE (H100, bench_gemv_cuda, 2026-11-22): see the table in
-// README.md. 8192 x 8192 at batch 1 takes 15 us at 2 bits and 18 us at
-// 3.25 bits (43-61 % of the copy bandwidth; cuBLAS fp16 50 us): below the
-// 70 % the design aims at. Nsight Compute on the 3.25-bit kernel: 16 warps
-// per multiprocessor (128 registers), an issue rate of about 0.5 per
-// scheduler, stalls mostly on global loads and on fixed-latency
-// dependencies; 6.8M warp instructions, of which the lookups are 2.9M.
-// Tried and measured: a bulk L2 prefetch of the records two tiles ahead
-// (slower: 22 us against 18.6), a cap of 3 blocks per multiprocessor (85
-// registers: heavy spills). Next: stage the planes through shared memory
-// (cp.async or the bulk copy engine) instead of registers, which frees
-// about 40 registers per thread for more warps and a deeper pipeline.
+//   Launch. Programmatic dependent launch (MPQ_CUDA_PDL, default 1): a
+//   launch's blocks locate and load their first records while the grid
+//   before it retires, and wait (griddepcontrol.wait) before reading x or
+//   touching the scratch sums, which the grid before may still use.
+//
+// PERFORMANCE (H100, bench_gemv_cuda, 2026-11-22; bench/results/): batch 1
+// at 3.25 bits takes 14.9 us on 8192 x 8192 (66 % of the copy bandwidth,
+// 3.3x cuBLAS fp16), 40.1 us on 28672 x 8192 (86 %, 4.0x) and 44.3 us on
+// 8192 x 28672 (78 %, 3.7x). On 8192 x 8192 a launch has about 3 us of fixed
+// cost (the first loads, gathering x, building the tables, the last
+// block's sums) that the larger shapes spread over more bytes. Measured
+// the same way and dropped: a bulk L2 prefetch of the records two tiles
+// ahead (22.1 us against 18.6 at that time), planes staged through shared
+// memory with cp.async, 16 warps, 3 stages (20.4 against 18.0: the extra
+// shared loads cost more than the deeper pipeline gave), a third register
+// buffer (16.2 against 15.2: spills), the record table of a block in
+// shared memory (18.4 against 17.2), 3 blocks per multiprocessor (85
+// registers: heavy spills). A build without the lookups (loads only) ran
+// in 16.2 us and one without the plane loads in 14.1 us (at 17.2 for the
+// kernel, before PDL): loads and lookups each take most of the time, so
+// both would have to shrink to reach the 12 us of the design target.
 //
 // OTHER PATHS: groups that are not a multiple of 32 columns (tails of
 // pairs and singles inside every group) use a plain kernel, one thread per
@@ -59,7 +68,7 @@
 #include <string.h>
 
 // Programmatic dependent launch of the LUT kernel (1) or plain stream order
-// (0): see PERFORMANCE above.
+// (0): see Launch above.
 #ifndef MPQ_CUDA_PDL
 #define MPQ_CUDA_PDL 1
 #endif

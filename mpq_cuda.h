@@ -18,6 +18,11 @@
    - x and y may be device pointers (the call is then asynchronous on the
      backend's stream: synchronize before reading y) or host pointers (staged
      through device buffers; the call returns with y written);
+   - products on the backend's stream use programmatic dependent launch: a
+     product starts loading its (immutable, backend-owned) weights while the
+     kernel before it on the stream finishes, and reads x only once that
+     kernel is complete, so stream order holds as usual (build with
+     -DMPQ_CUDA_PDL=0 for plain launches);
    - every CUDA and cuBLAS error is an mpq_status; a machine without a GPU
      gets MPQ_ERR_NODEVICE from mpq_cuda_backend, never a crash.
    One backend (its stream and scratch buffers) serves one thread at a time.
