@@ -271,9 +271,8 @@ __device__ __forceinline__ uint2 lut_key(int j, int word0)
     return make_uint2((uint32_t)(4 * word0), 0x7704u | ((uint32_t)j << 4));
 }
 
-// The lookups of one step. Plane i of row w adds 2^i sum_k T_k[byte k of
-// its word] over the lane's four chunks (keys, in the lane's rotated order).
-// One plane word quad of the lane: sum[w] = sum_k T_k[byte k of row w].
+// One plane of the lane's quad: sum[w] = sum_k T_k[byte k of row w's word]
+// over the lane's four chunks (keys, in the lane's rotated order).
 __device__ __forceinline__ void lut_plane(const char *Tb, const uint4 &u, const uint2 (&key)[4], float (&sum)[4])
 {
     const uint32_t word[4] = {u.x, u.y, u.z, u.w};
@@ -286,6 +285,9 @@ __device__ __forceinline__ void lut_plane(const char *Tb, const uint4 &u, const 
     }
 }
 
+// The lookups of one step (S: which of the slice's two): plane i of row w
+// adds 2^i times its plane sum, for the planes the row has and skip_planes
+// keeps; then s^ times that plus z^ times the quad's activation sum.
 template <int S, int MAXP>
 __device__ __forceinline__ void step_compute(const dmat &M, const step_buf<MAXP> &L, const uint2 (&key)[4], int skip,
                                              float xq, float (&acc)[4])
