@@ -40,19 +40,21 @@
 // PERFORMANCE (H100, bench_gemv_cuda, 2026-11-22; bench/results/): batch 1
 // at 3.25 bits takes 14.9 us on 8192 x 8192 (66 % of the copy bandwidth,
 // 3.3x cuBLAS fp16), 40.1 us on 28672 x 8192 (86 %, 4.0x) and 44.3 us on
-// 8192 x 28672 (78 %, 3.7x). On 8192 x 8192 a launch has about 3 us of fixed
-// cost (the first loads, gathering x, building the tables, the last
-// block's sums) that the larger shapes spread over more bytes. Measured
+// 8192 x 28672 (78 %, 3.7x). A fit over the sizes gives about 2.9 TB/s
+// in the steady state plus about 5 us per launch: a build that returns
+// after its first loads takes 3.5 us, the last block's sums about 1.7 us
+// (building the tables hides behind the first loads). Measured
 // the same way and dropped: a bulk L2 prefetch of the records two tiles
 // ahead (22.1 us against 18.6 at that time), planes staged through shared
 // memory with cp.async, 16 warps, 3 stages (20.4 against 18.0: the extra
 // shared loads cost more than the deeper pipeline gave), a third register
 // buffer (16.2 against 15.2: spills), the record table of a block in
 // shared memory (18.4 against 17.2), 3 blocks per multiprocessor (85
-// registers: heavy spills). A build without the lookups (loads only) ran
-// in 16.2 us and one without the plane loads in 14.1 us (at 17.2 for the
-// kernel, before PDL): loads and lookups each take most of the time, so
-// both would have to shrink to reach the 12 us of the design target.
+// registers: heavy spills), the parts' sum as a thread-block cluster over
+// distributed shared memory (one wave holds 14 clusters of 16 blocks where
+// 16 are needed, so it would idle a fifth of the machine). The 12 us the
+// design aims at on 8192 x 8192 needs the fixed cost per launch cut: the
+// tail sum and the dependent record lookup before the first loads.
 //
 // OTHER PATHS: groups that are not a multiple of 32 columns (tails of
 // pairs and singles inside every group) use a plain kernel, one thread per
