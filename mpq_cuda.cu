@@ -38,7 +38,7 @@
 //   touching the scratch sums, which the grid before may still use.
 //
 // PERFORMANCE (H100, bench_gemv_cuda, 2026-11-22; bench/results/): batch 1
-// at 3.25 bits takes 14.9 us on 8192 x 8192 (66 % of the copy bandwidth,
+// at 3.25 bits takes 15.0 us on 8192 x 8192 (66 % of the copy bandwidth,
 // 3.3x cuBLAS fp16), 40.1 us on 28672 x 8192 (86 %, 4.0x) and 44.3 us on
 // 8192 x 28672 (78 %, 3.7x). A fit over the sizes gives about 2.9 TB/s
 // in the steady state plus about 5 us per launch: a build that returns
