@@ -561,15 +561,22 @@ static void run_pmpd(ctx *C)
 
 /* ---- output ------------------------------------------------------------------------- */
 
-static void write_table(const char *dir, const char *model)
+/* dir/name opened for writing (its path in p), or the program ends. */
+static FILE *open_output(const char *dir, const char *name, char *p, size_t cap)
 {
-    char p[1024];
-    snprintf(p, sizeof p, "%s/results.md", dir);
+    snprintf(p, cap, "%s/%s", dir, name);
     FILE *f = fopen(p, "w");
     if (!f) {
         fprintf(stderr, "tinylm: cannot write %s: %s\n", p, strerror(errno));
         exit(1);
     }
+    return f;
+}
+
+static void write_table(const char *dir, const char *model)
+{
+    char p[1024];
+    FILE *f = open_output(dir, "results.md", p, sizeof p);
     fprintf(f, "| method | bpw | held-out ppl | bits/byte | arithmetic | recall |\n| --- | ---: | ---: | ---: | ---: | ---: |\n");
     for (int i = 0; i < nrows; i++) {
         const row *r = &rows[i];
@@ -588,12 +595,7 @@ static void write_table(const char *dir, const char *model)
 static void write_plot(const char *dir)
 {
     char p[1024];
-    snprintf(p, sizeof p, "%s/ppl_vs_bpw.svg", dir);
-    FILE *f = fopen(p, "w");
-    if (!f) {
-        fprintf(stderr, "tinylm: cannot write %s: %s\n", p, strerror(errno));
-        exit(1);
-    }
+    FILE *f = open_output(dir, "ppl_vs_bpw.svg", p, sizeof p);
     double x0 = 1e9, x1 = 0, y0 = 1e9, y1 = 0;
     for (int i = 1; i < nrows; i++) { /* row 0 is the reference: a dashed line */
         x0 = fmin(x0, rows[i].bpw), x1 = fmax(x1, rows[i].bpw);
