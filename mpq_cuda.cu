@@ -33,28 +33,51 @@
 //   (deterministic), adds the sparse part, and scatters through p_row.
 //
 //   Launch. Programmatic dependent launch (MPQ_CUDA_PDL, default 1): a
-//   launch's blocks locate and load their first records while the grid
-//   before it retires, and wait (griddepcontrol.wait) before reading x or
-//   touching the scratch sums, which the grid before may still use.
+//   launch's blocks locate and load their first records, the column
+//   sources and the column scales while the grid before it retires, and
+//   wait (griddepcontrol.wait) before reading x or touching the scratch
+//   sums, which the grid before may still use.
 //
-// PERFORMANCE (H100, bench_gemv_cuda, 2026-11-22; bench/results/): batch 1
-// at 3.25 bits takes 15.0 us on 8192 x 8192 (66 % of the copy bandwidth,
-// 3.3x cuBLAS fp16), 40.1 us on 28672 x 8192 (86 %, 4.0x) and 44.3 us on
-// 8192 x 28672 (78 %, 3.7x). A fit over the sizes gives about 2.9 TB/s
-// in the steady state plus about 5 us per launch: a build that returns
-// after its first loads takes 3.5 us, the last block's sums about 1.7 us
-// (building the tables hides behind the first loads). Measured
-// the same way and dropped: a bulk L2 prefetch of the records two tiles
-// ahead (22.1 us against 18.6 at that time), planes staged through shared
-// memory with cp.async, 16 warps, 3 stages (20.4 against 18.0: the extra
-// shared loads cost more than the deeper pipeline gave), a third register
-// buffer (16.2 against 15.2: spills), the record table of a block in
-// shared memory (18.4 against 17.2), 3 blocks per multiprocessor (85
-// registers: heavy spills), the parts' sum as a thread-block cluster over
-// distributed shared memory (one wave holds 14 clusters of 16 blocks where
-// 16 are needed, so it would idle a fifth of the machine). The 12 us the
-// design aims at on 8192 x 8192 needs the fixed cost per launch cut: the
-// tail sum and the dependent record lookup before the first loads.
+// PERFORMANCE (H100, bench_gemv_cuda, 2026-11-23; bench/results/): batch 1
+// at 3.25 bits takes 14.4 us on 8192 x 8192 (68 % of the copy bandwidth,
+// 3.4x cuBLAS fp16), 39.6 us on 28672 x 8192 (87 %, 4.1x) and 43.6 us on
+// 8192 x 28672 (79 %, 3.8x). A kernel that only reads the same bytes,
+// launched the same way, takes 8.9, 32.2 and 32.1 us: 3.2-3.3 TB/s, with
+// no fixed cost left once launches overlap (programmatic dependent launch).
+//
+// Where the time goes (8192 x 8192, 3.25 bits, the kernel before the last
+// change; globaltimer stamps of every block, launches back to back): the
+// blocks of a launch enter as those of the launch before leave and issue
+// their first loads; the dependent wait returns 0.8 us after the launch before has ended; reading
+// x and building the tables takes 1.5 us; the tiles then stream for about
+// 10 us (2.5 TB/s: each warp has one step of loads in flight while it looks
+// up another, and that covers the memory latency only just); the last
+// block of a row block finishes about 2.4 us after the median block's last
+// tile (fence, counter, the parts' loads, the scattered stores). So about
+// 5 us of every launch stream nothing, and 12 us needs most of them gone.
+//
+// Measured the same way and dropped (each against the kernel of its day,
+// in one run): a bulk L2 prefetch of the records two tiles ahead (22.1 us
+// against 18.6); planes staged through shared memory with cp.async, 16
+// warps, 3 stages (20.4 against 18.0: the extra shared loads cost more than
+// the deeper pipeline gave); the same with the copy engine (cp.async.bulk
+// of whole records into a ring of 1 or 2 steps per warp on mbarriers,
+// loaded before the dependent wait: 17.9 against 14.9, and the code beside
+// the register path slowed that path to 16.1 us); L2 prefetches of the next 1
+// to 4 tiles before the wait (15.8 to 18.4 against 14.9: the prefetches
+// hold up the issue of the first loads); the second step's loads also
+// before the wait (15.1 against 14.9); a third register buffer (16.2
+// against 15.2: spills); the record table of a block in shared memory (18.4
+// against 17.2); 3 blocks per multiprocessor (85 registers: heavy spills);
+// the parts' sum as a thread-block cluster over distributed shared memory
+// (one wave holds 14 clusters of 16 blocks where 16 are needed, so it would
+// idle a fifth of the machine); a fixed block per row block polling
+// epoch-tagged parts instead of the counter (15.5 against 14.9, 46.5
+// against 40.0 on 28672 x 8192); the parts split over pairs of threads with
+// an acq_rel counter (-0.1 us on 8192 x 8192, +1.5 us on 28672 x 8192).
+// Kept: the column sources and scales read before the wait and the row
+// permutation read with the parts (-3 % at batch 1, -5 % with
+// permutations).
 //
 // OTHER PATHS: groups that are not a multiple of 32 columns (tails of
 // pairs and singles inside every group) use a plain kernel, one thread per
@@ -407,6 +430,17 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_lut(dmat M, const float *__r
             return (t >= 0 && C[S].ok) ? __ldg(C[S].rec + (size_t)t * M.ngroups) : make_uint2(0, 0);
         };
 
+        // the slice's column sources and scales (the matrix's: read before
+        // the wait below, so that only x is read after it)
+        static_assert(B * scols == 2 * kThreads, "two activations of the slice per thread");
+        int src[2];
+        float csc[2];
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int col = c0 + (tid + h * kThreads) % scols;
+            src[h] = col < quad_cols ? (M.p_col ? (int)M.p_col[col] : col) : -1;
+            csc[h] = col < quad_cols && M.cscale ? M.cscale[col] : 1.0f;
+        }
         // the first step's loads go out before the tables are built
         step_buf<MAXP> L[2];
         uint2 R[2];
@@ -425,14 +459,10 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_lut(dmat M, const float *__r
 
         if (sl > s_first) __syncthreads(); // every warp is done with the last slice's tables
         // activations of the slice: gather, scale, zero past the quad columns
-        for (int k = tid; k < B * scols; k += kThreads) {
-            const int vv = k / scols, j = k % scols, col = c0 + j;
-            float val = 0.0f;
-            if (vv < batch && col < quad_cols) {
-                const int src = M.p_col ? (int)M.p_col[col] : col;
-                val = x[(size_t)vv * M.cols + src] * (M.cscale ? M.cscale[col] : 1.0f);
-            }
-            xs[vv][j] = val;
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int k = tid + h * kThreads, vv = k / scols;
+            xs[vv][k % scols] = vv < batch && src[h] >= 0 ? x[(size_t)vv * M.cols + src[h]] * csc[h] : 0.0f;
         }
         __syncthreads();
         // tables: thread -> one (vector, chunk) word and a quarter of the entries
@@ -522,6 +552,9 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_lut(dmat M, const float *__r
     __threadfence();
     for (int k = tid; k < batch * nr / 4; k += kThreads) {
         const int vv = k / (nr / 4), r = r0 + 4 * (k % (nr / 4));
+        int orow[4]; // loaded with the parts, not after them
+#pragma unroll
+        for (int w = 0; w < 4; w++) orow[w] = r + w >= M.rows ? -1 : M.p_row ? (int)M.p_row[r + w] : r + w;
         float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll 8
         for (int p = 0; p < nparts; p++) {
@@ -530,12 +563,8 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_lut(dmat M, const float *__r
         }
         const float sw[4] = {sum.x, sum.y, sum.z, sum.w};
 #pragma unroll
-        for (int w = 0; w < 4; w++) {
-            const int row = r + w;
-            if (row >= M.rows) break;
-            const int orow = M.p_row ? (int)M.p_row[row] : row;
-            y[(size_t)vv * M.rows + orow] = sw[w] + sparse_dot(M, orow, x + (size_t)vv * M.cols);
-        }
+        for (int w = 0; w < 4; w++)
+            if (orow[w] >= 0) y[(size_t)vv * M.rows + orow[w]] = sw[w] + sparse_dot(M, orow[w], x + (size_t)vv * M.cols);
     }
     if (tid == 0) counters[blockIdx.y] = 0; // ready for the next launch
 }

@@ -1,10 +1,12 @@
 /* bench_gemv_cuda: the CUDA LUT GEMV on the shapes and widths of LLM layers,
    against the copy bandwidth and cuBLAS fp16 measured in the same run.
 
-   usage: bench_gemv_cuda [--quick] [--shape MxN] [--bits B] [--batch N] [--reps R]
+   usage: bench_gemv_cuda [--quick] [--reorder] [--shape MxN] [--bits B] [--batch N] [--reps R]
 
    --shape, --bits and --batch keep one shape, width or batch (for a
-   profiler); --quick keeps the first shape and the first two widths.
+   profiler); --quick keeps the first shape and the first two widths;
+   --reorder packs with random row and column permutations and column
+   scales (as SFMP's reordering and AWQ leave a matrix).
 
    For every shape, weight width b (2, 2.5, 3, 3.25, 4, 4.25 bits; fractional
    widths mix floor(b) and ceil(b) over random 16 x 128 blocks, plus 0.25 bpw
@@ -13,7 +15,10 @@
    runs of 20 products that rotate over enough uploaded copies of the matrix
    that the 50 MB L2 cannot hold them; the packed bytes per second; that as
    a share of the device-to-device copy bandwidth (bytes read + written)
-   measured first; and cuBLAS fp16 (cublasGemmEx, fp16 weights and inputs,
+   measured first; the time of a kernel that only reads as many bytes,
+   launched the same way (bench/read_floor.cu), and that as a share of the
+   product's time: what is left between the two is the product's own fixed
+   cost (waiting for the launch before it, tables, sums); and cuBLAS fp16 (cublasGemmEx, fp16 weights and inputs,
    fp32 accumulation and output) on the same shape and batch, timed the same
    way, and the speedup over it. */
 #define MPQ_IMPLEMENTATION
@@ -26,6 +31,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+double read_floor_seconds(size_t bytes, int reps); /* bench/read_floor.cu */
 
 #define CK(x)                                                                                                          \
     do {                                                                                                               \
@@ -150,13 +157,15 @@ static void call_blas(void *u, int k)
 
 int main(int argc, char **argv)
 {
-    int quick = 0, reps = 15, only_batch = 0;
+    int quick = 0, reorder = 0, reps = 15, only_batch = 0;
     double only_bits = 0;
     int shapes[6][2] = {{4096, 4096}, {14336, 4096}, {4096, 14336}, {8192, 8192}, {28672, 8192}, {8192, 28672}};
     int nshapes = 6;
     for (int a = 1; a < argc; a++) {
         if (!strcmp(argv[a], "--quick"))
             quick = 1;
+        else if (!strcmp(argv[a], "--reorder"))
+            reorder = 1;
         else if (!strcmp(argv[a], "--shape") && a + 1 < argc && sscanf(argv[a + 1], "%dx%d", &shapes[0][0], &shapes[0][1]) == 2)
             nshapes = 1, a++;
         else if (!strcmp(argv[a], "--reps") && a + 1 < argc)
@@ -166,7 +175,7 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[a], "--batch") && a + 1 < argc)
             only_batch = atoi(argv[++a]);
         else {
-            fprintf(stderr, "usage: %s [--quick] [--shape MxN] [--bits B] [--batch N] [--reps R]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--quick] [--reorder] [--shape MxN] [--bits B] [--batch N] [--reps R]\n", argv[0]);
             return 2;
         }
     }
@@ -180,10 +189,10 @@ int main(int argc, char **argv)
     struct cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, 0));
     const double bw = copy_bandwidth();
-    printf("%s, %d SMs, L2 %d MB; copy bandwidth (read + write) %.0f GB/s\n", prop.name, prop.multiProcessorCount,
-           prop.l2CacheSize >> 20, bw / 1e9);
-    printf("%-12s %5s %5s %5s %9s %9s %6s %10s %8s\n", "shape", "bits", "+meta", "batch", "mpq us", "GB/s", "%copy",
-           "cuBLAS us", "speedup");
+    printf("%s, %d SMs, L2 %d MB; copy bandwidth (read + write) %.0f GB/s%s\n", prop.name, prop.multiProcessorCount,
+           prop.l2CacheSize >> 20, bw / 1e9, reorder ? "; permuted rows and columns, column scales" : "");
+    printf("%-12s %5s %5s %5s %9s %9s %6s %8s %6s %10s %8s\n", "shape", "bits", "+meta", "batch", "mpq us", "GB/s", "%copy",
+           "read us", "%read", "cuBLAS us", "speedup");
     cublasHandle_t blas;
     if (cublasCreate(&blas) != CUBLAS_STATUS_SUCCESS) return 1;
     cudaStream_t bstream;
@@ -239,8 +248,28 @@ int main(int argc, char **argv)
             }
             mpq_bitplane_desc d = {0};
             d.rows = m, d.cols = n, d.group = 128, d.block_rows = 16, d.bits = bits;
+            uint32_t *prow = NULL, *pcol = NULL;
+            float *cscale = NULL;
+            if (reorder) { /* Fisher-Yates shuffles, scales in [0.5, 2) */
+                prow = malloc(sizeof(uint32_t) * m), pcol = malloc(sizeof(uint32_t) * n), cscale = malloc(sizeof(float) * n);
+                for (int k = 0; k < m; k++) prow[k] = (uint32_t)k;
+                for (int k = 0; k < n; k++) pcol[k] = (uint32_t)k, cscale[k] = exp2f(2.0f * frand());
+                for (int k = m - 1; k > 0; k--) {
+                    const int j = (int)(rnd() % (uint64_t)(k + 1));
+                    const uint32_t tmp = prow[k];
+                    prow[k] = prow[j], prow[j] = tmp;
+                }
+                for (int k = n - 1; k > 0; k--) {
+                    const int j = (int)(rnd() % (uint64_t)(k + 1));
+                    const uint32_t tmp = pcol[k];
+                    pcol[k] = pcol[j], pcol[j] = tmp;
+                }
+                d.p_row = prow, d.p_col = pcol, d.col_scale = cscale;
+            }
             mpq_packed A;
             if (mpq_pack_alloc(&d, W, &A) != MPQ_OK) return 1;
+            free(prow), free(pcol), free(cscale);
+            const double tr = read_floor_seconds(A.bytes, reps);
             const int copies = (int)(200e6 / (double)A.bytes) + 2;
             void **h = malloc(sizeof(void *) * copies);
             for (int c = 0; c < copies; c++)
@@ -252,8 +281,9 @@ int main(int argc, char **argv)
                 const double gbs = (double)A.bytes / t;
                 char sh[32];
                 snprintf(sh, sizeof sh, "%dx%d", m, n);
-                printf("%-12s %5.2f %5.2f %5d %9.2f %9.0f %5.0f%% %10.2f %7.2fx\n", sh, mpq_packed_bpw(&A, 0),
-                       mpq_packed_bpw(&A, 1), batches[bi], t * 1e6, gbs / 1e9, 100.0 * gbs / bw, tb[bi] * 1e6, tb[bi] / t);
+                printf("%-12s %5.2f %5.2f %5d %9.2f %9.0f %5.0f%% %8.2f %5.0f%% %10.2f %7.2fx\n", sh, mpq_packed_bpw(&A, 0),
+                       mpq_packed_bpw(&A, 1), batches[bi], t * 1e6, gbs / 1e9, 100.0 * gbs / bw, tr * 1e6, 100.0 * tr / t,
+                       tb[bi] * 1e6, tb[bi] / t);
                 fflush(stdout);
             }
             for (int c = 0; c < copies; c++) be.release(be.ctx, h[c]);
