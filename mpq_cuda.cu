@@ -82,7 +82,12 @@
 // OTHER PATHS: groups that are not a multiple of 32 columns (tails of
 // pairs and singles inside every group) use a plain kernel, one thread per
 // row and vector, which decodes every weight; batches beyond 8 dequantize to
-// fp16 in original coordinates and multiply with cuBLAS (fp32 accumulate).
+// fp16 in original coordinates (one thread per row and 8 columns) and
+// multiply with cuBLAS (fp32 accumulate). On the H100 that path runs at
+// 0.24-0.3x cuBLAS fp16 alone up to batch 256 and 0.5-0.6x at 1024: writing
+// and reading the fp16 copy costs more than the product at small batches.
+// A fused kernel would expand planes to fp16 tiles in shared memory for
+// the tensor cores (mma or wgmma) without the copy.
 #include "mpq_cuda.h"
 
 #include <cublas_v2.h>
@@ -569,17 +574,18 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_lut(dmat M, const float *__r
     if (tid == 0) counters[blockIdx.y] = 0; // ready for the next launch
 }
 
-// Decodes weight (row, col) of the packed matrix (packed coordinates) with
-// `skip` planes dropped, without the column scale.
-__device__ float decode_weight(const dmat &M, int row, int col, int skip)
+// Decodes row `row`, columns col0 .. col0 + 7 (col0 % 8 == 0: one chunk,
+// inside one group) of the packed matrix (packed coordinates) with `skip`
+// planes dropped, without the column scale. Columns past the matrix get
+// what their zero bits decode to; callers drop them.
+__device__ void decode_chunk(const dmat &M, int row, int col0, int skip, float (&w)[8])
 {
-    const int t = row / kTile, r = row % kTile, g = col / M.group, j = col - g * M.group;
-    const size_t rg = (size_t)t * M.ngroups + g;
-    const uint8_t *rec = M.data + 16 * (size_t)M.rec[rg].x;
+    const int t = row / kTile, r = row % kTile, g = col0 / M.group, c = (col0 - g * M.group) / 8;
+    const uint8_t *rec = M.data + 16 * (size_t)M.rec[(size_t)t * M.ngroups + g].x;
     const int b = width_at(M, row, g), gw = min(M.group, M.cols - g * M.group), nchg = (gw + 7) / 8;
     float s, z;
     row_pair(M, rec, r, b, s, z);
-    const int c = j / 8, q4 = nchg & ~3;
+    const int q4 = nchg & ~3;
     size_t off; // the byte of chunk c of row r inside a plane (BYTE LAYOUT)
     if (c < q4)
         off = (size_t)(c >> 2) * 64 + (size_t)r * 4 + (c & 3);
@@ -592,15 +598,19 @@ __device__ float decode_weight(const dmat &M, int row, int col, int skip)
         } else
             off += (size_t)r;
     }
-    float m = 0.0f;
+    float m[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
     for (int i = 0; i < b; i++) {
-        const int bit = rec[M.meta + (size_t)i * nchg * 16 + off] >> (j & 7) & 1;
-        m += plane_weight(i, b, skip) * (bit ? 1.0f : -1.0f);
+        const unsigned byte = rec[M.meta + (size_t)i * nchg * 16 + off];
+        const float pw = plane_weight(i, b, skip);
+#pragma unroll
+        for (int k = 0; k < 8; k++) m[k] += pw * ((byte >> k & 1) ? 1.0f : -1.0f);
     }
-    return s * m + z;
+#pragma unroll
+    for (int k = 0; k < 8; k++) w[k] = s * m[k] + z;
 }
 
-// The plain kernel: one thread per (row, vector), every weight decoded.
+// The plain kernel: one thread per (row, vector), every weight decoded,
+// a chunk of 8 at a time.
 __global__ void gemv_plain(dmat M, const float *__restrict__ x, int batch, int skip, float *__restrict__ y)
 {
     const int k = blockIdx.x * blockDim.x + threadIdx.x;
@@ -608,34 +618,65 @@ __global__ void gemv_plain(dmat M, const float *__restrict__ x, int batch, int s
     const int row = k % M.rows, v = k / M.rows;
     const float *xv = x + (size_t)v * M.cols;
     float sum = 0.0f;
-    for (int col = 0; col < M.cols; col++) {
-        const int src = M.p_col ? (int)M.p_col[col] : col;
-        sum += decode_weight(M, row, col, skip) * (xv[src] * (M.cscale ? M.cscale[col] : 1.0f));
+    for (int col0 = 0; col0 < M.cols; col0 += 8) {
+        float w[8];
+        decode_chunk(M, row, col0, skip, w);
+        const int n = min(8, M.cols - col0);
+        for (int kk = 0; kk < n; kk++) {
+            const int col = col0 + kk, src = M.p_col ? (int)M.p_col[col] : col;
+            sum += w[kk] * (xv[src] * (M.cscale ? M.cscale[col] : 1.0f));
+        }
     }
     const int orow = M.p_row ? (int)M.p_row[row] : row;
     y[(size_t)v * M.rows + orow] = sum + sparse_dot(M, orow, xv);
 }
 
+// Weight (orow, ocol) of the sparse part in original coordinates, or 0
+// (binary search of the row's entries).
+__device__ float sparse_at(const dmat &M, int orow, int ocol)
+{
+    uint32_t lo = M.sp_row_ptr[orow], hi = M.sp_row_ptr[orow + 1];
+    const uint32_t end = hi;
+    while (lo < hi) {
+        uint32_t mid = (lo + hi) / 2, c = M.sp_col16 ? M.sp_col16[mid] : M.sp_col32[mid];
+        if (c < (uint32_t)ocol) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo < end && (M.sp_col16 ? M.sp_col16[lo] : M.sp_col32[lo]) == (uint32_t)ocol
+               ? __half2float(__ushort_as_half(M.sp_val[lo]))
+               : 0.0f;
+}
+
 // Dequantizes to fp16 in ORIGINAL coordinates (for the cuBLAS path): one
-// thread per packed weight; the sparse part is added in float first.
+// thread per row and chunk of 8 columns, the 16 rows of a tile on
+// consecutive threads (their plane bytes lie 4 apart); the sparse part is
+// added in float first.
 __global__ void dequant_f16(dmat M, int skip, __half *__restrict__ W)
 {
+    const int nch = (M.cols + 7) / 8;
     const size_t k = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (k >= (size_t)M.rows * M.cols) return;
-    const int row = (int)(k / M.cols), col = (int)(k % M.cols);
-    float w = decode_weight(M, row, col, skip) * (M.cscale ? M.cscale[col] : 1.0f);
-    const int orow = M.p_row ? (int)M.p_row[row] : row, ocol = M.p_col ? (int)M.p_col[col] : col;
-    if (M.sp_row_ptr) { // binary search of the original column in the row's entries
-        uint32_t lo = M.sp_row_ptr[orow], hi = M.sp_row_ptr[orow + 1];
-        while (lo < hi) {
-            uint32_t mid = (lo + hi) / 2, c = M.sp_col16 ? M.sp_col16[mid] : M.sp_col32[mid];
-            if (c < (uint32_t)ocol) lo = mid + 1;
-            else hi = mid;
-        }
-        if (lo < M.sp_row_ptr[orow + 1] && (M.sp_col16 ? M.sp_col16[lo] : M.sp_col32[lo]) == (uint32_t)ocol)
-            w += __half2float(__ushort_as_half(M.sp_val[lo]));
+    if (k >= (size_t)M.ntiles * kTile * nch) return;
+    const int r = (int)(k % kTile), c8 = (int)(k / kTile % nch), t = (int)(k / kTile / nch);
+    const int row = t * kTile + r, col0 = 8 * c8;
+    if (row >= M.rows) return;
+    float w[8];
+    decode_chunk(M, row, col0, skip, w);
+    const int orow = M.p_row ? (int)M.p_row[row] : row, n = min(8, M.cols - col0);
+    __half h[8];
+#pragma unroll
+    for (int kk = 0; kk < 8; kk++) {
+        if (kk >= n) break;
+        const int col = col0 + kk, ocol = M.p_col ? (int)M.p_col[col] : col;
+        float v = w[kk] * (M.cscale ? M.cscale[col] : 1.0f);
+        if (M.sp_row_ptr) v += sparse_at(M, orow, ocol);
+        h[kk] = __float2half_rn(v);
+        if (M.p_col || n < 8 || M.cols % 8) W[(size_t)orow * M.cols + ocol] = h[kk];
     }
-    W[(size_t)orow * M.cols + ocol] = __float2half_rn(w);
+    if (!M.p_col && n == 8 && M.cols % 8 == 0) { // one 16-byte store
+        uint4 u;
+        memcpy(&u, h, sizeof u);
+        *reinterpret_cast<uint4 *>(W + (size_t)orow * M.cols + col0) = u;
+    }
 }
 
 __global__ void to_f16(const float *__restrict__ x, size_t n, __half *__restrict__ out)
@@ -829,7 +870,8 @@ mpq_status gemv_batched(cuda_ctx *c, const cuda_handle *h, const float *x, float
     mpq_status st = grow(c, sizeof(__half) * (wn + xn), 1);
     if (st != MPQ_OK) return st;
     __half *W16 = static_cast<__half *>(c->scratch), *X16 = W16 + wn;
-    dequant_f16<<<(unsigned)((wn + 255) / 256), 256, 0, c->stream>>>(M, skip, W16);
+    const size_t threads = (size_t)M.ntiles * kTile * (size_t)((M.cols + 7) / 8);
+    dequant_f16<<<(unsigned)((threads + 255) / 256), 256, 0, c->stream>>>(M, skip, W16);
     to_f16<<<(unsigned)((xn + 255) / 256), 256, 0, c->stream>>>(x, xn, X16);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return map_error(e);

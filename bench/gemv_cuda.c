@@ -1,12 +1,14 @@
 /* bench_gemv_cuda: the CUDA LUT GEMV on the shapes and widths of LLM layers,
    against the copy bandwidth and cuBLAS fp16 measured in the same run.
 
-   usage: bench_gemv_cuda [--quick] [--reorder] [--shape MxN] [--bits B] [--batch N] [--reps R]
+   usage: bench_gemv_cuda [--quick] [--reorder] [--prefill] [--shape MxN] [--bits B] [--batch N] [--reps R]
 
    --shape, --bits and --batch keep one shape, width or batch (for a
    profiler); --quick keeps the first shape and the first two widths;
    --reorder packs with random row and column permutations and column
-   scales (as SFMP's reordering and AWQ leave a matrix).
+   scales (as SFMP's reordering and AWQ leave a matrix); --prefill times
+   batches 16, 64, 256 and 1024 (the path that dequantizes to fp16 and
+   calls cuBLAS) at 3.25 bits unless --bits says otherwise.
 
    For every shape, weight width b (2, 2.5, 3, 3.25, 4, 4.25 bits; fractional
    widths mix floor(b) and ceil(b) over random 16 x 128 blocks, plus 0.25 bpw
@@ -157,7 +159,7 @@ static void call_blas(void *u, int k)
 
 int main(int argc, char **argv)
 {
-    int quick = 0, reorder = 0, reps = 15, only_batch = 0;
+    int quick = 0, reorder = 0, prefill = 0, reps = 15, only_batch = 0;
     double only_bits = 0;
     int shapes[6][2] = {{4096, 4096}, {14336, 4096}, {4096, 14336}, {8192, 8192}, {28672, 8192}, {8192, 28672}};
     int nshapes = 6;
@@ -166,6 +168,8 @@ int main(int argc, char **argv)
             quick = 1;
         else if (!strcmp(argv[a], "--reorder"))
             reorder = 1;
+        else if (!strcmp(argv[a], "--prefill"))
+            prefill = 1;
         else if (!strcmp(argv[a], "--shape") && a + 1 < argc && sscanf(argv[a + 1], "%dx%d", &shapes[0][0], &shapes[0][1]) == 2)
             nshapes = 1, a++;
         else if (!strcmp(argv[a], "--reps") && a + 1 < argc)
@@ -175,7 +179,8 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[a], "--batch") && a + 1 < argc)
             only_batch = atoi(argv[++a]);
         else {
-            fprintf(stderr, "usage: %s [--quick] [--reorder] [--shape MxN] [--bits B] [--batch N] [--reps R]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--quick] [--reorder] [--prefill] [--shape MxN] [--bits B] [--batch N] [--reps R]\n",
+                    argv[0]);
             return 2;
         }
     }
@@ -199,7 +204,9 @@ int main(int argc, char **argv)
     CK(cudaStreamCreate(&bstream));
     cublasSetStream(blas, bstream);
     const double widths[6] = {2.0, 2.5, 3.0, 3.25, 4.0, 4.25};
-    const int batches[3] = {1, 4, 8};
+    const int decode[3] = {1, 4, 8}, fill[4] = {16, 64, 256, 1024};
+    const int *batches = prefill ? fill : decode, nb = prefill ? 4 : 3, maxb = batches[nb - 1];
+    if (prefill && only_bits == 0) only_bits = 3.25;
     const int nwidths = quick ? 2 : 6;
     for (int s = 0; s < (quick ? 1 : nshapes); s++) {
         const int m = shapes[s][0], n = shapes[s][1];
@@ -218,19 +225,19 @@ int main(int argc, char **argv)
         }
         free(h16);
         float *x, *y;
-        CK(cudaMalloc((void **)&x, sizeof(float) * 8 * n));
-        CK(cudaMalloc((void **)&y, sizeof(float) * 8 * m));
-        CK(cudaMalloc((void **)&X16, sizeof(uint16_t) * 8 * n));
+        CK(cudaMalloc((void **)&x, sizeof(float) * maxb * n));
+        CK(cudaMalloc((void **)&y, sizeof(float) * maxb * m));
+        CK(cudaMalloc((void **)&X16, sizeof(uint16_t) * maxb * n));
         {
-            float *hx = malloc(sizeof(float) * 8 * n);
-            uint16_t *hx16 = malloc(sizeof(uint16_t) * 8 * n);
-            for (int k = 0; k < 8 * n; k++) hx[k] = frand(), hx16[k] = mpq_f32_to_f16(hx[k]);
-            CK(cudaMemcpy(x, hx, sizeof(float) * 8 * n, cudaMemcpyHostToDevice));
-            CK(cudaMemcpy(X16, hx16, sizeof(uint16_t) * 8 * n, cudaMemcpyHostToDevice));
+            float *hx = malloc(sizeof(float) * maxb * n);
+            uint16_t *hx16 = malloc(sizeof(uint16_t) * maxb * n);
+            for (int k = 0; k < maxb * n; k++) hx[k] = frand(), hx16[k] = mpq_f32_to_f16(hx[k]);
+            CK(cudaMemcpy(x, hx, sizeof(float) * maxb * n, cudaMemcpyHostToDevice));
+            CK(cudaMemcpy(X16, hx16, sizeof(uint16_t) * maxb * n, cudaMemcpyHostToDevice));
             free(hx), free(hx16);
         }
-        double tb[3];
-        for (int bi = 0; bi < 3; bi++) {
+        double tb[4];
+        for (int bi = 0; bi < nb; bi++) {
             if (only_batch && batches[bi] != only_batch) continue;
             blas_calls bc = {blas, W16, c16, m, n, batches[bi], X16, y};
             tb[bi] = time_calls(bstream, call_blas, &bc, reps, 20);
@@ -274,7 +281,7 @@ int main(int argc, char **argv)
             void **h = malloc(sizeof(void *) * copies);
             for (int c = 0; c < copies; c++)
                 if (be.upload(be.ctx, &A, &h[c]) != MPQ_OK) return 1;
-            for (int bi = 0; bi < 3; bi++) {
+            for (int bi = 0; bi < nb; bi++) {
                 if (only_batch && batches[bi] != only_batch) continue;
                 mpq_calls mc = {&be, h, copies, batches[bi], x, y};
                 const double t = time_calls(stream, call_mpq, &mc, reps, 20);
