@@ -67,7 +67,11 @@
 // to 4 tiles before the wait (15.8 to 18.4 against 14.9: the prefetches
 // hold up the issue of the first loads); the second step's loads also
 // before the wait (15.1 against 14.9); a third register buffer (16.2
-// against 15.2: spills); the record table of a block in shared memory (18.4
+// against 15.2: spills); each plane's registers reloaded with the step two
+// ahead as soon as that plane is looked up, so that nearly two steps per
+// warp are in flight in the registers of two (14.5 against 14.5 at 3.25
+// bits, 17.7 against 17.2 at 4.25, +2 % at batch 8: the stream is not
+// short of loads in flight); the record table of a block in shared memory (18.4
 // against 17.2); 3 blocks per multiprocessor (85 registers: heavy spills);
 // the parts' sum as a thread-block cluster over distributed shared memory
 // (one wave holds 14 clusters of 16 blocks where 16 are needed, so it would
@@ -82,10 +86,13 @@
 // OTHER PATHS: groups that are not a multiple of 32 columns (tails of
 // pairs and singles inside every group) use a plain kernel, one thread per
 // row and vector, which decodes every weight; batches beyond 8 dequantize to
-// fp16 in original coordinates (one thread per row and 8 columns) and
+// fp16 in original coordinates (one thread per row and 32 columns) and
 // multiply with cuBLAS (fp32 accumulate). On the H100 that path runs at
-// 0.24-0.3x cuBLAS fp16 alone up to batch 256 and 0.5-0.6x at 1024: writing
-// and reading the fp16 copy costs more than the product at small batches.
+// 0.27-0.33x cuBLAS fp16 alone up to batch 256 and 0.5-0.65x at 1024
+// (8192 x 8192, batch 16: 187 us, of which the dequantization is about 135:
+// about 1 TB/s of fp16 written, a third of what the memory allows; one
+// thread per weight took 733 us): writing and reading the fp16 copy costs
+// more than the product at small batches.
 // A fused kernel would expand planes to fp16 tiles in shared memory for
 // the tensor cores (mma or wgmma) without the copy.
 #include "mpq_cuda.h"
@@ -647,21 +654,12 @@ __device__ float sparse_at(const dmat &M, int orow, int ocol)
                : 0.0f;
 }
 
-// Dequantizes to fp16 in ORIGINAL coordinates (for the cuBLAS path): one
-// thread per row and chunk of 8 columns, the 16 rows of a tile on
-// consecutive threads (their plane bytes lie 4 apart); the sparse part is
-// added in float first.
-__global__ void dequant_f16(dmat M, int skip, __half *__restrict__ W)
+// Stores 8 decoded weights of row `row` (packed coordinates; orow: the
+// original row), packed columns col0 .. col0 + 7, in fp16 at their original
+// places: column scale applied, sparse part added in float first.
+__device__ __forceinline__ void store_chunk(const dmat &M, __half *__restrict__ W, int orow, int col0, const float *w)
 {
-    const int nch = (M.cols + 7) / 8;
-    const size_t k = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (k >= (size_t)M.ntiles * kTile * nch) return;
-    const int r = (int)(k % kTile), c8 = (int)(k / kTile % nch), t = (int)(k / kTile / nch);
-    const int row = t * kTile + r, col0 = 8 * c8;
-    if (row >= M.rows) return;
-    float w[8];
-    decode_chunk(M, row, col0, skip, w);
-    const int orow = M.p_row ? (int)M.p_row[row] : row, n = min(8, M.cols - col0);
+    const int n = min(8, M.cols - col0);
     __half h[8];
 #pragma unroll
     for (int kk = 0; kk < 8; kk++) {
@@ -676,6 +674,55 @@ __global__ void dequant_f16(dmat M, int skip, __half *__restrict__ W)
         uint4 u;
         memcpy(&u, h, sizeof u);
         *reinterpret_cast<uint4 *>(W + (size_t)orow * M.cols + col0) = u;
+    }
+}
+
+// Dequantizes to fp16 in ORIGINAL coordinates (for the cuBLAS path): one
+// thread per row and 32 columns, the 16 rows of a tile on consecutive
+// threads. Where the 32 columns are a quad of one group (groups of a
+// multiple of 32 columns) a plane is one 32-bit word per row; elsewhere
+// (tail chunks, other groups) they are decoded chunk by chunk.
+__global__ void dequant_f16(dmat M, int skip, __half *__restrict__ W)
+{
+    const int nq = (M.cols + 31) / 32;
+    const size_t k = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (k >= (size_t)M.ntiles * kTile * nq) return;
+    const int r = (int)(k % kTile), u = (int)(k / kTile % nq), t = (int)(k / kTile / nq);
+    const int row = t * kTile + r, col0 = 32 * u;
+    if (row >= M.rows) return;
+    const int orow = M.p_row ? (int)M.p_row[row] : row;
+    const int g = col0 / M.group, c0 = (col0 - g * M.group) / 8;
+    const int gw = min(M.group, M.cols - g * M.group), nchg = (gw + 7) / 8;
+    if (M.group % 32 == 0 && c0 + 4 <= (nchg & ~3)) {
+        const uint8_t *rec = M.data + 16 * (size_t)M.rec[(size_t)t * M.ngroups + g].x;
+        const int b = width_at(M, row, g);
+        float s, z;
+        row_pair(M, rec, r, b, s, z);
+        // BYTE LAYOUT: chunks c0 .. c0 + 3 of row r are bytes 4 r .. 4 r + 3
+        // of the quad's 64 bytes in each plane; bit j is column col0 + j
+        const uint8_t *pl = rec + M.meta + (size_t)(c0 >> 2) * 64 + (size_t)r * 4;
+        float m[32];
+#pragma unroll
+        for (int j = 0; j < 32; j++) m[j] = 0.0f;
+        for (int i = 0; i < b; i++) {
+            const uint32_t word = *reinterpret_cast<const uint32_t *>(pl + (size_t)i * nchg * 16);
+            const float pw = plane_weight(i, b, skip);
+#pragma unroll
+            for (int j = 0; j < 32; j++) m[j] += pw * ((word >> j & 1) ? 1.0f : -1.0f);
+        }
+#pragma unroll
+        for (int cc = 0; cc < 4; cc++) {
+            float w[8];
+#pragma unroll
+            for (int kk = 0; kk < 8; kk++) w[kk] = s * m[8 * cc + kk] + z;
+            store_chunk(M, W, orow, col0 + 8 * cc, w);
+        }
+    } else {
+        for (int cc = 0; cc < 4 && col0 + 8 * cc < M.cols; cc++) {
+            float w[8];
+            decode_chunk(M, row, col0 + 8 * cc, skip, w);
+            store_chunk(M, W, orow, col0 + 8 * cc, w);
+        }
     }
 }
 
@@ -870,7 +917,7 @@ mpq_status gemv_batched(cuda_ctx *c, const cuda_handle *h, const float *x, float
     mpq_status st = grow(c, sizeof(__half) * (wn + xn), 1);
     if (st != MPQ_OK) return st;
     __half *W16 = static_cast<__half *>(c->scratch), *X16 = W16 + wn;
-    const size_t threads = (size_t)M.ntiles * kTile * (size_t)((M.cols + 7) / 8);
+    const size_t threads = (size_t)M.ntiles * kTile * (size_t)((M.cols + 31) / 32);
     dequant_f16<<<(unsigned)((threads + 255) / 256), 256, 0, c->stream>>>(M, skip, W16);
     to_f16<<<(unsigned)((xn + 255) / 256), 256, 0, c->stream>>>(x, xn, X16);
     cudaError_t e = cudaGetLastError();
