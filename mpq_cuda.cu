@@ -42,59 +42,59 @@
 // at 3.25 bits takes 14.4 us on 8192 x 8192 (68 % of the copy bandwidth,
 // 3.4x cuBLAS fp16), 39.6 us on 28672 x 8192 (87 %, 4.1x) and 43.6 us on
 // 8192 x 28672 (79 %, 3.8x). A kernel that only reads the same bytes,
-// launched the same way, takes 8.9, 32.2 and 32.1 us: 3.2-3.3 TB/s, with
-// no fixed cost left once launches overlap (programmatic dependent launch).
+// launched the same way, takes 8.9, 32.2 and 32.1 us: 3.2-3.3 TB/s, with no
+// fixed cost left once launches overlap (programmatic dependent launch).
 //
-// Where the time goes (8192 x 8192, 3.25 bits, the kernel before the last
-// change; globaltimer stamps of every block, launches back to back): the
+// Where the time goes (8192 x 8192, 3.25 bits, the kernel of 2026-11-22;
+// globaltimer stamps of every block, launches back to back): the
 // blocks of a launch enter as those of the launch before leave and issue
-// their first loads; the dependent wait returns 0.8 us after the launch before has ended; reading
-// x and building the tables takes 1.5 us; the tiles then stream for about
-// 10 us (2.5 TB/s: each warp has one step of loads in flight while it looks
-// up another, and that covers the memory latency only just); the last
-// block of a row block finishes about 2.4 us after the median block's last
-// tile (fence, counter, the parts' loads, the scattered stores). So about
-// 5 us of every launch stream nothing, and 12 us needs most of them gone.
+// their first loads; the dependent wait returns 0.8 us after the launch
+// before has ended; reading x and building the tables takes 1.5 us; the
+// tiles then stream for about 10 us, at 2.5 TB/s where a plain read of the
+// same bytes runs at 3.2 (not for want of loads in flight: see the rolling
+// refill below; the two 256-byte pieces of each warp load, or the issue
+// rate, are the suspects); the last block of a row block finishes about 2.4
+// us after the median block's last tile (fence, counter, the parts' loads,
+// the scattered stores). So about 5 us of every launch stream nothing, and
+// 12 us needs most of them gone.
 //
-// Measured the same way and dropped (each against the kernel of its day,
-// in one run): a bulk L2 prefetch of the records two tiles ahead (22.1 us
+// Measured the same way and dropped (each against the kernel of its day, in
+// one run): a bulk L2 prefetch of the records two tiles ahead (22.1 us
 // against 18.6); planes staged through shared memory with cp.async, 16
 // warps, 3 stages (20.4 against 18.0: the extra shared loads cost more than
-// the deeper pipeline gave); the same with the copy engine (cp.async.bulk
-// of whole records into a ring of 1 or 2 steps per warp on mbarriers,
-// loaded before the dependent wait: 17.9 against 14.9, and the code beside
-// the register path slowed that path to 16.1 us); L2 prefetches of the next 1
-// to 4 tiles before the wait (15.8 to 18.4 against 14.9: the prefetches
-// hold up the issue of the first loads); the second step's loads also
-// before the wait (15.1 against 14.9); a third register buffer (16.2
-// against 15.2: spills); each plane's registers reloaded with the step two
-// ahead as soon as that plane is looked up, so that nearly two steps per
+// the deeper pipeline gave); the same with the copy engine (cp.async.bulk of
+// whole records into a ring of 1 or 2 steps per warp on mbarriers, loaded
+// before the dependent wait: 17.9 against 14.9, and the code beside the
+// register path slowed that path to 16.1 us); L2 prefetches of the next 1 to
+// 4 tiles before the wait (15.8 to 18.4 against 14.9: the prefetches hold up
+// the issue of the first loads); the second step's loads also before the
+// wait (15.1 against 14.9); a third register buffer (16.2 against 15.2:
+// spills); the rolling refill: each plane's registers reloaded with the step
+// two ahead as soon as that plane is looked up, so that nearly two steps per
 // warp are in flight in the registers of two (14.5 against 14.5 at 3.25
-// bits, 17.7 against 17.2 at 4.25, +2 % at batch 8: the stream is not
-// short of loads in flight); the record table of a block in shared memory (18.4
-// against 17.2); 3 blocks per multiprocessor (85 registers: heavy spills);
-// the parts' sum as a thread-block cluster over distributed shared memory
-// (one wave holds 14 clusters of 16 blocks where 16 are needed, so it would
-// idle a fifth of the machine); a fixed block per row block polling
-// epoch-tagged parts instead of the counter (15.5 against 14.9, 46.5
-// against 40.0 on 28672 x 8192); the parts split over pairs of threads with
-// an acq_rel counter (-0.1 us on 8192 x 8192, +1.5 us on 28672 x 8192).
-// Kept: the column sources and scales read before the wait and the row
-// permutation read with the parts (-3 % at batch 1, -5 % with
-// permutations).
+// bits, 17.7 against 17.2 at 4.25, +2 % at batch 8); the record table of a
+// block in shared memory (18.4 against 17.2); 3 blocks per multiprocessor
+// (85 registers: heavy spills); the parts' sum as a thread-block cluster
+// over distributed shared memory (one wave holds 14 clusters of 16 blocks
+// where 16 are needed, so it would idle a fifth of the machine); a fixed
+// block per row block polling epoch-tagged parts instead of the counter
+// (15.5 against 14.9, 46.5 against 40.0 on 28672 x 8192); the parts split
+// over pairs of threads with an acq_rel counter (-0.1 us on 8192 x 8192,
+// +1.5 us on 28672 x 8192). Kept: the column sources and scales read before
+// the wait and the row permutation read with the parts (-3 % at batch 1, -5
+// % with permutations).
 //
-// OTHER PATHS: groups that are not a multiple of 32 columns (tails of
-// pairs and singles inside every group) use a plain kernel, one thread per
-// row and vector, which decodes every weight; batches beyond 8 dequantize to
-// fp16 in original coordinates (one thread per row and 32 columns) and
-// multiply with cuBLAS (fp32 accumulate). On the H100 that path runs at
-// 0.27-0.33x cuBLAS fp16 alone up to batch 256 and 0.5-0.65x at 1024
-// (8192 x 8192, batch 16: 187 us, of which the dequantization is about 135:
-// about 1 TB/s of fp16 written, a third of what the memory allows; one
-// thread per weight took 733 us): writing and reading the fp16 copy costs
-// more than the product at small batches.
-// A fused kernel would expand planes to fp16 tiles in shared memory for
-// the tensor cores (mma or wgmma) without the copy.
+// OTHER PATHS: groups that are not a multiple of 32 columns (tails of pairs
+// and singles inside every group) use a plain kernel, one thread per row and
+// vector, which decodes every weight; batches beyond 8 dequantize to fp16 in
+// original coordinates (one thread per row and 32 columns) and multiply with
+// cuBLAS (fp32 accumulate). On the H100 that path runs at 0.27-0.33x cuBLAS
+// fp16 alone up to batch 256 and 0.5-0.65x at 1024 (8192 x 8192, batch 16:
+// 187 us, of which the dequantization is about 135: about 1 TB/s of fp16
+// written, a third of what the memory allows; one thread per weight took 733
+// us): writing and reading the fp16 copy costs more than the product at
+// small batches. A fused kernel would expand planes to fp16 tiles in shared
+// memory for the tensor cores (mma or wgmma) without the copy.
 #include "mpq_cuda.h"
 
 #include <cublas_v2.h>
