@@ -20,9 +20,9 @@
    measured first; the time of a kernel that only reads as many bytes,
    launched the same way (bench/read_floor.cu), and that as a share of the
    product's time: what is left between the two is the product's own fixed
-   cost (waiting for the launch before it, tables, sums); and cuBLAS fp16 (cublasGemmEx, fp16 weights and inputs,
-   fp32 accumulation and output) on the same shape and batch, timed the same
-   way, and the speedup over it. */
+   cost (waiting for the launch before it, tables, sums); and cuBLAS fp16
+   (cublasGemmEx, fp16 weights and inputs, fp32 accumulation and output) on
+   the same shape and batch, timed the same way, and the speedup over it. */
 #define MPQ_IMPLEMENTATION
 #include "mpq.h"
 #include "mpq_cuda.h"
@@ -54,6 +54,20 @@ static inline uint64_t rnd(void)
     return z ^ (z >> 31);
 }
 static inline float frand(void) { return (float)((double)(rnd() >> 11) * (1.0 / 9007199254740992.0)) - 0.5f; }
+
+/* A random permutation of 0 .. n - 1 (Fisher-Yates). */
+static uint32_t *permutation(int n)
+{
+    uint32_t *p = malloc(sizeof(uint32_t) * (size_t)n);
+    if (!p) return NULL;
+    for (int k = 0; k < n; k++) p[k] = (uint32_t)k;
+    for (int k = n - 1; k > 0; k--) {
+        const int j = (int)(rnd() % (uint64_t)(k + 1));
+        const uint32_t t = p[k];
+        p[k] = p[j], p[j] = t;
+    }
+    return p;
+}
 
 static int cmpd(const void *a, const void *b)
 {
@@ -257,26 +271,20 @@ int main(int argc, char **argv)
             d.rows = m, d.cols = n, d.group = 128, d.block_rows = 16, d.bits = bits;
             uint32_t *prow = NULL, *pcol = NULL;
             float *cscale = NULL;
-            if (reorder) { /* Fisher-Yates shuffles, scales in [0.5, 2) */
-                prow = malloc(sizeof(uint32_t) * m), pcol = malloc(sizeof(uint32_t) * n), cscale = malloc(sizeof(float) * n);
-                for (int k = 0; k < m; k++) prow[k] = (uint32_t)k;
-                for (int k = 0; k < n; k++) pcol[k] = (uint32_t)k, cscale[k] = exp2f(2.0f * frand());
-                for (int k = m - 1; k > 0; k--) {
-                    const int j = (int)(rnd() % (uint64_t)(k + 1));
-                    const uint32_t tmp = prow[k];
-                    prow[k] = prow[j], prow[j] = tmp;
-                }
-                for (int k = n - 1; k > 0; k--) {
-                    const int j = (int)(rnd() % (uint64_t)(k + 1));
-                    const uint32_t tmp = pcol[k];
-                    pcol[k] = pcol[j], pcol[j] = tmp;
-                }
+            if (reorder) { /* scales in [0.5, 2) */
+                prow = permutation(m), pcol = permutation(n), cscale = malloc(sizeof(float) * n);
+                if (!prow || !pcol || !cscale) return 1;
+                for (int k = 0; k < n; k++) cscale[k] = exp2f(2.0f * frand());
                 d.p_row = prow, d.p_col = pcol, d.col_scale = cscale;
             }
             mpq_packed A;
             if (mpq_pack_alloc(&d, W, &A) != MPQ_OK) return 1;
             free(prow), free(pcol), free(cscale);
             const double tr = read_floor_seconds(A.bytes, reps);
+            if (tr < 0) {
+                fprintf(stderr, "read floor: the device refused\n");
+                return 1;
+            }
             const int copies = (int)(200e6 / (double)A.bytes) + 2;
             void **h = malloc(sizeof(void *) * copies);
             for (int c = 0; c < copies; c++)
