@@ -46,17 +46,19 @@
 // fixed cost left once launches overlap (programmatic dependent launch).
 //
 // Where the time goes (8192 x 8192, 3.25 bits, the kernel of 2026-11-22;
-// globaltimer stamps of every block, launches back to back): the
-// blocks of a launch enter as those of the launch before leave and issue
-// their first loads; the dependent wait returns 0.8 us after the launch
-// before has ended; reading x and building the tables takes 1.5 us; the
-// tiles then stream for about 10 us, at 2.5 TB/s where a plain read of the
-// same bytes runs at 3.2 (not for want of loads in flight: see the rolling
-// refill below; the two 256-byte pieces of each warp load, or the issue
-// rate, are the suspects); the last block of a row block finishes about 2.4
-// us after the median block's last tile (fence, counter, the parts' loads,
-// the scattered stores). So about 5 us of every launch stream nothing, and
-// 12 us needs most of them gone.
+// globaltimer stamps of every block, launches back to back): the blocks of a
+// launch enter as those of the launch before leave and issue their first
+// loads; the dependent wait returns 0.8 us after the launch before has
+// ended; reading x and building the tables takes 1.5 us; the tiles then
+// stream for about 10 us, at 2.5 TB/s; the last block of a row block
+// finishes about 2.4 us after the median block's last tile (fence, counter,
+// the parts' loads, the scattered stores). So about 5 us of every launch
+// stream nothing, and 12 us needs most of them gone. A kernel that makes
+// exactly this kernel's plane loads (same grid, two 256-byte pieces per warp
+// load, one step in flight per warp) and nothing else takes 9.7 us (3.0
+// TB/s; 9.7 with 512 linear bytes per warp load): neither the address
+// pattern nor the loads in flight hold the stream back (see also the rolling
+// refill below), the work around them does.
 //
 // Measured the same way and dropped (each against the kernel of its day, in
 // one run): a bulk L2 prefetch of the records two tiles ahead (22.1 us
