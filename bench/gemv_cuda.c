@@ -186,7 +186,7 @@ int main(int argc, char **argv)
             prefill = 1;
         else if (!strcmp(argv[a], "--shape") && a + 1 < argc && sscanf(argv[a + 1], "%dx%d", &shapes[0][0], &shapes[0][1]) == 2)
             nshapes = 1, a++;
-        else if (!strcmp(argv[a], "--reps") && a + 1 < argc)
+        else if (!strcmp(argv[a], "--reps") && a + 1 < argc && atoi(argv[a + 1]) >= 1)
             reps = atoi(argv[++a]);
         else if (!strcmp(argv[a], "--bits") && a + 1 < argc)
             only_bits = atof(argv[++a]);
