@@ -91,7 +91,7 @@
 // vector, which decodes every weight; batches beyond 8 dequantize to fp16 in
 // original coordinates (one thread per row and 32 columns) and multiply with
 // cuBLAS (fp32 accumulate). On the H100 that path runs at 0.27-0.33x cuBLAS
-// fp16 alone up to batch 256 and 0.5-0.65x at 1024 (8192 x 8192, batch 16:
+// fp16 alone up to batch 256 and 0.48-0.64x at 1024 (8192 x 8192, batch 16:
 // 187 us, of which the dequantization is about 135: about 1 TB/s of fp16
 // written, a third of what the memory allows; one thread per weight took 733
 // us): writing and reading the fp16 copy costs more than the product at
