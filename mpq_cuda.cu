@@ -583,12 +583,17 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_lut(dmat M, const float *__r
     if (tid == 0) counters[blockIdx.y] = 0; // ready for the next launch
 }
 
-// Decodes row `row`, columns col0 .. col0 + 7 (col0 % 8 == 0: one chunk,
-// inside one group) of the packed matrix (packed coordinates) with `skip`
-// planes dropped, without the column scale. Columns past the matrix get
-// what their zero bits decode to; callers drop them.
-__device__ void decode_chunk(const dmat &M, int row, int col0, int skip, float (&w)[8])
+// Decodes row `row`, columns col0 .. col0 + N - 1 of the packed matrix
+// (packed coordinates) with `skip` planes dropped, without the column
+// scale. N = 8: one chunk (col0 % 8 == 0, inside one group); N = 32: a quad
+// of one group (chunks c .. c + 3, c % 4 == 0, below the group's tail
+// chunks), whose 4 bytes per row and plane are one 32-bit word (BYTE
+// LAYOUT); bit j of the byte or word is column col0 + j. Columns past the
+// matrix get what their zero bits decode to; callers drop them.
+template <int N>
+__device__ void decode_cols(const dmat &M, int row, int col0, int skip, float (&w)[N])
 {
+    static_assert(N == 8 || N == 32, "a chunk or a quad");
     const int t = row / kTile, r = row % kTile, g = col0 / M.group, c = (col0 - g * M.group) / 8;
     const uint8_t *rec = M.data + 16 * (size_t)M.rec[(size_t)t * M.ngroups + g].x;
     const int b = width_at(M, row, g), gw = min(M.group, M.cols - g * M.group), nchg = (gw + 7) / 8;
@@ -607,15 +612,18 @@ __device__ void decode_chunk(const dmat &M, int row, int col0, int skip, float (
         } else
             off += (size_t)r;
     }
-    float m[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+    float m[N];
+#pragma unroll
+    for (int k = 0; k < N; k++) m[k] = 0.0f;
     for (int i = 0; i < b; i++) {
-        const unsigned byte = rec[M.meta + (size_t)i * nchg * 16 + off];
+        const uint8_t *p = rec + M.meta + (size_t)i * nchg * 16 + off;
+        const uint32_t bits = N == 8 ? *p : *reinterpret_cast<const uint32_t *>(p);
         const float pw = plane_weight(i, b, skip);
 #pragma unroll
-        for (int k = 0; k < 8; k++) m[k] += pw * ((byte >> k & 1) ? 1.0f : -1.0f);
+        for (int k = 0; k < N; k++) m[k] += pw * ((bits >> k & 1) ? 1.0f : -1.0f);
     }
 #pragma unroll
-    for (int k = 0; k < 8; k++) w[k] = s * m[k] + z;
+    for (int k = 0; k < N; k++) w[k] = s * m[k] + z;
 }
 
 // The plain kernel: one thread per (row, vector), every weight decoded,
@@ -629,7 +637,7 @@ __global__ void gemv_plain(dmat M, const float *__restrict__ x, int batch, int s
     float sum = 0.0f;
     for (int col0 = 0; col0 < M.cols; col0 += 8) {
         float w[8];
-        decode_chunk(M, row, col0, skip, w);
+        decode_cols(M, row, col0, skip, w);
         const int n = min(8, M.cols - col0);
         for (int kk = 0; kk < n; kk++) {
             const int col = col0 + kk, src = M.p_col ? (int)M.p_col[col] : col;
@@ -696,33 +704,14 @@ __global__ void dequant_f16(dmat M, int skip, __half *__restrict__ W)
     const int g = col0 / M.group, c0 = (col0 - g * M.group) / 8;
     const int gw = min(M.group, M.cols - g * M.group), nchg = (gw + 7) / 8;
     if (M.group % 32 == 0 && c0 + 4 <= (nchg & ~3)) {
-        const uint8_t *rec = M.data + 16 * (size_t)M.rec[(size_t)t * M.ngroups + g].x;
-        const int b = width_at(M, row, g);
-        float s, z;
-        row_pair(M, rec, r, b, s, z);
-        // BYTE LAYOUT: chunks c0 .. c0 + 3 of row r are bytes 4 r .. 4 r + 3
-        // of the quad's 64 bytes in each plane; bit j is column col0 + j
-        const uint8_t *pl = rec + M.meta + (size_t)(c0 >> 2) * 64 + (size_t)r * 4;
-        float m[32];
+        float w[32];
+        decode_cols(M, row, col0, skip, w);
 #pragma unroll
-        for (int j = 0; j < 32; j++) m[j] = 0.0f;
-        for (int i = 0; i < b; i++) {
-            const uint32_t word = *reinterpret_cast<const uint32_t *>(pl + (size_t)i * nchg * 16);
-            const float pw = plane_weight(i, b, skip);
-#pragma unroll
-            for (int j = 0; j < 32; j++) m[j] += pw * ((word >> j & 1) ? 1.0f : -1.0f);
-        }
-#pragma unroll
-        for (int cc = 0; cc < 4; cc++) {
-            float w[8];
-#pragma unroll
-            for (int kk = 0; kk < 8; kk++) w[kk] = s * m[8 * cc + kk] + z;
-            store_chunk(M, W, orow, col0 + 8 * cc, w);
-        }
+        for (int cc = 0; cc < 4; cc++) store_chunk(M, W, orow, col0 + 8 * cc, w + 8 * cc);
     } else {
         for (int cc = 0; cc < 4 && col0 + 8 * cc < M.cols; cc++) {
             float w[8];
-            decode_chunk(M, row, col0 + 8 * cc, skip, w);
+            decode_cols(M, row, col0 + 8 * cc, skip, w);
             store_chunk(M, W, orow, col0 + 8 * cc, w);
         }
     }
