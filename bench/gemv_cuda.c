@@ -26,6 +26,7 @@
 #define MPQ_IMPLEMENTATION
 #include "mpq.h"
 #include "mpq_cuda.h"
+#include "synth.h"
 
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
@@ -54,20 +55,6 @@ static inline uint64_t rnd(void)
     return z ^ (z >> 31);
 }
 static inline float frand(void) { return (float)((double)(rnd() >> 11) * (1.0 / 9007199254740992.0)) - 0.5f; }
-
-/* A random permutation of 0 .. n - 1 (Fisher-Yates). */
-static uint32_t *permutation(int n)
-{
-    uint32_t *p = malloc(sizeof(uint32_t) * (size_t)n);
-    if (!p) return NULL;
-    for (int k = 0; k < n; k++) p[k] = (uint32_t)k;
-    for (int k = n - 1; k > 0; k--) {
-        const int j = (int)(rnd() % (uint64_t)(k + 1));
-        const uint32_t t = p[k];
-        p[k] = p[j], p[j] = t;
-    }
-    return p;
-}
 
 static int cmpd(const void *a, const void *b)
 {
@@ -272,8 +259,11 @@ int main(int argc, char **argv)
             uint32_t *prow = NULL, *pcol = NULL;
             float *cscale = NULL;
             if (reorder) { /* scales in [0.5, 2) */
-                prow = permutation(m), pcol = permutation(n), cscale = malloc(sizeof(float) * n);
+                synth_rng pr = {rnd()};
+                prow = malloc(sizeof(uint32_t) * m), pcol = malloc(sizeof(uint32_t) * n), cscale = malloc(sizeof(float) * n);
                 if (!prow || !pcol || !cscale) return 1;
+                synth_perm(&pr, prow, m);
+                synth_perm(&pr, pcol, n);
                 for (int k = 0; k < n; k++) cscale[k] = exp2f(2.0f * frand());
                 d.p_row = prow, d.p_col = pcol, d.col_scale = cscale;
             }
