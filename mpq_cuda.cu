@@ -1,7 +1,8 @@
 // mpq_cuda.cu - the CUDA backend of mpq: see mpq_cuda.h for what is in.
 //
-// KERNEL (batch 1..8, every format with group % 32 == 0): one launch per
-// product, for any mix of widths. B is the batch rounded up to 1, 2, 4, 8.
+// LUT KERNEL (batch 1..4, and 5..8 where the MMA kernel below does not
+// apply; every format with group % 32 == 0): one launch per product, for any
+// mix of widths. B is the batch rounded up to 1, 2, 4, 8.
 //
 //   Grid. A slice is 512 / B columns (64 / B chunks of 8 per vector). A
 //   block takes a column part of one or more slices (512 columns in all
@@ -86,6 +87,23 @@
 // the wait and the row permutation read with the parts (-3 % at batch 1, -5
 // % with permutations).
 //
+// MMA KERNEL (batch 5..8, MPQ_CUDA_MMA_BATCH; tiles of one width): the
+// codes on the tensor cores, see gemv_mma. Its cost hardly depends on the
+// batch, the LUT kernel's grows with B. H100, 3.25 bits, against the LUT
+// kernel in the same run: batch 6-8 take 52-54 us on 8192 x 8192 (LUT 77-79
+// us, cuBLAS fp16 50), 168-174 us on 28672 x 8192 (LUT 265-269, cuBLAS
+// 164): 1.3-1.7x the LUT kernel on the six shapes, 0.76-1.0x cuBLAS fp16
+// from 14336 x 4096 up (0.6-0.8x on 4096 x 4096). Batch 4 stays with the LUT kernel (42 us against 54
+// on 8192 x 8192). Where its time goes (Nsight Compute, 8192 x 8192, batch
+// 8): 30 M warp instructions at 2.3 per cycle per multiprocessor, half of
+// them the 113 of each quad of 32 columns (the codes: a rotate per plane
+// word, a LOP3 per plane and half2, then a rotate, a HADD2 and 4 HMMA), a
+// third per record (ring, epilogue) and the activations' split; the loads
+// alone (no arithmetic) take 10 us of the 52. Tried: two more records in
+// flight per warp (8 slots: one block per multiprocessor, 20 % slower), the
+// quad loop unrolled by 2 (no change), four accumulator chains instead of
+// one (no change).
+//
 // OTHER PATHS: groups that are not a multiple of 32 columns (tails of pairs
 // and singles inside every group) use a plain kernel, one thread per row and
 // vector, which decodes every weight; batches beyond 8 dequantize to fp16 in
@@ -96,12 +114,14 @@
 // written, a third of what the memory allows; one thread per weight took 733
 // us): writing and reading the fp16 copy costs more than the product at
 // small batches. A fused kernel would expand planes to fp16 tiles in shared
-// memory for the tensor cores (mma or wgmma) without the copy.
+// memory for the tensor cores (the MMA kernel's codes, tiled over more
+// rows) without the copy.
 #include "mpq_cuda.h"
 
 #include <cublas_v2.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+#include <float.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -110,6 +130,10 @@
 // (0): see Launch above.
 #ifndef MPQ_CUDA_PDL
 #define MPQ_CUDA_PDL 1
+#endif
+// The MMA kernel takes batches from this size up to 8 (9: never).
+#ifndef MPQ_CUDA_MMA_BATCH
+#define MPQ_CUDA_MMA_BATCH 5
 #endif
 
 namespace {
@@ -139,6 +163,7 @@ struct dmat {
 struct cuda_ctx {
     int device, sms;
     int occ[4][3]; // resident blocks per multiprocessor of kLut[batch][widest row]
+    int smem_sm, smem_reserved, mma_static, mma_dmax; // shared memory: per SM, per block, the MMA kernel's
     cudaStream_t stream;
     cublasHandle_t blas;
     // scratch, grown on demand
@@ -379,6 +404,42 @@ __device__ __forceinline__ void step_compute(const dmat &M, const step_buf<MAXP>
     }
 }
 
+// The end of a product split over column parts (grid x) and row blocks
+// (grid y): every block has written its per-row sums of rows r0 .. r0 + nr
+// - 1 to `part`; the last block of the row block to finish adds the parts in
+// a fixed order (deterministic), adds the sparse part, and scatters through
+// p_row.
+__device__ void sum_parts(const dmat &M, const float *__restrict__ x, int batch, const float *part,
+                          unsigned *__restrict__ counters, float *__restrict__ y, int r0, int nr)
+{
+    __shared__ bool last;
+    const int tid = threadIdx.x, nparts = gridDim.x, nthr = blockDim.x;
+    const size_t rows16 = (size_t)M.ntiles * kTile; // row stride of `part`
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) last = atomicAdd(&counters[blockIdx.y], 1u) == (unsigned)nparts - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    for (int k = tid; k < batch * nr / 4; k += nthr) {
+        const int vv = k / (nr / 4), r = r0 + 4 * (k % (nr / 4));
+        int orow[4]; // loaded with the parts, not after them
+#pragma unroll
+        for (int w = 0; w < 4; w++) orow[w] = r + w >= M.rows ? -1 : M.p_row ? (int)M.p_row[r + w] : r + w;
+        float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll 8
+        for (int p = 0; p < nparts; p++) {
+            const float4 a = __ldcg(reinterpret_cast<const float4 *>(&part[((size_t)p * batch + vv) * rows16 + r]));
+            sum.x += a.x, sum.y += a.y, sum.z += a.z, sum.w += a.w;
+        }
+        const float sw[4] = {sum.x, sum.y, sum.z, sum.w};
+#pragma unroll
+        for (int w = 0; w < 4; w++)
+            if (orow[w] >= 0) y[(size_t)vv * M.rows + orow[w]] = sw[w] + sparse_dot(M, orow[w], x + (size_t)vv * M.cols);
+    }
+    if (tid == 0) counters[blockIdx.y] = 0; // ready for the next launch
+}
+
 // The LUT kernel. Grid: x = column parts of `sps` slices (a slice is
 // 512 / B columns, 64 / B chunks per vector), y = row blocks of `tpb` tiles.
 // For each slice of its part a block builds the slice's tables, then every
@@ -401,9 +462,8 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_lut(dmat M, const float *__r
     float *accs = T + 256 * kWords;
     __shared__ float xs[B][scols];
     __shared__ float qsum[B][nch / 4];
-    __shared__ bool last;
 
-    const int part_id = blockIdx.x, nparts = gridDim.x;
+    const int part_id = blockIdx.x;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int v = lane / (4 * qps), q = (lane / 4) % qps, rq = lane & 3;
     const int t_first = blockIdx.y * tpb, t_end = min(M.ntiles, t_first + tpb);
@@ -557,31 +617,355 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_lut(dmat M, const float *__r
         }
     }
 
-    // the last block of this row block sums the parts in order
-    __threadfence();
-    __syncthreads();
-    if (tid == 0) last = atomicAdd(&counters[blockIdx.y], 1u) == (unsigned)nparts - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    for (int k = tid; k < batch * nr / 4; k += kThreads) {
-        const int vv = k / (nr / 4), r = r0 + 4 * (k % (nr / 4));
-        int orow[4]; // loaded with the parts, not after them
-#pragma unroll
-        for (int w = 0; w < 4; w++) orow[w] = r + w >= M.rows ? -1 : M.p_row ? (int)M.p_row[r + w] : r + w;
-        float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll 8
-        for (int p = 0; p < nparts; p++) {
-            const float4 a = __ldcg(reinterpret_cast<const float4 *>(&part[((size_t)p * batch + vv) * rows16 + r]));
-            sum.x += a.x, sum.y += a.y, sum.z += a.z, sum.w += a.w;
-        }
-        const float sw[4] = {sum.x, sum.y, sum.z, sum.w};
-#pragma unroll
-        for (int w = 0; w < 4; w++)
-            if (orow[w] >= 0) y[(size_t)vv * M.rows + orow[w]] = sw[w] + sparse_dot(M, orow[w], x + (size_t)vv * M.cols);
-    }
-    if (tid == 0) counters[blockIdx.y] = 0; // ready for the next launch
+    sum_parts(M, x, batch, part, counters, y, r0, nr);
 }
+
+// ------------------------------------------------------------ tensor cores
+// MMA KERNEL (groups of a multiple of 32 columns, tiles of one width; any
+// batch up to 8, taken from MPQ_CUDA_MMA_BATCH): the planes of a record are
+// combined into each weight's integer code and multiplied on the tensor
+// cores (mma.sync m16n8k16, fp16 in, fp32 accumulate), the batch's vectors
+// as the 8 columns of the product. The LUT kernel pays a lookup per vector
+// and plane byte; this kernel about one instruction per weight and plane
+// whatever the batch, so it wins from batch 5 (which the LUT kernel runs as
+// 8) and loses below.
+//
+//   Codes. With planes lo .. np - 1 kept (lo = min(skip, np - 1)), the
+//   weight is s^ Q + z^ with Q = sum_i 2^i (2 b_i - 1) = 2 u - (2^np -
+//   2^lo), u = sum_i 2^i b_i: an integer of at most 255 in magnitude, exact
+//   in fp16. A lane builds 2 u for two columns at once in a half2 word (bit
+//   i of a code at positions i + 1 and 17 + i, over the fp16 pattern of
+//   1024; see the masks K below), then Q = (1024 + 2 u) - (1024 + 2^np -
+//   2^lo) in one HADD2 (integers below 2048: exact).
+//
+//   Fragments. mma row m (0..7) is tile row 2 m and row m + 8 tile row 2 m +
+//   1, so a lane reads both of its rows' plane words of a quad in one 8-byte
+//   load. The k order inside a quad is free (the activations follow it): for
+//   k16 step S of the quad, k = 2 c + 8 h + e (c = lane % 4) is column c + 4
+//   (2 S + h) + 16 e, so that the two columns of a half2 are bits j and j +
+//   16 of one plane word.
+//
+//   Activations. x (gathered through p_col, times col_scale) is split into
+//   fp16 hi + lo parts, x = 2^E (hi + lo) with a power of two E per vector
+//   and column part that puts max |x| in [2^14, 2^15): two products per k
+//   step, about 22 bits of x kept (fp32 tables keep 24). They are built once
+//   per block into shared memory in fragment order, with the column sums of
+//   every group (for z^).
+//
+//   Streaming. Each warp streams its records (tile, group), whole, into a
+//   ring of kMmaRing slots in shared memory with cp.async, kMmaRing - 1
+//   records ahead (the first ones before the dependent wait); plane words
+//   are read from there. The sums of a column part go through `part` and
+//   sum_parts, as in the LUT kernel.
+constexpr int kMmaWarps = 8;
+constexpr int kMmaThreads = 32 * kMmaWarps;
+constexpr int kMmaRing = 4; // records per warp: 3 in flight while one is multiplied
+constexpr int kMmaFragBytes = 64 * 1024; // the most x fragments of one column part
+
+__device__ __forceinline__ uint32_t smem_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+// 16 bytes global -> shared, asynchronous (cp.async; L1 bypassed).
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void *src)
+{
+    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
+}
+
+__device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1)
+{
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// h + k for half2 words (both exact integers here, so is the sum).
+__device__ __forceinline__ uint32_t hadd2_bits(uint32_t h, uint32_t k)
+{
+    const __half2 r = __hadd2(*reinterpret_cast<const __half2 *>(&h), *reinterpret_cast<const __half2 *>(&k));
+    return *reinterpret_cast<const uint32_t *>(&r);
+}
+
+// Shared memory of the MMA kernel, in bytes from the start: x fragments
+// [2 nq steps][batch][4] (uint4), group sums [ng][batch], quad sums
+// [nq][batch], the warps' sums [8][16][batch], then the warps' rings
+// (16-byte aligned).
+struct mma_smem {
+    int gsum, qsum, wsum, ring;
+    __host__ __device__ mma_smem(int nq, int ng, int batch)
+    {
+        gsum = 2 * nq * batch * 4 * 16;
+        qsum = gsum + 4 * ng * batch;
+        wsum = qsum + 4 * nq * batch;
+        ring = (wsum + 4 * kMmaWarps * kTile * batch + 15) / 16 * 16;
+    }
+};
+
+// Grid: x = column parts of `gpp` groups, y = row blocks of `tpb` tiles
+// (tpb is 1, 2, 4 or a multiple of 8). With tpb >= 8 warp w takes tiles w,
+// w + 8, ... with all the part's groups; with fewer tiles the 8 / tpb warps
+// of a tile share its groups and add up in shared memory. MAXP: the most
+// planes of a record (4, 6, 8), so that the plane loop unrolls.
+template <int MAXP>
+__global__ void __launch_bounds__(kMmaThreads, 2) gemv_mma(dmat M, const float *__restrict__ x, int batch, int skip,
+                                                           int tpb, int gpp, int slot, float *__restrict__ part,
+                                                           unsigned *__restrict__ counters, float *__restrict__ y)
+{
+    extern __shared__ uint4 smem4[];
+    __shared__ float xscale[8];  // 2^E of each vector
+    __shared__ unsigned xmax[8]; // max |x| (float bits) of each vector
+    __shared__ int ring_np[kMmaWarps][kMmaRing];
+    __shared__ uint2 recs[kMmaWarps][64]; // record table entries of units u (u % 64)
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, m = lane >> 2, c = lane & 3;
+    const int G = M.group, g0 = blockIdx.x * gpp, ng = min(gpp, M.ngroups - g0);
+    const int c0 = g0 * G, nq = min(ng * G, M.cols - c0) / 32; // quads of the part
+    const int t_first = blockIdx.y * tpb, nt = min(M.ntiles, t_first + tpb) - t_first;
+    const mma_smem L(nq, ng, batch);
+    char *const sbase = reinterpret_cast<char *>(smem4);
+    uint4 *frag = smem4;
+    float *gsum = reinterpret_cast<float *>(sbase + L.gsum), *qsum = reinterpret_cast<float *>(sbase + L.qsum);
+    float *wsum = reinterpret_cast<float *>(sbase + L.wsum);
+    char *ring = sbase + L.ring + (size_t)warp * kMmaRing * slot;
+
+    // the warp's records, unit u = (tile, group): with tpb >= 8 tiles warp,
+    // warp + 8, ... with every group; else one tile, every wpt-th group
+    const int wpt = tpb >= kMmaWarps ? 1 : kMmaWarps / tpb;
+    const int tile0 = warp / wpt, gshare = warp % wpt;
+    const int ntw = tile0 >= nt ? 0 : wpt == 1 ? (nt - tile0 + kMmaWarps - 1) / kMmaWarps : 1;
+    const int gpw = ng > gshare ? (ng - gshare + wpt - 1) / wpt : 0; // groups per tile for this warp
+    const int nunits = ntw * gpw;
+    auto unit_t = [&](int u) { return t_first + tile0 + (u / gpw) * kMmaWarps; };
+    auto unit_g = [&](int u) { return g0 + gshare + (u % gpw) * wpt; };
+    // the (tile, group) of the next unit to copy and of the next to multiply,
+    // advanced without divisions; j counts the warp's groups of the tile
+    struct cursor {
+        int t, g, j;
+    };
+    auto advance = [&](cursor &p) {
+        if (++p.j == gpw) p.j = 0, p.t += kMmaWarps, p.g = g0 + gshare;
+        else p.g += wpt;
+    };
+    cursor cmul = {t_first + tile0, g0 + gshare, 0}, ccopy = cmul;
+    // The record table entries of units 32 b .. 32 b + 31 (one per lane)
+    // are copied into `recs` a batch ahead, with the records of unit 32 (b -
+    // 1): a copy never waits on a dependent load.
+    auto rec_of = [&](int u) { return M.rec + (size_t)unit_t(u) * M.ngroups + unit_g(u); };
+    for (int u = lane; u < min(64, nunits); u += 32) recs[warp][u] = __ldg(rec_of(u));
+    __syncwarp();
+    // copies the record of unit u into its ring slot; one commit group per
+    // unit, empty past the last
+    auto issue = [&](int u) {
+        const uint2 r = u < nunits ? recs[warp][u & 63] : make_uint2(0, 0);
+        const int k = u % kMmaRing;
+        char *dst = ring + (size_t)k * slot;
+        if (lane == 0) ring_np[warp][k] = u < nunits ? (int)r.y : 0;
+        if (u < nunits && r.y) {
+            const int bytes = M.meta + (int)r.y * min(G, M.cols - ccopy.g * G) * 2;
+            const uint8_t *src = M.data + 16 * (size_t)r.x;
+            for (int o = 16 * lane; o < bytes; o += 512) cp_async16(smem_addr(dst + o), src + o);
+        }
+        if ((u & 31) == 0 && u >= 32 && u + 32 + lane < nunits) // batch u / 32 + 1, into batch u / 32 - 1's place
+            asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(smem_addr(&recs[warp][(u + 32 + lane) & 63])),
+                         "l"(rec_of(u + 32 + lane))
+                         : "memory");
+        asm volatile("cp.async.commit_group;" ::: "memory");
+        advance(ccopy);
+    };
+    for (int u = 0; u < kMmaRing - 1; u++) issue(u); // the first records go out before the wait
+    asm volatile("griddepcontrol.launch_dependents;");
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+
+    // The part's activations in fragment order, as floats first: item k =
+    // (vector n, quad q, step S, c) holds columns c + 4 (2 S + h) + 16 e of
+    // quad q for (h, e) = (0, 0), (0, 1), (1, 0), (1, 1). The loads of all
+    // items go out before any is used.
+    if (tid < 8) xmax[tid] = 0u;
+    const int nitems = batch * nq * 8; // a multiple of 8
+    // A thread's items share (c, S) = (ic, is) = (tid % 4, tid / 4 % 2); their (quad,
+    // vector) advance by kMmaThreads / 8 quads at a time.
+    const int ic = tid & 3, is = (tid >> 2) & 1;
+    struct quad_vec {
+        int q, n;
+    };
+    auto first_qv = [&]() { return quad_vec{(tid >> 3) % nq, (tid >> 3) / nq}; };
+    auto next_qv = [&](quad_vec &p) {
+        for (p.q += kMmaThreads / 8; p.q >= nq; p.q -= nq) p.n++;
+    };
+#pragma unroll 8
+    for (int k = tid; k < nitems; k += kMmaThreads) { // independent items: the loads of 8 go out together
+        const int q = (k >> 3) % nq, n = (k >> 3) / nq;
+        float v[4];
+#pragma unroll
+        for (int f = 0; f < 4; f++) {
+            const int col = c0 + 32 * q + ic + 4 * (2 * is + (f >> 1)) + 16 * (f & 1);
+            v[f] = x[(size_t)n * M.cols + (M.p_col ? (int)M.p_col[col] : col)] * (M.cscale ? M.cscale[col] : 1.0f);
+        }
+        frag[((2 * q + is) * batch + n) * 4 + ic] =
+            make_uint4(__float_as_uint(v[0]), __float_as_uint(v[1]), __float_as_uint(v[2]), __float_as_uint(v[3]));
+    }
+    __syncthreads();
+    // quad sums (8 adjacent lanes, in order) and max |x| per vector
+    float tmax[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+    quad_vec p = first_qv();
+    for (int k0 = 0; k0 < nitems; k0 += kMmaThreads, next_qv(p)) {
+        const int k = k0 + tid, q = p.q, n = p.n;
+        const bool ok = k < nitems; // the same for the 8 lanes of a quad
+        const uint4 f = ok ? frag[((2 * q + is) * batch + n) * 4 + ic] : make_uint4(0, 0, 0, 0);
+        const float v[4] = {__uint_as_float(f.x), __uint_as_float(f.y), __uint_as_float(f.z), __uint_as_float(f.w)};
+        float sum = (v[0] + v[1]) + (v[2] + v[3]);
+#pragma unroll
+        for (int o = 1; o < 8; o <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+        if (ok && (k & 7) == 0) qsum[q * batch + n] = sum;
+        const float a = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
+#pragma unroll
+        for (int nn = 0; nn < 8; nn++) tmax[nn] = ok && nn == n ? fmaxf(tmax[nn], a) : tmax[nn];
+    }
+#pragma unroll
+    for (int nn = 0; nn < 8; nn++) { // |x| >= 0: ordered as its bits
+        const unsigned b = __reduce_max_sync(0xffffffffu, __float_as_uint(tmax[nn]));
+        if (lane == 0 && nn < batch) atomicMax(&xmax[nn], b);
+    }
+    __syncthreads();
+    if (tid < batch) { // max |x| / 2^E in [2^14, 2^15), 2^E a normal float
+        const float amax = __uint_as_float(xmax[tid]);
+        const int e = amax > 0.0f && amax <= FLT_MAX ? max(ilogbf(amax) - 14, -126) : 0;
+        xscale[tid] = ldexpf(1.0f, e);
+    }
+    for (int k = tid; k < ng * batch; k += kMmaThreads) { // group sums, quads in order
+        const int gl = k / batch, n = k % batch, qpg = G / 32;
+        float sum = 0.0f;
+        for (int q = gl * qpg; q < min(nq, (gl + 1) * qpg); q++) sum += qsum[q * batch + n];
+        gsum[k] = sum;
+    }
+    __syncthreads();
+    p = first_qv();
+    for (int k = tid; k < nitems; k += kMmaThreads, next_qv(p)) { // hi + lo, in place
+        const int q = p.q, n = p.n;
+        uint4 &f = frag[((2 * q + is) * batch + n) * 4 + ic];
+        const float inv = 1.0f / xscale[n]; // a power of two: exact
+        const uint32_t w[4] = {f.x, f.y, f.z, f.w};
+        uint32_t hi[4], lo[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const float v = __uint_as_float(w[i]) * inv;
+            const __half h = __float2half_rn(v);
+            hi[i] = __half_as_ushort(h);
+            lo[i] = __half_as_ushort(__float2half_rn(v - __half2float(h)));
+        }
+        f = make_uint4(hi[0] | hi[1] << 16, hi[2] | hi[3] << 16, lo[0] | lo[1] << 16, lo[2] | lo[3] << 16);
+    }
+    __syncthreads();
+
+    // the stream: lane (m, c) sums rows 2m, 2m + 1 for vectors 2c, 2c + 1
+    const bool is_mx = M.format == MPQ_FORMAT_MXINT;
+    const size_t rows16 = (size_t)M.ntiles * kTile;
+    const float sc0 = 2 * c < batch ? xscale[2 * c] : 0.0f, sc1 = 2 * c + 1 < batch ? xscale[2 * c + 1] : 0.0f;
+    // Rotating a plane word right by rot_f = c + 4 f - 1 brings bits j = c
+    // + 4 f and j + 16 to 1 and 17. Plane i's word W is rotated left by i
+    // and masked with K[i][f] (bits i + 1 and i + 17, rotated left by
+    // rot_f), so one LOP3 per plane adds its bits to the half2 word, kept
+    // rotated left by rot_f until the end (with the pattern of 1024).
+    int rot[4];
+    uint32_t K[MAXP][4], P[4];
+#pragma unroll
+    for (int f = 0; f < 4; f++) {
+        rot[f] = c + 4 * f - 1;
+        P[f] = __funnelshift_l(0x64006400u, 0x64006400u, rot[f]);
+#pragma unroll
+        for (int i = 0; i < MAXP; i++) K[i][f] = __funnelshift_l(0x00020002u, 0x00020002u, i + rot[f]);
+    }
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f}; // (row 2m, 2c), (2m, 2c + 1), (2m + 1, 2c), (2m + 1, 2c + 1)
+    for (int u = 0; u < nunits; u++) {
+        asm volatile("cp.async.wait_group %0;" ::"n"(kMmaRing - 2) : "memory");
+        __syncwarp(); // every lane's copies of unit u are in; every lane is done with unit u - 1
+        issue(u + kMmaRing - 1);
+        const int t = cmul.t, g = cmul.g, k = u % kMmaRing, np = ring_np[warp][k];
+        if (np) {
+            const char *rec = ring + (size_t)k * slot;
+            const int lo = min(skip, np - 1), gw = min(G, M.cols - g * G), stride = 2 * gw;
+            const uint32_t kq = 0x00010001u * __half_as_ushort(__float2half_rn(-(float)(1024 + (1 << np) - (1 << lo))));
+            float s0, s1, z0, z1;
+            if (is_mx) {
+                const uint32_t e = *reinterpret_cast<const uint16_t *>(rec + 2 * m);
+                s0 = pow2i((int)(e & 255u) - 127 - np + 1), s1 = pow2i((int)(e >> 8) - 127 - np + 1);
+                z0 = -s0, z1 = -s1;
+            } else {
+                const uint32_t sw = *reinterpret_cast<const uint32_t *>(rec + 4 * m);
+                const uint32_t zw = *reinterpret_cast<const uint32_t *>(rec + 32 + 4 * m);
+                s0 = half_lo(sw), s1 = half_hi(sw), z0 = half_lo(zw), z1 = half_hi(zw);
+            }
+            float d[4][4] = {}; // hi and lo products of steps 0 and 1: four short chains
+            const char *pl = rec + M.meta + 8 * m;
+            const uint4 *fr = frag + ((size_t)((g - g0) * G / 16) * batch + m) * 4 + c;
+            for (int q = 0; q < gw / 32; q++, pl += 64) {
+                uint2 w[MAXP];
+#pragma unroll
+                for (int i = 0; i < MAXP; i++)
+                    if (i >= lo && i < np) w[i] = *reinterpret_cast<const uint2 *>(pl + i * stride);
+                uint32_t ha[4], hb[4]; // f = 2 S + h; rows 2m and 2m + 1
+#pragma unroll
+                for (int f = 0; f < 4; f++) ha[f] = hb[f] = P[f];
+#pragma unroll
+                for (int i = 0; i < MAXP; i++) {
+                    if (i < lo || i >= np) continue;
+                    const uint32_t wx = __funnelshift_l(w[i].x, w[i].x, i), wy = __funnelshift_l(w[i].y, w[i].y, i);
+#pragma unroll
+                    for (int f = 0; f < 4; f++) {
+                        ha[f] |= wx & K[i][f];
+                        hb[f] |= wy & K[i][f];
+                    }
+                }
+#pragma unroll
+                for (int f = 0; f < 4; f++) {
+                    ha[f] = __funnelshift_r(ha[f], ha[f], rot[f]);
+                    hb[f] = __funnelshift_r(hb[f], hb[f], rot[f]);
+                }
+#pragma unroll
+                for (int S = 0; S < 2; S++) {
+                    const uint32_t a[4] = {hadd2_bits(ha[2 * S], kq), hadd2_bits(hb[2 * S], kq),
+                                           hadd2_bits(ha[2 * S + 1], kq), hadd2_bits(hb[2 * S + 1], kq)};
+                    const uint4 b = m < batch ? fr[(size_t)(2 * q + S) * batch * 4] : make_uint4(0, 0, 0, 0);
+                    mma_16816(d[2 * S], a, b.x, b.y);
+                    mma_16816(d[2 * S + 1], a, b.z, b.w);
+                }
+            }
+#pragma unroll
+            for (int f = 0; f < 4; f++) d[0][f] = (d[0][f] + d[1][f]) + (d[2][f] + d[3][f]);
+            const float x0 = 2 * c < batch ? gsum[(g - g0) * batch + 2 * c] : 0.0f;
+            const float x1 = 2 * c + 1 < batch ? gsum[(g - g0) * batch + 2 * c + 1] : 0.0f;
+            acc[0] += s0 * (sc0 * d[0][0]) + z0 * x0;
+            acc[1] += s0 * (sc1 * d[0][1]) + z0 * x1;
+            acc[2] += s1 * (sc0 * d[0][2]) + z1 * x0;
+            acc[3] += s1 * (sc1 * d[0][3]) + z1 * x1;
+        }
+        if (cmul.j == gpw - 1) { // the warp's last group of tile t
+            const int r = (t - t_first) * kTile + 2 * m;
+#pragma unroll
+            for (int f = 0; f < 4; f++) {
+                const int n = 2 * c + (f & 1);
+                if (n < batch) {
+                    if (wpt == 1) part[((size_t)blockIdx.x * batch + n) * rows16 + (size_t)t_first * kTile + r + (f >> 1)] = acc[f];
+                    else wsum[(warp * kTile + 2 * m + (f >> 1)) * batch + n] = acc[f];
+                }
+                acc[f] = 0.0f;
+            }
+        }
+        advance(cmul);
+    }
+    asm volatile("cp.async.wait_all;" ::: "memory");
+    if (wpt > 1) { // the warps of a tile add up in order
+        __syncthreads();
+        for (int k = tid; k < nt * kTile * batch; k += kMmaThreads) {
+            const int tl = k / (kTile * batch), r = k / batch % kTile, n = k % batch;
+            float sum = 0.0f;
+            for (int w = tl * wpt; w < tl * wpt + min(wpt, ng); w++) sum += wsum[(w * kTile + r) * batch + n];
+            part[((size_t)blockIdx.x * batch + n) * rows16 + (size_t)(t_first + tl) * kTile + r] = sum;
+        }
+    }
+    sum_parts(M, x, batch, part, counters, y, t_first * kTile, nt * kTile);
+}
+
+constexpr void (*kMma[3])(dmat, const float *, int, int, int, int, int, float *, unsigned *, float *) = {
+    gemv_mma<4>, gemv_mma<6>, gemv_mma<8>};
 
 // Decodes row `row`, columns col0 .. col0 + N - 1 of the packed matrix
 // (packed coordinates) with `skip` planes dropped, without the column
@@ -901,6 +1285,47 @@ mpq_status launch_lut(cuda_ctx *c, const cuda_handle *h, const float *x, float *
     return map_error(e);
 }
 
+// The MMA kernel for a batch of 1..8 (tiles of one width, whole quads).
+mpq_status launch_mma(cuda_ctx *c, const cuda_handle *h, const float *x, float *y, int batch, int skip)
+{
+    const dmat &M = h->m;
+    const int glast = M.ngroups - 1, gw = M.cols - glast * M.group;
+    if (!M.uniform || M.group % 32 || gw % 32) return MPQ_ERR_UNSUPPORTED;
+    // as few column parts of whole groups as keep the fragments within
+    // kMmaFragBytes, of equal size
+    const int gmax = kMmaFragBytes / (4 * batch * M.group);
+    if (gmax < 1) return MPQ_ERR_UNSUPPORTED;
+    const int nparts = (M.ngroups + gmax - 1) / gmax, gpp = (M.ngroups + nparts - 1) / nparts;
+    const int slot = (M.meta + h->maxw * M.group * 2 + 15) / 16 * 16;
+    const int ng = gpp < M.ngroups ? gpp : M.ngroups;
+    const int smem = mma_smem(ng * M.group / 32, ng, batch).ring + kMmaWarps * kMmaRing * slot;
+    if (smem > c->mma_dmax) return MPQ_ERR_UNSUPPORTED;
+    int occ = c->smem_sm / (smem + c->mma_static + c->smem_reserved);
+    occ = occ > 2 ? 2 : occ < 1 ? 1 : occ;
+    // row blocks of 1, 2, 4 or a multiple of 8 tiles, one wave of blocks
+    const int want = occ * c->sms, nrb0 = want / nparts < 1 ? 1 : want / nparts;
+    int tpb = (M.ntiles + nrb0 - 1) / nrb0;
+    tpb = tpb > 4 ? (tpb + kMmaWarps - 1) / kMmaWarps * kMmaWarps : tpb > 2 ? 4 : tpb;
+    const int nrb = (M.ntiles + tpb - 1) / tpb;
+    mpq_status st = grow(c, sizeof(float) * (size_t)nparts * batch * M.ntiles * kTile, (size_t)nrb);
+    if (st != MPQ_OK) return st;
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute attr[1];
+    cfg.gridDim = dim3(nparts, nrb);
+    cfg.blockDim = dim3(kMmaThreads);
+    cfg.dynamicSmemBytes = (size_t)smem;
+    cfg.stream = c->stream;
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = MPQ_CUDA_PDL;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    const int wi = h->maxw <= 4 ? 0 : h->maxw <= 6 ? 1 : 2;
+    cudaError_t e = cudaLaunchKernelEx(&cfg, kMma[wi], M, x, batch, skip, tpb, gpp, slot, static_cast<float *>(c->scratch),
+                                       c->counters, y);
+    if (e == cudaSuccess) e = cudaGetLastError();
+    return map_error(e);
+}
+
 mpq_status gemv_batched(cuda_ctx *c, const cuda_handle *h, const float *x, float *y, int batch, int skip)
 {
     const dmat &M = h->m;
@@ -969,7 +1394,8 @@ mpq_status gemv_device(cuda_ctx *c, const cuda_handle *h, const float *x, float 
 {
     if (batch > 8) return gemv_batched(c, h, x, y, batch, skip);
     mpq_status st = MPQ_ERR_UNSUPPORTED;
-    if (h->fast) st = launch_lut(c, h, x, y, batch, skip);
+    if (h->fast && batch >= MPQ_CUDA_MMA_BATCH) st = launch_mma(c, h, x, y, batch, skip);
+    if (h->fast && st == MPQ_ERR_UNSUPPORTED) st = launch_lut(c, h, x, y, batch, skip);
     if (st != MPQ_ERR_UNSUPPORTED) return st;
     const int n = h->m.rows * batch;
     gemv_plain<<<(n + 127) / 128, 128, 0, c->stream>>>(h->m, x, batch, skip, y);
@@ -1019,6 +1445,20 @@ extern "C" mpq_status mpq_cuda_backend(int device, mpq_backend *b)
                 e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&c->occ[bi][wi], kLut[bi][wi], kThreads, kLutSmem);
             if (e == cudaSuccess && c->occ[bi][wi] < 1) e = cudaErrorInvalidConfiguration;
         }
+    // the MMA kernel: its shared memory is sized per launch (launch_mma)
+    int per_block = 0;
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&c->smem_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device);
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&c->smem_reserved, cudaDevAttrReservedSharedMemoryPerBlock, device);
+    for (int wi = 0; wi < 3 && e == cudaSuccess; wi++) { // the same static memory for all three
+        cudaFuncAttributes fa;
+        e = cudaFuncGetAttributes(&fa, kMma[wi]);
+        if (e == cudaSuccess) {
+            c->mma_static = (int)fa.sharedSizeBytes;
+            c->mma_dmax = per_block - c->mma_static;
+            e = cudaFuncSetAttribute(kMma[wi], cudaFuncAttributeMaxDynamicSharedMemorySize, c->mma_dmax);
+        }
+    }
     if (e != cudaSuccess) {
         cudaStreamDestroy(c->stream);
         free(c);

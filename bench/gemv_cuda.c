@@ -3,8 +3,8 @@
 
    usage: bench_gemv_cuda [--quick] [--reorder] [--prefill] [--shape MxN] [--bits B] [--batch N] [--reps R]
 
-   --shape, --bits and --batch keep one shape, width or batch (for a
-   profiler); --quick keeps the first shape and the first two widths;
+   --shape, --bits and --batch keep one shape, width or batch (any batch
+   from 1; for a profiler or a crossover); --quick keeps the first shape and the first two widths;
    --reorder packs with random row and column permutations and column
    scales (as SFMP's reordering and AWQ leave a matrix); --prefill times
    batches 16, 64, 256 and 1024 (the path that dequantizes to fp16 and
@@ -177,7 +177,7 @@ int main(int argc, char **argv)
             reps = atoi(argv[++a]);
         else if (!strcmp(argv[a], "--bits") && a + 1 < argc)
             only_bits = atof(argv[++a]);
-        else if (!strcmp(argv[a], "--batch") && a + 1 < argc)
+        else if (!strcmp(argv[a], "--batch") && a + 1 < argc && atoi(argv[a + 1]) >= 1)
             only_batch = atoi(argv[++a]);
         else {
             fprintf(stderr, "usage: %s [--quick] [--reorder] [--prefill] [--shape MxN] [--bits B] [--batch N] [--reps R]\n",
@@ -206,7 +206,8 @@ int main(int argc, char **argv)
     cublasSetStream(blas, bstream);
     const double widths[6] = {2.0, 2.5, 3.0, 3.25, 4.0, 4.25};
     const int decode[3] = {1, 4, 8}, fill[4] = {16, 64, 256, 1024};
-    const int *batches = prefill ? fill : decode, nb = prefill ? 4 : 3, maxb = batches[nb - 1];
+    const int *batches = only_batch ? &only_batch : prefill ? fill : decode;
+    const int nb = only_batch ? 1 : prefill ? 4 : 3, maxb = batches[nb - 1];
     if (prefill && only_bits == 0) only_bits = 3.25;
     const int nwidths = quick ? 2 : 6;
     for (int s = 0; s < (quick ? 1 : nshapes); s++) {

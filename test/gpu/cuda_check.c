@@ -6,7 +6,9 @@
    Cases: both formats; groups 32, 64, 128, 256 (the LUT kernel) and 40 and a
    partial last group (the plain kernel); mixed widths with block_rows 16 and
    3; permutations, column scales, a sparse part; skip_planes 0..2; batch
-   1..8 (LUT) and 11 and 17 (fp16 + cuBLAS); device and host pointers; fresh
+   1..8 (LUT kernel, and the MMA kernel from batch 5 where tiles have one
+   width; build with -DMPQ_CUDA_MMA_BATCH=1 to put it on every batch) and 11
+   and 17 (fp16 + cuBLAS); device and host pointers; fresh
    random inputs, outputs poisoned with NaN first. Tolerance: float32
    rounding, (n + 64) 2^-23 times 3 max_j |w_ij| sum_j |x~_j| (the terms the
    mirror form adds: |s^| (2^b - 1) + |z^| is at most 3 max |w| of a group);
@@ -110,7 +112,7 @@ static int run_case(mpq_backend *be, const cas *c, synth_rng *r)
     void *h = NULL;
     mpq_status st = be->upload(be->ctx, &A, &h);
     report(st == MPQ_OK, "upload %s %dx%d group %d", c->format == 2 ? "mxint" : "bitplane", m, n, c->G);
-    static const int batches[] = {1, 2, 3, 4, 5, 8, 11, 17};
+    static const int batches[] = {1, 2, 3, 4, 5, 6, 7, 8, 11, 17};
     for (int skip = 0; skip <= 2 && st == MPQ_OK; skip++) {
         mpq_packed_dequantize(&A, skip, Wd);
         for (size_t bi = 0; bi < sizeof batches / sizeof batches[0]; bi++) {
