@@ -1291,22 +1291,30 @@ mpq_status launch_mma(cuda_ctx *c, const cuda_handle *h, const float *x, float *
     const dmat &M = h->m;
     const int glast = M.ngroups - 1, gw = M.cols - glast * M.group;
     if (!M.uniform || M.group % 32 || gw % 32) return MPQ_ERR_UNSUPPORTED;
-    // as few column parts of whole groups as keep the fragments within
-    // kMmaFragBytes, of equal size
+    // Column parts of whole groups, of equal size, whose fragments fit
+    // kMmaFragBytes; row blocks of 1, 2, 4 or a multiple of 8 tiles. Of the
+    // part counts from the fewest to twice that, the one whose blocks fill
+    // the waves of resident blocks best (the fewest parts on a tie).
     const int gmax = kMmaFragBytes / (4 * batch * M.group);
     if (gmax < 1) return MPQ_ERR_UNSUPPORTED;
-    const int nparts = (M.ngroups + gmax - 1) / gmax, gpp = (M.ngroups + nparts - 1) / nparts;
     const int slot = (M.meta + h->maxw * M.group * 2 + 15) / 16 * 16;
-    const int ng = gpp < M.ngroups ? gpp : M.ngroups;
-    const int smem = mma_smem(ng * M.group / 32, ng, batch).ring + kMmaWarps * kMmaRing * slot;
+    const int ng0 = gmax < M.ngroups ? gmax : M.ngroups;
+    const int smem = mma_smem(ng0 * M.group / 32, ng0, batch).ring + kMmaWarps * kMmaRing * slot;
     if (smem > c->mma_dmax) return MPQ_ERR_UNSUPPORTED;
     int occ = c->smem_sm / (smem + c->mma_static + c->smem_reserved);
     occ = occ > 2 ? 2 : occ < 1 ? 1 : occ;
-    // row blocks of 1, 2, 4 or a multiple of 8 tiles, one wave of blocks
-    const int want = occ * c->sms, nrb0 = want / nparts < 1 ? 1 : want / nparts;
-    int tpb = (M.ntiles + nrb0 - 1) / nrb0;
-    tpb = tpb > 4 ? (tpb + kMmaWarps - 1) / kMmaWarps * kMmaWarps : tpb > 2 ? 4 : tpb;
-    const int nrb = (M.ntiles + tpb - 1) / tpb;
+    const int want = occ * c->sms, pmin = (M.ngroups + gmax - 1) / gmax;
+    int nparts = 0, gpp = 0, tpb = 0, nrb = 0;
+    double best = 0.0;
+    for (int p = pmin; p <= 2 * pmin && p <= M.ngroups; p++) {
+        const int gp = (M.ngroups + p - 1) / p, np_ = (M.ngroups + gp - 1) / gp;
+        const int nrb0 = want / np_ < 1 ? 1 : want / np_;
+        int tp = (M.ntiles + nrb0 - 1) / nrb0;
+        tp = tp > 4 ? (tp + kMmaWarps - 1) / kMmaWarps * kMmaWarps : tp > 2 ? 4 : tp;
+        const int nr = (M.ntiles + tp - 1) / tp, blocks = np_ * nr, waves = (blocks + want - 1) / want;
+        const double fill = (double)blocks / ((double)waves * want);
+        if (fill > best + 1e-9) best = fill, nparts = np_, gpp = gp, tpb = tp, nrb = nr;
+    }
     mpq_status st = grow(c, sizeof(float) * (size_t)nparts * batch * M.ntiles * kTile, (size_t)nrb);
     if (st != MPQ_OK) return st;
     cudaLaunchConfig_t cfg = {};
