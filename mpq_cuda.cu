@@ -39,12 +39,13 @@
 //   wait (griddepcontrol.wait) before reading x or touching the scratch
 //   sums, which the grid before may still use.
 //
-// PERFORMANCE (H100, bench_gemv_cuda, 2026-11-23; bench/results/): batch 1
-// at 3.25 bits takes 14.4 us on 8192 x 8192 (68 % of the copy bandwidth,
-// 3.4x cuBLAS fp16), 39.6 us on 28672 x 8192 (87 %, 4.1x) and 43.6 us on
-// 8192 x 28672 (79 %, 3.8x). A kernel that only reads the same bytes,
-// launched the same way, takes 8.9, 32.2 and 32.1 us: 3.2-3.3 TB/s, with no
-// fixed cost left once launches overlap (programmatic dependent launch).
+// PERFORMANCE (H100, bench_gemv_cuda, 2026-11-23, two sessions; the later
+// run in bench/results/): batch 1 at 3.25 bits takes 14.4-14.8 us on 8192 x
+// 8192 (67-68 % of the copy bandwidth, 3.3-3.4x cuBLAS fp16), 39.6-40.0 us
+// on 28672 x 8192 (86-87 %, 4.1x) and 43.6-44.0 us on 8192 x 28672 (78-79
+// %, 3.8x). A kernel that only reads the same bytes, launched the same way,
+// takes 8.9, 32.2 and 32.1 us: 3.2-3.3 TB/s, with no fixed cost left once
+// launches overlap (programmatic dependent launch).
 //
 // Where the time goes (8192 x 8192, 3.25 bits, the kernel of 2026-11-22;
 // globaltimer stamps of every block, launches back to back): the blocks of a
@@ -89,20 +90,25 @@
 //
 // MMA KERNEL (batch 5..8, MPQ_CUDA_MMA_BATCH; tiles of one width): the
 // codes on the tensor cores, see gemv_mma. Its cost hardly depends on the
-// batch, the LUT kernel's grows with B. H100, 3.25 bits, against the LUT
-// kernel in the same run: batch 6-8 take 52-54 us on 8192 x 8192 (LUT 77-79
-// us, cuBLAS fp16 50), 168-174 us on 28672 x 8192 (LUT 265-269, cuBLAS
-// 164): 1.3-1.7x the LUT kernel on the six shapes, 0.76-1.0x cuBLAS fp16
-// from 14336 x 4096 up (0.6-0.8x on 4096 x 4096). Batch 4 stays with the LUT kernel (42 us against 54
-// on 8192 x 8192). Where its time goes (Nsight Compute, 8192 x 8192, batch
-// 8): 30 M warp instructions at 2.3 per cycle per multiprocessor, half of
-// them the 113 of each quad of 32 columns (the codes: a rotate per plane
-// word, a LOP3 per plane and half2, then a rotate, a HADD2 and 4 HMMA), a
-// third per record (ring, epilogue) and the activations' split; the loads
-// alone (no arithmetic) take 10 us of the 52. Tried: two more records in
-// flight per warp (8 slots: one block per multiprocessor, 20 % slower), the
-// quad loop unrolled by 2 (no change), four accumulator chains instead of
-// one (no change).
+// batch; the LUT kernel's grows with B (it runs batch 5 as 8). H100, 3.25
+// bits, against the LUT kernel in the same session (bench/results/): batch
+// 5-8 take 50-54 us on 8192 x 8192 (LUT 77-79 us, cuBLAS fp16 49-50) and
+// 145-172 us on 28672 x 8192 (LUT 265-269, cuBLAS 164-167): 1.3-1.9x the
+// LUT kernel on the six shapes; against cuBLAS fp16 0.92-0.98x on 8192 x
+// 8192, 1.1-1.15x on the two largest shapes from batch 6, 0.6-0.8x on 4096
+// x 4096. Records of 5 planes (4.25 bits: the 6-plane variant) are slower,
+// 75-78 us on 8192 x 8192. Batch 4 stays with the LUT kernel (43 us against
+// 54 on 8192 x 8192). Where the time goes (Nsight Compute, 8192 x 8192,
+// batch 8): 30 M warp instructions at 2.3 per cycle per multiprocessor;
+// half are the 113 of each quad of 32 columns (the codes: a rotate per plane
+// word, a LOP3 per plane and half2, a rotate, a HADD2 and 4 HMMA), a third
+// the per-record work (ring, epilogue) and the activations' split; the loads
+// alone (no arithmetic) take 10 us. Tried and dropped: 8 ring slots instead
+// of 4 (one block per multiprocessor: 20 % slower), the quad loop unrolled by
+// 2 and four accumulator chains instead of one (no change); kept: record
+// table entries copied ahead into shared memory (a select between two
+// register batches waited on the pending load: 63 -> 55 us), part counts
+// that fill the waves (28672 x 8192, batch 8: 174 -> 148 us).
 //
 // OTHER PATHS: groups that are not a multiple of 32 columns (tails of pairs
 // and singles inside every group) use a plain kernel, one thread per row and

@@ -1,5 +1,6 @@
-/* bench_gemv_cuda: the CUDA LUT GEMV on the shapes and widths of LLM layers,
-   against the copy bandwidth and cuBLAS fp16 measured in the same run.
+/* bench_gemv_cuda: the CUDA GEMV (the LUT kernel; the tensor-core kernel from
+   batch 5) on the shapes and widths of LLM layers, against the copy
+   bandwidth and cuBLAS fp16 measured in the same run.
 
    usage: bench_gemv_cuda [--quick] [--reorder] [--prefill] [--shape MxN] [--bits B] [--batch N] [--reps R]
 
