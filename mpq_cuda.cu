@@ -1246,6 +1246,26 @@ constexpr lut_kernel kLut[4][3] = {{gemv_lut<1, 4>, gemv_lut<1, 6>, gemv_lut<1, 
 constexpr int kAccBytes = 32 * 1024; // the most shared memory a block's sums over several slices take
 constexpr int kLutSmem = kTableBytes + kAccBytes;
 
+// Launches `kernel` on the backend's stream with programmatic dependent
+// launch (MPQ_CUDA_PDL): see Launch at the top.
+template <typename Kernel, typename... Args>
+mpq_status launch_pdl(cuda_ctx *c, Kernel kernel, dim3 grid, int threads, int smem, Args... args)
+{
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute attr[1];
+    cfg.gridDim = grid;
+    cfg.blockDim = dim3(threads);
+    cfg.dynamicSmemBytes = (size_t)smem;
+    cfg.stream = c->stream;
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = MPQ_CUDA_PDL;
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+    cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, args...);
+    if (e == cudaSuccess) e = cudaGetLastError();
+    return map_error(e);
+}
+
 mpq_status launch_lut(cuda_ctx *c, const cuda_handle *h, const float *x, float *y, int batch, int skip)
 {
     const dmat &M = h->m;
@@ -1275,20 +1295,8 @@ mpq_status launch_lut(cuda_ctx *c, const cuda_handle *h, const float *x, float *
     const int smem = kTableBytes + (nparts < nslices ? tpb * kTile * B * 4 : 0);
     mpq_status st = grow(c, sizeof(float) * (size_t)nparts * batch * M.ntiles * kTile, (size_t)nrb);
     if (st != MPQ_OK) return st;
-    cudaLaunchConfig_t cfg = {};
-    cudaLaunchAttribute attr[1];
-    cfg.gridDim = dim3(nparts, nrb);
-    cfg.blockDim = dim3(kThreads);
-    cfg.dynamicSmemBytes = (size_t)smem;
-    cfg.stream = c->stream;
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = MPQ_CUDA_PDL;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    float *part = static_cast<float *>(c->scratch);
-    cudaError_t e = cudaLaunchKernelEx(&cfg, kLut[bi][wi], M, x, batch, skip, quad_cols, tpb, sps, part, c->counters, y);
-    if (e == cudaSuccess) e = cudaGetLastError();
-    return map_error(e);
+    return launch_pdl(c, kLut[bi][wi], dim3(nparts, nrb), kThreads, smem, M, x, batch, skip, quad_cols, tpb, sps,
+                      static_cast<float *>(c->scratch), c->counters, y);
 }
 
 // The MMA kernel for a batch of 1..8 (tiles of one width, whole quads).
@@ -1323,21 +1331,9 @@ mpq_status launch_mma(cuda_ctx *c, const cuda_handle *h, const float *x, float *
     }
     mpq_status st = grow(c, sizeof(float) * (size_t)nparts * batch * M.ntiles * kTile, (size_t)nrb);
     if (st != MPQ_OK) return st;
-    cudaLaunchConfig_t cfg = {};
-    cudaLaunchAttribute attr[1];
-    cfg.gridDim = dim3(nparts, nrb);
-    cfg.blockDim = dim3(kMmaThreads);
-    cfg.dynamicSmemBytes = (size_t)smem;
-    cfg.stream = c->stream;
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = MPQ_CUDA_PDL;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
     const int wi = h->maxw <= 4 ? 0 : h->maxw <= 6 ? 1 : 2;
-    cudaError_t e = cudaLaunchKernelEx(&cfg, kMma[wi], M, x, batch, skip, tpb, gpp, slot, static_cast<float *>(c->scratch),
-                                       c->counters, y);
-    if (e == cudaSuccess) e = cudaGetLastError();
-    return map_error(e);
+    return launch_pdl(c, kMma[wi], dim3(nparts, nrb), kMmaThreads, smem, M, x, batch, skip, tpb, gpp, slot,
+                      static_cast<float *>(c->scratch), c->counters, y);
 }
 
 mpq_status gemv_batched(cuda_ctx *c, const cuda_handle *h, const float *x, float *y, int batch, int skip)
