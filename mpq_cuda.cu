@@ -84,9 +84,14 @@
 // block per row block polling epoch-tagged parts instead of the counter
 // (15.5 against 14.9, 46.5 against 40.0 on 28672 x 8192); the parts split
 // over pairs of threads with an acq_rel counter (-0.1 us on 8192 x 8192,
-// +1.5 us on 28672 x 8192). Kept: the column sources and scales read before
-// the wait and the row permutation read with the parts (-3 % at batch 1, -5
-// % with permutations).
+// +1.5 us on 28672 x 8192); the first tile of every warp (two steps) copied
+// into shared memory with cp.async before the dependent wait, the next one in
+// registers, so that three steps instead of one load while the grid before
+// retires and the tables are built (17.1 against 14.5 us at 3.25 bits; the
+// build with the copies switched off took 14.9: the extra code alone costs
+// registers). Kept: the column sources and scales read before the wait and
+// the row permutation read with the parts (-3 % at batch 1, -5 % with
+// permutations).
 //
 // MMA KERNEL (batch 5..8, MPQ_CUDA_MMA_BATCH; tiles of one width): the
 // codes on the tensor cores, see gemv_mma. Its cost hardly depends on the
