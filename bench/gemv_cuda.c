@@ -5,8 +5,8 @@
    usage: bench_gemv_cuda [--quick] [--reorder] [--prefill] [--shape MxN] [--bits B] [--batch N] [--reps R]
 
    --shape, --bits and --batch keep one shape, width or batch (any batch
-   from 1; for a profiler or a crossover); --quick keeps the first shape and the first two widths;
-   --reorder packs with random row and column permutations and column
+   from 1; for a profiler or a crossover); --quick keeps the first shape and
+   the first two widths; --reorder packs with random row and column permutations and column
    scales (as SFMP's reordering and AWQ leave a matrix); --prefill times
    batches 16, 64, 256 and 1024 (the path that dequantizes to fp16 and
    calls cuBLAS) at 3.25 bits unless --bits says otherwise.

@@ -7,8 +7,8 @@
    partial last group (the plain kernel); mixed widths with block_rows 16 and
    3; permutations, column scales, a sparse part; skip_planes 0..2; batch
    1..8 (LUT kernel, and the MMA kernel from batch 5 where tiles have one
-   width; build with -DMPQ_CUDA_MMA_BATCH=1 to put it on every batch) and 11
-   and 17 (fp16 + cuBLAS); device and host pointers; fresh
+   width; build with -DMPQ_CUDA_MMA_BATCH=2 to put it on batches 2..8 too)
+   and 11 and 17 (fp16 + cuBLAS); device and host pointers; fresh
    random inputs, outputs poisoned with NaN first. Tolerance: float32
    rounding, (n + 64) 2^-23 times 3 max_j |w_ij| sum_j |x~_j| (the terms the
    mirror form adds: |s^| (2^b - 1) + |z^| is at most 3 max |w| of a group);
