@@ -6,10 +6,11 @@
 
    --shape, --bits and --batch keep one shape, width or batch (any batch
    from 1; for a profiler or a crossover); --quick keeps the first shape and
-   the first two widths; --reorder packs with random row and column permutations and column
-   scales (as SFMP's reordering and AWQ leave a matrix); --prefill times
-   batches 16, 64, 256 and 1024 (the path that dequantizes to fp16 and
-   calls cuBLAS) at 3.25 bits unless --bits says otherwise.
+   the first two widths; --reorder packs with random row and column
+   permutations and column scales (as SFMP's reordering and AWQ leave a
+   matrix); --prefill times batches 16, 64, 256 and 1024 (the path that
+   dequantizes to fp16 and calls cuBLAS) at 3.25 bits unless --bits says
+   otherwise.
 
    For every shape, weight width b (2, 2.5, 3, 3.25, 4, 4.25 bits; fractional
    widths mix floor(b) and ceil(b) over random 16 x 128 blocks, plus 0.25 bpw
