@@ -52,7 +52,9 @@ typedef struct cas {
    quads in the last group; its registers are sized by the widest row (up to
    4, 6 or 8 planes); column slices are 512 / batch columns, so 2080 and
    1056 columns end in a partial slice, and 3000 or 5000 rows give warps
-   several tiles each with a ragged end. */
+   several tiles each with a ragged end. The last case gives the MMA kernel
+   more than 64 records per warp, so that record table entries are copied
+   ahead in batches. */
 static const cas cases[] = {
     {16, 32, 32, 16, 1, 0, 0, 0},       {37, 96, 32, 3, 1, 8, 1, 1},      {300, 520, 40, 16, 1, 8, 1, 0},
     {129, 1000, 128, 16, 1, 8, 1, 1},   {512, 4096, 128, 16, 1, 8, 0, 0}, {257, 2048, 256, 32, 1, 8, 1, 1},
@@ -61,6 +63,7 @@ static const cas cases[] = {
     {3000, 2080, 32, 16, 1, 4, 1, 1},   {5000, 1056, 64, 48, 1, 4, 0, 0}, {1003, 2080, 96, 7, 1, 4, 1, 0},
     {2500, 1536, 32, 16, 2, 4, 1, 1},   {4100, 2048, 128, 16, 1, 2, 0, 1}, {560, 1056, 32, 16, 1, 4, 1, 1},
     {3000, 1024, 128, 16, 1, 6, 1, 0},  {400, 1536, 32, 9, 2, 6, 0, 1},
+    {18000, 4096, 32, 16, 1, 4, 0, 0}, /* MMA kernel, batch 5..8: 86 records per warp (the table copied ahead) */
 };
 
 /* per output: sum |w x| (wx) and 3 max |w| sum |x c| (row), from the
