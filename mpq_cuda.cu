@@ -110,10 +110,11 @@
 // the per-record work (ring, epilogue) and the activations' split; the loads
 // alone (no arithmetic) take 10 us. Tried and dropped: 8 ring slots instead
 // of 4 (one block per multiprocessor: 20 % slower), the quad loop unrolled by
-// 2 and four accumulator chains instead of one (no change); kept: record
-// table entries copied ahead into shared memory (a select between two
-// register batches waited on the pending load: 63 -> 55 us), part counts
-// that fill the waves (28672 x 8192, batch 8: 174 -> 148 us).
+// 2 and four accumulator chains instead of one (no change); kept, with the
+// per-lane masks K: record table entries copied ahead into shared memory (a
+// select between two register batches waited on the pending load; both:
+// 63 -> 55 us), part counts that fill the waves (28672 x 8192, batch 8: 174
+// -> 148 us).
 //
 // OTHER PATHS: groups that are not a multiple of 32 columns (tails of pairs
 // and singles inside every group) use a plain kernel, one thread per row and
