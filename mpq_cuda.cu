@@ -792,8 +792,8 @@ __global__ void __launch_bounds__(kMmaThreads, 2) gemv_mma(dmat M, const float *
     // items go out before any is used.
     if (tid < 8) xmax[tid] = 0u;
     const int nitems = batch * nq * 8; // a multiple of 8
-    // A thread's items share (c, S) = (ic, is) = (tid % 4, tid / 4 % 2); their (quad,
-    // vector) advance by kMmaThreads / 8 quads at a time.
+    // A thread's items share (c, S) = (ic, is) = (tid % 4, tid / 4 % 2);
+    // their (quad, vector) advance by kMmaThreads / 8 quads at a time.
     const int ic = tid & 3, is = (tid >> 2) & 1;
     struct quad_vec {
         int q, n;

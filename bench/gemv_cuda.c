@@ -242,7 +242,6 @@ int main(int argc, char **argv)
         }
         double tb[4];
         for (int bi = 0; bi < nb; bi++) {
-            if (only_batch && batches[bi] != only_batch) continue;
             blas_calls bc = {blas, W16, c16, m, n, batches[bi], X16, y};
             tb[bi] = time_calls(bstream, call_blas, &bc, reps, 20);
         }
@@ -283,8 +282,7 @@ int main(int argc, char **argv)
             for (int c = 0; c < copies; c++)
                 if (be.upload(be.ctx, &A, &h[c]) != MPQ_OK) return 1;
             for (int bi = 0; bi < nb; bi++) {
-                if (only_batch && batches[bi] != only_batch) continue;
-                mpq_calls mc = {&be, h, copies, batches[bi], x, y};
+                    mpq_calls mc = {&be, h, copies, batches[bi], x, y};
                 const double t = time_calls(stream, call_mpq, &mc, reps, 20);
                 const double gbs = (double)A.bytes / t;
                 char sh[32];
