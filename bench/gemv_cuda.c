@@ -282,7 +282,7 @@ int main(int argc, char **argv)
             for (int c = 0; c < copies; c++)
                 if (be.upload(be.ctx, &A, &h[c]) != MPQ_OK) return 1;
             for (int bi = 0; bi < nb; bi++) {
-                    mpq_calls mc = {&be, h, copies, batches[bi], x, y};
+                mpq_calls mc = {&be, h, copies, batches[bi], x, y};
                 const double t = time_calls(stream, call_mpq, &mc, reps, 20);
                 const double gbs = (double)A.bytes / t;
                 char sh[32];
