@@ -2,7 +2,7 @@
    batch 5) on the shapes and widths of LLM layers, against the copy
    bandwidth and cuBLAS fp16 measured in the same run.
 
-   usage: bench_gemv_cuda [--quick] [--reorder] [--prefill] [--shape MxN] [--bits B] [--batch N] [--reps R]
+   usage: bench_gemv_cuda [--quick] [--reorder] [--prefill] [--floors] [--shape MxN] [--bits B] [--batch N] [--reps R]
 
    --shape, --bits and --batch keep one shape, width or batch (any batch
    from 1; for a profiler or a crossover); --quick keeps the first shape and
@@ -10,7 +10,10 @@
    permutations and column scales (as SFMP's reordering and AWQ leave a
    matrix); --prefill times batches 16, 64, 256 and 1024 (the path that
    dequantizes to fp16 and calls cuBLAS) at 3.25 bits unless --bits says
-   otherwise.
+   otherwise; --floors adds, under every batch-1 line, the dependent floors
+   of bench/read_floor.cu: what a launch that reads as many bytes costs when
+   it also waits for the launch before it, and when it also ends with the
+   LUT kernel's sum of column parts, or float atomics instead of it.
 
    For every shape, weight width b (2, 2.5, 3, 3.25, 4, 4.25 bits; fractional
    widths mix floor(b) and ceil(b) over random 16 x 128 blocks, plus 0.25 bpw
@@ -37,7 +40,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-double read_floor_seconds(size_t bytes, int reps); /* bench/read_floor.cu */
+double floor_seconds(size_t bytes, int rows, int cols, int mode, int reps); /* bench/read_floor.cu */
 
 #define CK(x)                                                                                                          \
     do {                                                                                                               \
@@ -162,7 +165,7 @@ static void call_blas(void *u, int k)
 
 int main(int argc, char **argv)
 {
-    int quick = 0, reorder = 0, prefill = 0, reps = 15, only_batch = 0;
+    int quick = 0, reorder = 0, prefill = 0, floors = 0, reps = 15, only_batch = 0;
     double only_bits = 0;
     int shapes[6][2] = {{4096, 4096}, {14336, 4096}, {4096, 14336}, {8192, 8192}, {28672, 8192}, {8192, 28672}};
     int nshapes = 6;
@@ -173,6 +176,8 @@ int main(int argc, char **argv)
             reorder = 1;
         else if (!strcmp(argv[a], "--prefill"))
             prefill = 1;
+        else if (!strcmp(argv[a], "--floors"))
+            floors = 1;
         else if (!strcmp(argv[a], "--shape") && a + 1 < argc && sscanf(argv[a + 1], "%dx%d", &shapes[0][0], &shapes[0][1]) == 2)
             nshapes = 1, a++;
         else if (!strcmp(argv[a], "--reps") && a + 1 < argc && atoi(argv[a + 1]) >= 1)
@@ -182,7 +187,7 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[a], "--batch") && a + 1 < argc && atoi(argv[a + 1]) >= 1)
             only_batch = atoi(argv[++a]);
         else {
-            fprintf(stderr, "usage: %s [--quick] [--reorder] [--prefill] [--shape MxN] [--bits B] [--batch N] [--reps R]\n",
+            fprintf(stderr, "usage: %s [--quick] [--reorder] [--prefill] [--floors] [--shape MxN] [--bits B] [--batch N] [--reps R]\n",
                     argv[0]);
             return 2;
         }
@@ -272,7 +277,7 @@ int main(int argc, char **argv)
             mpq_packed A;
             if (mpq_pack_alloc(&d, W, &A) != MPQ_OK) return 1;
             free(prow), free(pcol), free(cscale);
-            const double tr = read_floor_seconds(A.bytes, reps);
+            const double tr = floor_seconds(A.bytes, m, n, 0, reps);
             if (tr < 0) {
                 fprintf(stderr, "read floor: the device refused\n");
                 return 1;
@@ -290,6 +295,14 @@ int main(int argc, char **argv)
                 printf("%-12s %5.2f %5.2f %5d %9.2f %9.0f %5.0f%% %8.2f %5.0f%% %10.2f %7.2fx\n", sh, mpq_packed_bpw(&A, 0),
                        mpq_packed_bpw(&A, 1), batches[bi], t * 1e6, gbs / 1e9, 100.0 * gbs / bw, tr * 1e6, 100.0 * tr / t,
                        tb[bi] * 1e6, tb[bi] / t);
+                if (floors && batches[bi] == 1) {
+                    double f[4];
+                    for (int k = 0; k < 4; k++)
+                        if ((f[k] = floor_seconds(A.bytes, m, n, k + 1, reps)) < 0) return 1;
+                    printf("%-12s   floors: wait first %.2f us, first loads before the wait %.2f us, and the parts' sum "
+                           "%.2f us (%.0f%% of the product's time); atomics instead %.2f us\n",
+                           "", f[0] * 1e6, f[1] * 1e6, f[2] * 1e6, 100.0 * f[2] / t, f[3] * 1e6);
+                }
                 fflush(stdout);
             }
             for (int c = 0; c < copies; c++) be.release(be.ctx, h[c]);
