@@ -93,6 +93,22 @@
 // the row permutation read with the parts (-3 % at batch 1, -5 % with
 // permutations).
 //
+// Dependent floors (bench_gemv_cuda --floors, 2026-11-23): read-only
+// kernels of this kernel's grid that wait for the launch before them and
+// end with this kernel's ordered sum of parts take 15.0 us at 8192 x 8192,
+// 3.25 bits, and 41.5 us on 28672 x 8192: the product's own times (14.8,
+// 40.3). So the lookups cost nothing at batch 1 once the loads overlap them;
+// the wait and the sum do. Without the sum the floor is 11.4 us; with float
+// atomics into y instead of it, 12.1 (bench/results/h100-gemv-floors-*).
+// Measured the same day and dropped: unordered sums in this kernel (ticket,
+// flag, float atomics; not deterministic): -0.1 us on 8192 x 8192, -3.3 on
+// 8192 x 28672, -1.7 on 4096 x 14336, +0.6 on 28672 x 8192, and 50 % more
+// kernel code (1 % slower in the ordered path); the last block reading all
+// parts in one round of loads, and the fence before the counter by one
+// thread (no change on 8192 x 8192, +2 us on 28672 x 8192); the first
+// tile's second step loaded right after the wait (+1 us: x and the tables
+// come later); sum_parts not inlined (+3 us).
+//
 // MMA KERNEL (batch 5..8, MPQ_CUDA_MMA_BATCH; tiles of one width): the
 // codes on the tensor cores, see gemv_mma. Its cost hardly depends on the
 // batch; the LUT kernel's grows with B (it runs batch 5 as 8). H100, 3.25
@@ -1383,6 +1399,9 @@ mpq_status gemv(void *ctx, void *handle, const float *x, float *y, int batch, co
     if (batch < 1) return MPQ_ERR_SIZE;
     const int skip = opts ? opts->skip_planes : 0;
     if (skip < 0) return MPQ_ERR_ARG;
+    const uintptr_t xa = reinterpret_cast<uintptr_t>(x), ya = reinterpret_cast<uintptr_t>(y);
+    if (xa < ya + sizeof(float) * batch * (size_t)h->m.rows && ya < xa + sizeof(float) * batch * (size_t)h->m.cols)
+        return MPQ_ERR_ARG; // y overlaps x: some blocks may still read x while others write y
     int cur = -1;
     cudaError_t e = cudaGetDevice(&cur);
     if (e == cudaSuccess && cur != c->device) e = cudaSetDevice(c->device);

@@ -20,7 +20,8 @@
      accumulation);
    - x and y may be device pointers (the call is then asynchronous on the
      backend's stream: synchronize before reading y) or host pointers (staged
-     through device buffers; the call returns with y written);
+     through device buffers; the call returns with y written); they must
+     not overlap (MPQ_ERR_ARG);
    - products on the backend's stream use programmatic dependent launch: a
      product starts loading its (immutable, backend-owned) weights while the
      kernel before it on the stream finishes, and reads x only once that

@@ -210,6 +210,10 @@ int main(int argc, char **argv)
         o.skip_planes = -1;
         report(be.gemv(be.ctx, h, x, y, 1, &o) == MPQ_ERR_ARG, "skip_planes -1: MPQ_ERR_ARG");
         report(be.gemv(be.ctx, NULL, x, y, 1, NULL) == MPQ_ERR_ARG, "no handle: MPQ_ERR_ARG");
+        float *dxy = NULL;
+        cudaMalloc((void **)&dxy, sizeof(float) * 96); /* x: 32, y: 64, overlapping by 16 */
+        report(dxy && be.gemv(be.ctx, h, dxy, dxy + 16, 1, NULL) == MPQ_ERR_ARG, "y overlapping x: MPQ_ERR_ARG");
+        cudaFree(dxy);
         be.release(be.ctx, h);
         mpq_packed_free(&A);
     }
