@@ -116,6 +116,8 @@ __global__ void __launch_bounds__(256) read_dep(const uint4 *__restrict__ p, siz
         return;
     }
     // every block: its rows' partial sums; the last of a row block adds them
+    // (the steps of sum_parts in mpq_cuda.cu, copied on purpose: this is the
+    // floor of that end, without the library's row permutation and sparse part)
     __shared__ bool last;
     const int nparts = gridDim.x;
     const size_t prow = (size_t)gridDim.y * rpb; // row stride of `part`
