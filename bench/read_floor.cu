@@ -147,7 +147,7 @@ __global__ void __launch_bounds__(256) read_dep(const uint4 *__restrict__ p, siz
 } // namespace
 
 // Median seconds per kernel over `reps` runs of 20 back-to-back launches
-// of read_all (mode 0) or of the dependent floor `mode` (1..3) of a product
+// of read_all (mode 0) or of the dependent floor `mode` (1..4) of a product
 // of rows x cols at batch 1; negative when the device refuses.
 extern "C" double floor_seconds(size_t bytes, int rows, int cols, int mode, int reps)
 {
