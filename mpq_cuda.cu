@@ -103,7 +103,11 @@
 // Measured the same day and dropped: unordered sums in this kernel (ticket,
 // flag, float atomics; not deterministic): -0.1 us on 8192 x 8192, -3.3 on
 // 8192 x 28672, -1.7 on 4096 x 14336, +0.6 on 28672 x 8192, and 50 % more
-// kernel code (1 % slower in the ordered path); the last block reading all
+// kernel code (1 % slower in the ordered path). A timeline showed why so
+// little: the ordered end lets every block but the last of its row block
+// leave right after the counter, so the next launch's blocks enter about 2
+// us before this launch ends; the ticket, flag and atomics kept every block
+// 2 us longer, and the next launch's start lost what the end gained; the last block reading all
 // parts in one round of loads, and the fence before the counter by one
 // thread (no change on 8192 x 8192, +2 us on 28672 x 8192); the first
 // tile's second step loaded right after the wait (+1 us: x and the tables
