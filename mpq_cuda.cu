@@ -107,11 +107,11 @@
 // little: the ordered end lets every block but the last of its row block
 // leave right after the counter, so the next launch's blocks enter about 2
 // us before this launch ends; the ticket, flag and atomics kept every block
-// 2 us longer, and the next launch's start lost what the end gained; the last block reading all
-// parts in one round of loads, and the fence before the counter by one
-// thread (no change on 8192 x 8192, +2 us on 28672 x 8192); the first
-// tile's second step loaded right after the wait (+1 us: x and the tables
-// come later); sum_parts not inlined (+3 us).
+// 2 us longer, and the next launch's start lost what the end gained. Also
+// dropped: the last block reading all parts in one round of loads, and the
+// fence before the counter by one thread (no change on 8192 x 8192, +2 us on
+// 28672 x 8192); the first tile's second step loaded right after the wait
+// (+1 us: x and the tables come later); sum_parts not inlined (+3 us).
 //
 // MMA KERNEL (batch 5..8, MPQ_CUDA_MMA_BATCH; tiles of one width): the
 // codes on the tensor cores, see gemv_mma. Its cost hardly depends on the

@@ -79,7 +79,8 @@ __global__ void __launch_bounds__(256) read_dep(const uint4 *__restrict__ p, siz
     float xs = 0.0f;
     if (MODE >= 2) {
         asm volatile("griddepcontrol.wait;" ::: "memory");
-        xs = x[((size_t)blockIdx.x * 512 + tid) % (size_t)cols] + x[((size_t)blockIdx.x * 512 + 256 + tid) % (size_t)cols];
+        const size_t c0 = (size_t)blockIdx.x * 512 + tid;
+        xs = x[c0 % (size_t)cols] + x[(c0 + 256) % (size_t)cols];
     }
     const int r0 = blockIdx.y * rpb;
     if (MODE == 4 && blockIdx.x == 0) { // part 0 clears y's rows, then raises the flag
@@ -202,13 +203,13 @@ extern "C" double floor_seconds(size_t bytes, int rows, int cols, int mode, int 
         unsigned epoch = 0;
         auto launch = [&](const uint4 *p) {
             epoch++;
-            switch (mode) {
-            case 0: return cudaLaunchKernelEx(&cfg, read_all, p, n16, sink);
-            case 1: return cudaLaunchKernelEx(&cfg, read_dep<1>, p, n16, (const float *)x, cols, rows, rpb, part, counters, y, sink, epoch);
-            case 2: return cudaLaunchKernelEx(&cfg, read_dep<2>, p, n16, (const float *)x, cols, rows, rpb, part, counters, y, sink, epoch);
-            case 3: return cudaLaunchKernelEx(&cfg, read_dep<3>, p, n16, (const float *)x, cols, rows, rpb, part, counters, y, sink, epoch);
-            default: return cudaLaunchKernelEx(&cfg, read_dep<4>, p, n16, (const float *)x, cols, rows, rpb, part, counters, y, sink, epoch);
-            }
+            const float *xc = x;
+            auto dep = mode == 1   ? read_dep<1>
+                       : mode == 2 ? read_dep<2>
+                       : mode == 3 ? read_dep<3>
+                                   : read_dep<4>;
+            if (mode == 0) return cudaLaunchKernelEx(&cfg, read_all, p, n16, sink);
+            return cudaLaunchKernelEx(&cfg, dep, p, n16, xc, cols, rows, rpb, part, counters, y, sink, epoch);
         };
         int call = 0;
         for (int r = -1; ok && r < reps; r++) { // r = -1: warm-up
