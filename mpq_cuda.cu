@@ -215,6 +215,8 @@ struct cuda_handle {
     void *drec;          // the record table
     int fast;            // the LUT kernel applies
     int maxw;            // the largest width in the matrix
+    // which kernel variant holds the widest record: up to 4, 6 or 8 planes
+    int variant() const { return maxw <= 4 ? 0 : maxw <= 6 ? 1 : 2; }
 };
 
 mpq_status map_error(cudaError_t e)
@@ -1300,7 +1302,7 @@ mpq_status launch_lut(cuda_ctx *c, const cuda_handle *h, const float *x, float *
     const int quad_cols = glast * M.group + (gw / 32) * 32;
     if (quad_cols != M.cols) return MPQ_ERR_UNSUPPORTED; // tails: the plain kernel
     const int bi = batch == 1 ? 0 : batch == 2 ? 1 : batch <= 4 ? 2 : 3, B = 1 << bi;
-    const int wi = h->maxw <= 4 ? 0 : h->maxw <= 6 ? 1 : 2;
+    const int wi = h->variant();
     const int nslices = (quad_cols + 512 / B - 1) / (512 / B);
     // Blocks of 512 columns (B slices) for a small sum buffer, narrower when
     // that leaves the multiprocessors without a full wave of blocks; row
@@ -1357,7 +1359,7 @@ mpq_status launch_mma(cuda_ctx *c, const cuda_handle *h, const float *x, float *
     }
     mpq_status st = grow(c, sizeof(float) * (size_t)nparts * batch * M.ntiles * kTile, (size_t)nrb);
     if (st != MPQ_OK) return st;
-    const int wi = h->maxw <= 4 ? 0 : h->maxw <= 6 ? 1 : 2;
+    const int wi = h->variant();
     return launch_pdl(c, kMma[wi], dim3(nparts, nrb), kMmaThreads, smem, M, x, batch, skip, tpb, gpp, slot,
                       static_cast<float *>(c->scratch), c->counters, y);
 }
