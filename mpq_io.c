@@ -5,6 +5,7 @@
    same checks serve files, memory and the fuzz target. */
 #define _XOPEN_SOURCE 700
 #include "mpq_io.h"
+#include "mpq_io_priv.h"
 
 #include <cjson/cJSON.h>
 
@@ -59,7 +60,7 @@ static int mpq__dtype_parse(const char *s, mpq_dtype *t)
 }
 
 /* err->msg = "<path>: tensor '<name>': <what>" (tensor part when name != NULL). */
-static mpq_status mpq__fail(mpq_io_err *err, mpq_status st, const char *path, const char *name, const char *fmt, ...)
+mpq_status mpq__io_fail(mpq_io_err *err, mpq_status st, const char *path, const char *name, const char *fmt, ...)
 {
     if (!err) return st;
     int n = snprintf(err->msg, sizeof err->msg, "%s: ", path ? path : "(memory)");
@@ -77,7 +78,7 @@ static mpq_status mpq__fail(mpq_io_err *err, mpq_status st, const char *path, co
     return st;
 }
 
-static char *mpq__strdup(const char *s)
+char *mpq__io_strdup(const char *s)
 {
     size_t n = strlen(s) + 1;
     char *d = (char *)malloc(n);
@@ -88,7 +89,7 @@ static char *mpq__strdup(const char *s)
 /* Strict UTF-8: no overlong forms, no surrogates, nothing past U+10FFFF, and
    (for the header) no NUL byte. Returns the offset of the first bad byte, or
    n when all is well. */
-static size_t mpq__utf8_check(const uint8_t *s, size_t n)
+size_t mpq__io_utf8_check(const uint8_t *s, size_t n)
 {
     size_t i = 0;
     while (i < n) {
@@ -118,7 +119,64 @@ static size_t mpq__utf8_check(const uint8_t *s, size_t n)
 static int mpq__utf8_ok(const char *s)
 {
     size_t n = strlen(s);
-    return mpq__utf8_check((const uint8_t *)s, n) == n;
+    return mpq__io_utf8_check((const uint8_t *)s, n) == n;
+}
+
+/* -------------------------------------------------------------------------- */
+/* input: a file read with positioned reads, or bytes in memory               */
+/* -------------------------------------------------------------------------- */
+
+mpq_status mpq__io_in_file(mpq__io_in *in, const char *path, mpq_io_err *err)
+{
+    memset(in, 0, sizeof *in);
+    in->fd = -1;
+    if (!(in->path = mpq__io_strdup(path))) return mpq__io_fail(err, MPQ_ERR_NOMEM, path, NULL, "out of memory");
+    in->fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (in->fd < 0) return mpq__io_fail(err, MPQ_ERR_IO, path, NULL, "cannot open: %s", strerror(errno));
+    struct stat sb;
+    if (fstat(in->fd, &sb) != 0 || !S_ISREG(sb.st_mode))
+        return mpq__io_fail(err, MPQ_ERR_IO, path, NULL, "not a regular file");
+    in->bytes = (uint64_t)sb.st_size;
+    return MPQ_OK;
+}
+
+mpq_status mpq__io_in_memory(mpq__io_in *in, const void *buf, size_t bytes, mpq_io_err *err)
+{
+    memset(in, 0, sizeof *in);
+    in->fd = -1;
+    if (!(in->path = mpq__io_strdup("(memory)"))) return mpq__io_fail(err, MPQ_ERR_NOMEM, NULL, NULL, "out of memory");
+    in->mem = (const uint8_t *)buf;
+    in->bytes = bytes;
+    return MPQ_OK;
+}
+
+void mpq__io_in_close(mpq__io_in *in)
+{
+    if (in->fd >= 0) close(in->fd);
+    free(in->path);
+    memset(in, 0, sizeof *in);
+    in->fd = -1;
+}
+
+mpq_status mpq__io_read(const mpq__io_in *in, uint64_t off, void *dst, size_t n, const char *name, mpq_io_err *err)
+{
+    if (off > in->bytes || n > in->bytes - off)
+        return mpq__io_fail(err, MPQ_ERR_FORMAT, in->path, name, "read past the end of the file");
+    if (in->fd < 0) {
+        if (n) memcpy(dst, in->mem + off, n);
+        return MPQ_OK;
+    }
+    uint8_t *d = (uint8_t *)dst;
+    while (n) {
+        const size_t want = n < ((size_t)1 << 30) ? n : ((size_t)1 << 30);
+        ssize_t got = pread(in->fd, d, want, (off_t)off);
+        if (got < 0 && errno == EINTR) continue;
+        if (got < 0) return mpq__io_fail(err, MPQ_ERR_IO, in->path, name, "read failed: %s", strerror(errno));
+        if (got == 0)
+            return mpq__io_fail(err, MPQ_ERR_IO, in->path, name, "file ended early (changed since it was opened?)");
+        d += got, off += (uint64_t)got, n -= (size_t)got;
+    }
+    return MPQ_OK;
 }
 
 uint16_t mpq_f32_to_bf16(float f)
@@ -228,10 +286,8 @@ static int mpq__cmp_offset(const void *a, const void *b)
 }
 
 struct mpq_st_file {
-    char *path;
-    int fd;                 /* -1 when reading from memory */
-    const uint8_t *mem;
-    uint64_t file_bytes, data_start, data_bytes;
+    mpq__io_in in;
+    uint64_t data_start, data_bytes;
     mpq_st_tensor *t;
     int nt;
     mpq__by_name *by_name;  /* tensors sorted by name */
@@ -243,7 +299,7 @@ struct mpq_st_file {
 void mpq_st_close(mpq_st_file *f)
 {
     if (!f) return;
-    if (f->fd >= 0) close(f->fd);
+    mpq__io_in_close(&f->in);
     for (int i = 0; i < f->nt; i++) free((void *)(uintptr_t)f->t[i].name);
     for (int i = 0; i < f->nmeta; i++) {
         free(f->mkey[i]);
@@ -254,7 +310,6 @@ void mpq_st_close(mpq_st_file *f)
     free(f->mkey);
     free(f->mval);
     free(f->meta_by_key);
-    free(f->path);
     free(f);
 }
 
@@ -270,49 +325,49 @@ static int mpq__json_u53(const cJSON *j, uint64_t *out)
 
 static mpq_status mpq__parse_tensor(mpq_st_file *f, const cJSON *o, mpq_st_tensor *t, mpq_io_err *err)
 {
-    const char *P = f->path, *N = t->name;
-    if (!cJSON_IsObject(o)) return mpq__fail(err, MPQ_ERR_FORMAT, P, N, "entry is not a JSON object");
+    const char *P = f->in.path, *N = t->name;
+    if (!cJSON_IsObject(o)) return mpq__io_fail(err, MPQ_ERR_FORMAT, P, N, "entry is not a JSON object");
     const cJSON *dtype = NULL, *shape = NULL, *offs = NULL;
     for (const cJSON *c = o->child; c; c = c->next) {
         const cJSON **slot = strcmp(c->string, "dtype") == 0         ? &dtype
                              : strcmp(c->string, "shape") == 0        ? &shape
                              : strcmp(c->string, "data_offsets") == 0 ? &offs
                                                                       : NULL;
-        if (!slot) return mpq__fail(err, MPQ_ERR_FORMAT, P, N, "unknown field '%.100s'", c->string);
-        if (*slot) return mpq__fail(err, MPQ_ERR_FORMAT, P, N, "field '%s' appears twice", c->string);
+        if (!slot) return mpq__io_fail(err, MPQ_ERR_FORMAT, P, N, "unknown field '%.100s'", c->string);
+        if (*slot) return mpq__io_fail(err, MPQ_ERR_FORMAT, P, N, "field '%s' appears twice", c->string);
         *slot = c;
     }
     if (!dtype || !shape || !offs)
-        return mpq__fail(err, MPQ_ERR_FORMAT, P, N, "missing field '%s'",
+        return mpq__io_fail(err, MPQ_ERR_FORMAT, P, N, "missing field '%s'",
                          !dtype ? "dtype" : !shape ? "shape" : "data_offsets");
     if (!cJSON_IsString(dtype) || !mpq__dtype_parse(dtype->valuestring, &t->dtype))
-        return mpq__fail(err, MPQ_ERR_FORMAT, P, N, "unknown dtype %.40s",
+        return mpq__io_fail(err, MPQ_ERR_FORMAT, P, N, "unknown dtype %.40s",
                          cJSON_IsString(dtype) ? dtype->valuestring : "(not a string)");
-    if (!cJSON_IsArray(shape)) return mpq__fail(err, MPQ_ERR_FORMAT, P, N, "shape is not an array");
+    if (!cJSON_IsArray(shape)) return mpq__io_fail(err, MPQ_ERR_FORMAT, P, N, "shape is not an array");
     const int nd = cJSON_GetArraySize(shape);
     if (nd > MPQ_ST_MAX_DIMS)
-        return mpq__fail(err, MPQ_ERR_FORMAT, P, N, "%d dimensions (mpq reads at most %d)", nd, MPQ_ST_MAX_DIMS);
+        return mpq__io_fail(err, MPQ_ERR_FORMAT, P, N, "%d dimensions (mpq reads at most %d)", nd, MPQ_ST_MAX_DIMS);
     t->ndim = nd;
     uint64_t numel = 1;
     int k = 0;
     for (const cJSON *c = shape->child; c; c = c->next, k++) {
         if (!mpq__json_u53(c, &t->shape[k]))
-            return mpq__fail(err, MPQ_ERR_FORMAT, P, N, "dimension %d is not an integer in 0..2^53", k);
+            return mpq__io_fail(err, MPQ_ERR_FORMAT, P, N, "dimension %d is not an integer in 0..2^53", k);
         if (t->shape[k] && numel > UINT64_MAX / t->shape[k])
-            return mpq__fail(err, MPQ_ERR_FORMAT, P, N, "element count overflows");
+            return mpq__io_fail(err, MPQ_ERR_FORMAT, P, N, "element count overflows");
         numel *= t->shape[k];
     }
     t->numel = numel;
     if (!cJSON_IsArray(offs) || cJSON_GetArraySize(offs) != 2 || !mpq__json_u53(offs->child, &t->begin) ||
         !mpq__json_u53(offs->child->next, &t->end))
-        return mpq__fail(err, MPQ_ERR_FORMAT, P, N, "data_offsets is not two integers in 0..2^53");
+        return mpq__io_fail(err, MPQ_ERR_FORMAT, P, N, "data_offsets is not two integers in 0..2^53");
     const size_t es = mpq_dtype_size(t->dtype);
-    if (numel > UINT64_MAX / es) return mpq__fail(err, MPQ_ERR_FORMAT, P, N, "byte count overflows");
+    if (numel > UINT64_MAX / es) return mpq__io_fail(err, MPQ_ERR_FORMAT, P, N, "byte count overflows");
     if (t->end < t->begin)
-        return mpq__fail(err, MPQ_ERR_FORMAT, P, N, "data_offsets end %llu is before begin %llu",
+        return mpq__io_fail(err, MPQ_ERR_FORMAT, P, N, "data_offsets end %llu is before begin %llu",
                          (unsigned long long)t->end, (unsigned long long)t->begin);
     if (t->end - t->begin != numel * es)
-        return mpq__fail(err, MPQ_ERR_FORMAT, P, N, "holds %llu bytes but %s x %llu elements need %llu",
+        return mpq__io_fail(err, MPQ_ERR_FORMAT, P, N, "holds %llu bytes but %s x %llu elements need %llu",
                          (unsigned long long)(t->end - t->begin), mpq__dtypes[t->dtype].name,
                          (unsigned long long)numel, (unsigned long long)(numel * es));
     return MPQ_OK;
@@ -321,31 +376,31 @@ static mpq_status mpq__parse_tensor(mpq_st_file *f, const cJSON *o, mpq_st_tenso
 /* Everything but the tensor bytes: JSON, names, offsets, packed marks. */
 static mpq_status mpq__parse_header(mpq_st_file *f, const char *hdr, size_t n, mpq_io_err *err)
 {
-    const char *P = f->path;
-    size_t bad = mpq__utf8_check((const uint8_t *)hdr, n);
-    if (bad != n) return mpq__fail(err, MPQ_ERR_FORMAT, P, NULL, "header is not UTF-8 text (byte %zu)", bad);
-    if (n == 0 || hdr[0] != '{') return mpq__fail(err, MPQ_ERR_FORMAT, P, NULL, "header does not start with '{'");
+    const char *P = f->in.path;
+    size_t bad = mpq__io_utf8_check((const uint8_t *)hdr, n);
+    if (bad != n) return mpq__io_fail(err, MPQ_ERR_FORMAT, P, NULL, "header is not UTF-8 text (byte %zu)", bad);
+    if (n == 0 || hdr[0] != '{') return mpq__io_fail(err, MPQ_ERR_FORMAT, P, NULL, "header does not start with '{'");
     for (size_t i = 0; i + 1 < n; i++)
         if (hdr[i] == '\\') {
             if (hdr[i + 1] == 'u' && i + 5 < n && memcmp(hdr + i + 2, "0000", 4) == 0)
-                return mpq__fail(err, MPQ_ERR_FORMAT, P, NULL, "header escapes a NUL character (byte %zu)", i);
+                return mpq__io_fail(err, MPQ_ERR_FORMAT, P, NULL, "header escapes a NUL character (byte %zu)", i);
             i++;
         }
     const char *end = NULL;
     cJSON *root = cJSON_ParseWithLengthOpts(hdr, n, &end, 0);
     if (!root) {
         size_t at = end && end >= hdr && end <= hdr + n ? (size_t)(end - hdr) : 0;
-        return mpq__fail(err, MPQ_ERR_FORMAT, P, NULL, "header is not valid JSON (near byte %zu)", at);
+        return mpq__io_fail(err, MPQ_ERR_FORMAT, P, NULL, "header is not valid JSON (near byte %zu)", at);
     }
     mpq_status st = MPQ_OK;
     for (const char *q = end; q < hdr + n; q++)
         if (*q != ' ' && *q != '\t' && *q != '\n' && *q != '\r') {
-            st = mpq__fail(err, MPQ_ERR_FORMAT, P, NULL, "header has bytes after its JSON object (byte %zu)",
+            st = mpq__io_fail(err, MPQ_ERR_FORMAT, P, NULL, "header has bytes after its JSON object (byte %zu)",
                            (size_t)(q - hdr));
             goto done;
         }
     if (!cJSON_IsObject(root)) {
-        st = mpq__fail(err, MPQ_ERR_FORMAT, P, NULL, "header is not a JSON object");
+        st = mpq__io_fail(err, MPQ_ERR_FORMAT, P, NULL, "header is not a JSON object");
         goto done;
     }
     int count = 0, nmeta_obj = 0;
@@ -353,7 +408,7 @@ static mpq_status mpq__parse_header(mpq_st_file *f, const char *hdr, size_t n, m
     for (const cJSON *c = root->child; c; c = c->next) {
         if (strcmp(c->string, "__metadata__") == 0) {
             if (nmeta_obj++) {
-                st = mpq__fail(err, MPQ_ERR_FORMAT, P, NULL, "__metadata__ appears twice");
+                st = mpq__io_fail(err, MPQ_ERR_FORMAT, P, NULL, "__metadata__ appears twice");
                 goto done;
             }
             meta = c;
@@ -363,14 +418,14 @@ static mpq_status mpq__parse_header(mpq_st_file *f, const char *hdr, size_t n, m
     f->t = (mpq_st_tensor *)calloc((size_t)count + 1, sizeof *f->t);
     f->by_name = (mpq__by_name *)malloc(sizeof *f->by_name * ((size_t)count + 1));
     if (!f->t || !f->by_name) {
-        st = mpq__fail(err, MPQ_ERR_NOMEM, P, NULL, "out of memory for %d tensors", count);
+        st = mpq__io_fail(err, MPQ_ERR_NOMEM, P, NULL, "out of memory for %d tensors", count);
         goto done;
     }
     for (const cJSON *c = root->child; c; c = c->next) {
         if (c == meta) continue;
         mpq_st_tensor *t = &f->t[f->nt];
-        if (!(t->name = mpq__strdup(c->string))) {
-            st = mpq__fail(err, MPQ_ERR_NOMEM, P, NULL, "out of memory");
+        if (!(t->name = mpq__io_strdup(c->string))) {
+            st = mpq__io_fail(err, MPQ_ERR_NOMEM, P, NULL, "out of memory");
             goto done;
         }
         f->nt++;
@@ -378,7 +433,7 @@ static mpq_status mpq__parse_header(mpq_st_file *f, const char *hdr, size_t n, m
     }
     if (meta) {
         if (!cJSON_IsObject(meta)) {
-            st = mpq__fail(err, MPQ_ERR_FORMAT, P, NULL, "__metadata__ is not a JSON object");
+            st = mpq__io_fail(err, MPQ_ERR_FORMAT, P, NULL, "__metadata__ is not a JSON object");
             goto done;
         }
         const int nm = cJSON_GetArraySize(meta);
@@ -386,20 +441,20 @@ static mpq_status mpq__parse_header(mpq_st_file *f, const char *hdr, size_t n, m
         f->mval = (char **)calloc((size_t)nm + 1, sizeof(char *));
         f->meta_by_key = (mpq__by_name *)malloc(sizeof *f->meta_by_key * ((size_t)nm + 1));
         if (!f->mkey || !f->mval || !f->meta_by_key) {
-            st = mpq__fail(err, MPQ_ERR_NOMEM, P, NULL, "out of memory");
+            st = mpq__io_fail(err, MPQ_ERR_NOMEM, P, NULL, "out of memory");
             goto done;
         }
         for (const cJSON *c = meta->child; c; c = c->next) {
             if (!cJSON_IsString(c)) {
-                st = mpq__fail(err, MPQ_ERR_FORMAT, P, NULL, "__metadata__ value of '%.100s' is not a string",
+                st = mpq__io_fail(err, MPQ_ERR_FORMAT, P, NULL, "__metadata__ value of '%.100s' is not a string",
                                c->string);
                 goto done;
             }
-            f->mkey[f->nmeta] = mpq__strdup(c->string);
-            f->mval[f->nmeta] = mpq__strdup(c->valuestring);
+            f->mkey[f->nmeta] = mpq__io_strdup(c->string);
+            f->mval[f->nmeta] = mpq__io_strdup(c->valuestring);
             f->nmeta++;
             if (!f->mkey[f->nmeta - 1] || !f->mval[f->nmeta - 1]) {
-                st = mpq__fail(err, MPQ_ERR_NOMEM, P, NULL, "out of memory");
+                st = mpq__io_fail(err, MPQ_ERR_NOMEM, P, NULL, "out of memory");
                 goto done;
             }
         }
@@ -412,10 +467,10 @@ done:
 /* Names unique, the tensors tile the data, packed marks consistent. */
 static mpq_status mpq__check_layout(mpq_st_file *f, mpq_io_err *err)
 {
-    const char *P = f->path;
+    const char *P = f->in.path;
     mpq_status st = MPQ_OK;
     mpq__by_off *ord = (mpq__by_off *)malloc(sizeof *ord * ((size_t)f->nt + 1));
-    if (!ord) return mpq__fail(err, MPQ_ERR_NOMEM, P, NULL, "out of memory");
+    if (!ord) return mpq__io_fail(err, MPQ_ERR_NOMEM, P, NULL, "out of memory");
     for (int i = 0; i < f->nt; i++) {
         f->by_name[i].name = f->t[i].name, f->by_name[i].i = i;
         ord[i].begin = f->t[i].begin, ord[i].end = f->t[i].end, ord[i].i = i;
@@ -426,12 +481,12 @@ static mpq_status mpq__check_layout(mpq_st_file *f, mpq_io_err *err)
     if (f->nmeta) qsort(f->meta_by_key, (size_t)f->nmeta, sizeof *f->meta_by_key, mpq__cmp_name);
     for (int i = 1; i < f->nt; i++)
         if (strcmp(f->by_name[i].name, f->by_name[i - 1].name) == 0) {
-            st = mpq__fail(err, MPQ_ERR_FORMAT, P, f->by_name[i].name, "name appears twice");
+            st = mpq__io_fail(err, MPQ_ERR_FORMAT, P, f->by_name[i].name, "name appears twice");
             goto done;
         }
     for (int i = 1; i < f->nmeta; i++)
         if (strcmp(f->meta_by_key[i].name, f->meta_by_key[i - 1].name) == 0) {
-            st = mpq__fail(err, MPQ_ERR_FORMAT, P, NULL, "__metadata__ key '%.100s' appears twice",
+            st = mpq__io_fail(err, MPQ_ERR_FORMAT, P, NULL, "__metadata__ key '%.100s' appears twice",
                            f->meta_by_key[i].name);
             goto done;
         }
@@ -439,7 +494,7 @@ static mpq_status mpq__check_layout(mpq_st_file *f, mpq_io_err *err)
     for (int i = 0; i < f->nt; i++) {
         const mpq_st_tensor *t = &f->t[ord[i].i];
         if (t->begin != pos) {
-            st = mpq__fail(err, MPQ_ERR_FORMAT, P, t->name, "data begins at %llu but the previous tensor ends at %llu (%s)",
+            st = mpq__io_fail(err, MPQ_ERR_FORMAT, P, t->name, "data begins at %llu but the previous tensor ends at %llu (%s)",
                            (unsigned long long)t->begin, (unsigned long long)pos,
                            t->begin < pos ? "overlap" : "gap");
             goto done;
@@ -447,13 +502,13 @@ static mpq_status mpq__check_layout(mpq_st_file *f, mpq_io_err *err)
         pos = t->end;
     }
     if (pos != f->data_bytes) {
-        st = mpq__fail(err, MPQ_ERR_FORMAT, P, NULL, "tensors cover %llu data bytes but the file holds %llu",
+        st = mpq__io_fail(err, MPQ_ERR_FORMAT, P, NULL, "tensors cover %llu data bytes but the file holds %llu",
                        (unsigned long long)pos, (unsigned long long)f->data_bytes);
         goto done;
     }
     const char *ver = mpq_st_meta(f, "mpq.version");
     if (ver && strcmp(ver, "1") != 0) {
-        st = mpq__fail(err, MPQ_ERR_FORMAT, P, NULL, "mpq.version is '%.20s'; this reader knows '1'", ver);
+        st = mpq__io_fail(err, MPQ_ERR_FORMAT, P, NULL, "mpq.version is '%.20s'; this reader knows '1'", ver);
         goto done;
     }
     for (int i = 0; i < f->nmeta; i++) {
@@ -462,7 +517,7 @@ static mpq_status mpq__check_layout(mpq_st_file *f, mpq_io_err *err)
         if (kl <= 4 + fl || strncmp(k, "mpq.", 4) != 0 || strcmp(k + kl - fl, ".format") != 0) continue;
         char *name = (char *)malloc(kl);
         if (!name) {
-            st = mpq__fail(err, MPQ_ERR_NOMEM, P, NULL, "out of memory");
+            st = mpq__io_fail(err, MPQ_ERR_NOMEM, P, NULL, "out of memory");
             goto done;
         }
         memcpy(name, k + 4, kl - 4 - fl);
@@ -471,16 +526,16 @@ static mpq_status mpq__check_layout(mpq_st_file *f, mpq_io_err *err)
         if (!t) {
             /* "mpq.x.format" of a tensor "x.format..." would be ambiguous only
                if such a tensor existed; with none, the key is wrong. */
-            st = mpq__fail(err, MPQ_ERR_FORMAT, P, name, "metadata marks it as packed but the file holds no such tensor");
+            st = mpq__io_fail(err, MPQ_ERR_FORMAT, P, name, "metadata marks it as packed but the file holds no such tensor");
         } else if (t->dtype != MPQ_DT_U8 || t->ndim != 1) {
-            st = mpq__fail(err, MPQ_ERR_FORMAT, P, name, "marked as packed but is %s with %d dimensions (needs U8, 1)",
+            st = mpq__io_fail(err, MPQ_ERR_FORMAT, P, name, "marked as packed but is %s with %d dimensions (needs U8, 1)",
                            mpq__dtypes[t->dtype].name, t->ndim);
         } else if (strcmp(f->mval[i], "bitplane") == 0) {
             t->packed = MPQ_FORMAT_BITPLANE;
         } else if (strcmp(f->mval[i], "mxint") == 0) {
             t->packed = MPQ_FORMAT_MXINT;
         } else {
-            st = mpq__fail(err, MPQ_ERR_FORMAT, P, name, "unknown packed format '%.40s'", f->mval[i]);
+            st = mpq__io_fail(err, MPQ_ERR_FORMAT, P, name, "unknown packed format '%.40s'", f->mval[i]);
         }
         free(name);
         if (st != MPQ_OK) goto done;
@@ -492,43 +547,28 @@ done:
 
 static mpq_status mpq__read_at(mpq_st_file *f, uint64_t off, void *dst, size_t n, const char *name, mpq_io_err *err)
 {
-    if (off > f->file_bytes || n > f->file_bytes - off)
-        return mpq__fail(err, MPQ_ERR_FORMAT, f->path, name, "read past the end of the file");
-    if (f->fd < 0) {
-        if (n) memcpy(dst, f->mem + off, n);
-        return MPQ_OK;
-    }
-    uint8_t *d = (uint8_t *)dst;
-    while (n) {
-        const size_t want = n < ((size_t)1 << 30) ? n : ((size_t)1 << 30);
-        ssize_t got = pread(f->fd, d, want, (off_t)off);
-        if (got < 0 && errno == EINTR) continue;
-        if (got < 0) return mpq__fail(err, MPQ_ERR_IO, f->path, name, "read failed: %s", strerror(errno));
-        if (got == 0) return mpq__fail(err, MPQ_ERR_IO, f->path, name, "file ended early (changed since it was opened?)");
-        d += got, off += (uint64_t)got, n -= (size_t)got;
-    }
-    return MPQ_OK;
+    return mpq__io_read(&f->in, off, dst, n, name, err);
 }
 
 static mpq_status mpq__open_common(mpq_st_file *f, mpq_io_err *err)
 {
     uint8_t h8[8];
-    if (f->file_bytes < 8) return mpq__fail(err, MPQ_ERR_FORMAT, f->path, NULL, "%llu bytes: too short for a header",
-                                            (unsigned long long)f->file_bytes);
+    if (f->in.bytes < 8) return mpq__io_fail(err, MPQ_ERR_FORMAT, f->in.path, NULL, "%llu bytes: too short for a header",
+                                            (unsigned long long)f->in.bytes);
     mpq_status st = mpq__read_at(f, 0, h8, 8, NULL, err);
     if (st != MPQ_OK) return st;
     uint64_t n = 0;
     for (int i = 7; i >= 0; i--) n = (n << 8) | h8[i];
     if (n > MPQ_ST_MAX_HEADER)
-        return mpq__fail(err, MPQ_ERR_FORMAT, f->path, NULL, "header length %llu exceeds the limit of %u bytes",
+        return mpq__io_fail(err, MPQ_ERR_FORMAT, f->in.path, NULL, "header length %llu exceeds the limit of %u bytes",
                          (unsigned long long)n, MPQ_ST_MAX_HEADER);
-    if (n > f->file_bytes - 8)
-        return mpq__fail(err, MPQ_ERR_FORMAT, f->path, NULL, "header length %llu is larger than the file (%llu bytes)",
-                         (unsigned long long)n, (unsigned long long)f->file_bytes);
+    if (n > f->in.bytes - 8)
+        return mpq__io_fail(err, MPQ_ERR_FORMAT, f->in.path, NULL, "header length %llu is larger than the file (%llu bytes)",
+                         (unsigned long long)n, (unsigned long long)f->in.bytes);
     f->data_start = 8 + n;
-    f->data_bytes = f->file_bytes - f->data_start;
+    f->data_bytes = f->in.bytes - f->data_start;
     char *hdr = (char *)malloc((size_t)n + 1);
-    if (!hdr) return mpq__fail(err, MPQ_ERR_NOMEM, f->path, NULL, "out of memory for a %llu-byte header",
+    if (!hdr) return mpq__io_fail(err, MPQ_ERR_NOMEM, f->in.path, NULL, "out of memory for a %llu-byte header",
                                (unsigned long long)n);
     st = mpq__read_at(f, 8, hdr, (size_t)n, NULL, err);
     if (st == MPQ_OK) {
@@ -542,26 +582,11 @@ static mpq_status mpq__open_common(mpq_st_file *f, mpq_io_err *err)
 
 mpq_status mpq_st_open(const char *path, mpq_st_file **out, mpq_io_err *err)
 {
-    if (!path || !out) return mpq__fail(err, MPQ_ERR_ARG, path, NULL, "NULL argument");
+    if (!path || !out) return mpq__io_fail(err, MPQ_ERR_ARG, path, NULL, "NULL argument");
     mpq_st_file *f = (mpq_st_file *)calloc(1, sizeof *f);
-    if (!f || !(f->path = mpq__strdup(path))) {
-        free(f);
-        return mpq__fail(err, MPQ_ERR_NOMEM, path, NULL, "out of memory");
-    }
-    f->fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (f->fd < 0) {
-        mpq_status st = mpq__fail(err, MPQ_ERR_IO, path, NULL, "cannot open: %s", strerror(errno));
-        mpq_st_close(f);
-        return st;
-    }
-    struct stat sb;
-    if (fstat(f->fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
-        mpq_status st = mpq__fail(err, MPQ_ERR_IO, path, NULL, "not a regular file");
-        mpq_st_close(f);
-        return st;
-    }
-    f->file_bytes = (uint64_t)sb.st_size;
-    mpq_status st = mpq__open_common(f, err);
+    if (!f) return mpq__io_fail(err, MPQ_ERR_NOMEM, path, NULL, "out of memory");
+    mpq_status st = mpq__io_in_file(&f->in, path, err);
+    if (st == MPQ_OK) st = mpq__open_common(f, err);
     if (st != MPQ_OK) {
         mpq_st_close(f);
         return st;
@@ -572,16 +597,11 @@ mpq_status mpq_st_open(const char *path, mpq_st_file **out, mpq_io_err *err)
 
 mpq_status mpq_st_open_memory(const void *buf, size_t bytes, mpq_st_file **out, mpq_io_err *err)
 {
-    if ((!buf && bytes) || !out) return mpq__fail(err, MPQ_ERR_ARG, NULL, NULL, "NULL argument");
+    if ((!buf && bytes) || !out) return mpq__io_fail(err, MPQ_ERR_ARG, NULL, NULL, "NULL argument");
     mpq_st_file *f = (mpq_st_file *)calloc(1, sizeof *f);
-    if (!f || !(f->path = mpq__strdup("(memory)"))) {
-        free(f);
-        return mpq__fail(err, MPQ_ERR_NOMEM, NULL, NULL, "out of memory");
-    }
-    f->fd = -1;
-    f->mem = (const uint8_t *)buf;
-    f->file_bytes = bytes;
-    mpq_status st = mpq__open_common(f, err);
+    if (!f) return mpq__io_fail(err, MPQ_ERR_NOMEM, NULL, NULL, "out of memory");
+    mpq_status st = mpq__io_in_memory(&f->in, buf, bytes, err);
+    if (st == MPQ_OK) st = mpq__open_common(f, err);
     if (st != MPQ_OK) {
         mpq_st_close(f);
         return st;
@@ -632,8 +652,8 @@ const char *mpq_st_meta(const mpq_st_file *f, const char *key)
     return NULL;
 }
 
-uint64_t mpq_st_file_bytes(const mpq_st_file *f) { return f ? f->file_bytes : 0; }
-const char *mpq_st_path(const mpq_st_file *f) { return f ? f->path : NULL; }
+uint64_t mpq_st_file_bytes(const mpq_st_file *f) { return f ? f->in.bytes : 0; }
+const char *mpq_st_path(const mpq_st_file *f) { return f ? f->in.path : NULL; }
 
 /* t must be one of f's own tensors. */
 static int mpq__owns(const mpq_st_file *f, const mpq_st_tensor *t)
@@ -643,27 +663,27 @@ static int mpq__owns(const mpq_st_file *f, const mpq_st_tensor *t)
 
 mpq_status mpq_st_read(mpq_st_file *f, const mpq_st_tensor *t, void *dst, size_t bytes, mpq_io_err *err)
 {
-    if (!mpq__owns(f, t) || (!dst && bytes)) return mpq__fail(err, MPQ_ERR_ARG, f ? f->path : NULL, NULL, "bad argument");
+    if (!mpq__owns(f, t) || (!dst && bytes)) return mpq__io_fail(err, MPQ_ERR_ARG, f ? f->in.path : NULL, NULL, "bad argument");
     if ((uint64_t)bytes != t->end - t->begin)
-        return mpq__fail(err, MPQ_ERR_SIZE, f->path, t->name, "holds %llu bytes, the caller's buffer %zu",
+        return mpq__io_fail(err, MPQ_ERR_SIZE, f->in.path, t->name, "holds %llu bytes, the caller's buffer %zu",
                          (unsigned long long)(t->end - t->begin), bytes);
     return mpq__read_at(f, f->data_start + t->begin, dst, bytes, t->name, err);
 }
 
 mpq_status mpq_st_read_f32(mpq_st_file *f, const mpq_st_tensor *t, float *dst, size_t n, mpq_io_err *err)
 {
-    if (!mpq__owns(f, t) || (!dst && n)) return mpq__fail(err, MPQ_ERR_ARG, f ? f->path : NULL, NULL, "bad argument");
+    if (!mpq__owns(f, t) || (!dst && n)) return mpq__io_fail(err, MPQ_ERR_ARG, f ? f->in.path : NULL, NULL, "bad argument");
     if (t->dtype != MPQ_DT_F32 && t->dtype != MPQ_DT_F16 && t->dtype != MPQ_DT_BF16 && t->dtype != MPQ_DT_F64)
-        return mpq__fail(err, MPQ_ERR_ARG, f->path, t->name, "dtype %s is not a float type mpq converts",
+        return mpq__io_fail(err, MPQ_ERR_ARG, f->in.path, t->name, "dtype %s is not a float type mpq converts",
                          mpq__dtypes[t->dtype].name);
     if ((uint64_t)n != t->numel)
-        return mpq__fail(err, MPQ_ERR_SIZE, f->path, t->name, "holds %llu values, the caller's buffer %zu",
+        return mpq__io_fail(err, MPQ_ERR_SIZE, f->in.path, t->name, "holds %llu values, the caller's buffer %zu",
                          (unsigned long long)t->numel, n);
     const uint64_t off = f->data_start + t->begin;
     if (t->dtype == MPQ_DT_F32) return mpq__read_at(f, off, dst, n * 4, t->name, err);
     const size_t es = mpq_dtype_size(t->dtype), per = MPQ_ST_CHUNK / es;
     void *tmp = malloc(MPQ_ST_CHUNK);
-    if (!tmp) return mpq__fail(err, MPQ_ERR_NOMEM, f->path, t->name, "out of memory");
+    if (!tmp) return mpq__io_fail(err, MPQ_ERR_NOMEM, f->in.path, t->name, "out of memory");
     mpq_status st = MPQ_OK;
     for (size_t i = 0; i < n && st == MPQ_OK; i += per) {
         const size_t k = n - i < per ? n - i : per;
@@ -685,22 +705,22 @@ mpq_status mpq_st_read_f32(mpq_st_file *f, const mpq_st_tensor *t, float *dst, s
 
 mpq_status mpq_st_read_packed(mpq_st_file *f, const char *name, mpq_packed *out, mpq_io_err *err)
 {
-    if (!f || !name || !out) return mpq__fail(err, MPQ_ERR_ARG, f ? f->path : NULL, name, "NULL argument");
+    if (!f || !name || !out) return mpq__io_fail(err, MPQ_ERR_ARG, f ? f->in.path : NULL, name, "NULL argument");
     const mpq_st_tensor *t = mpq_st_find(f, name);
-    if (!t) return mpq__fail(err, MPQ_ERR_ARG, f->path, name, "no such tensor");
-    if (!t->packed) return mpq__fail(err, MPQ_ERR_ARG, f->path, name, "is not a packed matrix (no mpq.%.100s.format)", name);
+    if (!t) return mpq__io_fail(err, MPQ_ERR_ARG, f->in.path, name, "no such tensor");
+    if (!t->packed) return mpq__io_fail(err, MPQ_ERR_ARG, f->in.path, name, "is not a packed matrix (no mpq.%.100s.format)", name);
     const size_t bytes = (size_t)(t->end - t->begin);
-    if (bytes == 0) return mpq__fail(err, MPQ_ERR_FORMAT, f->path, name, "packed matrix of 0 bytes");
+    if (bytes == 0) return mpq__io_fail(err, MPQ_ERR_FORMAT, f->in.path, name, "packed matrix of 0 bytes");
     void *buf = mpq_aligned_alloc(bytes);
-    if (!buf) return mpq__fail(err, MPQ_ERR_NOMEM, f->path, name, "out of memory for %zu bytes", bytes);
+    if (!buf) return mpq__io_fail(err, MPQ_ERR_NOMEM, f->in.path, name, "out of memory for %zu bytes", bytes);
     mpq_packed A;
     mpq_status st = mpq__read_at(f, f->data_start + t->begin, buf, bytes, name, err);
     if (st == MPQ_OK) {
         st = mpq_packed_open(buf, bytes, &A);
-        if (st != MPQ_OK) mpq__fail(err, st, f->path, name, "packed buffer rejected: %s", mpq_status_str(st));
+        if (st != MPQ_OK) mpq__io_fail(err, st, f->in.path, name, "packed buffer rejected: %s", mpq_status_str(st));
     }
     if (st == MPQ_OK && A.format != t->packed)
-        st = mpq__fail(err, MPQ_ERR_FORMAT, f->path, name, "metadata says %s but the buffer is %s",
+        st = mpq__io_fail(err, MPQ_ERR_FORMAT, f->in.path, name, "metadata says %s but the buffer is %s",
                        t->packed == MPQ_FORMAT_MXINT ? "mxint" : "bitplane",
                        A.format == MPQ_FORMAT_MXINT ? "mxint" : "bitplane");
     if (st == MPQ_OK) {
@@ -709,13 +729,13 @@ mpq_status mpq_st_read_packed(mpq_st_file *f, const char *name, mpq_packed *out,
         char key[600];
         for (int i = 0; i < MPQ__PM_COUNT && st == MPQ_OK; i++) {
             if (!mpq__pm_key(key, sizeof key, name, mpq__pm_field[i])) {
-                st = mpq__fail(err, MPQ_ERR_FORMAT, f->path, name, "name too long for its metadata keys");
+                st = mpq__io_fail(err, MPQ_ERR_FORMAT, f->in.path, name, "name too long for its metadata keys");
                 break;
             }
             const char *have = mpq_st_meta(f, key);
-            if (!have) st = mpq__fail(err, MPQ_ERR_FORMAT, f->path, name, "metadata %.300s is missing", key);
+            if (!have) st = mpq__io_fail(err, MPQ_ERR_FORMAT, f->in.path, name, "metadata %.300s is missing", key);
             else if (strcmp(have, v[i]) != 0)
-                st = mpq__fail(err, MPQ_ERR_FORMAT, f->path, name, "metadata %s is '%.60s' but the matrix has '%.60s'",
+                st = mpq__io_fail(err, MPQ_ERR_FORMAT, f->in.path, name, "metadata %s is '%.60s' but the matrix has '%.60s'",
                                mpq__pm_field[i], have, v[i]);
         }
     }
@@ -802,16 +822,16 @@ static int mpq__write_all(int fd, const void *p, size_t n)
 
 mpq_status mpq_st_writer_open(const char *path, mpq_st_writer **out, mpq_io_err *err)
 {
-    if (!path || !*path || !out) return mpq__fail(err, MPQ_ERR_ARG, path, NULL, "no file name");
+    if (!path || !*path || !out) return mpq__io_fail(err, MPQ_ERR_ARG, path, NULL, "no file name");
     mpq_st_writer *w = (mpq_st_writer *)calloc(1, sizeof *w);
-    if (!w || !(w->path = mpq__strdup(path))) {
+    if (!w || !(w->path = mpq__io_strdup(path))) {
         free(w);
-        return mpq__fail(err, MPQ_ERR_NOMEM, path, NULL, "out of memory");
+        return mpq__io_fail(err, MPQ_ERR_NOMEM, path, NULL, "out of memory");
     }
     char *spool = NULL;
     w->spool = mpq__mktemp(path, ".spool-", &spool);
     if (w->spool < 0) {
-        mpq_status st = mpq__fail(err, MPQ_ERR_IO, path, NULL, "cannot create a file beside it: %s", strerror(errno));
+        mpq_status st = mpq__io_fail(err, MPQ_ERR_IO, path, NULL, "cannot create a file beside it: %s", strerror(errno));
         mpq__writer_free(w);
         return st;
     }
@@ -825,26 +845,26 @@ mpq_status mpq_st_writer_open(const char *path, mpq_st_writer **out, mpq_io_err 
 static mpq_status mpq__check_new(mpq_st_writer *w, const char *name, mpq_dtype dtype, int ndim, const uint64_t *shape,
                                  uint64_t *numel, mpq_io_err *err)
 {
-    if (!w) return mpq__fail(err, MPQ_ERR_ARG, NULL, name, "NULL writer");
+    if (!w) return mpq__io_fail(err, MPQ_ERR_ARG, NULL, name, "NULL writer");
     if (!name || !*name || !mpq__utf8_ok(name) || strcmp(name, "__metadata__") == 0)
-        return mpq__fail(err, MPQ_ERR_ARG, w->path, NULL, "tensor name is empty, not UTF-8 or reserved");
-    if (mpq_dtype_size(dtype) == 0) return mpq__fail(err, MPQ_ERR_ARG, w->path, name, "unknown dtype");
+        return mpq__io_fail(err, MPQ_ERR_ARG, w->path, NULL, "tensor name is empty, not UTF-8 or reserved");
+    if (mpq_dtype_size(dtype) == 0) return mpq__io_fail(err, MPQ_ERR_ARG, w->path, name, "unknown dtype");
     if (ndim < 0 || ndim > MPQ_ST_MAX_DIMS || (ndim && !shape))
-        return mpq__fail(err, MPQ_ERR_ARG, w->path, name, "%d dimensions (0..%d)", ndim, MPQ_ST_MAX_DIMS);
+        return mpq__io_fail(err, MPQ_ERR_ARG, w->path, name, "%d dimensions (0..%d)", ndim, MPQ_ST_MAX_DIMS);
     for (int i = 0; i < w->ne; i++)
-        if (strcmp(w->e[i].name, name) == 0) return mpq__fail(err, MPQ_ERR_ARG, w->path, name, "written twice");
+        if (strcmp(w->e[i].name, name) == 0) return mpq__io_fail(err, MPQ_ERR_ARG, w->path, name, "written twice");
     uint64_t n = 1;
     for (int k = 0; k < ndim; k++) {
         if ((double)shape[k] >= MPQ_ST_MAX_INT || (shape[k] && n > UINT64_MAX / shape[k]))
-            return mpq__fail(err, MPQ_ERR_SIZE, w->path, name, "shape too large");
+            return mpq__io_fail(err, MPQ_ERR_SIZE, w->path, name, "shape too large");
         n *= shape[k];
     }
     if (n > UINT64_MAX / 8 || (double)(w->pos + n * mpq_dtype_size(dtype)) >= MPQ_ST_MAX_INT)
-        return mpq__fail(err, MPQ_ERR_SIZE, w->path, name, "file would exceed 2^53 bytes");
+        return mpq__io_fail(err, MPQ_ERR_SIZE, w->path, name, "file would exceed 2^53 bytes");
     if (w->ne == w->cape) {
         const int cap = w->cape ? 2 * w->cape : 16;
         mpq__wentry *e = (mpq__wentry *)realloc(w->e, sizeof *e * (size_t)cap);
-        if (!e) return mpq__fail(err, MPQ_ERR_NOMEM, w->path, name, "out of memory");
+        if (!e) return mpq__io_fail(err, MPQ_ERR_NOMEM, w->path, name, "out of memory");
         w->e = e, w->cape = cap;
     }
     *numel = n;
@@ -856,7 +876,7 @@ static mpq_status mpq__add_entry(mpq_st_writer *w, const char *name, mpq_dtype d
 {
     mpq__wentry *e = &w->e[w->ne];
     memset(e, 0, sizeof *e);
-    if (!(e->name = mpq__strdup(name))) return mpq__fail(err, MPQ_ERR_NOMEM, w->path, name, "out of memory");
+    if (!(e->name = mpq__io_strdup(name))) return mpq__io_fail(err, MPQ_ERR_NOMEM, w->path, name, "out of memory");
     e->dtype = dtype, e->ndim = ndim;
     for (int k = 0; k < ndim; k++) e->shape[k] = shape[k];
     e->begin = w->pos, e->end = w->pos + bytes;
@@ -870,7 +890,7 @@ static mpq_status mpq__add_entry(mpq_st_writer *w, const char *name, mpq_dtype d
 static mpq_status mpq__spool(mpq_st_writer *w, const char *name, uint64_t at, const void *p, size_t n, mpq_io_err *err)
 {
     if (lseek(w->spool, (off_t)at, SEEK_SET) < 0 || mpq__write_all(w->spool, p, n) != 0)
-        return mpq__fail(err, MPQ_ERR_IO, w->path, name, "write failed: %s", strerror(errno));
+        return mpq__io_fail(err, MPQ_ERR_IO, w->path, name, "write failed: %s", strerror(errno));
     return MPQ_OK;
 }
 
@@ -881,7 +901,7 @@ mpq_status mpq_st_write(mpq_st_writer *w, const char *name, mpq_dtype dtype, int
     mpq_status st = mpq__check_new(w, name, dtype, ndim, shape, &n, err);
     if (st != MPQ_OK) return st;
     if (n * mpq_dtype_size(dtype) != (uint64_t)bytes || (!data && bytes))
-        return mpq__fail(err, MPQ_ERR_SIZE, w->path, name, "%zu bytes given, shape and dtype need %llu", bytes,
+        return mpq__io_fail(err, MPQ_ERR_SIZE, w->path, name, "%zu bytes given, shape and dtype need %llu", bytes,
                          (unsigned long long)(n * mpq_dtype_size(dtype)));
     if ((st = mpq__spool(w, name, w->pos, data, bytes, err)) != MPQ_OK) return st;
     return mpq__add_entry(w, name, dtype, ndim, shape, bytes, err);
@@ -894,17 +914,17 @@ mpq_status mpq_st_write_f32(mpq_st_writer *w, const char *name, mpq_dtype dtype,
     mpq_status st = mpq__check_new(w, name, dtype, ndim, shape, &n, err);
     if (st != MPQ_OK) return st;
     if (dtype != MPQ_DT_F32 && dtype != MPQ_DT_F16 && dtype != MPQ_DT_BF16)
-        return mpq__fail(err, MPQ_ERR_ARG, w->path, name, "floats are written as F32, F16 or BF16, not %s",
+        return mpq__io_fail(err, MPQ_ERR_ARG, w->path, name, "floats are written as F32, F16 or BF16, not %s",
                          mpq__dtypes[dtype].name);
-    if (!x && n) return mpq__fail(err, MPQ_ERR_ARG, w->path, name, "NULL data");
-    if ((uint64_t)(size_t)n != n) return mpq__fail(err, MPQ_ERR_SIZE, w->path, name, "too large for this machine");
+    if (!x && n) return mpq__io_fail(err, MPQ_ERR_ARG, w->path, name, "NULL data");
+    if ((uint64_t)(size_t)n != n) return mpq__io_fail(err, MPQ_ERR_SIZE, w->path, name, "too large for this machine");
     const size_t es = mpq_dtype_size(dtype);
     if (dtype == MPQ_DT_F32) {
         st = mpq__spool(w, name, w->pos, x, (size_t)n * 4, err);
     } else {
         const size_t per = MPQ_ST_CHUNK / 2;
         uint16_t *tmp = (uint16_t *)malloc(MPQ_ST_CHUNK);
-        if (!tmp) return mpq__fail(err, MPQ_ERR_NOMEM, w->path, name, "out of memory");
+        if (!tmp) return mpq__io_fail(err, MPQ_ERR_NOMEM, w->path, name, "out of memory");
         for (size_t i = 0; i < (size_t)n && st == MPQ_OK; i += per) {
             const size_t k = (size_t)n - i < per ? (size_t)n - i : per;
             if (dtype == MPQ_DT_F16) mpq_f32_to_f16_n(x + i, tmp, k);
@@ -921,21 +941,21 @@ mpq_status mpq_st_write_f32(mpq_st_writer *w, const char *name, mpq_dtype dtype,
 static mpq_status mpq__add_meta(mpq_st_writer *w, const char *key, const char *value, mpq_io_err *err)
 {
     for (int i = 0; i < w->nmeta; i++)
-        if (strcmp(w->mkey[i], key) == 0) return mpq__fail(err, MPQ_ERR_ARG, w->path, NULL, "metadata key '%.100s' written twice", key);
+        if (strcmp(w->mkey[i], key) == 0) return mpq__io_fail(err, MPQ_ERR_ARG, w->path, NULL, "metadata key '%.100s' written twice", key);
     if (w->nmeta == w->capm) {
         const int cap = w->capm ? 2 * w->capm : 16;
         char **k = (char **)realloc(w->mkey, sizeof(char *) * (size_t)cap);
-        if (!k) return mpq__fail(err, MPQ_ERR_NOMEM, w->path, NULL, "out of memory");
+        if (!k) return mpq__io_fail(err, MPQ_ERR_NOMEM, w->path, NULL, "out of memory");
         w->mkey = k;
         char **v = (char **)realloc(w->mval, sizeof(char *) * (size_t)cap);
-        if (!v) return mpq__fail(err, MPQ_ERR_NOMEM, w->path, NULL, "out of memory");
+        if (!v) return mpq__io_fail(err, MPQ_ERR_NOMEM, w->path, NULL, "out of memory");
         w->mval = v, w->capm = cap;
     }
-    char *k = mpq__strdup(key), *v = mpq__strdup(value);
+    char *k = mpq__io_strdup(key), *v = mpq__io_strdup(value);
     if (!k || !v) {
         free(k);
         free(v);
-        return mpq__fail(err, MPQ_ERR_NOMEM, w->path, NULL, "out of memory");
+        return mpq__io_fail(err, MPQ_ERR_NOMEM, w->path, NULL, "out of memory");
     }
     w->mkey[w->nmeta] = k, w->mval[w->nmeta] = v, w->nmeta++;
     return MPQ_OK;
@@ -943,25 +963,25 @@ static mpq_status mpq__add_meta(mpq_st_writer *w, const char *key, const char *v
 
 mpq_status mpq_st_write_meta(mpq_st_writer *w, const char *key, const char *value, mpq_io_err *err)
 {
-    if (!w || !key || !value) return mpq__fail(err, MPQ_ERR_ARG, w ? w->path : NULL, NULL, "NULL argument");
+    if (!w || !key || !value) return mpq__io_fail(err, MPQ_ERR_ARG, w ? w->path : NULL, NULL, "NULL argument");
     if (!mpq__utf8_ok(key) || !mpq__utf8_ok(value))
-        return mpq__fail(err, MPQ_ERR_ARG, w->path, NULL, "metadata is not UTF-8");
+        return mpq__io_fail(err, MPQ_ERR_ARG, w->path, NULL, "metadata is not UTF-8");
     if (strncmp(key, "mpq.", 4) == 0)
-        return mpq__fail(err, MPQ_ERR_ARG, w->path, NULL, "metadata keys 'mpq.*' are written by mpq itself");
+        return mpq__io_fail(err, MPQ_ERR_ARG, w->path, NULL, "metadata keys 'mpq.*' are written by mpq itself");
     return mpq__add_meta(w, key, value, err);
 }
 
 mpq_status mpq_st_write_packed(mpq_st_writer *w, const char *name, const mpq_packed *A, mpq_io_err *err)
 {
     if (!w || !A || !A->buf || !A->bits || !A->band_off)
-        return mpq__fail(err, MPQ_ERR_ARG, w ? w->path : NULL, name, "not a packed matrix");
-    if (!name) return mpq__fail(err, MPQ_ERR_ARG, w->path, NULL, "no name");
+        return mpq__io_fail(err, MPQ_ERR_ARG, w ? w->path : NULL, name, "not a packed matrix");
+    if (!name) return mpq__io_fail(err, MPQ_ERR_ARG, w->path, NULL, "no name");
     char key[600];
     for (int i = 0; i < MPQ__PM_COUNT; i++) {
         if (!mpq__pm_key(key, sizeof key, name, mpq__pm_field[i]))
-            return mpq__fail(err, MPQ_ERR_ARG, w->path, name, "name too long");
+            return mpq__io_fail(err, MPQ_ERR_ARG, w->path, name, "name too long");
         for (int j = 0; j < w->nmeta; j++)
-            if (strcmp(w->mkey[j], key) == 0) return mpq__fail(err, MPQ_ERR_ARG, w->path, name, "written twice");
+            if (strcmp(w->mkey[j], key) == 0) return mpq__io_fail(err, MPQ_ERR_ARG, w->path, name, "written twice");
     }
     const uint64_t shape[1] = {(uint64_t)A->bytes};
     mpq_status st = mpq_st_write(w, name, MPQ_DT_U8, 1, shape, A->buf, A->bytes, err);
@@ -1019,13 +1039,13 @@ static char *mpq__header_json(mpq_st_writer *w)
 
 mpq_status mpq_st_writer_close(mpq_st_writer *w, mpq_io_err *err)
 {
-    if (!w) return mpq__fail(err, MPQ_ERR_ARG, NULL, NULL, "NULL writer");
+    if (!w) return mpq__io_fail(err, MPQ_ERR_ARG, NULL, NULL, "NULL writer");
     mpq_status st = MPQ_OK;
     char *tmpname = NULL, *json = mpq__header_json(w);
     uint8_t *copy = NULL;
     int fd = -1;
     if (!json) {
-        st = mpq__fail(err, MPQ_ERR_NOMEM, w->path, NULL, "out of memory for the header");
+        st = mpq__io_fail(err, MPQ_ERR_NOMEM, w->path, NULL, "out of memory for the header");
         goto done;
     }
     size_t hn = strlen(json);
@@ -1033,7 +1053,7 @@ mpq_status mpq_st_writer_close(mpq_st_writer *w, mpq_io_err *err)
     fd = mpq__mktemp(w->path, ".tmp-", &tmpname);
     copy = (uint8_t *)malloc(MPQ_ST_CHUNK);
     if (fd < 0 || !copy) {
-        st = mpq__fail(err, fd < 0 ? MPQ_ERR_IO : MPQ_ERR_NOMEM, w->path, NULL, "cannot create a file beside it: %s",
+        st = mpq__io_fail(err, fd < 0 ? MPQ_ERR_IO : MPQ_ERR_NOMEM, w->path, NULL, "cannot create a file beside it: %s",
                        strerror(errno));
         goto done;
     }
@@ -1055,23 +1075,23 @@ mpq_status mpq_st_writer_close(mpq_st_writer *w, mpq_io_err *err)
     }
     if (!bad) bad = fchmod(fd, 0644) != 0 || fsync(fd) != 0;
     if (bad) {
-        st = mpq__fail(err, MPQ_ERR_IO, w->path, NULL, "write failed: %s", strerror(errno));
+        st = mpq__io_fail(err, MPQ_ERR_IO, w->path, NULL, "write failed: %s", strerror(errno));
         goto done;
     }
     if (close(fd) != 0) {
         fd = -1;
-        st = mpq__fail(err, MPQ_ERR_IO, w->path, NULL, "write failed: %s", strerror(errno));
+        st = mpq__io_fail(err, MPQ_ERR_IO, w->path, NULL, "write failed: %s", strerror(errno));
         goto done;
     }
     fd = -1;
     if (rename(tmpname, w->path) != 0) {
-        st = mpq__fail(err, MPQ_ERR_IO, w->path, NULL, "cannot rename into place: %s", strerror(errno));
+        st = mpq__io_fail(err, MPQ_ERR_IO, w->path, NULL, "cannot rename into place: %s", strerror(errno));
         goto done;
     }
     free(tmpname);
     tmpname = NULL;
     { /* make the rename itself durable */
-        char *dir = mpq__strdup(w->path);
+        char *dir = mpq__io_strdup(w->path);
         if (dir) {
             char *slash = strrchr(dir, '/');
             const char *d = slash ? (slash == dir ? "/" : (*slash = 0, dir)) : ".";

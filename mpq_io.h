@@ -1,10 +1,16 @@
-/* mpq_io.h - safetensors files in and out for mpq.
+/* mpq_io.h - model files in and out for mpq: safetensors (read and write),
+   GGUF (read), and a model's tensors whatever file or directory holds them.
 
    The companion of mpq.h for programs that read and write model files (the
    `mpq` tool, the examples). mpq.h itself does no file I/O and stays usable
    alone; this part needs cJSON (Debian libcjson-dev) and a POSIX system, and
-   is compiled from mpq_io.c, which includes the implementation of nothing
-   else: link it with one translation unit that defines MPQ_IMPLEMENTATION.
+   is compiled from mpq_io.c (safetensors), mpq_io_gguf.c (GGUF) and
+   mpq_io_source.c (model sources), which include the implementation of
+   nothing else: link them with one translation unit that defines
+   MPQ_IMPLEMENTATION.
+
+   CONTENTS: SAFETENSORS (reader, packed matrices, errors, writer), GGUF,
+   MODEL SOURCES. Each section's declarations follow its description.
 
    SAFETENSORS, as read here
 
@@ -181,6 +187,189 @@ void mpq_st_writer_abort(mpq_st_writer *w);
    (NaN stays NaN, made quiet). */
 uint16_t mpq_f32_to_bf16(float f);
 float mpq_bf16_to_f32(uint16_t h);
+
+
+/* ========================================================================== */
+/* GGUF                                                                       */
+/* ========================================================================== */
+
+/* GGUF, as read here (versions 2 and 3, little-endian; the format of
+   llama.cpp's model files):
+
+     "GGUF", u32 version, u64 tensor count, u64 key-value count;
+     key-value pairs: string key, u32 value type, value (an array is u32
+       element type, u64 count, elements; a string is u64 length, bytes);
+     tensor infos: string name, u32 dimension count, u64 dimensions (the
+       first varies fastest), u32 ggml type, u64 offset into the data;
+     padding to the alignment (general.alignment, u32, a power of two;
+       32 when absent), then the data section, to the end of the file.
+
+   The reader holds the key-value pairs and tensor infos in memory (at most
+   MPQ_GGUF_MAX_META bytes of them) and reads tensors one at a time. Before
+   anything is used it checks: the magic and version; that every count,
+   length and dimension fits the bytes that remain, so that no allocation is
+   larger than the file; keys that are non-empty UTF-8 without NUL and
+   unique; value and element types it knows (an array of arrays is
+   refused); booleans that are 0 or 1; general.alignment's type and value;
+   tensor names that are non-empty UTF-8 without NUL, unique; 1 to 4
+   dimensions, each below 2^63; a known ggml type whose block divides the
+   first dimension; element and byte counts without overflow; offsets that
+   are multiples of the alignment; and that every tensor lies inside the
+   file's data section without overlapping another (gaps, the alignment's
+   padding, are allowed). Errors are MPQ_ERR_FORMAT with a message naming
+   the file, and the tensor or key where there is one.
+
+   mpq_gguf_read_f32 converts F32, F16, BF16, F64, Q8_0, Q4_0, Q4_1, Q5_0
+   and Q5_1 (each value exactly as its block defines it: Q4_0 is
+   d (q - 8), Q4_1 d q + m, Q8_0 d q, with d and m from fp16); the other
+   ggml types (the K-quants, IQ types, ...) are recognised, sized and
+   checked, and can be read as raw bytes only. */
+
+#define MPQ_GGUF_MAX_META (256u << 20) /* largest metadata + tensor-info region accepted */
+#define MPQ_GGUF_MAX_DIMS 4
+
+/* Value types of the key-value pairs (the numbers are the file's). */
+typedef enum mpq_gguf_vtype {
+    MPQ_GGUF_U8 = 0, MPQ_GGUF_I8 = 1, MPQ_GGUF_U16 = 2, MPQ_GGUF_I16 = 3, MPQ_GGUF_U32 = 4, MPQ_GGUF_I32 = 5,
+    MPQ_GGUF_F32 = 6, MPQ_GGUF_BOOL = 7, MPQ_GGUF_STRING = 8, MPQ_GGUF_ARRAY = 9, MPQ_GGUF_U64 = 10,
+    MPQ_GGUF_I64 = 11, MPQ_GGUF_F64 = 12
+} mpq_gguf_vtype;
+
+/* ggml tensor types mpq converts to float (the numbers are ggml's). */
+enum {
+    MPQ_GGML_F32 = 0, MPQ_GGML_F16 = 1, MPQ_GGML_Q4_0 = 2, MPQ_GGML_Q4_1 = 3, MPQ_GGML_Q5_0 = 6, MPQ_GGML_Q5_1 = 7,
+    MPQ_GGML_Q8_0 = 8, MPQ_GGML_F64 = 28, MPQ_GGML_BF16 = 30
+};
+
+typedef struct mpq_gguf_tensor {
+    const char *name;
+    uint32_t type;      /* ggml type */
+    int ndim;           /* 1 .. MPQ_GGUF_MAX_DIMS */
+    uint64_t ne[MPQ_GGUF_MAX_DIMS]; /* as stored: ne[0] varies fastest, so a
+                           matrix is ne[1] rows of ne[0] columns; unused 1 */
+    uint64_t numel;
+    uint64_t offset;    /* from the start of the data section */
+    uint64_t bytes;
+} mpq_gguf_tensor;
+
+typedef struct mpq_gguf_kv {
+    const char *key;
+    mpq_gguf_vtype type;
+    mpq_gguf_vtype elem;  /* arrays: the element type */
+    uint64_t count;       /* arrays: elements; other values: 1 */
+} mpq_gguf_kv;
+
+typedef struct mpq_gguf_file mpq_gguf_file;
+
+/* Open and check a file (everything listed above); tensors are read later. */
+mpq_status mpq_gguf_open(const char *path, mpq_gguf_file **out, mpq_io_err *err);
+/* The same over bytes in memory (kept by the caller until mpq_gguf_close). */
+mpq_status mpq_gguf_open_memory(const void *buf, size_t bytes, mpq_gguf_file **out, mpq_io_err *err);
+void mpq_gguf_close(mpq_gguf_file *f); /* NULL is accepted */
+const char *mpq_gguf_path(const mpq_gguf_file *f);
+uint32_t mpq_gguf_version(const mpq_gguf_file *f);
+
+/* The name of a ggml type ("Q4_1"), NULL for a number that is none; and
+   whether mpq_gguf_read_f32 converts it. */
+const char *mpq_gguf_type_name(uint32_t type);
+int mpq_gguf_type_is_float(uint32_t type);
+
+/* Tensors in file order, and by name (NULL when absent). */
+int mpq_gguf_count(const mpq_gguf_file *f);
+const mpq_gguf_tensor *mpq_gguf_at(const mpq_gguf_file *f, int i);
+const mpq_gguf_tensor *mpq_gguf_find(const mpq_gguf_file *f, const char *name);
+/* The raw bytes of a tensor; bytes must equal t->bytes. */
+mpq_status mpq_gguf_read(mpq_gguf_file *f, const mpq_gguf_tensor *t, void *dst, size_t bytes, mpq_io_err *err);
+/* Its values as float (n = numel), for the types listed above: MPQ_ERR_ARG
+   names the type otherwise. Every check comes before the first byte is
+   read; only MPQ_ERR_IO can leave dst partly written. */
+mpq_status mpq_gguf_read_f32(mpq_gguf_file *f, const mpq_gguf_tensor *t, float *dst, size_t n, mpq_io_err *err);
+
+/* Key-value pairs in file order, and by key (NULL when absent). */
+int mpq_gguf_kv_count(const mpq_gguf_file *f);
+const mpq_gguf_kv *mpq_gguf_kv_at(const mpq_gguf_file *f, int i);
+const mpq_gguf_kv *mpq_gguf_kv_find(const mpq_gguf_file *f, const char *key);
+/* Value i of a pair (0 for a scalar, an element of an array): integers of
+   any width and booleans as int64 (a U64 above INT64_MAX is MPQ_ERR_RANGE),
+   F32 and F64 as double, strings as bytes with a length (not
+   NUL-terminated; valid until mpq_gguf_close). Another type, or i out of
+   range, is MPQ_ERR_ARG. kv must be one of f's. */
+mpq_status mpq_gguf_get_int(const mpq_gguf_file *f, const mpq_gguf_kv *kv, uint64_t i, int64_t *out);
+mpq_status mpq_gguf_get_float(const mpq_gguf_file *f, const mpq_gguf_kv *kv, uint64_t i, double *out);
+mpq_status mpq_gguf_get_str(const mpq_gguf_file *f, const mpq_gguf_kv *kv, uint64_t i, const char **s, size_t *len);
+
+
+/* ========================================================================== */
+/* MODEL SOURCES                                                              */
+/* ========================================================================== */
+
+/* A model's tensors, whatever holds them: a GGUF file, a safetensors file (a
+   checkpoint, or a file `mpq quantize` wrote), or a Hugging Face checkpoint
+   directory (config.json; model.safetensors, or the shards that
+   model.safetensors.index.json lists; tokenizer.json). One list of tensors
+   with shapes in row-major order (a matrix is rows x cols: GGUF's
+   dimensions reversed), each readable as floats or as a packed matrix, and
+   the text of the files that describe the model.
+
+   A path that is a directory is read as a Hugging Face checkpoint; a file
+   starting with "GGUF" as GGUF; any other file as safetensors. In a
+   directory the index is used when present: its weight_map must be a JSON
+   object of tensor name -> shard file, shard files plain names inside the
+   directory (no '/', not "." or ".."), every listed tensor present in its
+   shard; a tensor found in two shards is an error. Index and description
+   files are read up to MPQ_SOURCE_MAX_TEXT bytes. Errors name the file and
+   the tensor, as everywhere in mpq_io. */
+
+#define MPQ_SOURCE_MAX_TEXT (64u << 20)
+
+typedef enum mpq_source_kind {
+    MPQ_SOURCE_GGUF = 1,
+    MPQ_SOURCE_SAFETENSORS = 2,
+    MPQ_SOURCE_HF_DIR = 3
+} mpq_source_kind;
+
+typedef struct mpq_source_tensor {
+    const char *name;
+    int ndim;
+    uint64_t shape[MPQ_ST_MAX_DIMS]; /* row-major: the last dimension varies fastest */
+    uint64_t numel;
+    const char *type;   /* as stored: "BF16", "Q4_1", "mpq bitplane", ... */
+    uint64_t bytes;     /* as stored */
+    int is_float;       /* readable with mpq_source_read_f32 */
+    int packed;         /* MPQ_FORMAT_BITPLANE / MPQ_FORMAT_MXINT for a packed matrix, else 0 */
+} mpq_source_tensor;
+
+typedef struct mpq_source mpq_source;
+
+mpq_status mpq_source_open(const char *path, mpq_source **out, mpq_io_err *err);
+void mpq_source_close(mpq_source *s); /* NULL is accepted */
+mpq_source_kind mpq_source_kind_of(const mpq_source *s);
+const char *mpq_source_path(const mpq_source *s);
+
+/* Tensors (GGUF: file order; safetensors: header order, shard after shard),
+   and by name (NULL when absent). */
+int mpq_source_count(const mpq_source *s);
+const mpq_source_tensor *mpq_source_at(const mpq_source *s, int i);
+const mpq_source_tensor *mpq_source_find(const mpq_source *s, const char *name);
+/* Values as float (n = numel); MPQ_ERR_ARG for a type that is not. */
+mpq_status mpq_source_read_f32(mpq_source *s, const mpq_source_tensor *t, float *dst, size_t n, mpq_io_err *err);
+/* A packed matrix (t->packed), as mpq_st_read_packed. */
+mpq_status mpq_source_read_packed(mpq_source *s, const mpq_source_tensor *t, mpq_packed *out, mpq_io_err *err);
+
+/* The files underneath, for what is format-specific: the GGUF file (NULL
+   for other sources), and the safetensors file holding t (with its entry
+   there in *st; NULL for GGUF). */
+mpq_gguf_file *mpq_source_gguf(const mpq_source *s);
+mpq_st_file *mpq_source_st(const mpq_source *s, const mpq_source_tensor *t, const mpq_st_tensor **st);
+
+/* The text of a description file `name` ("config.json", "tokenizer.json",
+   "tokenizer_config.json", "generation_config.json"): a safetensors file's
+   __metadata__ entry of that name (how mpq's own files carry them), else
+   the file of that name in the checkpoint directory (for a safetensors
+   file: the directory it is in). *text is NUL-terminated, malloc'ed (free
+   it), and NULL with MPQ_OK when there is no such text (always for GGUF,
+   which describes the model in its own metadata). */
+mpq_status mpq_source_text(const mpq_source *s, const char *name, char **text, size_t *len, mpq_io_err *err);
 
 #ifdef __cplusplus
 }
