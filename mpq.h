@@ -414,6 +414,11 @@ MPQ_DEF size_t mpq_packed_sparse_bytes(const mpq_packed *A);
    the permutations and multiplying by col_scale), with the lowest skip_planes
    planes dropped (at least one plane always remains). */
 MPQ_DEF mpq_status mpq_packed_dequantize(const mpq_packed *A, int skip_planes, float *W);
+/* One row of that matrix: row `row` of W in original coordinates, cols
+   floats, bit for bit what mpq_packed_dequantize writes there (an embedding
+   lookup from a packed table). With a row permutation the packed row is
+   found by a scan of p_row. */
+MPQ_DEF mpq_status mpq_packed_dequantize_row(const mpq_packed *A, int skip_planes, int row, float *w);
 
 /* ========================================================================== */
 /* 5. Products                                                                */
@@ -498,6 +503,7 @@ typedef struct mpq_format_traits {
     char magic[8];
     mpq_status (*open)(const void *buf, size_t bytes, mpq_packed *out);
     mpq_status (*dequantize)(const mpq_packed *A, int skip_planes, float *W);
+    mpq_status (*dequantize_row)(const mpq_packed *A, int skip_planes, int row, float *w);
     mpq_status (*gemv)(const mpq_packed *A, const float *x, float *y, int batch,
                        const mpq_gemv_opts *opts, void *work, size_t work_bytes);
     size_t (*work_bytes)(const mpq_packed *A, int batch);
@@ -2310,6 +2316,39 @@ static mpq_status mpq__bp_dequantize(const mpq_packed *A, int skip_planes, float
     return MPQ_OK;
 }
 
+static mpq_status mpq__bp_dequantize_row(const mpq_packed *A, int skip_planes, int row, float *w)
+{
+    if (!A || !w || !A->data || skip_planes < 0 || row < 0 || row >= A->rows) return MPQ_ERR_ARG;
+    int i = row;
+    if (A->p_row)
+        for (i = 0; i < A->rows && (int)A->p_row[i] != row; i++) continue;
+    if (i == A->rows) return MPQ_ERR_FORMAT; /* mpq_packed_open checked p_row: not reached */
+    double *tmp = (double *)MPQ_MALLOC(sizeof(double) * (size_t)A->group);
+    if (!tmp) return MPQ_ERR_NOMEM;
+    mpq__shape s;
+    mpq__shape_of(A, &s);
+    const int t = i / MPQ_TILE_ROWS, r = i % MPQ_TILE_ROWS;
+    mpq__walk wk;
+    mpq__walk_init(&wk, &s, A->band_off, A->data, t);
+    for (int g = 0; g < s.ngroups; g++) {
+        const uint8_t *rec = mpq__walk_next(&wk, 0);
+        const int gw = mpq__group_cols(&s, g);
+        mpq__decode_row(&s, rec, t, g, r, skip_planes, tmp);
+        for (int k = 0; k < gw; k++) { /* the arithmetic of mpq__bp_decode_all and mpq__emit_float */
+            const int j = g * s.group + k;
+            const double wt = tmp[k] * (A->col_scale ? (double)A->col_scale[j] : 1.0);
+            w[A->p_col ? (int)A->p_col[j] : j] = (float)wt;
+        }
+    }
+    if (A->sp_row_ptr) /* as mpq__emit_add_float */
+        for (uint32_t k = A->sp_row_ptr[row]; k < A->sp_row_ptr[row + 1]; k++) {
+            float *p = &w[mpq__sp_col(A, k)];
+            *p = (float)((double)*p + (double)mpq_f16_to_f32(A->sp_val[k]));
+        }
+    MPQ_FREE(tmp);
+    return MPQ_OK;
+}
+
 /* ========================================================================== */
 /* 5. Products                                                                */
 /* ========================================================================== */
@@ -3099,10 +3138,10 @@ MPQ_DEF mpq_status mpq_gemv_ref(const mpq_packed *A, const float *x, double *y, 
 
 static const mpq_format_traits mpq__formats[] = {
     {MPQ_FORMAT_BITPLANE, "bitplane", {'M', 'P', 'Q', 'B', 'I', 'T', 'P', 0}, mpq__bp_open, mpq__bp_dequantize,
-     mpq__bp_gemv, mpq__bp_work_bytes},
+     mpq__bp_dequantize_row, mpq__bp_gemv, mpq__bp_work_bytes},
     /* MXINT shares the record layout and every kernel; only the metadata differs */
-    {MPQ_FORMAT_MXINT, "mxint", {'M', 'P', 'Q', 'M', 'X', 'I', 'N', 0}, mpq__mx_open, mpq__bp_dequantize, mpq__bp_gemv,
-     mpq__bp_work_bytes},
+    {MPQ_FORMAT_MXINT, "mxint", {'M', 'P', 'Q', 'M', 'X', 'I', 'N', 0}, mpq__mx_open, mpq__bp_dequantize,
+     mpq__bp_dequantize_row, mpq__bp_gemv, mpq__bp_work_bytes},
 };
 
 MPQ_DEF const mpq_format_traits *mpq_format_get(mpq_format f)
@@ -3126,6 +3165,12 @@ MPQ_DEF mpq_status mpq_packed_dequantize(const mpq_packed *A, int skip_planes, f
 {
     const mpq_format_traits *f = A ? mpq_format_get((mpq_format)A->format) : NULL;
     return f ? f->dequantize(A, skip_planes, W) : MPQ_ERR_ARG;
+}
+
+MPQ_DEF mpq_status mpq_packed_dequantize_row(const mpq_packed *A, int skip_planes, int row, float *w)
+{
+    const mpq_format_traits *f = A ? mpq_format_get((mpq_format)A->format) : NULL;
+    return f ? f->dequantize_row(A, skip_planes, row, w) : MPQ_ERR_ARG;
 }
 
 MPQ_DEF size_t mpq_gemv_work_bytes(const mpq_packed *A, int batch)
