@@ -1,0 +1,1189 @@
+/* mpq_model.c - Llama-family models on mpq's products (see mpq_model.h,
+   sections 2 to 5). */
+#define _XOPEN_SOURCE 700
+#include "mpq_model.h"
+
+#include <cjson/cJSON.h>
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+#define MPQ__MAX_DIM (1 << 20) /* largest dimension of a model this loader accepts */
+
+static mpq_status mpq__mfail(mpq_io_err *err, mpq_status st, const char *origin, const char *fmt, ...)
+#if defined(__GNUC__) || defined(__clang__)
+    __attribute__((format(printf, 4, 5)))
+#endif
+    ;
+
+static mpq_status mpq__mfail(mpq_io_err *err, mpq_status st, const char *origin, const char *fmt, ...)
+{
+    if (!err) return st;
+    int k = snprintf(err->msg, sizeof err->msg, "%s: ", origin ? origin : "(model)");
+    if (k < 0 || (size_t)k >= sizeof err->msg) return st;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err->msg + k, sizeof err->msg - (size_t)k, fmt, ap);
+    va_end(ap);
+    return st;
+}
+
+static double mpq__now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* ========================================================================== */
+/* 2. Models                                                                  */
+/* ========================================================================== */
+
+static const char *const mpq__gguf_lin[MPQ_LIN_COUNT] = {"attn_q", "attn_k", "attn_v", "attn_output",
+                                                         "ffn_gate", "ffn_up", "ffn_down"};
+static const char *const mpq__hf_lin[MPQ_LIN_COUNT] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+                                                       "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj",
+                                                       "mlp.down_proj"};
+
+const char *mpq_llm_linear_name(int gguf_names, int layer, int lin, int bias, char *buf, size_t cap)
+{
+    if (lin < 0 || lin >= MPQ_LIN_COUNT || !buf || !cap) return NULL;
+    if (gguf_names) snprintf(buf, cap, "blk.%d.%s.%s", layer, mpq__gguf_lin[lin], bias ? "bias" : "weight");
+    else snprintf(buf, cap, "model.layers.%d.%s.%s", layer, mpq__hf_lin[lin], bias ? "bias" : "weight");
+    return buf;
+}
+
+const char *mpq_llm_tensor_name(int gguf_names, const char *role, int layer, char *buf, size_t cap)
+{
+    if (!role || !buf || !cap) return NULL;
+    if (!strcmp(role, "embed")) snprintf(buf, cap, "%s", gguf_names ? "token_embd.weight" : "model.embed_tokens.weight");
+    else if (!strcmp(role, "out_norm")) snprintf(buf, cap, "%s", gguf_names ? "output_norm.weight" : "model.norm.weight");
+    else if (!strcmp(role, "head")) snprintf(buf, cap, "%s", gguf_names ? "output.weight" : "lm_head.weight");
+    else if (!strcmp(role, "attn_norm"))
+        snprintf(buf, cap, gguf_names ? "blk.%d.attn_norm.weight" : "model.layers.%d.input_layernorm.weight", layer);
+    else if (!strcmp(role, "ffn_norm"))
+        snprintf(buf, cap, gguf_names ? "blk.%d.ffn_norm.weight" : "model.layers.%d.post_attention_layernorm.weight",
+                 layer);
+    else if (!strcmp(role, "rope_freqs") && gguf_names) snprintf(buf, cap, "rope_freqs.weight");
+    else return NULL;
+    return buf;
+}
+
+int mpq_llm_tensor_role(const char *name, int *layer, int *lin)
+{
+    if (!name) return 0;
+    if (!strcmp(name, "token_embd.weight") || !strcmp(name, "model.embed_tokens.weight")) {
+        if (lin) *lin = -2;
+        return 2;
+    }
+    if (!strcmp(name, "output.weight") || !strcmp(name, "lm_head.weight")) {
+        if (lin) *lin = -1;
+        return 2;
+    }
+    int l = -1, n = 0;
+    const char *rest = NULL;
+    if (sscanf(name, "blk.%d.%n", &l, &n) == 1 && n > 0) {
+        rest = name + n;
+        for (int k = 0; k < MPQ_LIN_COUNT; k++) {
+            const size_t len = strlen(mpq__gguf_lin[k]);
+            if (!strncmp(rest, mpq__gguf_lin[k], len) && !strcmp(rest + len, ".weight")) {
+                if (layer) *layer = l;
+                if (lin) *lin = k;
+                return 1;
+            }
+        }
+    } else if (sscanf(name, "model.layers.%d.%n", &l, &n) == 1 && n > 0) {
+        rest = name + n;
+        for (int k = 0; k < MPQ_LIN_COUNT; k++) {
+            const size_t len = strlen(mpq__hf_lin[k]);
+            if (!strncmp(rest, mpq__hf_lin[k], len) && !strcmp(rest + len, ".weight")) {
+                if (layer) *layer = l;
+                if (lin) *lin = k;
+                return 1;
+            }
+        }
+    }
+    return 0;
+}
+
+/* ---- the description ------------------------------------------------------ */
+
+/* An integer {arch}.<key> of a GGUF file: 1 found, 0 absent, -1 wrong. */
+static int mpq__gint(const mpq_gguf_file *f, const char *arch, const char *key, int64_t *v)
+{
+    char k[160];
+    snprintf(k, sizeof k, "%s.%s", arch, key);
+    const mpq_gguf_kv *kv = mpq_gguf_kv_find(f, k);
+    if (!kv) return 0;
+    return kv->type != MPQ_GGUF_ARRAY && mpq_gguf_get_int(f, kv, 0, v) == MPQ_OK ? 1 : -1;
+}
+
+static int mpq__gfloat(const mpq_gguf_file *f, const char *arch, const char *key, double *v)
+{
+    char k[160];
+    snprintf(k, sizeof k, "%s.%s", arch, key);
+    const mpq_gguf_kv *kv = mpq_gguf_kv_find(f, k);
+    if (!kv) return 0;
+    return kv->type != MPQ_GGUF_ARRAY && mpq_gguf_get_float(f, kv, 0, v) == MPQ_OK ? 1 : -1;
+}
+
+static mpq_status mpq__config_gguf(mpq_source *s, mpq_llm_config *c, mpq_io_err *err)
+{
+    const mpq_gguf_file *f = mpq_source_gguf(s);
+    const char *O = mpq_source_path(s);
+    const mpq_gguf_kv *kv = mpq_gguf_kv_find(f, "general.architecture");
+    const char *a;
+    size_t al;
+    if (!kv || mpq_gguf_get_str(f, kv, 0, &a, &al) != MPQ_OK)
+        return mpq__mfail(err, MPQ_ERR_FORMAT, O, "general.architecture is missing or not a string");
+    if (!((al == 5 && !memcmp(a, "llama", 5)) || (al == 5 && !memcmp(a, "qwen2", 5))))
+        return mpq__mfail(err, MPQ_ERR_UNSUPPORTED, O, "architecture '%.*s': mpq runs llama and qwen2",
+                          (int)(al < 40 ? al : 40), a);
+    memcpy(c->arch, a, al);
+    c->arch[al] = 0;
+    static const char *const req[] = {"block_count", "embedding_length", "feed_forward_length", "attention.head_count"};
+    int *dst[] = {&c->layers, &c->dim, &c->ffn, &c->heads};
+    for (int i = 0; i < 4; i++) {
+        int64_t v;
+        if (mpq__gint(f, c->arch, req[i], &v) != 1 || v < 1 || v > MPQ__MAX_DIM)
+            return mpq__mfail(err, MPQ_ERR_FORMAT, O, "%s.%s is missing or not a positive integer", c->arch, req[i]);
+        *dst[i] = (int)v;
+    }
+    int64_t v;
+    int r;
+    c->kv_heads = c->heads;
+    if ((r = mpq__gint(f, c->arch, "attention.head_count_kv", &v)) != 0) {
+        if (r < 0 || v < 1 || v > MPQ__MAX_DIM)
+            return mpq__mfail(err, MPQ_ERR_FORMAT, O, "%s.attention.head_count_kv is not a positive integer", c->arch);
+        c->kv_heads = (int)v;
+    }
+    c->head_dim = c->dim / c->heads;
+    if ((r = mpq__gint(f, c->arch, "attention.key_length", &v)) != 0) {
+        if (r < 0 || v < 1 || v > MPQ__MAX_DIM)
+            return mpq__mfail(err, MPQ_ERR_FORMAT, O, "%s.attention.key_length is not a positive integer", c->arch);
+        c->head_dim = (int)v;
+    }
+    if ((r = mpq__gint(f, c->arch, "rope.dimension_count", &v)) != 0 && (r < 0 || v != c->head_dim))
+        return mpq__mfail(err, MPQ_ERR_UNSUPPORTED, O, "%s.rope.dimension_count differs from the head size %d "
+                          "(partial rotary is not supported)", c->arch, c->head_dim);
+    c->ctx = 4096;
+    if ((r = mpq__gint(f, c->arch, "context_length", &v)) == 1 && v >= 1 && v <= (1 << 24)) c->ctx = (int)v;
+    c->rope_theta = 10000.0;
+    if ((r = mpq__gfloat(f, c->arch, "rope.freq_base", &c->rope_theta)) < 0)
+        return mpq__mfail(err, MPQ_ERR_FORMAT, O, "%s.rope.freq_base is not a number", c->arch);
+    c->norm_eps = 1e-5;
+    if ((r = mpq__gfloat(f, c->arch, "attention.layer_norm_rms_epsilon", &c->norm_eps)) < 0)
+        return mpq__mfail(err, MPQ_ERR_FORMAT, O, "%s.attention.layer_norm_rms_epsilon is not a number", c->arch);
+    char key[160];
+    snprintf(key, sizeof key, "%s.rope.scaling.type", c->arch);
+    kv = mpq_gguf_kv_find(f, key);
+    if (kv) {
+        if (mpq_gguf_get_str(f, kv, 0, &a, &al) != MPQ_OK)
+            return mpq__mfail(err, MPQ_ERR_FORMAT, O, "%s is not a string", key);
+        if (al == 6 && !memcmp(a, "linear", 6)) {
+            c->rope_scaling = MPQ_ROPE_SCALING_LINEAR;
+            if (mpq__gfloat(f, c->arch, "rope.scaling.factor", &c->rope_factor) != 1 || !(c->rope_factor > 0))
+                return mpq__mfail(err, MPQ_ERR_FORMAT, O, "%s.rope.scaling.factor is missing or not positive", c->arch);
+        } else if (!(al == 4 && !memcmp(a, "none", 4))) {
+            return mpq__mfail(err, MPQ_ERR_UNSUPPORTED, O, "rotary scaling '%.*s' (mpq knows none and linear, and "
+                              "rope_freqs tensors)", (int)(al < 40 ? al : 40), a);
+        }
+    }
+    c->rope_style = strcmp(c->arch, "llama") == 0 ? MPQ_ROPE_ADJACENT : MPQ_ROPE_HALF;
+    c->gguf_names = 1;
+    c->tied = !mpq_source_find(s, "output.weight");
+    c->qkv_bias = mpq_source_find(s, "blk.0.attn_q.bias") != NULL;
+    const mpq_source_tensor *e = mpq_source_find(s, "token_embd.weight");
+    c->vocab = e && e->ndim == 2 && e->shape[0] <= MPQ__MAX_DIM * 4u ? (int)e->shape[0] : 0;
+    return MPQ_OK;
+}
+
+/* A config.json integer: 1 found, 0 absent or null, -1 not an integer. */
+static int mpq__jint(const cJSON *o, const char *key, int *v, int lo, int hi)
+{
+    const cJSON *j = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!j || cJSON_IsNull(j)) return 0;
+    if (!cJSON_IsNumber(j) || j->valuedouble != floor(j->valuedouble) || j->valuedouble < lo || j->valuedouble > hi)
+        return -1;
+    *v = (int)j->valuedouble;
+    return 1;
+}
+
+static int mpq__jnum(const cJSON *o, const char *key, double *v)
+{
+    const cJSON *j = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!j || cJSON_IsNull(j)) return 0;
+    if (!cJSON_IsNumber(j) || !isfinite(j->valuedouble)) return -1;
+    *v = j->valuedouble;
+    return 1;
+}
+
+static const char *mpq__jstr_of(const cJSON *o, const char *key)
+{
+    const cJSON *j = cJSON_GetObjectItemCaseSensitive(o, key);
+    return cJSON_IsString(j) ? j->valuestring : NULL;
+}
+
+static mpq_status mpq__config_json(mpq_source *s, const char *text, mpq_llm_config *c, mpq_io_err *err)
+{
+    char origin[600];
+    snprintf(origin, sizeof origin, "%.500s: config.json", mpq_source_path(s));
+    const char *O = origin;
+    cJSON *j = cJSON_Parse(text);
+    mpq_status st = MPQ_OK;
+    if (!cJSON_IsObject(j)) {
+        st = mpq__mfail(err, MPQ_ERR_FORMAT, O, "not a JSON object");
+        goto done;
+    }
+    const cJSON *archs = cJSON_GetObjectItemCaseSensitive(j, "architectures");
+    const char *arch = cJSON_IsArray(archs) && cJSON_IsString(archs->child) ? archs->child->valuestring : NULL;
+    const char *mt = mpq__jstr_of(j, "model_type");
+    if (arch ? !strcmp(arch, "LlamaForCausalLM") || !strcmp(arch, "MistralForCausalLM")
+             : mt && (!strcmp(mt, "llama") || !strcmp(mt, "mistral")))
+        snprintf(c->arch, sizeof c->arch, "llama");
+    else if (arch ? !strcmp(arch, "Qwen2ForCausalLM") : mt && !strcmp(mt, "qwen2"))
+        snprintf(c->arch, sizeof c->arch, "qwen2");
+    else {
+        st = mpq__mfail(err, MPQ_ERR_UNSUPPORTED, O, "architecture '%.60s': mpq runs LlamaForCausalLM, "
+                        "MistralForCausalLM and Qwen2ForCausalLM", arch ? arch : mt ? mt : "(none)");
+        goto done;
+    }
+    static const char *const req[] = {"hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads"};
+    int *dst[] = {&c->dim, &c->ffn, &c->layers, &c->heads};
+    for (int i = 0; i < 4; i++)
+        if (mpq__jint(j, req[i], dst[i], 1, MPQ__MAX_DIM) != 1) {
+            st = mpq__mfail(err, MPQ_ERR_FORMAT, O, "%s is missing or not a positive integer", req[i]);
+            goto done;
+        }
+    c->kv_heads = c->heads;
+    c->head_dim = c->dim / c->heads;
+    c->ctx = 4096;
+    c->rope_theta = 10000.0;
+    c->norm_eps = 1e-6;
+    if (mpq__jint(j, "num_key_value_heads", &c->kv_heads, 1, MPQ__MAX_DIM) < 0 ||
+        mpq__jint(j, "head_dim", &c->head_dim, 1, MPQ__MAX_DIM) < 0 ||
+        mpq__jint(j, "max_position_embeddings", &c->ctx, 1, 1 << 24) < 0 ||
+        mpq__jint(j, "vocab_size", &c->vocab, 1, MPQ__MAX_DIM * 4) < 0 ||
+        mpq__jnum(j, "rope_theta", &c->rope_theta) < 0 || mpq__jnum(j, "rms_norm_eps", &c->norm_eps) < 0) {
+        st = mpq__mfail(err, MPQ_ERR_FORMAT, O, "num_key_value_heads, head_dim, max_position_embeddings, vocab_size, "
+                        "rope_theta or rms_norm_eps has a wrong value");
+        goto done;
+    }
+    const cJSON *tie = cJSON_GetObjectItemCaseSensitive(j, "tie_word_embeddings");
+    c->tied = cJSON_IsTrue(tie);
+    c->qkv_bias = !strcmp(c->arch, "qwen2") || cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(j, "attention_bias"));
+    const cJSON *rs = cJSON_GetObjectItemCaseSensitive(j, "rope_scaling");
+    if (rs && !cJSON_IsNull(rs)) {
+        const char *type = mpq__jstr_of(rs, "rope_type");
+        if (!type) type = mpq__jstr_of(rs, "type");
+        if (type && !strcmp(type, "default")) {
+            /* nothing to scale */
+        } else if (type && (!strcmp(type, "linear") || !strcmp(type, "llama3"))) {
+            c->rope_scaling = !strcmp(type, "linear") ? MPQ_ROPE_SCALING_LINEAR : MPQ_ROPE_SCALING_LLAMA3;
+            c->rope_low_freq = 1.0, c->rope_high_freq = 4.0, c->rope_orig_ctx = 8192;
+            if (mpq__jnum(rs, "factor", &c->rope_factor) != 1 || !(c->rope_factor > 0) ||
+                mpq__jnum(rs, "low_freq_factor", &c->rope_low_freq) < 0 ||
+                mpq__jnum(rs, "high_freq_factor", &c->rope_high_freq) < 0 ||
+                mpq__jint(rs, "original_max_position_embeddings", &c->rope_orig_ctx, 1, 1 << 24) < 0 ||
+                !(c->rope_high_freq > c->rope_low_freq) || !(c->rope_low_freq > 0)) {
+                st = mpq__mfail(err, MPQ_ERR_FORMAT, O, "rope_scaling has a wrong factor or frequency band");
+                goto done;
+            }
+        } else {
+            st = mpq__mfail(err, MPQ_ERR_UNSUPPORTED, O, "rope_scaling type '%.40s' (mpq knows linear and llama3)",
+                            type ? type : "(none)");
+            goto done;
+        }
+    }
+    const char *names = mpq__jstr_of(j, "mpq_tensor_names");
+    c->gguf_names = names ? !strcmp(names, "gguf") : mpq_source_find(s, "token_embd.weight") != NULL;
+    const char *pairs = mpq__jstr_of(j, "mpq_rope_pairs");
+    c->rope_style = pairs ? (!strcmp(pairs, "adjacent") ? MPQ_ROPE_ADJACENT : MPQ_ROPE_HALF)
+                          : (c->gguf_names && !strcmp(c->arch, "llama") ? MPQ_ROPE_ADJACENT : MPQ_ROPE_HALF);
+done:
+    cJSON_Delete(j);
+    return st;
+}
+
+static mpq_status mpq__config_check(const mpq_llm_config *c, const char *O, mpq_io_err *err)
+{
+    if (c->heads % c->kv_heads)
+        return mpq__mfail(err, MPQ_ERR_FORMAT, O, "%d attention heads are not a multiple of %d key-value heads",
+                          c->heads, c->kv_heads);
+    if (c->head_dim % 2) return mpq__mfail(err, MPQ_ERR_FORMAT, O, "head size %d is odd", c->head_dim);
+    if ((int64_t)c->heads * c->head_dim > MPQ__MAX_DIM)
+        return mpq__mfail(err, MPQ_ERR_FORMAT, O, "%d heads of %d: too large", c->heads, c->head_dim);
+    if (!(c->rope_theta > 0) || !isfinite(c->rope_theta) || !(c->norm_eps > 0) || !isfinite(c->norm_eps))
+        return mpq__mfail(err, MPQ_ERR_FORMAT, O, "rope base %g or norm epsilon %g is not positive", c->rope_theta,
+                          c->norm_eps);
+    return MPQ_OK;
+}
+
+mpq_status mpq_llm_config_read(mpq_source *s, mpq_llm_config *c, mpq_io_err *err)
+{
+    if (!s || !c) return mpq__mfail(err, MPQ_ERR_ARG, NULL, "NULL argument");
+    mpq_llm_config t;
+    memset(&t, 0, sizeof t);
+    mpq_status st;
+    if (mpq_source_kind_of(s) == MPQ_SOURCE_GGUF) {
+        st = mpq__config_gguf(s, &t, err);
+    } else {
+        char *text = NULL;
+        if ((st = mpq_source_text(s, "config.json", &text, NULL, err)) != MPQ_OK) return st;
+        if (!text)
+            return mpq__mfail(err, MPQ_ERR_FORMAT, mpq_source_path(s), "no config.json (beside the weights or in the "
+                              "file's metadata): the model cannot be described");
+        st = mpq__config_json(s, text, &t, err);
+        free(text);
+    }
+    if (st == MPQ_OK) st = mpq__config_check(&t, mpq_source_path(s), err);
+    if (st == MPQ_OK) *c = t;
+    return st;
+}
+
+mpq_status mpq_tokenizer_read(mpq_source *s, mpq_tokenizer **t, mpq_io_err *err)
+{
+    if (!s || !t) return mpq__mfail(err, MPQ_ERR_ARG, NULL, "NULL argument");
+    if (mpq_source_kind_of(s) == MPQ_SOURCE_GGUF) return mpq_tokenizer_from_gguf(mpq_source_gguf(s), t, err);
+    char *json = NULL, *cfg = NULL;
+    size_t len = 0;
+    mpq_status st = mpq_source_text(s, "tokenizer.json", &json, &len, err);
+    if (st == MPQ_OK) st = mpq_source_text(s, "tokenizer_config.json", &cfg, NULL, err);
+    if (st == MPQ_OK && !json)
+        st = mpq__mfail(err, MPQ_ERR_FORMAT, mpq_source_path(s), "no tokenizer.json (beside the weights or in the "
+                        "file's metadata)");
+    if (st == MPQ_OK) {
+        char origin[600];
+        snprintf(origin, sizeof origin, "%.500s: tokenizer.json", mpq_source_path(s));
+        st = mpq_tokenizer_from_json(json, len, cfg, origin, t, err);
+    }
+    free(json);
+    free(cfg);
+    return st;
+}
+
+mpq_status mpq_llm_config_json(const mpq_llm_config *c, char **json)
+{
+    if (!c || !json) return MPQ_ERR_ARG;
+    const int qwen = !strcmp(c->arch, "qwen2");
+    cJSON *j = cJSON_CreateObject(), *a = cJSON_AddArrayToObject(j, "architectures");
+    cJSON_AddItemToArray(a, cJSON_CreateString(qwen ? "Qwen2ForCausalLM" : "LlamaForCausalLM"));
+    cJSON_AddStringToObject(j, "model_type", qwen ? "qwen2" : "llama");
+    cJSON_AddNumberToObject(j, "hidden_size", c->dim);
+    cJSON_AddNumberToObject(j, "intermediate_size", c->ffn);
+    cJSON_AddNumberToObject(j, "num_hidden_layers", c->layers);
+    cJSON_AddNumberToObject(j, "num_attention_heads", c->heads);
+    cJSON_AddNumberToObject(j, "num_key_value_heads", c->kv_heads);
+    cJSON_AddNumberToObject(j, "head_dim", c->head_dim);
+    cJSON_AddNumberToObject(j, "max_position_embeddings", c->ctx);
+    cJSON_AddNumberToObject(j, "vocab_size", c->vocab);
+    cJSON_AddNumberToObject(j, "rope_theta", c->rope_theta);
+    cJSON_AddNumberToObject(j, "rms_norm_eps", c->norm_eps);
+    cJSON_AddBoolToObject(j, "tie_word_embeddings", c->tied);
+    if (!qwen) cJSON_AddBoolToObject(j, "attention_bias", c->qkv_bias);
+    if (c->rope_scaling == MPQ_ROPE_SCALING_NONE) {
+        cJSON_AddNullToObject(j, "rope_scaling");
+    } else {
+        cJSON *r = cJSON_AddObjectToObject(j, "rope_scaling");
+        cJSON_AddStringToObject(r, "rope_type", c->rope_scaling == MPQ_ROPE_SCALING_LINEAR ? "linear" : "llama3");
+        cJSON_AddNumberToObject(r, "factor", c->rope_factor);
+        if (c->rope_scaling == MPQ_ROPE_SCALING_LLAMA3) {
+            cJSON_AddNumberToObject(r, "low_freq_factor", c->rope_low_freq);
+            cJSON_AddNumberToObject(r, "high_freq_factor", c->rope_high_freq);
+            cJSON_AddNumberToObject(r, "original_max_position_embeddings", c->rope_orig_ctx);
+        }
+    }
+    cJSON_AddStringToObject(j, "mpq_rope_pairs", c->rope_style == MPQ_ROPE_ADJACENT ? "adjacent" : "half");
+    cJSON_AddStringToObject(j, "mpq_tensor_names", c->gguf_names ? "gguf" : "hf");
+    char *s = cJSON_Print(j);
+    cJSON_Delete(j);
+    if (!s) return MPQ_ERR_NOMEM;
+    *json = s;
+    return MPQ_OK;
+}
+
+/* ---- weights ------------------------------------------------------------- */
+
+static void mpq__linear_free(mpq_llm *m, mpq_linear *L)
+{
+    mpq_linear_unpack(m, L);
+    free(L->W);
+    free(L->bias);
+    memset(L, 0, sizeof *L);
+}
+
+void mpq_llm_free(mpq_llm *m)
+{
+    if (!m) return;
+    for (int l = 0; m->layer && l < m->c.layers; l++) {
+        for (int k = 0; k < MPQ_LIN_COUNT; k++) mpq__linear_free(m, &m->layer[l].lin[k]);
+        free(m->layer[l].attn_norm);
+        free(m->layer[l].ffn_norm);
+    }
+    free(m->layer);
+    if (!m->c.tied) mpq__linear_free(m, &m->head);
+    mpq__linear_free(m, &m->embed);
+    free(m->out_norm);
+    free(m->rope_freq);
+    mpq_tokenizer_free(m->tok);
+    free(m->path);
+    free(m);
+}
+
+/* Reads a float tensor of exactly n values (shape checked by the caller),
+   finite. */
+static mpq_status mpq__read_floats(mpq_source *s, const mpq_source_tensor *t, float **out, mpq_io_err *err)
+{
+    const char *O = mpq_source_path(s);
+    if (!t->is_float)
+        return mpq__mfail(err, MPQ_ERR_UNSUPPORTED, O, "tensor '%s': type %s cannot be read as float", t->name, t->type);
+    float *v = (float *)malloc(sizeof(float) * (size_t)t->numel + 1);
+    if (!v) return mpq__mfail(err, MPQ_ERR_NOMEM, O, "tensor '%s': out of memory", t->name);
+    mpq_status st = mpq_source_read_f32(s, t, v, (size_t)t->numel, err);
+    for (uint64_t i = 0; st == MPQ_OK && i < t->numel; i++)
+        if (!isfinite(v[i]))
+            st = mpq__mfail(err, MPQ_ERR_NONFINITE, O, "tensor '%s': value %llu is %s", t->name, (unsigned long long)i,
+                            isnan(v[i]) ? "NaN" : "infinite");
+    if (st != MPQ_OK) {
+        free(v);
+        return st;
+    }
+    *out = v;
+    return MPQ_OK;
+}
+
+static const mpq_source_tensor *mpq__need(mpq_source *s, const char *name, mpq_io_err *err, mpq_status *st)
+{
+    const mpq_source_tensor *t = mpq_source_find(s, name);
+    if (!t) *st = mpq__mfail(err, MPQ_ERR_FORMAT, mpq_source_path(s), "tensor '%s' is missing", name);
+    return t;
+}
+
+static mpq_status mpq__load_vector(mpq_source *s, const char *name, int n, float **out, mpq_io_err *err)
+{
+    mpq_status st = MPQ_OK;
+    const mpq_source_tensor *t = mpq__need(s, name, err, &st);
+    if (!t) return st;
+    if (t->numel != (uint64_t)n || t->ndim != 1)
+        return mpq__mfail(err, MPQ_ERR_FORMAT, mpq_source_path(s), "tensor '%s': shape is not [%d]", name, n);
+    return mpq__read_floats(s, t, out, err);
+}
+
+static mpq_status mpq__load_linear(mpq_source *s, const char *name, int rows, int cols, mpq_linear *L, mpq_io_err *err)
+{
+    mpq_status st = MPQ_OK;
+    const mpq_source_tensor *t = mpq__need(s, name, err, &st);
+    if (!t) return st;
+    const char *O = mpq_source_path(s);
+    L->rows = rows, L->cols = cols;
+    if (t->packed) {
+        mpq_packed A;
+        if ((st = mpq_source_read_packed(s, t, &A, err)) != MPQ_OK) return st;
+        if (A.rows != rows || A.cols != cols) {
+            st = mpq__mfail(err, MPQ_ERR_FORMAT, O, "tensor '%s': packed matrix is %d x %d, the model needs %d x %d",
+                            name, A.rows, A.cols, rows, cols);
+            mpq_packed_free(&A);
+            return st;
+        }
+        L->A = A;
+        return MPQ_OK;
+    }
+    if (t->ndim != 2 || t->shape[0] != (uint64_t)rows || t->shape[1] != (uint64_t)cols)
+        return mpq__mfail(err, MPQ_ERR_FORMAT, O, "tensor '%s': shape is not %d x %d", name, rows, cols);
+    return mpq__read_floats(s, t, &L->W, err);
+}
+
+/* Rotary frequencies theta_i = base^(-2i/d), scaled as the config says. */
+static mpq_status mpq__rope_freqs(mpq_llm *m, mpq_source *s, mpq_io_err *err)
+{
+    const mpq_llm_config *c = &m->c;
+    const int half = c->head_dim / 2;
+    m->rope_freq = (float *)malloc(sizeof(float) * (size_t)half);
+    if (!m->rope_freq) return mpq__mfail(err, MPQ_ERR_NOMEM, m->path, "out of memory");
+    float *factors = NULL;
+    if (c->gguf_names && mpq_source_find(s, "rope_freqs.weight")) {
+        mpq_status st = mpq__load_vector(s, "rope_freqs.weight", half, &factors, err);
+        if (st != MPQ_OK) return st;
+    }
+    for (int i = 0; i < half; i++) {
+        double f = pow(c->rope_theta, -2.0 * i / c->head_dim);
+        if (factors) {
+            f /= factors[i];
+        } else if (c->rope_scaling == MPQ_ROPE_SCALING_LINEAR) {
+            f /= c->rope_factor;
+        } else if (c->rope_scaling == MPQ_ROPE_SCALING_LLAMA3) {
+            /* wavelengths shorter than orig / high stay, longer than orig /
+               low are divided by factor, the band between is blended */
+            const double wavelen = 2.0 * M_PI / f, lo = c->rope_orig_ctx / c->rope_low_freq,
+                         hi = c->rope_orig_ctx / c->rope_high_freq;
+            if (wavelen > lo) {
+                f /= c->rope_factor;
+            } else if (wavelen >= hi) {
+                const double smooth = (c->rope_orig_ctx / wavelen - c->rope_low_freq) /
+                                      (c->rope_high_freq - c->rope_low_freq);
+                f = (1.0 - smooth) * f / c->rope_factor + smooth * f;
+            }
+        }
+        m->rope_freq[i] = (float)f;
+    }
+    free(factors);
+    return MPQ_OK;
+}
+
+mpq_status mpq_llm_load(const char *path, mpq_llm **out, mpq_io_err *err)
+{
+    if (!path || !out) return mpq__mfail(err, MPQ_ERR_ARG, path, "NULL argument");
+    mpq_source *s = NULL;
+    mpq_status st = mpq_source_open(path, &s, err);
+    if (st != MPQ_OK) return st;
+    mpq_llm *m = (mpq_llm *)calloc(1, sizeof *m);
+    if (!m || !(m->path = strdup(path))) {
+        free(m);
+        mpq_source_close(s);
+        return mpq__mfail(err, MPQ_ERR_NOMEM, path, "out of memory");
+    }
+    mpq_llm_config *c = &m->c;
+    const char *O = mpq_source_path(s);
+    char name[256];
+    if ((st = mpq_llm_config_read(s, c, err)) != MPQ_OK) goto done;
+    if ((st = mpq_tokenizer_read(s, &m->tok, err)) != MPQ_OK) goto done;
+    /* the embedding gives the vocabulary */
+    const mpq_source_tensor *e = mpq__need(s, mpq_llm_tensor_name(c->gguf_names, "embed", 0, name, sizeof name), err, &st);
+    if (!e) goto done;
+    const uint64_t rows = e->packed ? 0 : e->ndim == 2 ? e->shape[0] : 0;
+    int vocab = c->vocab;
+    if (!e->packed) {
+        if (e->ndim != 2 || e->shape[1] != (uint64_t)c->dim || rows < 1 || rows > MPQ__MAX_DIM * 4u) {
+            st = mpq__mfail(err, MPQ_ERR_FORMAT, O, "tensor '%s': shape is not vocab x %d", e->name, c->dim);
+            goto done;
+        }
+        vocab = (int)rows;
+    }
+    if (vocab < 1 || (c->vocab && vocab != c->vocab)) {
+        st = mpq__mfail(err, MPQ_ERR_FORMAT, O, "tensor '%s': %d rows but the vocabulary size is %d", e->name, vocab,
+                        c->vocab);
+        goto done;
+    }
+    c->vocab = vocab;
+    if (mpq_tokenizer_size(m->tok) > c->vocab) {
+        st = mpq__mfail(err, MPQ_ERR_FORMAT, O, "the tokenizer has %d tokens, the embedding %d rows",
+                        mpq_tokenizer_size(m->tok), c->vocab);
+        goto done;
+    }
+    if ((st = mpq__load_linear(s, e->name, c->vocab, c->dim, &m->embed, err)) != MPQ_OK) goto done;
+    if (c->tied) {
+        m->head = m->embed;
+    } else if ((st = mpq__load_linear(s, mpq_llm_tensor_name(c->gguf_names, "head", 0, name, sizeof name), c->vocab,
+                                      c->dim, &m->head, err)) != MPQ_OK) {
+        goto done;
+    }
+    if ((st = mpq__load_vector(s, mpq_llm_tensor_name(c->gguf_names, "out_norm", 0, name, sizeof name), c->dim,
+                               &m->out_norm, err)) != MPQ_OK)
+        goto done;
+    m->layer = (mpq_llm_layer *)calloc((size_t)c->layers, sizeof *m->layer);
+    if (!m->layer) {
+        st = mpq__mfail(err, MPQ_ERR_NOMEM, O, "out of memory");
+        goto done;
+    }
+    const int qd = c->heads * c->head_dim, kvd = c->kv_heads * c->head_dim;
+    const int shape[MPQ_LIN_COUNT][2] = {{qd, c->dim}, {kvd, c->dim}, {kvd, c->dim}, {c->dim, qd},
+                                         {c->ffn, c->dim}, {c->ffn, c->dim}, {c->dim, c->ffn}};
+    for (int l = 0; l < c->layers && st == MPQ_OK; l++) {
+        mpq_llm_layer *L = &m->layer[l];
+        st = mpq__load_vector(s, mpq_llm_tensor_name(c->gguf_names, "attn_norm", l, name, sizeof name), c->dim,
+                              &L->attn_norm, err);
+        if (st == MPQ_OK)
+            st = mpq__load_vector(s, mpq_llm_tensor_name(c->gguf_names, "ffn_norm", l, name, sizeof name), c->dim,
+                                  &L->ffn_norm, err);
+        for (int k = 0; k < MPQ_LIN_COUNT && st == MPQ_OK; k++) {
+            st = mpq__load_linear(s, mpq_llm_linear_name(c->gguf_names, l, k, 0, name, sizeof name), shape[k][0],
+                                  shape[k][1], &L->lin[k], err);
+            if (st == MPQ_OK && c->qkv_bias && k <= MPQ_LIN_V)
+                st = mpq__load_vector(s, mpq_llm_linear_name(c->gguf_names, l, k, 1, name, sizeof name), shape[k][0],
+                                      &L->lin[k].bias, err);
+        }
+    }
+    if (st == MPQ_OK) st = mpq__rope_freqs(m, s, err);
+done:
+    mpq_source_close(s);
+    if (st != MPQ_OK) {
+        mpq_llm_free(m);
+        return st;
+    }
+    *out = m;
+    return MPQ_OK;
+}
+
+mpq_status mpq_linear_set_packed(mpq_llm *m, mpq_linear *L, mpq_packed *A)
+{
+    if (!m || !L || !A || !A->buf) return MPQ_ERR_ARG;
+    if (A->rows != L->rows || A->cols != L->cols) return MPQ_ERR_SIZE;
+    void *h = NULL;
+    if (m->backend) {
+        mpq_status st = m->backend->upload(m->backend->ctx, A, &h);
+        if (st != MPQ_OK) return st;
+    }
+    mpq_linear_unpack(m, L);
+    L->A = *A, L->handle = h;
+    memset(A, 0, sizeof *A);
+    if (m->c.tied && L == &m->embed) m->head = m->embed;
+    return MPQ_OK;
+}
+
+void mpq_linear_unpack(mpq_llm *m, mpq_linear *L)
+{
+    if (!L) return;
+    if (L->handle && m && m->backend) m->backend->release(m->backend->ctx, L->handle);
+    L->handle = NULL;
+    mpq_packed_free(&L->A);
+    memset(&L->A, 0, sizeof L->A);
+    if (m && m->c.tied && L == &m->embed) m->head = m->embed;
+}
+
+/* Every linear map of the model, the head when it is not the embedding. */
+static int mpq__linears(mpq_llm *m, mpq_linear **v)
+{
+    int n = 0;
+    for (int l = 0; l < m->c.layers; l++)
+        for (int k = 0; k < MPQ_LIN_COUNT; k++) v[n++] = &m->layer[l].lin[k];
+    v[n++] = &m->embed;
+    if (!m->c.tied) v[n++] = &m->head;
+    return n;
+}
+
+mpq_status mpq_llm_use_backend(mpq_llm *m, const mpq_backend *be)
+{
+    if (!m) return MPQ_ERR_ARG;
+    mpq_linear **v = (mpq_linear **)malloc(sizeof *v * ((size_t)m->c.layers * MPQ_LIN_COUNT + 2));
+    if (!v) return MPQ_ERR_NOMEM;
+    const int n = mpq__linears(m, v);
+    mpq_status st = MPQ_OK;
+    for (int i = 0; i < n; i++) /* off the old backend */
+        if (v[i]->handle) {
+            m->backend->release(m->backend->ctx, v[i]->handle);
+            v[i]->handle = NULL;
+        }
+    m->backend = be;
+    for (int i = 0; be && i < n && st == MPQ_OK; i++)
+        if (v[i]->A.buf) st = be->upload(be->ctx, &v[i]->A, &v[i]->handle);
+    if (st != MPQ_OK) {
+        for (int i = 0; i < n; i++)
+            if (v[i]->handle) be->release(be->ctx, v[i]->handle), v[i]->handle = NULL;
+        m->backend = NULL;
+    }
+    if (m->c.tied) m->head = m->embed;
+    free(v);
+    return st;
+}
+
+double mpq_llm_bpw(const mpq_llm *m, int level, int skip_planes)
+{
+    double bits = 0, n = 0;
+    for (int l = 0; m && l < m->c.layers; l++)
+        for (int k = 0; k < MPQ_LIN_COUNT; k++) {
+            const mpq_linear *L = &m->layer[l].lin[k];
+            if (!L->A.buf) continue;
+            const double w = (double)L->rows * L->cols;
+            bits += w * (skip_planes >= 0 ? mpq_packed_bpw_skip(&L->A, skip_planes) : mpq_packed_bpw(&L->A, level));
+            n += w;
+        }
+    return n > 0 ? bits / n : 0.0;
+}
+
+static uint64_t mpq__linear_bytes(const mpq_linear *L)
+{
+    return L->A.buf ? (uint64_t)L->A.bytes : (uint64_t)L->rows * (uint64_t)L->cols * 4u;
+}
+
+uint64_t mpq_llm_weight_bytes(const mpq_llm *m)
+{
+    if (!m) return 0;
+    uint64_t b = mpq__linear_bytes(&m->embed) + (m->c.tied ? 0 : mpq__linear_bytes(&m->head));
+    for (int l = 0; l < m->c.layers; l++)
+        for (int k = 0; k < MPQ_LIN_COUNT; k++) b += mpq__linear_bytes(&m->layer[l].lin[k]);
+    return b;
+}
+
+/* ========================================================================== */
+/* 3. Forward pass                                                            */
+/* ========================================================================== */
+
+#if defined(__GNUC__) || defined(__clang__)
+#if defined(__AVX512F__)
+#define MPQ__VB 64
+#elif defined(__AVX__)
+#define MPQ__VB 32
+#else
+#define MPQ__VB 16
+#endif
+#define MPQ__VL (int)(MPQ__VB / sizeof(float))
+typedef float mpq__vf __attribute__((vector_size(MPQ__VB)));
+static inline mpq__vf mpq__ld(const float *p)
+{
+    mpq__vf v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+static inline float mpq__hsum(mpq__vf v)
+{
+    float s = 0;
+    for (int i = 0; i < MPQ__VL; i++) s += v[i];
+    return s;
+}
+static inline float mpq__mdot(const float *a, const float *b, int n)
+{
+    mpq__vf s0 = {0}, s1 = {0};
+    int k = 0;
+    for (; k + 2 * MPQ__VL <= n; k += 2 * MPQ__VL) {
+        s0 += mpq__ld(a + k) * mpq__ld(b + k);
+        s1 += mpq__ld(a + k + MPQ__VL) * mpq__ld(b + k + MPQ__VL);
+    }
+    float t = mpq__hsum(s0 + s1);
+    for (; k < n; k++) t += a[k] * b[k];
+    return t;
+}
+#else
+static inline float mpq__mdot(const float *a, const float *b, int n)
+{
+    float acc[8] = {0};
+    int k = 0;
+    for (; k + 8 <= n; k += 8)
+        for (int j = 0; j < 8; j++) acc[j] += a[k + j] * b[k + j];
+    float t = 0;
+    for (; k < n; k++) t += a[k] * b[k];
+    for (int j = 0; j < 8; j++) t += acc[j];
+    return t;
+}
+#endif
+
+#if defined(__GNUC__) || defined(__clang__)
+/* 4 tokens x 4 rows of Y, each a dot product of K, in the same order as
+   mpq__mdot (two vector accumulators, then the tail). */
+static void mpq__tile4(const float *X, const float *W, float *Y, int M, int K)
+{
+    mpq__vf s[4][4][2];
+    memset(s, 0, sizeof s);
+    int k = 0;
+    for (; k + 2 * MPQ__VL <= K; k += 2 * MPQ__VL)
+        for (int h = 0; h < 2; h++) {
+            mpq__vf x[4], w[4];
+            for (int t = 0; t < 4; t++) x[t] = mpq__ld(X + (size_t)t * K + k + h * MPQ__VL);
+            for (int i = 0; i < 4; i++) w[i] = mpq__ld(W + (size_t)i * K + k + h * MPQ__VL);
+            for (int t = 0; t < 4; t++)
+                for (int i = 0; i < 4; i++) s[t][i][h] += x[t] * w[i];
+        }
+    for (int t = 0; t < 4; t++)
+        for (int i = 0; i < 4; i++) {
+            float v = mpq__hsum(s[t][i][0] + s[t][i][1]);
+            for (int kk = k; kk < K; kk++) v += X[(size_t)t * K + kk] * W[(size_t)i * K + kk];
+            Y[(size_t)t * M + i] = v;
+        }
+}
+#endif
+
+/* Y[T x M] = X[T x K] W[M x K]^T, float. Every output is mpq__mdot of its
+   row and column, whatever the tiling or thread count, so a token's result
+   does not depend on the tokens beside it. */
+static void mpq__sgemm(const float *X, int T, const float *W, int M, int K, float *Y)
+{
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static)
+#endif
+    for (int m0 = 0; m0 < M; m0 += 4) {
+        const int mr = M - m0 < 4 ? M - m0 : 4;
+        int t = 0;
+#if defined(__GNUC__) || defined(__clang__)
+        if (mr == 4)
+            for (; t + 4 <= T; t += 4) mpq__tile4(X + (size_t)t * K, W + (size_t)m0 * K, Y + (size_t)t * M + m0, M, K);
+#endif
+        for (; t < T; t++)
+            for (int i = 0; i < mr; i++)
+                Y[(size_t)t * M + m0 + i] = mpq__mdot(X + (size_t)t * K, W + (size_t)(m0 + i) * K, K);
+    }
+}
+
+mpq_status mpq_llm_state_init(const mpq_llm *m, int ctx, int batch, mpq_llm_state *s)
+{
+    if (!m || !s || ctx < 1 || batch < 1 || ctx > (1 << 24)) return MPQ_ERR_ARG;
+    memset(s, 0, sizeof *s);
+    const mpq_llm_config *c = &m->c;
+    const size_t kvd = (size_t)c->kv_heads * c->head_dim, qd = (size_t)c->heads * c->head_dim;
+    const size_t B = (size_t)batch, D = (size_t)c->dim, F = (size_t)c->ffn;
+    const size_t wide = qd > D ? qd : D;
+#ifdef _OPENMP
+    s->nthreads = omp_get_max_threads();
+#else
+    s->nthreads = 1;
+#endif
+    s->ctx = ctx, s->batch = batch;
+    s->kc = (float *)malloc(sizeof(float) * (size_t)c->layers * (size_t)ctx * kvd);
+    s->vc = (float *)malloc(sizeof(float) * (size_t)c->layers * (size_t)ctx * kvd);
+    const size_t per = B * (2 * D + qd + 2 * kvd + wide + 2 * F + (size_t)c->head_dim);
+    s->mem = (float *)malloc(sizeof(float) * (per + (size_t)s->nthreads * (size_t)ctx));
+    if (!s->kc || !s->vc || !s->mem) {
+        mpq_llm_state_free(s);
+        return MPQ_ERR_NOMEM;
+    }
+    float *p = s->mem;
+    s->x = p, p += B * D;
+    s->h = p, p += B * D;
+    s->q = p, p += B * qd;
+    s->k = p, p += B * kvd;
+    s->v = p, p += B * kvd;
+    s->a = p, p += B * wide;
+    s->g = p, p += B * F;
+    s->u = p, p += B * F;
+    s->rope = p, p += B * (size_t)c->head_dim;
+    s->scores = p;
+    return MPQ_OK;
+}
+
+void mpq_llm_state_free(mpq_llm_state *s)
+{
+    if (!s) return;
+    free(s->kc);
+    free(s->vc);
+    free(s->mem);
+    mpq_aligned_free(s->work);
+    memset(s, 0, sizeof *s);
+}
+
+/* y[T x rows] = L x[T x cols] (+ bias); L is linear map `lin` of `layer`
+   (layer -1: the head, not observed). */
+static mpq_status mpq__linear(const mpq_llm *m, mpq_llm_state *s, const mpq_linear *L, int layer, int lin,
+                              const float *x, float *y, int T, int skip)
+{
+    mpq_status st = MPQ_OK;
+    if (m->observe && layer >= 0) m->observe(m->observe_user, layer, lin, x, T, L->cols);
+    if (L->A.buf) {
+        mpq_gemv_opts o;
+        memset(&o, 0, sizeof o);
+        o.skip_planes = skip;
+        if (L->handle) {
+            st = m->backend->gemv(m->backend->ctx, L->handle, x, y, T, &o);
+        } else {
+            const size_t wb = mpq_gemv_work_bytes(&L->A, T);
+            if (wb > s->work_bytes) {
+                void *w = mpq_aligned_alloc(wb);
+                if (!w) return MPQ_ERR_NOMEM;
+                mpq_aligned_free(s->work);
+                s->work = w, s->work_bytes = wb;
+            }
+            st = mpq_gemv(&L->A, x, y, T, &o, s->work, s->work_bytes);
+        }
+    } else {
+        mpq__sgemm(x, T, L->W, L->rows, L->cols, y);
+    }
+    if (st == MPQ_OK && L->bias)
+        for (int t = 0; t < T; t++)
+            for (int i = 0; i < L->rows; i++) y[(size_t)t * L->rows + i] += L->bias[i];
+    return st;
+}
+
+static void mpq__rmsnorm(const float *x, const float *w, float *y, int T, int D, double eps)
+{
+    for (int t = 0; t < T; t++) {
+        const float *xt = x + (size_t)t * D;
+        double ss = 0;
+        for (int j = 0; j < D; j++) ss += (double)xt[j] * xt[j];
+        const float r = (float)(1.0 / sqrt(ss / D + eps));
+        for (int j = 0; j < D; j++) y[(size_t)t * D + j] = xt[j] * r * w[j];
+    }
+}
+
+/* Rotates nh heads of every token (the cos / sin of each position in rope:
+   T x head_dim, cos in the first half, sin in the second). */
+static void mpq__rotate(const mpq_llm_config *c, const float *rope, float *v, int T, int nh)
+{
+    const int hd = c->head_dim, half = hd / 2;
+    for (int t = 0; t < T; t++) {
+        const float *cs = rope + (size_t)t * hd, *sn = cs + half;
+        for (int h = 0; h < nh; h++) {
+            float *x = v + ((size_t)t * nh + h) * hd;
+            for (int i = 0; i < half; i++) {
+                const int a = c->rope_style == MPQ_ROPE_ADJACENT ? 2 * i : i;
+                const int b = c->rope_style == MPQ_ROPE_ADJACENT ? 2 * i + 1 : i + half;
+                const float x0 = x[a], x1 = x[b];
+                x[a] = x0 * cs[i] - x1 * sn[i];
+                x[b] = x0 * sn[i] + x1 * cs[i];
+            }
+        }
+    }
+}
+
+/* Causal attention of T new tokens at positions pos.. over the cache of
+   layer l (already holding their keys and values). */
+static void mpq__attention(const mpq_llm *m, mpq_llm_state *s, int l, int T, int pos)
+{
+    const mpq_llm_config *c = &m->c;
+    const int hd = c->head_dim, H = c->heads, group = c->heads / c->kv_heads;
+    const size_t kvd = (size_t)c->kv_heads * hd, qd = (size_t)H * hd;
+    const float *kc = s->kc + (size_t)l * s->ctx * kvd, *vc = s->vc + (size_t)l * s->ctx * kvd;
+    const float scale = (float)(1.0 / sqrt((double)hd));
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) num_threads(s->nthreads)
+#endif
+    for (int th = 0; th < T * H; th++) {
+        const int t = th / H, h = th % H, g = h / group, P = pos + t;
+#ifdef _OPENMP
+        float *sc = s->scores + (size_t)omp_get_thread_num() * s->ctx;
+#else
+        float *sc = s->scores;
+#endif
+        const float *q = s->q + (size_t)t * qd + (size_t)h * hd;
+        float mx = -INFINITY;
+        for (int j = 0; j <= P; j++) {
+            sc[j] = mpq__mdot(q, kc + (size_t)j * kvd + (size_t)g * hd, hd) * scale;
+            mx = sc[j] > mx ? sc[j] : mx;
+        }
+        double sum = 0;
+        for (int j = 0; j <= P; j++) sum += (sc[j] = expf(sc[j] - mx));
+        const float inv = (float)(1.0 / sum);
+        float *o = s->a + (size_t)t * qd + (size_t)h * hd;
+        for (int d = 0; d < hd; d++) o[d] = 0;
+        for (int j = 0; j <= P; j++) {
+            const float p = sc[j] * inv, *vj = vc + (size_t)j * kvd + (size_t)g * hd;
+            for (int d = 0; d < hd; d++) o[d] += p * vj[d];
+        }
+    }
+}
+
+/* One piece of at most s->batch tokens; logits of tokens lo.. (may be NULL). */
+static mpq_status mpq__piece(const mpq_llm *m, mpq_llm_state *s, const int32_t *tok, int T, int skip, float *logits,
+                             int lo)
+{
+    const mpq_llm_config *c = &m->c;
+    const int D = c->dim, F = c->ffn, hd = c->head_dim, half = hd / 2, pos = s->pos;
+    const size_t kvd = (size_t)c->kv_heads * hd;
+    mpq_status st = MPQ_OK;
+    for (int t = 0; t < T && st == MPQ_OK; t++) {
+        float *x = s->x + (size_t)t * D;
+        if (m->embed.A.buf) st = mpq_packed_dequantize_row(&m->embed.A, 0, tok[t], x);
+        else memcpy(x, m->embed.W + (size_t)tok[t] * D, sizeof(float) * (size_t)D);
+    }
+    for (int t = 0; t < T; t++)
+        for (int i = 0; i < half; i++) {
+            const double a = (double)(pos + t) * (double)m->rope_freq[i];
+            s->rope[(size_t)t * hd + i] = (float)cos(a);
+            s->rope[(size_t)t * hd + half + i] = (float)sin(a);
+        }
+    for (int l = 0; l < c->layers && st == MPQ_OK; l++) {
+        const mpq_llm_layer *L = &m->layer[l];
+        mpq__rmsnorm(s->x, L->attn_norm, s->h, T, D, c->norm_eps);
+        st = mpq__linear(m, s, &L->lin[MPQ_LIN_Q], l, MPQ_LIN_Q, s->h, s->q, T, skip);
+        if (st == MPQ_OK) st = mpq__linear(m, s, &L->lin[MPQ_LIN_K], l, MPQ_LIN_K, s->h, s->k, T, skip);
+        if (st == MPQ_OK) st = mpq__linear(m, s, &L->lin[MPQ_LIN_V], l, MPQ_LIN_V, s->h, s->v, T, skip);
+        if (st != MPQ_OK) break;
+        mpq__rotate(c, s->rope, s->q, T, c->heads);
+        mpq__rotate(c, s->rope, s->k, T, c->kv_heads);
+        memcpy(s->kc + ((size_t)l * s->ctx + pos) * kvd, s->k, sizeof(float) * (size_t)T * kvd);
+        memcpy(s->vc + ((size_t)l * s->ctx + pos) * kvd, s->v, sizeof(float) * (size_t)T * kvd);
+        mpq__attention(m, s, l, T, pos);
+        if ((st = mpq__linear(m, s, &L->lin[MPQ_LIN_O], l, MPQ_LIN_O, s->a, s->h, T, skip)) != MPQ_OK) break;
+        for (size_t i = 0; i < (size_t)T * D; i++) s->x[i] += s->h[i];
+        mpq__rmsnorm(s->x, L->ffn_norm, s->h, T, D, c->norm_eps);
+        st = mpq__linear(m, s, &L->lin[MPQ_LIN_GATE], l, MPQ_LIN_GATE, s->h, s->g, T, skip);
+        if (st == MPQ_OK) st = mpq__linear(m, s, &L->lin[MPQ_LIN_UP], l, MPQ_LIN_UP, s->h, s->u, T, skip);
+        if (st != MPQ_OK) break;
+        for (size_t i = 0; i < (size_t)T * F; i++) {
+            const float g = s->g[i];
+            s->g[i] = g / (1.0f + expf(-g)) * s->u[i];
+        }
+        if ((st = mpq__linear(m, s, &L->lin[MPQ_LIN_DOWN], l, MPQ_LIN_DOWN, s->g, s->h, T, skip)) != MPQ_OK) break;
+        for (size_t i = 0; i < (size_t)T * D; i++) s->x[i] += s->h[i];
+    }
+    if (st == MPQ_OK && logits && lo < T) {
+        mpq__rmsnorm(s->x + (size_t)lo * D, m->out_norm, s->h, T - lo, D, c->norm_eps);
+        st = mpq__linear(m, s, &m->head, -1, 0, s->h, logits, T - lo, 0);
+    }
+    if (st == MPQ_OK) s->pos += T;
+    return st;
+}
+
+mpq_status mpq_llm_forward(const mpq_llm *m, mpq_llm_state *s, const int32_t *tokens, int n, int skip_planes,
+                           float *logits, int first)
+{
+    if (!m || !s || (!tokens && n) || n < 0 || first < 0 || first > n || skip_planes < 0) return MPQ_ERR_ARG;
+    if (n > s->ctx - s->pos) return MPQ_ERR_RANGE;
+    for (int i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= m->c.vocab) return MPQ_ERR_ARG;
+    for (int p = 0; p < n; p += s->batch) {
+        const int T = n - p < s->batch ? n - p : s->batch;
+        const int lo = first - p > 0 ? first - p : 0;
+        float *lg = logits && lo < T ? logits + (size_t)(p + lo - first) * m->c.vocab : NULL;
+        mpq_status st = mpq__piece(m, s, tokens + p, T, skip_planes, lg, lo);
+        if (st != MPQ_OK) return st;
+    }
+    return MPQ_OK;
+}
+
+/* ========================================================================== */
+/* 4. Perplexity                                                              */
+/* ========================================================================== */
+
+/* -log softmax(z)[target], in double. */
+static double mpq__nll(const float *z, int n, int target)
+{
+    float mx = z[0];
+    for (int i = 1; i < n; i++) mx = z[i] > mx ? z[i] : mx;
+    double sum = 0;
+    for (int i = 0; i < n; i++) sum += exp((double)z[i] - mx);
+    return log(sum) - ((double)z[target] - mx);
+}
+
+mpq_status mpq_llm_perplexity(const mpq_llm *m, const int32_t *tokens, size_t n, const mpq_ppl_opts *o,
+                              mpq_ppl_result *r)
+{
+    if (!m || !tokens || !r) return MPQ_ERR_ARG;
+    mpq_ppl_opts d;
+    memset(&d, 0, sizeof d);
+    if (o) d = *o;
+    const int ctx = d.ctx ? d.ctx : 512, batch = d.batch ? d.batch : 64;
+    if (ctx < 4 || batch < 1 || d.chunks < 0 || d.skip_planes < 0) return MPQ_ERR_ARG;
+    const size_t avail = n / (size_t)ctx;
+    const int chunks = (int)(d.chunks && (size_t)d.chunks < avail ? (size_t)d.chunks : avail);
+    if (chunks < 1) return MPQ_ERR_SIZE;
+    const int first = ctx / 2, V = m->c.vocab;
+    mpq_llm_state s;
+    mpq_status st = mpq_llm_state_init(m, ctx, batch, &s);
+    if (st != MPQ_OK) return st;
+    float *logits = (float *)malloc(sizeof(float) * (size_t)(ctx - first) * V);
+    int32_t *chunk = (int32_t *)malloc(sizeof(int32_t) * (size_t)ctx);
+    if (!logits || !chunk) {
+        free(logits), free(chunk);
+        mpq_llm_state_free(&s);
+        return MPQ_ERR_NOMEM;
+    }
+    const int bos = mpq_tokenizer_adds_bos(m->tok) ? mpq_tokenizer_bos(m->tok) : -1;
+    double nll = 0, nll2 = 0;
+    long count = 0;
+    const double t0 = mpq__now();
+    for (int i = 0; i < chunks && st == MPQ_OK; i++) {
+        memcpy(chunk, tokens + (size_t)i * ctx, sizeof(int32_t) * (size_t)ctx);
+        if (bos >= 0) chunk[0] = bos;
+        mpq_llm_state_reset(&s);
+        st = mpq_llm_forward(m, &s, chunk, ctx, d.skip_planes, logits, first);
+        for (int j = 0; st == MPQ_OK && j < ctx - 1 - first; j++) {
+            const double v = mpq__nll(logits + (size_t)j * V, V, chunk[first + j + 1]);
+            nll += v, nll2 += v * v, count++;
+        }
+        if (st == MPQ_OK && d.progress) d.progress(d.user, i + 1, chunks, exp(nll / count), mpq__now() - t0);
+    }
+    if (st == MPQ_OK) {
+        memset(r, 0, sizeof *r);
+        r->nll = nll / count;
+        r->ppl = exp(r->nll);
+        const double var = nll2 / count - r->nll * r->nll;
+        r->ppl_err = var > 0 && count > 1 ? r->ppl * sqrt(var / (count - 1)) : 0;
+        r->count = count, r->chunks = chunks;
+        r->seconds = mpq__now() - t0;
+        r->tokens_per_second = (double)chunks * ctx / r->seconds;
+    }
+    free(logits), free(chunk);
+    mpq_llm_state_free(&s);
+    return st;
+}
+
+/* ========================================================================== */
+/* 5. Generation                                                              */
+/* ========================================================================== */
+
+static uint64_t mpq__rng(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+typedef struct mpq__cand {
+    float p;
+    int32_t id;
+} mpq__cand;
+
+static int mpq__cmp_cand(const void *a, const void *b)
+{
+    const mpq__cand *x = (const mpq__cand *)a, *y = (const mpq__cand *)b;
+    if (x->p != y->p) return x->p > y->p ? -1 : 1;
+    return x->id < y->id ? -1 : x->id > y->id;
+}
+
+/* The next token from logits (greedy, or sampled); cand: vocab entries. */
+static int32_t mpq__pick(const float *z, int V, float temp, float top_p, uint64_t *rng, mpq__cand *cand)
+{
+    int32_t best = 0;
+    for (int i = 1; i < V; i++) best = z[i] > z[best] ? i : best;
+    if (!(temp > 0)) return best;
+    double sum = 0;
+    for (int i = 0; i < V; i++) {
+        cand[i].p = (float)exp(((double)z[i] - z[best]) / temp);
+        cand[i].id = i;
+        sum += cand[i].p;
+    }
+    qsort(cand, (size_t)V, sizeof *cand, mpq__cmp_cand);
+    const double keep = (top_p > 0 && top_p < 1 ? top_p : 1.0) * sum;
+    int n = 0;
+    double acc = 0;
+    while (n < V && (n == 0 || acc < keep)) acc += cand[n++].p;
+    const double u = (double)(mpq__rng(rng) >> 11) / 9007199254740992.0 * acc;
+    double c = 0;
+    for (int i = 0; i < n; i++) {
+        c += cand[i].p;
+        if (u < c) return cand[i].id;
+    }
+    return cand[n - 1].id;
+}
+
+mpq_status mpq_llm_generate(const mpq_llm *m, mpq_llm_state *s, const int32_t *prompt, int n, const mpq_gen_opts *o,
+                            int32_t *out, int max_out, mpq_gen_result *r)
+{
+    if (!m || !s || !prompt || n < 1 || !out || max_out < 0 || !r) return MPQ_ERR_ARG;
+    mpq_gen_opts d;
+    memset(&d, 0, sizeof d);
+    if (o) d = *o;
+    if (d.schedule && mpq_pmpd_validate(d.schedule) != MPQ_OK) return MPQ_ERR_ARG;
+    if (d.skip_planes < 0) return MPQ_ERR_ARG;
+    if (n >= s->ctx) return MPQ_ERR_RANGE;
+    const int V = m->c.vocab;
+    float *z = (float *)malloc(sizeof(float) * (size_t)V);
+    mpq__cand *cand = d.temperature > 0 ? (mpq__cand *)malloc(sizeof(mpq__cand) * (size_t)V) : NULL;
+    if (!z || (d.temperature > 0 && !cand)) {
+        free(z);
+        free(cand);
+        return MPQ_ERR_NOMEM;
+    }
+    memset(r, 0, sizeof *r);
+    r->prompt_tokens = n;
+    mpq_llm_state_reset(s);
+    uint64_t rng = d.seed;
+    double t0 = mpq__now();
+    mpq_status st = mpq_llm_forward(m, s, prompt, n, d.schedule ? d.schedule->prefill_skip : d.skip_planes, z, n - 1);
+    r->prefill_seconds = mpq__now() - t0;
+    const int limit = d.max_tokens > 0 && d.max_tokens < max_out ? d.max_tokens : max_out;
+    for (int t = 0; st == MPQ_OK && t < limit; t++) {
+        const int32_t tok = mpq__pick(z, V, d.temperature, d.top_p, &rng, cand);
+        out[r->tokens++] = tok;
+        if (d.on_token && d.on_token(d.user, tok)) break;
+        if (mpq_token_is_end(m->tok, tok)) {
+            r->ended = 1;
+            break;
+        }
+        if (t + 1 == limit || s->pos >= s->ctx) break;
+        const int skip = d.schedule ? mpq_pmpd_skip_at(d.schedule, t) : d.skip_planes;
+        t0 = mpq__now();
+        st = mpq_llm_forward(m, s, &tok, 1, skip, z, 0);
+        const double dt = mpq__now() - t0;
+        r->decode_seconds += dt;
+        if (skip >= 0 && skip < MPQ_MAX_BITS) r->tokens_at_skip[skip]++, r->seconds_at_skip[skip] += dt;
+    }
+    free(z);
+    free(cand);
+    return st;
+}

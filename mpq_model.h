@@ -1,0 +1,370 @@
+/* mpq_model.h - Llama-family language models on mpq's products.
+
+   Beside the header, like mpq_io: mpq.h stays model-agnostic (matrices in,
+   packed matrices and products out); this part loads real models, tokenizes
+   text, runs the forward pass with every linear map on mpq's products (or on
+   float weights, the reference), and measures perplexity and generation.
+   Compiled from mpq_tokenizer.c and mpq_model.c; needs mpq_io (cJSON) and a
+   translation unit that defines MPQ_IMPLEMENTATION.
+
+   CONTENTS
+     1. Tokenizer ..... byte-level BPE from GGUF metadata or tokenizer.json:
+                        the GPT-2, SmolLM, Llama 3 and Qwen2 pre-tokenizers
+     2. Models ........ configuration, loading (GGUF, Hugging Face directory,
+                        safetensors files written by mpq), float or packed
+                        linear maps, the CPU or another backend
+     3. Forward pass .. KV cache, batched prompts, one-token decode, logits
+     4. Perplexity .... llama.cpp's llama-perplexity, computed the same way
+     5. Generation .... greedy or temperature / top-p sampling, PMPD
+                        precision schedules, prompt and decode timing
+
+   Every fallible function returns mpq_status and, where a file or a text is
+   involved, fills an optional mpq_io_err with one line naming it. */
+#ifndef MPQ_MODEL_H_INCLUDED
+#define MPQ_MODEL_H_INCLUDED
+
+#include "mpq.h"
+#include "mpq_io.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ========================================================================== */
+/* 1. Tokenizer                                                               */
+/* ========================================================================== */
+
+/* BYTE-LEVEL BPE. Text (UTF-8) is cut into pieces by a pre-tokenizer, each
+   piece's bytes start as one token per byte (GPT-2's byte alphabet: the
+   vocabulary spells byte b as a printable code point), and merges join
+   neighbouring tokens, the pair of lowest rank first (leftmost among equal
+   ranks), until none applies. With ignore_merges (Llama 3) a piece that is a
+   token as a whole is that token. Special tokens (control tokens such as
+   "<|im_start|>") are never produced by merges; their text becomes the
+   token only where MPQ_TOK_SPECIAL asks for it, as llama.cpp's
+   parse_special does; added tokens that are not special are always matched.
+
+   PRE-TOKENIZERS, written out by hand (no regex engine); \p{L} letters,
+   \p{N} numbers, \s white space (mpq_unicode.h):
+     GPT2    's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
+     SMOLLM  every \p{N} alone, then GPT2 on the text between (SmolLM,
+             StarCoder: HF's Digits(individual) + ByteLevel)
+     LLAMA3  (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|
+             ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
+     QWEN2   LLAMA3 with single \p{N}
+   From GGUF: tokenizer.ggml.model "gpt2" and tokenizer.ggml.pre "gpt-2",
+   "smollm", "llama-bpe" or "qwen2" (and a few names of the same rules).
+   From tokenizer.json: model type BPE over the byte alphabet, and one of
+   the pre_tokenizer shapes HF writes for these rules. A normalizer is
+   refused, except NFC (Qwen2), which is applied only where it changes
+   nothing: a text with code points NFC could change is MPQ_ERR_UNSUPPORTED.
+   SentencePiece vocabularies (Llama 2, Mistral 7B) are MPQ_ERR_UNSUPPORTED.
+
+   Text must be valid UTF-8 (MPQ_ERR_FORMAT names the first bad byte);
+   detokenizing the tokens of a text gives the text back byte for byte. */
+
+typedef struct mpq_tokenizer mpq_tokenizer;
+
+typedef enum mpq_pretok {
+    MPQ_PRETOK_GPT2 = 1,
+    MPQ_PRETOK_SMOLLM = 2,
+    MPQ_PRETOK_LLAMA3 = 3,
+    MPQ_PRETOK_QWEN2 = 4
+} mpq_pretok;
+
+#define MPQ_TOK_SPECIAL 1u /* tokenize: control tokens' text in the input is that token */
+#define MPQ_TOK_BOS 2u     /* tokenize: begin with BOS when the vocabulary asks for it */
+#define MPQ_TOK_SKIP_SPECIAL 4u /* detokenize: leave special tokens out */
+
+/* From GGUF metadata (tokenizer.ggml.*). */
+mpq_status mpq_tokenizer_from_gguf(const mpq_gguf_file *f, mpq_tokenizer **out, mpq_io_err *err);
+/* From the text of a Hugging Face tokenizer.json (`origin` names it in
+   messages); tokenizer_config (may be NULL) supplies add_bos_token. */
+mpq_status mpq_tokenizer_from_json(const char *json, size_t len, const char *tokenizer_config, const char *origin,
+                                   mpq_tokenizer **out, mpq_io_err *err);
+void mpq_tokenizer_free(mpq_tokenizer *t); /* NULL is accepted */
+
+/* Tokens in the vocabulary (the largest id + 1). */
+int mpq_tokenizer_size(const mpq_tokenizer *t);
+mpq_pretok mpq_tokenizer_pretok(const mpq_tokenizer *t);
+/* BOS, EOS (-1 when there is none); whether tokenize adds BOS. */
+int32_t mpq_tokenizer_bos(const mpq_tokenizer *t);
+int32_t mpq_tokenizer_eos(const mpq_tokenizer *t);
+int mpq_tokenizer_adds_bos(const mpq_tokenizer *t);
+/* Whether a token ends a generation (EOS, EOT, "<|im_end|>", ...). */
+int mpq_token_is_end(const mpq_tokenizer *t, int32_t id);
+/* Whether a token is special (control), and its bytes (a special token's
+   text); NULL for an id outside the vocabulary. */
+int mpq_token_is_special(const mpq_tokenizer *t, int32_t id);
+const char *mpq_token_bytes(const mpq_tokenizer *t, int32_t id, size_t *len);
+/* The id of a token spelled exactly `text` in the vocabulary's own alphabet
+   (byte-level form for normal tokens: "Ġthe"), or -1. */
+int32_t mpq_token_find(const mpq_tokenizer *t, const char *text);
+
+/* text (len bytes of UTF-8) -> *tokens (malloc'ed, free it), *n of them. */
+mpq_status mpq_tokenize(const mpq_tokenizer *t, const char *text, size_t len, unsigned flags, int32_t **tokens,
+                        size_t *n, mpq_io_err *err);
+/* tokens -> *text (malloc'ed, NUL-terminated, *len bytes before the NUL). */
+mpq_status mpq_detokenize(const mpq_tokenizer *t, const int32_t *tokens, size_t n, unsigned flags, char **text,
+                          size_t *len);
+/* The tokenizer as a Hugging Face tokenizer.json, and the BOS / EOS part of
+   a tokenizer_config.json (malloc'ed, free them): what mpq writes into the
+   files it quantizes, so that they carry their tokenizer;
+   mpq_tokenizer_from_json reads both back to the same tokens. */
+mpq_status mpq_tokenizer_to_json(const mpq_tokenizer *t, char **json);
+mpq_status mpq_tokenizer_config_json(const mpq_tokenizer *t, char **json);
+
+/* ========================================================================== */
+/* 2. Models                                                                  */
+/* ========================================================================== */
+
+/* A LLAMA-FAMILY MODEL (Llama 1-3, Mistral, Qwen2, SmolLM):
+
+     x = embedding[token]
+     for each layer:
+       h = rmsnorm(x) * attn_norm
+       q, k, v = Wq h (+ bq), Wk h (+ bk), Wv h (+ bv)     (heads, kv_heads, head_dim)
+       rotate q and k by position (rotary, base rope_theta)
+       x += Wo attention(q, k, v)          (causal; query head j uses kv head j / (heads / kv_heads))
+       h = rmsnorm(x) * ffn_norm
+       x += Wdown (silu(Wgate h) * Wup h)
+     logits = head (rmsnorm(x) * out_norm)           (head = embedding when tied)
+
+   rmsnorm(x) = x / sqrt(mean(x^2) + norm_eps). Attention scores are
+   q.k / sqrt(head_dim), softmax over positions 0..t.
+
+   ROTARY CONVENTION. A query or key vector is rotated in pairs by angle
+   position * theta_i, theta_i = rope_theta^(-2i / head_dim). Hugging Face
+   checkpoints pair element i with i + head_dim/2 (MPQ_ROPE_HALF); GGUF files
+   of the llama architecture store the rows of Wq and Wk permuted so that the
+   pairs are adjacent, (2i, 2i+1) (MPQ_ROPE_ADJACENT); GGUF qwen2 files keep
+   the halves. The model rotates as its file stores, so either form of the
+   same weights gives the same logits, and packed matrices keep the file's
+   row order. Rotary scaling: none, "linear" (positions / factor) and
+   "llama3" (Llama 3.1's frequency bands), or a GGUF rope_freqs tensor.
+
+   NAMES. Tensors keep their file's names: GGUF (token_embd.weight,
+   blk.N.attn_q.weight, ..., output_norm.weight, output.weight) or Hugging
+   Face (model.embed_tokens.weight, model.layers.N.self_attn.q_proj.weight,
+   ..., model.norm.weight, lm_head.weight). mpq_llm_tensor_name gives the
+   name of each role in either scheme.
+
+   WHERE THE DESCRIPTION COMES FROM. GGUF: its metadata ({arch}.block_count,
+   ...embedding_length, ...attention.head_count(_kv), ...rope.freq_base,
+   ...attention.layer_norm_rms_epsilon, tokenizer.ggml.*). A Hugging Face
+   directory: config.json (architectures LlamaForCausalLM,
+   MistralForCausalLM or Qwen2ForCausalLM), tokenizer.json and
+   tokenizer_config.json. A safetensors file: the same three texts from its
+   __metadata__ (mpq quantize writes them, with "mpq_rope_pairs" saying how
+   its q/k rows are paired) or beside it. Loading checks every shape against
+   the description, that heads divide, that every float is finite, and names
+   the file and tensor of anything wrong. */
+
+typedef enum mpq_rope_style {
+    MPQ_ROPE_HALF = 0,      /* pairs (i, i + head_dim/2): Hugging Face, GGUF qwen2 */
+    MPQ_ROPE_ADJACENT = 1   /* pairs (2i, 2i + 1): GGUF llama */
+} mpq_rope_style;
+
+typedef enum mpq_rope_scaling {
+    MPQ_ROPE_SCALING_NONE = 0,
+    MPQ_ROPE_SCALING_LINEAR = 1,
+    MPQ_ROPE_SCALING_LLAMA3 = 2
+} mpq_rope_scaling;
+
+typedef struct mpq_llm_config {
+    char arch[32];          /* "llama" or "qwen2" (Mistral is "llama") */
+    int vocab;              /* embedding rows */
+    int dim, layers, heads, kv_heads, head_dim, ffn;
+    int ctx;                /* the context the model was trained for */
+    double rope_theta, norm_eps;
+    mpq_rope_style rope_style;
+    mpq_rope_scaling rope_scaling;
+    double rope_factor, rope_low_freq, rope_high_freq; /* scaling parameters */
+    int rope_orig_ctx;      /* llama3 scaling: original_max_position_embeddings */
+    int tied;               /* the head is the token embedding */
+    int qkv_bias;           /* q, k and v have biases (Qwen2) */
+    int gguf_names;         /* tensors are named as in GGUF */
+} mpq_llm_config;
+
+/* The linear maps of a layer, in this order everywhere. */
+enum { MPQ_LIN_Q, MPQ_LIN_K, MPQ_LIN_V, MPQ_LIN_O, MPQ_LIN_GATE, MPQ_LIN_UP, MPQ_LIN_DOWN, MPQ_LIN_COUNT };
+
+/* A weight matrix, rows x cols (y = W x), as float weights, as a packed
+   matrix, or both: products use the packed matrix when there is one. */
+typedef struct mpq_linear {
+    int rows, cols;
+    float *W;               /* float weights (the reference), or NULL */
+    mpq_packed A;           /* packed weights (A.buf NULL when none) */
+    float *bias;            /* rows, or NULL */
+    void *handle;           /* A on the model's backend (not the CPU's), or NULL */
+} mpq_linear;
+
+typedef struct mpq_llm_layer {
+    float *attn_norm, *ffn_norm;    /* dim */
+    mpq_linear lin[MPQ_LIN_COUNT];
+} mpq_llm_layer;
+
+typedef struct mpq_llm {
+    mpq_llm_config c;
+    mpq_tokenizer *tok;
+    mpq_llm_layer *layer;           /* c.layers */
+    mpq_linear embed;               /* vocab x dim; lookups dequantize a row when packed */
+    mpq_linear head;                /* vocab x dim; tied: a copy of embed's pointers, not owned */
+    float *out_norm;                /* dim */
+    float *rope_freq;               /* head_dim / 2 frequencies, scaling applied */
+    const mpq_backend *backend;     /* NULL: mpq_gemv on this CPU */
+    char *path;                     /* what it was loaded from */
+    /* Called (when set) with the input of every linear map of the layers
+       just before its product: x is tokens x cols. Calibration statistics
+       (diag(X^T X), AWQ's activations) are gathered this way. */
+    void (*observe)(void *user, int layer, int lin, const float *x, int tokens, int cols);
+    void *observe_user;
+} mpq_llm;
+
+/* The tensor name of a role in the naming scheme of gguf_names: role is
+   "embed", "out_norm", "head", "attn_norm", "ffn_norm", or a linear map
+   (MPQ_LIN_*, with `bias` for its bias); layer for the per-layer ones. */
+const char *mpq_llm_tensor_name(int gguf_names, const char *role, int layer, char *buf, size_t cap);
+const char *mpq_llm_linear_name(int gguf_names, int layer, int lin, int bias, char *buf, size_t cap);
+/* The role of a tensor name: layer and MPQ_LIN_* of a linear map's weight
+   (1), the head or embedding (2 with lin = -1 and -2), or 0. */
+int mpq_llm_tensor_role(const char *name, int *layer, int *lin);
+
+/* The description alone (no weights), from an open source: what `mpq
+   quantize` needs to carry a model's description into its output. */
+mpq_status mpq_llm_config_read(mpq_source *s, mpq_llm_config *c, mpq_io_err *err);
+mpq_status mpq_tokenizer_read(mpq_source *s, mpq_tokenizer **t, mpq_io_err *err);
+/* A config.json for c (malloc'ed): Hugging Face's fields plus
+   "mpq_rope_pairs" and "mpq_tensor_names". */
+mpq_status mpq_llm_config_json(const mpq_llm_config *c, char **json);
+
+/* Load a model: path is a GGUF file, a Hugging Face directory or a
+   safetensors file (see WHERE THE DESCRIPTION COMES FROM). Float tensors
+   are read as float (GGUF's quantized types dequantized), packed matrices
+   stay packed. */
+mpq_status mpq_llm_load(const char *path, mpq_llm **out, mpq_io_err *err);
+void mpq_llm_free(mpq_llm *m); /* NULL is accepted */
+
+/* Give linear map L a packed matrix (taking the buffer: *A is cleared); the
+   float weights stay for later packings. mpq_linear_unpack drops it. */
+mpq_status mpq_linear_set_packed(mpq_llm *m, mpq_linear *L, mpq_packed *A);
+void mpq_linear_unpack(mpq_llm *m, mpq_linear *L);
+/* Run the packed matrices on another backend (uploads every one, and every
+   one packed later); NULL returns to the CPU. Float maps stay on the CPU. */
+mpq_status mpq_llm_use_backend(mpq_llm *m, const mpq_backend *be);
+
+/* Bits per weight over the packed linear maps of the layers (level as
+   mpq_packed_bpw; skip_planes >= 0 gives the bits read at that skip,
+   mpq_packed_bpw_skip), and their weight count; 0 when none is packed. */
+double mpq_llm_bpw(const mpq_llm *m, int level, int skip_planes);
+/* Bytes of every weight as the forward pass reads them (packed buffers,
+   float arrays, the embedding once). */
+uint64_t mpq_llm_weight_bytes(const mpq_llm *m);
+
+/* ========================================================================== */
+/* 3. Forward pass                                                            */
+/* ========================================================================== */
+
+/* A KV cache of `ctx` positions and the scratch of a forward pass over up to
+   `batch` tokens at a time (longer calls are cut into pieces of `batch`). */
+typedef struct mpq_llm_state {
+    int ctx, batch;
+    int pos;                /* positions in the cache */
+    float *kc, *vc;         /* layers x ctx x kv_heads * head_dim */
+    float *mem;             /* the scratch below, one allocation */
+    float *x, *h, *q, *k, *v, *a, *g, *u, *scores, *rope;
+    void *work;             /* mpq_gemv tables */
+    size_t work_bytes;
+    int nthreads;
+} mpq_llm_state;
+
+mpq_status mpq_llm_state_init(const mpq_llm *m, int ctx, int batch, mpq_llm_state *s);
+void mpq_llm_state_free(mpq_llm_state *s);
+static inline void mpq_llm_state_reset(mpq_llm_state *s) { s->pos = 0; }
+
+/* Run n tokens at positions s->pos .. s->pos + n - 1, appending to the
+   cache (MPQ_ERR_RANGE when it would overflow, MPQ_ERR_ARG for a token
+   outside the vocabulary: nothing is run then). Every packed linear map of
+   the layers runs with skip_planes. logits (may be NULL): the vocab logits
+   of tokens first .. n - 1, (n - first) x vocab floats. */
+mpq_status mpq_llm_forward(const mpq_llm *m, mpq_llm_state *s, const int32_t *tokens, int n, int skip_planes,
+                           float *logits, int first);
+
+/* ========================================================================== */
+/* 4. Perplexity                                                              */
+/* ========================================================================== */
+
+/* As llama.cpp's llama-perplexity (tools/perplexity, without --ppl-stride):
+   the tokens are cut into chunks of ctx tokens (the remainder is dropped),
+   the cache is cleared before each chunk, the first token of a chunk is
+   replaced by BOS when the tokenizer adds BOS, and the model scores the
+   second half: the logits at positions ctx/2 .. ctx-2 predict the tokens
+   after them, ctx - 1 - ctx/2 per chunk. ppl = exp(mean negative log
+   likelihood); ppl_err = ppl * sqrt(var(nll) / (count - 1)), llama.cpp's
+   "+/-". */
+typedef struct mpq_ppl_opts {
+    int ctx;                /* 0 -> 512 */
+    int chunks;             /* at most this many chunks; 0 -> all */
+    int skip_planes;        /* for every packed linear map */
+    int batch;              /* tokens per forward piece; 0 -> 64 */
+    /* called after each chunk (may be NULL) */
+    void (*progress)(void *user, int done, int total, double ppl_so_far, double seconds);
+    void *user;
+} mpq_ppl_opts;
+
+typedef struct mpq_ppl_result {
+    double ppl, ppl_err, nll;   /* nll: mean nats per scored token */
+    long count;                 /* tokens scored */
+    int chunks;
+    double seconds, tokens_per_second; /* all tokens of the chunks run */
+} mpq_ppl_result;
+
+mpq_status mpq_llm_perplexity(const mpq_llm *m, const int32_t *tokens, size_t n, const mpq_ppl_opts *o,
+                              mpq_ppl_result *r);
+
+/* ========================================================================== */
+/* 5. Generation                                                              */
+/* ========================================================================== */
+
+/* The prompt runs in one batched pass, then one token at a time with the
+   cache. PMPD: with a schedule the prompt runs at its prefill_skip and the
+   pass that takes decoded token t (0-based: the first token sampled from
+   the prompt's logits is t = 0) runs at mpq_pmpd_skip_at(schedule, t), so
+   the bits read fall at the switch points; without one every pass runs at
+   skip_planes. Sampling: temperature 0 is greedy (the lowest id among equal
+   logits); otherwise softmax(logits / temperature), cut to the most likely
+   tokens whose probabilities sum to top_p, drawn with a seeded generator. A
+   token that ends a generation (mpq_token_is_end) stops it and is kept. */
+typedef struct mpq_gen_opts {
+    int max_tokens;                        /* 0 -> until an end token or a full cache */
+    float temperature;                     /* 0 -> greedy */
+    float top_p;                           /* 0 -> 1 */
+    uint64_t seed;
+    int skip_planes;
+    const mpq_pmpd_schedule *schedule;     /* may be NULL */
+    /* called with every new token (may be NULL); nonzero stops */
+    int (*on_token)(void *user, int32_t token);
+    void *user;
+} mpq_gen_opts;
+
+typedef struct mpq_gen_result {
+    int prompt_tokens, tokens;             /* tokens generated (out) */
+    int ended;                             /* stopped by an end token */
+    double prefill_seconds, decode_seconds;
+    int tokens_at_skip[MPQ_MAX_BITS];      /* decode passes per skip level */
+    double seconds_at_skip[MPQ_MAX_BITS];
+} mpq_gen_result;
+
+/* Generates into out (capacity max_out tokens) after clearing s. The
+   prompt must fit the cache with one free position (MPQ_ERR_RANGE). */
+mpq_status mpq_llm_generate(const mpq_llm *m, mpq_llm_state *s, const int32_t *prompt, int n, const mpq_gen_opts *o,
+                            int32_t *out, int max_out, mpq_gen_result *r);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* MPQ_MODEL_H_INCLUDED */
