@@ -1,6 +1,9 @@
-/* mpq - quantize, inspect and benchmark safetensors checkpoints.
+/* mpq - quantize, evaluate, run, inspect and benchmark models.
 
-     mpq quantize [options] IN.safetensors OUT.safetensors
+     mpq quantize [options] IN OUT.safetensors     (IN: GGUF, HF directory, safetensors)
+     mpq eval [options] MODEL TEXT                  (tools/mpq_llm.c)
+     mpq run [options] MODEL --prompt TEXT          (tools/mpq_llm.c)
+     mpq speed [options] MODEL                      (tools/mpq_llm.c)
      mpq inspect FILE.safetensors
      mpq bench [options] FILE.safetensors
      mpq <command> --help
@@ -14,11 +17,13 @@
 #define MPQ_IMPLEMENTATION
 #include "mpq.h"
 #include "mpq_io.h"
+#include "mpq_model.h"
 #ifdef MPQ_HAVE_CUDA
 #include "mpq_cuda.h"
 #include <cuda_runtime_api.h>
 #endif
 #include "bench_util.h"
+#include "cli.h"
 
 #define STB_DS_IMPLEMENTATION
 #include <stb/stb_ds.h>
@@ -32,102 +37,9 @@
 #include <string.h>
 #include <unistd.h>
 
-enum { EXIT_USAGE = 1, EXIT_INPUT = 2, EXIT_OUTPUT = 3, EXIT_QUANT = 4 };
-
-static int fail(int code, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    fputs("mpq: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
-    va_end(ap);
-    return code;
-}
-
-/* The exit code for a status from the library (not from a file). */
-static int quant_fail(const char *name, mpq_status st, const char *what)
-{
-    return fail(EXIT_QUANT, "tensor '%s': %s: %s", name, what, mpq_status_str(st));
-}
-
-/* ---------------------------------------------------------------------------
-   option parsing: --name value or --name=value
-   ------------------------------------------------------------------------ */
-
-typedef struct args {
-    int argc, i;
-    char **argv;
-    const char *cmd;
-} args;
-
-/* Is argv[i] the option `name`? Sets *val for options that take a value. */
-static int opt(args *a, const char *name, const char **val, int *bad)
-{
-    const char *s = a->argv[a->i];
-    const size_t n = strlen(name);
-    if (strncmp(s, name, n) != 0) return 0;
-    if (!val) return s[n] == 0;
-    if (s[n] == '=') {
-        *val = s + n + 1;
-        return 1;
-    }
-    if (s[n] != 0) return 0;
-    if (a->i + 1 >= a->argc) {
-        fail(EXIT_USAGE, "%s %s: needs a value", a->cmd, name);
-        *bad = 1;
-        return 1;
-    }
-    *val = a->argv[++a->i];
-    return 1;
-}
-
-static int parse_int(const char *cmd, const char *name, const char *v, int lo, int hi, int *out)
-{
-    char *end;
-    long x = strtol(v, &end, 10);
-    if (!*v || *end || x < lo || x > hi)
-        return fail(EXIT_USAGE, "%s %s: '%s' is not an integer in %d..%d", cmd, name, v, lo, hi), 0;
-    *out = (int)x;
-    return 1;
-}
-
-static int parse_double(const char *cmd, const char *name, const char *v, double lo, double hi, double *out)
-{
-    char *end;
-    double x = strtod(v, &end);
-    if (!*v || *end || !(x >= lo && x <= hi))
-        return fail(EXIT_USAGE, "%s %s: '%s' is not a number in %g..%g", cmd, name, v, lo, hi), 0;
-    *out = x;
-    return 1;
-}
-
 static int is_float_dtype(mpq_dtype t)
 {
     return t == MPQ_DT_F32 || t == MPQ_DT_F16 || t == MPQ_DT_BF16 || t == MPQ_DT_F64;
-}
-
-/* ---------------------------------------------------------------------------
-   progress bar (stderr, only on a terminal)
-   ------------------------------------------------------------------------ */
-
-typedef struct progress {
-    int on, total;
-} progress;
-
-static void progress_show(progress *p, int done, const char *what)
-{
-    if (!p->on) return;
-    const int w = 30, fill = p->total ? done * w / p->total : w;
-    fprintf(stderr, "\r\033[K[");
-    for (int k = 0; k < w; k++) fputc(k < fill ? '#' : '.', stderr);
-    fprintf(stderr, "] %d/%d %.50s", done, p->total, what ? what : "");
-    fflush(stderr);
-}
-
-static void progress_end(progress *p)
-{
-    if (p->on) fprintf(stderr, "\r\033[K");
 }
 
 /* ---------------------------------------------------------------------------
@@ -138,16 +50,18 @@ enum { M_RTN, M_AWQ, M_SFMP, M_MIXLLM, M_MXSENS };
 static const char *const method_names[] = {"rtn", "awq", "sfmp", "mixllm", "mxsens"};
 
 typedef struct qopts {
-    int method, bits, group, block_rows, reorder, symmetric, format, threads, quiet;
+    int method, bits, group, block_rows, reorder, symmetric, format, threads, quiet, embed_bits;
     double bpw, fraction;
     const char *salience, *calib, *in, *out;
     const char **include, **exclude; /* stb_ds arrays of globs */
 } qopts;
 
 typedef struct job {
-    int index;          /* in the input file */
+    int index;          /* in the input */
     const char *name;
     int rows, cols;
+    int plan_index;     /* layer of the plan (planner methods); -1: an embedding or
+                           head, quantized with round-to-nearest at --embed-bits */
     float *stat;        /* salience or column sensitivity (planners) */
     float layer_sens;
 } job;
@@ -161,11 +75,24 @@ typedef struct row {    /* one line of the summary table */
 
 static void quantize_help(void)
 {
-    puts("usage: mpq quantize [options] IN.safetensors OUT.safetensors\n"
+    puts("usage: mpq quantize [options] IN OUT.safetensors\n"
          "\n"
-         "Quantizes every 2-D float tensor (F32, F16, BF16, F64) of IN whose name matches\n"
-         "--include and not --exclude into an mpq packed matrix (a U8 tensor described by\n"
-         "__metadata__, see mpq_io.h); every other tensor is copied unchanged.\n"
+         "IN is a safetensors file, a GGUF file or a Hugging Face checkpoint directory.\n"
+         "\n"
+         "A model (GGUF, a checkpoint directory, or safetensors with a config.json beside it\n"
+         "or in its metadata): the linear maps of its layers whose names match --include and\n"
+         "not --exclude are quantized by the method; the token embedding (and an untied output\n"
+         "head) is quantized to --embed-bits by round-to-nearest; everything else is copied.\n"
+         "OUT carries config.json, tokenizer.json and tokenizer_config.json in its metadata,\n"
+         "so that `mpq eval` and `mpq run` take it as they take IN. Tensor names and the row\n"
+         "order of q and k stay as IN has them (GGUF: adjacent rotary pairs; the config says so).\n"
+         "\n"
+         "Any other safetensors file: every 2-D float tensor (F32, F16, BF16, F64) whose name\n"
+         "matches --include and not --exclude is quantized by the method; the rest is copied.\n"
+         "\n"
+         "A quantized tensor becomes an mpq packed matrix (a U8 tensor described by\n"
+         "__metadata__, see mpq_io.h). GGUF tensors that are copied are written as F32 (F16\n"
+         "and BF16 stay so).\n"
          "\n"
          "  --method M         rtn | awq | sfmp | mixllm | mxsens (default rtn)\n"
          "  --bits B           rtn, awq: width 1..8 (default 4)\n"
@@ -183,10 +110,12 @@ static void quantize_help(void)
          "                                             '<name>.layer_sensitivity' in [0, 1]\n"
          "  --calib FILE       safetensors with activations tokens x cols per weight name:\n"
          "                     awq (required), mxsens (diag(X^T X) when no --salience)\n"
+         "  --embed-bits B     models: the embedding and head at B bits, g128 (default 8);\n"
+         "                     0 keeps them as they are\n"
          "  --include GLOB     quantize only matching names (repeatable; default all)\n"
          "  --exclude GLOB     never quantize matching names (repeatable)\n"
          "  --threads T        OpenMP threads (default all)\n"
-         "  --quiet            no progress bar and no table\n"
+         "  --quiet            no progress and no table\n"
          "\n"
          "Exit codes: 0 ok, 1 usage, 2 bad input file, 3 output not written, 4 quantization failed.");
 }
@@ -298,51 +227,64 @@ static void print_rows(const row *rows, int quantized)
         printf("%llu bytes of tensors\n", (unsigned long long)out);
 }
 
-static void shape_text(const mpq_st_tensor *t, char *s, size_t cap)
+static void shape_text(int ndim, const uint64_t *shape, char *s, size_t cap)
 {
     s[0] = 0;
-    for (int k = 0; k < t->ndim; k++) {
+    for (int k = 0; k < ndim; k++) {
         size_t n = strlen(s);
-        snprintf(s + n, cap - n, "%s%llu", k ? "x" : "", (unsigned long long)t->shape[k]);
+        snprintf(s + n, cap - n, "%s%llu", k ? "x" : "", (unsigned long long)shape[k]);
     }
-    if (!t->ndim) snprintf(s, cap, "scalar");
+    if (!ndim) snprintf(s, cap, "scalar");
+}
+
+/* The jobs a method quantizes (not the embedding and head), in order. */
+static job **planned(job *jobs, int *n)
+{
+    job **v = (job **)malloc(sizeof(job *) * ((size_t)arrlen(jobs) + 1));
+    *n = 0;
+    for (ptrdiff_t i = 0; v && i < arrlen(jobs); i++)
+        if (jobs[i].plan_index >= 0) v[(*n)++] = &jobs[i];
+    return v;
 }
 
 /* The plan of a planner method (sfmp, mixllm, mxsens). */
 static int make_plan(const qopts *o, job *jobs, mpq_plan *plan)
 {
-    const int n = (int)arrlen(jobs);
+    int n = 0;
+    job **J = planned(jobs, &n);
+    if (!J) return fail(EXIT_QUANT, "out of memory");
     mpq_status st = MPQ_ERR_ARG;
     if (o->method == M_SFMP) {
         mpq_sfmp_layer *L = (mpq_sfmp_layer *)calloc((size_t)n + 1, sizeof *L);
-        for (int i = 0; i < n; i++) L[i].S = jobs[i].stat, L[i].rows = jobs[i].rows, L[i].cols = jobs[i].cols;
+        for (int i = 0; L && i < n; i++) L[i].S = J[i]->stat, L[i].rows = J[i]->rows, L[i].cols = J[i]->cols;
         mpq_sfmp_desc d;
         memset(&d, 0, sizeof d);
         d.bpw = o->bpw, d.group = o->group, d.block_rows = o->block_rows, d.reorder = o->reorder;
-        st = mpq_plan_sfmp(L, n, &d, plan);
+        st = L ? mpq_plan_sfmp(L, n, &d, plan) : MPQ_ERR_NOMEM;
         free(L);
     } else if (o->method == M_MIXLLM) {
         mpq_mixllm_layer *L = (mpq_mixllm_layer *)calloc((size_t)n + 1, sizeof *L);
-        for (int i = 0; i < n; i++) L[i].salience = jobs[i].stat, L[i].rows = jobs[i].rows, L[i].cols = jobs[i].cols;
+        for (int i = 0; L && i < n; i++) L[i].salience = J[i]->stat, L[i].rows = J[i]->rows, L[i].cols = J[i]->cols;
         mpq_mixllm_desc d;
         memset(&d, 0, sizeof d);
         d.fraction = o->fraction, d.group = o->group;
-        st = mpq_plan_mixllm(L, n, &d, plan);
+        st = L ? mpq_plan_mixllm(L, n, &d, plan) : MPQ_ERR_NOMEM;
         free(L);
     } else if (o->method == M_MXSENS) {
         mpq_mxsens_layer *L = (mpq_mxsens_layer *)calloc((size_t)n + 1, sizeof *L);
-        for (int i = 0; i < n; i++)
-            L[i].col_sens = jobs[i].stat, L[i].layer_sens = jobs[i].layer_sens, L[i].rows = jobs[i].rows,
-            L[i].cols = jobs[i].cols;
-        st = mpq_plan_mxsens(L, n, o->bpw, plan, NULL);
+        for (int i = 0; L && i < n; i++)
+            L[i].col_sens = J[i]->stat, L[i].layer_sens = J[i]->layer_sens, L[i].rows = J[i]->rows,
+            L[i].cols = J[i]->cols;
+        st = L ? mpq_plan_mxsens(L, n, o->bpw, plan, NULL) : MPQ_ERR_NOMEM;
         free(L);
     }
+    free(J);
     if (st != MPQ_OK)
         return fail(EXIT_QUANT, "%s plan over %d tensors failed: %s", method_names[o->method], n, mpq_status_str(st));
     return 0;
 }
 
-/* Statistics the method needs, for every job. */
+/* Statistics the method needs, for every planned job. */
 static int load_stats(const qopts *o, job *jobs)
 {
     mpq_io_err e;
@@ -355,6 +297,7 @@ static int load_stats(const qopts *o, job *jobs)
     }
     for (ptrdiff_t i = 0; i < arrlen(jobs) && !rc; i++) {
         job *J = &jobs[i];
+        if (J->plan_index < 0) continue;
         if (o->method == M_SFMP) rc = read_stat(S, J->name, (uint64_t)J->rows, (uint64_t)J->cols, 2, &J->stat);
         else if (o->method == M_MIXLLM) rc = read_stat(S, J->name, (uint64_t)J->rows, 0, 1, &J->stat);
         else if (o->method == M_MXSENS) {
@@ -393,8 +336,9 @@ static int load_stats(const qopts *o, job *jobs)
 }
 
 /* Quantize one weight: the description comes from the plan, or from the
-   options (rtn, awq: then col_scale and clip are computed here). */
-static int quantize_one(const qopts *o, const job *J, const mpq_plan *plan, int pi, mpq_st_file *C, const float *W,
+   options (rtn, awq: then col_scale and clip are computed here); an
+   embedding or head goes to round-to-nearest at embed_bits. */
+static int quantize_one(const qopts *o, const job *J, const mpq_plan *plan, mpq_st_file *C, const float *W,
                         mpq_packed *A)
 {
     mpq_bitplane_desc d;
@@ -402,8 +346,13 @@ static int quantize_one(const qopts *o, const job *J, const mpq_plan *plan, int 
     mpq_status st;
     float *cs = NULL, *clip = NULL, *X = NULL;
     int rc = 0;
+    if (J->plan_index < 0) {
+        d.rows = J->rows, d.cols = J->cols, d.uniform_bits = o->embed_bits;
+        if ((st = mpq_pack_alloc(&d, W, A)) != MPQ_OK) return quant_fail(J->name, st, "pack");
+        return 0;
+    }
     if (plan) {
-        if ((st = mpq_plan_desc(plan, pi, &d)) != MPQ_OK) return quant_fail(J->name, st, "plan");
+        if ((st = mpq_plan_desc(plan, J->plan_index, &d)) != MPQ_OK) return quant_fail(J->name, st, "plan");
     } else {
         d.rows = J->rows, d.cols = J->cols, d.group = o->group, d.block_rows = o->block_rows;
         d.uniform_bits = o->bits, d.format = o->format;
@@ -429,84 +378,200 @@ static int quantize_one(const qopts *o, const job *J, const mpq_plan *plan, int 
     return rc;
 }
 
-static int quantize_run(const qopts *o)
+/* The description a model's output carries: config.json, tokenizer.json and
+   tokenizer_config.json in __metadata__. The tokenizer is read and written
+   anew (a GGUF vocabulary becomes a tokenizer.json); one mpq cannot read is
+   copied as its text when there is one, else left out with a warning. */
+static int model_meta(const qopts *o, mpq_source *in, const mpq_llm_config *cfg, mpq_st_writer *w)
 {
     mpq_io_err e;
-    mpq_st_file *in = NULL, *C = NULL;
-    mpq_st_writer *w = NULL;
-    job *jobs = NULL;
-    row *rows = NULL;
-    mpq_plan plan;
-    int have_plan = 0, rc = 0;
-    memset(&plan, 0, sizeof plan);
-    if (mpq_st_open(o->in, &in, &e) != MPQ_OK) return fail(EXIT_INPUT, "%s", e.msg);
-    for (int i = 0; i < mpq_st_count(in) && !rc; i++) {
-        const mpq_st_tensor *t = mpq_st_at(in, i);
-        if (t->ndim != 2 || !is_float_dtype(t->dtype) || t->numel == 0) continue;
+    char *json = NULL;
+    int rc = 0;
+    if (mpq_llm_config_json(cfg, &json) != MPQ_OK) return fail(EXIT_OUTPUT, "out of memory");
+    if (mpq_st_write_meta(w, "config.json", json, &e) != MPQ_OK) rc = fail(EXIT_OUTPUT, "%s", e.msg);
+    free(json);
+    mpq_tokenizer *tok = NULL;
+    if (!rc && mpq_tokenizer_read(in, &tok, &e) == MPQ_OK) {
+        char *tj = NULL, *tc = NULL;
+        if (mpq_tokenizer_to_json(tok, &tj) != MPQ_OK || mpq_tokenizer_config_json(tok, &tc) != MPQ_OK)
+            rc = fail(EXIT_OUTPUT, "out of memory");
+        if (!rc && (mpq_st_write_meta(w, "tokenizer.json", tj, &e) != MPQ_OK ||
+                    mpq_st_write_meta(w, "tokenizer_config.json", tc, &e) != MPQ_OK))
+            rc = fail(EXIT_OUTPUT, "%s", e.msg);
+        free(tj);
+        free(tc);
+        mpq_tokenizer_free(tok);
+    } else if (!rc) {
+        const char *why = e.msg;
+        static const char *const names[] = {"tokenizer.json", "tokenizer_config.json"};
+        int copied = 0;
+        for (int k = 0; k < 2 && !rc; k++) {
+            char *t = NULL;
+            if (mpq_source_text(in, names[k], &t, NULL, &e) == MPQ_OK && t) {
+                if (mpq_st_write_meta(w, names[k], t, &e) != MPQ_OK) rc = fail(EXIT_OUTPUT, "%s", e.msg);
+                copied += k == 0;
+            }
+            free(t);
+        }
+        if (!rc && !o->quiet)
+            fprintf(stderr, "mpq: warning: %s; %s\n", why,
+                    copied ? "its tokenizer.json is copied as it is" : "the output carries no tokenizer");
+    }
+    return rc;
+}
+
+/* Copies a tensor that is not quantized: safetensors bytes as they are,
+   GGUF values as F32 (F16 and BF16 as themselves). */
+static int copy_tensor(mpq_source *in, const mpq_source_tensor *t, mpq_st_writer *w, row *r)
+{
+    mpq_io_err e;
+    const mpq_st_tensor *st = NULL;
+    mpq_st_file *f = mpq_source_st(in, t, &st);
+    int rc = 0;
+    if (f) {
+        const size_t bytes = (size_t)(st->end - st->begin);
+        void *buf = malloc(bytes + 1);
+        if (!buf) rc = fail(EXIT_INPUT, "%s: tensor '%s': out of memory", mpq_source_path(in), t->name);
+        else if (mpq_st_read(f, st, buf, bytes, &e) != MPQ_OK) rc = fail(EXIT_INPUT, "%s", e.msg);
+        else if (mpq_st_write(w, t->name, st->dtype, st->ndim, st->shape, buf, bytes, &e) != MPQ_OK)
+            rc = fail(EXIT_OUTPUT, "%s", e.msg);
+        free(buf);
+        snprintf(r->kind, sizeof r->kind, "%s (kept)", mpq_dtype_name(st->dtype));
+        r->bytes_out = bytes;
+        return rc;
+    }
+    if (!t->is_float)
+        return fail(EXIT_INPUT, "%s: tensor '%s': type %s cannot be read (mpq converts F32, F16, BF16, F64, Q8_0, "
+                    "Q4_0, Q4_1, Q5_0 and Q5_1)", mpq_source_path(in), t->name, t->type);
+    const mpq_dtype dt = !strcmp(t->type, "F16") ? MPQ_DT_F16 : !strcmp(t->type, "BF16") ? MPQ_DT_BF16 : MPQ_DT_F32;
+    float *v = (float *)malloc(sizeof(float) * (size_t)t->numel + 1);
+    if (!v) rc = fail(EXIT_INPUT, "%s: tensor '%s': out of memory", mpq_source_path(in), t->name);
+    else if (mpq_source_read_f32(in, t, v, (size_t)t->numel, &e) != MPQ_OK) rc = fail(EXIT_INPUT, "%s", e.msg);
+    else if (mpq_st_write_f32(w, t->name, dt, t->ndim, t->shape, v, &e) != MPQ_OK) rc = fail(EXIT_OUTPUT, "%s", e.msg);
+    free(v);
+    snprintf(r->kind, sizeof r->kind, "%s (from %s)", mpq_dtype_name(dt), t->type);
+    r->bytes_out = t->numel * mpq_dtype_size(dt);
+    return rc;
+}
+
+/* Which tensors are quantized, and how. */
+static int select_jobs(const qopts *o, mpq_source *in, int model, job **jobs)
+{
+    int rc = 0, np = 0;
+    for (int i = 0; i < mpq_source_count(in) && !rc; i++) {
+        const mpq_source_tensor *t = mpq_source_at(in, i);
+        int layer, lin, role = 0;
+        if (model) {
+            role = mpq_llm_tensor_role(t->name, &layer, &lin);
+            if (role == 0 || t->packed || (role == 2 && o->embed_bits == 0)) continue;
+        } else if (t->ndim != 2 || !t->is_float || t->numel == 0) {
+            continue;
+        }
         if ((arrlen(o->include) && !glob_any(o->include, t->name)) || glob_any(o->exclude, t->name)) continue;
+        if (t->ndim != 2 || !t->is_float || t->numel == 0) {
+            rc = fail(EXIT_INPUT, "%s: tensor '%s': a %s tensor with %d dimensions cannot be quantized",
+                      mpq_source_path(in), t->name, t->type, t->ndim);
+            break;
+        }
         if (t->shape[0] > INT_MAX || t->shape[1] > INT_MAX) {
-            rc = fail(EXIT_INPUT, "%s: tensor '%s': %llu x %llu is too large to quantize", o->in, t->name,
+            rc = fail(EXIT_INPUT, "%s: tensor '%s': %llu x %llu is too large to quantize", mpq_source_path(in), t->name,
                       (unsigned long long)t->shape[0], (unsigned long long)t->shape[1]);
             break;
         }
         job J;
         memset(&J, 0, sizeof J);
         J.index = i, J.name = t->name, J.rows = (int)t->shape[0], J.cols = (int)t->shape[1];
-        arrput(jobs, J);
+        J.plan_index = role == 2 ? -1 : np++;
+        arrput(*jobs, J);
     }
-    if (!rc && arrlen(jobs) == 0 && !o->quiet) fprintf(stderr, "mpq: %s: no tensor selected; copying the file\n", o->in);
-    if (!rc && arrlen(jobs)) rc = load_stats(o, jobs);
-    if (!rc && arrlen(jobs) && o->method >= M_SFMP) {
+    return rc;
+}
+
+static int quantize_run(const qopts *o)
+{
+    mpq_io_err e;
+    mpq_source *in = NULL;
+    mpq_st_file *C = NULL;
+    mpq_st_writer *w = NULL;
+    job *jobs = NULL;
+    row *rows = NULL;
+    mpq_plan plan;
+    mpq_llm_config cfg;
+    int have_plan = 0, rc = 0, model = 0;
+    memset(&plan, 0, sizeof plan);
+    if (mpq_source_open(o->in, &in, &e) != MPQ_OK) return fail(EXIT_INPUT, "%s", e.msg);
+    /* a model: anything but a safetensors file without a config.json */
+    if (mpq_source_kind_of(in) != MPQ_SOURCE_SAFETENSORS) {
+        model = 1;
+    } else {
+        char *t = NULL;
+        if (mpq_source_text(in, "config.json", &t, NULL, &e) != MPQ_OK) rc = fail(EXIT_INPUT, "%s", e.msg);
+        model = t != NULL;
+        free(t);
+    }
+    if (!rc && model && mpq_llm_config_read(in, &cfg, &e) != MPQ_OK) rc = fail(EXIT_INPUT, "%s", e.msg);
+    if (!rc) rc = select_jobs(o, in, model, &jobs);
+    int nplanned = 0;
+    for (ptrdiff_t i = 0; i < arrlen(jobs); i++) nplanned += jobs[i].plan_index >= 0;
+    if (!rc && nplanned == 0 && !o->quiet) fprintf(stderr, "mpq: %s: no tensor selected for %s\n", o->in,
+                                                  method_names[o->method]);
+    if (!rc && nplanned) rc = load_stats(o, jobs);
+    if (!rc && nplanned && o->method >= M_SFMP) {
         rc = make_plan(o, jobs, &plan);
         have_plan = !rc;
     }
     if (!rc && o->method == M_AWQ && mpq_st_open(o->calib, &C, &e) != MPQ_OK) rc = fail(EXIT_INPUT, "%s", e.msg);
     if (!rc && mpq_st_writer_open(o->out, &w, &e) != MPQ_OK) rc = fail(EXIT_OUTPUT, "%s", e.msg);
-    for (int i = 0; !rc && i < mpq_st_meta_count(in); i++) {
-        const char *k, *v;
-        mpq_st_meta_at(in, i, &k, &v);
-        if (strncmp(k, "mpq.", 4) != 0 && mpq_st_write_meta(w, k, v, &e) != MPQ_OK) rc = fail(EXIT_OUTPUT, "%s", e.msg);
+    if (!rc && model) {
+        if (!cfg.vocab) /* from the embedding when the config does not say */
+            for (ptrdiff_t i = 0; i < arrlen(jobs); i++)
+                if (!strcmp(jobs[i].name, "model.embed_tokens.weight")) cfg.vocab = jobs[i].rows;
+        rc = model_meta(o, in, &cfg, w);
     }
-    progress p = {!o->quiet && isatty(2), mpq_st_count(in)};
+    if (mpq_source_kind_of(in) == MPQ_SOURCE_SAFETENSORS) { /* the input's own metadata */
+        mpq_st_file *f = mpq_source_st(in, mpq_source_at(in, 0), NULL);
+        for (int i = 0; !rc && f && i < mpq_st_meta_count(f); i++) {
+            const char *k, *v;
+            mpq_st_meta_at(f, i, &k, &v);
+            if (!strncmp(k, "mpq.", 4) || (model && (!strcmp(k, "config.json") || !strcmp(k, "tokenizer.json") ||
+                                                     !strcmp(k, "tokenizer_config.json"))))
+                continue;
+            if (mpq_st_write_meta(w, k, v, &e) != MPQ_OK) rc = fail(EXIT_OUTPUT, "%s", e.msg);
+        }
+    }
+    progress p;
+    progress_start(&p, !o->quiet, mpq_source_count(in));
     ptrdiff_t ji = 0;
-    for (int i = 0; !rc && i < mpq_st_count(in); i++) {
-        const mpq_st_tensor *t = mpq_st_at(in, i);
+    for (int i = 0; !rc && i < mpq_source_count(in); i++) {
+        const mpq_source_tensor *t = mpq_source_at(in, i);
         progress_show(&p, i, t->name);
         row r;
         memset(&r, 0, sizeof r);
-        r.name = t->name, r.bpw = -1, r.bytes_in = t->end - t->begin;
-        shape_text(t, r.shape, sizeof r.shape);
+        r.name = t->name, r.bpw = -1, r.bytes_in = t->bytes;
+        shape_text(t->ndim, t->shape, r.shape, sizeof r.shape);
         if (ji < arrlen(jobs) && jobs[ji].index == i) {
             const job *J = &jobs[ji];
             float *W = (float *)malloc(sizeof(float) * (size_t)t->numel);
             mpq_packed A;
             memset(&A, 0, sizeof A);
             if (!W) rc = fail(EXIT_INPUT, "%s: tensor '%s': out of memory", o->in, t->name);
-            else if (mpq_st_read_f32(in, t, W, (size_t)t->numel, &e) != MPQ_OK) rc = fail(EXIT_INPUT, "%s", e.msg);
-            if (!rc) rc = quantize_one(o, J, have_plan ? &plan : NULL, (int)ji, C, W, &A);
+            else if (mpq_source_read_f32(in, t, W, (size_t)t->numel, &e) != MPQ_OK) rc = fail(EXIT_INPUT, "%s", e.msg);
+            if (!rc) rc = quantize_one(o, J, have_plan ? &plan : NULL, C, W, &A);
             if (!rc && mpq_st_write_packed(w, t->name, &A, &e) != MPQ_OK) rc = fail(EXIT_OUTPUT, "%s", e.msg);
-            if (!rc) row_packed(&r, &A, "");
+            if (!rc) row_packed(&r, &A, J->plan_index < 0 ? " (embedding)" : "");
             mpq_packed_free(&A);
             free(W);
             ji++;
         } else if (t->packed) { /* already packed: validated, then carried with its metadata */
             mpq_packed A;
-            if (mpq_st_read_packed(in, t->name, &A, &e) != MPQ_OK) rc = fail(EXIT_INPUT, "%s", e.msg);
+            if (mpq_source_read_packed(in, t, &A, &e) != MPQ_OK) rc = fail(EXIT_INPUT, "%s", e.msg);
             else {
                 if (mpq_st_write_packed(w, t->name, &A, &e) != MPQ_OK) rc = fail(EXIT_OUTPUT, "%s", e.msg);
                 row_packed(&r, &A, " (kept)");
                 mpq_packed_free(&A);
             }
         } else {
-            const size_t bytes = (size_t)(t->end - t->begin);
-            void *buf = malloc(bytes + 1);
-            if (!buf) rc = fail(EXIT_INPUT, "%s: tensor '%s': out of memory", o->in, t->name);
-            else if (mpq_st_read(in, t, buf, bytes, &e) != MPQ_OK) rc = fail(EXIT_INPUT, "%s", e.msg);
-            else if (mpq_st_write(w, t->name, t->dtype, t->ndim, t->shape, buf, bytes, &e) != MPQ_OK)
-                rc = fail(EXIT_OUTPUT, "%s", e.msg);
-            free(buf);
-            snprintf(r.kind, sizeof r.kind, "%s (kept)", mpq_dtype_name(t->dtype));
-            r.bytes_out = bytes;
+            rc = copy_tensor(in, t, w, &r);
         }
         if (!rc) arrput(rows, r);
     }
@@ -524,7 +589,7 @@ static int quantize_run(const qopts *o)
     arrfree(rows);
     if (have_plan) mpq_plan_free(&plan);
     mpq_st_close(C);
-    mpq_st_close(in);
+    mpq_source_close(in);
     return rc;
 }
 
@@ -532,7 +597,7 @@ static int cmd_quantize(int argc, char **argv)
 {
     qopts o;
     memset(&o, 0, sizeof o);
-    o.bits = 4, o.fraction = 0.1, o.format = MPQ_FORMAT_BITPLANE, o.bpw = -1;
+    o.bits = 4, o.fraction = 0.1, o.format = MPQ_FORMAT_BITPLANE, o.bpw = -1, o.embed_bits = 8;
     args a = {argc, 0, argv, "quantize"};
     const char *pos[2] = {0};
     int npos = 0, bad = 0, rc = 0;
@@ -575,6 +640,8 @@ static int cmd_quantize(int argc, char **argv)
             o.salience = v;
         } else if (opt(&a, "--calib", &v, &bad)) {
             o.calib = v;
+        } else if (opt(&a, "--embed-bits", &v, &bad)) {
+            bad = bad || !parse_int("quantize", "--embed-bits", v, 0, 8, &o.embed_bits);
         } else if (opt(&a, "--include", &v, &bad)) {
             if (!bad) arrput(o.include, v);
         } else if (opt(&a, "--exclude", &v, &bad)) {
@@ -596,7 +663,7 @@ static int cmd_quantize(int argc, char **argv)
         goto out;
     }
     if (npos != 2) {
-        rc = fail(EXIT_USAGE, "quantize: needs IN.safetensors OUT.safetensors (see mpq quantize --help)");
+        rc = fail(EXIT_USAGE, "quantize: needs IN OUT.safetensors (see mpq quantize --help)");
         goto out;
     }
     o.in = pos[0], o.out = pos[1];
@@ -675,7 +742,7 @@ static int cmd_inspect(int argc, char **argv)
         row r;
         memset(&r, 0, sizeof r);
         r.name = t->name, r.bpw = -1, r.bytes_in = r.bytes_out = t->end - t->begin;
-        shape_text(t, r.shape, sizeof r.shape);
+        shape_text(t->ndim, t->shape, r.shape, sizeof r.shape);
         snprintf(r.kind, sizeof r.kind, "%s", mpq_dtype_name(t->dtype));
         if (t->packed) {
             mpq_packed A;
@@ -892,7 +959,10 @@ static void main_help(void)
            "\n"
            "usage: mpq <command> [options] ...\n"
            "\n"
-           "  quantize   quantize the 2-D float tensors of a safetensors checkpoint\n"
+           "  quantize   quantize a model (GGUF, Hugging Face directory, safetensors)\n"
+           "  eval       perplexity of a model on a text file, as llama-perplexity computes it\n"
+           "  run        generate text from a prompt (greedy or sampled; PMPD schedules)\n"
+           "  speed      prompt and decode tokens per second, as llama-bench measures them\n"
            "  inspect    list a file's tensors: format, widths, bits per weight, bytes\n"
            "  bench      time the packed matrices of a file (CPU, and GPU when present)\n"
            "\n"
@@ -914,5 +984,9 @@ int main(int argc, char **argv)
     if (strcmp(argv[1], "quantize") == 0) return cmd_quantize(argc - 1, argv + 1);
     if (strcmp(argv[1], "inspect") == 0) return cmd_inspect(argc - 1, argv + 1);
     if (strcmp(argv[1], "bench") == 0) return cmd_bench(argc - 1, argv + 1);
-    return fail(EXIT_USAGE, "unknown command '%s' (quantize, inspect, bench; see mpq --help)", argv[1]);
+    if (strcmp(argv[1], "eval") == 0) return cmd_eval(argc - 1, argv + 1);
+    if (strcmp(argv[1], "run") == 0) return cmd_run(argc - 1, argv + 1);
+    if (strcmp(argv[1], "speed") == 0) return cmd_speed(argc - 1, argv + 1);
+    return fail(EXIT_USAGE, "unknown command '%s' (quantize, eval, run, speed, inspect, bench; see mpq --help)",
+                argv[1]);
 }

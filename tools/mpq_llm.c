@@ -1,0 +1,585 @@
+/* mpq_llm.c - the model commands of the mpq tool: eval, run, speed.
+
+     mpq eval [options] MODEL TEXT
+     mpq run [options] MODEL --prompt TEXT
+     mpq speed [options] MODEL
+
+   MODEL is a GGUF file, a Hugging Face checkpoint directory or a
+   safetensors file (one `mpq quantize` wrote, or a checkpoint with its
+   config.json beside it). Exit codes as for the other commands: 1 usage, 2
+   a model or text that cannot be read or does not fit, 4 a failure while
+   running. */
+#define _XOPEN_SOURCE 700
+#include "mpq.h"
+#include "mpq_model.h"
+#ifdef MPQ_HAVE_CUDA
+#include "mpq_cuda.h"
+#endif
+#include "cli.h"
+
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+/* ---------------------------------------------------------------------------
+   what the commands share: loading a model on a device, reading a text
+   ------------------------------------------------------------------------ */
+
+typedef struct llm_opts {
+    int threads, quiet;
+    const char *device;     /* "cpu" or "cuda" */
+} llm_opts;
+
+/* Options every model command takes; 1 when argv[a->i] was one of them. */
+static int common_opt(args *a, llm_opts *o, int *bad)
+{
+    const char *v = NULL;
+    if (opt(a, "--threads", &v, bad)) {
+        *bad = *bad || !parse_int(a->cmd, "--threads", v, 1, 4096, &o->threads);
+        return 1;
+    }
+    if (opt(a, "--device", &v, bad)) {
+        if (!*bad && strcmp(v, "cpu") && strcmp(v, "cuda"))
+            *bad = fail(EXIT_USAGE, "%s --device: '%s' is not cpu or cuda", a->cmd, v);
+        o->device = v;
+        return 1;
+    }
+    if (opt(a, "--quiet", NULL, bad)) {
+        o->quiet = 1;
+        return 1;
+    }
+    return 0;
+}
+
+#define COMMON_HELP \
+    "  --threads T        CPU threads (default all)\n" \
+    "  --device D         cpu | cuda: where the packed matrices are multiplied (default cpu)\n" \
+    "  --quiet            no progress\n"
+
+typedef struct loaded {
+    mpq_llm *m;
+    mpq_backend be;
+    int have_be;
+} loaded;
+
+static void unload(loaded *L)
+{
+    if (L->m && L->have_be) mpq_llm_use_backend(L->m, NULL);
+#ifdef MPQ_HAVE_CUDA
+    if (L->have_be) mpq_cuda_backend_destroy(&L->be);
+#endif
+    mpq_llm_free(L->m);
+    memset(L, 0, sizeof *L);
+}
+
+static int load(const char *path, const llm_opts *o, loaded *L)
+{
+    memset(L, 0, sizeof *L);
+#ifdef _OPENMP
+    if (o->threads) omp_set_num_threads(o->threads);
+#endif
+    mpq_io_err e;
+    const double t0 = cli_now();
+    mpq_status st = mpq_llm_load(path, &L->m, &e);
+    if (st != MPQ_OK) return fail(EXIT_INPUT, "%s", e.msg);
+    if (o->device && !strcmp(o->device, "cuda")) {
+#ifdef MPQ_HAVE_CUDA
+        if ((st = mpq_cuda_backend(0, &L->be)) != MPQ_OK) {
+            unload(L);
+            return fail(EXIT_INPUT, "--device cuda: %s", mpq_status_str(st));
+        }
+        L->have_be = 1;
+        if ((st = mpq_llm_use_backend(L->m, &L->be)) != MPQ_OK) {
+            unload(L);
+            return fail(EXIT_QUANT, "--device cuda: uploading the packed matrices: %s", mpq_status_str(st));
+        }
+#else
+        unload(L);
+        return fail(EXIT_USAGE, "--device cuda: this build has no CUDA backend");
+#endif
+    }
+    if (!o->quiet) {
+        const mpq_llm_config *c = &L->m->c;
+        const double bpw = mpq_llm_bpw(L->m, 2, -1);
+        char lin[64];
+        if (bpw > 0) snprintf(lin, sizeof lin, "linear maps packed, %.3f bpw", bpw);
+        else snprintf(lin, sizeof lin, "float weights");
+        fprintf(stderr, "mpq: %s: %s, %d layers, dim %d, %d/%d heads, vocab %d; %s; %.1f MB of weights; loaded in "
+                        "%.1f s\n",
+                path, c->arch, c->layers, c->dim, c->heads, c->kv_heads, c->vocab, lin,
+                (double)mpq_llm_weight_bytes(L->m) / 1e6, cli_now() - t0);
+    }
+    return 0;
+}
+
+/* A whole file (NUL-terminated; *n bytes). */
+static int read_text(const char *path, char **text, size_t *n)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return fail(EXIT_INPUT, "%s: cannot open: %s", path, strerror(errno));
+    char *b = NULL;
+    size_t len = 0, cap = 0;
+    for (;;) {
+        if (cap - len < 65536) {
+            cap = cap ? 2 * cap : 1 << 20;
+            char *nb = (char *)realloc(b, cap + 1);
+            if (!nb) {
+                free(b);
+                fclose(f);
+                return fail(EXIT_INPUT, "%s: out of memory", path);
+            }
+            b = nb;
+        }
+        const size_t k = fread(b + len, 1, cap - len, f);
+        len += k;
+        if (k == 0) break;
+    }
+    const int bad = ferror(f);
+    fclose(f);
+    if (bad) {
+        free(b);
+        return fail(EXIT_INPUT, "%s: read failed", path);
+    }
+    b[len] = 0;
+    *text = b, *n = len;
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------
+   eval
+   ------------------------------------------------------------------------ */
+
+typedef struct eval_progress {
+    progress p;
+} eval_progress;
+
+static void eval_step(void *user, int done, int total, double ppl, double seconds)
+{
+    eval_progress *ep = (eval_progress *)user;
+    char what[64];
+    snprintf(what, sizeof what, " ppl %.4f, %.1f s", ppl, seconds);
+    (void)total;
+    progress_show(&ep->p, done, what);
+}
+
+int cmd_eval(int argc, char **argv)
+{
+    args a = {argc, 0, argv, "eval"};
+    llm_opts lo = {0, 0, "cpu"};
+    mpq_ppl_opts po;
+    memset(&po, 0, sizeof po);
+    po.ctx = 512;
+    const char *pos[2] = {0};
+    int npos = 0, bad = 0;
+    for (a.i = 1; a.i < argc && !bad; a.i++) {
+        const char *v = NULL;
+        if (opt(&a, "--help", NULL, &bad) || opt(&a, "-h", NULL, &bad)) {
+            puts("usage: mpq eval [options] MODEL TEXT\n"
+                 "\n"
+                 "Perplexity of MODEL on the text file TEXT (UTF-8), computed as llama.cpp's\n"
+                 "llama-perplexity computes it: the text (less one final newline) is tokenized, BOS\n"
+                 "first when the model asks for it; the tokens are cut into chunks of --ctx, the\n"
+                 "remainder dropped; each chunk starts from an empty cache, its first token replaced\n"
+                 "by BOS when the model adds BOS, and the second half of it is scored. Prints\n"
+                 "ppl +/- its standard error, the tokens scored, and tokens per second.\n"
+                 "\n"
+                 "  --ctx N            tokens per chunk (default 512)\n"
+                 "  --chunks N         evaluate at most N chunks (default all)\n"
+                 "  --skip-planes K    drop the K lowest bit planes of every packed linear map\n"
+                 "  --batch N          tokens per forward piece (default 64)\n" COMMON_HELP);
+            return 0;
+        } else if (common_opt(&a, &lo, &bad)) {
+        } else if (opt(&a, "--ctx", &v, &bad)) {
+            bad = bad || !parse_int("eval", "--ctx", v, 4, 1 << 20, &po.ctx);
+        } else if (opt(&a, "--chunks", &v, &bad)) {
+            bad = bad || !parse_int("eval", "--chunks", v, 1, INT32_MAX, &po.chunks);
+        } else if (opt(&a, "--skip-planes", &v, &bad)) {
+            bad = bad || !parse_int("eval", "--skip-planes", v, 0, 7, &po.skip_planes);
+        } else if (opt(&a, "--batch", &v, &bad)) {
+            bad = bad || !parse_int("eval", "--batch", v, 1, 4096, &po.batch);
+        } else if (argv[a.i][0] == '-' && argv[a.i][1]) {
+            bad = fail(EXIT_USAGE, "eval: unknown option '%s' (see mpq eval --help)", argv[a.i]);
+        } else if (npos < 2) {
+            pos[npos++] = argv[a.i];
+        } else {
+            bad = fail(EXIT_USAGE, "eval: more than MODEL and TEXT given");
+        }
+    }
+    if (bad) return EXIT_USAGE;
+    if (npos != 2) return fail(EXIT_USAGE, "eval: needs MODEL TEXT (see mpq eval --help)");
+    char *text = NULL;
+    size_t len = 0;
+    int rc = read_text(pos[1], &text, &len);
+    if (rc) return rc;
+    if (len && text[len - 1] == '\n') len--; /* as llama.cpp reads -f */
+    loaded L;
+    if ((rc = load(pos[0], &lo, &L)) != 0) {
+        free(text);
+        return rc;
+    }
+    mpq_io_err e;
+    int32_t *tok = NULL;
+    size_t nt = 0;
+    const double t0 = cli_now();
+    mpq_status st = mpq_tokenize(L.m->tok, text, len, MPQ_TOK_BOS, &tok, &nt, &e);
+    if (st != MPQ_OK) rc = fail(EXIT_INPUT, "%s: %s", pos[1], e.msg);
+    else if (nt < (size_t)po.ctx)
+        rc = fail(EXIT_INPUT, "%s: %zu tokens, fewer than one chunk of %d", pos[1], nt, po.ctx);
+    if (!rc) {
+        const size_t chunks = nt / (size_t)po.ctx;
+        const int run = (int)(po.chunks && (size_t)po.chunks < chunks ? (size_t)po.chunks : chunks);
+        if (!lo.quiet)
+            fprintf(stderr, "mpq: %s: %zu bytes, %zu tokens (%.2f s); %d of %zu chunks of %d\n", pos[1], len, nt,
+                    cli_now() - t0, run, chunks, po.ctx);
+        eval_progress ep;
+        progress_start(&ep.p, !lo.quiet, run);
+        po.progress = eval_step, po.user = &ep;
+        mpq_ppl_result r;
+        st = mpq_llm_perplexity(L.m, tok, nt, &po, &r);
+        progress_end(&ep.p);
+        if (st != MPQ_OK) {
+            rc = fail(EXIT_QUANT, "eval: %s", mpq_status_str(st));
+        } else {
+            printf("perplexity: %.4f +/- %.5f over %d chunks of %d (%ld tokens scored, nll %.5f), %.1f tokens/s\n",
+                   r.ppl, r.ppl_err, r.chunks, po.ctx, r.count, r.nll, r.tokens_per_second);
+        }
+    }
+    free(tok);
+    free(text);
+    unload(&L);
+    return rc;
+}
+
+/* ---------------------------------------------------------------------------
+   run
+   ------------------------------------------------------------------------ */
+
+/* "P:S@T,S@T,..." -> a schedule: prompt at skip P, decoded token T on at
+   skip S. */
+static int parse_schedule(const char *v, mpq_pmpd_schedule *s)
+{
+    memset(s, 0, sizeof *s);
+    char *end;
+    long p = strtol(v, &end, 10);
+    if (end == v || *end != ':' || p < 0 || p > 7) return 0;
+    s->prefill_skip = (int)p;
+    const char *q = end + 1;
+    while (*q) {
+        if (s->nlevels == MPQ_PMPD_MAX_LEVELS) return 0;
+        long k = strtol(q, &end, 10);
+        if (end == q || *end != '@' || k < 0 || k > 7) return 0;
+        q = end + 1;
+        long t = strtol(q, &end, 10);
+        if (end == q || t < 0) return 0;
+        s->skip[s->nlevels] = (int)k, s->start[s->nlevels] = t, s->nlevels++;
+        q = end;
+        if (*q == ',') q++;
+        else if (*q) return 0;
+    }
+    return s->nlevels > 0 && mpq_pmpd_validate(s) == MPQ_OK;
+}
+
+/* The prompt in the model's chat format: ChatML (<|im_start|>) or Llama 3
+   (<|start_header_id|>); NULL when the vocabulary has neither. */
+static char *chat_prompt(const mpq_tokenizer *t, const char *system, const char *user)
+{
+    const size_t n = strlen(user) + (system ? strlen(system) : 0) + 256;
+    char *s = (char *)malloc(n);
+    if (!s) return NULL;
+    if (mpq_token_find(t, "<|im_start|>") >= 0 && mpq_token_find(t, "<|im_end|>") >= 0) {
+        int k = 0;
+        if (system) k = snprintf(s, n, "<|im_start|>system\n%s<|im_end|>\n", system);
+        snprintf(s + k, n - (size_t)k, "<|im_start|>user\n%s<|im_end|>\n<|im_start|>assistant\n", user);
+    } else if (mpq_token_find(t, "<|start_header_id|>") >= 0 && mpq_token_find(t, "<|eot_id|>") >= 0) {
+        int k = 0;
+        if (system) k = snprintf(s, n, "<|start_header_id|>system<|end_header_id|>\n\n%s<|eot_id|>", system);
+        snprintf(s + k, n - (size_t)k,
+                 "<|start_header_id|>user<|end_header_id|>\n\n%s<|eot_id|><|start_header_id|>assistant"
+                 "<|end_header_id|>\n\n",
+                 user);
+    } else {
+        free(s);
+        return NULL;
+    }
+    return s;
+}
+
+typedef struct stream {
+    const mpq_tokenizer *t;
+    int show_special;
+} stream;
+
+static int print_token(void *user, int32_t tok)
+{
+    const stream *s = (const stream *)user;
+    if (mpq_token_is_special(s->t, tok) && !s->show_special) return 0;
+    size_t n;
+    const char *b = mpq_token_bytes(s->t, tok, &n);
+    fwrite(b, 1, n, stdout);
+    fflush(stdout);
+    return 0;
+}
+
+int cmd_run(int argc, char **argv)
+{
+    args a = {argc, 0, argv, "run"};
+    llm_opts lo = {0, 0, "cpu"};
+    mpq_gen_opts g;
+    memset(&g, 0, sizeof g);
+    g.seed = 1;
+    int ntok = 128, ctx = 0, chat = 0, special = 1, show_special = 0, bad = 0;
+    double temp = 0, top_p = 1;
+    const char *model = NULL, *prompt = NULL, *prompt_file = NULL, *system = NULL;
+    mpq_pmpd_schedule sched;
+    int have_sched = 0;
+    for (a.i = 1; a.i < argc && !bad; a.i++) {
+        const char *v = NULL;
+        if (opt(&a, "--help", NULL, &bad) || opt(&a, "-h", NULL, &bad)) {
+            puts("usage: mpq run [options] MODEL --prompt TEXT\n"
+                 "\n"
+                 "Generates text after a prompt with a KV cache: the prompt in one batched pass, then a\n"
+                 "token at a time, printed as it comes; then the prompt and decode rates on stderr.\n"
+                 "\n"
+                 "  --prompt TEXT        the prompt (or --prompt-file FILE); control tokens such as\n"
+                 "                       <|im_start|> in it are those tokens (--no-special: text)\n"
+                 "  --chat               wrap the prompt in the model's chat format (ChatML or Llama 3)\n"
+                 "  --system TEXT        with --chat: a system message first\n"
+                 "  -n, --tokens N       tokens to generate at most (default 128); an end token stops\n"
+                 "  --temp T             0 is greedy (default); else sample from softmax(logits / T)\n"
+                 "  --top-p P            sample among the likeliest tokens holding P of the mass (1)\n"
+                 "  --seed S             sampling seed (default 1)\n"
+                 "  --ctx N              cache size (default: prompt + tokens, at most the model's)\n"
+                 "  --skip-planes K      every packed linear map reads K planes less (nested precision)\n"
+                 "  --schedule P:S@T,..  PMPD: the prompt at skip P; decoded token T onwards at skip S,\n"
+                 "                       T and S increasing (e.g. 0:0@0,1@32,2@96); the stderr report\n"
+                 "                       gives the decode time per token at each level\n"
+                 "  --show-special       print control tokens too\n" COMMON_HELP);
+            return 0;
+        } else if (common_opt(&a, &lo, &bad)) {
+        } else if (opt(&a, "--prompt", &v, &bad)) {
+            prompt = v;
+        } else if (opt(&a, "--prompt-file", &v, &bad)) {
+            prompt_file = v;
+        } else if (opt(&a, "--system", &v, &bad)) {
+            system = v;
+        } else if (opt(&a, "--chat", NULL, &bad)) {
+            chat = 1;
+        } else if (opt(&a, "--no-special", NULL, &bad)) {
+            special = 0;
+        } else if (opt(&a, "--show-special", NULL, &bad)) {
+            show_special = 1;
+        } else if (opt(&a, "--tokens", &v, &bad) || opt(&a, "-n", &v, &bad)) {
+            bad = bad || !parse_int("run", "--tokens", v, 1, 1 << 24, &ntok);
+        } else if (opt(&a, "--temp", &v, &bad)) {
+            bad = bad || !parse_double("run", "--temp", v, 0, 100, &temp);
+        } else if (opt(&a, "--top-p", &v, &bad)) {
+            bad = bad || !parse_double("run", "--top-p", v, 0, 1, &top_p);
+        } else if (opt(&a, "--seed", &v, &bad)) {
+            int s;
+            bad = bad || !parse_int("run", "--seed", v, 0, INT32_MAX, &s);
+            g.seed = (uint64_t)s;
+        } else if (opt(&a, "--ctx", &v, &bad)) {
+            bad = bad || !parse_int("run", "--ctx", v, 2, 1 << 24, &ctx);
+        } else if (opt(&a, "--skip-planes", &v, &bad)) {
+            bad = bad || !parse_int("run", "--skip-planes", v, 0, 7, &g.skip_planes);
+        } else if (opt(&a, "--schedule", &v, &bad)) {
+            if (!bad && !parse_schedule(v, &sched))
+                bad = fail(EXIT_USAGE, "run --schedule: '%s' is not P:S@T,S@T,... with S and T increasing", v);
+            have_sched = 1;
+        } else if (argv[a.i][0] == '-' && argv[a.i][1]) {
+            bad = fail(EXIT_USAGE, "run: unknown option '%s' (see mpq run --help)", argv[a.i]);
+        } else if (!model) {
+            model = argv[a.i];
+        } else {
+            bad = fail(EXIT_USAGE, "run: one MODEL only");
+        }
+    }
+    if (bad) return EXIT_USAGE;
+    if (!model) return fail(EXIT_USAGE, "run: needs MODEL (see mpq run --help)");
+    if (!prompt == !prompt_file) return fail(EXIT_USAGE, "run: needs one of --prompt and --prompt-file");
+    if (system && !chat) return fail(EXIT_USAGE, "run: --system goes with --chat");
+    char *ptext = NULL;
+    size_t plen = 0;
+    int rc = 0;
+    if (prompt_file && (rc = read_text(prompt_file, &ptext, &plen)) != 0) return rc;
+    if (prompt && !(ptext = strdup(prompt))) return fail(EXIT_INPUT, "out of memory");
+    if (prompt) plen = strlen(ptext);
+    loaded L;
+    if ((rc = load(model, &lo, &L)) != 0) {
+        free(ptext);
+        return rc;
+    }
+    const char *what = prompt_file ? prompt_file : "--prompt";
+    if (chat) {
+        char *c = memchr(ptext, 0, plen) ? NULL : chat_prompt(L.m->tok, system, ptext);
+        if (!c) rc = fail(EXIT_INPUT, "%s: --chat: the vocabulary has no chat tokens mpq knows (ChatML, Llama 3)",
+                          model);
+        free(ptext);
+        ptext = c, plen = c ? strlen(c) : 0;
+    }
+    mpq_io_err e;
+    int32_t *tok = NULL, *out = NULL;
+    size_t nt = 0;
+    if (!rc && mpq_tokenize(L.m->tok, ptext, plen, MPQ_TOK_BOS | (special ? MPQ_TOK_SPECIAL : 0), &tok, &nt, &e) !=
+                   MPQ_OK)
+        rc = fail(EXIT_INPUT, "%s: %s", what, e.msg);
+    if (!rc && nt == 0) rc = fail(EXIT_INPUT, "%s: the prompt is empty", what);
+    const int model_ctx = L.m->c.ctx;
+    if (!rc && ctx == 0) ctx = (int)(nt + (size_t)ntok < (size_t)model_ctx ? nt + (size_t)ntok : (size_t)model_ctx);
+    if (!rc && nt >= (size_t)ctx)
+        rc = fail(EXIT_INPUT, "%s: a prompt of %zu tokens does not fit a context of %d (the model's: %d)", what, nt,
+                  ctx, model_ctx);
+    mpq_llm_state s;
+    memset(&s, 0, sizeof s);
+    mpq_status st = MPQ_OK;
+    if (!rc && (st = mpq_llm_state_init(L.m, ctx, 64, &s)) != MPQ_OK)
+        rc = fail(EXIT_QUANT, "run: a cache of %d positions: %s", ctx, mpq_status_str(st));
+    if (!rc && !(out = (int32_t *)malloc(sizeof(int32_t) * (size_t)ntok))) rc = fail(EXIT_QUANT, "out of memory");
+    if (!rc) {
+        stream sm = {L.m->tok, show_special};
+        g.max_tokens = ntok, g.temperature = (float)temp, g.top_p = (float)top_p;
+        g.schedule = have_sched ? &sched : NULL;
+        g.on_token = print_token, g.user = &sm;
+        mpq_gen_result r;
+        st = mpq_llm_generate(L.m, &s, tok, (int)nt, &g, out, ntok, &r);
+        printf("\n");
+        if (st != MPQ_OK) {
+            rc = fail(EXIT_QUANT, "run: %s", mpq_status_str(st));
+        } else if (!lo.quiet) {
+            const int dec = r.tokens > 0 ? r.tokens - 1 : 0; /* the first token comes from the prompt's pass */
+            fprintf(stderr, "mpq: prompt: %d tokens in %.3f s (%.1f tokens/s); decode: %d tokens in %.3f s (%.1f "
+                            "tokens/s)%s\n",
+                    r.prompt_tokens, r.prefill_seconds, r.prompt_tokens / r.prefill_seconds, dec, r.decode_seconds,
+                    r.decode_seconds > 0 ? dec / r.decode_seconds : 0.0, r.ended ? "; stopped at an end token" : "");
+            for (int k = 0; k < MPQ_MAX_BITS; k++)
+                if (r.tokens_at_skip[k])
+                    fprintf(stderr, "mpq:   skip %d (%.3f bpw read): %d tokens, %.2f ms per token\n", k,
+                            mpq_llm_bpw(L.m, 1, k), r.tokens_at_skip[k],
+                            1e3 * r.seconds_at_skip[k] / r.tokens_at_skip[k]);
+        }
+    }
+    mpq_llm_state_free(&s);
+    free(out);
+    free(tok);
+    free(ptext);
+    unload(&L);
+    return rc;
+}
+
+/* ---------------------------------------------------------------------------
+   speed
+   ------------------------------------------------------------------------ */
+
+static void mean_sd(const double *v, int n, double *mean, double *sd)
+{
+    double m = 0, s = 0;
+    for (int i = 0; i < n; i++) m += v[i];
+    m /= n;
+    for (int i = 0; i < n; i++) s += (v[i] - m) * (v[i] - m);
+    *mean = m, *sd = n > 1 ? sqrt(s / (n - 1)) : 0;
+}
+
+int cmd_speed(int argc, char **argv)
+{
+    args a = {argc, 0, argv, "speed"};
+    llm_opts lo = {0, 0, "cpu"};
+    int np = 128, ng = 64, reps = 5, skip = 0, bad = 0;
+    const char *model = NULL;
+    for (a.i = 1; a.i < argc && !bad; a.i++) {
+        const char *v = NULL;
+        if (opt(&a, "--help", NULL, &bad) || opt(&a, "-h", NULL, &bad)) {
+            puts("usage: mpq speed [options] MODEL\n"
+                 "\n"
+                 "Tokens per second as llama.cpp's llama-bench measures them: a prompt of -p tokens in\n"
+                 "one batched pass from an empty cache (pp), and -n tokens generated one at a time from\n"
+                 "an empty cache (tg); each -r times after one warm-up, mean +/- standard deviation.\n"
+                 "Tokens are drawn at random (the time does not depend on them).\n"
+                 "\n"
+                 "  -p N               prompt tokens (default 128; 0 skips the prompt test)\n"
+                 "  -n N               generated tokens (default 64; 0 skips the generation test)\n"
+                 "  -r N               repetitions (default 5)\n"
+                 "  --skip-planes K    drop the K lowest bit planes of every packed linear map\n" COMMON_HELP);
+            return 0;
+        } else if (common_opt(&a, &lo, &bad)) {
+        } else if (opt(&a, "-p", &v, &bad)) {
+            bad = bad || !parse_int("speed", "-p", v, 0, 1 << 20, &np);
+        } else if (opt(&a, "-n", &v, &bad)) {
+            bad = bad || !parse_int("speed", "-n", v, 0, 1 << 20, &ng);
+        } else if (opt(&a, "-r", &v, &bad)) {
+            bad = bad || !parse_int("speed", "-r", v, 1, 1000, &reps);
+        } else if (opt(&a, "--skip-planes", &v, &bad)) {
+            bad = bad || !parse_int("speed", "--skip-planes", v, 0, 7, &skip);
+        } else if (argv[a.i][0] == '-' && argv[a.i][1]) {
+            bad = fail(EXIT_USAGE, "speed: unknown option '%s' (see mpq speed --help)", argv[a.i]);
+        } else if (!model) {
+            model = argv[a.i];
+        } else {
+            bad = fail(EXIT_USAGE, "speed: one MODEL only");
+        }
+    }
+    if (bad) return EXIT_USAGE;
+    if (!model) return fail(EXIT_USAGE, "speed: needs MODEL (see mpq speed --help)");
+    if (np == 0 && ng == 0) return fail(EXIT_USAGE, "speed: -p and -n are both 0");
+    loaded L;
+    int rc = load(model, &lo, &L);
+    if (rc) return rc;
+    const int ctx = (np > ng ? np : ng) + 1, V = L.m->c.vocab;
+    mpq_llm_state s;
+    int32_t *tok = (int32_t *)malloc(sizeof(int32_t) * (size_t)ctx);
+    float *logits = (float *)malloc(sizeof(float) * (size_t)V);
+    double *pp = (double *)calloc((size_t)reps, sizeof(double)), *tg = (double *)calloc((size_t)reps, sizeof(double));
+    mpq_status st = mpq_llm_state_init(L.m, ctx, 512, &s);
+    if (st != MPQ_OK || !tok || !logits || !pp || !tg) {
+        rc = fail(EXIT_QUANT, "speed: %s", st != MPQ_OK ? mpq_status_str(st) : "out of memory");
+    } else {
+        uint64_t r = 12345;
+        for (int i = 0; i < ctx; i++) {
+            r = r * 6364136223846793005ull + 1442695040888963407ull;
+            tok[i] = (int32_t)((r >> 33) % (uint64_t)mpq_tokenizer_size(L.m->tok));
+        }
+        for (int rep = -1; rep < reps && st == MPQ_OK; rep++) { /* rep -1: warm-up */
+            if (np) {
+                mpq_llm_state_reset(&s);
+                const double t0 = cli_now();
+                st = mpq_llm_forward(L.m, &s, tok, np, skip, logits, np - 1);
+                if (rep >= 0) pp[rep] = np / (cli_now() - t0);
+            }
+            if (ng && st == MPQ_OK) {
+                mpq_llm_state_reset(&s);
+                const double t0 = cli_now();
+                for (int i = 0; i < ng && st == MPQ_OK; i++) st = mpq_llm_forward(L.m, &s, &tok[i], 1, skip, logits, 0);
+                if (rep >= 0) tg[rep] = ng / (cli_now() - t0);
+            }
+        }
+        if (st != MPQ_OK) {
+            rc = fail(EXIT_QUANT, "speed: %s", mpq_status_str(st));
+        } else {
+            int threads = 1;
+#ifdef _OPENMP
+            threads = omp_get_max_threads();
+#endif
+            const double bpw = mpq_llm_bpw(L.m, 2, -1);
+            printf("| model | linear bpw | MB | threads | test | tokens/s |\n| --- | ---: | ---: | ---: | --- | ---: |\n");
+            double m, sd;
+            if (np) {
+                mean_sd(pp, reps, &m, &sd);
+                printf("| %s | %.3f | %.1f | %d | pp%d | %.2f +/- %.2f |\n", model, bpw,
+                       (double)mpq_llm_weight_bytes(L.m) / 1e6, threads, np, m, sd);
+            }
+            if (ng) {
+                mean_sd(tg, reps, &m, &sd);
+                printf("| %s | %.3f | %.1f | %d | tg%d | %.2f +/- %.2f |\n", model, bpw,
+                       (double)mpq_llm_weight_bytes(L.m) / 1e6, threads, ng, m, sd);
+            }
+        }
+    }
+    mpq_llm_state_free(&s);
+    free(tok), free(logits), free(pp), free(tg);
+    unload(&L);
+    return rc;
+}
