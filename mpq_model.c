@@ -170,6 +170,9 @@ static mpq_status mpq__config_gguf(mpq_source *s, mpq_llm_config *c, mpq_io_err 
             return mpq__mfail(err, MPQ_ERR_FORMAT, O, "%s.attention.key_length is not a positive integer", c->arch);
         c->head_dim = (int)v;
     }
+    if ((r = mpq__gint(f, c->arch, "attention.value_length", &v)) != 0 && (r < 0 || v != c->head_dim))
+        return mpq__mfail(err, MPQ_ERR_UNSUPPORTED, O, "%s.attention.value_length differs from the key size %d",
+                          c->arch, c->head_dim);
     if ((r = mpq__gint(f, c->arch, "rope.dimension_count", &v)) != 0 && (r < 0 || v != c->head_dim))
         return mpq__mfail(err, MPQ_ERR_UNSUPPORTED, O, "%s.rope.dimension_count differs from the head size %d "
                           "(partial rotary is not supported)", c->arch, c->head_dim);
@@ -605,9 +608,12 @@ mpq_status mpq_llm_load(const char *path, mpq_llm **out, mpq_io_err *err)
         for (int k = 0; k < MPQ_LIN_COUNT && st == MPQ_OK; k++) {
             st = mpq__load_linear(s, mpq_llm_linear_name(c->gguf_names, l, k, 0, name, sizeof name), shape[k][0],
                                   shape[k][1], &L->lin[k], err);
-            if (st == MPQ_OK && c->qkv_bias && k <= MPQ_LIN_V)
-                st = mpq__load_vector(s, mpq_llm_linear_name(c->gguf_names, l, k, 1, name, sizeof name), shape[k][0],
-                                      &L->lin[k].bias, err);
+            /* q, k and v must have biases where the config says so (Qwen2);
+               any other bias there is (Llama's attention_bias and mlp_bias) is
+               taken too */
+            mpq_llm_linear_name(c->gguf_names, l, k, 1, name, sizeof name);
+            if (st == MPQ_OK && ((c->qkv_bias && k <= MPQ_LIN_V) || mpq_source_find(s, name)))
+                st = mpq__load_vector(s, name, shape[k][0], &L->lin[k].bias, err);
         }
     }
     if (st == MPQ_OK) st = mpq__rope_freqs(m, s, err);
@@ -1047,6 +1053,7 @@ mpq_status mpq_llm_perplexity(const mpq_llm *m, const int32_t *tokens, size_t n,
     if (o) d = *o;
     const int ctx = d.ctx ? d.ctx : 512, batch = d.batch ? d.batch : 64;
     if (ctx < 4 || batch < 1 || d.chunks < 0 || d.skip_planes < 0) return MPQ_ERR_ARG;
+    if (d.schedule && mpq_pmpd_validate(d.schedule) != MPQ_OK) return MPQ_ERR_ARG;
     const size_t avail = n / (size_t)ctx;
     const int chunks = (int)(d.chunks && (size_t)d.chunks < avail ? (size_t)d.chunks : avail);
     if (chunks < 1) return MPQ_ERR_SIZE;
@@ -1069,7 +1076,18 @@ mpq_status mpq_llm_perplexity(const mpq_llm *m, const int32_t *tokens, size_t n,
         memcpy(chunk, tokens + (size_t)i * ctx, sizeof(int32_t) * (size_t)ctx);
         if (bos >= 0) chunk[0] = bos;
         mpq_llm_state_reset(&s);
-        st = mpq_llm_forward(m, &s, chunk, ctx, d.skip_planes, logits, first);
+        if (!d.schedule) {
+            st = mpq_llm_forward(m, &s, chunk, ctx, d.skip_planes, logits, first);
+        } else { /* the prompt, then runs of tokens at one skip level */
+            st = mpq_llm_forward(m, &s, chunk, first, d.schedule->prefill_skip, NULL, first);
+            for (int p = first; st == MPQ_OK && p < ctx;) {
+                const int skip = mpq_pmpd_skip_at(d.schedule, p - first);
+                int q = p + 1;
+                while (q < ctx && mpq_pmpd_skip_at(d.schedule, q - first) == skip) q++;
+                st = mpq_llm_forward(m, &s, chunk + p, q - p, skip, logits + (size_t)(p - first) * V, 0);
+                p = q;
+            }
+        }
         for (int j = 0; st == MPQ_OK && j < ctx - 1 - first; j++) {
             const double v = mpq__nll(logits + (size_t)j * V, V, chunk[first + j + 1]);
             nll += v, nll2 += v * v, count++;

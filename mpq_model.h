@@ -104,6 +104,10 @@ const char *mpq_token_bytes(const mpq_tokenizer *t, int32_t id, size_t *len);
    (byte-level form for normal tokens: "Ġthe"), or -1. */
 int32_t mpq_token_find(const mpq_tokenizer *t, const char *text);
 
+/* The pieces a pre-tokenizer cuts a text into (no special tokens, no
+   vocabulary needed): *ends (malloc'ed, free it) holds the byte offset
+   where each of the *n pieces ends. */
+mpq_status mpq_pretokenize(mpq_pretok pre, const char *text, size_t len, size_t **ends, size_t *n, mpq_io_err *err);
 /* text (len bytes of UTF-8) -> *tokens (malloc'ed, free it), *n of them. */
 mpq_status mpq_tokenize(const mpq_tokenizer *t, const char *text, size_t len, unsigned flags, int32_t **tokens,
                         size_t *n, mpq_io_err *err);
@@ -304,11 +308,15 @@ mpq_status mpq_llm_forward(const mpq_llm *m, mpq_llm_state *s, const int32_t *to
    second half: the logits at positions ctx/2 .. ctx-2 predict the tokens
    after them, ctx - 1 - ctx/2 per chunk. ppl = exp(mean negative log
    likelihood); ppl_err = ppl * sqrt(var(nll) / (count - 1)), llama.cpp's
-   "+/-". */
+   "+/-". With a PMPD schedule the first half of each chunk is the prompt
+   (at its prefill_skip) and the token at position ctx/2 + t runs at
+   mpq_pmpd_skip_at(schedule, t), as generation would run it: the scored
+   tokens are read at the decode precisions of the schedule. */
 typedef struct mpq_ppl_opts {
     int ctx;                /* 0 -> 512 */
     int chunks;             /* at most this many chunks; 0 -> all */
-    int skip_planes;        /* for every packed linear map */
+    int skip_planes;        /* for every packed linear map (without a schedule) */
+    const mpq_pmpd_schedule *schedule; /* may be NULL */
     int batch;              /* tokens per forward piece; 0 -> 64 */
     /* called after each chunk (may be NULL) */
     void (*progress)(void *user, int done, int total, double ppl_so_far, double seconds);

@@ -1035,6 +1035,19 @@ static int mpq__bpe_piece(const mpq_tokenizer *t, mpq__bpe *w, const uint8_t *s,
     return 1;
 }
 
+/* The length of the piece at cp[i] (i < n) under pre. */
+static size_t mpq__piece(mpq_pretok pre, const uint32_t *cp, size_t i, size_t n)
+{
+    if (pre == MPQ_PRETOK_SMOLLM) {
+        if (mpq__is_number(cp[i])) return 1;
+        size_t e = i; /* GPT-2's rules on the stretch up to the next digit */
+        while (e < n && !mpq__is_number(cp[e])) e++;
+        return mpq__gpt2_piece(cp, i, e);
+    }
+    if (pre == MPQ_PRETOK_GPT2) return mpq__gpt2_piece(cp, i, n);
+    return mpq__llama3_piece(cp, i, n, pre == MPQ_PRETOK_LLAMA3 ? 3 : 1);
+}
+
 /* Pre-tokenizes cp[0..n) (bytes at boff) and runs the merges on each piece.
    MPQ_OK, MPQ_ERR_NOMEM, or MPQ_ERR_UNSUPPORTED with *bad at a byte
    without a token. */
@@ -1043,20 +1056,7 @@ static mpq_status mpq__stretch(const mpq_tokenizer *t, mpq__bpe *w, const uint8_
 {
     size_t i = 0;
     while (i < n) {
-        size_t k;
-        if (t->pre == MPQ_PRETOK_SMOLLM) {
-            if (mpq__is_number(cp[i])) {
-                k = 1;
-            } else {
-                size_t e = i; /* GPT-2's rules on the stretch up to the next digit */
-                while (e < n && !mpq__is_number(cp[e])) e++;
-                k = mpq__gpt2_piece(cp, i, e);
-            }
-        } else if (t->pre == MPQ_PRETOK_GPT2) {
-            k = mpq__gpt2_piece(cp, i, n);
-        } else {
-            k = mpq__llama3_piece(cp, i, n, t->pre == MPQ_PRETOK_LLAMA3 ? 3 : 1);
-        }
+        const size_t k = mpq__piece(t->pre, cp, i, n);
         const int r = mpq__bpe_piece(t, w, text + boff[i], boff[i + k] - boff[i], o);
         if (r == 0) return MPQ_ERR_NOMEM;
         if (r < 0) {
@@ -1151,6 +1151,35 @@ done:
     free(w.next);
     free(w.prev);
     free(w.heap);
+    return st;
+}
+
+mpq_status mpq_pretokenize(mpq_pretok pre, const char *text, size_t len, size_t **ends, size_t *n, mpq_io_err *err)
+{
+    if ((!text && len) || !ends || !n || pre < MPQ_PRETOK_GPT2 || pre > MPQ_PRETOK_QWEN2)
+        return mpq__tfail(err, MPQ_ERR_ARG, NULL, "bad argument");
+    const uint8_t *s = (const uint8_t *)text;
+    uint32_t *cp = (uint32_t *)malloc(sizeof(uint32_t) * (len + 1));
+    size_t *boff = (size_t *)malloc(sizeof(size_t) * (len + 1)), *e = (size_t *)malloc(sizeof(size_t) * (len + 1));
+    mpq_status st = MPQ_OK;
+    size_t ncp = 0, np = 0;
+    if (!cp || !boff || !e) st = mpq__tfail(err, MPQ_ERR_NOMEM, NULL, "out of memory");
+    for (size_t i = 0; st == MPQ_OK && i < len;) {
+        const size_t k = mpq__utf8_next(s, len, i, &cp[ncp]);
+        if (!k) st = mpq__tfail(err, MPQ_ERR_FORMAT, NULL, "the text is not valid UTF-8 at byte %zu", i);
+        boff[ncp++] = i;
+        i += k;
+    }
+    if (st == MPQ_OK) {
+        boff[ncp] = len;
+        for (size_t i = 0; i < ncp;) {
+            i += mpq__piece(pre, cp, i, ncp);
+            e[np++] = boff[i];
+        }
+        *ends = e, *n = np;
+        e = NULL;
+    }
+    free(cp), free(boff), free(e);
     return st;
 }
 

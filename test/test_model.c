@@ -1,0 +1,620 @@
+/* mpq_model, sections 2 to 5, on tiny random models written as a Hugging
+   Face directory and as GGUF (test/llm_fixture.h): both forms against a
+   float64 reference forward pass written the simple way, so the two rotary
+   conventions are checked against each other and against the reference;
+   Qwen2's biases, untied heads, GQA, rotary scaling; the KV cache against
+   whole-sequence passes; packed linear maps against their dequantized
+   floats; perplexity as llama-perplexity computes it; generation with
+   PMPD schedules; and models that are wrong in every way the loader
+   checks. */
+#define _XOPEN_SOURCE 700
+#include "common.h"
+#include "llm_fixture.h"
+#include "mpq_model.h"
+#include "tmpdir.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+static char tmpdir[256];
+static void make_tmpdir(void) { cr_assert(tc_tmpdir_make(tmpdir, sizeof tmpdir, "model")); }
+
+/* the tmpdir holds a subdirectory or two: remove those first */
+static void remove_tmpdir(void)
+{
+    char p[600];
+    static const char *const subs[] = {"hf", "hf2"};
+    for (int k = 0; k < 2; k++) {
+        snprintf(p, sizeof p, "%s/%s", tmpdir, subs[k]);
+        tc_tmpdir_remove(p);
+    }
+    tc_tmpdir_remove(tmpdir);
+}
+
+static void shape(tl_model *m, int qwen, int tied, int bias)
+{
+    memset(m, 0, sizeof *m);
+    m->vocab_rows = 320, m->dim = 48, m->layers = 2, m->heads = 6, m->kv_heads = 2, m->head_dim = 16, m->ffn = 80;
+    m->qwen = qwen, m->tied = tied, m->bias = bias;
+    m->theta = 10000.0, m->eps = 1e-5;
+}
+
+static mpq_llm *load(const char *path)
+{
+    mpq_llm *m = NULL;
+    mpq_io_err e;
+    cr_assert_eq(mpq_llm_load(path, &m, &e), MPQ_OK, "%s", e.msg);
+    return m;
+}
+
+static void paths(char *hf, char *gguf)
+{
+    sprintf(hf, "%s/hf", tmpdir);
+    sprintf(gguf, "%s/m.gguf", tmpdir);
+    mkdir(hf, 0755);
+}
+
+/* Logits of n tokens in one call. */
+static float *logits_of(const mpq_llm *m, const int32_t *tok, int n, int batch, int skip)
+{
+    mpq_llm_state s;
+    cr_assert_eq(mpq_llm_state_init(m, n, batch, &s), MPQ_OK);
+    float *z = malloc(sizeof(float) * (size_t)n * m->c.vocab);
+    cr_assert_eq(mpq_llm_forward(m, &s, tok, n, skip, z, 0), MPQ_OK);
+    mpq_llm_state_free(&s);
+    return z;
+}
+
+/* max |a - b| over max |b| */
+static double rel_diff(const float *a, const double *b, size_t n)
+{
+    double d = 0, mx = 0;
+    for (size_t i = 0; i < n; i++) {
+        d = fmax(d, fabs((double)a[i] - b[i]));
+        mx = fmax(mx, fabs(b[i]));
+    }
+    return d / mx;
+}
+
+static void random_tokens(synth_rng *r, int32_t *tok, int n, int vocab)
+{
+    for (int i = 0; i < n; i++) tok[i] = synth_int(r, vocab);
+}
+
+/* Both forms of a model give the reference's logits. */
+static void both_forms_match_reference(tl_model *tm, uint64_t seed)
+{
+    char hf[600], gguf[600];
+    paths(hf, gguf);
+    tl_make(tm, seed);
+    tl_write_hf(tm, hf, MPQ_DT_F32);
+    tl_write_gguf(tm, gguf);
+    mpq_llm *a = load(hf), *b = load(gguf);
+    cr_assert_eq(a->c.rope_style, MPQ_ROPE_HALF);
+    cr_assert_eq(b->c.rope_style, tm->qwen ? MPQ_ROPE_HALF : MPQ_ROPE_ADJACENT);
+    cr_assert(!a->c.gguf_names && b->c.gguf_names);
+    cr_assert_eq(a->c.tied, tm->tied);
+    cr_assert_eq(b->c.tied, tm->tied);
+    cr_assert_eq(a->c.qkv_bias, tm->bias);
+    cr_assert_eq(b->c.qkv_bias, tm->bias);
+    cr_assert_eq(a->c.vocab, 320);
+    synth_rng r = {seed + 1};
+    enum { N = 24 };
+    int32_t tok[N];
+    random_tokens(&r, tok, N, tm->v->n);
+    double *ref = malloc(sizeof(double) * N * 320);
+    tl_reference(tm, NULL, tok, N, ref);
+    float *za = logits_of(a, tok, N, 7, 0), *zb = logits_of(b, tok, N, 64, 0);
+    const double da = rel_diff(za, ref, (size_t)N * 320), db = rel_diff(zb, ref, (size_t)N * 320);
+    cr_assert(da < 2e-5, "Hugging Face form against the float64 reference: %.3g", da);
+    cr_assert(db < 2e-5, "GGUF form (%s pairs) against the float64 reference: %.3g",
+              tm->qwen ? "half" : "adjacent", db);
+    free(za), free(zb), free(ref);
+    mpq_llm_free(a), mpq_llm_free(b);
+}
+
+Test(model, llama_in_both_rotary_conventions_gives_the_reference, .init = make_tmpdir, .fini = remove_tmpdir)
+{
+    tl_model tm;
+    shape(&tm, 0, 0, 0);
+    both_forms_match_reference(&tm, 11);
+    tl_free(&tm);
+    shape(&tm, 0, 1, 0); /* tied head */
+    both_forms_match_reference(&tm, 12);
+    tl_free(&tm);
+    shape(&tm, 0, 0, 1); /* Llama with attention biases */
+    both_forms_match_reference(&tm, 15);
+    tl_free(&tm);
+}
+
+Test(model, qwen2_with_biases_gives_the_reference, .init = make_tmpdir, .fini = remove_tmpdir)
+{
+    tl_model tm;
+    shape(&tm, 1, 0, 1);
+    tm.heads = 4, tm.kv_heads = 1, tm.head_dim = 12; /* GQA 4:1, q of 48, heads of 12 */
+    both_forms_match_reference(&tm, 13);
+    tl_free(&tm);
+}
+
+Test(model, rotary_scaling_gives_the_reference, .init = make_tmpdir, .fini = remove_tmpdir)
+{
+    for (int sc = 1; sc <= 2; sc++) {
+        tl_model tm;
+        shape(&tm, 0, 1, 0);
+        tm.theta = 500000, tm.scaling = sc, tm.factor = 8, tm.low = 1, tm.high = 4, tm.orig_ctx = 64;
+        char hf[600], gguf[600];
+        paths(hf, gguf);
+        tl_make(&tm, 20 + (uint64_t)sc);
+        tl_write_hf(&tm, hf, MPQ_DT_F32);
+        mpq_llm *a = load(hf);
+        cr_assert_eq(a->c.rope_scaling, sc == 1 ? MPQ_ROPE_SCALING_LINEAR : MPQ_ROPE_SCALING_LLAMA3);
+        for (int i = 0; i < tm.head_dim / 2; i++)
+            cr_assert(fabs(a->rope_freq[i] - tl_freq(&tm, i)) <= 1e-6 * tl_freq(&tm, i), "frequency %d: %g, want %g", i,
+                      a->rope_freq[i], tl_freq(&tm, i));
+        enum { N = 40 };
+        int32_t tok[N];
+        synth_rng r = {7};
+        random_tokens(&r, tok, N, tm.v->n);
+        double *ref = malloc(sizeof(double) * N * 320);
+        tl_reference(&tm, NULL, tok, N, ref);
+        float *z = logits_of(a, tok, N, 16, 0);
+        const double d = rel_diff(z, ref, (size_t)N * 320);
+        cr_assert(d < 2e-5, "scaling %d: %.3g", sc, d);
+        free(z), free(ref);
+        mpq_llm_free(a);
+        tl_free(&tm);
+    }
+}
+
+/* ---- the cache ------------------------------------------------------------------- */
+
+Test(model, every_batch_and_the_cache_give_the_same_logits, .init = make_tmpdir, .fini = remove_tmpdir)
+{
+    tl_model tm;
+    shape(&tm, 0, 0, 0);
+    char hf[600], gguf[600];
+    paths(hf, gguf);
+    tl_make(&tm, 31);
+    tl_write_gguf(&tm, gguf);
+    mpq_llm *m = load(gguf);
+    enum { N = 37 };
+    int32_t tok[N];
+    synth_rng r = {3};
+    random_tokens(&r, tok, N, tm.v->n);
+    for (int packed = 0; packed < 2; packed++) {
+        if (packed) /* every linear map packed at 4 bits, the embedding at 8 */
+            for (int i = -1; i < m->c.layers * MPQ_LIN_COUNT; i++) {
+                mpq_linear *L = i < 0 ? &m->embed : &m->layer[i / MPQ_LIN_COUNT].lin[i % MPQ_LIN_COUNT];
+                mpq_bitplane_desc d = {0};
+                d.rows = L->rows, d.cols = L->cols, d.uniform_bits = i < 0 ? 8 : 4, d.group = 16;
+                mpq_packed A;
+                cr_assert_eq(mpq_pack_alloc(&d, L->W, &A), MPQ_OK);
+                cr_assert_eq(mpq_linear_set_packed(m, L, &A), MPQ_OK);
+            }
+        float *whole = logits_of(m, tok, N, 64, 0);
+        for (int b = 1; b <= 16; b *= 4) {
+            float *z = logits_of(m, tok, N, b, 0);
+            cr_assert(!memcmp(z, whole, sizeof(float) * N * 320), "batch %d, packed %d: not bit for bit", b, packed);
+            free(z);
+        }
+        /* token by token through the cache, logits of one token at a time */
+        mpq_llm_state s;
+        cr_assert_eq(mpq_llm_state_init(m, N, 8, &s), MPQ_OK);
+        float z[320];
+        for (int t = 0; t < N; t++) {
+            cr_assert_eq(mpq_llm_forward(m, &s, &tok[t], 1, 0, z, 0), MPQ_OK);
+            cr_assert(!memcmp(z, whole + (size_t)t * 320, sizeof z), "decode step %d, packed %d", t, packed);
+        }
+        /* a full cache, a token outside the vocabulary: errors, nothing run */
+        cr_assert_eq(mpq_llm_forward(m, &s, tok, 1, 0, z, 0), MPQ_ERR_RANGE);
+        cr_assert_eq(s.pos, N);
+        mpq_llm_state_reset(&s);
+        const int32_t bad[2] = {1, 320};
+        cr_assert_eq(mpq_llm_forward(m, &s, bad, 2, 0, z, 1), MPQ_ERR_ARG);
+        cr_assert_eq(s.pos, 0);
+        cr_assert_eq(mpq_llm_forward(m, &s, bad, 1, 0, z, 2), MPQ_ERR_ARG, "first past n");
+        mpq_llm_state_free(&s);
+        free(whole);
+    }
+    mpq_llm_free(m);
+    tl_free(&tm);
+}
+
+/* ---- packed linear maps ------------------------------------------------------------ */
+
+Test(model, packed_linear_maps_equal_their_dequantized_floats, .init = make_tmpdir, .fini = remove_tmpdir)
+{
+    tl_model tm;
+    shape(&tm, 0, 0, 0);
+    char hf[600], gguf[600];
+    paths(hf, gguf);
+    tl_make(&tm, 41);
+    tl_write_hf(&tm, hf, MPQ_DT_BF16);
+    mpq_llm *m = load(hf);
+    const int nl = m->c.layers * MPQ_LIN_COUNT;
+    float *(*deq)[7] = calloc((size_t)m->c.layers, sizeof *deq);
+    synth_rng r = {9};
+    /* widths, formats, permutations and column scales of every kind */
+    for (int i = 0; i < nl; i++) {
+        mpq_linear *L = &m->layer[i / MPQ_LIN_COUNT].lin[i % MPQ_LIN_COUNT];
+        mpq_bitplane_desc d = {0};
+        d.rows = L->rows, d.cols = L->cols, d.uniform_bits = 2 + i % 4, d.group = 16;
+        uint32_t *pr = NULL, *pc = NULL;
+        float *cs = NULL;
+        if (i % 3 == 1) {
+            d.format = MPQ_FORMAT_MXINT, d.group = 0;
+        } else if (i % 3 == 2) {
+            pr = malloc(sizeof(uint32_t) * (size_t)L->rows), pc = malloc(sizeof(uint32_t) * (size_t)L->cols);
+            cs = malloc(sizeof(float) * (size_t)L->cols);
+            synth_perm(&r, pr, L->rows);
+            synth_perm(&r, pc, L->cols);
+            for (int j = 0; j < L->cols; j++) cs[j] = 0.5f + (float)synth_unif(&r);
+            d.p_row = pr, d.p_col = pc, d.col_scale = cs;
+        }
+        mpq_packed A;
+        cr_assert_eq(mpq_pack_alloc(&d, L->W, &A), MPQ_OK, "layer map %d", i);
+        cr_assert_eq(mpq_linear_set_packed(m, L, &A), MPQ_OK);
+        cr_assert_null(A.buf, "the model took the buffer");
+        free(pr), free(pc), free(cs);
+    }
+    enum { N = 20 };
+    int32_t tok[N];
+    random_tokens(&r, tok, N, tm.v->n);
+    for (int skip = 0; skip <= 1; skip++) {
+        for (int i = 0; i < nl; i++) {
+            const mpq_linear *L = &m->layer[i / MPQ_LIN_COUNT].lin[i % MPQ_LIN_COUNT];
+            free(deq[i / MPQ_LIN_COUNT][i % MPQ_LIN_COUNT]);
+            float *W = malloc(sizeof(float) * (size_t)L->rows * L->cols);
+            cr_assert_eq(mpq_packed_dequantize(&L->A, skip, W), MPQ_OK);
+            deq[i / MPQ_LIN_COUNT][i % MPQ_LIN_COUNT] = W;
+        }
+        double *ref = malloc(sizeof(double) * N * 320);
+        tl_reference(&tm, (float *const(*)[7])deq, tok, N, ref);
+        float *z = logits_of(m, tok, N, 8, skip);
+        const double d = rel_diff(z, ref, (size_t)N * 320);
+        /* the products' own rounding (the int16 tables of the VNNI path at most
+           2^-15 of a group's largest table entry per lookup) */
+        cr_assert(d < 2e-3, "skip %d: packed forward against the reference on the dequantized weights: %.3g", skip, d);
+        cr_log_info("skip %d: packed forward within %.2g of the float64 reference on the dequantized weights", skip, d);
+        free(z), free(ref);
+    }
+    cr_assert(mpq_llm_bpw(m, 1, -1) > 2.0 && mpq_llm_bpw(m, 1, 1) < mpq_llm_bpw(m, 1, 0));
+    /* the embedding packed: lookups dequantize one row, bit for bit */
+    mpq_bitplane_desc d = {0};
+    d.rows = m->embed.rows, d.cols = m->embed.cols, d.uniform_bits = 8;
+    mpq_packed E;
+    cr_assert_eq(mpq_pack_alloc(&d, m->embed.W, &E), MPQ_OK);
+    float *Ed = malloc(sizeof(float) * (size_t)d.rows * d.cols), row[48];
+    cr_assert_eq(mpq_packed_dequantize(&E, 0, Ed), MPQ_OK);
+    for (int i = 0; i < d.rows; i += 7) {
+        cr_assert_eq(mpq_packed_dequantize_row(&E, 0, i, row), MPQ_OK);
+        cr_assert(!memcmp(row, Ed + (size_t)i * d.cols, sizeof row), "row %d", i);
+    }
+    cr_assert_eq(mpq_packed_dequantize_row(&E, 0, d.rows, row), MPQ_ERR_ARG);
+    cr_assert_eq(mpq_linear_set_packed(m, &m->embed, &E), MPQ_OK);
+    cr_assert(m->head.A.buf == m->embed.A.buf || !m->c.tied);
+    free(Ed);
+    for (int l = 0; l < m->c.layers; l++)
+        for (int k = 0; k < 7; k++) free(deq[l][k]);
+    free(deq);
+    mpq_llm_free(m);
+    tl_free(&tm);
+}
+
+/* ---- perplexity ---------------------------------------------------------------------- */
+
+/* llama-perplexity's computation written out over the reference forward;
+   *err: its uncertainty, ppl * sqrt((mean(nll^2) - mean(nll)^2) / (count - 1)). */
+static double ref_ppl(const tl_model *tm, const int32_t *tok, size_t n, int ctx, int bos, long *count, double *err)
+{
+    double nll = 0, nll2 = 0;
+    *count = 0;
+    int32_t *chunk = malloc(sizeof(int32_t) * (size_t)ctx);
+    double *z = malloc(sizeof(double) * (size_t)ctx * 320);
+    for (size_t c = 0; c + 1 <= n / (size_t)ctx; c++) {
+        memcpy(chunk, tok + c * (size_t)ctx, sizeof(int32_t) * (size_t)ctx);
+        if (bos >= 0) chunk[0] = bos;
+        tl_reference(tm, NULL, chunk, ctx, z);
+        for (int i = ctx / 2; i < ctx - 1; i++) {
+            const double *zi = z + (size_t)i * 320;
+            double mx = zi[0], s = 0;
+            for (int v = 1; v < 320; v++) mx = fmax(mx, zi[v]);
+            for (int v = 0; v < 320; v++) s += exp(zi[v] - mx);
+            const double v = log(s) + mx - zi[chunk[i + 1]];
+            nll += v, nll2 += v * v;
+            (*count)++;
+        }
+    }
+    free(chunk), free(z);
+    const double mean = nll / *count, ppl = exp(mean);
+    if (err) *err = ppl * sqrt((nll2 / *count - mean * mean) / (*count - 1));
+    return ppl;
+}
+
+Test(model, perplexity_as_llama_perplexity_computes_it, .init = make_tmpdir, .fini = remove_tmpdir)
+{
+    tl_model tm;
+    shape(&tm, 0, 1, 0);
+    char hf[600], gguf[600];
+    paths(hf, gguf);
+    tl_make(&tm, 51);
+    tl_write_gguf(&tm, gguf);
+    mpq_llm *m = load(gguf);
+    enum { CTX = 16, N = 3 * CTX + 5 };
+    int32_t tok[N];
+    synth_rng r = {4};
+    random_tokens(&r, tok, N, tm.v->n);
+    long count;
+    double want_err;
+    const double want = ref_ppl(&tm, tok, N, CTX, -1, &count, &want_err);
+    mpq_ppl_opts o = {0};
+    o.ctx = CTX, o.batch = 5;
+    mpq_ppl_result res;
+    cr_assert_eq(mpq_llm_perplexity(m, tok, N, &o, &res), MPQ_OK);
+    cr_assert_eq(res.count, count);
+    cr_assert_eq(res.count, 3 * (CTX - 1 - CTX / 2));
+    cr_assert_eq(res.chunks, 3);
+    cr_assert(fabs(res.ppl / want - 1) < 1e-5, "ppl %.9g, the reference %.9g", res.ppl, want);
+    cr_assert(fabs(res.ppl_err / want_err - 1) < 1e-3, "uncertainty %.9g, the reference %.9g", res.ppl_err, want_err);
+    o.chunks = 2;
+    cr_assert_eq(mpq_llm_perplexity(m, tok, N, &o, &res), MPQ_OK);
+    cr_assert_eq(res.chunks, 2);
+    cr_assert_eq(mpq_llm_perplexity(m, tok, CTX - 1, &o, &res), MPQ_ERR_SIZE, "fewer tokens than a chunk");
+    /* with BOS: the first token of every chunk becomes BOS */
+    char hf_dir[600];
+    snprintf(hf_dir, sizeof hf_dir, "%s/hf", tmpdir);
+    tl_write_hf(&tm, hf_dir, MPQ_DT_F32);
+    char p[700];
+    snprintf(p, sizeof p, "%s/tokenizer_config.json", hf_dir);
+    tl_spit(p, "{\"add_bos_token\": true, \"bos_token\": \"<|endoftext|>\"}");
+    mpq_llm *mb = load(hf_dir);
+    cr_assert(mpq_tokenizer_adds_bos(mb->tok));
+    const double want_bos = ref_ppl(&tm, tok, N, CTX, mpq_tokenizer_bos(mb->tok), &count, NULL);
+    o.chunks = 0;
+    cr_assert_eq(mpq_llm_perplexity(mb, tok, N, &o, &res), MPQ_OK);
+    cr_assert(fabs(res.ppl / want_bos - 1) < 1e-5, "with BOS: %.9g, the reference %.9g", res.ppl, want_bos);
+    mpq_llm_free(mb);
+    /* with a PMPD schedule: the same as running the second half token by
+       token at the schedule's levels */
+    for (int i = 0; i < m->c.layers * MPQ_LIN_COUNT; i++) {
+        mpq_linear *L = &m->layer[i / MPQ_LIN_COUNT].lin[i % MPQ_LIN_COUNT];
+        mpq_bitplane_desc d = {0};
+        d.rows = L->rows, d.cols = L->cols, d.uniform_bits = 4, d.group = 16;
+        mpq_packed A;
+        cr_assert_eq(mpq_pack_alloc(&d, L->W, &A), MPQ_OK);
+        cr_assert_eq(mpq_linear_set_packed(m, L, &A), MPQ_OK);
+    }
+    mpq_pmpd_schedule sc = {0};
+    sc.prefill_skip = 0, sc.nlevels = 2, sc.skip[0] = 1, sc.skip[1] = 2, sc.start[1] = 3;
+    o.schedule = &sc;
+    cr_assert_eq(mpq_llm_perplexity(m, tok, N, &o, &res), MPQ_OK);
+    double nll = 0;
+    long cnt = 0;
+    mpq_llm_state s;
+    cr_assert_eq(mpq_llm_state_init(m, CTX, 4, &s), MPQ_OK);
+    float z[320];
+    for (int c = 0; c < 3; c++) {
+        mpq_llm_state_reset(&s);
+        const int32_t *ch = tok + c * CTX;
+        cr_assert_eq(mpq_llm_forward(m, &s, ch, CTX / 2, 0, NULL, CTX / 2), MPQ_OK);
+        for (int t = CTX / 2; t < CTX - 1; t++) {
+            cr_assert_eq(mpq_llm_forward(m, &s, &ch[t], 1, mpq_pmpd_skip_at(&sc, t - CTX / 2), z, 0), MPQ_OK);
+            double mx = z[0], sum = 0;
+            for (int v = 1; v < 320; v++) mx = fmax(mx, z[v]);
+            for (int v = 0; v < 320; v++) sum += exp(z[v] - mx);
+            nll += log(sum) + mx - z[ch[t + 1]], cnt++;
+        }
+    }
+    mpq_llm_state_free(&s);
+    cr_assert_eq(res.count, cnt);
+    cr_assert(fabs(res.ppl / exp(nll / cnt) - 1) < 1e-6, "scheduled %.9g, token by token %.9g", res.ppl, exp(nll / cnt));
+    sc.skip[1] = 0; /* not increasing */
+    cr_assert_eq(mpq_llm_perplexity(m, tok, N, &o, &res), MPQ_ERR_ARG);
+    mpq_llm_free(m);
+    tl_free(&tm);
+}
+
+/* ---- generation ------------------------------------------------------------------------ */
+
+typedef struct seen {
+    int32_t tok[64];
+    int n, stop_at;
+} seen;
+
+static int on_token(void *user, int32_t t)
+{
+    seen *s = user;
+    s->tok[s->n++] = t;
+    return s->n == s->stop_at;
+}
+
+Test(model, generation_greedy_sampled_and_with_schedules, .init = make_tmpdir, .fini = remove_tmpdir)
+{
+    tl_model tm;
+    shape(&tm, 0, 0, 0);
+    char hf[600], gguf[600];
+    paths(hf, gguf);
+    tl_make(&tm, 61);
+    tl_write_gguf(&tm, gguf);
+    mpq_llm *m = load(gguf);
+    /* no token ends the generation here: the vocabulary's end tokens are
+       never the argmax of these random weights, which the test checks */
+    const int32_t prompt[5] = {3, 77, 120, 9, 200};
+    mpq_llm_state s;
+    cr_assert_eq(mpq_llm_state_init(m, 64, 8, &s), MPQ_OK);
+    int32_t out[40];
+    mpq_gen_opts o = {0};
+    mpq_gen_result res;
+    cr_assert_eq(mpq_llm_generate(m, &s, prompt, 5, &o, out, 20, &res), MPQ_OK);
+    cr_assert_eq(res.tokens, 20);
+    cr_assert(!res.ended);
+    cr_assert_eq(res.prompt_tokens, 5);
+    cr_assert_eq(res.tokens_at_skip[0], 19, "the first token comes from the prompt's pass");
+    /* greedy = the argmax of the reference at every step */
+    int32_t seq[25];
+    memcpy(seq, prompt, sizeof prompt);
+    for (int t = 0; t < 20; t++) seq[5 + t] = out[t];
+    double *ref = malloc(sizeof(double) * 25 * 320);
+    tl_reference(&tm, NULL, seq, 24, ref);
+    for (int t = 0; t < 20; t++) {
+        const double *z = ref + (size_t)(4 + t) * 320;
+        int best = 0;
+        for (int v = 1; v < 320; v++) best = z[v] > z[best] ? v : best;
+        cr_assert_eq(out[t], best, "step %d", t);
+        cr_assert(!mpq_token_is_end(m->tok, out[t]));
+    }
+    free(ref);
+    /* sampling: the seed decides; on_token sees every token and can stop */
+    o.temperature = 0.8f, o.top_p = 0.9f, o.seed = 42;
+    int32_t a[20], b[20];
+    cr_assert_eq(mpq_llm_generate(m, &s, prompt, 5, &o, a, 20, &res), MPQ_OK);
+    seen sn = {{0}, 0, 7};
+    o.on_token = on_token, o.user = &sn;
+    cr_assert_eq(mpq_llm_generate(m, &s, prompt, 5, &o, b, 20, &res), MPQ_OK);
+    cr_assert_eq(res.tokens, 7);
+    cr_assert(!memcmp(a, b, 7 * sizeof(int32_t)) && !memcmp(sn.tok, a, 7 * sizeof(int32_t)));
+    o.on_token = NULL;
+    /* PMPD: the passes at the schedule's levels, as a hand-run loop does them */
+    for (int i = 0; i < m->c.layers * MPQ_LIN_COUNT; i++) {
+        mpq_linear *L = &m->layer[i / MPQ_LIN_COUNT].lin[i % MPQ_LIN_COUNT];
+        mpq_bitplane_desc d = {0};
+        d.rows = L->rows, d.cols = L->cols, d.uniform_bits = 4, d.group = 16;
+        mpq_packed A;
+        cr_assert_eq(mpq_pack_alloc(&d, L->W, &A), MPQ_OK);
+        cr_assert_eq(mpq_linear_set_packed(m, L, &A), MPQ_OK);
+    }
+    mpq_pmpd_schedule sc = {0};
+    sc.prefill_skip = 0, sc.nlevels = 3, sc.skip[0] = 0, sc.skip[1] = 1, sc.skip[2] = 2, sc.start[1] = 4, sc.start[2] = 10;
+    memset(&o, 0, sizeof o);
+    o.schedule = &sc;
+    cr_assert_eq(mpq_llm_generate(m, &s, prompt, 5, &o, out, 16, &res), MPQ_OK);
+    cr_assert(res.tokens_at_skip[0] == 4 && res.tokens_at_skip[1] == 6 && res.tokens_at_skip[2] == 5,
+              "passes per level: %d %d %d", res.tokens_at_skip[0], res.tokens_at_skip[1], res.tokens_at_skip[2]);
+    mpq_llm_state h;
+    cr_assert_eq(mpq_llm_state_init(m, 64, 8, &h), MPQ_OK);
+    float z[320];
+    cr_assert_eq(mpq_llm_forward(m, &h, prompt, 5, 0, z, 4), MPQ_OK);
+    for (int t = 0; t < 16; t++) {
+        int32_t best = 0;
+        for (int v = 1; v < 320; v++) best = z[v] > z[best] ? v : best;
+        cr_assert_eq(out[t], best, "scheduled step %d", t);
+        if (t < 15) cr_assert_eq(mpq_llm_forward(m, &h, &best, 1, mpq_pmpd_skip_at(&sc, t), z, 0), MPQ_OK);
+    }
+    mpq_llm_state_free(&h);
+    /* a prompt that does not fit */
+    int32_t longp[64] = {0};
+    cr_assert_eq(mpq_llm_generate(m, &s, longp, 64, &o, out, 4, &res), MPQ_ERR_RANGE);
+    mpq_llm_state_free(&s);
+    mpq_llm_free(m);
+    tl_free(&tm);
+}
+
+/* ---- models that are wrong ---------------------------------------------------------------- */
+
+static void expect_load_fails(const char *path, mpq_status want, const char *needle, const char *what)
+{
+    mpq_llm *m = NULL;
+    mpq_io_err e;
+    memset(&e, 0, sizeof e);
+    const mpq_status st = mpq_llm_load(path, &m, &e);
+    cr_assert_eq(st, want, "%s: status %d (%s)", what, st, e.msg);
+    cr_assert_null(m);
+    cr_assert(strstr(e.msg, needle), "%s: '%s' lacks '%s'", what, e.msg, needle);
+}
+
+static void with_config(const char *dir, const char *from, const char *to)
+{
+    char p[700];
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    FILE *f = fopen(p, "rb");
+    char text[4096];
+    const size_t n = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[n] = 0;
+    char *at = strstr(text, from);
+    cr_assert_not_null(at, "'%s' not in config.json", from);
+    char out[4096];
+    snprintf(out, sizeof out, "%.*s%s%s", (int)(at - text), text, to, at + strlen(from));
+    tl_spit(p, out);
+}
+
+Test(model, wrong_models_are_refused_with_a_reason, .init = make_tmpdir, .fini = remove_tmpdir)
+{
+    tl_model tm;
+    shape(&tm, 0, 0, 0);
+    char hf[600], gguf[600];
+    paths(hf, gguf);
+    tl_make(&tm, 71);
+    static const struct {
+        const char *from, *to, *needle;
+        mpq_status st;
+    } cfg[] = {
+        {"\"num_key_value_heads\": 2", "\"num_key_value_heads\": 4", "not a multiple of 4 key-value heads", MPQ_ERR_FORMAT},
+        {"\"hidden_size\": 48", "\"hidden_size\": 50", "shape is not", MPQ_ERR_FORMAT},
+        {"LlamaForCausalLM", "GPT2LMHeadModel", "architecture 'GPT2LMHeadModel'", MPQ_ERR_UNSUPPORTED},
+        {"\"intermediate_size\": 80", "\"intermediate_size\": -1", "intermediate_size", MPQ_ERR_FORMAT},
+        {"\"rope_scaling\": null", "\"rope_scaling\": {\"type\": \"yarn\", \"factor\": 4}", "yarn", MPQ_ERR_UNSUPPORTED},
+        {"\"vocab_size\": 320", "\"vocab_size\": 300", "300", MPQ_ERR_FORMAT},
+        {"\"rope_theta\": 10000", "\"rope_theta\": -1", "not positive", MPQ_ERR_FORMAT},
+        {"{\"architectures\"", "[\"architectures\"", "not a JSON object", MPQ_ERR_FORMAT},
+    };
+    for (size_t k = 0; k < sizeof cfg / sizeof cfg[0]; k++) {
+        tl_write_hf(&tm, hf, MPQ_DT_F32);
+        with_config(hf, cfg[k].from, cfg[k].to);
+        expect_load_fails(hf, cfg[k].st, cfg[k].needle, cfg[k].to);
+    }
+    /* a weight with a NaN, a missing tensor */
+    tm.w[1][5][17] = NAN;
+    tl_write_hf(&tm, hf, MPQ_DT_F32);
+    expect_load_fails(hf, MPQ_ERR_NONFINITE, "model.layers.1.mlp.up_proj.weight': value 17 is NaN", "NaN");
+    tm.w[1][5][17] = 0.5f;
+    tl_write_gguf(&tm, gguf);
+    {
+        /* the GGUF with a tensor renamed: one is missing */
+        size_t n;
+        uint8_t *b = tl_gguf(&tm, &n);
+        for (size_t i = 0; i + 15 < n; i++)
+            if (!memcmp(b + i, "blk.1.ffn_down.", 15)) {
+                b[i + 4] = '7';
+                break;
+            }
+        FILE *f = fopen(gguf, "wb");
+        fwrite(b, 1, n, f);
+        fclose(f);
+        expect_load_fails(gguf, MPQ_ERR_FORMAT, "tensor 'blk.1.ffn_down.weight' is missing", "missing tensor");
+        /* truncated: every cut fails cleanly */
+        for (size_t cut = 0; cut < n; cut += n / 97 + 1) {
+            f = fopen(gguf, "wb");
+            fwrite(b, 1, cut, f);
+            fclose(f);
+            mpq_llm *m = NULL;
+            mpq_io_err e;
+            cr_assert_neq(mpq_llm_load(gguf, &m, &e), MPQ_OK, "a GGUF cut at %zu bytes", cut);
+            cr_assert_null(m);
+        }
+        free(b);
+    }
+    /* no config, no tokenizer */
+    tl_write_hf(&tm, hf, MPQ_DT_F32);
+    char p[700];
+    snprintf(p, sizeof p, "%s/tokenizer.json", hf);
+    unlink(p);
+    expect_load_fails(hf, MPQ_ERR_FORMAT, "no tokenizer.json", "no tokenizer");
+    snprintf(p, sizeof p, "%s/config.json", hf);
+    unlink(p);
+    expect_load_fails(hf, MPQ_ERR_FORMAT, "no config.json", "no config");
+    tl_free(&tm);
+    /* a tokenizer with more tokens than the embedding has rows */
+    shape(&tm, 0, 0, 0);
+    tm.vocab_rows = 300;
+    tl_make(&tm, 72);
+    tl_write_hf(&tm, hf, MPQ_DT_F32);
+    snprintf(p, sizeof p, "%s/tokenizer.json", hf);
+    vspecial(tm.v, "<extra>", 1);
+    for (int i = 0; i < 30; i++) vspecial(tm.v, "<x>", 1); /* ids past the 300 rows */
+    char *j = vjson(tm.v, PRE_SMOLLM, 0);
+    tl_spit(p, j);
+    free(j);
+    expect_load_fails(hf, MPQ_ERR_FORMAT, "tokenizer has", "tokenizer larger than the embedding");
+    tl_free(&tm);
+}
