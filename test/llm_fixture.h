@@ -239,7 +239,7 @@ static inline void tl_config_json(const tl_model *m, char *out, size_t cap)
    dir/tokenizer.json, dir/tokenizer_config.json. */
 static inline void tl_write_hf(const tl_model *m, const char *dir, mpq_dtype dt)
 {
-    char p[600], text[2048], name[128];
+    char p[1024], text[2048], name[128];
     snprintf(p, sizeof p, "%s/config.json", dir);
     tl_config_json(m, text, sizeof text);
     tl_spit(p, text);

@@ -70,9 +70,16 @@ if command -v clang >/dev/null 2>&1; then
     cp build/alone.c build/alone.cpp
     check clang-c11 clang -std=c11 -Wall -Wextra -Werror -march=native -I. -c build/alone.c -o build/alone-c.o
     check clang-cxx17 clang++ -std=c++17 -Wall -Wextra -Werror -march=native -I. -c build/alone.cpp -o build/alone-cpp.o
-    # the file I/O beside the header: strict C11, and its header from C++
-    printf '#include "mpq_io.h"\nint main(void){return 0;}\n' >build/io-alone.cpp
-    check clang-io-c11 clang -std=c11 -Wall -Wextra -Werror -I. -c mpq_io.c -o build/mpq_io-clang.o
+    # the files beside the header (I/O, tokenizer, model): strict C11, and
+    # their headers from C++
+    printf '#include "mpq_io.h"\n#include "mpq_model.h"\nint main(void){return 0;}\n' >build/io-alone.cpp
+    io_c11() {
+        local f
+        for f in mpq_io.c mpq_io_gguf.c mpq_io_source.c mpq_tokenizer.c mpq_model.c; do
+            clang -std=c11 -Wall -Wextra -Werror -I. -c "$f" -o "build/${f%.c}-clang.o" || return 1
+        done
+    }
+    check clang-io-c11 io_c11
     check clang-io-cxx17 clang++ -std=c++17 -Wall -Wextra -Werror -I. -c build/io-alone.cpp -o build/io-alone-cpp.o
 fi
 if [ -x build/release/quickstart ]; then
@@ -83,18 +90,36 @@ if [ -x build/release/tinylm ]; then # the main job, end to end
     check tinylm build/release/tinylm --out build/tinylm
 fi
 
-# libFuzzer on the reader and the packed-file loader, seeded with the valid
-# and crafted files of test_io (a crash or a sanitizer finding fails it)
-fuzz() {
+# libFuzzer, ASan + UBSan (a crash or a sanitizer finding fails it):
+#   fuzz-io     the safetensors reader and the packed-file loader, seeded with
+#               the valid and crafted files of test_io
+#   fuzz-model  GGUF files (metadata, tensors, tokenizer, the model loaded and
+#               run), tokenizer.json and text, seeded with the files of
+#               test_gguf and test_model and a few texts
+fuzz_seconds=${MPQ_FUZZ_SECONDS:-60}
+fuzz_flags=(-g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -I.)
+fuzz_io() {
     rm -rf build/fuzz-seeds build/fuzz-corpus && mkdir -p build/fuzz-seeds build/fuzz-corpus &&
-    clang -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -I. \
-        test/fuzz/fuzz_io.c mpq_io.c -lcjson -lm -o build/fuzz_io &&
+    clang "${fuzz_flags[@]}" test/fuzz/fuzz_io.c mpq_io.c -lcjson -lm -o build/fuzz_io &&
     (cd build/sanitize && MPQ_FUZZ_CORPUS="$root/build/fuzz-seeds" ./test_io --jobs 1 >/dev/null) &&
-    build/fuzz_io -max_total_time="${MPQ_FUZZ_SECONDS:-60}" -rss_limit_mb=2048 -malloc_limit_mb=1024 \
+    build/fuzz_io -max_total_time="$fuzz_seconds" -rss_limit_mb=2048 -malloc_limit_mb=1024 \
         -dict=test/fuzz/safetensors.dict build/fuzz-corpus build/fuzz-seeds
 }
-if [ -x build/sanitize/test_io ] && command -v clang >/dev/null 2>&1; then
-    check fuzz-io fuzz
+fuzz_model() {
+    local seeds=build/fuzz-model-seeds corpus=build/fuzz-model-corpus
+    rm -rf "$seeds" "$corpus" && mkdir -p "$seeds" "$corpus" &&
+    clang "${fuzz_flags[@]}" test/fuzz/fuzz_model.c mpq_io.c mpq_io_gguf.c mpq_io_source.c mpq_tokenizer.c \
+        mpq_model.c -lcjson -lm -o build/fuzz_model &&
+    (cd build/sanitize && MPQ_FUZZ_CORPUS="$root/$seeds" ./test_gguf --jobs 1 >/dev/null &&
+        MPQ_FUZZ_CORPUS="$root/$seeds" ./test_model --jobs 1 >/dev/null) &&
+    printf 'Hello, world! I'"'"'m 42 years old.\n\n  x\ty' >"$seeds/text-1.txt" &&
+    printf 'caf\xc3\xa9 \xe6\x97\xa5\xe6\x9c\xac 3.14159 <|im_end|> \xf0\x9f\x99\x82\r\n' >"$seeds/text-2.txt" &&
+    head -c 4000 README.md >"$seeds/text-3.txt" &&
+    build/fuzz_model -max_total_time="$fuzz_seconds" -rss_limit_mb=2048 -malloc_limit_mb=1024 "$corpus" "$seeds"
+}
+if command -v clang >/dev/null 2>&1; then
+    [ -x build/sanitize/test_io ] && check fuzz-io fuzz_io
+    [ -x build/sanitize/test_model ] && check fuzz-model fuzz_model
 fi
 
 # files written by mpq open in the reference implementation and vice versa

@@ -47,6 +47,23 @@ static mpq_llm *load(const char *path)
     return m;
 }
 
+/* With MPQ_FUZZ_CORPUS set to a directory, the model files written here
+   are also saved there (seeds of test/fuzz/fuzz_model.c). */
+static void corpus_save(const char *from, const char *ext)
+{
+    static int seq;
+    const char *dir = getenv("MPQ_FUZZ_CORPUS");
+    if (!dir || !*dir) return;
+    char p[512];
+    snprintf(p, sizeof p, "%s/model-%ld-%03d.%s", dir, (long)getpid(), seq++, ext);
+    FILE *in = fopen(from, "rb"), *out = fopen(p, "wb");
+    char buf[65536];
+    size_t n;
+    while (in && out && (n = fread(buf, 1, sizeof buf, in)) > 0) fwrite(buf, 1, n, out);
+    if (in) fclose(in);
+    if (out) fclose(out);
+}
+
 static void paths(char *hf, char *gguf)
 {
     sprintf(hf, "%s/hf", tmpdir);
@@ -89,6 +106,10 @@ static void both_forms_match_reference(tl_model *tm, uint64_t seed)
     tl_make(tm, seed);
     tl_write_hf(tm, hf, MPQ_DT_F32);
     tl_write_gguf(tm, gguf);
+    char tj[700];
+    snprintf(tj, sizeof tj, "%s/tokenizer.json", hf);
+    corpus_save(gguf, "gguf");
+    corpus_save(tj, "json");
     mpq_llm *a = load(hf), *b = load(gguf);
     cr_assert_eq(a->c.rope_style, MPQ_ROPE_HALF);
     cr_assert_eq(b->c.rope_style, tm->qwen ? MPQ_ROPE_HALF : MPQ_ROPE_ADJACENT);

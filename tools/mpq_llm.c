@@ -456,7 +456,7 @@ int cmd_run(int argc, char **argv)
                             "tokens/s)%s\n",
                     r.prompt_tokens, r.prefill_seconds, r.prompt_tokens / r.prefill_seconds, dec, r.decode_seconds,
                     r.decode_seconds > 0 ? dec / r.decode_seconds : 0.0, r.ended ? "; stopped at an end token" : "");
-            for (int k = 0; k < MPQ_MAX_BITS; k++)
+            for (int k = 0; k < MPQ_MAX_BITS && L.m->layer[0].lin[0].A.buf; k++) /* packed models only */
                 if (r.tokens_at_skip[k])
                     fprintf(stderr, "mpq:   skip %d (%.3f bpw read): %d tokens, %.2f ms per token\n", k,
                             mpq_llm_bpw(L.m, 1, k), r.tokens_at_skip[k],

@@ -1,0 +1,193 @@
+/* libFuzzer target: the readers of model files and of text. The first
+   bytes of the input choose what it is:
+     "GGUF"  a GGUF file: every metadata value and every float tensor read,
+             the tokenizer built from the metadata, then the whole file
+             loaded as a model (mpq_llm_load, through a temporary file) and,
+             when it loads, a forward pass over three tokens;
+     "{"     a tokenizer.json;
+     else    text: cut by each pre-tokenizer (the pieces must cover it, in
+             order, none empty) and tokenized by two fixed vocabularies.
+   Every tokenizer that loads must give a text back byte for byte from its
+   tokens. Every rejection must say why. Built and run by test/run.sh
+   (clang -fsanitize=fuzzer,address,undefined), seeded with the files that
+   test_gguf and test_model write. */
+#define _POSIX_C_SOURCE 200809L
+#define MPQ_IMPLEMENTATION
+#include "mpq.h"
+#include "mpq_io.h"
+#include "mpq_model.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+/* text -> tokens -> text must be the identity for valid UTF-8 */
+static void round_trip(const mpq_tokenizer *t, const char *text, size_t len)
+{
+    int32_t *tok;
+    size_t n;
+    mpq_io_err e;
+    e.msg[0] = 0;
+    const mpq_status st = mpq_tokenize(t, text, len, 0, &tok, &n, &e);
+    if (st != MPQ_OK) {
+        if (!e.msg[0]) abort();
+        return; /* not UTF-8, a byte without a token, or text NFC would change */
+    }
+    char *back;
+    size_t blen;
+    if (mpq_detokenize(t, tok, n, 0, &back, &blen) != MPQ_OK) abort();
+    if (blen != len || memcmp(back, text, len) != 0) abort();
+    free(back), free(tok);
+}
+
+static const char sample[] = "Hello, world! It's 2024: caf\xc3\xa9 na\xc3\xafve  \t\n\n  x123 \xe6\x97\xa5\xe6\x9c\xac <|im_end|>";
+
+static void gguf_input(const uint8_t *data, size_t size)
+{
+    mpq_gguf_file *f;
+    mpq_io_err e;
+    e.msg[0] = 0;
+    if (mpq_gguf_open_memory(data, size, &f, &e) != MPQ_OK) {
+        if (!e.msg[0]) abort();
+        return;
+    }
+    for (int i = 0; i < mpq_gguf_kv_count(f); i++) {
+        const mpq_gguf_kv *kv = mpq_gguf_kv_at(f, i);
+        int64_t iv;
+        double dv;
+        const char *s;
+        size_t len;
+        for (uint64_t k = 0; k < 3; k++) { /* any type asked for any value: an error, never a bad read */
+            (void)mpq_gguf_get_int(f, kv, k, &iv);
+            (void)mpq_gguf_get_float(f, kv, k, &dv);
+            if (mpq_gguf_get_str(f, kv, k, &s, &len) == MPQ_OK && len && !s) abort();
+        }
+    }
+    for (int i = 0; i < mpq_gguf_count(f); i++) {
+        const mpq_gguf_tensor *t = mpq_gguf_at(f, i);
+        if (!mpq_gguf_type_is_float(t->type) || t->numel > ((uint64_t)1 << 24)) continue;
+        float *x = (float *)malloc(sizeof(float) * (size_t)t->numel + 1);
+        if (!x) abort();
+        if (mpq_gguf_read_f32(f, t, x, (size_t)t->numel, &e) != MPQ_OK && !e.msg[0]) abort();
+        free(x);
+    }
+    mpq_tokenizer *tok;
+    e.msg[0] = 0;
+    if (mpq_tokenizer_from_gguf(f, &tok, &e) == MPQ_OK) {
+        round_trip(tok, sample, sizeof sample - 1);
+        mpq_tokenizer_free(tok);
+    } else if (!e.msg[0]) {
+        abort();
+    }
+    mpq_gguf_close(f);
+
+    /* the same bytes as a model file */
+    char path[64];
+    snprintf(path, sizeof path, "/tmp/mpq-fuzz-%ld.gguf", (long)getpid());
+    FILE *out = fopen(path, "wb");
+    if (!out) return;
+    const int written = fwrite(data, 1, size, out) == size;
+    fclose(out);
+    mpq_llm *m = NULL;
+    e.msg[0] = 0;
+    if (written && mpq_llm_load(path, &m, &e) == MPQ_OK) {
+        mpq_llm_state s;
+        if (mpq_llm_state_init(m, 4, 2, &s) == MPQ_OK) {
+            const int32_t ids[3] = {0, m->c.vocab - 1, m->c.vocab / 2};
+            float *z = (float *)malloc(sizeof(float) * 3 * (size_t)m->c.vocab);
+            if (!z || mpq_llm_forward(m, &s, ids, 3, 0, z, 0) != MPQ_OK) abort();
+            free(z);
+            mpq_llm_state_free(&s);
+        }
+        mpq_llm_free(m);
+    } else if (written && !e.msg[0]) {
+        abort();
+    }
+    remove(path);
+}
+
+static void json_input(const uint8_t *data, size_t size)
+{
+    mpq_tokenizer *t;
+    mpq_io_err e;
+    e.msg[0] = 0;
+    if (mpq_tokenizer_from_json((const char *)data, size, NULL, "fuzz.json", &t, &e) != MPQ_OK) {
+        if (!e.msg[0]) abort();
+        return;
+    }
+    round_trip(t, sample, sizeof sample - 1);
+    mpq_tokenizer_free(t);
+}
+
+/* A byte-level vocabulary: the 256 bytes (GPT-2's printable spelling) and
+   a few merges, with the GPT-2 or the SmolLM pre-tokenizer. */
+static mpq_tokenizer *fixed_tokenizer(int smollm)
+{
+    static char json[16384];
+    size_t k = 0;
+    k += (size_t)snprintf(json + k, sizeof json - k,
+                          "{\"added_tokens\":[{\"id\":256,\"content\":\"<|im_end|>\",\"special\":true}],"
+                          "\"normalizer\":null,\"pre_tokenizer\":%s,\"decoder\":{\"type\":\"ByteLevel\"},"
+                          "\"model\":{\"type\":\"BPE\",\"vocab\":{",
+                          smollm ? "{\"type\":\"Sequence\",\"pretokenizers\":[{\"type\":\"Digits\","
+                                   "\"individual_digits\":true},{\"type\":\"ByteLevel\",\"add_prefix_space\":false,"
+                                   "\"use_regex\":true}]}"
+                                 : "{\"type\":\"ByteLevel\",\"add_prefix_space\":false,\"use_regex\":true}");
+    for (int b = 0, extra = 0; b < 256; b++) {
+        const int printable = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || b >= 174;
+        const int cp = printable ? b : 256 + extra++;
+        k += (size_t)snprintf(json + k, sizeof json - k, "\"\\u%04x\":%d,", cp, b);
+    }
+    /* merges: "Ġ t", "h e", "Ġt he", "i n", "e r" ("Ġ" is U+0120) */
+    k += (size_t)snprintf(json + k, sizeof json - k,
+                          "\"<|im_end|>\":256,\"\\u0120t\":257,\"he\":258,\"\\u0120the\":259,\"in\":260,\"er\":261},"
+                          "\"merges\":[\"\\u0120 t\",\"h e\",\"\\u0120t he\",\"i n\",\"e r\"]}}");
+    mpq_tokenizer *t = NULL;
+    mpq_io_err e;
+    if (mpq_tokenizer_from_json(json, k, NULL, "fixed.json", &t, &e) != MPQ_OK) {
+        fprintf(stderr, "fuzz_model: the fixed vocabulary: %s\n", e.msg);
+        abort();
+    }
+    return t;
+}
+
+static void text_input(const uint8_t *data, size_t size)
+{
+    static mpq_tokenizer *fixed[2];
+    if (!fixed[0]) fixed[0] = fixed_tokenizer(0), fixed[1] = fixed_tokenizer(1);
+    const char *text = (const char *)data;
+    for (int pre = MPQ_PRETOK_GPT2; pre <= MPQ_PRETOK_QWEN2; pre++) {
+        size_t *ends, n;
+        mpq_io_err e;
+        e.msg[0] = 0;
+        if (mpq_pretokenize((mpq_pretok)pre, text, size, &ends, &n, &e) != MPQ_OK) {
+            if (!e.msg[0]) abort();
+            continue;
+        }
+        for (size_t i = 0; i < n; i++)
+            if (ends[i] <= (i ? ends[i - 1] : 0) || ends[i] > size) abort();
+        if ((n ? ends[n - 1] : 0) != size) abort();
+        free(ends);
+    }
+    for (int k = 0; k < 2; k++) round_trip(fixed[k], text, size);
+    int32_t *tok; /* with control tokens matched: every byte still comes back */
+    size_t n;
+    if (mpq_tokenize(fixed[0], text, size, MPQ_TOK_SPECIAL, &tok, &n, NULL) == MPQ_OK) {
+        char *back;
+        size_t blen;
+        if (mpq_detokenize(fixed[0], tok, n, 0, &back, &blen) != MPQ_OK) abort();
+        if (blen != size || memcmp(back, text, size) != 0) abort();
+        free(back), free(tok);
+    }
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    if (size >= 4 && !memcmp(data, "GGUF", 4)) gguf_input(data, size);
+    else if (size >= 1 && data[0] == '{') json_input(data, size);
+    else text_input(data, size);
+    return 0;
+}

@@ -1,0 +1,276 @@
+/* The `mpq` tool on language models end to end, on a tiny random model
+   written as GGUF and as a Hugging Face directory (test/llm_fixture.h):
+   `eval` prints the library's perplexity for both forms and for a file
+   `quantize` wrote from each; the quantized matrices are those the
+   library packs; `run` prints what mpq_llm_generate generates, greedy and
+   under a PMPD schedule; and what goes wrong (a text that is not UTF-8, a
+   prompt longer than the context, a truncated model) exits 2 with a
+   message naming the file, leaving no output file. MPQ_CLI (set by meson)
+   is the tool. */
+#define _XOPEN_SOURCE 700
+#include "common.h"
+#include "llm_fixture.h"
+#include "mpq_model.h"
+#include "tmpdir.h"
+
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static char dir[256];
+static void setup(void) { cr_assert(tc_tmpdir_make(dir, sizeof dir, "cli-llm")); }
+static void teardown(void)
+{
+    char p[600];
+    snprintf(p, sizeof p, "%s/hf", dir);
+    tc_tmpdir_remove(p);
+    tc_tmpdir_remove(dir);
+}
+
+static void path_of(const char *name, char *p, size_t cap) { snprintf(p, cap, "%s/%s", dir, name); }
+
+/* Runs `mpq <args>` in dir, stdout and stderr in files; the exit code. */
+static int run(const char *args)
+{
+    const char *cli = getenv("MPQ_CLI");
+    cr_assert(cli && *cli, "MPQ_CLI is not set");
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "cd %s && %s %s >out.txt 2>err.txt", dir, cli, args);
+    const int st = system(cmd);
+    cr_assert(WIFEXITED(st), "mpq %s did not exit normally", args);
+    return WEXITSTATUS(st);
+}
+
+static char *slurp(const char *name, size_t *len)
+{
+    char p[600];
+    path_of(name, p, sizeof p);
+    FILE *f = fopen(p, "rb");
+    cr_assert_not_null(f, "%s", p);
+    static char buf[1 << 16];
+    const size_t n = fread(buf, 1, sizeof buf - 1, f);
+    buf[n] = 0;
+    fclose(f);
+    if (len) *len = n;
+    return buf;
+}
+
+static mpq_llm *load(const char *name)
+{
+    char p[600];
+    path_of(name, p, sizeof p);
+    mpq_llm *m = NULL;
+    mpq_io_err e;
+    cr_assert_eq(mpq_llm_load(p, &m, &e), MPQ_OK, "%s", e.msg);
+    return m;
+}
+
+enum { CTX = 16 };
+
+/* The perplexity the library computes on text.txt at context CTX. */
+static double library_ppl(const mpq_llm *m, const char *text, size_t len)
+{
+    int32_t *tok;
+    size_t n;
+    mpq_io_err e;
+    cr_assert_eq(mpq_tokenize(m->tok, text, len, MPQ_TOK_BOS, &tok, &n, &e), MPQ_OK, "%s", e.msg);
+    mpq_ppl_opts o;
+    memset(&o, 0, sizeof o);
+    o.ctx = CTX;
+    mpq_ppl_result r;
+    cr_assert_eq(mpq_llm_perplexity(m, tok, n, &o, &r), MPQ_OK);
+    cr_assert_geq(r.chunks, 3);
+    free(tok);
+    return r.ppl;
+}
+
+/* `mpq eval --ctx CTX MODEL text.txt` prints the library's perplexity. */
+static void eval_matches(const char *model, const mpq_llm *m, const char *text, size_t len)
+{
+    char args[700], want[64];
+    snprintf(args, sizeof args, "eval --quiet --ctx %d %s text.txt", CTX, model);
+    cr_assert_eq(run(args), 0, "mpq %s: %s", args, slurp("err.txt", NULL));
+    snprintf(want, sizeof want, "perplexity: %.4f ", library_ppl(m, text, len));
+    const char *o = slurp("out.txt", NULL);
+    cr_assert(strstr(o, want), "mpq %s printed \"%s\", the library gives \"%s\"", args, o, want);
+}
+
+/* The bytes `mpq run` prints for a greedy generation of n tokens. */
+static void run_matches(const char *model, const mpq_llm *m, const char *schedule, const mpq_pmpd_schedule *s, int n)
+{
+    const char *prompt = "abc de";
+    int32_t *tok, out[64];
+    size_t nt;
+    cr_assert_eq(mpq_tokenize(m->tok, prompt, strlen(prompt), MPQ_TOK_BOS | MPQ_TOK_SPECIAL, &tok, &nt, NULL), MPQ_OK);
+    mpq_llm_state st;
+    cr_assert_eq(mpq_llm_state_init(m, (int)nt + n, 64, &st), MPQ_OK);
+    mpq_gen_opts g;
+    memset(&g, 0, sizeof g);
+    g.max_tokens = n, g.schedule = s;
+    mpq_gen_result r;
+    cr_assert_eq(mpq_llm_generate(m, &st, tok, (int)nt, &g, out, n, &r), MPQ_OK);
+    char want[4096];
+    size_t k = 0;
+    for (int i = 0; i < r.tokens; i++) {
+        if (mpq_token_is_special(m->tok, out[i])) continue;
+        size_t b;
+        const char *bytes = mpq_token_bytes(m->tok, out[i], &b);
+        memcpy(want + k, bytes, b);
+        k += b;
+    }
+    want[k++] = '\n';
+    char args[700];
+    snprintf(args, sizeof args, "run %s -n %d --prompt '%s'%s%s", model, n, prompt, schedule ? " --schedule " : "",
+             schedule ? schedule : "");
+    cr_assert_eq(run(args), 0, "mpq %s: %s", args, slurp("err.txt", NULL));
+    size_t len;
+    const char *o = slurp("out.txt", &len);
+    cr_assert(len == k && !memcmp(o, want, k), "mpq %s printed \"%s\"", args, o);
+    const char *e = slurp("err.txt", NULL);
+    cr_assert(strstr(e, "decode:"), "%s", e);
+    if (schedule) cr_assert(strstr(e, "skip 1 ("), "the time at each level: %s", e);
+    mpq_llm_state_free(&st);
+    free(tok);
+}
+
+/* Q holds the library's packing of F's floats at `bits` (default group). */
+static int same_packing(const mpq_linear *F, const mpq_linear *Q, int bits)
+{
+    if (!Q->A.buf || !F->W) return 0;
+    mpq_bitplane_desc d;
+    memset(&d, 0, sizeof d);
+    d.rows = F->rows, d.cols = F->cols, d.uniform_bits = bits;
+    mpq_packed A;
+    cr_assert_eq(mpq_pack_alloc(&d, F->W, &A), MPQ_OK);
+    const size_t n = (size_t)F->rows * F->cols;
+    float *a = malloc(sizeof(float) * n), *b = malloc(sizeof(float) * n);
+    cr_assert_eq(mpq_packed_dequantize(&A, 0, a), MPQ_OK);
+    const int same = mpq_packed_dequantize(&Q->A, 0, b) == MPQ_OK && !memcmp(a, b, sizeof(float) * n);
+    free(a), free(b);
+    mpq_packed_free(&A);
+    return same;
+}
+
+static void make_model(tl_model *tm, char *text, size_t *len)
+{
+    memset(tm, 0, sizeof *tm);
+    tm->vocab_rows = 320, tm->dim = 64, tm->layers = 2, tm->heads = 4, tm->kv_heads = 2, tm->head_dim = 16;
+    tm->ffn = 96, tm->theta = 10000.0, tm->eps = 1e-5;
+    tl_make(tm, 77);
+    char p[600];
+    path_of("hf", p, sizeof p);
+    mkdir(p, 0755);
+    tl_write_hf(tm, p, MPQ_DT_BF16);
+    path_of("m.gguf", p, sizeof p);
+    tl_write_gguf(tm, p);
+    /* text over the vocabulary's letters: a few chunks of CTX tokens */
+    synth_rng r = {5};
+    size_t k = 0;
+    while (k < 600) {
+        const int w = 1 + synth_int(&r, 6);
+        for (int i = 0; i < w; i++) text[k++] = (char)('a' + synth_int(&r, 5));
+        text[k++] = synth_int(&r, 8) ? ' ' : '\n';
+    }
+    text[k] = 0;
+    *len = k;
+    path_of("text.txt", p, sizeof p);
+    tl_spit(p, text);
+}
+
+Test(cli_llm, eval_quantize_and_run_on_gguf_and_hf, .init = setup, .fini = teardown)
+{
+    tl_model tm;
+    char text[700];
+    size_t len;
+    make_model(&tm, text, &len);
+    mpq_llm *g = load("m.gguf"), *h = load("hf");
+    eval_matches("m.gguf", g, text, len);
+    eval_matches("hf", h, text, len);
+
+    /* quantize both forms: the matrices are the library's packing of the
+       same floats, the embedding (= head) at --embed-bits */
+    cr_assert_eq(run("quantize --quiet --bits 4 m.gguf qg.safetensors"), 0, "%s", slurp("err.txt", NULL));
+    cr_assert_eq(run("quantize --quiet --bits 3 --embed-bits 6 hf qh.safetensors"), 0, "%s", slurp("err.txt", NULL));
+    mpq_llm *qg = load("qg.safetensors"), *qh = load("qh.safetensors");
+    const mpq_llm *from[2] = {g, h}, *to[2] = {qg, qh};
+    const int bits[2] = {4, 3};
+    for (int w = 0; w < 2; w++) {
+        cr_assert_eq(to[w]->c.rope_style, from[w]->c.rope_style, "the rotary convention goes with the rows");
+        for (int l = 0; l < tm.layers; l++)
+            for (int k = 0; k < MPQ_LIN_COUNT; k++)
+                cr_assert(same_packing(&from[w]->layer[l].lin[k], &to[w]->layer[l].lin[k], bits[w]),
+                          "form %d, layer %d, map %d", w, l, k);
+        cr_assert(same_packing(&from[w]->embed, &to[w]->embed, w ? 6 : 8), "the embedding at --embed-bits");
+        cr_assert_eq(mpq_tokenizer_size(to[w]->tok), mpq_tokenizer_size(from[w]->tok), "the tokenizer goes along");
+    }
+    eval_matches("qg.safetensors", qg, text, len);
+    eval_matches("qh.safetensors", qh, text, len);
+
+    /* generation: greedy, and PMPD with the decode at 3 bits from token 4 */
+    run_matches("m.gguf", g, NULL, NULL, 12);
+    run_matches("qg.safetensors", qg, NULL, NULL, 12);
+    mpq_pmpd_schedule s;
+    memset(&s, 0, sizeof s);
+    s.prefill_skip = 0, s.nlevels = 2, s.skip[0] = 0, s.skip[1] = 1, s.start[1] = 4;
+    run_matches("qg.safetensors", qg, "0:0@0,1@4", &s, 12);
+    const char *e = slurp("err.txt", NULL);
+    cr_assert(strstr(e, "skip 0 (") && strstr(e, "skip 1 ("), "%s", e);
+    cr_assert_eq(run("run m.gguf -n 4 --prompt 'abc'"), 0);
+    cr_assert_null(strstr(slurp("err.txt", NULL), "skip 0"), "a float model has no planes to skip");
+
+    mpq_llm_free(g), mpq_llm_free(h), mpq_llm_free(qg), mpq_llm_free(qh);
+    tl_free(&tm);
+}
+
+Test(cli_llm, bad_inputs_exit_2_naming_the_file, .init = setup, .fini = teardown)
+{
+    tl_model tm;
+    char text[700], p[600];
+    size_t len;
+    make_model(&tm, text, &len);
+    /* a text that is not UTF-8 */
+    path_of("bad.txt", p, sizeof p);
+    tl_spit(p, "good text, then \xc3( a broken sequence");
+    cr_assert_eq(run("eval m.gguf bad.txt"), 2);
+    const char *e = slurp("err.txt", NULL);
+    cr_assert(strstr(e, "bad.txt") && strstr(e, "UTF-8"), "%s", e);
+    cr_assert_eq(run("run m.gguf --prompt-file bad.txt"), 2);
+    cr_assert(strstr(slurp("err.txt", NULL), "bad.txt"), "%s", slurp("err.txt", NULL));
+    /* a text shorter than one chunk */
+    path_of("short.txt", p, sizeof p);
+    tl_spit(p, "ab cd");
+    cr_assert_eq(run("eval --ctx 16 m.gguf short.txt"), 2);
+    cr_assert(strstr(slurp("err.txt", NULL), "short.txt"), "%s", slurp("err.txt", NULL));
+    /* a prompt longer than the context */
+    cr_assert_eq(run("run m.gguf --ctx 8 --prompt 'a b c d e a b c d e a b c d e'"), 2);
+    e = slurp("err.txt", NULL);
+    cr_assert(strstr(e, "--prompt") && strstr(e, "does not fit"), "%s", e);
+    /* a truncated model: the file named, and no output file */
+    size_t n;
+    uint8_t *b = tl_gguf(&tm, &n);
+    path_of("cut.gguf", p, sizeof p);
+    FILE *f = fopen(p, "wb");
+    cr_assert_eq(fwrite(b, 1, n - 100, f), n - 100);
+    fclose(f);
+    free(b);
+    cr_assert_eq(run("eval cut.gguf text.txt"), 2);
+    cr_assert(strstr(slurp("err.txt", NULL), "cut.gguf"), "%s", slurp("err.txt", NULL));
+    cr_assert_eq(run("quantize --bits 4 cut.gguf out.safetensors"), 2);
+    cr_assert(strstr(slurp("err.txt", NULL), "cut.gguf"), "%s", slurp("err.txt", NULL));
+    path_of("out.safetensors", p, sizeof p);
+    cr_assert_eq(access(p, F_OK), -1, "no partial output");
+    /* a config that disagrees with the tensors (five heads of 16) */
+    path_of("hf/config.json", p, sizeof p);
+    char cfg[2048];
+    tm.heads = 5;
+    tl_config_json(&tm, cfg, sizeof cfg);
+    tl_spit(p, cfg);
+    cr_assert_eq(run("eval hf text.txt"), 2);
+    cr_assert(strstr(slurp("err.txt", NULL), "hf"), "%s", slurp("err.txt", NULL));
+    cr_assert_eq(run("quantize --bits 4 hf out.safetensors"), 2);
+    cr_assert_eq(access(p, F_OK), 0);
+    path_of("out.safetensors", p, sizeof p);
+    cr_assert_eq(access(p, F_OK), -1, "no partial output");
+    tm.heads = 4;
+    tl_free(&tm);
+}
