@@ -1,18 +1,24 @@
 #!/usr/bin/env bash
 # The main job. Installs what it needs (Debian packages, when missing),
-# builds mpq in release mode and runs tinylm: every method of the library on
-# a small trained transformer (examples/tinylm/tinylm.safetensors) - its
-# statistics, plans, quantization, and held-out perplexity and task accuracy
-# for each - printing the table and writing build/tinylm/results.md and
-# build/tinylm/ppl_vs_bpw.svg. A few minutes on 2 cores.
+# fetches SmolLM2-135M-Instruct and the Python documentation into build/
+# (examples/fetch.sh), builds mpq in release mode and runs llm_methods:
+# every method of the library on the real model - statistics, quantization,
+# perplexity as llama.cpp computes it, bits per weight and decode tokens per
+# second - printing the table and writing build/llm/results.md and
+# build/llm/ppl_vs_bpw.svg. About 6 minutes on 2 cores.
 #
-#   bash examples/run.sh [tinylm options]      the main job (--help)
-#   bash examples/run.sh demo [demo options]   the single-layer demo on a
-#                                              synthetic 4096 x 4096 layer
+#   bash examples/run.sh [llm_methods options]  the main job (--help; --full: every
+#                                               evaluation chunk, about an hour)
+#   bash examples/run.sh tinylm [options]       every method on the small trained
+#                                               transformer (examples/tinylm)
+#   bash examples/run.sh demo [options]         the single-layer demo on a
+#                                               synthetic 4096 x 4096 layer
 set -eu
 cd "$(dirname "$0")/.."
 need=()
-for p in meson ninja-build pkg-config gcc g++ libcjson-dev; do dpkg -s "$p" >/dev/null 2>&1 || need+=("$p"); done
+for p in meson ninja-build pkg-config gcc g++ libcjson-dev python3 python3-venv; do
+    dpkg -s "$p" >/dev/null 2>&1 || need+=("$p")
+done
 if [ ${#need[@]} -gt 0 ]; then
     sudo=""
     [ "$(id -u)" -ne 0 ] && sudo="sudo"
@@ -20,12 +26,21 @@ if [ ${#need[@]} -gt 0 ]; then
     $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
 fi
 [ -d build/demo ] || meson setup build/demo --buildtype=release -Dtests=false -Dbenches=false >/dev/null
-if [ "${1:-}" = demo ]; then
+# a build directory configured before cJSON was installed lacks the model targets
+ninja -C build/demo mpq >/dev/null 2>&1 ||
+    { meson setup --reconfigure build/demo -Dio=enabled >/dev/null && ninja -C build/demo mpq >/dev/null; }
+case "${1:-}" in
+demo)
     shift
     ninja -C build/demo demo >/dev/null
     exec build/demo/demo "$@"
-fi
-# a build directory configured before cJSON was installed lacks the target
-ninja -C build/demo tinylm >/dev/null 2>&1 ||
-    { meson setup --reconfigure build/demo -Dio=enabled >/dev/null && ninja -C build/demo tinylm >/dev/null; }
-exec build/demo/tinylm "$@"
+    ;;
+tinylm)
+    shift
+    ninja -C build/demo tinylm >/dev/null
+    exec build/demo/tinylm "$@"
+    ;;
+esac
+bash examples/fetch.sh
+ninja -C build/demo llm_methods >/dev/null
+exec build/demo/llm_methods "$@"

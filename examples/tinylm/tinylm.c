@@ -24,6 +24,7 @@
 #include "mpq.h"
 #include "ckpt.h"
 #include "eval.h"
+#include "plot.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -596,59 +597,10 @@ static void write_plot(const char *dir)
 {
     char p[1024];
     FILE *f = open_output(dir, "ppl_vs_bpw.svg", p, sizeof p);
-    double x0 = 1e9, x1 = 0, y0 = 1e9, y1 = 0;
-    for (int i = 1; i < nrows; i++) { /* row 0 is the reference: a dashed line */
-        x0 = fmin(x0, rows[i].bpw), x1 = fmax(x1, rows[i].bpw);
-        y0 = fmin(y0, rows[i].r.ppl), y1 = fmax(y1, rows[i].r.ppl);
-    }
-    y0 = fmin(y0, rows[0].r.ppl);
-    x0 = floor(x0 * 2) / 2, x1 = ceil(x1 * 2) / 2;
-    const double ly0 = log(y0) - 0.02, ly1 = log(y1) + 0.02;
-    const int W = 720, H = 460, L = 70, R = 190, T = 20, Bm = 50;
-#define PX(x) (L + ((x) - x0) / (x1 - x0) * (W - L - R))
-#define PY(y) (H - Bm - (log(y) - ly0) / (ly1 - ly0) * (H - T - Bm))
-    fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" font-family=\"sans-serif\" "
-               "font-size=\"12\">\n<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n", W, H);
-    fprintf(f, "<line x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\" stroke=\"black\"/>\n", L, H - Bm, W - R, H - Bm);
-    fprintf(f, "<line x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\" stroke=\"black\"/>\n", L, T, L, H - Bm);
-    for (double x = x0; x <= x1 + 1e-9; x += 0.5)
-        fprintf(f, "<text x=\"%.1f\" y=\"%d\" text-anchor=\"middle\">%.1f</text>\n", PX(x), H - Bm + 16, x);
-    for (int k = 0; k <= 5; k++) {
-        const double y = exp(ly0 + (ly1 - ly0) * k / 5);
-        fprintf(f, "<text x=\"%d\" y=\"%.1f\" text-anchor=\"end\">%.3f</text>\n", L - 6, PY(y) + 4, y);
-    }
-    fprintf(f, "<text x=\"%d\" y=\"%d\" text-anchor=\"middle\">bits per weight (linear maps)</text>\n",
-            (L + W - R) / 2, H - 10);
-    fprintf(f, "<text x=\"16\" y=\"%d\" transform=\"rotate(-90 16 %d)\" text-anchor=\"middle\">held-out perplexity "
-               "per byte (log scale)</text>\n", (T + H - Bm) / 2, (T + H - Bm) / 2);
-    fprintf(f, "<line x1=\"%d\" y1=\"%.1f\" x2=\"%d\" y2=\"%.1f\" stroke=\"gray\" stroke-dasharray=\"4 3\"/>\n", L,
-            PY(rows[0].r.ppl), W - R, PY(rows[0].r.ppl));
-    static const char *const colors[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
-                                         "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"};
-    char fams[16][16];
-    int nf = 0;
-    for (int i = 1; i < nrows; i++) {
-        int k = 0;
-        while (k < nf && strcmp(fams[k], rows[i].family)) k++;
-        if (k == nf) snprintf(fams[nf++], 16, "%s", rows[i].family);
-    }
-    for (int k = 0; k < nf; k++) {
-        const char *col = colors[k % 10];
-        fprintf(f, "<polyline fill=\"none\" stroke=\"%s\" stroke-width=\"1.5\" points=\"", col);
-        for (int i = 1; i < nrows; i++)
-            if (!strcmp(rows[i].family, fams[k])) fprintf(f, "%.1f,%.1f ", PX(rows[i].bpw), PY(rows[i].r.ppl));
-        fprintf(f, "\"/>\n");
-        for (int i = 1; i < nrows; i++)
-            if (!strcmp(rows[i].family, fams[k]))
-                fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3.5\" fill=\"%s\"/>\n", PX(rows[i].bpw),
-                        PY(rows[i].r.ppl), col);
-        fprintf(f, "<circle cx=\"%d\" cy=\"%d\" r=\"4\" fill=\"%s\"/><text x=\"%d\" y=\"%d\">%s</text>\n", W - R + 16,
-                T + 10 + 18 * k, col, W - R + 26, T + 14 + 18 * k, fams[k]);
-    }
-    fprintf(f, "<text x=\"%d\" y=\"%d\" fill=\"gray\">- - fp16 weights</text>\n", W - R + 12, T + 14 + 18 * nf);
-    fprintf(f, "</svg>\n");
-#undef PX
-#undef PY
+    plot_point pts[64];
+    for (int i = 0; i < nrows; i++) pts[i].family = rows[i].family, pts[i].bpw = rows[i].bpw, pts[i].ppl = rows[i].r.ppl;
+    plot_ppl_vs_bpw(f, pts, nrows, "bits per weight (linear maps)", "held-out perplexity per byte (log scale)",
+                    "fp16 weights");
     fclose(f);
     printf("wrote %s\n", p);
 }
