@@ -5,10 +5,10 @@
 # every method of the library on the real model - statistics, quantization,
 # perplexity as llama.cpp computes it, bits per weight and decode tokens per
 # second - printing the table and writing build/llm/results.md and
-# build/llm/ppl_vs_bpw.svg. About 6 minutes on 2 cores.
+# build/llm/ppl_vs_bpw.svg. About 9 minutes on 2 cores.
 #
 #   bash examples/run.sh [llm_methods options]  the main job (--help; --full: every
-#                                               evaluation chunk, about an hour)
+#                                               evaluation chunk, about two hours)
 #   bash examples/run.sh tinylm [options]       every method on the small trained
 #                                               transformer (examples/tinylm)
 #   bash examples/run.sh demo [options]         the single-layer demo on a
