@@ -5,8 +5,9 @@
 #   sanitize  AddressSanitizer + UndefinedBehaviorSanitizer (any finding fails)
 #   portable  plain x86-64, MPQ_NO_SIMD: the scalar kernels and software fp16
 # It also compiles mpq.h alone with clang (C11, C++17, -Wall -Wextra -Werror),
-# runs the examples, fuzzes the safetensors reader and packed-file loader for
-# a minute (libFuzzer, ASan + UBSan), and checks files against the reference
+# runs the examples, fuzzes the safetensors reader and packed-file loader, and
+# the GGUF, model, tokenizer and text readers, a minute each (libFuzzer, ASan +
+# UBSan), and checks files against the reference
 # safetensors package (PyPI, in a virtual environment under build/).
 # The last line is "N passed, N failed, N skipped".
 set -u
