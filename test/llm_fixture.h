@@ -306,34 +306,11 @@ static inline uint8_t *tl_gguf(const tl_model *m, size_t *bytes)
         tg_kv_u32(&g, TL_KEY("attention.value_length"), (uint32_t)m->head_dim);
     }
 #undef TL_KEY
-    /* the tokenizer (as vgguf writes it, with this model's ids) */
+    /* the tokenizer, EOS the last token, no BOS */
     const vocab *v = m->v;
-    const char **tokens = (const char **)malloc(sizeof(char *) * (size_t)v->n);
-    const char **merges = (const char **)malloc(sizeof(char *) * (size_t)(v->nmerges + 1));
-    int32_t *types = (int32_t *)malloc(sizeof(int32_t) * (size_t)v->n);
-    char(*sp)[256] = (char(*)[256])malloc(256 * (size_t)v->n), (*ms)[512] = (char(*)[512])malloc(512 * (size_t)(v->nmerges + 1));
-    for (int i = 0; i < v->n; i++) {
-        if (v->special[i]) snprintf(sp[i], 256, "%s", v->tok[i]);
-        else if (i == byte_id(0)) spell("", 1, sp[i]);
-        else spell(v->tok[i], strlen(v->tok[i]), sp[i]);
-        tokens[i] = sp[i];
-        types[i] = v->special[i] == 1 ? 3 : v->special[i] == 2 ? 4 : 1;
-    }
-    for (int r = 0; r < v->nmerges; r++) {
-        char a[256], b[256];
-        spell(v->tok[v->ml[r]], strlen(v->tok[v->ml[r]]), a);
-        spell(v->tok[v->mr[r]], strlen(v->tok[v->mr[r]]), b);
-        snprintf(ms[r], 512, "%s %s", a, b);
-        merges[r] = ms[r];
-    }
-    tg_kv_str(&g, "tokenizer.ggml.model", "gpt2");
-    tg_kv_str(&g, "tokenizer.ggml.pre", "smollm");
-    tg_kv_arr_str(&g, "tokenizer.ggml.tokens", tokens, (size_t)v->n);
-    tg_kv_arr_i32(&g, "tokenizer.ggml.token_type", types, (size_t)v->n);
-    tg_kv_arr_str(&g, "tokenizer.ggml.merges", merges, (size_t)v->nmerges);
+    vgguf_keys(&g, v, "gpt2", "smollm");
     tg_kv_u32(&g, "tokenizer.ggml.eos_token_id", (uint32_t)(v->n - 1));
     tg_kv_bool(&g, "tokenizer.ggml.add_bos_token", 0);
-    free(tokens), free(merges), free(types), free(sp), free(ms);
     const uint64_t es[2] = {(uint64_t)m->dim, (uint64_t)m->vocab_rows}, d1[1] = {(uint64_t)m->dim};
     tg_tensor(&g, "token_embd.weight", 0, 2, es, m->embed, sizeof(float) * (size_t)m->vocab_rows * m->dim);
     if (!m->tied) tg_tensor(&g, "output.weight", 0, 2, es, m->head, sizeof(float) * (size_t)m->vocab_rows * m->dim);

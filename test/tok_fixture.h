@@ -174,11 +174,14 @@ static inline void random_vocab(vocab *v, synth_rng *r, int nmerges)
     }
 }
 
-static inline uint8_t *vgguf(const vocab *v, const char *model, const char *pre, size_t *bytes)
+/* The vocabulary's tokenizer.ggml.{model, pre, tokens, token_type, merges}
+   keys, added to a GGUF being written. */
+static inline void vgguf_keys(tg_gguf *g, const vocab *v, const char *model, const char *pre)
 {
-    const char **tokens = malloc(sizeof(char *) * (size_t)v->n), **merges = malloc(sizeof(char *) * (size_t)v->nmerges);
+    const char **tokens = malloc(sizeof(char *) * (size_t)v->n);
+    const char **merges = malloc(sizeof(char *) * (size_t)(v->nmerges + 1));
     int32_t *types = malloc(sizeof(int32_t) * (size_t)v->n);
-    char(*sp)[256] = malloc(256 * (size_t)v->n), (*ms)[512] = malloc(512 * (size_t)v->nmerges);
+    char(*sp)[256] = malloc(256 * (size_t)v->n), (*ms)[512] = malloc(512 * (size_t)(v->nmerges + 1));
     for (int i = 0; i < v->n; i++) {
         if (v->special[i]) snprintf(sp[i], 256, "%s", v->tok[i]);
         else if (i == byte_id(0)) spell("", 1, sp[i]);
@@ -193,19 +196,23 @@ static inline uint8_t *vgguf(const vocab *v, const char *model, const char *pre,
         snprintf(ms[r], 512, "%s %s", a, b);
         merges[r] = ms[r];
     }
+    tg_kv_str(g, "tokenizer.ggml.model", model);
+    tg_kv_str(g, "tokenizer.ggml.pre", pre);
+    tg_kv_arr_str(g, "tokenizer.ggml.tokens", tokens, (size_t)v->n);
+    tg_kv_arr_i32(g, "tokenizer.ggml.token_type", types, (size_t)v->n);
+    tg_kv_arr_str(g, "tokenizer.ggml.merges", merges, (size_t)v->nmerges);
+    free(tokens), free(merges), free(types), free(sp), free(ms);
+}
+
+static inline uint8_t *vgguf(const vocab *v, const char *model, const char *pre, size_t *bytes)
+{
     tg_gguf g;
     tg_begin(&g);
-    tg_kv_str(&g, "tokenizer.ggml.model", model);
-    tg_kv_str(&g, "tokenizer.ggml.pre", pre);
-    tg_kv_arr_str(&g, "tokenizer.ggml.tokens", tokens, (size_t)v->n);
-    tg_kv_arr_i32(&g, "tokenizer.ggml.token_type", types, (size_t)v->n);
-    tg_kv_arr_str(&g, "tokenizer.ggml.merges", merges, (size_t)v->nmerges);
+    vgguf_keys(&g, v, model, pre);
     tg_kv_u32(&g, "tokenizer.ggml.bos_token_id", (uint32_t)(v->n - 2));
     tg_kv_u32(&g, "tokenizer.ggml.eos_token_id", (uint32_t)(v->n - 1));
     tg_kv_bool(&g, "tokenizer.ggml.add_bos_token", 1);
-    uint8_t *b = tg_finish(&g, bytes);
-    free(tokens), free(merges), free(types), free(sp), free(ms);
-    return b;
+    return tg_finish(&g, bytes);
 }
 
 
