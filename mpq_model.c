@@ -2,6 +2,7 @@
    sections 2 to 5). */
 #define _XOPEN_SOURCE 700
 #include "mpq_model.h"
+#include "mpq_model_priv.h"
 
 #include <cjson/cJSON.h>
 
@@ -797,7 +798,7 @@ static void mpq__tile4(const float *X, const float *W, float *Y, int M, int K)
 /* Y[T x M] = X[T x K] W[M x K]^T, float. Every output is mpq__mdot of its
    row and column, whatever the tiling or thread count, so a token's result
    does not depend on the tokens beside it. */
-static void mpq__sgemm(const float *X, int T, const float *W, int M, int K, float *Y)
+void mpq__sgemm(const float *X, int T, const float *W, int M, int K, float *Y)
 {
 #ifdef _OPENMP
 #pragma omp parallel for schedule(static)
@@ -893,7 +894,7 @@ static mpq_status mpq__linear(const mpq_llm *m, mpq_llm_state *s, const mpq_line
     return st;
 }
 
-static void mpq__rmsnorm(const float *x, const float *w, float *y, int T, int D, double eps)
+void mpq__rmsnorm(const float *x, const float *w, float *y, int T, int D, double eps)
 {
     for (int t = 0; t < T; t++) {
         const float *xt = x + (size_t)t * D;
@@ -1035,7 +1036,7 @@ mpq_status mpq_llm_forward(const mpq_llm *m, mpq_llm_state *s, const int32_t *to
 /* ========================================================================== */
 
 /* -log softmax(z)[target], in double. */
-static double mpq__nll(const float *z, int n, int target)
+double mpq__nll(const float *z, int n, int target)
 {
     float mx = z[0];
     for (int i = 1; i < n; i++) mx = z[i] > mx ? z[i] : mx;

@@ -4,7 +4,7 @@
    packed matrices and products out); this part loads real models, tokenizes
    text, runs the forward pass with every linear map on mpq's products (or on
    float weights, the reference), and measures perplexity and generation.
-   Compiled from mpq_tokenizer.c and mpq_model.c; needs mpq_io (cJSON) and a
+   Compiled from mpq_tokenizer.c, mpq_model.c and mpq_calib.c; needs mpq_io (cJSON) and a
    translation unit that defines MPQ_IMPLEMENTATION.
 
    CONTENTS
@@ -17,6 +17,11 @@
      4. Perplexity .... llama.cpp's llama-perplexity, computed the same way
      5. Generation .... greedy or temperature / top-p sampling, PMPD
                         precision schedules, prompt and decode timing
+     6. Calibration ... the backward pass, and every statistic the methods
+                        need (Fisher diagonal, diag(X^T X), AWQ samples,
+                        MixLLM salience, PQI, MXSens layer sensitivity,
+                        X^T X), streamed over windows of a text; the
+                        statistics file `mpq quantize` reads
 
    Every fallible function returns mpq_status and, where a file or a text is
    involved, fills an optional mpq_io_err with one line naming it. */
@@ -370,6 +375,126 @@ typedef struct mpq_gen_result {
    prompt must fit the cache with one free position (MPQ_ERR_RANGE). */
 mpq_status mpq_llm_generate(const mpq_llm *m, mpq_llm_state *s, const int32_t *prompt, int n, const mpq_gen_opts *o,
                             int32_t *out, int max_out, mpq_gen_result *r);
+
+
+/* ========================================================================== */
+/* 6. Calibration                                                             */
+/* ========================================================================== */
+
+/* THE BACKWARD PASS. mpq_llm_backward runs one window of n tokens (positions
+   0..n-1, no cache) through the model with float weights and returns the
+   language-model loss, the mean over positions 0..n-2 of -log p(token[t+1]),
+   and, one linear map at a time (last layer first), the gradient of that
+   loss with respect to the map's weights (rows x cols, the map's own row
+   order) through on_grad. Every linear map of the layers and the head must
+   have float weights (MPQ_ERR_UNSUPPORTED otherwise); W (may be NULL)
+   replaces the weights of linear map i (index layer * MPQ_LIN_COUNT + lin)
+   by W[i] where W[i] is not NULL, for gradients at other weights (PQI).
+   observe (may be NULL) sees the input of every linear map as in
+   mpq_llm.observe (q, k and v: once, as MPQ_LIN_Q; gate and up: once, as
+   MPQ_LIN_GATE). Results do not depend on the number of threads. */
+typedef struct mpq_llm_train mpq_llm_train;
+
+/* Scratch for windows of up to `len` tokens (layers x len x about
+   dim + 2 ffn floats of saved activations, heads x len^2 floats of
+   attention, len x vocab floats of logits, and the head transposed). */
+mpq_status mpq_llm_train_init(const mpq_llm *m, int len, mpq_llm_train **out);
+void mpq_llm_train_free(mpq_llm_train *t); /* NULL is accepted */
+
+typedef void (*mpq_grad_cb)(void *user, int layer, int lin, const float *G, int rows, int cols);
+typedef void (*mpq_observe_cb)(void *user, int layer, int lin, const float *x, int tokens, int cols);
+
+mpq_status mpq_llm_backward(const mpq_llm *m, mpq_llm_train *t, const int32_t *tokens, int n,
+                            const float *const *W, mpq_observe_cb observe, mpq_grad_cb on_grad, void *user,
+                            double *loss);
+
+/* STATISTICS, over `windows` windows of `length` tokens taken evenly from
+   the text (window i starts at token floor(i * (n / length) / windows) *
+   length; the first token of each becomes BOS when the tokenizer adds
+   BOS, as in mpq_llm_perplexity). For linear map i = layer * 7 + lin:
+
+     fisher[i]    rows x cols  mean over windows of the squared gradient of
+                               the window's loss (SFMP, SqueezeLLM)
+     mixllm[i]    rows         MixLLM eq. 4: mean over windows of
+                               |g_c.d_c + (g_c.d_c)^2 / 2| per output channel,
+                               d = Q(W) - W for Q = RTN mixllm_bits, g128
+     xtx_diag[i]  cols         diag(X^T X): sum of x_j^2 over the tokens
+     mean_abs[i]  cols         mean |x_j| over the tokens
+     awq[i]       awq_tokens x cols  input rows for AWQ's search, evenly
+                               spaced over all windows
+     xtx[i]       cols x cols  X^T X (only with MPQ_CALIB_XTX: cols^2 each)
+     pqi[i]       rows x cols  PQI eq. 7 along W -> Q(W), Q = RTN pqi_bits
+                               g128, with pqi_steps gradient points of the
+                               mean loss over the first pqi_windows windows
+     layer_sens[i]             MXSens alg. 3: the squared L2 change of the
+                               final hidden state (after the output norm)
+                               over the first sens_tokens tokens of window
+                               0 when only map i is MXINT4 (group 32),
+                               divided by the largest change (mpq_mxsens_
+                               layer_sensitivity)
+
+   The activation statistics leave out position 0 of every window: there
+   the model puts an attention sink whose inputs are tens of times larger
+   in a few channels, and a statistic summed over tokens would be that one
+   token's (bench/results/NOTES.md). Memory: 8 bytes per weight for each of
+   fisher and pqi while they are gathered, 4 per weight in the result; it
+   does not grow with the number of windows. Deterministic for any thread
+   count. */
+#define MPQ_CALIB_FISHER 0x01u
+#define MPQ_CALIB_MIXLLM 0x02u
+#define MPQ_CALIB_ACTS 0x04u       /* xtx_diag, mean_abs, awq */
+#define MPQ_CALIB_PQI 0x08u
+#define MPQ_CALIB_LAYER_SENS 0x10u
+#define MPQ_CALIB_XTX 0x20u
+#define MPQ_CALIB_ALL 0x1Fu        /* everything but the full X^T X */
+
+typedef struct mpq_calib_opts {
+    unsigned what;          /* MPQ_CALIB_*; 0 -> MPQ_CALIB_ALL */
+    int windows;            /* 0 -> 16 */
+    int length;             /* tokens per window; 0 -> 512 */
+    int awq_tokens;         /* 0 -> 128 */
+    int mixllm_bits;        /* the low width of MixLLM's delta; 0 -> 4 */
+    int pqi_bits;           /* 0 -> 3 */
+    int pqi_steps;          /* 0 -> 4 */
+    int pqi_windows;        /* 0 -> 4 (at most windows) */
+    int sens_tokens;        /* 0 -> 256 (at most length) */
+    /* called during the passes (may be NULL): phase "windows", "pqi" or
+       "sensitivity", steps done of total, seconds since the start */
+    void (*progress)(void *user, const char *phase, int done, int total, double seconds);
+    void *user;
+} mpq_calib_opts;
+
+typedef struct mpq_calib_stats {
+    int nlin;               /* layers x MPQ_LIN_COUNT */
+    int windows, length, awq_tokens, mixllm_bits, pqi_bits, pqi_steps, pqi_windows, sens_tokens;
+    unsigned what;
+    double loss;            /* mean loss over the windows (nats per token) */
+    long act_tokens;        /* tokens in the activation statistics */
+    float **fisher, **mixllm, **xtx_diag, **mean_abs, **awq, **xtx, **pqi; /* nlin each, or NULL arrays */
+    float *layer_sens;      /* nlin, or NULL */
+} mpq_calib_stats;
+
+/* A text of fewer than `length` tokens is MPQ_ERR_SIZE (err says so); with
+   fewer than windows x length, the windows are as many as fit. */
+mpq_status mpq_llm_calibrate(const mpq_llm *m, const int32_t *tokens, size_t n, const mpq_calib_opts *o,
+                             mpq_calib_stats *out, mpq_io_err *err);
+void mpq_calib_stats_free(mpq_calib_stats *s);
+
+/* THE STATISTICS FILE (safetensors, F32), what `mpq quantize --stats`
+   reads: for every linear map with weight name N (the model's own names),
+   the tensors N.fisher, N.mixllm, N.xtx_diag, N.mean_abs, N.awq, N.xtx,
+   N.pqi and N.layer_sensitivity (a scalar) that were gathered, and in
+   __metadata__ "mpq_calib", a JSON object with the options, the loss and
+   `extra` (may be NULL: a JSON object the caller adds, e.g. the model and
+   text it came from). */
+mpq_status mpq_calib_write(const mpq_llm *m, const mpq_calib_stats *s, const char *extra_json, const char *path,
+                           mpq_io_err *err);
+/* Reads a statistics file for model m back (every tensor's name, dtype,
+   shape and values checked: finite, and >= 0 where a statistic cannot be
+   negative). A statistic the first linear map has must be there for all;
+   s->what has the flag of every statistic present (MPQ_CALIB_ACTS when
+   any of xtx_diag, mean_abs and awq is; the arrays of the others NULL). */
+mpq_status mpq_calib_read(const mpq_llm *m, const char *path, mpq_calib_stats *s, mpq_io_err *err);
 
 #ifdef __cplusplus
 }

@@ -131,9 +131,15 @@ static inline void tl_matvec(const float *W, const float *b, const double *x, in
     }
 }
 
-/* logits (n x vocab_rows) of tokens tok[0..n) at positions 0..n-1. W
-   replaces the weights of the linear maps when not NULL (W[l][k]). */
-static inline void tl_reference(const tl_model *m, float *const (*W)[7], const int32_t *tok, int n, double *logits)
+/* Called with the input of linear map k of layer l at position t. */
+typedef void (*tl_observe_fn)(void *user, int l, int k, int t, const double *x, int cols);
+
+/* logits (n x vocab_rows, may be NULL) of tokens tok[0..n) at positions
+   0..n-1, hidden (n x dim, may be NULL) the final state after the output
+   norm. W replaces the weights of the linear maps when not NULL (W[l][k]);
+   obs (may be NULL) sees every linear map's input. */
+static inline void tl_reference_ex(const tl_model *m, float *const (*W)[7], const int32_t *tok, int n, double *logits,
+                                   double *hidden, tl_observe_fn obs, void *user)
 {
     const int D = m->dim, hd = m->head_dim, H = m->heads, KV = m->kv_heads, F = m->ffn;
     const int qd = H * hd, kvd = KV * hd;
@@ -149,6 +155,7 @@ static inline void tl_reference(const tl_model *m, float *const (*W)[7], const i
         float *const *w = W ? W[l] : m->w[l];
         for (int t = 0; t < n; t++) {
             tl_rmsnorm(x + (size_t)t * D, m->attn_norm[l], m->eps, D, h);
+            for (int kk = 0; obs && kk < 3; kk++) obs(user, l, kk, t, h, D);
             tl_matvec(w[0], m->b[l][0], h, qd, D, q + (size_t)t * qd);
             tl_matvec(w[1], m->b[l][1], h, kvd, D, k + (size_t)t * kvd);
             tl_matvec(w[2], m->b[l][2], h, kvd, D, v + (size_t)t * kvd);
@@ -179,24 +186,33 @@ static inline void tl_reference(const tl_model *m, float *const (*W)[7], const i
                     a[hh * hd + e] = acc;
                 }
             }
+            if (obs) obs(user, l, 3, t, a, qd);
             tl_matvec(w[3], NULL, a, D, qd, o);
             for (int j = 0; j < D; j++) xn[(size_t)t * D + j] = x[(size_t)t * D + j] + o[j];
         }
         for (int t = 0; t < n; t++) {
             double *xt = xn + (size_t)t * D;
             tl_rmsnorm(xt, m->ffn_norm[l], m->eps, D, h);
+            for (int kk = 4; obs && kk < 6; kk++) obs(user, l, kk, t, h, D);
             tl_matvec(w[4], NULL, h, F, D, g);
             tl_matvec(w[5], NULL, h, F, D, u);
             for (int i = 0; i < F; i++) g[i] = g[i] / (1.0 + exp(-g[i])) * u[i];
+            if (obs) obs(user, l, 6, t, g, F);
             tl_matvec(w[6], NULL, g, D, F, o);
             for (int j = 0; j < D; j++) x[(size_t)t * D + j] = xt[j] + o[j];
         }
     }
     for (int t = 0; t < n; t++) {
         tl_rmsnorm(x + (size_t)t * D, m->out_norm, m->eps, D, h);
-        tl_matvec(m->head, NULL, h, m->vocab_rows, D, logits + (size_t)t * m->vocab_rows);
+        if (hidden) memcpy(hidden + (size_t)t * D, h, sizeof(double) * D);
+        if (logits) tl_matvec(m->head, NULL, h, m->vocab_rows, D, logits + (size_t)t * m->vocab_rows);
     }
     free(x), free(h), free(q), free(k), free(v), free(a), free(o), free(g), free(u), free(s), free(xn);
+}
+
+static inline void tl_reference(const tl_model *m, float *const (*W)[7], const int32_t *tok, int n, double *logits)
+{
+    tl_reference_ex(m, W, tok, n, logits, NULL, NULL, NULL);
 }
 
 /* ---- the two file forms ------------------------------------------------------ */

@@ -960,6 +960,7 @@ static void main_help(void)
            "usage: mpq <command> [options] ...\n"
            "\n"
            "  quantize   quantize a model (GGUF, Hugging Face directory, safetensors)\n"
+           "  calibrate  statistics for the methods from a model's forward and backward passes\n"
            "  eval       perplexity of a model on a text file, as llama-perplexity computes it\n"
            "  run        generate text from a prompt (greedy or sampled; PMPD schedules)\n"
            "  speed      prompt and decode tokens per second, as llama-bench measures them\n"
@@ -987,6 +988,8 @@ int main(int argc, char **argv)
     if (strcmp(argv[1], "eval") == 0) return cmd_eval(argc - 1, argv + 1);
     if (strcmp(argv[1], "run") == 0) return cmd_run(argc - 1, argv + 1);
     if (strcmp(argv[1], "speed") == 0) return cmd_speed(argc - 1, argv + 1);
-    return fail(EXIT_USAGE, "unknown command '%s' (quantize, eval, run, speed, inspect, bench; see mpq --help)",
+    if (strcmp(argv[1], "calibrate") == 0) return cmd_calibrate(argc - 1, argv + 1);
+    return fail(EXIT_USAGE, "unknown command '%s' (quantize, calibrate, eval, run, speed, inspect, bench; see mpq "
+                "--help)",
                 argv[1]);
 }

@@ -1,8 +1,10 @@
-/* mpq_llm.c - the model commands of the mpq tool: eval, run, speed.
+/* mpq_llm.c - the model commands of the mpq tool: eval, run, speed,
+   calibrate.
 
      mpq eval [options] MODEL TEXT
      mpq run [options] MODEL --prompt TEXT
      mpq speed [options] MODEL
+     mpq calibrate [options] MODEL TEXT -o STATS
 
    MODEL is a GGUF file, a Hugging Face checkpoint directory or a
    safetensors file (one `mpq quantize` wrote, or a checkpoint with its
@@ -16,6 +18,8 @@
 #include "mpq_cuda.h"
 #endif
 #include "cli.h"
+
+#include <cjson/cJSON.h>
 
 #include <errno.h>
 #include <stdint.h>
@@ -580,6 +584,192 @@ int cmd_speed(int argc, char **argv)
     }
     mpq_llm_state_free(&s);
     free(tok), free(logits), free(pp), free(tg);
+    unload(&L);
+    return rc;
+}
+
+/* ---------------------------------------------------------------------------
+   calibrate
+   ------------------------------------------------------------------------ */
+
+typedef struct calib_progress {
+    progress p;
+    const char *phase;
+} calib_progress;
+
+static void calib_step(void *user, const char *phase, int done, int total, double seconds)
+{
+    calib_progress *cp = (calib_progress *)user;
+    if (!cp->phase || strcmp(cp->phase, phase)) { /* a new phase: its own bar and time left */
+        progress_end(&cp->p);
+        progress_start(&cp->p, cp->p.on, total);
+        cp->phase = phase;
+    }
+    char what[64];
+    snprintf(what, sizeof what, " %s, %.0f s in all", phase, seconds);
+    progress_show(&cp->p, done, what);
+}
+
+/* "fisher,mixllm,..." -> MPQ_CALIB_* flags; 0 when a name is unknown. */
+static unsigned parse_stats(const char *v)
+{
+    static const char *const names[] = {"fisher", "mixllm", "acts", "pqi", "sensitivity", "xtx", "all"};
+    static const unsigned flags[] = {MPQ_CALIB_FISHER, MPQ_CALIB_MIXLLM, MPQ_CALIB_ACTS, MPQ_CALIB_PQI,
+                                     MPQ_CALIB_LAYER_SENS, MPQ_CALIB_XTX, MPQ_CALIB_ALL};
+    unsigned f = 0;
+    while (*v) {
+        const char *e = strchr(v, ',');
+        const size_t n = e ? (size_t)(e - v) : strlen(v);
+        int found = 0;
+        for (int k = 0; k < 7; k++)
+            if (strlen(names[k]) == n && !strncmp(v, names[k], n)) f |= flags[k], found = 1;
+        if (!found) return 0;
+        v += n + (e != NULL);
+    }
+    return f;
+}
+
+/* FNV-1a of the text: the statistics file says which text it came from. */
+static uint64_t fnv1a(const char *s, size_t n)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < n; i++) h = (h ^ (uint8_t)s[i]) * 1099511628211ull;
+    return h;
+}
+
+int cmd_calibrate(int argc, char **argv)
+{
+    args a = {argc, 0, argv, "calibrate"};
+    llm_opts lo = {0, 0, "cpu"};
+    mpq_calib_opts co;
+    memset(&co, 0, sizeof co);
+    const char *pos[2] = {0}, *out = NULL;
+    int npos = 0, bad = 0;
+    for (a.i = 1; a.i < argc && !bad; a.i++) {
+        const char *v = NULL;
+        if (opt(&a, "--help", NULL, &bad) || opt(&a, "-h", NULL, &bad)) {
+            puts("usage: mpq calibrate [options] MODEL TEXT -o STATS.safetensors\n"
+                 "\n"
+                 "Runs MODEL (GGUF, Hugging Face directory, or safetensors with its config; float\n"
+                 "weights) forward and backward over windows of the text file TEXT and writes every\n"
+                 "statistic `mpq quantize --stats` reads, under each linear map's weight name N:\n"
+                 "  N.fisher             rows x cols  mean squared gradient of the loss (sfmp)\n"
+                 "  N.mixllm             rows         MixLLM's output-channel salience, eq. 4 (mixllm)\n"
+                 "  N.xtx_diag           cols         diag(X^T X) (mxsens, sfmp --salience-from acts)\n"
+                 "  N.mean_abs           cols         mean |x|\n"
+                 "  N.awq                tokens x cols  input rows for AWQ's search (awq, --quantizer awq)\n"
+                 "  N.pqi                rows x cols  PQI along W -> RTN(W) (requant)\n"
+                 "  N.layer_sensitivity  scalar       MXSens layer sensitivity in [0, 1] (mxsens)\n"
+                 "  N.xtx                cols x cols  X^T X (only with --stats xtx)\n"
+                 "Windows are taken evenly from the whole text; position 0 of each (BOS) is left out\n"
+                 "of the activation statistics. Memory does not grow with --windows; the result is\n"
+                 "the same for any --threads.\n"
+                 "\n"
+                 "  -o FILE            the statistics file (required)\n"
+                 "  --windows N        calibration windows (default 16)\n"
+                 "  --length N         tokens per window (default 512)\n"
+                 "  --stats LIST       fisher,mixllm,acts,pqi,sensitivity,xtx or all (default all:\n"
+                 "                     everything but xtx, which is cols^2 per map)\n"
+                 "  --awq-tokens N     input rows kept per map for AWQ (default 128)\n"
+                 "  --mixllm-bits B    MixLLM's low width, the delta of its salience (default 4)\n"
+                 "  --pqi-bits B       PQI's target: RTN at B bits, g128 (default 3)\n"
+                 "  --pqi-steps N      gradient points along the path (default 4)\n"
+                 "  --pqi-windows N    windows of each PQI gradient (default 4)\n"
+                 "  --sens-tokens N    tokens of the layer-sensitivity passes (default 256)\n" COMMON_HELP);
+            return 0;
+        } else if (common_opt(&a, &lo, &bad)) {
+        } else if (opt(&a, "-o", &v, &bad) || opt(&a, "--output", &v, &bad)) {
+            out = v;
+        } else if (opt(&a, "--windows", &v, &bad)) {
+            bad = bad || !parse_int("calibrate", "--windows", v, 1, 1 << 20, &co.windows);
+        } else if (opt(&a, "--length", &v, &bad)) {
+            bad = bad || !parse_int("calibrate", "--length", v, 2, 1 << 16, &co.length);
+        } else if (opt(&a, "--awq-tokens", &v, &bad)) {
+            bad = bad || !parse_int("calibrate", "--awq-tokens", v, 1, 1 << 20, &co.awq_tokens);
+        } else if (opt(&a, "--mixllm-bits", &v, &bad)) {
+            bad = bad || !parse_int("calibrate", "--mixllm-bits", v, 1, 8, &co.mixllm_bits);
+        } else if (opt(&a, "--pqi-bits", &v, &bad)) {
+            bad = bad || !parse_int("calibrate", "--pqi-bits", v, 1, 8, &co.pqi_bits);
+        } else if (opt(&a, "--pqi-steps", &v, &bad)) {
+            bad = bad || !parse_int("calibrate", "--pqi-steps", v, 1, 1000, &co.pqi_steps);
+        } else if (opt(&a, "--pqi-windows", &v, &bad)) {
+            bad = bad || !parse_int("calibrate", "--pqi-windows", v, 1, 1 << 20, &co.pqi_windows);
+        } else if (opt(&a, "--sens-tokens", &v, &bad)) {
+            bad = bad || !parse_int("calibrate", "--sens-tokens", v, 2, 1 << 16, &co.sens_tokens);
+        } else if (opt(&a, "--stats", &v, &bad)) {
+            if (!bad && !(co.what = parse_stats(v)))
+                bad = fail(EXIT_USAGE, "calibrate --stats: '%s' is not a list of fisher, mixllm, acts, pqi, "
+                           "sensitivity, xtx, all", v);
+        } else if (argv[a.i][0] == '-' && argv[a.i][1]) {
+            bad = fail(EXIT_USAGE, "calibrate: unknown option '%s' (see mpq calibrate --help)", argv[a.i]);
+        } else if (npos < 2) {
+            pos[npos++] = argv[a.i];
+        } else {
+            bad = fail(EXIT_USAGE, "calibrate: more than MODEL and TEXT given");
+        }
+    }
+    if (bad) return EXIT_USAGE;
+    if (npos != 2 || !out) return fail(EXIT_USAGE, "calibrate: needs MODEL TEXT -o FILE (see mpq calibrate --help)");
+    if (lo.device && strcmp(lo.device, "cpu"))
+        return fail(EXIT_USAGE, "calibrate: runs on the CPU only (--device cpu)");
+    char *text = NULL;
+    size_t len = 0;
+    int rc = read_text(pos[1], &text, &len);
+    if (rc) return rc;
+    loaded L;
+    if ((rc = load(pos[0], &lo, &L)) != 0) {
+        free(text);
+        return rc;
+    }
+    mpq_io_err e;
+    int32_t *tok = NULL;
+    size_t nt = 0;
+    mpq_status st = mpq_tokenize(L.m->tok, text, len, 0, &tok, &nt, &e);
+    if (st != MPQ_OK) rc = fail(EXIT_INPUT, "%s: %s", pos[1], e.msg);
+    const int length = co.length ? co.length : 512;
+    if (!rc && nt < (size_t)length)
+        rc = fail(EXIT_INPUT, "%s: %zu tokens, shorter than one calibration window of %d (--length)", pos[1], nt,
+                  length);
+    mpq_calib_stats s;
+    memset(&s, 0, sizeof s);
+    if (!rc) {
+        const int windows = co.windows ? co.windows : 16;
+        if (!lo.quiet)
+            fprintf(stderr, "mpq: %s: %zu tokens; %d windows of %d%s\n", pos[1], nt,
+                    (size_t)windows <= nt / (size_t)length ? windows : (int)(nt / (size_t)length), length,
+                    (size_t)windows <= nt / (size_t)length ? "" : " (all that fit)");
+        calib_progress cp;
+        memset(&cp, 0, sizeof cp);
+        cp.p.on = !lo.quiet;
+        co.progress = calib_step, co.user = &cp;
+        const double t0 = cli_now();
+        st = mpq_llm_calibrate(L.m, tok, nt, &co, &s, &e);
+        progress_end(&cp.p);
+        if (st != MPQ_OK) rc = fail(st == MPQ_ERR_NOMEM ? EXIT_QUANT : EXIT_INPUT, "%s", e.msg);
+        else if (!lo.quiet)
+            fprintf(stderr, "mpq: calibration loss %.4f over %d windows (%.1f s)\n", s.loss, s.windows,
+                    cli_now() - t0);
+    }
+    if (!rc) {
+        char extra[2048];
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "model", pos[0]);
+        cJSON_AddStringToObject(o, "text", pos[1]);
+        cJSON_AddNumberToObject(o, "text_bytes", (double)len);
+        snprintf(extra, sizeof extra, "%016llx", (unsigned long long)fnv1a(text, len));
+        cJSON_AddStringToObject(o, "text_fnv1a", extra);
+        char *j = cJSON_PrintUnformatted(o);
+        cJSON_Delete(o);
+        if (!j || (st = mpq_calib_write(L.m, &s, j, out, &e)) != MPQ_OK)
+            rc = fail(EXIT_OUTPUT, "%s", j ? e.msg : "out of memory");
+        else if (!lo.quiet)
+            printf("%s: statistics of %d linear maps from %d windows of %d tokens\n", out, s.nlin, s.windows,
+                   s.length);
+        free(j);
+    }
+    mpq_calib_stats_free(&s);
+    free(tok);
+    free(text);
     unload(&L);
     return rc;
 }

@@ -1,0 +1,1055 @@
+/* mpq_calib.c - the backward pass of Llama-family models and the
+   calibration statistics of every method (see mpq_model.h, section 6). */
+#define _XOPEN_SOURCE 700
+#include "mpq_model.h"
+#include "mpq_model_priv.h"
+
+#include <cjson/cJSON.h>
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+static mpq_status mpq__cfail(mpq_io_err *err, mpq_status st, const char *fmt, ...)
+#if defined(__GNUC__) || defined(__clang__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+
+static mpq_status mpq__cfail(mpq_io_err *err, mpq_status st, const char *fmt, ...)
+{
+    if (!err) return st;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+    va_end(ap);
+    return st;
+}
+
+static double mpq__cnow(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* ========================================================================== */
+/* The training forward pass and the backward pass                            */
+/* ========================================================================== */
+
+/* What one layer keeps for the backward pass: its input, the normed inputs
+   of the attention and the MLP, rotated q and k, v, the attention's output,
+   the residual between, and the MLP's gate and up products. Slot `layers`
+   is scratch for passes that keep nothing. */
+typedef struct mpq__slot {
+    float *xin, *h1, *q, *k, *v, *att, *xmid, *h2, *gp, *u;
+} mpq__slot;
+
+struct mpq_llm_train {
+    int len, nslots;
+    mpq__slot *slot;            /* layers + 1 */
+    float *mem;                 /* every slot */
+    float *xf, *hf, *logits;    /* final residual, normed, logits (len x vocab) */
+    float *headT;               /* the head transposed: dim x vocab */
+    float *rope;                /* len x head_dim: cos, then sin */
+    float *P, *dS;              /* heads x len x len: probabilities, score gradients */
+    float *act, *tmp;           /* len x ffn, len x max(dim, qd) */
+    float *dx, *dh, *da, *dq, *dk, *dv, *dgp, *du, *dact; /* gradients of the activations */
+    float *tA, *tB, *WT, *G;    /* transposes and one weight gradient */
+};
+
+static const float *mpq__W(const mpq_llm *m, const float *const *W, int i)
+{
+    return W && W[i] ? W[i] : m->layer[i / MPQ_LIN_COUNT].lin[i % MPQ_LIN_COUNT].W;
+}
+
+void mpq_llm_train_free(mpq_llm_train *t)
+{
+    if (!t) return;
+    free(t->slot);
+    free(t->mem);
+    free(t->headT);
+    free(t);
+}
+
+mpq_status mpq_llm_train_init(const mpq_llm *m, int len, mpq_llm_train **out)
+{
+    if (!m || !out || len < 2 || len > (1 << 16)) return MPQ_ERR_ARG;
+    *out = NULL;
+    const mpq_llm_config *c = &m->c;
+    for (int l = 0; l < c->layers; l++)
+        for (int k = 0; k < MPQ_LIN_COUNT; k++)
+            if (!m->layer[l].lin[k].W) return MPQ_ERR_UNSUPPORTED;
+    if (!m->head.W) return MPQ_ERR_UNSUPPORTED;
+    mpq_llm_train *t = (mpq_llm_train *)calloc(1, sizeof *t);
+    if (!t) return MPQ_ERR_NOMEM;
+    const size_t T = (size_t)len, D = (size_t)c->dim, F = (size_t)c->ffn, V = (size_t)c->vocab;
+    const size_t qd = (size_t)c->heads * c->head_dim, kvd = (size_t)c->kv_heads * c->head_dim;
+    const size_t wide = qd > D ? qd : D, H = (size_t)c->heads;
+    size_t maxw = 0, maxd = F > wide ? F : wide;
+    for (int k = 0; k < MPQ_LIN_COUNT; k++) {
+        const mpq_linear *L = &m->layer[0].lin[k];
+        const size_t n = (size_t)L->rows * (size_t)L->cols;
+        maxw = n > maxw ? n : maxw;
+    }
+    const size_t per = T * (4 * D + 2 * qd + 2 * kvd + 2 * F);
+    t->len = len, t->nslots = c->layers + 1;
+    const size_t total = per * (size_t)t->nslots + T * (2 * D + V + (size_t)c->head_dim) + 2 * H * T * T + T * F +
+                         T * wide + T * (2 * D + 2 * qd + 2 * kvd + 3 * F) + 2 * T * maxd + 2 * maxw;
+    t->slot = (mpq__slot *)calloc((size_t)t->nslots, sizeof *t->slot);
+    t->mem = (float *)malloc(sizeof(float) * total);
+    t->headT = (float *)malloc(sizeof(float) * D * V);
+    if (!t->slot || !t->mem || !t->headT) {
+        mpq_llm_train_free(t);
+        return MPQ_ERR_NOMEM;
+    }
+    float *p = t->mem;
+    for (int s = 0; s < t->nslots; s++) {
+        mpq__slot *S = &t->slot[s];
+        S->xin = p, p += T * D;
+        S->h1 = p, p += T * D;
+        S->q = p, p += T * qd;
+        S->k = p, p += T * kvd;
+        S->v = p, p += T * kvd;
+        S->att = p, p += T * qd;
+        S->xmid = p, p += T * D;
+        S->h2 = p, p += T * D;
+        S->gp = p, p += T * F;
+        S->u = p, p += T * F;
+    }
+    t->xf = p, p += T * D;
+    t->hf = p, p += T * D;
+    t->logits = p, p += T * V;
+    t->rope = p, p += T * (size_t)c->head_dim;
+    t->P = p, p += H * T * T;
+    t->dS = p, p += H * T * T;
+    t->act = p, p += T * F;
+    t->tmp = p, p += T * wide;
+    t->dx = p, p += T * D;
+    t->dh = p, p += T * D;
+    t->da = p, p += T * qd;
+    t->dq = p, p += T * qd;
+    t->dk = p, p += T * kvd;
+    t->dv = p, p += T * kvd;
+    t->dgp = p, p += T * F;
+    t->du = p, p += T * F;
+    t->dact = p, p += T * F;
+    t->tA = p, p += T * maxd;
+    t->tB = p, p += T * maxd;
+    t->WT = p, p += maxw;
+    t->G = p, p += maxw;
+    /* the head transposed once: dim x vocab */
+    const float *Hw = m->head.W;
+    for (size_t v = 0; v < V; v++)
+        for (size_t d = 0; d < D; d++) t->headT[d * V + v] = Hw[v * D + d];
+    for (int i = 0; i < len; i++)
+        for (int j = 0; j < c->head_dim / 2; j++) {
+            const double a = (double)i * (double)m->rope_freq[j];
+            t->rope[(size_t)i * c->head_dim + j] = (float)cos(a);
+            t->rope[(size_t)i * c->head_dim + c->head_dim / 2 + j] = (float)sin(a);
+        }
+    *out = t;
+    return MPQ_OK;
+}
+
+/* out[c x r] = in[r x c]^T */
+static void mpq__transpose(const float *in, int r, int c, float *out)
+{
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static)
+#endif
+    for (int j = 0; j < c; j++)
+        for (int i = 0; i < r; i++) out[(size_t)j * r + i] = in[(size_t)i * c + j];
+}
+
+/* y[T x rows] = W x[T x cols] (+ bias) */
+static void mpq__lin_fwd(const mpq_linear *L, const float *W, const float *x, float *y, int T)
+{
+    mpq__sgemm(x, T, W, L->rows, L->cols, y);
+    if (L->bias)
+        for (int t = 0; t < T; t++)
+            for (int i = 0; i < L->rows; i++) y[(size_t)t * L->rows + i] += L->bias[i];
+}
+
+/* dx[T x cols] (+)= dy[T x rows] W; add: accumulate into dx */
+static void mpq__lin_dx(mpq_llm_train *t, const mpq_linear *L, const float *W, const float *dy, float *dx, int T,
+                        int add)
+{
+    mpq__transpose(W, L->rows, L->cols, t->WT);
+    if (!add) {
+        mpq__sgemm(dy, T, t->WT, L->cols, L->rows, dx);
+        return;
+    }
+    mpq__sgemm(dy, T, t->WT, L->cols, L->rows, t->tmp == dx ? t->tA : t->tmp);
+    const float *s = t->tmp == dx ? t->tA : t->tmp;
+    for (size_t i = 0; i < (size_t)T * L->cols; i++) dx[i] += s[i];
+}
+
+/* G[rows x cols] = dy[T x rows]^T x[T x cols], then on_grad */
+static void mpq__lin_dw(mpq_llm_train *t, const mpq_linear *L, const float *dy, const float *x, int T, int layer, int lin,
+                        mpq_grad_cb on_grad, void *user)
+{
+    if (!on_grad) return;
+    mpq__transpose(dy, T, L->rows, t->tA);
+    mpq__transpose(x, T, L->cols, t->tB);
+    mpq__sgemm(t->tA, L->rows, t->tB, L->cols, T, t->G);
+    on_grad(user, layer, lin, t->G, L->rows, L->cols);
+}
+
+/* Rotates nh heads of T tokens by their positions; inverse: by minus the
+   angle (the transpose, for gradients). */
+static void mpq__rot(const mpq_llm_config *c, const float *rope, float *v, int T, int nh, int inverse)
+{
+    const int hd = c->head_dim, half = hd / 2;
+    for (int t = 0; t < T; t++) {
+        const float *cs = rope + (size_t)t * hd, *sn = cs + half;
+        for (int h = 0; h < nh; h++) {
+            float *x = v + ((size_t)t * nh + h) * hd;
+            for (int i = 0; i < half; i++) {
+                const int a = c->rope_style == MPQ_ROPE_ADJACENT ? 2 * i : i;
+                const int b = c->rope_style == MPQ_ROPE_ADJACENT ? 2 * i + 1 : i + half;
+                const float x0 = x[a], x1 = x[b], s = inverse ? -sn[i] : sn[i];
+                x[a] = x0 * cs[i] - x1 * s;
+                x[b] = x0 * s + x1 * cs[i];
+            }
+        }
+    }
+}
+
+/* Causal attention inside the window: att = softmax(q k^T / sqrt(hd)) v. */
+static void mpq__attn_fwd(const mpq_llm_config *c, const float *q, const float *k, const float *v, float *att,
+                          float *P, int T)
+{
+    const int hd = c->head_dim, H = c->heads, group = c->heads / c->kv_heads;
+    const size_t kvd = (size_t)c->kv_heads * hd, qd = (size_t)H * hd;
+    const float scale = (float)(1.0 / sqrt((double)hd));
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static)
+#endif
+    for (int th = 0; th < T * H; th++) {
+        const int t = th / H, h = th % H, g = h / group;
+        float *p = P + ((size_t)h * T + t) * T;
+        const float *qt = q + (size_t)t * qd + (size_t)h * hd;
+        float mx = -INFINITY;
+        for (int j = 0; j <= t; j++) {
+            const float *kj = k + (size_t)j * kvd + (size_t)g * hd;
+            float s = 0;
+            for (int d = 0; d < hd; d++) s += qt[d] * kj[d];
+            p[j] = s * scale;
+            mx = p[j] > mx ? p[j] : mx;
+        }
+        double sum = 0;
+        for (int j = 0; j <= t; j++) sum += (p[j] = expf(p[j] - mx));
+        const float inv = (float)(1.0 / sum);
+        float *o = att + (size_t)t * qd + (size_t)h * hd;
+        for (int d = 0; d < hd; d++) o[d] = 0;
+        for (int j = 0; j <= t; j++) {
+            p[j] *= inv;
+            const float *vj = v + (size_t)j * kvd + (size_t)g * hd;
+            for (int d = 0; d < hd; d++) o[d] += p[j] * vj[d];
+        }
+    }
+}
+
+/* Gradients of the attention: dq, dk, dv from datt (P from the forward). */
+static void mpq__attn_bwd(const mpq_llm_config *c, const float *q, const float *k, const float *v, const float *P,
+                          const float *datt, float *dS, float *dq, float *dk, float *dv, int T)
+{
+    const int hd = c->head_dim, H = c->heads, KH = c->kv_heads, group = c->heads / c->kv_heads;
+    const size_t kvd = (size_t)KH * hd, qd = (size_t)H * hd;
+    const float scale = (float)(1.0 / sqrt((double)hd));
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static)
+#endif
+    for (int th = 0; th < T * H; th++) { /* dS and dq, per query row */
+        const int t = th / H, h = th % H, g = h / group;
+        const float *p = P + ((size_t)h * T + t) * T, *dot = datt + (size_t)t * qd + (size_t)h * hd;
+        float *ds = dS + ((size_t)h * T + t) * T;
+        double dsum = 0;
+        for (int j = 0; j <= t; j++) {
+            const float *vj = v + (size_t)j * kvd + (size_t)g * hd;
+            float s = 0;
+            for (int d = 0; d < hd; d++) s += dot[d] * vj[d];
+            ds[j] = s;
+            dsum += (double)p[j] * s;
+        }
+        float *dqt = dq + (size_t)t * qd + (size_t)h * hd;
+        for (int d = 0; d < hd; d++) dqt[d] = 0;
+        for (int j = 0; j <= t; j++) {
+            ds[j] = p[j] * (ds[j] - (float)dsum);
+            const float *kj = k + (size_t)j * kvd + (size_t)g * hd, w = ds[j] * scale;
+            for (int d = 0; d < hd; d++) dqt[d] += w * kj[d];
+        }
+    }
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static)
+#endif
+    for (int gj = 0; gj < KH * T; gj++) { /* dk and dv, per key: its query heads, then positions, in order */
+        const int g = gj / T, j = gj % T;
+        float *dkj = dk + (size_t)j * kvd + (size_t)g * hd, *dvj = dv + (size_t)j * kvd + (size_t)g * hd;
+        for (int d = 0; d < hd; d++) dkj[d] = 0, dvj[d] = 0;
+        for (int h = g * group; h < (g + 1) * group; h++)
+            for (int t = j; t < T; t++) {
+                const float ds = dS[((size_t)h * T + t) * T + j] * scale, p = P[((size_t)h * T + t) * T + j];
+                const float *qt = q + (size_t)t * qd + (size_t)h * hd, *dot = datt + (size_t)t * qd + (size_t)h * hd;
+                for (int d = 0; d < hd; d++) dkj[d] += ds * qt[d], dvj[d] += p * dot[d];
+            }
+    }
+}
+
+/* dx += d rmsnorm(x) given dy (the gradient at its output), in double per
+   token: dx_i = r w_i dy_i - x_i r^3 / D sum_j w_j dy_j x_j. */
+static void mpq__rms_bwd(const float *x, const float *w, const float *dy, float *dx, int T, int D, double eps)
+{
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static)
+#endif
+    for (int t = 0; t < T; t++) {
+        const float *xt = x + (size_t)t * D, *dyt = dy + (size_t)t * D;
+        double ss = 0, dot = 0;
+        for (int j = 0; j < D; j++) ss += (double)xt[j] * xt[j], dot += (double)w[j] * dyt[j] * xt[j];
+        const double r = 1.0 / sqrt(ss / D + eps), k = r * r * r * dot / D;
+        for (int j = 0; j < D; j++) dx[(size_t)t * D + j] += (float)(r * w[j] * dyt[j] - xt[j] * k);
+    }
+}
+
+static float mpq__silu(float g) { return g / (1.0f + expf(-g)); }
+
+/* One layer forward from xin (S->xin need not be it) to xout. */
+static void mpq__layer_fwd(const mpq_llm *m, mpq_llm_train *t, const float *const *W, int l, const float *xin,
+                           mpq__slot *S, float *xout, int T, mpq_observe_cb observe, void *user)
+{
+    const mpq_llm_config *c = &m->c;
+    const mpq_llm_layer *L = &m->layer[l];
+    const int D = c->dim, F = c->ffn, base = l * MPQ_LIN_COUNT;
+    mpq__rmsnorm(xin, L->attn_norm, S->h1, T, D, c->norm_eps);
+    if (observe) observe(user, l, MPQ_LIN_Q, S->h1, T, D);
+    mpq__lin_fwd(&L->lin[MPQ_LIN_Q], mpq__W(m, W, base + MPQ_LIN_Q), S->h1, S->q, T);
+    mpq__lin_fwd(&L->lin[MPQ_LIN_K], mpq__W(m, W, base + MPQ_LIN_K), S->h1, S->k, T);
+    mpq__lin_fwd(&L->lin[MPQ_LIN_V], mpq__W(m, W, base + MPQ_LIN_V), S->h1, S->v, T);
+    mpq__rot(c, t->rope, S->q, T, c->heads, 0);
+    mpq__rot(c, t->rope, S->k, T, c->kv_heads, 0);
+    mpq__attn_fwd(c, S->q, S->k, S->v, S->att, t->P, T);
+    const int qd = c->heads * c->head_dim;
+    if (observe) observe(user, l, MPQ_LIN_O, S->att, T, qd);
+    mpq__lin_fwd(&L->lin[MPQ_LIN_O], mpq__W(m, W, base + MPQ_LIN_O), S->att, t->tmp, T);
+    for (size_t i = 0; i < (size_t)T * D; i++) S->xmid[i] = xin[i] + t->tmp[i];
+    mpq__rmsnorm(S->xmid, L->ffn_norm, S->h2, T, D, c->norm_eps);
+    if (observe) observe(user, l, MPQ_LIN_GATE, S->h2, T, D);
+    mpq__lin_fwd(&L->lin[MPQ_LIN_GATE], mpq__W(m, W, base + MPQ_LIN_GATE), S->h2, S->gp, T);
+    mpq__lin_fwd(&L->lin[MPQ_LIN_UP], mpq__W(m, W, base + MPQ_LIN_UP), S->h2, S->u, T);
+    for (size_t i = 0; i < (size_t)T * F; i++) t->act[i] = mpq__silu(S->gp[i]) * S->u[i];
+    if (observe) observe(user, l, MPQ_LIN_DOWN, t->act, T, F);
+    mpq__lin_fwd(&L->lin[MPQ_LIN_DOWN], mpq__W(m, W, base + MPQ_LIN_DOWN), t->act, t->tmp, T);
+    for (size_t i = 0; i < (size_t)T * D; i++) xout[i] = S->xmid[i] + t->tmp[i];
+}
+
+/* Forward from layer `from` (its input in xin) to the normed final state
+   t->hf; keep: every layer's activations in its slot (from must be 0),
+   else one scratch slot. */
+static void mpq__forward(const mpq_llm *m, mpq_llm_train *t, const float *const *W, int from, const float *xin, int T,
+                         int keep, mpq_observe_cb observe, void *user)
+{
+    const mpq_llm_config *c = &m->c;
+    const size_t TD = (size_t)T * c->dim;
+    const float *x = xin;
+    for (int l = from; l < c->layers; l++) {
+        mpq__slot *S = keep ? &t->slot[l] : &t->slot[c->layers];
+        float *out = keep ? (l + 1 < c->layers ? t->slot[l + 1].xin : t->xf) : (x == t->xf ? t->dh : t->xf);
+        if (keep && x != S->xin) memcpy(S->xin, x, sizeof(float) * TD);
+        mpq__layer_fwd(m, t, W, l, x, S, out, T, observe, user);
+        x = out;
+    }
+    if (x != t->xf) memcpy(t->xf, x, sizeof(float) * TD);
+    mpq__rmsnorm(t->xf, m->out_norm, t->hf, T, c->dim, c->norm_eps);
+}
+
+mpq_status mpq_llm_backward(const mpq_llm *m, mpq_llm_train *t, const int32_t *tokens, int n,
+                            const float *const *W, mpq_observe_cb observe, mpq_grad_cb on_grad, void *user,
+                            double *loss)
+{
+    if (!m || !t || !tokens || n < 2 || n > t->len) return MPQ_ERR_ARG;
+    const mpq_llm_config *c = &m->c;
+    for (int i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= c->vocab) return MPQ_ERR_ARG;
+    const int T = n, D = c->dim, F = c->ffn, V = c->vocab;
+    const int qd = c->heads * c->head_dim;
+    float *x0 = t->slot[0].xin;
+    for (int i = 0; i < T; i++) memcpy(x0 + (size_t)i * D, m->embed.W + (size_t)tokens[i] * D, sizeof(float) * D);
+    mpq__forward(m, t, W, 0, x0, T, 1, observe, user);
+    /* the head and the loss: dlogits = (softmax - onehot) / (T - 1) */
+    mpq__sgemm(t->hf, T, m->head.W, V, D, t->logits);
+    double *row = (double *)malloc(sizeof(double) * (size_t)T);
+    if (!row) return MPQ_ERR_NOMEM;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static)
+#endif
+    for (int i = 0; i < T; i++) {
+        float *z = t->logits + (size_t)i * V;
+        if (i == T - 1) {
+            row[i] = 0;
+            memset(z, 0, sizeof(float) * (size_t)V);
+            continue;
+        }
+        row[i] = mpq__nll(z, V, tokens[i + 1]);
+        float mx = z[0];
+        for (int v = 1; v < V; v++) mx = z[v] > mx ? z[v] : mx;
+        double sum = 0;
+        for (int v = 0; v < V; v++) sum += exp((double)z[v] - mx);
+        const double inv = 1.0 / (sum * (T - 1));
+        for (int v = 0; v < V; v++) z[v] = (float)(exp((double)z[v] - mx) * inv);
+        z[tokens[i + 1]] -= (float)(1.0 / (T - 1));
+    }
+    double total = 0;
+    for (int i = 0; i < T; i++) total += row[i];
+    free(row);
+    if (loss) *loss = total / (T - 1);
+    if (!on_grad) return MPQ_OK;
+    /* dhf = dlogits head; dx = rmsnorm backward */
+    mpq__sgemm(t->logits, T, t->headT, D, V, t->dh);
+    memset(t->dx, 0, sizeof(float) * (size_t)T * D);
+    mpq__rms_bwd(t->xf, m->out_norm, t->dh, t->dx, T, D, c->norm_eps);
+    for (int l = c->layers - 1; l >= 0; l--) {
+        const mpq_llm_layer *L = &m->layer[l];
+        mpq__slot *S = &t->slot[l];
+        const int base = l * MPQ_LIN_COUNT;
+        /* MLP: y = xmid + Wd (silu(gp) * u) */
+        for (size_t i = 0; i < (size_t)T * F; i++) t->act[i] = mpq__silu(S->gp[i]) * S->u[i];
+        mpq__lin_dw(t, &L->lin[MPQ_LIN_DOWN], t->dx, t->act, T, l, MPQ_LIN_DOWN, on_grad, user);
+        mpq__lin_dx(t, &L->lin[MPQ_LIN_DOWN], mpq__W(m, W, base + MPQ_LIN_DOWN), t->dx, t->dact, T, 0);
+        for (size_t i = 0; i < (size_t)T * F; i++) {
+            const float g = S->gp[i], sg = 1.0f / (1.0f + expf(-g));
+            t->du[i] = t->dact[i] * g * sg;
+            t->dgp[i] = t->dact[i] * S->u[i] * sg * (1.0f + g * (1.0f - sg));
+        }
+        mpq__lin_dw(t, &L->lin[MPQ_LIN_GATE], t->dgp, S->h2, T, l, MPQ_LIN_GATE, on_grad, user);
+        mpq__lin_dw(t, &L->lin[MPQ_LIN_UP], t->du, S->h2, T, l, MPQ_LIN_UP, on_grad, user);
+        mpq__lin_dx(t, &L->lin[MPQ_LIN_GATE], mpq__W(m, W, base + MPQ_LIN_GATE), t->dgp, t->dh, T, 0);
+        mpq__lin_dx(t, &L->lin[MPQ_LIN_UP], mpq__W(m, W, base + MPQ_LIN_UP), t->du, t->dh, T, 1);
+        mpq__rms_bwd(S->xmid, L->ffn_norm, t->dh, t->dx, T, D, c->norm_eps);
+        /* attention: xmid = xin + Wo att */
+        mpq__lin_dw(t, &L->lin[MPQ_LIN_O], t->dx, S->att, T, l, MPQ_LIN_O, on_grad, user);
+        mpq__lin_dx(t, &L->lin[MPQ_LIN_O], mpq__W(m, W, base + MPQ_LIN_O), t->dx, t->da, T, 0);
+        mpq__attn_fwd(c, S->q, S->k, S->v, t->dq, t->P, T); /* P again (dq is scratch here) */
+        mpq__attn_bwd(c, S->q, S->k, S->v, t->P, t->da, t->dS, t->dq, t->dk, t->dv, T);
+        mpq__rot(c, t->rope, t->dq, T, c->heads, 1);
+        mpq__rot(c, t->rope, t->dk, T, c->kv_heads, 1);
+        mpq__lin_dw(t, &L->lin[MPQ_LIN_Q], t->dq, S->h1, T, l, MPQ_LIN_Q, on_grad, user);
+        mpq__lin_dw(t, &L->lin[MPQ_LIN_K], t->dk, S->h1, T, l, MPQ_LIN_K, on_grad, user);
+        mpq__lin_dw(t, &L->lin[MPQ_LIN_V], t->dv, S->h1, T, l, MPQ_LIN_V, on_grad, user);
+        mpq__lin_dx(t, &L->lin[MPQ_LIN_Q], mpq__W(m, W, base + MPQ_LIN_Q), t->dq, t->dh, T, 0);
+        mpq__lin_dx(t, &L->lin[MPQ_LIN_K], mpq__W(m, W, base + MPQ_LIN_K), t->dk, t->dh, T, 1);
+        mpq__lin_dx(t, &L->lin[MPQ_LIN_V], mpq__W(m, W, base + MPQ_LIN_V), t->dv, t->dh, T, 1);
+        mpq__rms_bwd(S->xin, L->attn_norm, t->dh, t->dx, T, D, c->norm_eps);
+        (void)qd;
+    }
+    return MPQ_OK;
+}
+
+/* ========================================================================== */
+/* Statistics                                                                 */
+/* ========================================================================== */
+
+enum { MPQ__KINDS = 4 }; /* linear-map inputs: attention (q, k, v), o, MLP (gate, up), down */
+
+static int mpq__kind(int lin)
+{
+    return lin <= MPQ_LIN_V ? 0 : lin == MPQ_LIN_O ? 1 : lin == MPQ_LIN_DOWN ? 3 : 2;
+}
+
+typedef struct mpq__cal {
+    const mpq_llm *m;
+    mpq_calib_stats *s;
+    int nlin, window, len;
+    mpq_stat *fisher, *mixllm;          /* nlin */
+    float **delta;                      /* MixLLM's Q(W) - W, nlin */
+    mpq_stat *xdiag, *mabs;             /* layers x kinds */
+    double **xtx;                       /* layers x kinds, cols x cols */
+    float **awq;                        /* layers x kinds */
+    int *awq_got;
+    long act_total;                     /* activation tokens over all windows */
+    /* PQI */
+    size_t *off;                        /* nlin + 1 offsets into the flat weights */
+    float *grad;                        /* the flat gradient being summed */
+    const float **Wp;                   /* overrides, nlin */
+    int32_t *win;                       /* the window's tokens */
+    const int32_t *tokens;
+    size_t n;
+    int nwin;
+    double wscale;
+    mpq_status st;
+    const mpq_calib_opts *o;
+    double t0;
+    mpq_llm_train *t;
+} mpq__cal;
+
+static int mpq__cols_of(const mpq_llm_config *c, int kind)
+{
+    return kind == 3 ? c->ffn : kind == 1 ? c->heads * c->head_dim : c->dim;
+}
+
+/* The global index (over all windows, positions 1..len-1) of AWQ sample k. */
+static long mpq__awq_index(const mpq__cal *C, int k)
+{
+    return (long)(((2.0 * k + 1.0) * (double)C->act_total) / (2.0 * C->s->awq_tokens));
+}
+
+static void mpq__cal_observe(void *user, int layer, int lin, const float *x, int T, int cols)
+{
+    mpq__cal *C = (mpq__cal *)user;
+    if (C->st != MPQ_OK) return;
+    const int slot = layer * MPQ__KINDS + mpq__kind(lin);
+    const float *x1 = x + cols; /* position 0 (the attention sink) left out */
+    const int T1 = T - 1;
+    mpq_status st = mpq_hessian_diag_add(&C->xdiag[slot], x1, T1, cols);
+    if (st == MPQ_OK) st = mpq_mean_abs_add(&C->mabs[slot], x1, T1, cols);
+    if (st != MPQ_OK) {
+        C->st = st;
+        return;
+    }
+    const long base = (long)C->window * (C->len - 1);
+    while (C->awq_got[slot] < C->s->awq_tokens) {
+        const long g = mpq__awq_index(C, C->awq_got[slot]) - base;
+        if (g < 0 || g >= T1) break;
+        memcpy(C->awq[slot] + (size_t)C->awq_got[slot]++ * cols, x1 + (size_t)g * cols, sizeof(float) * (size_t)cols);
+    }
+    if (C->xtx) { /* X^T X += X1^T X1: columns as rows of the transpose, then one product */
+        float *xt = (float *)malloc(sizeof(float) * (size_t)cols * (size_t)T1 * 2 + sizeof(float) * (size_t)cols * cols);
+        if (!xt) {
+            C->st = MPQ_ERR_NOMEM;
+            return;
+        }
+        float *prod = xt + (size_t)cols * T1;
+        for (int j = 0; j < cols; j++)
+            for (int i = 0; i < T1; i++) xt[(size_t)j * T1 + i] = x1[(size_t)i * cols + j];
+        mpq__sgemm(xt, cols, xt, cols, T1, prod);
+        double *acc = C->xtx[slot];
+        for (size_t i = 0; i < (size_t)cols * cols; i++) acc[i] += prod[i];
+        free(xt);
+    }
+}
+
+static void mpq__cal_grad(void *user, int layer, int lin, const float *G, int rows, int cols)
+{
+    mpq__cal *C = (mpq__cal *)user;
+    if (C->st != MPQ_OK) return;
+    const int i = layer * MPQ_LIN_COUNT + lin;
+    const size_t n = (size_t)rows * (size_t)cols;
+    mpq_status st = MPQ_OK;
+    if (C->fisher) st = mpq_fisher_add(&C->fisher[i], G, n);
+    if (st == MPQ_OK && C->mixllm) st = mpq_mixllm_add(&C->mixllm[i], G, C->delta[i], rows, cols);
+    C->st = st;
+}
+
+/* The PQI pass sums the gradients of its windows into the flat vector. */
+static void mpq__pqi_grad_cb(void *user, int layer, int lin, const float *G, int rows, int cols)
+{
+    mpq__cal *C = (mpq__cal *)user;
+    float *g = C->grad + C->off[layer * MPQ_LIN_COUNT + lin];
+    const size_t n = (size_t)rows * (size_t)cols;
+    for (size_t k = 0; k < n; k++) g[k] += (float)(C->wscale * G[k]);
+}
+
+/* Window i of the text into C->win (BOS first when the tokenizer adds it). */
+static void mpq__window(mpq__cal *C, int i)
+{
+    const size_t avail = C->n / (size_t)C->len;
+    const size_t at = (size_t)((double)i * (double)avail / (double)C->nwin) * (size_t)C->len;
+    memcpy(C->win, C->tokens + at, sizeof(int32_t) * (size_t)C->len);
+    if (C->m->tok && mpq_tokenizer_adds_bos(C->m->tok) && mpq_tokenizer_bos(C->m->tok) >= 0)
+        C->win[0] = mpq_tokenizer_bos(C->m->tok);
+}
+
+static mpq_status mpq__pqi_grad(void *user, const float *w, float *grad, size_t n)
+{
+    mpq__cal *C = (mpq__cal *)user;
+    for (int i = 0; i < C->nlin; i++) C->Wp[i] = w + C->off[i];
+    memset(grad, 0, sizeof(float) * n);
+    C->grad = grad;
+    const int pw = C->s->pqi_windows;
+    C->wscale = 1.0 / pw;
+    mpq_status st = MPQ_OK;
+    for (int k = 0; k < pw && st == MPQ_OK; k++) {
+        mpq__window(C, k);
+        st = mpq_llm_backward(C->m, C->t, C->win, C->len, C->Wp, NULL, mpq__pqi_grad_cb, C, NULL);
+    }
+    return st;
+}
+
+/* W dequantized after round-to-nearest at `bits` (g128) or MXINT4. */
+static mpq_status mpq__rtn(const mpq_linear *L, int bits, int mxint, float *out)
+{
+    mpq_bitplane_desc d;
+    memset(&d, 0, sizeof d);
+    d.rows = L->rows, d.cols = L->cols, d.uniform_bits = bits;
+    if (mxint) d.format = MPQ_FORMAT_MXINT;
+    mpq_packed A;
+    mpq_status st = mpq_pack_alloc(&d, L->W, &A);
+    if (st != MPQ_OK) return st;
+    st = mpq_packed_dequantize(&A, 0, out);
+    mpq_packed_free(&A);
+    return st;
+}
+
+static mpq_linear *mpq__lin(const mpq_llm *m, int i)
+{
+    return &m->layer[i / MPQ_LIN_COUNT].lin[i % MPQ_LIN_COUNT];
+}
+
+void mpq_calib_stats_free(mpq_calib_stats *s)
+{
+    if (!s) return;
+    float ***v[] = {&s->fisher, &s->mixllm, &s->xtx_diag, &s->mean_abs, &s->awq, &s->xtx, &s->pqi};
+    for (size_t k = 0; k < sizeof v / sizeof *v; k++) {
+        if (!*v[k]) continue;
+        for (int i = 0; i < s->nlin; i++) free((*v[k])[i]);
+        free(*v[k]);
+    }
+    free(s->layer_sens);
+    memset(s, 0, sizeof *s);
+}
+
+static float **mpq__arrays(int nlin, const mpq_llm *m, int what, int awq)
+{
+    float **a = (float **)calloc((size_t)nlin, sizeof(float *));
+    if (!a) return NULL;
+    for (int i = 0; i < nlin; i++) {
+        const mpq_linear *L = mpq__lin(m, i);
+        const size_t n = what == 0 ? (size_t)L->rows * L->cols : what == 1 ? (size_t)L->rows
+                       : what == 2 ? (size_t)L->cols : what == 3 ? (size_t)awq * L->cols : (size_t)L->cols * L->cols;
+        if (!(a[i] = (float *)malloc(sizeof(float) * (n ? n : 1)))) {
+            for (int j = 0; j < i; j++) free(a[j]);
+            free(a);
+            return NULL;
+        }
+    }
+    return a;
+}
+
+static void mpq__cal_free(mpq__cal *C)
+{
+    const int slots = C->m->c.layers * MPQ__KINDS;
+    for (int i = 0; i < C->nlin; i++) {
+        if (C->fisher) mpq_stat_free(&C->fisher[i]);
+        if (C->mixllm) mpq_stat_free(&C->mixllm[i]);
+        if (C->delta) free(C->delta[i]);
+    }
+    for (int k = 0; k < slots; k++) {
+        if (C->xdiag) mpq_stat_free(&C->xdiag[k]);
+        if (C->mabs) mpq_stat_free(&C->mabs[k]);
+        if (C->xtx) free(C->xtx[k]);
+        if (C->awq) free(C->awq[k]);
+    }
+    free(C->fisher), free(C->mixllm), free(C->delta), free(C->xdiag), free(C->mabs), free(C->xtx), free(C->awq);
+    free(C->awq_got), free(C->off), free(C->Wp), free(C->win);
+    mpq_llm_train_free(C->t);
+}
+
+static void mpq__progress(const mpq__cal *C, const char *phase, int done, int total)
+{
+    if (C->o->progress) C->o->progress(C->o->user, phase, done, total, mpq__cnow() - C->t0);
+}
+
+/* Phase 1: every window forward (activations) and backward (Fisher,
+   MixLLM). */
+static mpq_status mpq__cal_windows(mpq__cal *C)
+{
+    mpq_calib_stats *s = C->s;
+    const int grads = (s->what & (MPQ_CALIB_FISHER | MPQ_CALIB_MIXLLM)) != 0;
+    const int acts = (s->what & (MPQ_CALIB_ACTS | MPQ_CALIB_XTX)) != 0;
+    double loss_sum = 0;
+    for (int w = 0; w < s->windows && C->st == MPQ_OK; w++) {
+        C->window = w;
+        mpq__window(C, w);
+        double loss = 0;
+        mpq_status st = mpq_llm_backward(C->m, C->t, C->win, C->len, NULL, acts ? mpq__cal_observe : NULL,
+                                         grads ? mpq__cal_grad : NULL, C, &loss);
+        if (st != MPQ_OK) return st;
+        loss_sum += loss;
+        mpq__progress(C, "windows", w + 1, s->windows);
+    }
+    s->loss = loss_sum / s->windows;
+    return C->st;
+}
+
+/* Phase 2: PQI along W -> RTN(W), all linear maps as one vector. */
+static mpq_status mpq__cal_pqi(mpq__cal *C)
+{
+    const size_t N = C->off[C->nlin];
+    float *w = (float *)malloc(sizeof(float) * N), *wq = (float *)malloc(sizeof(float) * N);
+    float *v = (float *)malloc(sizeof(float) * N);
+    mpq_status st = w && wq && v ? MPQ_OK : MPQ_ERR_NOMEM;
+    for (int i = 0; st == MPQ_OK && i < C->nlin; i++) {
+        const mpq_linear *L = mpq__lin(C->m, i);
+        memcpy(w + C->off[i], L->W, sizeof(float) * (C->off[i + 1] - C->off[i]));
+        st = mpq__rtn(L, C->s->pqi_bits, 0, wq + C->off[i]);
+    }
+    if (st == MPQ_OK) st = mpq_pqi(w, wq, N, C->s->pqi_steps, mpq__pqi_grad, C, v);
+    for (int i = 0; st == MPQ_OK && i < C->nlin; i++)
+        memcpy(C->s->pqi[i], v + C->off[i], sizeof(float) * (C->off[i + 1] - C->off[i]));
+    for (int i = 0; i < C->nlin; i++) C->Wp[i] = NULL;
+    free(w), free(wq), free(v);
+    return st;
+}
+
+/* Phase 3: MXSens layer sensitivity, one linear map at MXINT4 at a time,
+   the forward pass restarted at its layer from the kept activations. */
+static mpq_status mpq__cal_sens(mpq__cal *C)
+{
+    const mpq_llm_config *c = &C->m->c;
+    const int T = C->s->sens_tokens, D = c->dim;
+    mpq__window(C, 0);
+    const float *E = C->m->embed.W;
+    float *x0 = C->t->slot[0].xin;
+    for (int i = 0; i < T; i++) memcpy(x0 + (size_t)i * D, E + (size_t)C->win[i] * D, sizeof(float) * D);
+    mpq__forward(C->m, C->t, NULL, 0, x0, T, 1, NULL, NULL);
+    size_t maxn = 0;
+    for (int i = 0; i < C->nlin; i++) maxn = C->off[i + 1] - C->off[i] > maxn ? C->off[i + 1] - C->off[i] : maxn;
+    float *ref = (float *)malloc(sizeof(float) * (size_t)T * D), *Wq = (float *)malloc(sizeof(float) * maxn);
+    double *err = (double *)malloc(sizeof(double) * (size_t)C->nlin);
+    mpq_status st = ref && Wq && err ? MPQ_OK : MPQ_ERR_NOMEM;
+    if (st == MPQ_OK) memcpy(ref, C->t->hf, sizeof(float) * (size_t)T * D);
+    for (int i = 0; st == MPQ_OK && i < C->nlin; i++) {
+        const int l = i / MPQ_LIN_COUNT;
+        if ((st = mpq__rtn(mpq__lin(C->m, i), 4, 1, Wq)) != MPQ_OK) break;
+        C->Wp[i] = Wq;
+        mpq__forward(C->m, C->t, C->Wp, l, C->t->slot[l].xin, T, 0, NULL, NULL);
+        C->Wp[i] = NULL;
+        double e = 0;
+        for (size_t k = 0; k < (size_t)T * D; k++) {
+            const double d = (double)C->t->hf[k] - ref[k];
+            e += d * d;
+        }
+        err[i] = e;
+        if ((i + 1) % MPQ_LIN_COUNT == 0 || i + 1 == C->nlin) mpq__progress(C, "sensitivity", i + 1, C->nlin);
+    }
+    if (st == MPQ_OK) st = mpq_mxsens_layer_sensitivity(err, C->nlin, C->s->layer_sens);
+    free(ref), free(Wq), free(err);
+    return st;
+}
+
+mpq_status mpq_llm_calibrate(const mpq_llm *m, const int32_t *tokens, size_t n, const mpq_calib_opts *o,
+                             mpq_calib_stats *out, mpq_io_err *err)
+{
+    if (!m || !tokens || !out) return MPQ_ERR_ARG;
+    mpq_calib_opts d;
+    memset(&d, 0, sizeof d);
+    if (o) d = *o;
+    mpq_calib_stats s;
+    memset(&s, 0, sizeof s);
+    s.what = d.what ? d.what : MPQ_CALIB_ALL;
+    s.length = d.length ? d.length : 512;
+    s.windows = d.windows ? d.windows : 16;
+    s.awq_tokens = d.awq_tokens ? d.awq_tokens : 128;
+    s.mixllm_bits = d.mixllm_bits ? d.mixllm_bits : 4;
+    s.pqi_bits = d.pqi_bits ? d.pqi_bits : 3;
+    s.pqi_steps = d.pqi_steps ? d.pqi_steps : 4;
+    s.pqi_windows = d.pqi_windows ? d.pqi_windows : 4;
+    s.sens_tokens = d.sens_tokens ? d.sens_tokens : 256;
+    if (s.what & ~(MPQ_CALIB_ALL | MPQ_CALIB_XTX) || s.length < 2 || s.windows < 1 || s.awq_tokens < 1 ||
+        s.mixllm_bits < 1 || s.mixllm_bits > 8 || s.pqi_bits < 1 || s.pqi_bits > 8 || s.pqi_steps < 1 ||
+        s.pqi_windows < 1 || s.sens_tokens < 2 || d.windows < 0 || d.length < 0)
+        return mpq__cfail(err, MPQ_ERR_ARG, "calibration: an option is out of range");
+    for (size_t i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= m->c.vocab)
+            return mpq__cfail(err, MPQ_ERR_ARG, "calibration text: token %d at %zu is outside the vocabulary",
+                              (int)tokens[i], i);
+    if (n < (size_t)s.length)
+        return mpq__cfail(err, MPQ_ERR_SIZE, "calibration text: %zu tokens, shorter than one window of %d", n,
+                          s.length);
+    if ((size_t)s.windows > n / (size_t)s.length) s.windows = (int)(n / (size_t)s.length);
+    if (s.pqi_windows > s.windows) s.pqi_windows = s.windows;
+    if (s.sens_tokens > s.length) s.sens_tokens = s.length;
+    const long act_total = (long)s.windows * (s.length - 1);
+    if (s.awq_tokens > act_total) s.awq_tokens = (int)act_total;
+    s.nlin = m->c.layers * MPQ_LIN_COUNT;
+    s.act_tokens = act_total;
+
+    mpq__cal C;
+    memset(&C, 0, sizeof C);
+    C.m = m, C.s = &s, C.nlin = s.nlin, C.len = s.length, C.tokens = tokens, C.n = n, C.nwin = s.windows;
+    C.o = &d, C.t0 = mpq__cnow(), C.act_total = act_total;
+    mpq_status st = mpq_llm_train_init(m, s.length, &C.t);
+    if (st == MPQ_ERR_UNSUPPORTED)
+        return mpq__cfail(err, st, "%s: calibration needs float weights (a packed model cannot be calibrated)",
+                          m->path ? m->path : "model");
+    if (st != MPQ_OK) return mpq__cfail(err, st, "calibration: %s", mpq_status_str(st));
+    const int slots = m->c.layers * MPQ__KINDS;
+    C.off = (size_t *)calloc((size_t)C.nlin + 1, sizeof(size_t));
+    C.Wp = (const float **)calloc((size_t)C.nlin, sizeof(float *));
+    C.win = (int32_t *)malloc(sizeof(int32_t) * (size_t)s.length);
+    st = C.off && C.Wp && C.win ? MPQ_OK : MPQ_ERR_NOMEM;
+    for (int i = 0; st == MPQ_OK && i < C.nlin; i++)
+        C.off[i + 1] = C.off[i] + (size_t)mpq__lin(m, i)->rows * (size_t)mpq__lin(m, i)->cols;
+    if (st == MPQ_OK && (s.what & MPQ_CALIB_FISHER)) {
+        C.fisher = (mpq_stat *)calloc((size_t)C.nlin, sizeof(mpq_stat));
+        st = C.fisher ? MPQ_OK : MPQ_ERR_NOMEM;
+        for (int i = 0; st == MPQ_OK && i < C.nlin; i++) st = mpq_stat_init(&C.fisher[i], C.off[i + 1] - C.off[i]);
+    }
+    if (st == MPQ_OK && (s.what & MPQ_CALIB_MIXLLM)) {
+        C.mixllm = (mpq_stat *)calloc((size_t)C.nlin, sizeof(mpq_stat));
+        C.delta = (float **)calloc((size_t)C.nlin, sizeof(float *));
+        st = C.mixllm && C.delta ? MPQ_OK : MPQ_ERR_NOMEM;
+        for (int i = 0; st == MPQ_OK && i < C.nlin; i++) {
+            const mpq_linear *L = mpq__lin(m, i);
+            const size_t nw = C.off[i + 1] - C.off[i];
+            st = mpq_stat_init(&C.mixllm[i], (size_t)L->rows);
+            if (st == MPQ_OK && !(C.delta[i] = (float *)malloc(sizeof(float) * nw))) st = MPQ_ERR_NOMEM;
+            if (st == MPQ_OK) st = mpq__rtn(L, s.mixllm_bits, 0, C.delta[i]);
+            for (size_t k = 0; st == MPQ_OK && k < nw; k++) C.delta[i][k] -= L->W[k];
+        }
+    }
+    if (st == MPQ_OK && (s.what & (MPQ_CALIB_ACTS | MPQ_CALIB_XTX))) {
+        C.xdiag = (mpq_stat *)calloc((size_t)slots, sizeof(mpq_stat));
+        C.mabs = (mpq_stat *)calloc((size_t)slots, sizeof(mpq_stat));
+        C.awq = (float **)calloc((size_t)slots, sizeof(float *));
+        C.awq_got = (int *)calloc((size_t)slots, sizeof(int));
+        if (s.what & MPQ_CALIB_XTX) C.xtx = (double **)calloc((size_t)slots, sizeof(double *));
+        st = C.xdiag && C.mabs && C.awq && C.awq_got && (C.xtx || !(s.what & MPQ_CALIB_XTX)) ? MPQ_OK : MPQ_ERR_NOMEM;
+        for (int k = 0; st == MPQ_OK && k < slots; k++) {
+            const size_t cols = (size_t)mpq__cols_of(&m->c, k % MPQ__KINDS);
+            st = mpq_stat_init(&C.xdiag[k], cols);
+            if (st == MPQ_OK) st = mpq_stat_init(&C.mabs[k], cols);
+            if (st == MPQ_OK && !(C.awq[k] = (float *)malloc(sizeof(float) * cols * (size_t)s.awq_tokens)))
+                st = MPQ_ERR_NOMEM;
+            if (st == MPQ_OK && C.xtx && !(C.xtx[k] = (double *)calloc(cols * cols, sizeof(double)))) st = MPQ_ERR_NOMEM;
+        }
+    }
+    if (st == MPQ_OK && (s.what & (MPQ_CALIB_FISHER | MPQ_CALIB_MIXLLM | MPQ_CALIB_ACTS | MPQ_CALIB_XTX)))
+        st = mpq__cal_windows(&C);
+    /* results per linear map */
+    if (st == MPQ_OK && C.fisher) {
+        st = (s.fisher = mpq__arrays(C.nlin, m, 0, 0)) ? MPQ_OK : MPQ_ERR_NOMEM;
+        for (int i = 0; st == MPQ_OK && i < C.nlin; i++) st = mpq_stat_mean(&C.fisher[i], s.fisher[i]);
+    }
+    if (st == MPQ_OK && C.mixllm) {
+        st = (s.mixllm = mpq__arrays(C.nlin, m, 1, 0)) ? MPQ_OK : MPQ_ERR_NOMEM;
+        for (int i = 0; st == MPQ_OK && i < C.nlin; i++) st = mpq_stat_mean(&C.mixllm[i], s.mixllm[i]);
+    }
+    if (st == MPQ_OK && (s.what & MPQ_CALIB_ACTS)) {
+        s.xtx_diag = mpq__arrays(C.nlin, m, 2, 0);
+        s.mean_abs = mpq__arrays(C.nlin, m, 2, 0);
+        s.awq = mpq__arrays(C.nlin, m, 3, s.awq_tokens);
+        st = s.xtx_diag && s.mean_abs && s.awq ? MPQ_OK : MPQ_ERR_NOMEM;
+        for (int i = 0; st == MPQ_OK && i < C.nlin; i++) {
+            const int k = (i / MPQ_LIN_COUNT) * MPQ__KINDS + mpq__kind(i % MPQ_LIN_COUNT);
+            st = mpq_stat_sum(&C.xdiag[k], s.xtx_diag[i]);
+            if (st == MPQ_OK) st = mpq_stat_mean(&C.mabs[k], s.mean_abs[i]);
+            if (C.awq_got[k] != s.awq_tokens) st = MPQ_ERR_SIZE; /* every sample index falls in a window */
+            memcpy(s.awq[i], C.awq[k], sizeof(float) * (size_t)s.awq_tokens * (size_t)mpq__lin(m, i)->cols);
+        }
+    }
+    if (st == MPQ_OK && (s.what & MPQ_CALIB_XTX)) {
+        st = (s.xtx = mpq__arrays(C.nlin, m, 4, 0)) ? MPQ_OK : MPQ_ERR_NOMEM;
+        for (int i = 0; st == MPQ_OK && i < C.nlin; i++) {
+            const int k = (i / MPQ_LIN_COUNT) * MPQ__KINDS + mpq__kind(i % MPQ_LIN_COUNT);
+            const size_t cc = (size_t)mpq__lin(m, i)->cols * (size_t)mpq__lin(m, i)->cols;
+            for (size_t j = 0; j < cc; j++) s.xtx[i][j] = (float)C.xtx[k][j];
+        }
+    }
+    /* the per-window sums are not needed past here */
+    for (int i = 0; i < C.nlin && st == MPQ_OK; i++) {
+        if (C.fisher) mpq_stat_free(&C.fisher[i]);
+        if (C.delta) free(C.delta[i]), C.delta[i] = NULL;
+    }
+    if (st == MPQ_OK && (s.what & MPQ_CALIB_PQI)) {
+        st = (s.pqi = mpq__arrays(C.nlin, m, 0, 0)) ? MPQ_OK : MPQ_ERR_NOMEM;
+        if (st == MPQ_OK) st = mpq__cal_pqi(&C);
+    }
+    if (st == MPQ_OK && (s.what & MPQ_CALIB_LAYER_SENS)) {
+        st = (s.layer_sens = (float *)malloc(sizeof(float) * (size_t)C.nlin)) ? MPQ_OK : MPQ_ERR_NOMEM;
+        if (st == MPQ_OK) st = mpq__cal_sens(&C);
+    }
+    mpq__cal_free(&C);
+    if (st != MPQ_OK) {
+        mpq_calib_stats_free(&s);
+        return mpq__cfail(err, st, "calibration: %s", mpq_status_str(st));
+    }
+    *out = s;
+    return MPQ_OK;
+}
+
+/* ========================================================================== */
+/* The statistics file                                                        */
+/* ========================================================================== */
+
+/* The statistics in file order: suffix, which arrays, their shape. */
+typedef struct mpq__statkind {
+    const char *suffix;
+    unsigned flag;
+    int shape;      /* 0 rows x cols, 1 rows, 2 cols, 3 awq x cols, 4 cols x cols, 5 scalar */
+    int nonneg;
+} mpq__statkind;
+
+static const mpq__statkind mpq__kinds[] = {
+    {"fisher", MPQ_CALIB_FISHER, 0, 1},   {"mixllm", MPQ_CALIB_MIXLLM, 1, 1},
+    {"xtx_diag", MPQ_CALIB_ACTS, 2, 1},   {"mean_abs", MPQ_CALIB_ACTS, 2, 1},
+    {"awq", MPQ_CALIB_ACTS, 3, 0},        {"xtx", MPQ_CALIB_XTX, 4, 0},
+    {"pqi", MPQ_CALIB_PQI, 0, 1},         {"layer_sensitivity", MPQ_CALIB_LAYER_SENS, 5, 1},
+};
+enum { MPQ__NKINDS = (int)(sizeof mpq__kinds / sizeof mpq__kinds[0]) };
+
+static float **mpq__kind_arrays(mpq_calib_stats *s, int k)
+{
+    float **v[] = {s->fisher, s->mixllm, s->xtx_diag, s->mean_abs, s->awq, s->xtx, s->pqi, NULL};
+    return v[k];
+}
+
+static void mpq__kind_shape(const mpq_calib_stats *s, const mpq_linear *L, int shape, int *ndim, uint64_t *dims)
+{
+    *ndim = shape == 5 ? 0 : shape == 1 || shape == 2 ? 1 : 2;
+    dims[0] = shape == 0 || shape == 1 ? (uint64_t)L->rows : shape == 3 ? (uint64_t)s->awq_tokens : (uint64_t)L->cols;
+    dims[1] = shape == 5 ? 1 : (uint64_t)L->cols;
+    if (shape == 2) dims[0] = (uint64_t)L->cols;
+}
+
+mpq_status mpq_calib_write(const mpq_llm *m, const mpq_calib_stats *s, const char *extra_json, const char *path,
+                           mpq_io_err *err)
+{
+    if (!m || !s || !path || s->nlin != m->c.layers * MPQ_LIN_COUNT) return MPQ_ERR_ARG;
+    cJSON *o = cJSON_CreateObject(), *extra = extra_json ? cJSON_Parse(extra_json) : NULL;
+    if (!o || (extra_json && !extra)) {
+        cJSON_Delete(o), cJSON_Delete(extra);
+        return mpq__cfail(err, extra_json ? MPQ_ERR_ARG : MPQ_ERR_NOMEM, "%s: the extra metadata is not JSON", path);
+    }
+    cJSON_AddNumberToObject(o, "windows", s->windows);
+    cJSON_AddNumberToObject(o, "length", s->length);
+    cJSON_AddNumberToObject(o, "awq_tokens", s->awq_tokens);
+    cJSON_AddNumberToObject(o, "mixllm_bits", s->mixllm_bits);
+    cJSON_AddNumberToObject(o, "pqi_bits", s->pqi_bits);
+    cJSON_AddNumberToObject(o, "pqi_steps", s->pqi_steps);
+    cJSON_AddNumberToObject(o, "pqi_windows", s->pqi_windows);
+    cJSON_AddNumberToObject(o, "sens_tokens", s->sens_tokens);
+    cJSON_AddNumberToObject(o, "act_tokens", (double)s->act_tokens);
+    cJSON_AddNumberToObject(o, "loss", s->loss);
+    if (extra) cJSON_AddItemToObject(o, "source", extra);
+    char *meta = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    if (!meta) return mpq__cfail(err, MPQ_ERR_NOMEM, "%s: out of memory", path);
+    mpq_st_writer *w = NULL;
+    mpq_status st = mpq_st_writer_open(path, &w, err);
+    if (st == MPQ_OK) st = mpq_st_write_meta(w, "mpq_calib", meta, err);
+    free(meta);
+    char name[512], base[448];
+    for (int i = 0; st == MPQ_OK && i < s->nlin; i++) {
+        const mpq_linear *L = mpq__lin(m, i);
+        mpq_llm_linear_name(m->c.gguf_names, i / MPQ_LIN_COUNT, i % MPQ_LIN_COUNT, 0, base, sizeof base);
+        for (int k = 0; st == MPQ_OK && k < MPQ__NKINDS; k++) {
+            if (!(s->what & mpq__kinds[k].flag)) continue;
+            int ndim;
+            uint64_t dims[2];
+            mpq__kind_shape(s, L, mpq__kinds[k].shape, &ndim, dims);
+            snprintf(name, sizeof name, "%s.%s", base, mpq__kinds[k].suffix);
+            const float *v = mpq__kinds[k].shape == 5 ? &s->layer_sens[i] : mpq__kind_arrays((mpq_calib_stats *)s, k)[i];
+            st = mpq_st_write_f32(w, name, MPQ_DT_F32, ndim, dims, v, err);
+        }
+    }
+    if (st == MPQ_OK) return mpq_st_writer_close(w, err);
+    mpq_st_writer_abort(w);
+    return st;
+}
+
+mpq_status mpq_calib_read(const mpq_llm *m, const char *path, mpq_calib_stats *out, mpq_io_err *err)
+{
+    if (!m || !path || !out) return MPQ_ERR_ARG;
+    mpq_st_file *f = NULL;
+    mpq_status st = mpq_st_open(path, &f, err);
+    if (st != MPQ_OK) return st;
+    mpq_calib_stats s;
+    memset(&s, 0, sizeof s);
+    s.nlin = m->c.layers * MPQ_LIN_COUNT;
+    const char *meta = mpq_st_meta(f, "mpq_calib");
+    cJSON *o = meta ? cJSON_Parse(meta) : NULL;
+    if (!o) st = mpq__cfail(err, MPQ_ERR_FORMAT, "%s: no mpq_calib metadata: not a file mpq calibrate wrote", path);
+    if (st == MPQ_OK) {
+        int *fields[] = {&s.windows, &s.length, &s.awq_tokens, &s.mixllm_bits, &s.pqi_bits, &s.pqi_steps,
+                         &s.pqi_windows, &s.sens_tokens};
+        const char *names[] = {"windows", "length", "awq_tokens", "mixllm_bits", "pqi_bits", "pqi_steps",
+                               "pqi_windows", "sens_tokens"};
+        for (int k = 0; k < 8 && st == MPQ_OK; k++) {
+            const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, names[k]);
+            if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble > 1e9 || v->valuedouble != (int)v->valuedouble)
+                st = mpq__cfail(err, MPQ_ERR_FORMAT, "%s: mpq_calib: '%s' is not a count", path, names[k]);
+            else *fields[k] = (int)v->valuedouble;
+        }
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, "loss");
+        s.loss = cJSON_IsNumber(v) ? v->valuedouble : 0;
+        v = cJSON_GetObjectItemCaseSensitive(o, "act_tokens");
+        s.act_tokens = cJSON_IsNumber(v) ? (long)v->valuedouble : 0;
+    }
+    cJSON_Delete(o);
+    char name[512], base[448], first[512];
+    /* which statistics the file holds: those of the first linear map */
+    int have[MPQ__NKINDS] = {0};
+    mpq_llm_linear_name(m->c.gguf_names, 0, 0, 0, base, sizeof base);
+    for (int k = 0; st == MPQ_OK && k < MPQ__NKINDS; k++) {
+        snprintf(name, sizeof name, "%s.%s", base, mpq__kinds[k].suffix);
+        if ((have[k] = mpq_st_find(f, name) != NULL)) s.what |= mpq__kinds[k].flag;
+    }
+    if (st == MPQ_OK && !s.what)
+        st = mpq__cfail(err, MPQ_ERR_FORMAT, "%s: no statistics for '%s' (a file for another model?)", path, base);
+    snprintf(first, sizeof first, "%s", base);
+    for (int k = 0; st == MPQ_OK && k < MPQ__NKINDS; k++) {
+        if (!have[k]) continue;
+        float ***dst = k == 0 ? &s.fisher : k == 1 ? &s.mixllm : k == 2 ? &s.xtx_diag : k == 3 ? &s.mean_abs
+                     : k == 4 ? &s.awq : k == 5 ? &s.xtx : k == 6 ? &s.pqi : NULL;
+        if (dst && !(*dst = (float **)calloc((size_t)s.nlin, sizeof(float *)))) st = MPQ_ERR_NOMEM;
+        if (!dst && !(s.layer_sens = (float *)malloc(sizeof(float) * (size_t)s.nlin))) st = MPQ_ERR_NOMEM;
+        for (int i = 0; st == MPQ_OK && i < s.nlin; i++) {
+            const mpq_linear *L = mpq__lin(m, i);
+            mpq_llm_linear_name(m->c.gguf_names, i / MPQ_LIN_COUNT, i % MPQ_LIN_COUNT, 0, base, sizeof base);
+            snprintf(name, sizeof name, "%s.%s", base, mpq__kinds[k].suffix);
+            const mpq_st_tensor *t = mpq_st_find(f, name);
+            int ndim;
+            uint64_t dims[2];
+            mpq__kind_shape(&s, L, mpq__kinds[k].shape, &ndim, dims);
+            const uint64_t numel = ndim == 0 ? 1 : ndim == 1 ? dims[0] : dims[0] * dims[1];
+            if (!t) {
+                st = mpq__cfail(err, MPQ_ERR_FORMAT, "%s: tensor '%s': not found (the file has %s for '%s')", path,
+                                name, mpq__kinds[k].suffix, first);
+                break;
+            }
+            if (t->ndim != ndim || t->numel != numel || (ndim >= 1 && t->shape[0] != dims[0]) ||
+                (ndim == 2 && t->shape[1] != dims[1])) {
+                st = mpq__cfail(err, MPQ_ERR_SIZE, "%s: tensor '%s': shape does not match the model", path, name);
+                break;
+            }
+            float *v = dst ? (float *)malloc(sizeof(float) * (size_t)numel) : &s.layer_sens[i];
+            if (!v) {
+                st = MPQ_ERR_NOMEM;
+                break;
+            }
+            if (dst) (*dst)[i] = v;
+            if ((st = mpq_st_read_f32(f, t, v, (size_t)numel, err)) != MPQ_OK) break;
+            for (uint64_t j = 0; j < numel; j++) {
+                if (!(v[j] - v[j] == 0.0f)) {
+                    st = mpq__cfail(err, MPQ_ERR_NONFINITE, "%s: tensor '%s': element %llu is not finite", path, name,
+                                    (unsigned long long)j);
+                    break;
+                }
+                if (mpq__kinds[k].nonneg && v[j] < 0) {
+                    st = mpq__cfail(err, MPQ_ERR_RANGE, "%s: tensor '%s': element %llu is negative (%g); %s cannot be",
+                                    path, name, (unsigned long long)j, v[j], mpq__kinds[k].suffix);
+                    break;
+                }
+                if (!dst && v[j] > 1) {
+                    st = mpq__cfail(err, MPQ_ERR_RANGE, "%s: tensor '%s': %g is not in [0, 1]", path, name, v[j]);
+                    break;
+                }
+            }
+        }
+    }
+    mpq_st_close(f);
+    if (st != MPQ_OK) {
+        mpq_calib_stats_free(&s);
+        return st;
+    }
+    *out = s;
+    return MPQ_OK;
+}

@@ -1,0 +1,598 @@
+/* mpq_model section 6 (mpq_calib.c): the backward pass and every
+   calibration statistic on tiny random models (test/llm_fixture.h), against
+   central finite differences of the float64 reference forward pass
+   (gradients, Fisher, MixLLM salience, PQI) and against that pass's own
+   activations (diag(X^T X), mean |x|, AWQ samples, X^T X, MXSens layer
+   sensitivity); both rotary conventions, GQA, tied and untied heads,
+   biases; the same statistics for 1 and 2 threads; the statistics file
+   written and read back; bad inputs. */
+#define _XOPEN_SOURCE 700
+#include "common.h"
+#include "llm_fixture.h"
+#include "mpq_model.h"
+#include "tmpdir.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+static char tmpdir[256];
+static void make_tmpdir(void) { cr_assert(tc_tmpdir_make(tmpdir, sizeof tmpdir, "calib")); }
+static void remove_tmpdir(void)
+{
+    char p[600];
+    snprintf(p, sizeof p, "%s/hf", tmpdir);
+    tc_tmpdir_remove(p);
+    tc_tmpdir_remove(tmpdir);
+}
+
+TestSuite(calib, .init = make_tmpdir, .fini = remove_tmpdir, .timeout = 600);
+
+static void shape(tl_model *m, int qwen, int tied, int bias)
+{
+    memset(m, 0, sizeof *m);
+    m->vocab_rows = 300, m->dim = 40, m->layers = 2, m->heads = 6, m->kv_heads = 2, m->head_dim = 8, m->ffn = 72;
+    m->qwen = qwen, m->tied = tied, m->bias = bias;
+    m->theta = 10000.0, m->eps = 1e-5;
+}
+
+static mpq_llm *load_hf(const tl_model *t)
+{
+    char dir[600];
+    snprintf(dir, sizeof dir, "%s/hf", tmpdir);
+    mkdir(dir, 0700);
+    tl_write_hf(t, dir, MPQ_DT_F32);
+    mpq_llm *m = NULL;
+    mpq_io_err e;
+    cr_assert_eq(mpq_llm_load(dir, &m, &e), MPQ_OK, "%s", e.msg);
+    return m;
+}
+
+static mpq_llm *load_gguf(const tl_model *t)
+{
+    char p[600];
+    snprintf(p, sizeof p, "%s/m.gguf", tmpdir);
+    tl_write_gguf(t, p);
+    mpq_llm *m = NULL;
+    mpq_io_err e;
+    cr_assert_eq(mpq_llm_load(p, &m, &e), MPQ_OK, "%s", e.msg);
+    unlink(p);
+    return m;
+}
+
+/* The reference loss: mean over positions 0..n-2 of -log p(tok[t+1]), in
+   float64, with the weights W (tl_reference's form). */
+static double ref_loss(const tl_model *t, float *const (*W)[7], const int32_t *tok, int n)
+{
+    const int V = t->vocab_rows;
+    double *z = (double *)malloc(sizeof(double) * (size_t)n * V), loss = 0;
+    tl_reference(t, W, tok, n, z);
+    for (int i = 0; i + 1 < n; i++) {
+        const double *zi = z + (size_t)i * V;
+        double mx = zi[0], s = 0;
+        for (int v = 1; v < V; v++) mx = zi[v] > mx ? zi[v] : mx;
+        for (int v = 0; v < V; v++) s += exp(zi[v] - mx);
+        loss += log(s) + mx - zi[tok[i + 1]];
+    }
+    free(z);
+    return loss / (n - 1);
+}
+
+/* The model's weights as tl_reference takes them, copied (to perturb). */
+typedef struct wset {
+    float *w[TL_MAXL][7];
+} wset;
+
+static void wset_copy(const tl_model *t, wset *s)
+{
+    for (int l = 0; l < t->layers; l++)
+        for (int k = 0; k < 7; k++) {
+            const size_t n = (size_t)tl_rows(t, k) * tl_cols(t, k);
+            s->w[l][k] = (float *)malloc(sizeof(float) * n);
+            memcpy(s->w[l][k], t->w[l][k], sizeof(float) * n);
+        }
+}
+
+static void wset_free(const tl_model *t, wset *s)
+{
+    for (int l = 0; l < t->layers; l++)
+        for (int k = 0; k < 7; k++) free(s->w[l][k]);
+}
+
+/* Central difference of the reference loss in weight j of map (l, k); the
+   step is relative to the weight's scale. Weights are float, so the step
+   is a float difference taken exactly. */
+static double fd(const tl_model *t, wset *s, int l, int k, size_t j, const int32_t *tok, int n)
+{
+    float *w = &s->w[l][k][j];
+    const float w0 = *w, h = 2e-3f * (fabsf(w0) + 0.05f);
+    *w = w0 + h;
+    const float hp = *w - w0;
+    const double lp = ref_loss(t, s->w, tok, n);
+    *w = w0 - h;
+    const float hm = w0 - *w;
+    const double lm = ref_loss(t, s->w, tok, n);
+    *w = w0;
+    return (lp - lm) / ((double)hp + hm);
+}
+
+/* Gradients of mpq_llm_backward, kept per map (HF row order of the
+   model's file: GGUF q and k rows permuted). */
+typedef struct grads {
+    float *G[TL_MAXL][7];
+    int calls;
+} grads;
+
+static void keep_grad(void *user, int layer, int lin, const float *G, int rows, int cols)
+{
+    grads *g = (grads *)user;
+    const size_t n = (size_t)rows * cols;
+    g->G[layer][lin] = (float *)malloc(sizeof(float) * n);
+    memcpy(g->G[layer][lin], G, sizeof(float) * n);
+    g->calls++;
+}
+
+static void grads_free(grads *g)
+{
+    for (int l = 0; l < TL_MAXL; l++)
+        for (int k = 0; k < 7; k++) free(g->G[l][k]);
+}
+
+static void random_tokens(synth_rng *r, const tl_model *t, int32_t *tok, int n)
+{
+    for (int i = 0; i < n; i++) tok[i] = synth_int(r, t->v->n);
+}
+
+/* Gradient of every map at a few weights (the outlier column included by
+   chance) against the finite difference; rows of q and k in the GGUF form
+   map to HF rows through tl_gguf_row. */
+static void check_grads(const tl_model *t, const mpq_llm *m, int gguf, uint64_t seed)
+{
+    enum { N = 12 };
+    synth_rng r = {seed};
+    int32_t tok[N];
+    random_tokens(&r, t, tok, N);
+    mpq_llm_train *tr = NULL;
+    cr_assert_eq(mpq_llm_train_init(m, N, &tr), MPQ_OK);
+    grads g;
+    memset(&g, 0, sizeof g);
+    double loss = 0;
+    cr_assert_eq(mpq_llm_backward(m, tr, tok, N, NULL, NULL, keep_grad, &g, &loss), MPQ_OK);
+    cr_assert_eq(g.calls, 7 * t->layers);
+    const double lref = ref_loss(t, NULL, tok, N);
+    cr_assert(fabs(loss - lref) < 1e-4 * fabs(lref), "loss %.8f reference %.8f", loss, lref);
+    wset s;
+    wset_copy(t, &s);
+    for (int l = 0; l < t->layers; l++)
+        for (int k = 0; k < 7; k++) {
+            const int rows = tl_rows(t, k), cols = tl_cols(t, k);
+            double gmax = 0;
+            for (size_t j = 0; j < (size_t)rows * cols; j++) gmax = fmax(gmax, fabs(g.G[l][k][j]));
+            cr_assert(gmax > 0, "layer %d map %d: zero gradient", l, k);
+            for (int trial = 0; trial < 6; trial++) {
+                const int i = synth_int(&r, rows), c = synth_int(&r, cols);
+                int hi = i; /* the GGUF row holding HF row i */
+                if (gguf && k < 2)
+                    for (int g2 = 0; g2 < rows; g2++)
+                        if (tl_gguf_row(g2, t->head_dim) == i) hi = g2;
+                const double want = fd(t, &s, l, k, (size_t)i * cols + c, tok, N);
+                const double got = g.G[l][k][(size_t)hi * cols + c];
+                cr_assert(fabs(got - want) <= 2e-3 * gmax + 1e-3 * fabs(want),
+                          "layer %d map %d (%d, %d): gradient %.6g, finite difference %.6g (largest %.3g)", l, k, i, c,
+                          got, want, gmax);
+            }
+        }
+    wset_free(t, &s);
+    grads_free(&g);
+    mpq_llm_train_free(tr);
+}
+
+Test(calib, gradients_match_finite_differences)
+{
+    static const int forms[][3] = {{0, 1, 0}, {0, 0, 0}, {1, 0, 1}}; /* llama tied, llama untied, qwen2 biases */
+    for (int f = 0; f < 3; f++) {
+        tl_model t;
+        shape(&t, forms[f][0], forms[f][1], forms[f][2]);
+        tl_make(&t, 100 + (uint64_t)f);
+        mpq_llm *m = load_hf(&t);
+        check_grads(&t, m, 0, 7 + (uint64_t)f);
+        mpq_llm_free(m);
+        if (!t.qwen) { /* GGUF llama: adjacent rotary pairs, rows of q and k permuted */
+            m = load_gguf(&t);
+            cr_assert_eq(m->c.rope_style, MPQ_ROPE_ADJACENT);
+            check_grads(&t, m, 1, 7 + (uint64_t)f);
+            mpq_llm_free(m);
+        }
+        tl_free(&t);
+    }
+}
+
+/* ---- statistics ------------------------------------------------------------- */
+
+enum { LEN = 10, WINDOWS = 3, NTOK = 47 };
+
+/* The windows calibrate takes: floor(i * (n / LEN) / WINDOWS) * LEN. */
+static void window(const mpq_llm *m, const int32_t *text, int i, int32_t *w)
+{
+    const int avail = NTOK / LEN, at = (int)((double)i * avail / WINDOWS) * LEN;
+    memcpy(w, text + at, sizeof(int32_t) * LEN);
+    if (mpq_tokenizer_adds_bos(m->tok) && mpq_tokenizer_bos(m->tok) >= 0) w[0] = mpq_tokenizer_bos(m->tok);
+}
+
+typedef struct acts {
+    const tl_model *t;
+    double *xdiag[TL_MAXL][7], *mabs[TL_MAXL][7], *xtx[TL_MAXL][7];
+    double *rows[TL_MAXL][7]; /* every input row at positions >= 1, in order */
+    long count[TL_MAXL][7];
+} acts;
+
+static void ref_observe(void *user, int l, int k, int t, const double *x, int cols)
+{
+    acts *a = (acts *)user;
+    if (t == 0) return;
+    for (int j = 0; j < cols; j++) {
+        a->xdiag[l][k][j] += x[j] * x[j];
+        a->mabs[l][k][j] += fabs(x[j]);
+        for (int i = 0; i < cols; i++) a->xtx[l][k][(size_t)j * cols + i] += x[j] * x[i];
+    }
+    memcpy(a->rows[l][k] + (size_t)a->count[l][k]++ * cols, x, sizeof(double) * cols);
+}
+
+static void close_rel(const float *got, const double *want, size_t n, double tol, const char *what, int l, int k)
+{
+    double mx = 0;
+    for (size_t j = 0; j < n; j++) mx = fmax(mx, fabs(want[j]));
+    for (size_t j = 0; j < n; j++)
+        cr_assert(fabs(got[j] - want[j]) <= tol * mx + 1e-12, "%s, layer %d map %d, element %zu: %.8g, reference %.8g",
+                  what, l, k, j, got[j], want[j]);
+}
+
+static mpq_calib_stats calibrate(const mpq_llm *m, const int32_t *text, unsigned what)
+{
+    mpq_calib_opts o;
+    memset(&o, 0, sizeof o);
+    o.what = what, o.windows = WINDOWS, o.length = LEN, o.awq_tokens = 7, o.pqi_steps = 3, o.pqi_windows = 2;
+    o.sens_tokens = 8;
+    mpq_calib_stats s;
+    mpq_io_err e;
+    cr_assert_eq(mpq_llm_calibrate(m, text, NTOK, &o, &s, &e), MPQ_OK, "%s", e.msg);
+    return s;
+}
+
+Test(calib, activation_statistics_match_the_reference)
+{
+    tl_model t;
+    shape(&t, 0, 0, 0);
+    tl_make(&t, 21);
+    mpq_llm *m = load_hf(&t);
+    synth_rng r = {5};
+    int32_t text[NTOK], w[LEN];
+    random_tokens(&r, &t, text, NTOK);
+    mpq_calib_stats s = calibrate(m, text, MPQ_CALIB_ACTS | MPQ_CALIB_XTX);
+    cr_assert_eq(s.windows, WINDOWS);
+    cr_assert_eq(s.act_tokens, WINDOWS * (LEN - 1));
+    cr_assert_eq(s.awq_tokens, 7);
+    cr_assert_null(s.fisher);
+    acts a;
+    memset(&a, 0, sizeof a);
+    for (int l = 0; l < t.layers; l++)
+        for (int k = 0; k < 7; k++) {
+            const size_t c = (size_t)tl_cols(&t, k);
+            a.xdiag[l][k] = (double *)calloc(c, sizeof(double));
+            a.mabs[l][k] = (double *)calloc(c, sizeof(double));
+            a.xtx[l][k] = (double *)calloc(c * c, sizeof(double));
+            a.rows[l][k] = (double *)calloc(c * WINDOWS * LEN, sizeof(double));
+        }
+    for (int i = 0; i < WINDOWS; i++) {
+        window(m, text, i, w);
+        tl_reference_ex(&t, NULL, w, LEN, NULL, NULL, ref_observe, &a);
+    }
+    for (int l = 0; l < t.layers; l++)
+        for (int k = 0; k < 7; k++) {
+            const int c = tl_cols(&t, k), li = l * 7 + k;
+            cr_assert_eq(a.count[l][k], WINDOWS * (LEN - 1));
+            close_rel(s.xtx_diag[li], a.xdiag[l][k], (size_t)c, 1e-5, "diag(X^T X)", l, k);
+            for (int j = 0; j < c; j++) a.mabs[l][k][j] /= (double)a.count[l][k];
+            close_rel(s.mean_abs[li], a.mabs[l][k], (size_t)c, 1e-5, "mean |x|", l, k);
+            close_rel(s.xtx[li], a.xtx[l][k], (size_t)c * c, 1e-5, "X^T X", l, k);
+            for (int q = 0; q < 7; q++) { /* sample q is row floor((2q + 1) total / 14) */
+                const long g = (long)(((2.0 * q + 1.0) * (double)a.count[l][k]) / 14.0);
+                close_rel(s.awq[li] + (size_t)q * c, a.rows[l][k] + (size_t)g * c, (size_t)c, 1e-5, "AWQ sample", l, k);
+            }
+            free(a.xdiag[l][k]), free(a.mabs[l][k]), free(a.xtx[l][k]), free(a.rows[l][k]);
+        }
+    mpq_calib_stats_free(&s);
+    mpq_llm_free(m);
+    tl_free(&t);
+}
+
+/* RTN at `bits` g128 (or MXINT4) of one map, dequantized: the quantizers
+   the statistics use (tested in test_pack / test_mxint). */
+static float *quantized(const tl_model *t, int l, int k, int bits, int mx)
+{
+    mpq_bitplane_desc d;
+    memset(&d, 0, sizeof d);
+    d.rows = tl_rows(t, k), d.cols = tl_cols(t, k), d.uniform_bits = bits;
+    if (mx) d.format = MPQ_FORMAT_MXINT;
+    mpq_packed A;
+    cr_assert_eq(mpq_pack_alloc(&d, t->w[l][k], &A), MPQ_OK);
+    float *W = (float *)malloc(sizeof(float) * (size_t)d.rows * d.cols);
+    cr_assert_eq(mpq_packed_dequantize(&A, 0, W), MPQ_OK);
+    mpq_packed_free(&A);
+    return W;
+}
+
+Test(calib, gradient_statistics_match_finite_differences)
+{
+    tl_model t;
+    shape(&t, 0, 1, 0);
+    tl_make(&t, 33);
+    mpq_llm *m = load_hf(&t);
+    synth_rng r = {9};
+    int32_t text[NTOK], win[WINDOWS][LEN];
+    random_tokens(&r, &t, text, NTOK);
+    for (int i = 0; i < WINDOWS; i++) window(m, text, i, win[i]);
+    mpq_calib_stats s = calibrate(m, text, MPQ_CALIB_FISHER | MPQ_CALIB_MIXLLM | MPQ_CALIB_PQI);
+    cr_assert_eq(s.mixllm_bits, 4);
+    cr_assert_eq(s.pqi_bits, 3);
+    wset ws;
+    wset_copy(&t, &ws);
+    /* Fisher: mean over windows of the squared finite difference */
+    for (int trial = 0; trial < 10; trial++) {
+        const int l = synth_int(&r, t.layers), k = synth_int(&r, 7);
+        const size_t j = (size_t)synth_int(&r, tl_rows(&t, k) * tl_cols(&t, k));
+        double want = 0;
+        for (int i = 0; i < WINDOWS; i++) want += pow(fd(&t, &ws, l, k, j, win[i], LEN), 2) / WINDOWS;
+        const double got = s.fisher[l * 7 + k][j];
+        cr_assert(fabs(got - want) <= 5e-3 * want + 1e-10, "Fisher, layer %d map %d weight %zu: %.6g, reference %.6g",
+                  l, k, j, got, want);
+    }
+    /* MixLLM: one whole row of one map per trial (its eq. 4 needs g_c.d_c) */
+    for (int trial = 0; trial < 3; trial++) {
+        const int l = synth_int(&r, t.layers), k = trial == 0 ? 0 : trial == 1 ? 3 : 6;
+        const int rows = tl_rows(&t, k), cols = tl_cols(&t, k), row = synth_int(&r, rows);
+        float *Q = quantized(&t, l, k, 4, 0);
+        double want = 0;
+        for (int i = 0; i < WINDOWS; i++) {
+            double gd = 0;
+            for (int c = 0; c < cols; c++) {
+                const size_t j = (size_t)row * cols + c;
+                gd += fd(&t, &ws, l, k, j, win[i], LEN) * ((double)Q[j] - t.w[l][k][j]);
+            }
+            want += fabs(gd + gd * gd / 2) / WINDOWS;
+        }
+        free(Q);
+        const double got = s.mixllm[l * 7 + k][row];
+        cr_assert(fabs(got - want) <= 5e-3 * want + 1e-9, "MixLLM, layer %d map %d row %d: %.6g, reference %.6g", l, k,
+                  row, got, want);
+    }
+    /* PQI: (1/N) sum_k |dF/dw| at w + k/N (Q(w) - w), every map moved at
+       once, F the mean loss over the first two windows */
+    float *Qw[TL_MAXL][7];
+    for (int l = 0; l < t.layers; l++)
+        for (int k = 0; k < 7; k++) Qw[l][k] = quantized(&t, l, k, 3, 0);
+    int pl[4], pk[4];
+    size_t pj[4];
+    double want[4] = {0};
+    for (int q = 0; q < 4; q++)
+        pl[q] = synth_int(&r, t.layers), pk[q] = synth_int(&r, 7),
+        pj[q] = (size_t)synth_int(&r, tl_rows(&t, pk[q]) * tl_cols(&t, pk[q]));
+    for (int step = 1; step <= 3; step++) {
+        for (int l = 0; l < t.layers; l++)
+            for (int k = 0; k < 7; k++)
+                for (size_t j = 0; j < (size_t)tl_rows(&t, k) * tl_cols(&t, k); j++)
+                    ws.w[l][k][j] = t.w[l][k][j] + (float)step / 3.0f * (Qw[l][k][j] - t.w[l][k][j]);
+        for (int q = 0; q < 4; q++) {
+            const double g = (fd(&t, &ws, pl[q], pk[q], pj[q], win[0], LEN) + fd(&t, &ws, pl[q], pk[q], pj[q], win[1], LEN)) / 2;
+            want[q] += fabs(g) / 3;
+        }
+    }
+    for (int q = 0; q < 4; q++) {
+        const double got = s.pqi[pl[q] * 7 + pk[q]][pj[q]];
+        cr_assert(fabs(got - want[q]) <= 5e-3 * want[q] + 1e-6, "PQI, layer %d map %d weight %zu: %.6g, reference %.6g",
+                  pl[q], pk[q], pj[q], got, want[q]);
+    }
+    for (int l = 0; l < t.layers; l++)
+        for (int k = 0; k < 7; k++) free(Qw[l][k]);
+    wset_free(&t, &ws);
+    mpq_calib_stats_free(&s);
+    mpq_llm_free(m);
+    tl_free(&t);
+}
+
+Test(calib, layer_sensitivity_matches_the_reference)
+{
+    tl_model t;
+    shape(&t, 1, 0, 1);
+    tl_make(&t, 44);
+    mpq_llm *m = load_hf(&t);
+    synth_rng r = {11};
+    int32_t text[NTOK], w[LEN];
+    random_tokens(&r, &t, text, NTOK);
+    window(m, text, 0, w);
+    mpq_calib_stats s = calibrate(m, text, MPQ_CALIB_LAYER_SENS);
+    const int T = 8, D = t.dim;
+    double *ref = (double *)malloc(sizeof(double) * T * D), *h = (double *)malloc(sizeof(double) * T * D);
+    tl_reference_ex(&t, NULL, w, T, NULL, ref, NULL, NULL);
+    double e[TL_MAXL * 7], mx = 0;
+    for (int l = 0; l < t.layers; l++)
+        for (int k = 0; k < 7; k++) {
+            float *W[TL_MAXL][7];
+            memcpy(W, t.w, sizeof W);
+            W[l][k] = quantized(&t, l, k, 4, 1);
+            tl_reference_ex(&t, W, w, T, NULL, h, NULL, NULL);
+            free(W[l][k]);
+            double s2 = 0;
+            for (int j = 0; j < T * D; j++) s2 += (h[j] - ref[j]) * (h[j] - ref[j]);
+            e[l * 7 + k] = s2, mx = fmax(mx, s2);
+        }
+    for (int i = 0; i < t.layers * 7; i++)
+        cr_assert(fabs(s.layer_sens[i] - e[i] / mx) <= 2e-3, "map %d: sensitivity %.6f, reference %.6f", i,
+                  s.layer_sens[i], e[i] / mx);
+    free(ref), free(h);
+    mpq_calib_stats_free(&s);
+    mpq_llm_free(m);
+    tl_free(&t);
+}
+
+static int same_arrays(float **a, float **b, const mpq_calib_stats *s, const mpq_llm *m, int kind)
+{
+    if (!a || !b) return a == b;
+    for (int i = 0; i < s->nlin; i++) {
+        const mpq_linear *L = &m->layer[i / 7].lin[i % 7];
+        const size_t n = kind == 0 ? (size_t)L->rows * L->cols : kind == 1 ? (size_t)L->rows
+                       : kind == 2 ? (size_t)L->cols : (size_t)s->awq_tokens * L->cols;
+        if (memcmp(a[i], b[i], sizeof(float) * n)) return 0;
+    }
+    return 1;
+}
+
+static int same_stats(const mpq_calib_stats *a, const mpq_calib_stats *b, const mpq_llm *m)
+{
+    return a->what == b->what && a->windows == b->windows && same_arrays(a->fisher, b->fisher, a, m, 0) &&
+           same_arrays(a->pqi, b->pqi, a, m, 0) && same_arrays(a->mixllm, b->mixllm, a, m, 1) &&
+           same_arrays(a->xtx_diag, b->xtx_diag, a, m, 2) && same_arrays(a->mean_abs, b->mean_abs, a, m, 2) &&
+           same_arrays(a->awq, b->awq, a, m, 3) &&
+           !memcmp(a->layer_sens, b->layer_sens, sizeof(float) * (size_t)a->nlin);
+}
+
+Test(calib, deterministic_for_any_thread_count_and_the_file_round_trips)
+{
+    tl_model t;
+    shape(&t, 0, 1, 0);
+    tl_make(&t, 55);
+    mpq_llm *m = load_hf(&t);
+    synth_rng r = {13};
+    int32_t text[NTOK];
+    random_tokens(&r, &t, text, NTOK);
+#ifdef _OPENMP
+    const int nt = omp_get_max_threads();
+    omp_set_num_threads(1);
+#endif
+    mpq_calib_stats a = calibrate(m, text, MPQ_CALIB_ALL);
+#ifdef _OPENMP
+    omp_set_num_threads(3);
+#endif
+    mpq_calib_stats b = calibrate(m, text, MPQ_CALIB_ALL);
+#ifdef _OPENMP
+    omp_set_num_threads(nt);
+#endif
+    cr_assert(same_stats(&a, &b, m), "statistics differ between 1 and 3 threads");
+    char p[600];
+    snprintf(p, sizeof p, "%s/stats.safetensors", tmpdir);
+    mpq_io_err e;
+    cr_assert_eq(mpq_calib_write(m, &a, "{\"model\": \"tiny\"}", p, &e), MPQ_OK, "%s", e.msg);
+    mpq_calib_stats c;
+    cr_assert_eq(mpq_calib_read(m, p, &c, &e), MPQ_OK, "%s", e.msg);
+    cr_assert_eq(c.what, MPQ_CALIB_ALL);
+    cr_assert_eq(c.awq_tokens, a.awq_tokens);
+    cr_assert(fabs(c.loss - a.loss) < 1e-12);
+    cr_assert(same_stats(&a, &c, m), "statistics read back differ");
+    mpq_st_file *f = NULL;
+    cr_assert_eq(mpq_st_open(p, &f, &e), MPQ_OK);
+    cr_assert_not_null(mpq_st_find(f, "model.layers.1.mlp.down_proj.weight.fisher"));
+    cr_assert_not_null(mpq_st_find(f, "model.layers.0.self_attn.q_proj.weight.layer_sensitivity"));
+    cr_assert_not_null(strstr(mpq_st_meta(f, "mpq_calib"), "\"model\":\"tiny\""));
+    mpq_st_close(f);
+    unlink(p);
+    mpq_calib_stats_free(&a), mpq_calib_stats_free(&b), mpq_calib_stats_free(&c);
+    mpq_llm_free(m);
+    tl_free(&t);
+}
+
+/* A statistics file with one thing wrong: the reader names the file, the
+   tensor and the rule, and returns nothing. */
+static void bad_file(const mpq_llm *m, const mpq_calib_stats *s, const char *p, const char *tensor, int what,
+                     mpq_status want, const char *msg)
+{
+    mpq_io_err e;
+    mpq_st_writer *w = NULL;
+    cr_assert_eq(mpq_st_writer_open(p, &w, &e), MPQ_OK);
+    char meta[256];
+    snprintf(meta, sizeof meta, "{\"windows\":%d,\"length\":%d,\"awq_tokens\":%d,\"mixllm_bits\":4,\"pqi_bits\":3,"
+             "\"pqi_steps\":3,\"pqi_windows\":2,\"sens_tokens\":8,\"loss\":1}", s->windows, s->length, s->awq_tokens);
+    cr_assert_eq(mpq_st_write_meta(w, "mpq_calib", meta, &e), MPQ_OK);
+    char name[256];
+    for (int i = 0; i < s->nlin; i++) {
+        const mpq_linear *L = &m->layer[i / 7].lin[i % 7];
+        char base[200];
+        mpq_llm_linear_name(0, i / 7, i % 7, 0, base, sizeof base);
+        snprintf(name, sizeof name, "%s.xtx_diag", base);
+        float *v = (float *)malloc(sizeof(float) * (size_t)L->cols);
+        memcpy(v, s->xtx_diag[i], sizeof(float) * (size_t)L->cols);
+        uint64_t shp[1] = {(uint64_t)L->cols};
+        if (!strcmp(name, tensor)) {
+            if (what == 0) shp[0] -= 1;
+            if (what == 1) v[3] = NAN;
+            if (what == 2) v[1] = -1.0f;
+        }
+        if (!(what == 3 && !strcmp(name, tensor)))
+            cr_assert_eq(mpq_st_write_f32(w, name, MPQ_DT_F32, 1, shp, v, &e), MPQ_OK, "%s", e.msg);
+        free(v);
+    }
+    cr_assert_eq(mpq_st_writer_close(w, &e), MPQ_OK);
+    mpq_calib_stats r;
+    memset(&r, 0x5a, sizeof r);
+    mpq_calib_stats before = r;
+    cr_assert_eq(mpq_calib_read(m, p, &r, &e), want, "%s", e.msg);
+    cr_assert(!memcmp(&r, &before, sizeof r), "the output changed on error");
+    cr_assert_not_null(strstr(e.msg, p), "%s", e.msg);
+    cr_assert_not_null(strstr(e.msg, tensor), "%s", e.msg);
+    cr_assert_not_null(strstr(e.msg, msg), "%s", e.msg);
+    unlink(p);
+}
+
+Test(calib, bad_inputs)
+{
+    tl_model t;
+    shape(&t, 0, 1, 0);
+    tl_make(&t, 66);
+    mpq_llm *m = load_hf(&t);
+    synth_rng r = {17};
+    int32_t text[NTOK];
+    random_tokens(&r, &t, text, NTOK);
+    mpq_calib_opts o;
+    memset(&o, 0, sizeof o);
+    o.length = 64; /* longer than the text */
+    mpq_calib_stats s;
+    memset(&s, 0, sizeof s);
+    mpq_io_err e;
+    cr_assert_eq(mpq_llm_calibrate(m, text, NTOK, &o, &s, &e), MPQ_ERR_SIZE);
+    cr_assert_not_null(strstr(e.msg, "shorter than one window"), "%s", e.msg);
+    cr_assert_null(s.fisher);
+    o.length = LEN;
+    text[5] = t.vocab_rows; /* outside the vocabulary */
+    cr_assert_eq(mpq_llm_calibrate(m, text, NTOK, &o, &s, &e), MPQ_ERR_ARG);
+    text[5] = 1;
+    o.what = 0x400;
+    cr_assert_eq(mpq_llm_calibrate(m, text, NTOK, &o, &s, &e), MPQ_ERR_ARG);
+    /* a packed map: no backward pass */
+    mpq_bitplane_desc d;
+    memset(&d, 0, sizeof d);
+    mpq_linear *L = &m->layer[1].lin[MPQ_LIN_UP];
+    d.rows = L->rows, d.cols = L->cols, d.uniform_bits = 4;
+    mpq_packed A;
+    cr_assert_eq(mpq_pack_alloc(&d, L->W, &A), MPQ_OK);
+    cr_assert_eq(mpq_linear_set_packed(m, L, &A), MPQ_OK);
+    free(L->W);
+    L->W = NULL;
+    o.what = 0;
+    cr_assert_eq(mpq_llm_calibrate(m, text, NTOK, &o, &s, &e), MPQ_ERR_UNSUPPORTED);
+    cr_assert_not_null(strstr(e.msg, "float weights"), "%s", e.msg);
+    mpq_llm_free(m);
+    /* files */
+    m = load_hf(&t);
+    s = calibrate(m, text, MPQ_CALIB_ACTS);
+    char p[600];
+    snprintf(p, sizeof p, "%s/bad.safetensors", tmpdir);
+    const char *name = "model.layers.1.self_attn.o_proj.weight.xtx_diag";
+    bad_file(m, &s, p, name, 0, MPQ_ERR_SIZE, "shape");
+    bad_file(m, &s, p, name, 1, MPQ_ERR_NONFINITE, "not finite");
+    bad_file(m, &s, p, name, 2, MPQ_ERR_RANGE, "negative");
+    bad_file(m, &s, p, name, 3, MPQ_ERR_FORMAT, "not found");
+    mpq_calib_stats_free(&s);
+    mpq_llm_free(m);
+    tl_free(&t);
+}
