@@ -113,8 +113,9 @@ static void run_matches(const char *model, const mpq_llm *m, const char *schedul
     size_t k = 0;
     for (int i = 0; i < r.tokens; i++) {
         if (mpq_token_is_special(m->tok, out[i])) continue;
-        size_t b;
+        size_t b = 0;
         const char *bytes = mpq_token_bytes(m->tok, out[i], &b);
+        if (!bytes) continue; /* a row past the vocabulary prints nothing */
         memcpy(want + k, bytes, b);
         k += b;
     }
@@ -272,5 +273,180 @@ Test(cli_llm, bad_inputs_exit_2_naming_the_file, .init = setup, .fini = teardown
     path_of("out.safetensors", p, sizeof p);
     cr_assert_eq(access(p, F_OK), -1, "no partial output");
     tm.heads = 4;
+    tl_free(&tm);
+}
+
+/* Packed map Q equals the library's packing of F under layer l of plan p
+   (with AWQ's scales and clips from X when X is not NULL). */
+static int same_as_plan(const mpq_linear *F, const mpq_linear *Q, const mpq_plan *p, int l, const float *X, int tokens)
+{
+    mpq_bitplane_desc d;
+    cr_assert_eq(mpq_plan_desc(p, l, &d), MPQ_OK);
+    float *cs = NULL, *clip = NULL;
+    if (X) {
+        cs = malloc(sizeof(float) * (size_t)F->cols);
+        clip = malloc(sizeof(float) * (size_t)F->rows * (size_t)((F->cols + d.group - 1) / d.group));
+        mpq_awq_desc a;
+        memset(&a, 0, sizeof a);
+        a.X = X, a.tokens = tokens;
+        cr_assert_eq(mpq_awq_search(&d, F->W, &a, cs, clip, NULL), MPQ_OK);
+        d.col_scale = cs, d.clip = clip;
+    }
+    mpq_packed A;
+    cr_assert_eq(mpq_pack_alloc(&d, F->W, &A), MPQ_OK);
+    const int same = A.bytes == Q->A.bytes && !memcmp(A.buf, Q->A.buf, A.bytes);
+    mpq_packed_free(&A);
+    free(cs), free(clip);
+    return same;
+}
+
+Test(cli_llm, calibrate_then_every_method_and_a_schedule, .init = setup, .fini = teardown, .timeout = 600)
+{
+    tl_model tm;
+    char text[700];
+    size_t len;
+    make_model(&tm, text, &len);
+    cr_assert_eq(run("calibrate --windows 4 --length 16 --pqi-windows 2 --sens-tokens 12 hf text.txt -o s.safetensors"),
+                 0, "%s", slurp("err.txt", NULL));
+    cr_assert(strstr(slurp("out.txt", NULL), "statistics of 14 linear maps from 4 windows of 16 tokens"), "%s",
+              slurp("out.txt", NULL));
+    mpq_llm *h = load("hf");
+    /* bf16 weights as float: calibrate's model is the same */
+    char p[600];
+    path_of("s.safetensors", p, sizeof p);
+    mpq_calib_stats s;
+    mpq_io_err e;
+    cr_assert_eq(mpq_calib_read(h, p, &s, &e), MPQ_OK, "%s", e.msg);
+    cr_assert_eq(s.what, MPQ_CALIB_ALL);
+    /* sfmp (RTN and AWQ underneath) and mixllm: the library's plans from the file's statistics */
+    cr_assert_eq(run("quantize --quiet --method sfmp --bpw 3.5 --stats s.safetensors hf q1.safetensors"), 0, "%s",
+                 slurp("err.txt", NULL));
+    cr_assert_eq(run("quantize --quiet --method sfmp --bpw 3.5 --quantizer awq --stats s.safetensors hf q2.safetensors"),
+                 0, "%s", slurp("err.txt", NULL));
+    cr_assert_eq(run("quantize --quiet --method mixllm --fraction 0.2 --stats s.safetensors hf q3.safetensors"), 0, "%s",
+                 slurp("err.txt", NULL));
+    mpq_sfmp_layer SL[14];
+    mpq_mixllm_layer ML[14];
+    for (int i = 0; i < 14; i++) {
+        const mpq_linear *L = &h->layer[i / 7].lin[i % 7];
+        SL[i].S = s.fisher[i], SL[i].rows = L->rows, SL[i].cols = L->cols;
+        ML[i].salience = s.mixllm[i], ML[i].rows = L->rows, ML[i].cols = L->cols;
+    }
+    mpq_sfmp_desc sd;
+    memset(&sd, 0, sizeof sd);
+    sd.bpw = 3.5;
+    mpq_mixllm_desc md;
+    memset(&md, 0, sizeof md);
+    md.fraction = 0.2;
+    mpq_plan ps, pm;
+    cr_assert_eq(mpq_plan_sfmp(SL, 14, &sd, &ps), MPQ_OK);
+    cr_assert_eq(mpq_plan_mixllm(ML, 14, &md, &pm), MPQ_OK);
+    mpq_llm *q1 = load("q1.safetensors"), *q2 = load("q2.safetensors"), *q3 = load("q3.safetensors");
+    for (int i = 0; i < 14; i++) {
+        const mpq_linear *F = &h->layer[i / 7].lin[i % 7];
+        cr_assert(same_as_plan(F, &q1->layer[i / 7].lin[i % 7], &ps, i, NULL, 0), "sfmp, map %d", i);
+        cr_assert(same_as_plan(F, &q2->layer[i / 7].lin[i % 7], &ps, i, s.awq[i], s.awq_tokens), "sfmp + awq, map %d", i);
+        cr_assert(same_as_plan(F, &q3->layer[i / 7].lin[i % 7], &pm, i, NULL, 0), "mixllm, map %d", i);
+    }
+    mpq_plan_free(&ps), mpq_plan_free(&pm);
+    /* mxsens from diag(X^T X) and the layer sensitivities (maps of 64 and 96 columns: the
+       8-bit block alone is 6.25 bpw); requant on RTN and AWQ */
+    cr_assert_eq(run("quantize --quiet --method mxsens --bpw 6.75 --stats s.safetensors hf q4.safetensors"), 0, "%s",
+                 slurp("err.txt", NULL));
+    cr_assert_eq(run("quantize --method requant --bits 3 --stats s.safetensors hf q5.safetensors"), 0, "%s",
+                 slurp("err.txt", NULL));
+    cr_assert(strstr(slurp("err.txt", NULL), "requant: t = "), "%s", slurp("err.txt", NULL));
+    cr_assert_eq(run("quantize --quiet --method requant --quantizer awq --bits 3 --outliers 0.01 --significant 0.01 "
+                     "--stats s.safetensors hf q6.safetensors"),
+                 0, "%s", slurp("err.txt", NULL));
+    mpq_llm *q5 = load("q5.safetensors"), *q6 = load("q6.safetensors");
+    double nnz5 = 0, nnz6 = 0, weights = 0;
+    for (int i = 0; i < 14; i++) {
+        const mpq_linear *A = &q5->layer[i / 7].lin[i % 7], *B = &q6->layer[i / 7].lin[i % 7];
+        weights += (double)A->rows * A->cols;
+        nnz5 += (double)A->A.sp_nnz, nnz6 += (double)B->A.sp_nnz;
+        /* the sparse part restores its weights: dense + sparse = W there (fp16) */
+        float *D = malloc(sizeof(float) * (size_t)A->rows * A->cols);
+        cr_assert_eq(mpq_packed_dequantize(&B->A, 0, D), MPQ_OK);
+        const float *W = h->layer[i / 7].lin[i % 7].W;
+        for (int r = 0; r < B->rows; r++)
+            for (uint32_t k = B->A.sp_row_ptr[r]; k < B->A.sp_row_ptr[r + 1]; k++) {
+                const size_t j = (size_t)r * B->cols + B->A.sp_col16[k];
+                cr_assert(fabsf(D[j] - W[j]) <= 2e-3f * fabsf(W[j]) + 1e-4f, "map %d (%d, %zu): %g, weight %g", i, r,
+                          j % B->cols, D[j], W[j]);
+            }
+        free(D);
+    }
+    /* 0.25 % + 0.25 % of the weights (floor per count), and 1 % + 1 % */
+    cr_assert(nnz5 >= 0.005 * weights - 16 && nnz5 <= 0.005 * weights + 1, "requant rtn: %g of %g", nnz5, weights);
+    cr_assert(nnz6 >= 0.02 * weights - 16 && nnz6 <= 0.02 * weights + 1, "requant awq: %g of %g", nnz6, weights);
+    char args[200];
+    for (int k = 4; k <= 6; k++) {
+        snprintf(args, sizeof args, "eval --quiet --ctx %d q%d.safetensors text.txt", CTX, k);
+        cr_assert_eq(run(args), 0, "%s: %s", args, slurp("err.txt", NULL));
+    }
+    /* PMPD: the static search on q1; any schedule meets a loose target, so the
+       cheapest (every decoded token at skip 1) wins; a target of no loss keeps
+       skip 0 for every scored token */
+    cr_assert_eq(run("quantize --quiet --bits 4 hf q7.safetensors"), 0);
+    cr_assert_eq(run("schedule --quiet --ctx 16 --chunks 3 --levels 0,1 --max-increase 1000 q7.safetensors text.txt "
+                     "-o loose.txt"),
+                 0, "%s", slurp("err.txt", NULL));
+    cr_assert(!strncmp(slurp("loose.txt", NULL), "0:0@0,1@0 ", 10), "%s", slurp("loose.txt", NULL));
+    cr_assert_eq(run("schedule --quiet --ctx 16 --chunks 3 --levels 0,1 --max-increase 0 q7.safetensors text.txt "
+                     "-o tight.txt"),
+                 0, "%s", slurp("err.txt", NULL));
+    const char *t = slurp("tight.txt", NULL);
+    cr_assert(!strncmp(t, "0:0@0,1@", 8) && atoi(t + 8) >= 1, "%s", t);
+    cr_assert_eq(run("run q7.safetensors -n 6 --prompt 'abc' --schedule loose.txt"), 0, "%s", slurp("err.txt", NULL));
+    cr_assert(strstr(slurp("err.txt", NULL), "skip 1 ("), "%s", slurp("err.txt", NULL));
+
+    mpq_llm_free(q1), mpq_llm_free(q2), mpq_llm_free(q3), mpq_llm_free(q5), mpq_llm_free(q6);
+    mpq_calib_stats_free(&s);
+    mpq_llm_free(h);
+    tl_free(&tm);
+}
+
+/* A statistic file that is wrong in one tensor: exit 2 naming the file, the
+   tensor and the rule; no output. */
+Test(cli_llm, bad_statistics_exit_2, .init = setup, .fini = teardown)
+{
+    tl_model tm;
+    char text[700], p[600];
+    size_t len;
+    make_model(&tm, text, &len);
+    path_of("short.txt", p, sizeof p);
+    tl_spit(p, "ab cd ab");
+    cr_assert_eq(run("calibrate --length 16 hf short.txt -o s.safetensors"), 2);
+    const char *e = slurp("err.txt", NULL);
+    cr_assert(strstr(e, "short.txt") && strstr(e, "shorter than one calibration window"), "%s", e);
+    path_of("s.safetensors", p, sizeof p);
+    cr_assert_eq(access(p, F_OK), -1, "no output");
+    cr_assert_eq(run("calibrate --quiet --windows 2 --length 16 --stats fisher,acts hf text.txt -o s.safetensors"), 0,
+                 "%s", slurp("err.txt", NULL));
+    mpq_llm *h = load("hf");
+    mpq_calib_stats s;
+    mpq_io_err err;
+    cr_assert_eq(mpq_calib_read(h, p, &s, &err), MPQ_OK, "%s", err.msg);
+    cr_assert_eq(s.what, MPQ_CALIB_FISHER | MPQ_CALIB_ACTS);
+    static const char *const why[] = {"not finite", "negative"};
+    for (int k = 0; k < 2; k++) {
+        s.fisher[9][5] = k ? -1.0f : NAN;
+        char q[600];
+        path_of("bad.safetensors", q, sizeof q);
+        cr_assert_eq(mpq_calib_write(h, &s, NULL, q, &err), MPQ_OK, "%s", err.msg);
+        cr_assert_eq(run("quantize --method sfmp --bpw 3 --stats bad.safetensors hf out.safetensors"), 2);
+        e = slurp("err.txt", NULL);
+        cr_assert(strstr(e, "bad.safetensors") && strstr(e, "model.layers.1.self_attn.v_proj.weight.fisher") &&
+                      strstr(e, why[k]),
+                  "%s", e);
+        path_of("out.safetensors", q, sizeof q);
+        cr_assert_eq(access(q, F_OK), -1, "no partial output");
+    }
+    /* statistics the method needs but the file lacks */
+    cr_assert_eq(run("quantize --method mixllm --stats s.safetensors hf out.safetensors"), 2);
+    cr_assert(strstr(slurp("err.txt", NULL), "mixllm"), "%s", slurp("err.txt", NULL));
+    mpq_calib_stats_free(&s);
+    mpq_llm_free(h);
     tl_free(&tm);
 }

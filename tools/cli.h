@@ -1,6 +1,7 @@
 /* tools/cli.h - what the commands of the mpq tool share: exit codes, error
    messages, option parsing, the progress line. Included by tools/mpq.c
-   (quantize, inspect, bench, main) and tools/mpq_llm.c (eval, run, speed, calibrate). */
+   (quantize, inspect, bench, main) and tools/mpq_llm.c (eval, run, speed, calibrate,
+   schedule). */
 #ifndef MPQ_CLI_H
 #define MPQ_CLI_H
 
@@ -145,5 +146,6 @@ int cmd_eval(int argc, char **argv);
 int cmd_run(int argc, char **argv);
 int cmd_speed(int argc, char **argv);
 int cmd_calibrate(int argc, char **argv);
+int cmd_schedule(int argc, char **argv);
 
 #endif

@@ -46,12 +46,13 @@ static int is_float_dtype(mpq_dtype t)
    quantize
    ------------------------------------------------------------------------ */
 
-enum { M_RTN, M_AWQ, M_SFMP, M_MIXLLM, M_MXSENS };
-static const char *const method_names[] = {"rtn", "awq", "sfmp", "mixllm", "mxsens"};
+enum { M_RTN, M_AWQ, M_SFMP, M_MIXLLM, M_MXSENS, M_REQUANT, M_COUNT };
+static const char *const method_names[] = {"rtn", "awq", "sfmp", "mixllm", "mxsens", "requant"};
 
 typedef struct qopts {
     int method, bits, group, block_rows, reorder, symmetric, format, threads, quiet, embed_bits;
-    double bpw, fraction;
+    int awq_quantizer;  /* the planners quantize with AWQ's scales and clips (--quantizer awq) */
+    double bpw, fraction, outliers, significant;
     const char *salience, *calib, *in, *out;
     const char **include, **exclude; /* stb_ds arrays of globs */
 } qopts;
@@ -64,6 +65,8 @@ typedef struct job {
                            head, quantized with round-to-nearest at --embed-bits */
     float *stat;        /* salience or column sensitivity (planners) */
     float layer_sens;
+    uint8_t *mask;      /* requant: the weights of the sparse part */
+    float *cs, *clip;   /* requant on AWQ: the scales and clips of the dense part */
 } job;
 
 typedef struct row {    /* one line of the summary table */
@@ -94,8 +97,8 @@ static void quantize_help(void)
          "__metadata__, see mpq_io.h). GGUF tensors that are copied are written as F32 (F16\n"
          "and BF16 stay so).\n"
          "\n"
-         "  --method M         rtn | awq | sfmp | mixllm | mxsens (default rtn)\n"
-         "  --bits B           rtn, awq: width 1..8 (default 4)\n"
+         "  --method M         rtn | awq | sfmp | mixllm | mxsens | requant (default rtn)\n"
+         "  --bits B           rtn, awq, requant: width 1..8 (default 4)\n"
          "  --format F         rtn: bitplane | mxint (mxint: mantissa bits 2..8, group 32)\n"
          "  --symmetric        rtn, awq: symmetric groups\n"
          "  --bpw X            sfmp, mxsens: budget in bits per weight, scales included\n"
@@ -103,13 +106,23 @@ static void quantize_help(void)
          "  --group G          columns per group, a multiple of 8 (default 128; mxsens 32)\n"
          "  --block-rows R     rows per bit-width block (default 16)\n"
          "  --reorder R        sfmp: none | rows | cols | both (default none)\n"
-         "  --salience FILE    safetensors with one tensor per quantized weight, same name:\n"
-         "                       sfmp    rows x cols   Fisher diagonal\n"
-         "                       mixllm  rows          output-channel salience\n"
-         "                       mxsens  cols          diag(X^T X); optional scalar\n"
+         "  --stats FILE       what `mpq calibrate` wrote: --salience and --calib at once\n"
+         "  --outliers R       requant: fraction of all weights kept as outliers (default 0.0025),\n"
+         "                     spread over the maps by PQI/ReQuant eq. 9\n"
+         "  --significant R    requant: fraction detached as significant weights (default 0.0025)\n"
+         "  --quantizer Q      sfmp, mixllm, requant: rtn | awq (default rtn): AWQ's scale and clip\n"
+         "                     search under the plan's widths (needs --calib or --stats)\n"
+         "  --salience FILE    safetensors with one tensor per quantized weight, named as the\n"
+         "                     weight or as the weight with the suffix mpq calibrate writes:\n"
+         "                       sfmp    rows x cols   Fisher diagonal (.fisher)\n"
+         "                       mixllm  rows          output-channel salience (.mixllm)\n"
+         "                       requant rows x cols   PQI along W -> Q(W) (.pqi)\n"
+         "                       mxsens  cols          diag(X^T X) (.xtx_diag); optional scalar\n"
          "                                             '<name>.layer_sensitivity' in [0, 1]\n"
-         "  --calib FILE       safetensors with activations tokens x cols per weight name:\n"
-         "                     awq (required), mxsens (diag(X^T X) when no --salience)\n"
+         "                     finite and >= 0\n"
+         "  --calib FILE       safetensors with activations tokens x cols per weight name\n"
+         "                     (or '<name>.awq'): awq and --quantizer awq (required), mxsens\n"
+         "                     (diag(X^T X) when no --salience)\n"
          "  --embed-bits B     models: the embedding and head at B bits, g128 (default 8);\n"
          "                     0 keeps them as they are\n"
          "  --include GLOB     quantize only matching names (repeatable; default all)\n"
@@ -127,13 +140,34 @@ static int glob_any(const char **globs, const char *name)
     return 0;
 }
 
-/* Reads a float tensor `name` of `file` with exactly the given shape
-   (ndim2 = 0: a vector of d0; scalars: d0 = 1 accepts [] and [1]). */
-static int read_stat(mpq_st_file *f, const char *name, uint64_t d0, uint64_t d1, int ndim, float **out)
+/* The tensor of a statistic for weight `name`: `name` itself, else
+   `name.suffix` as mpq calibrate writes it; NULL when neither is there
+   (*used: the name looked for last). */
+static const mpq_st_tensor *find_stat(mpq_st_file *f, const char *name, const char *suffix, char *used, size_t cap)
+{
+    snprintf(used, cap, "%s", name);
+    const mpq_st_tensor *t = mpq_st_find(f, name);
+    if (t || !suffix) return t;
+    snprintf(used, cap, "%s.%s", name, suffix);
+    return mpq_st_find(f, used);
+}
+
+/* Reads a float tensor, the statistic `suffix` of weight `name` (see
+   find_stat), with exactly the given shape (ndim2 = 0: a vector of d0;
+   scalars: d0 = 1 accepts [] and [1]); every value finite, and >= 0 when
+   nonneg. */
+static int read_stat(mpq_st_file *f, const char *name, const char *suffix, int nonneg, uint64_t d0, uint64_t d1,
+                     int ndim, float **out)
 {
     mpq_io_err e;
-    const mpq_st_tensor *t = mpq_st_find(f, name);
-    if (!t) return fail(EXIT_INPUT, "%s: tensor '%s': not found", mpq_st_path(f), name);
+    char full[1024];
+    const mpq_st_tensor *t = find_stat(f, name, suffix, full, sizeof full);
+    if (!t) {
+        if (suffix)
+            return fail(EXIT_INPUT, "%s: tensor '%s': not found (nor '%s.%s')", mpq_st_path(f), name, name, suffix);
+        return fail(EXIT_INPUT, "%s: tensor '%s': not found", mpq_st_path(f), name);
+    }
+    name = full;
     if (!is_float_dtype(t->dtype))
         return fail(EXIT_INPUT, "%s: tensor '%s': dtype %s, need a float type", mpq_st_path(f), name,
                     mpq_dtype_name(t->dtype));
@@ -152,6 +186,16 @@ static int read_stat(mpq_st_file *f, const char *name, uint64_t d0, uint64_t d1,
         free(v);
         return fail(EXIT_INPUT, "%s", e.msg);
     }
+    for (uint64_t i = 0; i < t->numel; i++) {
+        if (!(v[i] - v[i] == 0.0f) || (nonneg && v[i] < 0)) {
+            const int nf = !(v[i] - v[i] == 0.0f);
+            fail(EXIT_INPUT, "%s: tensor '%s': element %llu is %s (%g); %s", mpq_st_path(f), name,
+                 (unsigned long long)i, nf ? "not finite" : "negative", v[i],
+                 nf ? "statistics must be finite" : "a salience cannot be negative");
+            free(v);
+            return EXIT_INPUT;
+        }
+    }
     *out = v;
     return 0;
 }
@@ -159,12 +203,15 @@ static int read_stat(mpq_st_file *f, const char *name, uint64_t d0, uint64_t d1,
 /* Calibration activations of a weight: tokens x cols. */
 static int read_calib(mpq_st_file *f, const job *J, float **X, int *tokens)
 {
-    const mpq_st_tensor *t = mpq_st_find(f, J->name);
-    if (!t) return fail(EXIT_INPUT, "%s: tensor '%s': not found (activations for it)", mpq_st_path(f), J->name);
+    char full[1024];
+    const mpq_st_tensor *t = find_stat(f, J->name, "awq", full, sizeof full);
+    if (!t)
+        return fail(EXIT_INPUT, "%s: tensor '%s': not found (activations for it; nor '%s.awq')", mpq_st_path(f),
+                    J->name, J->name);
     if (t->ndim != 2 || t->shape[1] != (uint64_t)J->cols || t->shape[0] < 1 || t->shape[0] > INT_MAX)
-        return fail(EXIT_INPUT, "%s: tensor '%s': activations must be tokens x %d", mpq_st_path(f), J->name, J->cols);
+        return fail(EXIT_INPUT, "%s: tensor '%s': activations must be tokens x %d", mpq_st_path(f), full, J->cols);
     *tokens = (int)t->shape[0];
-    return read_stat(f, J->name, t->shape[0], t->shape[1], 2, X);
+    return read_stat(f, J->name, "awq", 0, t->shape[0], t->shape[1], 2, X);
 }
 
 static void widths_text(const mpq_packed *A, char *s, size_t cap)
@@ -298,16 +345,19 @@ static int load_stats(const qopts *o, job *jobs)
     for (ptrdiff_t i = 0; i < arrlen(jobs) && !rc; i++) {
         job *J = &jobs[i];
         if (J->plan_index < 0) continue;
-        if (o->method == M_SFMP) rc = read_stat(S, J->name, (uint64_t)J->rows, (uint64_t)J->cols, 2, &J->stat);
-        else if (o->method == M_MIXLLM) rc = read_stat(S, J->name, (uint64_t)J->rows, 0, 1, &J->stat);
+        if (o->method == M_SFMP)
+            rc = read_stat(S, J->name, "fisher", 1, (uint64_t)J->rows, (uint64_t)J->cols, 2, &J->stat);
+        else if (o->method == M_MIXLLM) rc = read_stat(S, J->name, "mixllm", 1, (uint64_t)J->rows, 0, 1, &J->stat);
+        else if (o->method == M_REQUANT)
+            rc = read_stat(S, J->name, "pqi", 1, (uint64_t)J->rows, (uint64_t)J->cols, 2, &J->stat);
         else if (o->method == M_MXSENS) {
             J->layer_sens = 1.0f;
             if (S) {
-                rc = read_stat(S, J->name, (uint64_t)J->cols, 0, 1, &J->stat);
+                rc = read_stat(S, J->name, "xtx_diag", 1, (uint64_t)J->cols, 0, 1, &J->stat);
                 char key[1024];
                 snprintf(key, sizeof key, "%s.layer_sensitivity", J->name);
                 float *ls = NULL;
-                if (!rc && mpq_st_find(S, key) && !(rc = read_stat(S, key, 1, 0, 1, &ls))) {
+                if (!rc && mpq_st_find(S, key) && !(rc = read_stat(S, key, NULL, 1, 1, 0, 1, &ls))) {
                     if (!(ls[0] >= 0.0f && ls[0] <= 1.0f))
                         rc = fail(EXIT_INPUT, "%s: tensor '%s': layer sensitivity %g is not in [0, 1]", o->salience,
                                   key, ls[0]);
@@ -335,6 +385,207 @@ static int load_stats(const qopts *o, job *jobs)
     return rc;
 }
 
+/* ---- ReQuant -----------------------------------------------------------------
+
+   PQI/ReQuant's dense-and-sparse split (mpq.h section 10, "ReQuant") from the
+   statistics file: the PQI v of every map comes from mpq calibrate (along W
+   -> RTN(W) at its --pqi-bits), so two steps differ from the paper, which
+   runs the model at every candidate: the temperature t of eq. 9 is chosen
+   by the first-order loss the PQI itself estimates, sum v |W^ - W| over all
+   maps (eq. 6), and the significant weights are detached in one step with
+   that v (no refresh between steps). */
+
+/* The dense part of a job for weights Wz (outliers zeroed): described by d,
+   with AWQ's scales and clips when the job has them. */
+static mpq_status requant_dense(const job *J, const mpq_bitplane_desc *d0, const float *Wz, const mpq_sparse *sp,
+                                mpq_packed *A)
+{
+    mpq_bitplane_desc d = *d0;
+    d.col_scale = J->cs, d.clip = J->clip, d.sparse = sp;
+    return mpq_pack_alloc(&d, Wz, A);
+}
+
+/* Weights with the masked ones at zero, the dense reconstruction of them
+   (D), and the sparse part that restores the masked weights. */
+static mpq_status requant_split(const job *J, const mpq_bitplane_desc *d, const float *W, const uint8_t *mask, float *D,
+                                mpq_sparse *S)
+{
+    const size_t n = (size_t)J->rows * (size_t)J->cols;
+    float *Wz = (float *)malloc(sizeof(float) * n);
+    if (!Wz) return MPQ_ERR_NOMEM;
+    for (size_t k = 0; k < n; k++) Wz[k] = mask && mask[k] ? 0.0f : W[k];
+    mpq_packed A;
+    mpq_status st = requant_dense(J, d, Wz, NULL, &A);
+    if (st == MPQ_OK) {
+        st = mpq_packed_dequantize(&A, 0, D);
+        mpq_packed_free(&A);
+    }
+    if (st == MPQ_OK && S) st = mpq_sparse_from_mask(W, D, mask, J->rows, J->cols, S);
+    free(Wz);
+    return st;
+}
+
+static int requant_pack(const qopts *o, const job *J, const mpq_bitplane_desc *d, const float *W, mpq_packed *A)
+{
+    (void)o;
+    const size_t n = (size_t)J->rows * (size_t)J->cols;
+    float *D = (float *)malloc(sizeof(float) * n), *Wz = (float *)malloc(sizeof(float) * n);
+    mpq_sparse S;
+    memset(&S, 0, sizeof S);
+    mpq_status st = D && Wz ? requant_split(J, d, W, J->mask, D, &S) : MPQ_ERR_NOMEM;
+    for (size_t k = 0; st == MPQ_OK && k < n; k++) Wz[k] = J->mask[k] ? 0.0f : W[k];
+    if (st == MPQ_OK) st = requant_dense(J, d, Wz, &S, A);
+    mpq_sparse_free(&S);
+    free(D), free(Wz);
+    return st == MPQ_OK ? 0 : quant_fail(J->name, st, "requant pack");
+}
+
+typedef struct rq_ctx {
+    const qopts *o;
+    job **J;
+    int n;
+    float **W, **v;
+    const mpq_bitplane_desc *d; /* per job */
+} rq_ctx;
+
+/* The loss of algorithm 1's candidates: sum over maps of v |W^ - W|, W^ the
+   dense part of W without its `counts` largest weights, which are exact. */
+static mpq_status rq_loss(void *user, const size_t *counts, int nl, double *loss)
+{
+    rq_ctx *R = (rq_ctx *)user;
+    double total = 0;
+    mpq_status st = MPQ_OK;
+    for (int i = 0; i < nl && st == MPQ_OK; i++) {
+        const job *J = R->J[i];
+        const size_t n = (size_t)J->rows * (size_t)J->cols;
+        uint8_t *mask = (uint8_t *)calloc(n, 1);
+        float *D = (float *)malloc(sizeof(float) * n);
+        st = mask && D ? mpq_requant_outliers(R->W[i], n, counts[i], mask) : MPQ_ERR_NOMEM;
+        if (st == MPQ_OK) st = requant_split(J, &R->d[i], R->W[i], mask, D, NULL);
+        for (size_t k = 0; st == MPQ_OK && k < n; k++)
+            if (!mask[k]) total += (double)R->v[i][k] * fabs((double)D[k] - R->W[i][k]);
+        free(mask), free(D);
+    }
+    *loss = total;
+    return st;
+}
+
+/* The significant-weight step reuses the calibration's PQI. */
+static mpq_status rq_refresh(void *user, mpq_requant_layer *L, int nl)
+{
+    rq_ctx *R = (rq_ctx *)user;
+    for (int i = 0; i < nl; i++) memcpy(L[i].v, R->v[i], sizeof(float) * L[i].n);
+    return MPQ_OK;
+}
+
+/* Every map's mask (outliers by eq. 9, then significant weights), before
+   anything is written: ReQuant ranks weights over all maps. Holds every
+   quantized map's weights, PQI and reconstruction (12 bytes per weight). */
+static int requant_prepare(const qopts *o, mpq_source *in, job *jobs)
+{
+    mpq_io_err e;
+    int n = 0, rc = 0;
+    job **J = planned(jobs, &n);
+    rq_ctx R;
+    memset(&R, 0, sizeof R);
+    R.o = o, R.J = J, R.n = n;
+    R.W = (float **)calloc((size_t)n + 1, sizeof(float *));
+    R.v = (float **)calloc((size_t)n + 1, sizeof(float *));
+    mpq_bitplane_desc *d = (mpq_bitplane_desc *)calloc((size_t)n + 1, sizeof *d);
+    double *dF = (double *)calloc((size_t)n + 1, sizeof(double));
+    mpq_plan p;
+    memset(&p, 0, sizeof p);
+    p.nlayers = n;
+    p.layers = (mpq_layer_plan *)calloc((size_t)n + 1, sizeof *p.layers);
+    mpq_st_file *C = NULL;
+    if (!J || !R.W || !R.v || !d || !dF || !p.layers) rc = fail(EXIT_QUANT, "out of memory");
+    if (!rc && o->awq_quantizer && mpq_st_open(o->calib, &C, &e) != MPQ_OK) rc = fail(EXIT_INPUT, "%s", e.msg);
+    R.d = d;
+    size_t total = 0;
+    progress pr;
+    progress_start(&pr, !o->quiet, n);
+    for (int i = 0; i < n && !rc; i++) {
+        job *Jb = J[i];
+        const mpq_source_tensor *t = mpq_source_at(in, Jb->index);
+        const size_t nw = (size_t)Jb->rows * (size_t)Jb->cols;
+        progress_show(&pr, i, Jb->name);
+        R.W[i] = (float *)malloc(sizeof(float) * nw);
+        if (!R.W[i]) rc = fail(EXIT_QUANT, "out of memory");
+        else if (mpq_source_read_f32(in, t, R.W[i], nw, &e) != MPQ_OK) rc = fail(EXIT_INPUT, "%s", e.msg);
+        if (rc) break;
+        R.v[i] = Jb->stat;
+        d[i].rows = Jb->rows, d[i].cols = Jb->cols, d[i].group = o->group, d[i].block_rows = o->block_rows;
+        d[i].uniform_bits = o->bits;
+        if (o->symmetric) d[i].symmetric = 1u << o->bits;
+        mpq_status st = MPQ_OK;
+        if (o->awq_quantizer) {
+            float *X = NULL;
+            int tokens = 0;
+            if ((rc = read_calib(C, Jb, &X, &tokens)) != 0) break;
+            const int g = o->group ? o->group : 128;
+            Jb->cs = (float *)malloc(sizeof(float) * (size_t)Jb->cols);
+            Jb->clip = (float *)malloc(sizeof(float) * (size_t)Jb->rows * (size_t)((Jb->cols + g - 1) / g));
+            mpq_awq_desc a;
+            memset(&a, 0, sizeof a);
+            a.X = X, a.tokens = tokens;
+            st = Jb->cs && Jb->clip ? mpq_awq_search(&d[i], R.W[i], &a, Jb->cs, Jb->clip, NULL) : MPQ_ERR_NOMEM;
+            free(X);
+        }
+        /* the layer's mean Delta F_PQI (eq. 6) for eq. 9 */
+        float *D = (float *)malloc(sizeof(float) * nw);
+        if (st == MPQ_OK) st = D ? requant_split(Jb, &d[i], R.W[i], NULL, D, NULL) : MPQ_ERR_NOMEM;
+        double layer = 0;
+        if (st == MPQ_OK)
+            st = mpq_pqi_delta(R.v[i], R.W[i], D, Jb->rows, Jb->cols, 16, 128, NULL, NULL, NULL, NULL, &layer);
+        free(D);
+        if (st != MPQ_OK) {
+            rc = quant_fail(Jb->name, st, "requant");
+            break;
+        }
+        dF[i] = layer / (double)nw > 1e-30 ? layer / (double)nw : 1e-30;
+        mpq_layer_plan *L = &p.layers[i];
+        L->rows = Jb->rows, L->cols = Jb->cols, L->group = o->group ? o->group : 128, L->block_rows = 16;
+        const size_t nb = (size_t)((L->rows + 15) / 16) * (size_t)((L->cols + L->group - 1) / L->group);
+        if (!(L->bits = (uint8_t *)malloc(nb))) {
+            rc = fail(EXIT_QUANT, "out of memory");
+            break;
+        }
+        memset(L->bits, o->bits, nb);
+        L->weight_bits = (double)o->bits * (double)nw, L->meta_bits = 32.0 * L->rows * ((L->cols + L->group - 1) / L->group);
+        total += nw;
+    }
+    progress_end(&pr);
+    double t_best = 0;
+    mpq_status st = MPQ_OK;
+    if (!rc && (st = mpq_plan_requant(&p, dF, o->outliers, 0.25, rq_loss, &R, &t_best)) != MPQ_OK)
+        rc = fail(EXIT_QUANT, "requant: outlier counts (eq. 9): %s", mpq_status_str(st));
+    mpq_requant_layer *L = rc ? NULL : (mpq_requant_layer *)calloc((size_t)n + 1, sizeof *L);
+    if (!rc && !L) rc = fail(EXIT_QUANT, "out of memory");
+    for (int i = 0; i < n && !rc; i++) { /* outliers, and the reconstruction the significant search starts from */
+        const size_t nw = (size_t)J[i]->rows * (size_t)J[i]->cols;
+        J[i]->mask = (uint8_t *)calloc(nw, 1);
+        float *Wq = (float *)malloc(sizeof(float) * nw), *vv = (float *)malloc(sizeof(float) * nw);
+        L[i].W = R.W[i], L[i].Wq = Wq, L[i].v = vv, L[i].mask = J[i]->mask, L[i].n = nw;
+        st = J[i]->mask && Wq && vv ? mpq_requant_outliers(R.W[i], nw, p.layers[i].outliers, J[i]->mask) : MPQ_ERR_NOMEM;
+        if (st == MPQ_OK) st = requant_split(J[i], &d[i], R.W[i], J[i]->mask, Wq, NULL);
+        for (size_t k = 0; st == MPQ_OK && k < nw; k++)
+            if (J[i]->mask[k]) Wq[k] = R.W[i][k];
+        if (st != MPQ_OK) rc = quant_fail(J[i]->name, st, "requant outliers");
+    }
+    const size_t sig = (size_t)(o->significant * (double)total);
+    if (!rc && sig && (st = mpq_requant_significant(L, n, sig, 1, rq_refresh, &R)) != MPQ_OK)
+        rc = fail(EXIT_QUANT, "requant: significant weights: %s", mpq_status_str(st));
+    if (!rc && !o->quiet)
+        fprintf(stderr, "mpq: requant: t = %.2f (eq. 9), %.3f %% outliers + %.3f %% significant weights in sparse parts\n",
+                t_best, 100.0 * o->outliers, 100.0 * (double)sig / (double)(total ? total : 1));
+    for (int i = 0; L && i < n; i++) free(L[i].Wq), free(L[i].v);
+    for (int i = 0; R.W && i < n; i++) free(R.W[i]);
+    free(L), free(R.W), free(R.v), free(d), free(dF), free(J);
+    mpq_plan_free(&p);
+    mpq_st_close(C);
+    return rc;
+}
+
 /* Quantize one weight: the description comes from the plan, or from the
    options (rtn, awq: then col_scale and clip are computed here); an
    embedding or head goes to round-to-nearest at embed_bits. */
@@ -358,7 +609,8 @@ static int quantize_one(const qopts *o, const job *J, const mpq_plan *plan, mpq_
         d.uniform_bits = o->bits, d.format = o->format;
         if (o->symmetric) d.symmetric = 1u << o->bits;
     }
-    if (o->method == M_AWQ) {
+    if (o->method == M_REQUANT) return requant_pack(o, J, &d, W, A);
+    if (o->method == M_AWQ || o->awq_quantizer) {
         int tokens = 0;
         if ((rc = read_calib(C, J, &X, &tokens)) != 0) return rc;
         const int group = d.group ? d.group : 128;
@@ -516,11 +768,14 @@ static int quantize_run(const qopts *o)
     if (!rc && nplanned == 0 && !o->quiet) fprintf(stderr, "mpq: %s: no tensor selected for %s\n", o->in,
                                                   method_names[o->method]);
     if (!rc && nplanned) rc = load_stats(o, jobs);
-    if (!rc && nplanned && o->method >= M_SFMP) {
+    if (!rc && nplanned && o->method == M_REQUANT) rc = requant_prepare(o, in, jobs);
+    if (!rc && nplanned && o->method >= M_SFMP && o->method <= M_MXSENS) {
         rc = make_plan(o, jobs, &plan);
         have_plan = !rc;
     }
-    if (!rc && o->method == M_AWQ && mpq_st_open(o->calib, &C, &e) != MPQ_OK) rc = fail(EXIT_INPUT, "%s", e.msg);
+    if (!rc && (o->method == M_AWQ || (o->awq_quantizer && o->method != M_REQUANT)) &&
+        mpq_st_open(o->calib, &C, &e) != MPQ_OK)
+        rc = fail(EXIT_INPUT, "%s", e.msg);
     if (!rc && mpq_st_writer_open(o->out, &w, &e) != MPQ_OK) rc = fail(EXIT_OUTPUT, "%s", e.msg);
     if (!rc && model) {
         if (!cfg.vocab) /* from the embedding when the config does not say */
@@ -584,7 +839,7 @@ static int quantize_run(const qopts *o)
         printf("%s -> %s (%s)\n", o->in, o->out, method_names[o->method]);
         print_rows(rows, 1);
     }
-    for (ptrdiff_t i = 0; i < arrlen(jobs); i++) free(jobs[i].stat);
+    for (ptrdiff_t i = 0; i < arrlen(jobs); i++) free(jobs[i].stat), free(jobs[i].mask), free(jobs[i].cs), free(jobs[i].clip);
     arrfree(jobs);
     arrfree(rows);
     if (have_plan) mpq_plan_free(&plan);
@@ -598,6 +853,7 @@ static int cmd_quantize(int argc, char **argv)
     qopts o;
     memset(&o, 0, sizeof o);
     o.bits = 4, o.fraction = 0.1, o.format = MPQ_FORMAT_BITPLANE, o.bpw = -1, o.embed_bits = 8;
+    o.outliers = 0.0025, o.significant = 0.0025;
     args a = {argc, 0, argv, "quantize"};
     const char *pos[2] = {0};
     int npos = 0, bad = 0, rc = 0;
@@ -609,9 +865,14 @@ static int cmd_quantize(int argc, char **argv)
         } else if (opt(&a, "--method", &v, &bad)) {
             if (bad) break;
             o.method = -1;
-            for (int k = 0; k < 5; k++)
+            for (int k = 0; k < M_COUNT; k++)
                 if (strcmp(v, method_names[k]) == 0) o.method = k;
-            if (o.method < 0) bad = fail(EXIT_USAGE, "quantize --method: '%s' is not rtn, awq, sfmp, mixllm or mxsens", v);
+            if (o.method < 0)
+                bad = fail(EXIT_USAGE, "quantize --method: '%s' is not rtn, awq, sfmp, mixllm, mxsens or requant", v);
+        } else if (opt(&a, "--outliers", &v, &bad)) {
+            bad = bad || !parse_double("quantize", "--outliers", v, 0.0, 0.5, &o.outliers);
+        } else if (opt(&a, "--significant", &v, &bad)) {
+            bad = bad || !parse_double("quantize", "--significant", v, 0.0, 0.5, &o.significant);
         } else if (opt(&a, "--bits", &v, &bad)) {
             bad = bad || !parse_int("quantize", "--bits", v, 1, 8, &o.bits);
         } else if (opt(&a, "--format", &v, &bad)) {
@@ -638,6 +899,12 @@ static int cmd_quantize(int argc, char **argv)
             if (o.reorder < 0) bad = fail(EXIT_USAGE, "quantize --reorder: '%s' is not none, rows, cols or both", v);
         } else if (opt(&a, "--salience", &v, &bad)) {
             o.salience = v;
+        } else if (opt(&a, "--stats", &v, &bad)) {
+            o.salience = o.calib = v;
+        } else if (opt(&a, "--quantizer", &v, &bad)) {
+            if (bad) break;
+            if (!strcmp(v, "rtn") || !strcmp(v, "awq")) o.awq_quantizer = !strcmp(v, "awq");
+            else bad = fail(EXIT_USAGE, "quantize --quantizer: '%s' is not rtn or awq", v);
         } else if (opt(&a, "--calib", &v, &bad)) {
             o.calib = v;
         } else if (opt(&a, "--embed-bits", &v, &bad)) {
@@ -671,7 +938,7 @@ static int cmd_quantize(int argc, char **argv)
         rc = fail(EXIT_USAGE, "quantize --method %s: needs --bpw", method_names[o.method]);
         goto out;
     }
-    if ((o.method == M_SFMP || o.method == M_MIXLLM) && !o.salience) {
+    if ((o.method == M_SFMP || o.method == M_MIXLLM || o.method == M_REQUANT) && !o.salience) {
         rc = fail(EXIT_USAGE, "quantize --method %s: needs --salience FILE", method_names[o.method]);
         goto out;
     }
@@ -680,7 +947,15 @@ static int cmd_quantize(int argc, char **argv)
                   o.method == M_MXSENS ? " (or --salience FILE)" : "");
         goto out;
     }
-    if (o.method == M_AWQ && o.format == MPQ_FORMAT_MXINT) {
+    if (o.awq_quantizer && o.method != M_SFMP && o.method != M_MIXLLM && o.method != M_AWQ && o.method != M_REQUANT) {
+        rc = fail(EXIT_USAGE, "quantize --quantizer awq: for sfmp, mixllm and requant (awq is --method awq)");
+        goto out;
+    }
+    if (o.awq_quantizer && !o.calib) {
+        rc = fail(EXIT_USAGE, "quantize --quantizer awq: needs --calib FILE or --stats FILE");
+        goto out;
+    }
+    if ((o.method == M_AWQ || o.method == M_REQUANT) && o.format == MPQ_FORMAT_MXINT) {
         rc = fail(EXIT_USAGE, "quantize: --format mxint is for rtn (mxsens plans MXINT itself)");
         goto out;
     }
@@ -963,6 +1238,7 @@ static void main_help(void)
            "  calibrate  statistics for the methods from a model's forward and backward passes\n"
            "  eval       perplexity of a model on a text file, as llama-perplexity computes it\n"
            "  run        generate text from a prompt (greedy or sampled; PMPD schedules)\n"
+           "  schedule   PMPD's static schedule search for a packed model, on calibration text\n"
            "  speed      prompt and decode tokens per second, as llama-bench measures them\n"
            "  inspect    list a file's tensors: format, widths, bits per weight, bytes\n"
            "  bench      time the packed matrices of a file (CPU, and GPU when present)\n"
@@ -989,7 +1265,8 @@ int main(int argc, char **argv)
     if (strcmp(argv[1], "run") == 0) return cmd_run(argc - 1, argv + 1);
     if (strcmp(argv[1], "speed") == 0) return cmd_speed(argc - 1, argv + 1);
     if (strcmp(argv[1], "calibrate") == 0) return cmd_calibrate(argc - 1, argv + 1);
-    return fail(EXIT_USAGE, "unknown command '%s' (quantize, calibrate, eval, run, speed, inspect, bench; see mpq "
-                "--help)",
+    if (strcmp(argv[1], "schedule") == 0) return cmd_schedule(argc - 1, argv + 1);
+    return fail(EXIT_USAGE, "unknown command '%s' (quantize, calibrate, schedule, eval, run, speed, inspect, bench; "
+                "see mpq --help)",
                 argv[1]);
 }

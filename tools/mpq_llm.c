@@ -5,6 +5,7 @@
      mpq run [options] MODEL --prompt TEXT
      mpq speed [options] MODEL
      mpq calibrate [options] MODEL TEXT -o STATS
+     mpq schedule [options] MODEL TEXT -o SCHEDULE
 
    MODEL is a GGUF file, a Hugging Face checkpoint directory or a
    safetensors file (one `mpq quantize` wrote, or a checkpoint with its
@@ -288,6 +289,29 @@ static int parse_schedule(const char *v, mpq_pmpd_schedule *s)
     return s->nlevels > 0 && mpq_pmpd_validate(s) == MPQ_OK;
 }
 
+/* A schedule given as P:S@T,... or as a file whose first line is one (what
+   `mpq schedule` writes); 0 when neither. */
+static int read_schedule(const char *v, mpq_pmpd_schedule *s)
+{
+    if (parse_schedule(v, s)) return 1;
+    FILE *f = fopen(v, "r");
+    if (!f) return 0;
+    char line[512];
+    const int ok = fgets(line, sizeof line, f) != NULL;
+    fclose(f);
+    if (!ok) return 0;
+    line[strcspn(line, "\r\n #")] = 0;
+    return parse_schedule(line, s);
+}
+
+/* The schedule as P:S@T,... */
+static void schedule_text(const mpq_pmpd_schedule *s, char *buf, size_t cap)
+{
+    int k = snprintf(buf, cap, "%d:", s->prefill_skip);
+    for (int i = 0; i < s->nlevels && k > 0 && (size_t)k < cap; i++)
+        k += snprintf(buf + k, cap - (size_t)k, "%s%d@%ld", i ? "," : "", s->skip[i], s->start[i]);
+}
+
 /* The prompt in the model's chat format: ChatML (<|im_start|>) or Llama 3
    (<|start_header_id|>); NULL when the vocabulary has neither. */
 static char *chat_prompt(const mpq_tokenizer *t, const char *system, const char *user)
@@ -322,8 +346,9 @@ static int print_token(void *user, int32_t tok)
 {
     const stream *s = (const stream *)user;
     if (mpq_token_is_special(s->t, tok) && !s->show_special) return 0;
-    size_t n;
+    size_t n = 0;
     const char *b = mpq_token_bytes(s->t, tok, &n);
+    if (!b) return 0; /* an embedding row past the vocabulary: no text */
     fwrite(b, 1, n, stdout);
     fflush(stdout);
     return 0;
@@ -361,7 +386,8 @@ int cmd_run(int argc, char **argv)
                  "  --skip-planes K      every packed linear map reads K planes less (nested precision)\n"
                  "  --schedule P:S@T,..  PMPD: the prompt at skip P; decoded token T onwards at skip S,\n"
                  "                       T and S increasing (e.g. 0:0@0,1@32,2@96); the stderr report\n"
-                 "                       gives the decode time per token at each level\n"
+                 "                       gives the decode time per token at each level; or a file\n"
+                 "                       whose first line is one (what `mpq schedule` writes)\n"
                  "  --show-special       print control tokens too\n" COMMON_HELP);
             return 0;
         } else if (common_opt(&a, &lo, &bad)) {
@@ -392,8 +418,9 @@ int cmd_run(int argc, char **argv)
         } else if (opt(&a, "--skip-planes", &v, &bad)) {
             bad = bad || !parse_int("run", "--skip-planes", v, 0, 7, &g.skip_planes);
         } else if (opt(&a, "--schedule", &v, &bad)) {
-            if (!bad && !parse_schedule(v, &sched))
-                bad = fail(EXIT_USAGE, "run --schedule: '%s' is not P:S@T,S@T,... with S and T increasing", v);
+            if (!bad && !read_schedule(v, &sched))
+                bad = fail(EXIT_USAGE, "run --schedule: '%s' is not P:S@T,S@T,... with S and T increasing, nor a file "
+                           "holding one", v);
             have_sched = 1;
         } else if (argv[a.i][0] == '-' && argv[a.i][1]) {
             bad = fail(EXIT_USAGE, "run: unknown option '%s' (see mpq run --help)", argv[a.i]);
@@ -768,6 +795,177 @@ int cmd_calibrate(int argc, char **argv)
         free(j);
     }
     mpq_calib_stats_free(&s);
+    free(tok);
+    free(text);
+    unload(&L);
+    return rc;
+}
+
+/* ---------------------------------------------------------------------------
+   schedule
+   ------------------------------------------------------------------------ */
+
+typedef struct sched_ctx {
+    const mpq_llm *m;
+    const int32_t *tok;
+    size_t n;
+    mpq_ppl_opts po;
+    int quiet, calls;
+    mpq_status st;
+} sched_ctx;
+
+/* PMPD's quality of a schedule: minus the perplexity of the text with the
+   second half of every chunk read at the schedule's decode precisions. */
+static mpq_status sched_quality(void *user, const mpq_pmpd_schedule *s, double *q)
+{
+    sched_ctx *C = (sched_ctx *)user;
+    mpq_ppl_opts po = C->po;
+    po.schedule = s;
+    mpq_ppl_result r;
+    mpq_status st = mpq_llm_perplexity(C->m, C->tok, C->n, &po, &r);
+    if (st != MPQ_OK) return st;
+    *q = -r.ppl;
+    C->calls++;
+    if (!C->quiet) {
+        char t[128];
+        schedule_text(s, t, sizeof t);
+        fprintf(stderr, "mpq: schedule %-24s ppl %.4f\n", t, r.ppl);
+    }
+    return MPQ_OK;
+}
+
+/* "0,1,2" -> skips (strictly increasing); their count, 0 when malformed. */
+static int parse_levels(const char *v, int *skip)
+{
+    int n = 0;
+    while (*v) {
+        char *end;
+        long k = strtol(v, &end, 10);
+        if (end == v || k < 0 || k > 7 || n == MPQ_PMPD_MAX_LEVELS || (n && k <= skip[n - 1])) return 0;
+        skip[n++] = (int)k;
+        v = end;
+        if (*v == ',') v++;
+        else if (*v) return 0;
+    }
+    return n;
+}
+
+int cmd_schedule(int argc, char **argv)
+{
+    args a = {argc, 0, argv, "schedule"};
+    llm_opts lo = {0, 0, "cpu"};
+    mpq_pmpd_search d;
+    memset(&d, 0, sizeof d);
+    d.nlevels = 2, d.skip[0] = 0, d.skip[1] = 1, d.candidates = 5;
+    double max_increase = 0.10;
+    int ctx = 512, chunks = 4;
+    const char *pos[2] = {0}, *out = NULL;
+    int npos = 0, bad = 0;
+    for (a.i = 1; a.i < argc && !bad; a.i++) {
+        const char *v = NULL;
+        if (opt(&a, "--help", NULL, &bad) || opt(&a, "-h", NULL, &bad)) {
+            puts("usage: mpq schedule [options] MODEL TEXT -o SCHEDULE\n"
+                 "\n"
+                 "PMPD's static scheduler (its section 4.3) for a packed MODEL: the cheapest\n"
+                 "progressive schedule over the precision levels (bit planes skipped) whose quality\n"
+                 "on TEXT (calibration text, never the evaluation text) meets the target. Quality is\n"
+                 "the perplexity of TEXT in chunks of --ctx with the first half of each as the\n"
+                 "prompt (at --prefill) and the second half read as a generation would read its\n"
+                 "decoded tokens under the schedule; the target is the perplexity at the first\n"
+                 "level times 1 + --max-increase. Candidate switch points are round(k L / (N - 1));\n"
+                 "schedules are tried cheapest first (average bits read per decoded token). Writes\n"
+                 "the schedule as one line P:S@T,... that `mpq run --schedule FILE` reads.\n"
+                 "\n"
+                 "  -o FILE            where the schedule goes (required)\n"
+                 "  --levels LIST      skip_planes of the levels, increasing (default 0,1)\n"
+                 "  --prefill K        skip_planes of the prompt (default 0)\n"
+                 "  --max-increase X   allowed perplexity increase over the first level (default 0.10)\n"
+                 "  --candidates N     switch points, 0 and L included (default 5)\n"
+                 "  --ctx N            tokens per chunk (default 512; L = N - N/2 decoded tokens)\n"
+                 "  --chunks N         chunks of TEXT per quality (default 4)\n" COMMON_HELP);
+            return 0;
+        } else if (common_opt(&a, &lo, &bad)) {
+        } else if (opt(&a, "-o", &v, &bad) || opt(&a, "--output", &v, &bad)) {
+            out = v;
+        } else if (opt(&a, "--levels", &v, &bad)) {
+            if (!bad && !(d.nlevels = parse_levels(v, d.skip)))
+                bad = fail(EXIT_USAGE, "schedule --levels: '%s' is not increasing skips 0..7", v);
+        } else if (opt(&a, "--prefill", &v, &bad)) {
+            bad = bad || !parse_int("schedule", "--prefill", v, 0, 7, &d.prefill_skip);
+        } else if (opt(&a, "--max-increase", &v, &bad)) {
+            bad = bad || !parse_double("schedule", "--max-increase", v, 0, 1e6, &max_increase);
+        } else if (opt(&a, "--candidates", &v, &bad)) {
+            bad = bad || !parse_int("schedule", "--candidates", v, 2, 64, &d.candidates);
+        } else if (opt(&a, "--ctx", &v, &bad)) {
+            bad = bad || !parse_int("schedule", "--ctx", v, 4, 1 << 20, &ctx);
+        } else if (opt(&a, "--chunks", &v, &bad)) {
+            bad = bad || !parse_int("schedule", "--chunks", v, 1, 1 << 20, &chunks);
+        } else if (argv[a.i][0] == '-' && argv[a.i][1]) {
+            bad = fail(EXIT_USAGE, "schedule: unknown option '%s' (see mpq schedule --help)", argv[a.i]);
+        } else if (npos < 2) {
+            pos[npos++] = argv[a.i];
+        } else {
+            bad = fail(EXIT_USAGE, "schedule: more than MODEL and TEXT given");
+        }
+    }
+    if (bad) return EXIT_USAGE;
+    if (npos != 2 || !out) return fail(EXIT_USAGE, "schedule: needs MODEL TEXT -o FILE (see mpq schedule --help)");
+    char *text = NULL;
+    size_t len = 0;
+    int rc = read_text(pos[1], &text, &len);
+    if (rc) return rc;
+    if (len && text[len - 1] == '\n') len--;
+    loaded L;
+    if ((rc = load(pos[0], &lo, &L)) != 0) {
+        free(text);
+        return rc;
+    }
+    mpq_io_err e;
+    sched_ctx C;
+    memset(&C, 0, sizeof C);
+    C.m = L.m, C.quiet = lo.quiet;
+    C.po.ctx = ctx, C.po.chunks = chunks;
+    int32_t *tok = NULL;
+    double bits[MPQ_MAX_BITS + 1];
+    if (mpq_llm_bpw(L.m, 1, -1) <= 0) rc = fail(EXIT_INPUT, "%s: no packed linear maps: nothing to schedule", pos[0]);
+    if (!rc && mpq_tokenize(L.m->tok, text, len, MPQ_TOK_BOS, &tok, &C.n, &e) != MPQ_OK)
+        rc = fail(EXIT_INPUT, "%s: %s", pos[1], e.msg);
+    if (!rc && C.n < (size_t)ctx) rc = fail(EXIT_INPUT, "%s: %zu tokens, fewer than one chunk of %d", pos[1], C.n, ctx);
+    C.tok = tok;
+    for (int k = 0; k <= d.skip[d.nlevels - 1] && k <= MPQ_MAX_BITS; k++) bits[k] = mpq_llm_bpw(L.m, 1, k);
+    d.bits = bits, d.length = ctx - ctx / 2;
+    mpq_pmpd_schedule ref, best;
+    memset(&ref, 0, sizeof ref);
+    ref.prefill_skip = d.prefill_skip, ref.nlevels = 1, ref.skip[0] = d.skip[0];
+    double qref = 0, q = 0;
+    int evaluated = 0;
+    mpq_status st = MPQ_OK;
+    if (!rc && (st = sched_quality(&C, &ref, &qref)) != MPQ_OK) rc = fail(EXIT_QUANT, "schedule: %s", mpq_status_str(st));
+    if (!rc) {
+        d.target = qref * (1 + max_increase); /* qualities are -ppl */
+        st = mpq_pmpd_static_search(&d, sched_quality, &C, &best, &q, &evaluated);
+        if (st == MPQ_ERR_RANGE) rc = fail(EXIT_QUANT, "schedule: no schedule meets perplexity %.4f", -d.target);
+        else if (st != MPQ_OK) rc = fail(EXIT_QUANT, "schedule: %s", mpq_status_str(st));
+    }
+    if (!rc) {
+        double avg = 0;
+        mpq_pmpd_average_bits(&best, bits, d.length, &avg);
+        char t[128];
+        schedule_text(&best, t, sizeof t);
+        FILE *f = fopen(out, "w");
+        if (!f) {
+            rc = fail(EXIT_OUTPUT, "%s: cannot open: %s", out, strerror(errno));
+        } else {
+            fprintf(f, "%s # PMPD static schedule: %.3f bits per weight per decoded token over %ld tokens, ppl %.4f "
+                       "(first level %.4f, target %.4f) on %s\n",
+                    t, avg, d.length, -q, -qref, -d.target, pos[1]);
+            if (fclose(f) != 0) rc = fail(EXIT_OUTPUT, "%s: write failed", out);
+        }
+        if (!rc)
+            printf("%s: %s  %.3f bits per decoded token (first level %.3f); ppl %.4f, first level %.4f; %d schedules "
+                   "evaluated\n",
+                   out, t, avg, bits[d.skip[0]], -q, -qref, evaluated + 1);
+    }
     free(tok);
     free(text);
     unload(&L);
