@@ -481,7 +481,7 @@ typedef struct mpq__cal {
     int32_t *win;                       /* the window's tokens */
     const int32_t *tokens;
     size_t n;
-    int nwin;
+    int nwin, pqi_done;
     double wscale;
     mpq_status st;
     const mpq_calib_opts *o;
@@ -578,6 +578,9 @@ static mpq_status mpq__pqi_grad(void *user, const float *w, float *grad, size_t 
     for (int k = 0; k < pw && st == MPQ_OK; k++) {
         mpq__window(C, k);
         st = mpq_llm_backward(C->m, C->t, C->win, C->len, C->Wp, NULL, mpq__pqi_grad_cb, C, NULL);
+        C->pqi_done++;
+        if (C->o->progress)
+            C->o->progress(C->o->user, "pqi", C->pqi_done, C->s->pqi_steps * pw, mpq__cnow() - C->t0);
     }
     return st;
 }
@@ -1051,5 +1054,146 @@ mpq_status mpq_calib_read(const mpq_llm *m, const char *path, mpq_calib_stats *o
         return st;
     }
     *out = s;
+    return MPQ_OK;
+}
+
+/* ========================================================================== */
+/* ReQuant from the PQI                                                       */
+/* ========================================================================== */
+
+/* The dense reconstruction D of map W with the masked weights at zero
+   (mask NULL: none), and the sparse part restoring them (S may be NULL). */
+static mpq_status mpq__rq_split(const mpq_rq_map *M, const uint8_t *mask, float *D, mpq_sparse *S)
+{
+    const size_t n = (size_t)M->d.rows * (size_t)M->d.cols;
+    float *Wz = (float *)malloc(sizeof(float) * (n ? n : 1));
+    if (!Wz) return MPQ_ERR_NOMEM;
+    for (size_t k = 0; k < n; k++) Wz[k] = mask && mask[k] ? 0.0f : M->W[k];
+    mpq_bitplane_desc d = M->d;
+    d.sparse = NULL;
+    mpq_packed A;
+    mpq_status st = mpq_pack_alloc(&d, Wz, &A);
+    if (st == MPQ_OK) {
+        st = mpq_packed_dequantize(&A, 0, D);
+        mpq_packed_free(&A);
+    }
+    if (st == MPQ_OK && S) st = mpq_sparse_from_mask(M->W, D, mask, d.rows, d.cols, S);
+    free(Wz);
+    return st;
+}
+
+mpq_status mpq_requant_pack(const mpq_rq_map *M, mpq_packed *out)
+{
+    if (!M || !out || !M->W || !M->mask) return MPQ_ERR_ARG;
+    const size_t n = (size_t)M->d.rows * (size_t)M->d.cols;
+    float *D = (float *)malloc(sizeof(float) * (n ? n : 1)), *Wz = (float *)malloc(sizeof(float) * (n ? n : 1));
+    mpq_sparse S;
+    memset(&S, 0, sizeof S);
+    mpq_status st = D && Wz ? mpq__rq_split(M, M->mask, D, &S) : MPQ_ERR_NOMEM;
+    for (size_t k = 0; st == MPQ_OK && k < n; k++) Wz[k] = M->mask[k] ? 0.0f : M->W[k];
+    if (st == MPQ_OK) {
+        mpq_bitplane_desc d = M->d;
+        d.sparse = &S;
+        st = mpq_pack_alloc(&d, Wz, out);
+    }
+    mpq_sparse_free(&S);
+    free(D), free(Wz);
+    return st;
+}
+
+typedef struct mpq__rq {
+    mpq_rq_map *maps;
+} mpq__rq;
+
+/* Algorithm 1's loss of a candidate: sum over maps of v |W^ - W| where W^
+   is the dense part without the `counts` largest weights (exact there). */
+static mpq_status mpq__rq_loss(void *user, const size_t *counts, int nl, double *loss)
+{
+    mpq__rq *R = (mpq__rq *)user;
+    double total = 0;
+    mpq_status st = MPQ_OK;
+    for (int i = 0; i < nl && st == MPQ_OK; i++) {
+        const mpq_rq_map *M = &R->maps[i];
+        const size_t n = (size_t)M->d.rows * (size_t)M->d.cols;
+        uint8_t *mask = (uint8_t *)calloc(n ? n : 1, 1);
+        float *D = (float *)malloc(sizeof(float) * (n ? n : 1));
+        st = mask && D ? mpq_requant_outliers(M->W, n, counts[i], mask) : MPQ_ERR_NOMEM;
+        if (st == MPQ_OK) st = mpq__rq_split(M, mask, D, NULL);
+        for (size_t k = 0; st == MPQ_OK && k < n; k++)
+            if (!mask[k]) total += (double)M->pqi[k] * fabs((double)D[k] - M->W[k]);
+        free(mask), free(D);
+    }
+    *loss = total;
+    return st;
+}
+
+/* The significant-weight step reuses the calibration's PQI. */
+static mpq_status mpq__rq_refresh(void *user, mpq_requant_layer *L, int nl)
+{
+    mpq__rq *R = (mpq__rq *)user;
+    for (int i = 0; i < nl; i++) memcpy(L[i].v, R->maps[i].pqi, sizeof(float) * L[i].n);
+    return MPQ_OK;
+}
+
+mpq_status mpq_requant_masks(mpq_rq_map *maps, int n, double outliers, double significant, double *t_best,
+                             size_t *sparse)
+{
+    if (!maps || n < 1 || !(outliers >= 0 && outliers <= 0.5) || !(significant >= 0 && significant <= 0.5))
+        return MPQ_ERR_ARG;
+    for (int i = 0; i < n; i++)
+        if (!maps[i].W || !maps[i].pqi || !maps[i].mask || maps[i].d.rows < 1 || maps[i].d.cols < 1) return MPQ_ERR_ARG;
+    mpq__rq R = {maps};
+    double *dF = (double *)calloc((size_t)n, sizeof(double));
+    mpq_requant_layer *L = (mpq_requant_layer *)calloc((size_t)n, sizeof *L);
+    mpq_plan p;
+    memset(&p, 0, sizeof p);
+    p.nlayers = n;
+    p.layers = (mpq_layer_plan *)calloc((size_t)n, sizeof *p.layers);
+    mpq_status st = dF && L && p.layers ? MPQ_OK : MPQ_ERR_NOMEM;
+    size_t total = 0;
+    /* each map's mean Delta F_PQI (eq. 6) for eq. 9; the plan only carries
+       the shapes mpq_plan_requant counts with */
+    for (int i = 0; i < n && st == MPQ_OK; i++) {
+        const mpq_rq_map *M = &maps[i];
+        const size_t nw = (size_t)M->d.rows * (size_t)M->d.cols;
+        float *D = (float *)malloc(sizeof(float) * nw);
+        st = D ? mpq__rq_split(M, NULL, D, NULL) : MPQ_ERR_NOMEM;
+        double layer = 0;
+        if (st == MPQ_OK)
+            st = mpq_pqi_delta(M->pqi, M->W, D, M->d.rows, M->d.cols, 16, 128, NULL, NULL, NULL, NULL, &layer);
+        free(D);
+        dF[i] = layer / (double)nw > 1e-30 ? layer / (double)nw : 1e-30;
+        mpq_layer_plan *P = &p.layers[i];
+        P->rows = M->d.rows, P->cols = M->d.cols, P->group = 128, P->block_rows = 16;
+        const size_t nb = (size_t)((P->rows + 15) / 16) * (size_t)((P->cols + 127) / 128);
+        if (st == MPQ_OK && !(P->bits = (uint8_t *)malloc(nb))) st = MPQ_ERR_NOMEM;
+        if (st == MPQ_OK) memset(P->bits, 4, nb);
+        P->weight_bits = 4.0 * (double)nw;
+        total += nw;
+    }
+    double t = 0;
+    if (st == MPQ_OK) st = mpq_plan_requant(&p, dF, outliers, 0.25, mpq__rq_loss, &R, &t);
+    for (int i = 0; i < n && st == MPQ_OK; i++) { /* outliers, and the reconstruction the significant search starts from */
+        const mpq_rq_map *M = &maps[i];
+        const size_t nw = (size_t)M->d.rows * (size_t)M->d.cols;
+        memset(M->mask, 0, nw);
+        L[i].W = M->W, L[i].mask = M->mask, L[i].n = nw;
+        L[i].Wq = (float *)malloc(sizeof(float) * nw), L[i].v = (float *)malloc(sizeof(float) * nw);
+        st = L[i].Wq && L[i].v ? mpq_requant_outliers(M->W, nw, p.layers[i].outliers, M->mask) : MPQ_ERR_NOMEM;
+        if (st == MPQ_OK) st = mpq__rq_split(M, M->mask, L[i].Wq, NULL);
+        for (size_t k = 0; st == MPQ_OK && k < nw; k++)
+            if (M->mask[k]) L[i].Wq[k] = M->W[k];
+    }
+    const size_t sig = (size_t)(significant * (double)total);
+    if (st == MPQ_OK && sig) st = mpq_requant_significant(L, n, sig, 1, mpq__rq_refresh, &R);
+    size_t marked = 0;
+    for (int i = 0; i < n && st == MPQ_OK; i++)
+        for (size_t k = 0; k < L[i].n; k++) marked += maps[i].mask[k] != 0;
+    for (int i = 0; L && i < n; i++) free(L[i].Wq), free(L[i].v);
+    free(L), free(dF);
+    mpq_plan_free(&p);
+    if (st != MPQ_OK) return st;
+    if (t_best) *t_best = t;
+    if (sparse) *sparse = marked;
     return MPQ_OK;
 }

@@ -387,201 +387,83 @@ static int load_stats(const qopts *o, job *jobs)
 
 /* ---- ReQuant -----------------------------------------------------------------
 
-   PQI/ReQuant's dense-and-sparse split (mpq.h section 10, "ReQuant") from the
-   statistics file: the PQI v of every map comes from mpq calibrate (along W
-   -> RTN(W) at its --pqi-bits), so two steps differ from the paper, which
-   runs the model at every candidate: the temperature t of eq. 9 is chosen
-   by the first-order loss the PQI itself estimates, sum v |W^ - W| over all
-   maps (eq. 6), and the significant weights are detached in one step with
-   that v (no refresh between steps). */
+   PQI/ReQuant's dense-and-sparse split from the statistics file's PQI
+   (mpq_requant_masks in mpq_model.h: how it differs from the paper). */
 
-/* The dense part of a job for weights Wz (outliers zeroed): described by d,
-   with AWQ's scales and clips when the job has them. */
-static mpq_status requant_dense(const job *J, const mpq_bitplane_desc *d0, const float *Wz, const mpq_sparse *sp,
-                                mpq_packed *A)
+/* The dense part's description of a job: the options' width and group, and
+   AWQ's scales and clips when the job has them. */
+static void requant_desc(const qopts *o, const job *J, mpq_bitplane_desc *d)
 {
-    mpq_bitplane_desc d = *d0;
-    d.col_scale = J->cs, d.clip = J->clip, d.sparse = sp;
-    return mpq_pack_alloc(&d, Wz, A);
+    memset(d, 0, sizeof *d);
+    d->rows = J->rows, d->cols = J->cols, d->group = o->group, d->block_rows = o->block_rows;
+    d->uniform_bits = o->bits;
+    if (o->symmetric) d->symmetric = 1u << o->bits;
+    d->col_scale = J->cs, d->clip = J->clip;
 }
 
-/* Weights with the masked ones at zero, the dense reconstruction of them
-   (D), and the sparse part that restores the masked weights. */
-static mpq_status requant_split(const job *J, const mpq_bitplane_desc *d, const float *W, const uint8_t *mask, float *D,
-                                mpq_sparse *S)
+static int requant_pack(const qopts *o, const job *J, const float *W, mpq_packed *A)
 {
-    const size_t n = (size_t)J->rows * (size_t)J->cols;
-    float *Wz = (float *)malloc(sizeof(float) * n);
-    if (!Wz) return MPQ_ERR_NOMEM;
-    for (size_t k = 0; k < n; k++) Wz[k] = mask && mask[k] ? 0.0f : W[k];
-    mpq_packed A;
-    mpq_status st = requant_dense(J, d, Wz, NULL, &A);
-    if (st == MPQ_OK) {
-        st = mpq_packed_dequantize(&A, 0, D);
-        mpq_packed_free(&A);
-    }
-    if (st == MPQ_OK && S) st = mpq_sparse_from_mask(W, D, mask, J->rows, J->cols, S);
-    free(Wz);
-    return st;
-}
-
-static int requant_pack(const qopts *o, const job *J, const mpq_bitplane_desc *d, const float *W, mpq_packed *A)
-{
-    (void)o;
-    const size_t n = (size_t)J->rows * (size_t)J->cols;
-    float *D = (float *)malloc(sizeof(float) * n), *Wz = (float *)malloc(sizeof(float) * n);
-    mpq_sparse S;
-    memset(&S, 0, sizeof S);
-    mpq_status st = D && Wz ? requant_split(J, d, W, J->mask, D, &S) : MPQ_ERR_NOMEM;
-    for (size_t k = 0; st == MPQ_OK && k < n; k++) Wz[k] = J->mask[k] ? 0.0f : W[k];
-    if (st == MPQ_OK) st = requant_dense(J, d, Wz, &S, A);
-    mpq_sparse_free(&S);
-    free(D), free(Wz);
+    mpq_rq_map M;
+    memset(&M, 0, sizeof M);
+    M.W = W, M.mask = J->mask;
+    requant_desc(o, J, &M.d);
+    const mpq_status st = mpq_requant_pack(&M, A);
     return st == MPQ_OK ? 0 : quant_fail(J->name, st, "requant pack");
 }
 
-typedef struct rq_ctx {
-    const qopts *o;
-    job **J;
-    int n;
-    float **W, **v;
-    const mpq_bitplane_desc *d; /* per job */
-} rq_ctx;
-
-/* The loss of algorithm 1's candidates: sum over maps of v |W^ - W|, W^ the
-   dense part of W without its `counts` largest weights, which are exact. */
-static mpq_status rq_loss(void *user, const size_t *counts, int nl, double *loss)
-{
-    rq_ctx *R = (rq_ctx *)user;
-    double total = 0;
-    mpq_status st = MPQ_OK;
-    for (int i = 0; i < nl && st == MPQ_OK; i++) {
-        const job *J = R->J[i];
-        const size_t n = (size_t)J->rows * (size_t)J->cols;
-        uint8_t *mask = (uint8_t *)calloc(n, 1);
-        float *D = (float *)malloc(sizeof(float) * n);
-        st = mask && D ? mpq_requant_outliers(R->W[i], n, counts[i], mask) : MPQ_ERR_NOMEM;
-        if (st == MPQ_OK) st = requant_split(J, &R->d[i], R->W[i], mask, D, NULL);
-        for (size_t k = 0; st == MPQ_OK && k < n; k++)
-            if (!mask[k]) total += (double)R->v[i][k] * fabs((double)D[k] - R->W[i][k]);
-        free(mask), free(D);
-    }
-    *loss = total;
-    return st;
-}
-
-/* The significant-weight step reuses the calibration's PQI. */
-static mpq_status rq_refresh(void *user, mpq_requant_layer *L, int nl)
-{
-    rq_ctx *R = (rq_ctx *)user;
-    for (int i = 0; i < nl; i++) memcpy(L[i].v, R->v[i], sizeof(float) * L[i].n);
-    return MPQ_OK;
-}
-
-/* Every map's mask (outliers by eq. 9, then significant weights), before
+/* Every map's mask (outliers by eq. 9, then significant weights) before
    anything is written: ReQuant ranks weights over all maps. Holds every
-   quantized map's weights, PQI and reconstruction (12 bytes per weight). */
+   quantized map's weights and PQI at once. */
 static int requant_prepare(const qopts *o, mpq_source *in, job *jobs)
 {
     mpq_io_err e;
     int n = 0, rc = 0;
     job **J = planned(jobs, &n);
-    rq_ctx R;
-    memset(&R, 0, sizeof R);
-    R.o = o, R.J = J, R.n = n;
-    R.W = (float **)calloc((size_t)n + 1, sizeof(float *));
-    R.v = (float **)calloc((size_t)n + 1, sizeof(float *));
-    mpq_bitplane_desc *d = (mpq_bitplane_desc *)calloc((size_t)n + 1, sizeof *d);
-    double *dF = (double *)calloc((size_t)n + 1, sizeof(double));
-    mpq_plan p;
-    memset(&p, 0, sizeof p);
-    p.nlayers = n;
-    p.layers = (mpq_layer_plan *)calloc((size_t)n + 1, sizeof *p.layers);
+    mpq_rq_map *M = (mpq_rq_map *)calloc((size_t)n + 1, sizeof *M);
     mpq_st_file *C = NULL;
-    if (!J || !R.W || !R.v || !d || !dF || !p.layers) rc = fail(EXIT_QUANT, "out of memory");
+    if (!J || !M) rc = fail(EXIT_QUANT, "out of memory");
     if (!rc && o->awq_quantizer && mpq_st_open(o->calib, &C, &e) != MPQ_OK) rc = fail(EXIT_INPUT, "%s", e.msg);
-    R.d = d;
-    size_t total = 0;
     progress pr;
     progress_start(&pr, !o->quiet, n);
     for (int i = 0; i < n && !rc; i++) {
         job *Jb = J[i];
-        const mpq_source_tensor *t = mpq_source_at(in, Jb->index);
         const size_t nw = (size_t)Jb->rows * (size_t)Jb->cols;
         progress_show(&pr, i, Jb->name);
-        R.W[i] = (float *)malloc(sizeof(float) * nw);
-        if (!R.W[i]) rc = fail(EXIT_QUANT, "out of memory");
-        else if (mpq_source_read_f32(in, t, R.W[i], nw, &e) != MPQ_OK) rc = fail(EXIT_INPUT, "%s", e.msg);
-        if (rc) break;
-        R.v[i] = Jb->stat;
-        d[i].rows = Jb->rows, d[i].cols = Jb->cols, d[i].group = o->group, d[i].block_rows = o->block_rows;
-        d[i].uniform_bits = o->bits;
-        if (o->symmetric) d[i].symmetric = 1u << o->bits;
-        mpq_status st = MPQ_OK;
-        if (o->awq_quantizer) {
+        float *W = (float *)malloc(sizeof(float) * nw);
+        Jb->mask = (uint8_t *)calloc(nw, 1);
+        M[i].W = W, M[i].pqi = Jb->stat, M[i].mask = Jb->mask;
+        if (!W || !Jb->mask) rc = fail(EXIT_QUANT, "out of memory");
+        else if (mpq_source_read_f32(in, mpq_source_at(in, Jb->index), W, nw, &e) != MPQ_OK)
+            rc = fail(EXIT_INPUT, "%s", e.msg);
+        if (!rc && o->awq_quantizer) {
             float *X = NULL;
             int tokens = 0;
             if ((rc = read_calib(C, Jb, &X, &tokens)) != 0) break;
+            requant_desc(o, Jb, &M[i].d);
             const int g = o->group ? o->group : 128;
             Jb->cs = (float *)malloc(sizeof(float) * (size_t)Jb->cols);
             Jb->clip = (float *)malloc(sizeof(float) * (size_t)Jb->rows * (size_t)((Jb->cols + g - 1) / g));
             mpq_awq_desc a;
             memset(&a, 0, sizeof a);
             a.X = X, a.tokens = tokens;
-            st = Jb->cs && Jb->clip ? mpq_awq_search(&d[i], R.W[i], &a, Jb->cs, Jb->clip, NULL) : MPQ_ERR_NOMEM;
+            mpq_status st = Jb->cs && Jb->clip ? mpq_awq_search(&M[i].d, W, &a, Jb->cs, Jb->clip, NULL) : MPQ_ERR_NOMEM;
+            if (st != MPQ_OK) rc = quant_fail(Jb->name, st, "AWQ search");
             free(X);
         }
-        /* the layer's mean Delta F_PQI (eq. 6) for eq. 9 */
-        float *D = (float *)malloc(sizeof(float) * nw);
-        if (st == MPQ_OK) st = D ? requant_split(Jb, &d[i], R.W[i], NULL, D, NULL) : MPQ_ERR_NOMEM;
-        double layer = 0;
-        if (st == MPQ_OK)
-            st = mpq_pqi_delta(R.v[i], R.W[i], D, Jb->rows, Jb->cols, 16, 128, NULL, NULL, NULL, NULL, &layer);
-        free(D);
-        if (st != MPQ_OK) {
-            rc = quant_fail(Jb->name, st, "requant");
-            break;
-        }
-        dF[i] = layer / (double)nw > 1e-30 ? layer / (double)nw : 1e-30;
-        mpq_layer_plan *L = &p.layers[i];
-        L->rows = Jb->rows, L->cols = Jb->cols, L->group = o->group ? o->group : 128, L->block_rows = 16;
-        const size_t nb = (size_t)((L->rows + 15) / 16) * (size_t)((L->cols + L->group - 1) / L->group);
-        if (!(L->bits = (uint8_t *)malloc(nb))) {
-            rc = fail(EXIT_QUANT, "out of memory");
-            break;
-        }
-        memset(L->bits, o->bits, nb);
-        L->weight_bits = (double)o->bits * (double)nw, L->meta_bits = 32.0 * L->rows * ((L->cols + L->group - 1) / L->group);
-        total += nw;
+        requant_desc(o, Jb, &M[i].d);
     }
     progress_end(&pr);
-    double t_best = 0;
+    double t = 0;
+    size_t marked = 0, total = 0;
     mpq_status st = MPQ_OK;
-    if (!rc && (st = mpq_plan_requant(&p, dF, o->outliers, 0.25, rq_loss, &R, &t_best)) != MPQ_OK)
-        rc = fail(EXIT_QUANT, "requant: outlier counts (eq. 9): %s", mpq_status_str(st));
-    mpq_requant_layer *L = rc ? NULL : (mpq_requant_layer *)calloc((size_t)n + 1, sizeof *L);
-    if (!rc && !L) rc = fail(EXIT_QUANT, "out of memory");
-    for (int i = 0; i < n && !rc; i++) { /* outliers, and the reconstruction the significant search starts from */
-        const size_t nw = (size_t)J[i]->rows * (size_t)J[i]->cols;
-        J[i]->mask = (uint8_t *)calloc(nw, 1);
-        float *Wq = (float *)malloc(sizeof(float) * nw), *vv = (float *)malloc(sizeof(float) * nw);
-        L[i].W = R.W[i], L[i].Wq = Wq, L[i].v = vv, L[i].mask = J[i]->mask, L[i].n = nw;
-        st = J[i]->mask && Wq && vv ? mpq_requant_outliers(R.W[i], nw, p.layers[i].outliers, J[i]->mask) : MPQ_ERR_NOMEM;
-        if (st == MPQ_OK) st = requant_split(J[i], &d[i], R.W[i], J[i]->mask, Wq, NULL);
-        for (size_t k = 0; st == MPQ_OK && k < nw; k++)
-            if (J[i]->mask[k]) Wq[k] = R.W[i][k];
-        if (st != MPQ_OK) rc = quant_fail(J[i]->name, st, "requant outliers");
-    }
-    const size_t sig = (size_t)(o->significant * (double)total);
-    if (!rc && sig && (st = mpq_requant_significant(L, n, sig, 1, rq_refresh, &R)) != MPQ_OK)
-        rc = fail(EXIT_QUANT, "requant: significant weights: %s", mpq_status_str(st));
+    if (!rc && (st = mpq_requant_masks(M, n, o->outliers, o->significant, &t, &marked)) != MPQ_OK)
+        rc = fail(EXIT_QUANT, "requant over %d tensors failed: %s", n, mpq_status_str(st));
+    for (int i = 0; i < n; i++) total += (size_t)J[i]->rows * (size_t)J[i]->cols;
     if (!rc && !o->quiet)
-        fprintf(stderr, "mpq: requant: t = %.2f (eq. 9), %.3f %% outliers + %.3f %% significant weights in sparse parts\n",
-                t_best, 100.0 * o->outliers, 100.0 * (double)sig / (double)(total ? total : 1));
-    for (int i = 0; L && i < n; i++) free(L[i].Wq), free(L[i].v);
-    for (int i = 0; R.W && i < n; i++) free(R.W[i]);
-    free(L), free(R.W), free(R.v), free(d), free(dF), free(J);
-    mpq_plan_free(&p);
+        fprintf(stderr, "mpq: requant: t = %.2f (eq. 9); %zu weights (%.3f %%) in sparse parts\n", t, marked,
+                100.0 * (double)marked / (double)(total ? total : 1));
+    for (int i = 0; M && i < n; i++) free((void *)M[i].W);
+    free(M), free(J);
     mpq_st_close(C);
     return rc;
 }
@@ -609,7 +491,7 @@ static int quantize_one(const qopts *o, const job *J, const mpq_plan *plan, mpq_
         d.uniform_bits = o->bits, d.format = o->format;
         if (o->symmetric) d.symmetric = 1u << o->bits;
     }
-    if (o->method == M_REQUANT) return requant_pack(o, J, &d, W, A);
+    if (o->method == M_REQUANT) return requant_pack(o, J, W, A);
     if (o->method == M_AWQ || o->awq_quantizer) {
         int tokens = 0;
         if ((rc = read_calib(C, J, &X, &tokens)) != 0) return rc;
