@@ -177,18 +177,13 @@ static void mpq__lin_fwd(const mpq_linear *L, const float *W, const float *x, fl
             for (int i = 0; i < L->rows; i++) y[(size_t)t * L->rows + i] += L->bias[i];
 }
 
-/* dx[T x cols] (+)= dy[T x rows] W; add: accumulate into dx */
+/* dx[T x cols] = dy[T x rows] W, or dx += that (add; dx is never t->tmp) */
 static void mpq__lin_dx(mpq_llm_train *t, const mpq_linear *L, const float *W, const float *dy, float *dx, int T,
                         int add)
 {
     mpq__transpose(W, L->rows, L->cols, t->WT);
-    if (!add) {
-        mpq__sgemm(dy, T, t->WT, L->cols, L->rows, dx);
-        return;
-    }
-    mpq__sgemm(dy, T, t->WT, L->cols, L->rows, t->tmp == dx ? t->tA : t->tmp);
-    const float *s = t->tmp == dx ? t->tA : t->tmp;
-    for (size_t i = 0; i < (size_t)T * L->cols; i++) dx[i] += s[i];
+    mpq__sgemm(dy, T, t->WT, L->cols, L->rows, add ? t->tmp : dx);
+    for (size_t i = 0; add && i < (size_t)T * L->cols; i++) dx[i] += t->tmp[i];
 }
 
 /* G[rows x cols] = dy[T x rows]^T x[T x cols], then on_grad */
@@ -379,7 +374,6 @@ mpq_status mpq_llm_backward(const mpq_llm *m, mpq_llm_train *t, const int32_t *t
     for (int i = 0; i < n; i++)
         if (tokens[i] < 0 || tokens[i] >= c->vocab) return MPQ_ERR_ARG;
     const int T = n, D = c->dim, F = c->ffn, V = c->vocab;
-    const int qd = c->heads * c->head_dim;
     float *x0 = t->slot[0].xin;
     for (int i = 0; i < T; i++) memcpy(x0 + (size_t)i * D, m->embed.W + (size_t)tokens[i] * D, sizeof(float) * D);
     mpq__forward(m, t, W, 0, x0, T, 1, observe, user);
@@ -447,7 +441,6 @@ mpq_status mpq_llm_backward(const mpq_llm *m, mpq_llm_train *t, const int32_t *t
         mpq__lin_dx(t, &L->lin[MPQ_LIN_K], mpq__W(m, W, base + MPQ_LIN_K), t->dk, t->dh, T, 1);
         mpq__lin_dx(t, &L->lin[MPQ_LIN_V], mpq__W(m, W, base + MPQ_LIN_V), t->dv, t->dh, T, 1);
         mpq__rms_bwd(S->xin, L->attn_norm, t->dh, t->dx, T, D, c->norm_eps);
-        (void)qd;
     }
     return MPQ_OK;
 }

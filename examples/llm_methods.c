@@ -2,34 +2,37 @@
    way users compare quantized models: perplexity as llama.cpp computes it,
    bits per weight, and decode tokens per second.
 
-   usage: llm_methods [options]   (--help; `bash examples/run.sh` fetches the
-                                   model and the texts and runs this)
+   usage: llm_methods --stats FILE [options]   (--help; `bash examples/run.sh`
+                                   fetches the model and the texts, runs
+                                   `mpq calibrate` once and then this)
 
    1. The model (default: SmolLM2-135M-Instruct, a GGUF whose linear maps are
       Q4_1 and embedding Q8_0) is loaded and dequantized to float: the "fp32
       reference". Its linear maps are therefore already on a 4-bit grid of
       blocks of 32, which every result here inherits.
-   2. Statistics from activations: calibration chunks of 512 tokens of the
-      calibration text (Python's library reference) run through the
-      reference; every linear map's input gives diag(X^T X) and 128 evenly
-      spaced tokens for AWQ, taken halfway between the sampling points so
-      that none is the first of a chunk (that position carries the huge
-      activations of an attention sink; AWQ scales tuned on them keep 4
-      bits but ruin the 3 bits PMPD reads, see bench/results/NOTES.md).
-   3. Each method quantizes the 210 linear maps of the layers (the token
-      embedding, which is also the output head, is packed at 8 bits for
-      every quantized model, as llama.cpp keeps it at Q8_0) and is measured
-      on the evaluation text (the tutorial and the FAQ, never calibrated
-      on): perplexity over the first --chunks chunks of 512 tokens, the
-      second half of each scored; bits per weight of the linear maps
-      (scales included); decode tokens per second over 64 tokens after a
-      32-token prompt, on the packed matrices. RTN 2/3/4, MXINT4, AWQ 3/4,
-      SFMP at fractional budgets (salience W_ij^2 diag(X^T X)_j / tokens, the
-      expected squared output of the weight, in place of the Fisher diagonal
-      that needs gradients), and PMPD on the AWQ 4-bit model (prefill at 4
-      bits, decode lowered by a schedule: perplexity with the scored tokens
-      read at the decode precisions, and decode time per token at each
-      level).
+   2. Statistics: the file `mpq calibrate MODEL CALIB -o FILE` wrote from
+      the calibration text (Python's library reference): Fisher diagonal,
+      MixLLM salience, diag(X^T X), AWQ's input rows, PQI and MXSens layer
+      sensitivities of every linear map (mpq_model.h section 6). The file
+      names the model and the text's hash; a file for another model or
+      text is refused.
+   3. Each method quantizes the 210 linear maps of the layers as its paper
+      runs it, and the plain-RTN variants beside them (the token embedding,
+      which is also the output head, is packed at 8 bits for every
+      quantized model, as llama.cpp keeps it at Q8_0): RTN 2/3/4, MXINT4,
+      AWQ 3/4; SFMP's plans from the Fisher diagonal at 2.25 to 4.25 bpw
+      (group 256 at 2.25 and 3.25, as its table 3) quantized by RTN and by
+      AWQ (its section 5); MixLLM's 8/4-bit output-channel mix (10 % at 8
+      bits) and an 8/3 mix; MXSens's 4/6/8 MXINT templates; ReQuant on RTN 3
+      and AWQ 3 (0.25 % outliers + 0.25 % significant weights); PMPD on the
+      AWQ 4-bit model (the prompt at 4 bits, the decode lowered, and the
+      static scheduler's choice on calibration text). Every model is
+      measured on the evaluation text (the tutorial and the FAQ, never
+      calibrated on): perplexity over the first --chunks chunks of 512
+      tokens, the second half of each scored; bits per weight of the linear
+      maps (scales, zeros, permutations, bits maps and sparse parts
+      included); decode tokens per second over 64 tokens after a 32-token
+      prompt, on the packed matrices.
    Writes DIR/results.md and DIR/ppl_vs_bpw.svg (DIR: build/llm). */
 #define _POSIX_C_SOURCE 200809L
 #define MPQ_IMPLEMENTATION
@@ -48,7 +51,7 @@
 #include <omp.h>
 #endif
 
-enum { AWQ_TOKENS = 128, KINDS = 4, DECODE = 64, PROMPT = 32 };
+enum { DECODE = 64, PROMPT = 32, SCHED_CHUNKS = 4 };
 
 static double now(void)
 {
@@ -63,86 +66,21 @@ static void die(const char *what, mpq_status st)
     exit(1);
 }
 
-/* The input a linear map reads: q, k and v share the attention's, gate and
-   up the MLP's. */
-static int kind_of(int lin)
-{
-    return lin <= MPQ_LIN_V ? 0 : lin == MPQ_LIN_O ? 1 : lin == MPQ_LIN_DOWN ? 3 : 2;
-}
-
 typedef struct ctx {
     mpq_llm *m;
     int nl;                       /* linear maps: layers x 7 */
-    int32_t *eval, *calib;
+    int32_t *eval, *calib;        /* tokenized as llama-perplexity reads a file */
     size_t neval, ncalib;
-    int chunks, calib_chunks, quiet;
-    /* statistics per layer and input kind */
-    mpq_stat *H;                  /* diag(X^T X) */
-    float **colsq;                /* its mean over tokens */
-    float **X;                    /* AWQ tokens x cols */
-    int *xtok;
-    long *seen;                   /* tokens observed so far */
-    long stride;                  /* AWQ keeps every stride-th token */
+    int chunks;
+    mpq_calib_stats S;            /* what mpq calibrate wrote */
 } ctx;
 
 static mpq_linear *lin_at(ctx *C, int i) { return &C->m->layer[i / MPQ_LIN_COUNT].lin[i % MPQ_LIN_COUNT]; }
-static int kslot(int layer, int kind) { return layer * KINDS + kind; }
-
-static void observe(void *user, int layer, int lin, const float *x, int tokens, int cols)
-{
-    ctx *C = (ctx *)user;
-    if (lin != MPQ_LIN_Q && lin != MPQ_LIN_O && lin != MPQ_LIN_GATE && lin != MPQ_LIN_DOWN) return; /* shared inputs */
-    const int k = kslot(layer, kind_of(lin));
-    mpq_status st = mpq_hessian_diag_add(&C->H[k], x, tokens, cols);
-    if (st != MPQ_OK) die("diag(X^T X)", st);
-    for (int t = 0; t < tokens; t++, C->seen[k]++)
-        if (C->seen[k] % C->stride == C->stride / 2 && C->seen[k] % 512 != 0 && C->xtok[k] < AWQ_TOKENS)
-            memcpy(C->X[k] + (size_t)C->xtok[k]++ * cols, x + (size_t)t * cols, sizeof(float) * (size_t)cols);
-}
-
-static void statistics(ctx *C)
-{
-    const double t0 = now();
-    const mpq_llm_config *c = &C->m->c;
-    const int n = c->layers * KINDS;
-    C->H = (mpq_stat *)calloc((size_t)n, sizeof *C->H);
-    C->colsq = (float **)calloc((size_t)n, sizeof(float *));
-    C->X = (float **)calloc((size_t)n, sizeof(float *));
-    C->xtok = (int *)calloc((size_t)n, sizeof(int));
-    C->seen = (long *)calloc((size_t)n, sizeof(long));
-    for (int k = 0; k < n; k++) {
-        const int cols = k % KINDS == 3 ? c->ffn : k % KINDS == 1 ? c->heads * c->head_dim : c->dim;
-        if (mpq_stat_init(&C->H[k], (size_t)cols) != MPQ_OK) die("stat", MPQ_ERR_NOMEM);
-        C->colsq[k] = (float *)malloc(sizeof(float) * (size_t)cols);
-        C->X[k] = (float *)malloc(sizeof(float) * (size_t)cols * AWQ_TOKENS);
-    }
-    const long total = (long)C->calib_chunks * 512;
-    C->stride = total / AWQ_TOKENS > 0 ? total / AWQ_TOKENS : 1;
-    mpq_llm_state s;
-    mpq_status st = mpq_llm_state_init(C->m, 512, 64, &s);
-    if (st != MPQ_OK) die("state", st);
-    C->m->observe = observe, C->m->observe_user = C;
-    for (int i = 0; i < C->calib_chunks; i++) {
-        mpq_llm_state_reset(&s);
-        if ((st = mpq_llm_forward(C->m, &s, C->calib + (size_t)i * 512, 512, 0, NULL, 512)) != MPQ_OK)
-            die("calibration", st);
-    }
-    C->m->observe = NULL;
-    mpq_llm_state_free(&s);
-    for (int k = 0; k < n; k++) {
-        if ((st = mpq_stat_sum(&C->H[k], C->colsq[k])) != MPQ_OK) die("stat", st);
-        for (size_t j = 0; j < C->H[k].n; j++) C->colsq[k][j] /= (float)(C->calib_chunks * 512);
-        mpq_stat_free(&C->H[k]);
-    }
-    printf("statistics: %d calibration chunks of 512 tokens (%.1f s): diag(X^T X) and %d AWQ tokens per linear map\n",
-           C->calib_chunks, now() - t0, AWQ_TOKENS);
-    fflush(stdout);
-}
 
 /* ---- methods --------------------------------------------------------------- */
 
 typedef struct row {
-    char name[64], family[24], note[96];
+    char name[64], family[24], note[160];
     double bpw, ppl, ppl_err, decode, mb, seconds;
 } row;
 
@@ -166,6 +104,19 @@ static void unpack_all(ctx *C)
 {
     for (int i = 0; i < C->nl; i++) mpq_linear_unpack(C->m, lin_at(C, i));
     mpq_linear_unpack(C->m, &C->m->embed);
+}
+
+/* Bits per weight of the linear maps counting every byte of their packed
+   buffers: scales, zeros, bits maps, permutations, column scales, sparse
+   parts and headers. */
+static double bpw_all_bytes(ctx *C)
+{
+    double bytes = 0, w = 0;
+    for (int i = 0; i < C->nl; i++) {
+        const mpq_linear *L = lin_at(C, i);
+        bytes += (double)L->A.bytes, w += (double)L->rows * L->cols;
+    }
+    return 8.0 * bytes / w;
 }
 
 /* Decode tokens per second after a short prompt (the first tokens of the
@@ -210,14 +161,15 @@ static void measure(ctx *C, const char *family, const char *name, const mpq_pmpd
     mpq_status st = mpq_llm_perplexity(C->m, C->eval, C->neval, &o, &res);
     if (st != MPQ_OK) die(name, st);
     r->ppl = res.ppl, r->ppl_err = res.ppl_err;
-    r->bpw = C->m->layer[0].lin[0].A.buf ? mpq_llm_bpw(C->m, 2, -1) : 32.0;
+    r->bpw = C->m->layer[0].lin[0].A.buf ? bpw_all_bytes(C) : 32.0;
     r->mb = (double)mpq_llm_weight_bytes(C->m) / 1e6;
     double ms_at[MPQ_MAX_BITS] = {0};
     int n_at[MPQ_MAX_BITS] = {0};
     r->decode = decode_rate(C, sched, ms_at, n_at);
-    if (sched) { /* bits read while decoding, and the time per token at each level */
+    if (sched) { /* bits read while decoding (every byte, as above), and the time per token at each level */
         double bits[MPQ_MAX_BITS];
-        for (int k = 0; k < MPQ_MAX_BITS; k++) bits[k] = mpq_llm_bpw(C->m, 1, k);
+        const double extra = r->bpw - mpq_llm_bpw(C->m, 1, 0); /* the bytes besides weights and scales */
+        for (int k = 0; k < MPQ_MAX_BITS; k++) bits[k] = mpq_llm_bpw(C->m, 1, k) + extra;
         mpq_pmpd_average_bits(sched, bits, (long)(512 - 1 - 256), &r->bpw);
         size_t n = strlen(r->note);
         for (int k = 0; k < MPQ_MAX_BITS; k++)
@@ -228,43 +180,52 @@ static void measure(ctx *C, const char *family, const char *name, const mpq_pmpd
             }
     }
     r->seconds = now() - t0 + t_quant;
-    printf("  %-34s %6.3f bpw  %7.1f MB  ppl %8.4f +/- %6.4f  %6.1f tokens/s  (%.0f s)%s%s\n", name, r->bpw, r->mb,
+    printf("  %-36s %6.3f bpw  %7.1f MB  ppl %9.4f +/- %8.4f  %6.1f tokens/s  (%.0f s)%s%s\n", name, r->bpw, r->mb,
            r->ppl, r->ppl_err, r->decode, r->seconds, r->note[0] ? "  " : "", r->note);
     fflush(stdout);
 }
 
-/* AWQ's scales and clips for linear map i under description d. */
+/* AWQ's scales and clips for linear map i under description d, from the
+   input rows mpq calibrate kept. */
 static void awq_scales(ctx *C, int i, const mpq_bitplane_desc *d, float **cs, float **clip)
 {
-    const int k = kslot(i / MPQ_LIN_COUNT, kind_of(i % MPQ_LIN_COUNT));
     const int group = d->group ? d->group : 128;
     *cs = (float *)malloc(sizeof(float) * (size_t)d->cols);
     *clip = (float *)malloc(sizeof(float) * (size_t)d->rows * (size_t)((d->cols + group - 1) / group));
     mpq_awq_desc a;
     memset(&a, 0, sizeof a);
-    a.X = C->X[k], a.tokens = C->xtok[k];
+    a.X = C->S.awq[i], a.tokens = C->S.awq_tokens;
     mpq_status st = *cs && *clip ? mpq_awq_search(d, lin_at(C, i)->W, &a, *cs, *clip, NULL) : MPQ_ERR_NOMEM;
     if (st != MPQ_OK) die("awq", st);
 }
 
+/* The description of map i: from a plan, or uniform bits at a group. */
+static mpq_bitplane_desc desc_of(ctx *C, int i, const mpq_plan *plan, int bits, int group, int format)
+{
+    mpq_bitplane_desc d;
+    memset(&d, 0, sizeof d);
+    if (plan) {
+        mpq_status st = mpq_plan_desc(plan, i, &d);
+        if (st != MPQ_OK) die("plan", st);
+    } else {
+        const mpq_linear *L = lin_at(C, i);
+        d.rows = L->rows, d.cols = L->cols, d.uniform_bits = bits, d.group = group, d.format = format;
+    }
+    return d;
+}
+
 /* Packs every linear map: descriptions from a plan, or uniform bits. */
-static void pack_all(ctx *C, const mpq_plan *plan, int bits, int format, int awq)
+static void pack_all(ctx *C, const mpq_plan *plan, int bits, int group, int format, int awq)
 {
     mpq_status st = MPQ_OK;
     for (int i = 0; i < C->nl && st == MPQ_OK; i++) {
         mpq_linear *L = lin_at(C, i);
-        mpq_bitplane_desc d;
-        memset(&d, 0, sizeof d);
-        if (plan) {
-            st = mpq_plan_desc(plan, i, &d);
-        } else {
-            d.rows = L->rows, d.cols = L->cols, d.uniform_bits = bits, d.format = format;
-        }
+        mpq_bitplane_desc d = desc_of(C, i, plan, bits, group, format);
         float *cs = NULL, *clip = NULL;
-        if (st == MPQ_OK && awq) awq_scales(C, i, &d, &cs, &clip);
+        if (awq) awq_scales(C, i, &d, &cs, &clip);
         d.col_scale = cs, d.clip = clip;
         mpq_packed A;
-        if (st == MPQ_OK) st = mpq_pack_alloc(&d, L->W, &A);
+        st = mpq_pack_alloc(&d, L->W, &A);
         if (st == MPQ_OK) st = mpq_linear_set_packed(C->m, L, &A);
         free(cs), free(clip);
     }
@@ -275,59 +236,168 @@ static void pack_all(ctx *C, const mpq_plan *plan, int bits, int format, int awq
 static void run_uniform(ctx *C, const char *family, const char *name, int bits, int format, int awq)
 {
     const double t0 = now();
-    pack_all(C, NULL, bits, format, awq);
+    pack_all(C, NULL, bits, 0, format, awq);
     measure(C, family, name, NULL, NULL, now() - t0);
     unpack_all(C);
 }
 
-static void run_sfmp(ctx *C, double bpw, int awq)
+/* SFMP: the plan from the Fisher diagonal at a budget and group. */
+static void run_sfmp(ctx *C, double bpw, int group, int awq)
 {
     const double t0 = now();
     mpq_sfmp_layer *L = (mpq_sfmp_layer *)calloc((size_t)C->nl, sizeof *L);
-    float **S = (float **)calloc((size_t)C->nl, sizeof(float *));
-    for (int i = 0; i < C->nl; i++) { /* S_ij = W_ij^2 E[x_j^2] */
-        const mpq_linear *W = lin_at(C, i);
-        const float *q = C->colsq[kslot(i / MPQ_LIN_COUNT, kind_of(i % MPQ_LIN_COUNT))];
-        S[i] = (float *)malloc(sizeof(float) * (size_t)W->rows * W->cols);
-        for (int r = 0; r < W->rows; r++)
-            for (int j = 0; j < W->cols; j++) {
-                const float w = W->W[(size_t)r * W->cols + j];
-                S[i][(size_t)r * W->cols + j] = w * w * q[j];
-            }
-        L[i].S = S[i], L[i].rows = W->rows, L[i].cols = W->cols;
-    }
+    for (int i = 0; i < C->nl; i++) L[i].S = C->S.fisher[i], L[i].rows = lin_at(C, i)->rows, L[i].cols = lin_at(C, i)->cols;
     mpq_sfmp_desc d;
     memset(&d, 0, sizeof d);
-    d.bpw = bpw;
+    d.bpw = bpw, d.group = group;
     mpq_plan p;
     mpq_status st = mpq_plan_sfmp(L, C->nl, &d, &p);
     if (st != MPQ_OK) die("sfmp plan", st);
-    for (int i = 0; i < C->nl; i++) free(S[i]);
-    free(S), free(L);
-    pack_all(C, &p, 0, 0, awq);
+    free(L);
+    pack_all(C, &p, 0, 0, 0, awq);
     mpq_plan_free(&p);
     char name[64];
-    snprintf(name, sizeof name, "SFMP %.2f%s", bpw, awq ? " + AWQ" : "");
+    snprintf(name, sizeof name, "SFMP %.2f g%d%s", bpw, group, awq ? " + AWQ" : "");
     measure(C, awq ? "SFMP+AWQ" : "SFMP", name, NULL, NULL, now() - t0);
     unpack_all(C);
 }
 
-/* AWQ 4-bit, then PMPD on the same packed matrices: the prompt at 4 bits
-   and every decoded token at 3; the first 32 decoded tokens at 4, then 3;
-   4 -> 3 -> 2 bits (switch at 16 and 40). The switch points lie inside the
-   measured decode, so each level's time per token shows. */
-static void run_awq4_pmpd(ctx *C)
+/* MixLLM: 10 % of the output channels (over all maps) at 8 bits, symmetric,
+   the rest at `low` bits; channels ranked by its eq. 4 salience. */
+static void run_mixllm(ctx *C, int low)
 {
     const double t0 = now();
-    pack_all(C, NULL, 4, MPQ_FORMAT_BITPLANE, 1);
+    mpq_mixllm_layer *L = (mpq_mixllm_layer *)calloc((size_t)C->nl, sizeof *L);
+    for (int i = 0; i < C->nl; i++)
+        L[i].salience = C->S.mixllm[i], L[i].rows = lin_at(C, i)->rows, L[i].cols = lin_at(C, i)->cols;
+    mpq_mixllm_desc d;
+    memset(&d, 0, sizeof d);
+    d.fraction = 0.1, d.low_bits = low;
+    mpq_plan p;
+    mpq_status st = mpq_plan_mixllm(L, C->nl, &d, &p);
+    if (st != MPQ_OK) die("mixllm plan", st);
+    free(L);
+    pack_all(C, &p, 0, 0, 0, 0);
+    mpq_plan_free(&p);
+    char name[64];
+    snprintf(name, sizeof name, "MixLLM 8/%d (10 %% at 8 bits)", low);
+    measure(C, "MixLLM", name, NULL, NULL, now() - t0);
+    unpack_all(C);
+}
+
+/* MXSens: the least budget its 4/6/8 templates can meet (every layer's
+   8-bit block and 4 bits elsewhere), then half a bit more. */
+static void run_mxsens(ctx *C)
+{
+    mpq_mxsens_layer *L = (mpq_mxsens_layer *)calloc((size_t)C->nl, sizeof *L);
+    for (int i = 0; i < C->nl; i++)
+        L[i].col_sens = C->S.xtx_diag[i], L[i].layer_sens = C->S.layer_sens[i], L[i].rows = lin_at(C, i)->rows,
+        L[i].cols = lin_at(C, i)->cols;
+    double budget = 4.25;
+    mpq_plan p;
+    mpq_status st;
+    while ((st = mpq_plan_mxsens(L, C->nl, budget, &p, NULL)) == MPQ_ERR_RANGE && budget < 8) budget += 0.05;
+    if (st != MPQ_OK) die("mxsens plan", st);
+    for (int k = 0; k < 2; k++) {
+        const double t0 = now();
+        if (k) {
+            mpq_plan_free(&p);
+            budget += 0.5;
+            if ((st = mpq_plan_mxsens(L, C->nl, budget, &p, NULL)) != MPQ_OK) die("mxsens plan", st);
+        }
+        pack_all(C, &p, 0, 0, 0, 0);
+        char name[64];
+        snprintf(name, sizeof name, "MXSens %.2f (MXINT 4/6/8)", budget);
+        measure(C, "MXSens", name, NULL, NULL, now() - t0);
+        unpack_all(C);
+    }
+    mpq_plan_free(&p);
+    free(L);
+}
+
+/* ReQuant on RTN 3 or AWQ 3: 0.25 % outliers spread by eq. 9 and 0.25 %
+   significant weights, from the calibration's PQI. */
+static void run_requant(ctx *C, int awq)
+{
+    const double t0 = now();
+    mpq_rq_map *M = (mpq_rq_map *)calloc((size_t)C->nl, sizeof *M);
+    float **cs = (float **)calloc((size_t)C->nl, sizeof(float *)), **clip = (float **)calloc((size_t)C->nl, sizeof(float *));
+    for (int i = 0; i < C->nl; i++) {
+        const mpq_linear *L = lin_at(C, i);
+        M[i].W = L->W, M[i].pqi = C->S.pqi[i];
+        M[i].mask = (uint8_t *)malloc((size_t)L->rows * L->cols);
+        M[i].d = desc_of(C, i, NULL, 3, 0, MPQ_FORMAT_BITPLANE);
+        if (awq) awq_scales(C, i, &M[i].d, &cs[i], &clip[i]);
+        M[i].d.col_scale = cs[i], M[i].d.clip = clip[i];
+    }
+    double t = 0;
+    size_t marked = 0;
+    mpq_status st = mpq_requant_masks(M, C->nl, 0.0025, 0.0025, &t, &marked);
+    if (st != MPQ_OK) die("requant", st);
+    for (int i = 0; i < C->nl && st == MPQ_OK; i++) {
+        mpq_packed A;
+        st = mpq_requant_pack(&M[i], &A);
+        if (st == MPQ_OK) st = mpq_linear_set_packed(C->m, lin_at(C, i), &A);
+        free(M[i].mask), free(cs[i]), free(clip[i]);
+    }
+    if (st != MPQ_OK) die("requant pack", st);
+    free(M), free(cs), free(clip);
+    pack_embedding(C);
+    char note[96];
+    snprintf(note, sizeof note, "eq. 9 temperature t = %.2f; %zu weights in the sparse parts", t, marked);
+    measure(C, "ReQuant", awq ? "ReQuant on AWQ 3-bit" : "ReQuant on RTN 3-bit", NULL, note, now() - t0);
+    unpack_all(C);
+}
+
+/* PMPD's quality of a schedule on calibration text: minus the perplexity of
+   SCHED_CHUNKS chunks with the second half read at the schedule's decode
+   precisions (the evaluation text is never used to choose). */
+static mpq_status sched_quality(void *user, const mpq_pmpd_schedule *s, double *q)
+{
+    ctx *C = (ctx *)user;
+    mpq_ppl_opts o;
+    memset(&o, 0, sizeof o);
+    o.chunks = SCHED_CHUNKS, o.schedule = s;
+    mpq_ppl_result r;
+    mpq_status st = mpq_llm_perplexity(C->m, C->calib, C->ncalib, &o, &r);
+    if (st == MPQ_OK) *q = -r.ppl;
+    return st;
+}
+
+/* AWQ 4-bit, then PMPD on the same packed matrices: the prompt at 4 bits
+   and every decoded token at 3; the static scheduler's choice over 4 -> 3
+   bits (five candidate switch points over the 255 scored tokens) for at
+   most 10 % more perplexity on calibration text than 4 bits throughout;
+   4 -> 3 -> 2 bits (switch at 16 and 40). */
+static void run_awq4_pmpd(ctx *C)
+{
+    double t0 = now();
+    pack_all(C, NULL, 4, 0, MPQ_FORMAT_BITPLANE, 1);
     measure(C, "AWQ", "AWQ 4-bit g128", NULL, NULL, now() - t0);
     mpq_pmpd_schedule s;
     memset(&s, 0, sizeof s);
     s.prefill_skip = 0, s.nlevels = 1, s.skip[0] = 1;
     measure(C, "PMPD", "PMPD (AWQ 4): prompt 4-bit, decode 3-bit", &s, NULL, 0);
-    s.nlevels = 2, s.skip[0] = 0, s.skip[1] = 1, s.start[1] = 32;
-    measure(C, "PMPD", "PMPD (AWQ 4): 4-bit, 3 from token 32", &s, NULL, 0);
-    s.nlevels = 3, s.skip[0] = 0, s.skip[1] = 1, s.skip[2] = 2, s.start[1] = 16, s.start[2] = 40;
+    t0 = now();
+    double bits[MPQ_MAX_BITS], qref = 0, q = 0;
+    for (int k = 0; k < MPQ_MAX_BITS; k++) bits[k] = mpq_llm_bpw(C->m, 1, k);
+    mpq_pmpd_schedule ref;
+    memset(&ref, 0, sizeof ref);
+    ref.nlevels = 1;
+    mpq_status st = sched_quality(C, &ref, &qref);
+    mpq_pmpd_search d;
+    memset(&d, 0, sizeof d);
+    d.nlevels = 2, d.skip[0] = 0, d.skip[1] = 1, d.bits = bits, d.length = 512 - 256, d.candidates = 5;
+    d.target = qref * 1.10;
+    int evaluated = 0;
+    if (st == MPQ_OK) st = mpq_pmpd_static_search(&d, sched_quality, C, &s, &q, &evaluated);
+    if (st != MPQ_OK) die("pmpd search", st);
+    char note[160];
+    snprintf(note, sizeof note, "static search on calibration text: switch at decoded token %ld (ppl %.2f there, "
+             "4 bits throughout %.2f; %d schedules tried, %.0f s)", s.nlevels > 1 ? s.start[1] : 0L, -q, -qref,
+             evaluated, now() - t0);
+    measure(C, "PMPD", "PMPD (AWQ 4): static search, 4 -> 3", &s, note, 0);
+    s.nlevels = 3, s.skip[0] = 0, s.skip[1] = 1, s.skip[2] = 2, s.start[0] = 0, s.start[1] = 16, s.start[2] = 40;
     measure(C, "PMPD", "PMPD (AWQ 4): 4 -> 3 -> 2 at 16, 40", &s, NULL, 0);
     unpack_all(C);
 }
@@ -353,16 +423,22 @@ static void write_results(const char *dir, const char *model, const ctx *C, doub
                "| --- | ---: | ---: | ---: | ---: | ---: | ---: |\n");
     for (int i = 0; i < nrows; i++) {
         const row *r = &rows[i];
-        fprintf(f, "| %s | %.3f | %.1f | %.4f | %.4f | %+.2f %% | %.1f |\n", r->name, r->bpw, r->mb, r->ppl, r->ppl_err,
-                100.0 * (r->ppl / rows[0].ppl - 1.0), r->decode);
+        const double x = r->ppl / rows[0].ppl;
+        char vs[32];
+        if (x < 10) snprintf(vs, sizeof vs, "%+.1f %%", 100.0 * (x - 1.0));
+        else snprintf(vs, sizeof vs, "x %.3g", x);
+        fprintf(f, "| %s | %.3f | %.1f | %.4g | %.3g | %s | %.1f |\n", r->name, r->bpw, r->mb, r->ppl, r->ppl_err, vs,
+                r->decode);
     }
     fprintf(f, "\nModel `%s` (%d layers, dim %d; its linear maps are stored as Q4_1 in the GGUF: the fp32 reference "
                "is that 4-bit grid dequantized). Perplexity as llama-perplexity computes it: %d chunks of 512 tokens "
-               "of the evaluation text (%zu tokens in all), the second half of each scored. bpw: the 210 linear maps "
-               "of the layers, scales and zeros included (PMPD: the average read while decoding); every quantized "
+               "of the evaluation text (%zu tokens in all), the second half of each scored. bpw: every byte of the "
+               "packed buffers of the 210 linear maps of the layers (scales, zeros, bits maps, permutations, column "
+               "scales, sparse parts, headers) per weight; PMPD: the average read per decoded token. Every quantized "
                "model also packs the embedding (= the output head) at 8 bits, counted in the weights' MB. Decode: "
-               "%d tokens after a %d-token prompt, greedy. Statistics from %d calibration chunks. %.0f s in all.\n",
-            model, C->m->c.layers, C->m->c.dim, C->chunks, C->neval, DECODE, PROMPT, C->calib_chunks, total);
+               "%d tokens after a %d-token prompt, greedy. Statistics from mpq calibrate: %d windows of %d tokens of "
+               "the calibration text. %.0f s in all (statistics read, not computed).\n",
+            model, C->m->c.layers, C->m->c.dim, C->chunks, C->neval, DECODE, PROMPT, C->S.windows, C->S.length, total);
     for (int i = 0; i < nrows; i++)
         if (rows[i].note[0]) fprintf(f, "\n%s: %s.\n", rows[i].name, rows[i].note);
     fclose(f);
@@ -377,7 +453,18 @@ static void write_results(const char *dir, const char *model, const ctx *C, doub
 
 /* ---- main -------------------------------------------------------------------- */
 
-static int32_t *tokenize_file(const mpq_llm *m, const char *path, size_t *n)
+/* FNV-1a of a file's bytes: how the statistics file names its text. */
+static uint64_t fnv1a(const char *s, size_t n)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; i < n; i++) h = (h ^ (uint8_t)s[i]) * 1099511628211ull;
+    return h;
+}
+
+/* The tokens of a file as llama-perplexity reads it (one final newline
+   dropped, BOS first when the model asks for it); *hash: FNV-1a of all its
+   bytes. */
+static int32_t *tokenize_file(const mpq_llm *m, const char *path, size_t *n, uint64_t *hash)
 {
     FILE *f = fopen(path, "rb");
     if (!f) {
@@ -393,6 +480,7 @@ static int32_t *tokenize_file(const mpq_llm *m, const char *path, size_t *n)
         exit(1);
     }
     fclose(f);
+    if (hash) *hash = fnv1a(s, (size_t)len);
     size_t k = (size_t)len;
     if (k && s[k - 1] == '\n') k--;
     int32_t *tok;
@@ -405,23 +493,56 @@ static int32_t *tokenize_file(const mpq_llm *m, const char *path, size_t *n)
     return tok;
 }
 
+/* The statistics file, checked to be of this model and calibration text
+   (its "source": what mpq calibrate recorded) and to hold what the methods
+   need. */
+static void read_stats(ctx *C, const char *path, const char *model, const char *calib, uint64_t calib_hash)
+{
+    mpq_io_err e;
+    mpq_st_file *f = NULL;
+    if (mpq_st_open(path, &f, &e) != MPQ_OK) {
+        fprintf(stderr, "llm_methods: %s\n(run `mpq calibrate %s %s -o %s` first; examples/run.sh does)\n", e.msg,
+                model, calib, path);
+        exit(1);
+    }
+    const char *meta = mpq_st_meta(f, "mpq_calib");
+    char want[64];
+    snprintf(want, sizeof want, "\"text_fnv1a\":\"%016llx\"", (unsigned long long)calib_hash);
+    const char *base = strrchr(model, '/') ? strrchr(model, '/') + 1 : model;
+    const int ok = meta && strstr(meta, want) && strstr(meta, base);
+    mpq_st_close(f);
+    if (!ok) {
+        fprintf(stderr, "llm_methods: %s is not the statistics of %s on %s; run `mpq calibrate %s %s -o %s`\n", path,
+                model, calib, model, calib, path);
+        exit(1);
+    }
+    if (mpq_calib_read(C->m, path, &C->S, &e) != MPQ_OK) {
+        fprintf(stderr, "llm_methods: %s\n", e.msg);
+        exit(1);
+    }
+    if ((C->S.what & MPQ_CALIB_ALL) != MPQ_CALIB_ALL) {
+        fprintf(stderr, "llm_methods: %s lacks some statistics (calibrate with --stats all)\n", path);
+        exit(1);
+    }
+}
+
 int main(int argc, char **argv)
 {
     const char *model = "build/models/SmolLM2-135M-Instruct.Q4_1.gguf", *eval = "build/text/eval.txt",
-               *calib = "build/text/calib.txt", *out = "build/llm";
+               *calib = "build/text/calib.txt", *out = "build/llm", *stats = "build/llm/stats.safetensors";
     ctx C;
     memset(&C, 0, sizeof C);
-    C.chunks = 12, C.calib_chunks = 8;
+    C.chunks = 8;
     int quick = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--model") && i + 1 < argc) model = argv[++i];
         else if (!strcmp(argv[i], "--eval") && i + 1 < argc) eval = argv[++i];
         else if (!strcmp(argv[i], "--calib") && i + 1 < argc) calib = argv[++i];
+        else if (!strcmp(argv[i], "--stats") && i + 1 < argc) stats = argv[++i];
         else if (!strcmp(argv[i], "--out") && i + 1 < argc) out = argv[++i];
         else if (!strcmp(argv[i], "--chunks") && i + 1 < argc) C.chunks = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--calib-chunks") && i + 1 < argc) C.calib_chunks = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--full")) C.chunks = 1 << 20, C.calib_chunks = 32;
-        else if (!strcmp(argv[i], "--quick")) quick = 1, C.chunks = 2, C.calib_chunks = 2;
+        else if (!strcmp(argv[i], "--full")) C.chunks = 1 << 20;
+        else if (!strcmp(argv[i], "--quick")) quick = 1, C.chunks = 2;
         else if (!strcmp(argv[i], "--threads") && i + 1 < argc) {
 #ifdef _OPENMP
             omp_set_num_threads(atoi(argv[i + 1]));
@@ -430,18 +551,19 @@ int main(int argc, char **argv)
         } else {
             const int help = !strcmp(argv[i], "--help") || !strcmp(argv[i], "-h");
             fprintf(help ? stdout : stderr,
-                    "usage: %s [--model PATH] [--eval TEXT] [--calib TEXT] [--out DIR] [--chunks N]\n"
-                    "          [--calib-chunks N] [--full] [--quick] [--threads T]\n"
+                    "usage: %s [--model PATH] [--eval TEXT] [--calib TEXT] [--stats FILE] [--out DIR]\n"
+                    "          [--chunks N] [--full] [--quick] [--threads T]\n"
                     "Every method of mpq on a real model: perplexity (as llama-perplexity), bits per weight and\n"
-                    "decode tokens/s; writes DIR/results.md and DIR/ppl_vs_bpw.svg. Defaults: the files\n"
-                    "examples/run.sh fetches into build/, 12 evaluation chunks of 512 tokens and 8 calibration\n"
-                    "chunks (--full: every evaluation chunk, 32 calibration chunks; --quick: 2 and 2, three methods).\n",
+                    "decode tokens/s; writes DIR/results.md and DIR/ppl_vs_bpw.svg. Statistics: FILE, written by\n"
+                    "`mpq calibrate MODEL CALIB -o FILE` (examples/run.sh runs it once and reuses it). Defaults:\n"
+                    "the files examples/run.sh fetches into build/, 8 evaluation chunks of 512 tokens (--full:\n"
+                    "every chunk; --quick: 2 chunks, three methods).\n",
                     argv[0]);
             return help ? 0 : 1;
         }
     }
-    if (C.chunks < 1 || C.calib_chunks < 1) {
-        fprintf(stderr, "llm_methods: --chunks and --calib-chunks must be at least 1\n");
+    if (C.chunks < 1) {
+        fprintf(stderr, "llm_methods: --chunks must be at least 1\n");
         return 1;
     }
     const double t0 = now();
@@ -452,13 +574,14 @@ int main(int argc, char **argv)
     }
     const mpq_llm_config *c = &C.m->c;
     C.nl = c->layers * MPQ_LIN_COUNT;
-    C.eval = tokenize_file(C.m, eval, &C.neval);
-    C.calib = tokenize_file(C.m, calib, &C.ncalib);
-    const int have = (int)(C.neval / 512), have_cal = (int)(C.ncalib / 512);
+    uint64_t calib_hash = 0;
+    C.eval = tokenize_file(C.m, eval, &C.neval, NULL);
+    C.calib = tokenize_file(C.m, calib, &C.ncalib, &calib_hash);
+    const int have = (int)(C.neval / 512);
     if (C.chunks > have) C.chunks = have;
-    if (C.calib_chunks > have_cal) C.calib_chunks = have_cal;
-    if (C.chunks < 1 || C.calib_chunks < 1) {
-        fprintf(stderr, "llm_methods: the texts are shorter than one chunk of 512 tokens\n");
+    if (C.chunks < 1 || C.ncalib < (size_t)512 * SCHED_CHUNKS) {
+        fprintf(stderr, "llm_methods: the texts are too short (one chunk of 512 tokens to evaluate, %d to calibrate "
+                        "a schedule)\n", SCHED_CHUNKS);
         return 1;
     }
     int threads = 1;
@@ -469,19 +592,23 @@ int main(int argc, char **argv)
            c->arch, c->layers, c->dim, c->heads, c->kv_heads, c->ffn, c->vocab, now() - t0, threads);
     printf("texts: %s %zu tokens (%d chunks of 512 evaluated of %d), %s %zu tokens (calibration)\n", eval, C.neval,
            C.chunks, have, calib, C.ncalib);
+    const double ts = now();
+    read_stats(&C, stats, model, calib, calib_hash);
+    printf("statistics: %s: %d windows of %d tokens, loss %.4f, %d AWQ rows per map, PQI towards RTN %d-bit (read "
+           "in %.1f s)\n",
+           stats, C.S.windows, C.S.length, C.S.loss, C.S.awq_tokens, C.S.pqi_bits, now() - ts);
     mkdir("build", 0755);
     if (mkdir(out, 0755) != 0 && errno != EEXIST) {
         fprintf(stderr, "llm_methods: cannot create %s: %s\n", out, strerror(errno));
         return 1;
     }
-    fflush(stdout);
-    statistics(&C);
     printf("methods (perplexity on %d x 256 scored tokens; decode %d tokens after a %d-token prompt):\n", C.chunks,
            DECODE, PROMPT);
+    fflush(stdout);
     measure(&C, "fp32", "fp32 reference (dequantized Q4_1)", NULL, NULL, 0);
     if (quick) {
         run_uniform(&C, "RTN", "RTN 4-bit g128", 4, MPQ_FORMAT_BITPLANE, 0);
-        run_sfmp(&C, 3.5, 0);
+        run_sfmp(&C, 3.5, 128, 0);
     } else {
         for (int b = 2; b <= 4; b++) {
             char name[48];
@@ -491,14 +618,20 @@ int main(int argc, char **argv)
         run_uniform(&C, "MXINT", "MXINT4", 4, MPQ_FORMAT_MXINT, 0);
         run_uniform(&C, "AWQ", "AWQ 3-bit g128", 3, MPQ_FORMAT_BITPLANE, 1);
         run_awq4_pmpd(&C);
-        const double budgets[] = {3.25, 3.5, 4.0};
-        for (int b = 0; b < 3; b++) run_sfmp(&C, budgets[b], 0);
-        run_sfmp(&C, 3.5, 1);
+        /* SFMP as its paper runs it: group 256 at 2.25 and 3.25 (its table 3), 128 elsewhere */
+        static const double budgets[] = {2.25, 2.5, 3.0, 3.25, 3.5, 4.25};
+        for (int b = 0; b < 6; b++) run_sfmp(&C, budgets[b], budgets[b] == 2.25 || budgets[b] == 3.25 ? 256 : 128, 0);
+        static const double awq_budgets[] = {2.25, 3.25, 3.5, 4.25};
+        for (int b = 0; b < 4; b++) run_sfmp(&C, awq_budgets[b], b < 2 ? 256 : 128, 1);
+        run_mixllm(&C, 4);
+        run_mixllm(&C, 3);
+        run_mxsens(&C);
+        run_requant(&C, 0);
+        run_requant(&C, 1);
     }
     write_results(out, model, &C, now() - t0);
     printf("total %.0f s\n", now() - t0);
-    for (int k = 0; k < c->layers * KINDS; k++) free(C.colsq[k]), free(C.X[k]);
-    free(C.H), free(C.colsq), free(C.X), free(C.xtok), free(C.seen);
+    mpq_calib_stats_free(&C.S);
     free(C.eval), free(C.calib);
     mpq_llm_free(C.m);
     return 0;

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # The main job. Installs what it needs (Debian packages, when missing),
 # fetches SmolLM2-135M-Instruct and the Python documentation into build/
-# (examples/fetch.sh), builds mpq in release mode and runs llm_methods:
-# every method of the library on the real model - statistics, quantization,
-# perplexity as llama.cpp computes it, bits per weight and decode tokens per
-# second - printing the table and writing build/llm/results.md and
-# build/llm/ppl_vs_bpw.svg. About 9 minutes on 2 cores.
+# (examples/fetch.sh), builds mpq in release mode, gathers the statistics
+# of every method once with `mpq calibrate` (build/llm/stats.safetensors,
+# about 12 minutes on 2 cores; reused until the model or the calibration
+# text changes) and runs llm_methods: every method of the library on the
+# real model - quantization, perplexity as llama.cpp computes it, bits per
+# weight and decode tokens per second - printing the table and writing
+# build/llm/results.md and build/llm/ppl_vs_bpw.svg.
 #
 #   bash examples/run.sh [llm_methods options]  the main job (--help; --full: every
 #                                               evaluation chunk, about two hours)
@@ -43,4 +45,10 @@ tinylm)
 esac
 bash examples/fetch.sh
 ninja -C build/demo llm_methods >/dev/null
-exec build/demo/llm_methods "$@"
+model=build/models/SmolLM2-135M-Instruct.Q4_1.gguf calib=build/text/calib.txt stats=build/llm/stats.safetensors
+mkdir -p build/llm
+if [ ! -s "$stats" ] || [ "$model" -nt "$stats" ] || [ "$calib" -nt "$stats" ]; then
+    echo "statistics: mpq calibrate $model $calib -o $stats (once; reused until the model or the text changes)"
+    build/demo/mpq calibrate "$model" "$calib" -o "$stats"
+fi
+exec build/demo/llm_methods --stats "$stats" "$@"

@@ -76,7 +76,7 @@ if command -v clang >/dev/null 2>&1; then
     printf '#include "mpq_io.h"\n#include "mpq_model.h"\nint main(void){return 0;}\n' >build/io-alone.cpp
     io_c11() {
         local f
-        for f in mpq_io.c mpq_io_gguf.c mpq_io_source.c mpq_tokenizer.c mpq_model.c; do
+        for f in mpq_io.c mpq_io_gguf.c mpq_io_source.c mpq_tokenizer.c mpq_model.c mpq_calib.c; do
             clang -std=c11 -Wall -Wextra -Werror -I. -c "$f" -o "build/${f%.c}-clang.o" || return 1
         done
     }
@@ -95,8 +95,9 @@ fi
 #   fuzz-io     the safetensors reader and the packed-file loader, seeded with
 #               the valid and crafted files of test_io
 #   fuzz-model  GGUF files (metadata, tensors, tokenizer, the model loaded and
-#               run), tokenizer.json and text, seeded with the files of
-#               test_gguf and test_model and a few texts
+#               run), tokenizer.json, statistics files and text, seeded with
+#               the files of test_gguf, test_model and test_calib and a few
+#               texts
 fuzz_seconds=${MPQ_FUZZ_SECONDS:-60}
 fuzz_flags=(-g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -I.)
 fuzz_io() {
@@ -110,9 +111,10 @@ fuzz_model() {
     local seeds=build/fuzz-model-seeds corpus=build/fuzz-model-corpus
     rm -rf "$seeds" "$corpus" && mkdir -p "$seeds" "$corpus" &&
     clang "${fuzz_flags[@]}" test/fuzz/fuzz_model.c mpq_io.c mpq_io_gguf.c mpq_io_source.c mpq_tokenizer.c \
-        mpq_model.c -lcjson -lm -o build/fuzz_model &&
+        mpq_model.c mpq_calib.c -lcjson -lm -o build/fuzz_model &&
     (cd build/sanitize && MPQ_FUZZ_CORPUS="$root/$seeds" ./test_gguf --jobs 1 >/dev/null &&
-        MPQ_FUZZ_CORPUS="$root/$seeds" ./test_model --jobs 1 >/dev/null) &&
+        MPQ_FUZZ_CORPUS="$root/$seeds" ./test_model --jobs 1 >/dev/null &&
+        MPQ_FUZZ_CORPUS="$root/$seeds" ./test_calib --jobs 1 --filter 'calib/determ*' >/dev/null) &&
     printf 'Hello, world! I'"'"'m 42 years old.\n\n  x\ty' >"$seeds/text-1.txt" &&
     printf 'caf\xc3\xa9 \xe6\x97\xa5\xe6\x9c\xac 3.14159 <|im_end|> \xf0\x9f\x99\x82\r\n' >"$seeds/text-2.txt" &&
     head -c 4000 README.md >"$seeds/text-3.txt" &&

@@ -437,6 +437,24 @@ Test(calib, layer_sensitivity_matches_the_reference)
     tl_free(&t);
 }
 
+/* With MPQ_FUZZ_CORPUS set to a directory, a statistics file written here
+   is also saved there, behind "STAT" (a seed of test/fuzz/fuzz_model.c,
+   whose fixed model has the shape of these tests). */
+static void corpus_save(const char *from)
+{
+    const char *dir = getenv("MPQ_FUZZ_CORPUS");
+    if (!dir || !*dir) return;
+    char p[512];
+    snprintf(p, sizeof p, "%s/stats-%ld.bin", dir, (long)getpid());
+    FILE *in = fopen(from, "rb"), *out = fopen(p, "wb");
+    cr_assert(in && out);
+    fputs("STAT", out);
+    char buf[65536];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, in)) > 0) cr_assert_eq(fwrite(buf, 1, n, out), n);
+    fclose(in), fclose(out);
+}
+
 static int same_arrays(float **a, float **b, const mpq_calib_stats *s, const mpq_llm *m, int kind)
 {
     if (!a || !b) return a == b;
@@ -490,6 +508,7 @@ Test(calib, deterministic_for_any_thread_count_and_the_file_round_trips)
     cr_assert_eq(c.awq_tokens, a.awq_tokens);
     cr_assert(fabs(c.loss - a.loss) < 1e-12);
     cr_assert(same_stats(&a, &c, m), "statistics read back differ");
+    corpus_save(p);
     mpq_st_file *f = NULL;
     cr_assert_eq(mpq_st_open(p, &f, &e), MPQ_OK);
     cr_assert_not_null(mpq_st_find(f, "model.layers.1.mlp.down_proj.weight.fisher"));

@@ -5,12 +5,16 @@
              loaded as a model (mpq_llm_load, through a temporary file) and,
              when it loads, a forward pass over three tokens;
      "{"     a tokenizer.json;
+     "STAT"  a statistics file (mpq_calib_read, through a temporary file)
+             for a fixed two-layer model of the shape test_calib uses
+             (dim 40, 6/2 heads of 8, ffn 72): every value it returns
+             must obey the reader's rules;
      else    text: cut by each pre-tokenizer (the pieces must cover it, in
              order, none empty) and tokenized by two fixed vocabularies.
    Every tokenizer that loads must give a text back byte for byte from its
    tokens. Every rejection must say why. Built and run by test/run.sh
    (clang -fsanitize=fuzzer,address,undefined), seeded with the files that
-   test_gguf and test_model write. */
+   test_gguf, test_model and test_calib write. */
 #define _POSIX_C_SOURCE 200809L
 #define MPQ_IMPLEMENTATION
 #include "mpq.h"
@@ -184,9 +188,47 @@ static void text_input(const uint8_t *data, size_t size)
     }
 }
 
+static void stats_input(const uint8_t *data, size_t size)
+{
+    static mpq_llm m;
+    static mpq_llm_layer layers[2];
+    if (!m.layer) {
+        static const int rows[7] = {48, 16, 16, 40, 72, 72, 40}, cols[7] = {40, 40, 40, 48, 40, 40, 72};
+        m.c.layers = 2, m.c.dim = 40, m.c.heads = 6, m.c.kv_heads = 2, m.c.head_dim = 8, m.c.ffn = 72;
+        for (int l = 0; l < 2; l++)
+            for (int k = 0; k < 7; k++) layers[l].lin[k].rows = rows[k], layers[l].lin[k].cols = cols[k];
+        m.layer = layers;
+    }
+    char path[64];
+    snprintf(path, sizeof path, "/tmp/mpq-fuzz-%ld.stats", (long)getpid());
+    FILE *f = fopen(path, "wb");
+    if (!f) return;
+    const int ok = fwrite(data, 1, size, f) == size;
+    fclose(f);
+    mpq_calib_stats s;
+    mpq_io_err e;
+    e.msg[0] = 0;
+    if (ok && mpq_calib_read(&m, path, &s, &e) == MPQ_OK) {
+        if (!s.what) abort();
+        for (int i = 0; i < 14; i++) {
+            const int r = m.layer[i / 7].lin[i % 7].rows, c = m.layer[i / 7].lin[i % 7].cols;
+            for (int j = 0; s.fisher && j < r * c; j++)
+                if (!(s.fisher[i][j] >= 0)) abort();
+            for (int j = 0; s.xtx_diag && j < c; j++)
+                if (!(s.xtx_diag[i][j] >= 0)) abort();
+            if (s.layer_sens && !(s.layer_sens[i] >= 0 && s.layer_sens[i] <= 1)) abort();
+        }
+        mpq_calib_stats_free(&s);
+    } else if (ok && !e.msg[0]) {
+        abort();
+    }
+    unlink(path);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    if (size >= 4 && !memcmp(data, "GGUF", 4)) gguf_input(data, size);
+    if (size >= 4 && !memcmp(data, "STAT", 4)) stats_input(data + 4, size - 4);
+    else if (size >= 4 && !memcmp(data, "GGUF", 4)) gguf_input(data, size);
     else if (size >= 1 && data[0] == '{') json_input(data, size);
     else text_input(data, size);
     return 0;
