@@ -434,9 +434,9 @@ mpq_status mpq_llm_backward(const mpq_llm *m, mpq_llm_train *t, const int32_t *t
                                layer_sensitivity)
 
    The activation statistics leave out position 0 of every window: there
-   the model puts an attention sink whose inputs are tens of times larger
-   in a few channels, and a statistic summed over tokens would be that one
-   token's (bench/results/NOTES.md). Memory: 8 bytes per weight for each of
+   the model puts an attention sink whose inputs are orders of magnitude
+   larger in a few channels, and a statistic summed over tokens would be
+   that one token's (bench/results/NOTES.md). Memory: 8 bytes per weight for each of
    fisher and pqi while they are gathered, 4 per weight in the result; it
    does not grow with the number of windows. Deterministic for any thread
    count. */

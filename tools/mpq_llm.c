@@ -682,7 +682,7 @@ int cmd_calibrate(int argc, char **argv)
                  "statistic `mpq quantize --stats` reads, under each linear map's weight name N:\n"
                  "  N.fisher             rows x cols  mean squared gradient of the loss (sfmp)\n"
                  "  N.mixllm             rows         MixLLM's output-channel salience, eq. 4 (mixllm)\n"
-                 "  N.xtx_diag           cols         diag(X^T X) (mxsens, sfmp --salience-from acts)\n"
+                 "  N.xtx_diag           cols         diag(X^T X) (mxsens)\n"
                  "  N.mean_abs           cols         mean |x|\n"
                  "  N.awq                tokens x cols  input rows for AWQ's search (awq, --quantizer awq)\n"
                  "  N.pqi                rows x cols  PQI along W -> RTN(W) (requant)\n"
