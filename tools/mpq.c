@@ -191,7 +191,7 @@ static int read_stat(mpq_st_file *f, const char *name, const char *suffix, int n
             const int nf = !(v[i] - v[i] == 0.0f);
             fail(EXIT_INPUT, "%s: tensor '%s': element %llu is %s (%g); %s", mpq_st_path(f), name,
                  (unsigned long long)i, nf ? "not finite" : "negative", v[i],
-                 nf ? "statistics must be finite" : "a salience cannot be negative");
+                 nf ? "statistics must be finite" : "this statistic cannot be negative");
             free(v);
             return EXIT_INPUT;
         }
@@ -458,7 +458,7 @@ static int requant_prepare(const qopts *o, mpq_source *in, job *jobs)
     mpq_status st = MPQ_OK;
     if (!rc && (st = mpq_requant_masks(M, n, o->outliers, o->significant, &t, &marked)) != MPQ_OK)
         rc = fail(EXIT_QUANT, "requant over %d tensors failed: %s", n, mpq_status_str(st));
-    for (int i = 0; i < n; i++) total += (size_t)J[i]->rows * (size_t)J[i]->cols;
+    for (int i = 0; J && i < n; i++) total += (size_t)J[i]->rows * (size_t)J[i]->cols;
     if (!rc && !o->quiet)
         fprintf(stderr, "mpq: requant: t = %.2f (eq. 9); %zu weights (%.3f %%) in sparse parts\n", t, marked,
                 100.0 * (double)marked / (double)(total ? total : 1));

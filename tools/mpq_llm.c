@@ -1,5 +1,5 @@
 /* mpq_llm.c - the model commands of the mpq tool: eval, run, speed,
-   calibrate.
+   calibrate, schedule.
 
      mpq eval [options] MODEL TEXT
      mpq run [options] MODEL --prompt TEXT
