@@ -7,37 +7,9 @@
 #include <cjson/cJSON.h>
 
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
-#ifdef _OPENMP
-#include <omp.h>
-#endif
-
-static mpq_status mpq__cfail(mpq_io_err *err, mpq_status st, const char *fmt, ...)
-#if defined(__GNUC__) || defined(__clang__)
-    __attribute__((format(printf, 3, 4)))
-#endif
-    ;
-
-static mpq_status mpq__cfail(mpq_io_err *err, mpq_status st, const char *fmt, ...)
-{
-    if (!err) return st;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err->msg, sizeof err->msg, fmt, ap);
-    va_end(ap);
-    return st;
-}
-
-static double mpq__cnow(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 /* ========================================================================== */
 /* The training forward pass and the backward pass                            */
@@ -197,26 +169,6 @@ static void mpq__lin_dw(mpq_llm_train *t, const mpq_linear *L, const float *dy, 
     on_grad(user, layer, lin, t->G, L->rows, L->cols);
 }
 
-/* Rotates nh heads of T tokens by their positions; inverse: by minus the
-   angle (the transpose, for gradients). */
-static void mpq__rot(const mpq_llm_config *c, const float *rope, float *v, int T, int nh, int inverse)
-{
-    const int hd = c->head_dim, half = hd / 2;
-    for (int t = 0; t < T; t++) {
-        const float *cs = rope + (size_t)t * hd, *sn = cs + half;
-        for (int h = 0; h < nh; h++) {
-            float *x = v + ((size_t)t * nh + h) * hd;
-            for (int i = 0; i < half; i++) {
-                const int a = c->rope_style == MPQ_ROPE_ADJACENT ? 2 * i : i;
-                const int b = c->rope_style == MPQ_ROPE_ADJACENT ? 2 * i + 1 : i + half;
-                const float x0 = x[a], x1 = x[b], s = inverse ? -sn[i] : sn[i];
-                x[a] = x0 * cs[i] - x1 * s;
-                x[b] = x0 * s + x1 * cs[i];
-            }
-        }
-    }
-}
-
 /* Causal attention inside the window: att = softmax(q k^T / sqrt(hd)) v. */
 static void mpq__attn_fwd(const mpq_llm_config *c, const float *q, const float *k, const float *v, float *att,
                           float *P, int T)
@@ -328,8 +280,8 @@ static void mpq__layer_fwd(const mpq_llm *m, mpq_llm_train *t, const float *cons
     mpq__lin_fwd(&L->lin[MPQ_LIN_Q], mpq__W(m, W, base + MPQ_LIN_Q), S->h1, S->q, T);
     mpq__lin_fwd(&L->lin[MPQ_LIN_K], mpq__W(m, W, base + MPQ_LIN_K), S->h1, S->k, T);
     mpq__lin_fwd(&L->lin[MPQ_LIN_V], mpq__W(m, W, base + MPQ_LIN_V), S->h1, S->v, T);
-    mpq__rot(c, t->rope, S->q, T, c->heads, 0);
-    mpq__rot(c, t->rope, S->k, T, c->kv_heads, 0);
+    mpq__rotate(c, t->rope, S->q, T, c->heads, 0);
+    mpq__rotate(c, t->rope, S->k, T, c->kv_heads, 0);
     mpq__attn_fwd(c, S->q, S->k, S->v, S->att, t->P, T);
     const int qd = c->heads * c->head_dim;
     if (observe) observe(user, l, MPQ_LIN_O, S->att, T, qd);
@@ -432,8 +384,8 @@ mpq_status mpq_llm_backward(const mpq_llm *m, mpq_llm_train *t, const int32_t *t
         mpq__lin_dx(t, &L->lin[MPQ_LIN_O], mpq__W(m, W, base + MPQ_LIN_O), t->dx, t->da, T, 0);
         mpq__attn_fwd(c, S->q, S->k, S->v, t->dq, t->P, T); /* P again (dq is scratch here) */
         mpq__attn_bwd(c, S->q, S->k, S->v, t->P, t->da, t->dS, t->dq, t->dk, t->dv, T);
-        mpq__rot(c, t->rope, t->dq, T, c->heads, 1);
-        mpq__rot(c, t->rope, t->dk, T, c->kv_heads, 1);
+        mpq__rotate(c, t->rope, t->dq, T, c->heads, 1);
+        mpq__rotate(c, t->rope, t->dk, T, c->kv_heads, 1);
         mpq__lin_dw(t, &L->lin[MPQ_LIN_Q], t->dq, S->h1, T, l, MPQ_LIN_Q, on_grad, user);
         mpq__lin_dw(t, &L->lin[MPQ_LIN_K], t->dk, S->h1, T, l, MPQ_LIN_K, on_grad, user);
         mpq__lin_dw(t, &L->lin[MPQ_LIN_V], t->dv, S->h1, T, l, MPQ_LIN_V, on_grad, user);
@@ -573,7 +525,7 @@ static mpq_status mpq__pqi_grad(void *user, const float *w, float *grad, size_t 
         st = mpq_llm_backward(C->m, C->t, C->win, C->len, C->Wp, NULL, mpq__pqi_grad_cb, C, NULL);
         C->pqi_done++;
         if (C->o->progress)
-            C->o->progress(C->o->user, "pqi", C->pqi_done, C->s->pqi_steps * pw, mpq__cnow() - C->t0);
+            C->o->progress(C->o->user, "pqi", C->pqi_done, C->s->pqi_steps * pw, mpq__now() - C->t0);
     }
     return st;
 }
@@ -649,7 +601,7 @@ static void mpq__cal_free(mpq__cal *C)
 
 static void mpq__progress(const mpq__cal *C, const char *phase, int done, int total)
 {
-    if (C->o->progress) C->o->progress(C->o->user, phase, done, total, mpq__cnow() - C->t0);
+    if (C->o->progress) C->o->progress(C->o->user, phase, done, total, mpq__now() - C->t0);
 }
 
 /* Phase 1: every window forward (activations) and backward (Fisher,
@@ -751,13 +703,13 @@ mpq_status mpq_llm_calibrate(const mpq_llm *m, const int32_t *tokens, size_t n, 
     if (s.what & ~(MPQ_CALIB_ALL | MPQ_CALIB_XTX) || s.length < 2 || s.windows < 1 || s.awq_tokens < 1 ||
         s.mixllm_bits < 1 || s.mixllm_bits > 8 || s.pqi_bits < 1 || s.pqi_bits > 8 || s.pqi_steps < 1 ||
         s.pqi_windows < 1 || s.sens_tokens < 2 || d.windows < 0 || d.length < 0)
-        return mpq__cfail(err, MPQ_ERR_ARG, "calibration: an option is out of range");
+        return mpq__mfail(err, MPQ_ERR_ARG, "calibration", "an option is out of range");
     for (size_t i = 0; i < n; i++)
         if (tokens[i] < 0 || tokens[i] >= m->c.vocab)
-            return mpq__cfail(err, MPQ_ERR_ARG, "calibration text: token %d at %zu is outside the vocabulary",
+            return mpq__mfail(err, MPQ_ERR_ARG, "calibration text", "token %d at %zu is outside the vocabulary",
                               (int)tokens[i], i);
     if (n < (size_t)s.length)
-        return mpq__cfail(err, MPQ_ERR_SIZE, "calibration text: %zu tokens, shorter than one window of %d", n,
+        return mpq__mfail(err, MPQ_ERR_SIZE, "calibration text", "%zu tokens, shorter than one window of %d", n,
                           s.length);
     if ((size_t)s.windows > n / (size_t)s.length) s.windows = (int)(n / (size_t)s.length);
     if (s.pqi_windows > s.windows) s.pqi_windows = s.windows;
@@ -770,12 +722,12 @@ mpq_status mpq_llm_calibrate(const mpq_llm *m, const int32_t *tokens, size_t n, 
     mpq__cal C;
     memset(&C, 0, sizeof C);
     C.m = m, C.s = &s, C.nlin = s.nlin, C.len = s.length, C.tokens = tokens, C.n = n, C.nwin = s.windows;
-    C.o = &d, C.t0 = mpq__cnow(), C.act_total = act_total;
+    C.o = &d, C.t0 = mpq__now(), C.act_total = act_total;
     mpq_status st = mpq_llm_train_init(m, s.length, &C.t);
     if (st == MPQ_ERR_UNSUPPORTED)
-        return mpq__cfail(err, st, "%s: calibration needs float weights (a packed model cannot be calibrated)",
-                          m->path ? m->path : "model");
-    if (st != MPQ_OK) return mpq__cfail(err, st, "calibration: %s", mpq_status_str(st));
+        return mpq__mfail(err, st, m->path ? m->path : "model",
+                          "calibration needs float weights (a packed model cannot be calibrated)");
+    if (st != MPQ_OK) return mpq__mfail(err, st, "calibration", "%s", mpq_status_str(st));
     const int slots = m->c.layers * MPQ__KINDS;
     C.off = (size_t *)calloc((size_t)C.nlin + 1, sizeof(size_t));
     C.Wp = (const float **)calloc((size_t)C.nlin, sizeof(float *));
@@ -865,7 +817,7 @@ mpq_status mpq_llm_calibrate(const mpq_llm *m, const int32_t *tokens, size_t n, 
     mpq__cal_free(&C);
     if (st != MPQ_OK) {
         mpq_calib_stats_free(&s);
-        return mpq__cfail(err, st, "calibration: %s", mpq_status_str(st));
+        return mpq__mfail(err, st, "calibration", "%s", mpq_status_str(st));
     }
     *out = s;
     return MPQ_OK;
@@ -912,7 +864,7 @@ mpq_status mpq_calib_write(const mpq_llm *m, const mpq_calib_stats *s, const cha
     cJSON *o = cJSON_CreateObject(), *extra = extra_json ? cJSON_Parse(extra_json) : NULL;
     if (!o || (extra_json && !extra)) {
         cJSON_Delete(o), cJSON_Delete(extra);
-        return mpq__cfail(err, extra_json ? MPQ_ERR_ARG : MPQ_ERR_NOMEM, "%s: the extra metadata is not JSON", path);
+        return mpq__mfail(err, extra_json ? MPQ_ERR_ARG : MPQ_ERR_NOMEM, path, "the extra metadata is not JSON");
     }
     cJSON_AddNumberToObject(o, "windows", s->windows);
     cJSON_AddNumberToObject(o, "length", s->length);
@@ -927,7 +879,7 @@ mpq_status mpq_calib_write(const mpq_llm *m, const mpq_calib_stats *s, const cha
     if (extra) cJSON_AddItemToObject(o, "source", extra);
     char *meta = cJSON_PrintUnformatted(o);
     cJSON_Delete(o);
-    if (!meta) return mpq__cfail(err, MPQ_ERR_NOMEM, "%s: out of memory", path);
+    if (!meta) return mpq__mfail(err, MPQ_ERR_NOMEM, path, "out of memory");
     mpq_st_writer *w = NULL;
     mpq_status st = mpq_st_writer_open(path, &w, err);
     if (st == MPQ_OK) st = mpq_st_write_meta(w, "mpq_calib", meta, err);
@@ -962,7 +914,7 @@ mpq_status mpq_calib_read(const mpq_llm *m, const char *path, mpq_calib_stats *o
     s.nlin = m->c.layers * MPQ_LIN_COUNT;
     const char *meta = mpq_st_meta(f, "mpq_calib");
     cJSON *o = meta ? cJSON_Parse(meta) : NULL;
-    if (!o) st = mpq__cfail(err, MPQ_ERR_FORMAT, "%s: no mpq_calib metadata: not a file mpq calibrate wrote", path);
+    if (!o) st = mpq__mfail(err, MPQ_ERR_FORMAT, path, "no mpq_calib metadata: not a file mpq calibrate wrote");
     if (st == MPQ_OK) {
         int *fields[] = {&s.windows, &s.length, &s.awq_tokens, &s.mixllm_bits, &s.pqi_bits, &s.pqi_steps,
                          &s.pqi_windows, &s.sens_tokens};
@@ -971,7 +923,7 @@ mpq_status mpq_calib_read(const mpq_llm *m, const char *path, mpq_calib_stats *o
         for (int k = 0; k < 8 && st == MPQ_OK; k++) {
             const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, names[k]);
             if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble > 1e9 || v->valuedouble != (int)v->valuedouble)
-                st = mpq__cfail(err, MPQ_ERR_FORMAT, "%s: mpq_calib: '%s' is not a count", path, names[k]);
+                st = mpq__mfail(err, MPQ_ERR_FORMAT, path, "mpq_calib: '%s' is not a count", names[k]);
             else *fields[k] = (int)v->valuedouble;
         }
         const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, "loss");
@@ -989,7 +941,7 @@ mpq_status mpq_calib_read(const mpq_llm *m, const char *path, mpq_calib_stats *o
         if ((have[k] = mpq_st_find(f, name) != NULL)) s.what |= mpq__kinds[k].flag;
     }
     if (st == MPQ_OK && !s.what)
-        st = mpq__cfail(err, MPQ_ERR_FORMAT, "%s: no statistics for '%s' (a file for another model?)", path, base);
+        st = mpq__mfail(err, MPQ_ERR_FORMAT, path, "no statistics for '%s' (a file for another model?)", base);
     snprintf(first, sizeof first, "%s", base);
     for (int k = 0; st == MPQ_OK && k < MPQ__NKINDS; k++) {
         if (!have[k]) continue;
@@ -1007,13 +959,13 @@ mpq_status mpq_calib_read(const mpq_llm *m, const char *path, mpq_calib_stats *o
             mpq__kind_shape(&s, L, mpq__kinds[k].shape, &ndim, dims);
             const uint64_t numel = ndim == 0 ? 1 : ndim == 1 ? dims[0] : dims[0] * dims[1];
             if (!t) {
-                st = mpq__cfail(err, MPQ_ERR_FORMAT, "%s: tensor '%s': not found (the file has %s for '%s')", path,
+                st = mpq__mfail(err, MPQ_ERR_FORMAT, path, "tensor '%s': not found (the file has %s for '%s')",
                                 name, mpq__kinds[k].suffix, first);
                 break;
             }
             if (t->ndim != ndim || t->numel != numel || (ndim >= 1 && t->shape[0] != dims[0]) ||
                 (ndim == 2 && t->shape[1] != dims[1])) {
-                st = mpq__cfail(err, MPQ_ERR_SIZE, "%s: tensor '%s': shape does not match the model", path, name);
+                st = mpq__mfail(err, MPQ_ERR_SIZE, path, "tensor '%s': shape does not match the model", name);
                 break;
             }
             float *v = dst ? (float *)malloc(sizeof(float) * (size_t)numel) : &s.layer_sens[i];
@@ -1025,17 +977,17 @@ mpq_status mpq_calib_read(const mpq_llm *m, const char *path, mpq_calib_stats *o
             if ((st = mpq_st_read_f32(f, t, v, (size_t)numel, err)) != MPQ_OK) break;
             for (uint64_t j = 0; j < numel; j++) {
                 if (!(v[j] - v[j] == 0.0f)) {
-                    st = mpq__cfail(err, MPQ_ERR_NONFINITE, "%s: tensor '%s': element %llu is not finite", path, name,
+                    st = mpq__mfail(err, MPQ_ERR_NONFINITE, path, "tensor '%s': element %llu is not finite", name,
                                     (unsigned long long)j);
                     break;
                 }
                 if (mpq__kinds[k].nonneg && v[j] < 0) {
-                    st = mpq__cfail(err, MPQ_ERR_RANGE, "%s: tensor '%s': element %llu is negative (%g); %s cannot be",
-                                    path, name, (unsigned long long)j, v[j], mpq__kinds[k].suffix);
+                    st = mpq__mfail(err, MPQ_ERR_RANGE, path, "tensor '%s': element %llu is negative (%g); %s cannot be",
+                                    name, (unsigned long long)j, v[j], mpq__kinds[k].suffix);
                     break;
                 }
                 if (!dst && v[j] > 1) {
-                    st = mpq__cfail(err, MPQ_ERR_RANGE, "%s: tensor '%s': %g is not in [0, 1]", path, name, v[j]);
+                    st = mpq__mfail(err, MPQ_ERR_RANGE, path, "tensor '%s': %g is not in [0, 1]", name, v[j]);
                     break;
                 }
             }

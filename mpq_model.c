@@ -18,13 +18,7 @@
 
 #define MPQ__MAX_DIM (1 << 20) /* largest dimension of a model this loader accepts */
 
-static mpq_status mpq__mfail(mpq_io_err *err, mpq_status st, const char *origin, const char *fmt, ...)
-#if defined(__GNUC__) || defined(__clang__)
-    __attribute__((format(printf, 4, 5)))
-#endif
-    ;
-
-static mpq_status mpq__mfail(mpq_io_err *err, mpq_status st, const char *origin, const char *fmt, ...)
+mpq_status mpq__mfail(mpq_io_err *err, mpq_status st, const char *origin, const char *fmt, ...)
 {
     if (!err) return st;
     int k = snprintf(err->msg, sizeof err->msg, "%s: ", origin ? origin : "(model)");
@@ -36,7 +30,7 @@ static mpq_status mpq__mfail(mpq_io_err *err, mpq_status st, const char *origin,
     return st;
 }
 
-static double mpq__now(void)
+double mpq__now(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -905,9 +899,7 @@ void mpq__rmsnorm(const float *x, const float *w, float *y, int T, int D, double
     }
 }
 
-/* Rotates nh heads of every token (the cos / sin of each position in rope:
-   T x head_dim, cos in the first half, sin in the second). */
-static void mpq__rotate(const mpq_llm_config *c, const float *rope, float *v, int T, int nh)
+void mpq__rotate(const mpq_llm_config *c, const float *rope, float *v, int T, int nh, int inverse)
 {
     const int hd = c->head_dim, half = hd / 2;
     for (int t = 0; t < T; t++) {
@@ -917,9 +909,9 @@ static void mpq__rotate(const mpq_llm_config *c, const float *rope, float *v, in
             for (int i = 0; i < half; i++) {
                 const int a = c->rope_style == MPQ_ROPE_ADJACENT ? 2 * i : i;
                 const int b = c->rope_style == MPQ_ROPE_ADJACENT ? 2 * i + 1 : i + half;
-                const float x0 = x[a], x1 = x[b];
-                x[a] = x0 * cs[i] - x1 * sn[i];
-                x[b] = x0 * sn[i] + x1 * cs[i];
+                const float x0 = x[a], x1 = x[b], sv = inverse ? -sn[i] : sn[i];
+                x[a] = x0 * cs[i] - x1 * sv;
+                x[b] = x0 * sv + x1 * cs[i];
             }
         }
     }
@@ -988,8 +980,8 @@ static mpq_status mpq__piece(const mpq_llm *m, mpq_llm_state *s, const int32_t *
         if (st == MPQ_OK) st = mpq__linear(m, s, &L->lin[MPQ_LIN_K], l, MPQ_LIN_K, s->h, s->k, T, skip);
         if (st == MPQ_OK) st = mpq__linear(m, s, &L->lin[MPQ_LIN_V], l, MPQ_LIN_V, s->h, s->v, T, skip);
         if (st != MPQ_OK) break;
-        mpq__rotate(c, s->rope, s->q, T, c->heads);
-        mpq__rotate(c, s->rope, s->k, T, c->kv_heads);
+        mpq__rotate(c, s->rope, s->q, T, c->heads, 0);
+        mpq__rotate(c, s->rope, s->k, T, c->kv_heads, 0);
         memcpy(s->kc + ((size_t)l * s->ctx + pos) * kvd, s->k, sizeof(float) * (size_t)T * kvd);
         memcpy(s->vc + ((size_t)l * s->ctx + pos) * kvd, s->v, sizeof(float) * (size_t)T * kvd);
         mpq__attention(m, s, l, T, pos);

@@ -4,11 +4,28 @@
 #ifndef MPQ_MODEL_PRIV_H_INCLUDED
 #define MPQ_MODEL_PRIV_H_INCLUDED
 
+#include "mpq_model.h"
+
+/* err->msg = "<origin>: <message>" ("(model)" when origin is NULL); returns
+   st. err may be NULL. */
+mpq_status mpq__mfail(mpq_io_err *err, mpq_status st, const char *origin, const char *fmt, ...)
+#if defined(__GNUC__) || defined(__clang__)
+    __attribute__((format(printf, 4, 5)))
+#endif
+    ;
+/* Seconds on a monotonic clock. */
+double mpq__now(void);
+
 /* Y[T x M] = X[T x K] W[M x K]^T in float, OpenMP over M; every output is
    one dot product in a fixed order, whatever the thread count. */
 void mpq__sgemm(const float *X, int T, const float *W, int M, int K, float *Y);
 /* y = x / sqrt(mean(x^2) + eps) * w for T rows of D. */
 void mpq__rmsnorm(const float *x, const float *w, float *y, int T, int D, double eps);
+/* Rotates nh heads of T tokens (rope: T x head_dim, the cos of each
+   position's angles in the first half, the sin in the second) in the
+   model's pair convention; inverse: by minus the angles, the transpose
+   (for gradients). */
+void mpq__rotate(const mpq_llm_config *c, const float *rope, float *v, int T, int nh, int inverse);
 /* -log softmax(z)[target], in double. */
 double mpq__nll(const float *z, int n, int target);
 

@@ -155,6 +155,16 @@ static int read_text(const char *path, char **text, size_t *n)
     return 0;
 }
 
+/* argv[a->i] when no option matched: an unknown option, or MODEL or TEXT
+   (pos, *npos so far); sets *bad on a mistake. */
+static void model_text_arg(args *a, const char **pos, int *npos, int *bad)
+{
+    const char *v = a->argv[a->i];
+    if (v[0] == '-' && v[1]) *bad = fail(EXIT_USAGE, "%s: unknown option '%s' (see mpq %s --help)", a->cmd, v, a->cmd);
+    else if (*npos < 2) pos[(*npos)++] = v;
+    else *bad = fail(EXIT_USAGE, "%s: more than MODEL and TEXT given", a->cmd);
+}
+
 /* ---------------------------------------------------------------------------
    eval
    ------------------------------------------------------------------------ */
@@ -207,12 +217,8 @@ int cmd_eval(int argc, char **argv)
             bad = bad || !parse_int("eval", "--skip-planes", v, 0, 7, &po.skip_planes);
         } else if (opt(&a, "--batch", &v, &bad)) {
             bad = bad || !parse_int("eval", "--batch", v, 1, 4096, &po.batch);
-        } else if (argv[a.i][0] == '-' && argv[a.i][1]) {
-            bad = fail(EXIT_USAGE, "eval: unknown option '%s' (see mpq eval --help)", argv[a.i]);
-        } else if (npos < 2) {
-            pos[npos++] = argv[a.i];
         } else {
-            bad = fail(EXIT_USAGE, "eval: more than MODEL and TEXT given");
+            model_text_arg(&a, pos, &npos, &bad);
         }
     }
     if (bad) return EXIT_USAGE;
@@ -727,12 +733,8 @@ int cmd_calibrate(int argc, char **argv)
             if (!bad && !(co.what = parse_stats(v)))
                 bad = fail(EXIT_USAGE, "calibrate --stats: '%s' is not a list of fisher, mixllm, acts, pqi, "
                            "sensitivity, xtx, all", v);
-        } else if (argv[a.i][0] == '-' && argv[a.i][1]) {
-            bad = fail(EXIT_USAGE, "calibrate: unknown option '%s' (see mpq calibrate --help)", argv[a.i]);
-        } else if (npos < 2) {
-            pos[npos++] = argv[a.i];
         } else {
-            bad = fail(EXIT_USAGE, "calibrate: more than MODEL and TEXT given");
+            model_text_arg(&a, pos, &npos, &bad);
         }
     }
     if (bad) return EXIT_USAGE;
@@ -900,12 +902,8 @@ int cmd_schedule(int argc, char **argv)
             bad = bad || !parse_int("schedule", "--ctx", v, 4, 1 << 20, &ctx);
         } else if (opt(&a, "--chunks", &v, &bad)) {
             bad = bad || !parse_int("schedule", "--chunks", v, 1, 1 << 20, &chunks);
-        } else if (argv[a.i][0] == '-' && argv[a.i][1]) {
-            bad = fail(EXIT_USAGE, "schedule: unknown option '%s' (see mpq schedule --help)", argv[a.i]);
-        } else if (npos < 2) {
-            pos[npos++] = argv[a.i];
         } else {
-            bad = fail(EXIT_USAGE, "schedule: more than MODEL and TEXT given");
+            model_text_arg(&a, pos, &npos, &bad);
         }
     }
     if (bad) return EXIT_USAGE;
