@@ -436,10 +436,12 @@ mpq_status mpq_llm_backward(const mpq_llm *m, mpq_llm_train *t, const int32_t *t
    The activation statistics leave out position 0 of every window: there
    the model puts an attention sink whose inputs are orders of magnitude
    larger in a few channels, and a statistic summed over tokens would be
-   that one token's (bench/results/NOTES.md). Memory: 8 bytes per weight for each of
-   fisher and pqi while they are gathered, 4 per weight in the result; it
-   does not grow with the number of windows. Deterministic for any thread
-   count. */
+   that one token's (bench/results/NOTES.md). Memory, per weight of the
+   linear maps: 8 bytes for the Fisher sums and 4 for MixLLM's delta while
+   the windows run, about 28 while PQI runs (the weights, their target and
+   the result as flat vectors, and mpq_pqi's sums), 4 for each per-weight
+   statistic returned; it does not grow with the number of windows.
+   Deterministic for any thread count. */
 #define MPQ_CALIB_FISHER 0x01u
 #define MPQ_CALIB_MIXLLM 0x02u
 #define MPQ_CALIB_ACTS 0x04u       /* xtx_diag, mean_abs, awq */
