@@ -24,7 +24,8 @@
       (group 256 at 2.25 and 3.25, as its table 3) quantized by RTN and by
       AWQ (its section 5); MixLLM's 8/4-bit output-channel mix (10 % at 8
       bits) and an 8/3 mix; MXSens's 4/6/8 MXINT templates; ReQuant on RTN 3
-      and AWQ 3 (0.25 % outliers + 0.25 % significant weights); PMPD on the
+      and AWQ 3 (0.25 % outliers + 0.25 % significant weights), and on SFMP's
+      plans at 3.25 and 4.0 with AWQ (the three composed); PMPD on the
       AWQ 4-bit model (the prompt at 4 bits, the decode lowered, and the
       static scheduler's choice on calibration text). Every model is
       measured on the evaluation text (the tutorial and the FAQ, never
@@ -241,19 +242,24 @@ static void run_uniform(ctx *C, const char *family, const char *name, int bits, 
     unpack_all(C);
 }
 
-/* SFMP: the plan from the Fisher diagonal at a budget and group. */
-static void run_sfmp(ctx *C, double bpw, int group, int awq)
+/* SFMP's plan from the Fisher diagonal at a budget and group. */
+static void sfmp_plan(ctx *C, double bpw, int group, mpq_plan *p)
 {
-    const double t0 = now();
     mpq_sfmp_layer *L = (mpq_sfmp_layer *)calloc((size_t)C->nl, sizeof *L);
     for (int i = 0; i < C->nl; i++) L[i].S = C->S.fisher[i], L[i].rows = lin_at(C, i)->rows, L[i].cols = lin_at(C, i)->cols;
     mpq_sfmp_desc d;
     memset(&d, 0, sizeof d);
     d.bpw = bpw, d.group = group;
-    mpq_plan p;
-    mpq_status st = mpq_plan_sfmp(L, C->nl, &d, &p);
+    mpq_status st = mpq_plan_sfmp(L, C->nl, &d, p);
     if (st != MPQ_OK) die("sfmp plan", st);
     free(L);
+}
+
+static void run_sfmp(ctx *C, double bpw, int group, int awq)
+{
+    const double t0 = now();
+    mpq_plan p;
+    sfmp_plan(C, bpw, group, &p);
     pack_all(C, &p, 0, 0, 0, awq);
     mpq_plan_free(&p);
     char name[64];
@@ -315,9 +321,11 @@ static void run_mxsens(ctx *C)
     free(L);
 }
 
-/* ReQuant on RTN 3 or AWQ 3: 0.25 % outliers spread by eq. 9 and 0.25 %
-   significant weights, from the calibration's PQI. */
-static void run_requant(ctx *C, int awq)
+/* ReQuant: 0.25 % outliers spread by eq. 9 and 0.25 % significant weights,
+   from the calibration's PQI, on a dense part of RTN or AWQ at 3 bits or
+   under a plan (a composition: SFMP's widths, AWQ's scales, ReQuant's
+   sparse part). */
+static void run_requant(ctx *C, const mpq_plan *plan, int awq, const char *name)
 {
     const double t0 = now();
     mpq_rq_map *M = (mpq_rq_map *)calloc((size_t)C->nl, sizeof *M);
@@ -326,7 +334,7 @@ static void run_requant(ctx *C, int awq)
         const mpq_linear *L = lin_at(C, i);
         M[i].W = L->W, M[i].pqi = C->S.pqi[i];
         M[i].mask = (uint8_t *)malloc((size_t)L->rows * L->cols);
-        M[i].d = desc_of(C, i, NULL, 3, 0, MPQ_FORMAT_BITPLANE);
+        M[i].d = desc_of(C, i, plan, 3, 0, MPQ_FORMAT_BITPLANE);
         if (awq) awq_scales(C, i, &M[i].d, &cs[i], &clip[i]);
         M[i].d.col_scale = cs[i], M[i].d.clip = clip[i];
     }
@@ -345,7 +353,7 @@ static void run_requant(ctx *C, int awq)
     pack_embedding(C);
     char note[96];
     snprintf(note, sizeof note, "eq. 9 temperature t = %.2f; %zu weights in the sparse parts", t, marked);
-    measure(C, "ReQuant", awq ? "ReQuant on AWQ 3-bit" : "ReQuant on RTN 3-bit", NULL, note, now() - t0);
+    measure(C, plan ? "SFMP+AWQ+ReQuant" : "ReQuant", name, NULL, note, now() - t0);
     unpack_all(C);
 }
 
@@ -626,8 +634,18 @@ int main(int argc, char **argv)
         run_mixllm(&C, 4);
         run_mixllm(&C, 3);
         run_mxsens(&C);
-        run_requant(&C, 0);
-        run_requant(&C, 1);
+        run_requant(&C, NULL, 0, "ReQuant on RTN 3-bit");
+        run_requant(&C, NULL, 1, "ReQuant on AWQ 3-bit");
+        /* compositions: SFMP's plan, AWQ's scales and ReQuant's sparse part */
+        static const double comp[] = {3.25, 4.0};
+        for (int b = 0; b < 2; b++) {
+            mpq_plan p;
+            sfmp_plan(&C, comp[b], 128, &p);
+            char name[64];
+            snprintf(name, sizeof name, "SFMP %.2f g128 + AWQ + ReQuant", comp[b]);
+            run_requant(&C, &p, 1, name);
+            mpq_plan_free(&p);
+        }
     }
     write_results(out, model, &C, now() - t0);
     printf("total %.0f s\n", now() - t0);
