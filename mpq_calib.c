@@ -465,7 +465,7 @@ static void mpq__cal_observe(void *user, int layer, int lin, const float *x, int
         memcpy(C->awq[slot] + (size_t)C->awq_got[slot]++ * cols, x1 + (size_t)g * cols, sizeof(float) * (size_t)cols);
     }
     if (C->xtx) { /* X^T X += X1^T X1: columns as rows of the transpose, then one product */
-        float *xt = (float *)malloc(sizeof(float) * (size_t)cols * (size_t)T1 * 2 + sizeof(float) * (size_t)cols * cols);
+        float *xt = (float *)malloc(sizeof(float) * (size_t)cols * ((size_t)T1 + (size_t)cols));
         if (!xt) {
             C->st = MPQ_ERR_NOMEM;
             return;
