@@ -3,7 +3,7 @@
 # fetches SmolLM2-135M-Instruct and the Python documentation into build/
 # (examples/fetch.sh), builds mpq in release mode, gathers the statistics
 # of every method once with `mpq calibrate` (build/llm/stats.safetensors,
-# about 12 minutes on 2 cores; reused until the model or the calibration
+# about 13 minutes on 2 cores; reused until the model or the calibration
 # text changes) and runs llm_methods: every method of the library on the
 # real model - quantization, perplexity as llama.cpp computes it, bits per
 # weight and decode tokens per second - printing the table and writing
