@@ -120,12 +120,7 @@ mpq_status mpq_llm_train_init(const mpq_llm *m, int len, mpq_llm_train **out)
     const float *Hw = m->head.W;
     for (size_t v = 0; v < V; v++)
         for (size_t d = 0; d < D; d++) t->headT[d * V + v] = Hw[v * D + d];
-    for (int i = 0; i < len; i++)
-        for (int j = 0; j < c->head_dim / 2; j++) {
-            const double a = (double)i * (double)m->rope_freq[j];
-            t->rope[(size_t)i * c->head_dim + j] = (float)cos(a);
-            t->rope[(size_t)i * c->head_dim + c->head_dim / 2 + j] = (float)sin(a);
-        }
+    mpq__rope_table(m, 0, len, t->rope);
     *out = t;
     return MPQ_OK;
 }
@@ -826,6 +821,13 @@ mpq_status mpq_llm_calibrate(const mpq_llm *m, const int32_t *tokens, size_t n, 
 /* ========================================================================== */
 /* The statistics file                                                        */
 /* ========================================================================== */
+
+uint64_t mpq_text_hash(const char *s, size_t n)
+{
+    uint64_t h = 1469598103934665603ull; /* FNV-1a, 64 bits */
+    for (size_t i = 0; i < n; i++) h = (h ^ (uint8_t)s[i]) * 1099511628211ull;
+    return h;
+}
 
 /* The statistics in file order: suffix, which arrays, their shape. */
 typedef struct mpq__statkind {

@@ -899,6 +899,17 @@ void mpq__rmsnorm(const float *x, const float *w, float *y, int T, int D, double
     }
 }
 
+void mpq__rope_table(const mpq_llm *m, int pos, int T, float *rope)
+{
+    const int hd = m->c.head_dim, half = hd / 2;
+    for (int t = 0; t < T; t++)
+        for (int i = 0; i < half; i++) {
+            const double a = (double)(pos + t) * (double)m->rope_freq[i];
+            rope[(size_t)t * hd + i] = (float)cos(a);
+            rope[(size_t)t * hd + half + i] = (float)sin(a);
+        }
+}
+
 void mpq__rotate(const mpq_llm_config *c, const float *rope, float *v, int T, int nh, int inverse)
 {
     const int hd = c->head_dim, half = hd / 2;
@@ -959,7 +970,7 @@ static mpq_status mpq__piece(const mpq_llm *m, mpq_llm_state *s, const int32_t *
                              int lo)
 {
     const mpq_llm_config *c = &m->c;
-    const int D = c->dim, F = c->ffn, hd = c->head_dim, half = hd / 2, pos = s->pos;
+    const int D = c->dim, F = c->ffn, hd = c->head_dim, pos = s->pos;
     const size_t kvd = (size_t)c->kv_heads * hd;
     mpq_status st = MPQ_OK;
     for (int t = 0; t < T && st == MPQ_OK; t++) {
@@ -967,12 +978,7 @@ static mpq_status mpq__piece(const mpq_llm *m, mpq_llm_state *s, const int32_t *
         if (m->embed.A.buf) st = mpq_packed_dequantize_row(&m->embed.A, 0, tok[t], x);
         else memcpy(x, m->embed.W + (size_t)tok[t] * D, sizeof(float) * (size_t)D);
     }
-    for (int t = 0; t < T; t++)
-        for (int i = 0; i < half; i++) {
-            const double a = (double)(pos + t) * (double)m->rope_freq[i];
-            s->rope[(size_t)t * hd + i] = (float)cos(a);
-            s->rope[(size_t)t * hd + half + i] = (float)sin(a);
-        }
+    mpq__rope_table(m, pos, T, s->rope);
     for (int l = 0; l < c->layers && st == MPQ_OK; l++) {
         const mpq_llm_layer *L = &m->layer[l];
         mpq__rmsnorm(s->x, L->attn_norm, s->h, T, D, c->norm_eps);

@@ -482,6 +482,10 @@ mpq_status mpq_llm_calibrate(const mpq_llm *m, const int32_t *tokens, size_t n, 
                              mpq_calib_stats *out, mpq_io_err *err);
 void mpq_calib_stats_free(mpq_calib_stats *s);
 
+/* The hash of a text that mpq calibrate records in its file (64-bit FNV-1a
+   of the bytes), so that a file's statistics can be matched to their text. */
+uint64_t mpq_text_hash(const char *s, size_t n);
+
 /* REQUANT FROM A CALIBRATION'S PQI. PQI/ReQuant's dense-and-sparse split
    (mpq.h section 10, "ReQuant") over n maps, with the PQI v of each map from
    mpq_llm_calibrate (along W -> RTN(W) at its pqi_bits). Two steps differ

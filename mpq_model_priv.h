@@ -21,6 +21,9 @@ double mpq__now(void);
 void mpq__sgemm(const float *X, int T, const float *W, int M, int K, float *Y);
 /* y = x / sqrt(mean(x^2) + eps) * w for T rows of D. */
 void mpq__rmsnorm(const float *x, const float *w, float *y, int T, int D, double eps);
+/* The cos (first half of each row) and sin (second half) of the rotary
+   angles of positions pos .. pos + T - 1: T x head_dim. */
+void mpq__rope_table(const mpq_llm *m, int pos, int T, float *rope);
 /* Rotates nh heads of T tokens (rope: T x head_dim, the cos of each
    position's angles in the first half, the sin in the second) in the
    model's pair convention; inverse: by minus the angles, the transpose

@@ -461,17 +461,9 @@ static void write_results(const char *dir, const char *model, const ctx *C, doub
 
 /* ---- main -------------------------------------------------------------------- */
 
-/* FNV-1a of a file's bytes: how the statistics file names its text. */
-static uint64_t fnv1a(const char *s, size_t n)
-{
-    uint64_t h = 1469598103934665603ull;
-    for (size_t i = 0; i < n; i++) h = (h ^ (uint8_t)s[i]) * 1099511628211ull;
-    return h;
-}
-
 /* The tokens of a file as llama-perplexity reads it (one final newline
-   dropped, BOS first when the model asks for it); *hash: FNV-1a of all its
-   bytes. */
+   dropped, BOS first when the model asks for it); *hash: mpq_text_hash of
+   all its bytes. */
 static int32_t *tokenize_file(const mpq_llm *m, const char *path, size_t *n, uint64_t *hash)
 {
     FILE *f = fopen(path, "rb");
@@ -488,7 +480,7 @@ static int32_t *tokenize_file(const mpq_llm *m, const char *path, size_t *n, uin
         exit(1);
     }
     fclose(f);
-    if (hash) *hash = fnv1a(s, (size_t)len);
+    if (hash) *hash = mpq_text_hash(s, (size_t)len);
     size_t k = (size_t)len;
     if (k && s[k - 1] == '\n') k--;
     int32_t *tok;

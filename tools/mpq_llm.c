@@ -662,14 +662,6 @@ static unsigned parse_stats(const char *v)
     return f;
 }
 
-/* FNV-1a of the text: the statistics file says which text it came from. */
-static uint64_t fnv1a(const char *s, size_t n)
-{
-    uint64_t h = 1469598103934665603ull;
-    for (size_t i = 0; i < n; i++) h = (h ^ (uint8_t)s[i]) * 1099511628211ull;
-    return h;
-}
-
 int cmd_calibrate(int argc, char **argv)
 {
     args a = {argc, 0, argv, "calibrate"};
@@ -785,7 +777,7 @@ int cmd_calibrate(int argc, char **argv)
         cJSON_AddStringToObject(o, "model", pos[0]);
         cJSON_AddStringToObject(o, "text", pos[1]);
         cJSON_AddNumberToObject(o, "text_bytes", (double)len);
-        snprintf(extra, sizeof extra, "%016llx", (unsigned long long)fnv1a(text, len));
+        snprintf(extra, sizeof extra, "%016llx", (unsigned long long)mpq_text_hash(text, len));
         cJSON_AddStringToObject(o, "text_fnv1a", extra);
         char *j = cJSON_PrintUnformatted(o);
         cJSON_Delete(o);
