@@ -62,13 +62,15 @@
      5. Products .......... lookup tables, GEMV / small GEMM, float64 reference
      6. Formats, backends . format traits table, backend dispatch table
      7. AWQ ............... activation-aware column scales and clip search
-     8. Selection, perms .. quantile, top-k (also across layers), stable
+     8. GPTQ .............. column-by-column quantization with error feedback
+                            through the Cholesky factor of the Hessian
+     9. Selection, perms .. quantile, top-k (also across layers), stable
                             argsort, permutations from salience
-     9. Statistics ........ streaming Fisher, diag(X^T X), mean |x|, MixLLM
+    10. Statistics ........ streaming Fisher, diag(X^T X), mean |x|, MixLLM
                             salience, PQI, MXSens layer sensitivity
-    10. Plans ............. mpq_plan (data), the SFMP, MixLLM and MXSens
+    11. Plans ............. mpq_plan (data), the SFMP, MixLLM and MXSens
                             planners, ReQuant's dense-and-sparse split
-    11. Schedules ......... PMPD: precision over the tokens of a generation
+    12. Schedules ......... PMPD: precision over the tokens of a generation
                             (skip_planes), static and phase-aware search
 
    NOTATION (see the design notes for the math)
@@ -136,8 +138,10 @@ typedef enum mpq_status {
     MPQ_ERR_UNSUPPORTED = -10,/* the operation or code path is not available in this build */
     MPQ_ERR_NODEVICE = -11,   /* no usable accelerator */
     MPQ_ERR_DEVICE = -12,     /* the accelerator runtime reported an error */
-    MPQ_ERR_IO = -13          /* a file could not be opened, read or written (file
+    MPQ_ERR_IO = -13,         /* a file could not be opened, read or written (file
                                  I/O lives beside the header, in mpq_io.h) */
+    MPQ_ERR_NOTPD = -14       /* a matrix that must be positive definite is not (GPTQ's
+                                 Hessian after dampening) */
 } mpq_status;
 
 /* A short English description of a status code; never NULL. */
@@ -586,7 +590,96 @@ MPQ_DEF mpq_status mpq_awq_search(const mpq_bitplane_desc *d, const float *W, co
                                   float *clip, mpq_awq_result *res);
 
 /* ========================================================================== */
-/* 8. Selection, permutations                                                 */
+/* 8. GPTQ                                                                    */
+/* ========================================================================== */
+
+/* GPTQ (Frantar, Ashkboos, Hoefler, Alistarh, "GPTQ: Accurate Post-Training
+   Quantization for Generative Pre-trained Transformers", ICLR 2023): the
+   columns of W are quantized one at a time, in packed column order, and the
+   error of each is fed back into the columns not yet quantized so that the
+   layer's output error ||(W - Q) X||^2 = tr((W - Q) H (W - Q)^T), H = X^T X,
+   stays small (the Optimal Brain Surgeon update, one column at a time;
+   the paper's algorithm 1):
+
+     for j = 0 .. cols-1:   q_j = quant(w_j),  e_j = (w_j - q_j) / U[j][j],
+                            w_k -= e_j U[j][k]   for every k > j,
+
+   where U is the upper Cholesky factor of the inverse of the damped
+   Hessian, (H + lambda I)^-1 = U^T U. mpq computes U without forming the
+   inverse: with H + lambda I = R R^T, R upper triangular (the Cholesky
+   factor taken from the last column backwards), U = R^-1, one Cholesky
+   factorisation and one triangular inverse in float64 (2 cols^3 / 3 flops).
+   The loss sum e_j^2 is ||(W - Q) X||^2 under H + lambda I. As in the paper:
+
+   - dampening: lambda = damp * mean(diag H) (damp 0.01 by default);
+   - dead columns (H[j][j] = 0: an input that is always zero) get
+     H[j][j] = 1 and weight 0 before anything else;
+   - lazy batches: the columns of a block (128) update each other at once,
+     the columns after it in one matrix product per block (the result is the
+     column-by-column algorithm's, up to float rounding);
+   - groups: a group's scale and zero (or MXINT exponent) are computed when
+     its first column is reached, from the group's weights as the error
+     feedback has left them (all earlier columns applied), clamped to
+     +-clip first where d->clip gives one; static_groups computes every
+     group's pair from the weights before any feedback instead (GPTQ's
+     "static groups", which keeps groups stable under act-order);
+   - act-order: columns processed in order of decreasing diag(H). In mpq the
+     processing order is the packed column order, so act-order is the column
+     permutation mpq_gptq_act_order returns, put in d->p_col: it costs
+     nothing at inference (the GEMV gathers x through p_col anyway) and the
+     groups are runs of consecutive processed columns, so act-order and
+     groups combine without GPTQ's group index.
+
+   Everything in the description is honoured: any group, per-block widths
+   from a plan (bits, block_rows; SFMP, MixLLM), symmetric widths, either
+   format (bit-plane or MXINT), p_row, p_col, col_scale (then GPTQ runs on
+   the scaled layer, W~ / c with inputs x~ = c x, whose Hessian is
+   diag(c) H diag(c): AWQ's scales and clips applied first), and a sparse
+   part, which is stored as given. The output is an ordinary packed matrix.
+   The Cholesky factorisation is in float64; the weights and their updates
+   are float32. Memory: cols^2 (8 + 4) bytes besides the packed buffer and a
+   float copy of W. */
+typedef struct mpq_gptq_desc {
+    const float *H;     /* cols x cols, X^T X of the layer's inputs (any positive
+                           multiple: GPTQ's 2 X^T X is the same), ORIGINAL column
+                           order; symmetric: only H[i][j] with j <= i is read
+                           (required; finite, diag >= 0) */
+    double damp;        /* lambda = damp * mean(diag H); 0 -> 0.01; negative: no
+                           dampening */
+    int block;          /* columns per lazy batch; 0 -> 128 (rounded to whole
+                           groups, at least one group) */
+    int static_groups;  /* 1: every group's pair from the weights before any
+                           error feedback */
+} mpq_gptq_desc;
+
+typedef struct mpq_gptq_result {
+    double loss;        /* sum over columns and rows of e_j^2 / rows: the
+                           mean over rows of ||(W - Q) X||^2 under H + lambda I,
+                           in the coordinates of W (col_scale undone) */
+    double lambda;      /* the dampening added to the diagonal */
+    int dead;           /* columns with H[j][j] = 0 */
+    int block;          /* the lazy batch used */
+} mpq_gptq_result;
+
+/* Quantize W (rows x cols float32, original coordinates, as for mpq_pack)
+   with GPTQ into buf (size from mpq_bitplane_bytes(d), 64-byte aligned). On
+   success *out is a view into buf. Errors: those of mpq_pack; H not finite
+   (MPQ_ERR_NONFINITE) or with a negative diagonal, or damp not finite
+   (MPQ_ERR_RANGE); MPQ_ERR_NOTPD when H + lambda I is not positive definite
+   (raise damp). On error buf is untouched. res may be NULL. */
+MPQ_DEF mpq_status mpq_gptq(const mpq_bitplane_desc *d, const float *W, const mpq_gptq_desc *g, void *buf,
+                            size_t bytes, mpq_packed *out, mpq_gptq_result *res);
+/* The same, allocating the buffer (mpq_packed_free releases it). */
+MPQ_DEF mpq_status mpq_gptq_alloc(const mpq_bitplane_desc *d, const float *W, const mpq_gptq_desc *g,
+                                  mpq_packed *out, mpq_gptq_result *res);
+/* GPTQ's act-order as a column permutation: p_col[j] = the column with the
+   j-th largest H[c][c] (ties: lower column first). Put it in d->p_col (with
+   a bits map whose widths do not vary along columns, or one planned in that
+   order). */
+MPQ_DEF mpq_status mpq_gptq_act_order(const float *H, int cols, uint32_t *p_col);
+
+/* ========================================================================== */
+/* 9. Selection, permutations                                                 */
 /* ========================================================================== */
 
 /* The building blocks of the planners. Values must be finite (NaN or Inf is
@@ -639,7 +732,7 @@ MPQ_DEF mpq_status mpq_perm_apply(const float *W, int rows, int cols, const uint
                                   float *out);
 
 /* ========================================================================== */
-/* 9. Statistics                                                              */
+/* 10. Statistics                                                             */
 /* ========================================================================== */
 
 /* Salience statistics, accumulated a batch at a time in O(size of the
@@ -699,7 +792,7 @@ MPQ_DEF mpq_status mpq_pqi_delta(const float *v, const float *w, const float *w_
 MPQ_DEF mpq_status mpq_mxsens_layer_sensitivity(const double *errors, int nlayers, float *S);
 
 /* ========================================================================== */
-/* 10. Plans                                                                  */
+/* 11. Plans                                                                  */
 /* ========================================================================== */
 
 /* A plan is data: for every layer the permutations, the group, block_rows,
@@ -891,7 +984,7 @@ MPQ_DEF mpq_status mpq_requant_significant(mpq_requant_layer *layers, int nlayer
                                            mpq_requant_pqi_fn refresh, void *user);
 
 /* ========================================================================== */
-/* 11. Precision schedules (PMPD)                                             */
+/* 12. Precision schedules (PMPD)                                             */
 /* ========================================================================== */
 
 /* Phase-aware and progressive mixed-precision decoding (PMPD sections 4.1 to
@@ -1055,6 +1148,7 @@ MPQ_DEF const char *mpq_status_str(mpq_status st)
     case MPQ_ERR_NODEVICE: return "no usable accelerator";
     case MPQ_ERR_DEVICE: return "accelerator runtime error";
     case MPQ_ERR_IO: return "file could not be opened, read or written";
+    case MPQ_ERR_NOTPD: return "matrix is not positive definite (raise the dampening)";
     }
     return "unknown status";
 }
@@ -2045,6 +2139,23 @@ MPQ_DEF mpq_status mpq_pack_alloc(const mpq_bitplane_desc *d, const float *W, mp
     return MPQ_OK;
 }
 
+/* Writes the records of every tile from codes and pairs in packed
+   coordinates (either format). */
+static void mpq__write_all(const mpq__shape *s, const mpq__layout *L, uint8_t *b8, const uint8_t *codes,
+                           const uint16_t *s_hat, const uint16_t *z_hat)
+{
+    const uint64_t *index = (const uint64_t *)(const void *)(b8 + L->off_index);
+    const int ntiles = s->ntiles;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(dynamic, 4)
+#endif
+    for (int t = 0; t < ntiles; t++) {
+        size_t r0 = (size_t)t * MPQ_TILE_ROWS;
+        mpq__write_tile(b8 + L->off_data, s, index, t, codes + r0 * (size_t)s->cols, (size_t)s->cols,
+                        s_hat + r0 * (size_t)s->ngroups, z_hat + r0 * (size_t)s->ngroups, (size_t)s->ngroups);
+    }
+}
+
 MPQ_DEF mpq_status mpq_pack_quantized(const mpq_bitplane_desc *d, const uint8_t *codes, const uint16_t *s_hat,
                                       const uint16_t *z_hat, void *buf, size_t bytes, mpq_packed *out)
 {
@@ -2056,16 +2167,7 @@ MPQ_DEF mpq_status mpq_pack_quantized(const mpq_bitplane_desc *d, const uint8_t 
     if ((st = mpq__check_quantized(&s, codes, s_hat, z_hat)) != MPQ_OK) return st;
     uint8_t *b8 = (uint8_t *)buf;
     mpq__write_sections(d, &s, &L, b8);
-    const uint64_t *index = (const uint64_t *)(const void *)(b8 + L.off_index);
-    const int ntiles = s.ntiles;
-#ifdef _OPENMP
-#pragma omp parallel for schedule(dynamic, 4)
-#endif
-    for (int t = 0; t < ntiles; t++) {
-        size_t r0 = (size_t)t * MPQ_TILE_ROWS;
-        mpq__write_tile(b8 + L.off_data, &s, index, t, codes + r0 * (size_t)s.cols, (size_t)s.cols,
-                        s_hat + r0 * (size_t)s.ngroups, z_hat + r0 * (size_t)s.ngroups, (size_t)s.ngroups);
-    }
+    mpq__write_all(&s, &L, b8, codes, s_hat, z_hat);
     mpq__view(out, &s, &L, b8, mpq__desc_flags(d));
     return MPQ_OK;
 }
@@ -3453,7 +3555,513 @@ MPQ_DEF mpq_status mpq_awq_search(const mpq_bitplane_desc *d, const float *W, co
 }
 
 /* ========================================================================== */
-/* 8. Selection, permutations                                                 */
+/* 8. GPTQ                                                                    */
+/* ========================================================================== */
+
+/* Both products of GPTQ (the Cholesky factorisation's trailing update and
+   the lazy batches' update of the later columns) are one shape:
+
+     C[r][0 .. NC) += sum_{k < K} A[r][k] B[k][0 .. NC)   for r < MPQ__GR,
+
+   a register tile of MPQ__GR rows and NC columns (MPQ__GCF floats or
+   MPQ__GCD doubles), A and C row-major with strides lda and ldc, B with
+   stride ldb. The callers pad rows to MPQ__GR and columns to 32 so that
+   every tile is whole. Each tile is summed in a fixed order by one thread,
+   so results do not depend on the thread count. */
+#if defined(MPQ__HAVE_AVX512)
+#define MPQ__GR 8
+#define MPQ__GCF 32
+#define MPQ__GCD 16
+#else
+#define MPQ__GR 4
+#define MPQ__GCF 16
+#define MPQ__GCD 8
+#endif
+#define MPQ__GPAD 32 /* column padding: a multiple of MPQ__GCF and MPQ__GCD */
+
+static void mpq__gtile_f32(int K, const float *A, size_t lda, const float *B, size_t ldb, float *C, size_t ldc)
+{
+#if defined(MPQ__HAVE_AVX512)
+    __m512 c[MPQ__GR][2];
+    for (int r = 0; r < MPQ__GR; r++)
+        c[r][0] = _mm512_loadu_ps(C + r * ldc), c[r][1] = _mm512_loadu_ps(C + r * ldc + 16);
+    for (int k = 0; k < K; k++) {
+        const __m512 b0 = _mm512_loadu_ps(B + (size_t)k * ldb), b1 = _mm512_loadu_ps(B + (size_t)k * ldb + 16);
+        for (int r = 0; r < MPQ__GR; r++) {
+            const __m512 a = _mm512_set1_ps(A[r * lda + (size_t)k]);
+            c[r][0] = _mm512_fmadd_ps(a, b0, c[r][0]);
+            c[r][1] = _mm512_fmadd_ps(a, b1, c[r][1]);
+        }
+    }
+    for (int r = 0; r < MPQ__GR; r++)
+        _mm512_storeu_ps(C + r * ldc, c[r][0]), _mm512_storeu_ps(C + r * ldc + 16, c[r][1]);
+#elif defined(MPQ__HAVE_AVX2)
+    __m256 c[MPQ__GR][2];
+    for (int r = 0; r < MPQ__GR; r++)
+        c[r][0] = _mm256_loadu_ps(C + r * ldc), c[r][1] = _mm256_loadu_ps(C + r * ldc + 8);
+    for (int k = 0; k < K; k++) {
+        const __m256 b0 = _mm256_loadu_ps(B + (size_t)k * ldb), b1 = _mm256_loadu_ps(B + (size_t)k * ldb + 8);
+        for (int r = 0; r < MPQ__GR; r++) {
+            const __m256 a = _mm256_set1_ps(A[r * lda + (size_t)k]);
+            c[r][0] = _mm256_fmadd_ps(a, b0, c[r][0]);
+            c[r][1] = _mm256_fmadd_ps(a, b1, c[r][1]);
+        }
+    }
+    for (int r = 0; r < MPQ__GR; r++)
+        _mm256_storeu_ps(C + r * ldc, c[r][0]), _mm256_storeu_ps(C + r * ldc + 8, c[r][1]);
+#else
+    for (int r = 0; r < MPQ__GR; r++)
+        for (int k = 0; k < K; k++) {
+            const float a = A[r * lda + (size_t)k];
+            for (int j = 0; j < MPQ__GCF; j++) C[r * ldc + (size_t)j] += a * B[(size_t)k * ldb + (size_t)j];
+        }
+#endif
+}
+
+static void mpq__gtile_f64(int K, const double *A, size_t lda, const double *B, size_t ldb, double *C, size_t ldc)
+{
+#if defined(MPQ__HAVE_AVX512)
+    __m512d c[MPQ__GR][2];
+    for (int r = 0; r < MPQ__GR; r++)
+        c[r][0] = _mm512_loadu_pd(C + r * ldc), c[r][1] = _mm512_loadu_pd(C + r * ldc + 8);
+    for (int k = 0; k < K; k++) {
+        const __m512d b0 = _mm512_loadu_pd(B + (size_t)k * ldb), b1 = _mm512_loadu_pd(B + (size_t)k * ldb + 8);
+        for (int r = 0; r < MPQ__GR; r++) {
+            const __m512d a = _mm512_set1_pd(A[r * lda + (size_t)k]);
+            c[r][0] = _mm512_fmadd_pd(a, b0, c[r][0]);
+            c[r][1] = _mm512_fmadd_pd(a, b1, c[r][1]);
+        }
+    }
+    for (int r = 0; r < MPQ__GR; r++)
+        _mm512_storeu_pd(C + r * ldc, c[r][0]), _mm512_storeu_pd(C + r * ldc + 8, c[r][1]);
+#elif defined(MPQ__HAVE_AVX2)
+    __m256d c[MPQ__GR][2];
+    for (int r = 0; r < MPQ__GR; r++)
+        c[r][0] = _mm256_loadu_pd(C + r * ldc), c[r][1] = _mm256_loadu_pd(C + r * ldc + 4);
+    for (int k = 0; k < K; k++) {
+        const __m256d b0 = _mm256_loadu_pd(B + (size_t)k * ldb), b1 = _mm256_loadu_pd(B + (size_t)k * ldb + 4);
+        for (int r = 0; r < MPQ__GR; r++) {
+            const __m256d a = _mm256_set1_pd(A[r * lda + (size_t)k]);
+            c[r][0] = _mm256_fmadd_pd(a, b0, c[r][0]);
+            c[r][1] = _mm256_fmadd_pd(a, b1, c[r][1]);
+        }
+    }
+    for (int r = 0; r < MPQ__GR; r++)
+        _mm256_storeu_pd(C + r * ldc, c[r][0]), _mm256_storeu_pd(C + r * ldc + 4, c[r][1]);
+#else
+    for (int r = 0; r < MPQ__GR; r++)
+        for (int k = 0; k < K; k++) {
+            const double a = A[r * lda + (size_t)k];
+            for (int j = 0; j < MPQ__GCD; j++) C[r * ldc + (size_t)j] += a * B[(size_t)k * ldb + (size_t)j];
+        }
+#endif
+}
+
+#define MPQ__CHOL_NB 64
+
+/* Lower Cholesky factor of the n x n matrix F (row stride ld, at least
+   round_up(n, 32) rows and columns, rows and columns past n zero but for
+   a unit diagonal), in place: F = L L^T, L in the lower triangle (the upper
+   one is left with partial sums). Right-looking, by panels of
+   MPQ__CHOL_NB columns: the diagonal block, the panel below it by
+   substitution, the rest of the lower triangle by one product. P: scratch
+   of MPQ__CHOL_NB x ld doubles. MPQ_ERR_NOTPD when a pivot is not
+   positive. */
+static mpq_status mpq__cholesky(double *F, int n, size_t ld, double *P, int nth)
+{
+    const int nr = (n + MPQ__GR - 1) / MPQ__GR * MPQ__GR;
+    for (int kb = 0; kb < n; kb += MPQ__CHOL_NB) {
+        const int ke = kb + MPQ__CHOL_NB < n ? kb + MPQ__CHOL_NB : n, nb = ke - kb;
+        for (int j = kb; j < ke; j++) { /* the diagonal block */
+            double *fj = F + (size_t)j * ld;
+            double s = fj[j];
+            for (int k = kb; k < j; k++) s -= fj[k] * fj[k];
+            if (!(s > 0.0) || !(s < HUGE_VAL)) return MPQ_ERR_NOTPD;
+            fj[j] = sqrt(s);
+            for (int i = j + 1; i < ke; i++) {
+                double *fi = F + (size_t)i * ld, t = fi[j];
+                for (int k = kb; k < j; k++) t -= fi[k] * fj[k];
+                fi[j] = t / fj[j];
+            }
+        }
+        (void)nth;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) num_threads(nth)
+#endif
+        for (int i = ke; i < nr; i++) { /* the panel: F[i][kb..ke) L_kk^-T; then P = -panel^T */
+            double *fi = F + (size_t)i * ld;
+            for (int j = kb; j < ke; j++) {
+                const double *fj = F + (size_t)j * ld;
+                double t = fi[j];
+                for (int k = kb; k < j; k++) t -= fi[k] * fj[k];
+                fi[j] = t / fj[j];
+            }
+            for (int k = 0; k < nb; k++) P[(size_t)k * ld + (size_t)i] = -fi[kb + k];
+        }
+        const int nblk = (nr - ke) / MPQ__GR;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nth)
+#endif
+        for (int b = nblk - 1; b >= 0; b--) { /* the trailing lower triangle, longest rows first */
+            const int i0 = ke + b * MPQ__GR;
+            for (int j0 = ke; j0 < i0 + MPQ__GR; j0 += MPQ__GCD)
+                mpq__gtile_f64(nb, F + (size_t)i0 * ld + (size_t)kb, ld, P + (size_t)j0, ld, F + (size_t)i0 * ld + (size_t)j0,
+                               ld);
+        }
+    }
+    return MPQ_OK;
+}
+
+/* In place, the lower triangular factor L that mpq__cholesky left in F
+   becomes L^-1 (its strict upper triangle is cleared first). By block rows
+   of MPQ__CHOL_NB from the top, with X = L^-1 already in the rows above:
+   T = L[block][0 .. i0) X[0 .. i0)[0 .. i0) in one product, then the block
+   row of X solves L_bb X[block][0 .. i0) = -T and X_bb = L_bb^-1, both by
+   substitution. T: MPQ__CHOL_NB x ld doubles of scratch. */
+static void mpq__trinv(double *F, int n, size_t ld, double *T, int nth)
+{
+    for (int i = 0; i < n; i++) memset(F + (size_t)i * ld + i + 1, 0, sizeof(double) * (ld - (size_t)i - 1));
+    (void)nth;
+    for (int i0 = 0; i0 < n; i0 += MPQ__CHOL_NB) {
+        const int ie = i0 + MPQ__CHOL_NB < n ? i0 + MPQ__CHOL_NB : n, nb = ie - i0;
+        const int nbr = (nb + MPQ__GR - 1) / MPQ__GR * MPQ__GR, nchunk = (i0 + MPQ__GCD - 1) / MPQ__GCD;
+        for (int r = 0; r < nbr; r++) memset(T + (size_t)r * ld, 0, sizeof(double) * ld);
+#ifdef _OPENMP
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nth)
+#endif
+        for (int c = 0; c < nchunk; c++) { /* X is lower: rows k < j0 of a chunk add nothing */
+            const int j0 = c * MPQ__GCD;
+            for (int r = 0; r < nbr; r += MPQ__GR)
+                mpq__gtile_f64(i0 - j0, F + (size_t)(i0 + r) * ld + (size_t)j0, ld, F + (size_t)j0 * ld + (size_t)j0, ld,
+                               T + (size_t)r * ld + (size_t)j0, ld);
+        }
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) num_threads(nth)
+#endif
+        for (int j = 0; j < i0; j++) /* L_bb x = -T[.][j], column j of the block row */
+            for (int r = 0; r < nb; r++) {
+                const double *fr = F + (size_t)(i0 + r) * ld;
+                double t = -T[(size_t)r * ld + (size_t)j];
+                for (int k = 0; k < r; k++) t -= fr[i0 + k] * F[(size_t)(i0 + k) * ld + (size_t)j];
+                F[(size_t)(i0 + r) * ld + (size_t)j] = t / fr[i0 + r];
+            }
+        for (int j = 0; j < nb; j++) { /* X_bb = L_bb^-1 column by column from the left, each from the top:
+                                          it reads L only right of and below what it has overwritten */
+            double *xjj = F + (size_t)(i0 + j) * ld + (size_t)(i0 + j);
+            *xjj = 1.0 / *xjj;
+            for (int r = j + 1; r < nb; r++) {
+                const double *fr = F + (size_t)(i0 + r) * ld + (size_t)i0;
+                double t = 0.0;
+                for (int k = j; k < r; k++) t += fr[k] * F[(size_t)(i0 + k) * ld + (size_t)(i0 + j)];
+                F[(size_t)(i0 + r) * ld + (size_t)(i0 + j)] = -t / fr[r];
+            }
+        }
+    }
+}
+
+/* The quantization grid of one group of one row: the stored metadata and
+   what the column loop needs to place a value on it. */
+typedef struct mpq__gq {
+    int format, bits;
+    uint16_t sh, zh;   /* as stored (MXINT: sh is the E8M0 byte) */
+    float s, z, step;  /* bit-plane: s^, z^, 2 s^ */
+} mpq__gq;
+
+static void mpq__gq_set(mpq__gq *q, int format, int bits, uint16_t sh, uint16_t zh)
+{
+    q->format = format, q->bits = bits, q->sh = sh, q->zh = zh;
+    q->s = format == MPQ_FORMAT_MXINT ? 0.0f : mpq_f16_to_f32(sh);
+    q->z = format == MPQ_FORMAT_MXINT ? 0.0f : mpq_f16_to_f32(zh);
+    q->step = 2.0f * q->s;
+}
+
+/* The code of v on the grid and its value (bit for bit what the packed
+   matrix dequantizes to). */
+static uint8_t mpq__gq_code(const mpq__gq *q, float v, float *value)
+{
+    const int b = q->bits;
+    if (q->format == MPQ_FORMAT_MXINT) {
+        const int X = (int)q->sh - 127, pmax = (1 << (b - 1)) - 1, pmin = -(1 << (b - 1));
+        float t = mpq__rne(ldexpf(ldexpf(v, -X / 2), -(X - X / 2) + b - 2));
+        t = t > (float)pmax ? (float)pmax : (t < (float)pmin ? (float)pmin : t);
+        *value = ldexpf(t, X - b + 2);
+        return (uint8_t)((int)t + (1 << (b - 1)));
+    }
+    const int qmax = (1 << b) - 1;
+    if (q->s == 0.0f) { /* a constant group: every code 0, the value z^ */
+        *value = q->z;
+        return 0;
+    }
+    float t = mpq__rne((v - q->z) / q->step + 0.5f * (float)qmax);
+    t = t < 0.0f ? 0.0f : (t > (float)qmax ? (float)qmax : t);
+    *value = q->s * (float)mpq__mirror_sum((unsigned)t, b, 0) + q->z;
+    return (uint8_t)t;
+}
+
+/* Everything the row tiles share. */
+typedef struct mpq__gptq {
+    const mpq__shape *s;
+    const mpq_bitplane_desc *d;
+    float *Wp;          /* rows (padded to MPQ__GR) x ld: W~ / c in packed coordinates, updated in place */
+    const float *Ut;    /* cols x ld: Ut[j][k] = U[j][k] for k > j, 0 elsewhere */
+    const double *ud;   /* U[j][j] */
+    size_t ld;          /* row stride of Wp and Ut: round_up(cols, 32) + 32 */
+    int block, static_groups;
+    uint8_t *codes;     /* rows x cols, packed coordinates */
+    uint16_t *sh, *zh;  /* rows x ngroups */
+} mpq__gptq;
+
+#define MPQ__GPTQ_TILE 64 /* rows of W per task: each task runs GPTQ on its rows alone */
+
+/* The pair of group g of packed row i from its current weights w (the row). */
+static int mpq__gptq_pair(const mpq__gptq *G, int i, int g, const float *w, float *tmp, uint8_t *qtmp, mpq__gq *q)
+{
+    const mpq__shape *s = G->s;
+    const int b = mpq__bits_at(s, i, g), o = g * s->group, gw = mpq__group_cols(s, g);
+    const float clip = G->d->clip ? G->d->clip[(size_t)i * (size_t)s->ngroups + (size_t)g] : 0.0f;
+    uint16_t sh, zh;
+    for (int k = 0; k < gw; k++)
+        if (s->format == MPQ_FORMAT_BITPLANE && !(fabsf(w[o + k]) <= MPQ__F16_MAX)) return 0;
+    mpq__quant_any(s->format, b, (int)((s->symmetric >> b) & 1u), w + o, gw, clip, tmp, qtmp, &sh, &zh);
+    if (s->format == MPQ_FORMAT_BITPLANE && (!mpq__half_finite(sh) || !mpq__half_finite(zh))) return 0;
+    mpq__gq_set(q, s->format, b, sh, zh);
+    G->sh[(size_t)i * (size_t)s->ngroups + (size_t)g] = sh;
+    G->zh[(size_t)i * (size_t)s->ngroups + (size_t)g] = zh;
+    return 1;
+}
+
+/* GPTQ on the rows [r0, r1) (a multiple of MPQ__GR rows, the last ones
+   padding), block by block. D: MPQ__GPTQ_TILE x block floats (-e of the
+   block's columns); tmp: a group of floats and of codes; gq: ngroups grids.
+   Returns 0 when a group's pair leaves the fp16 range. */
+static int mpq__gptq_tile(const mpq__gptq *G, int r0, int r1, float *D, float *tmp, mpq__gq *gq, double *loss)
+{
+    const mpq__shape *s = G->s;
+    const int n = s->cols, B = G->block, rows = s->rows;
+    const size_t ld = G->ld;
+    uint8_t *qtmp = (uint8_t *)(void *)(tmp + s->group);
+    double acc = 0.0;
+    if (G->static_groups)
+        for (int i = r0; i < r1 && i < rows; i++)
+            for (int g = 0; g < s->ngroups; g++)
+                if (!mpq__gptq_pair(G, i, g, G->Wp + (size_t)i * ld, tmp, qtmp, &gq[(size_t)(i - r0) * s->ngroups + g]))
+                    return 0;
+    for (int b0 = 0; b0 < n; b0 += B) {
+        const int b1 = b0 + B < n ? b0 + B : n, bw = b1 - b0;
+        for (int i = r0; i < r1; i++) {
+            float *w = G->Wp + (size_t)i * ld, *dr = D + (size_t)(i - r0) * (size_t)B;
+            if (i >= rows) { /* padding rows: no error to feed back */
+                memset(dr, 0, sizeof(float) * (size_t)bw);
+                continue;
+            }
+            mpq__gq *q = gq + (size_t)(i - r0) * s->ngroups;
+            uint8_t *code = G->codes + (size_t)i * (size_t)n;
+            for (int j = b0; j < b1; j++) {
+                const int g = j / s->group;
+                if (!G->static_groups && j == g * s->group && !mpq__gptq_pair(G, i, g, w, tmp, qtmp, &q[g])) return 0;
+                float value;
+                code[j] = mpq__gq_code(&q[g], w[j], &value);
+                const float e = (float)((double)(w[j] - value) / G->ud[j]);
+                acc += (double)e * e;
+                dr[j - b0] = -e;
+                const float *ut = G->Ut + (size_t)j * ld;
+                for (int k = j + 1; k < b1; k++) w[k] -= e * ut[k];
+            }
+        }
+        if (b1 >= n) break;
+        /* the lazy batch: every later column of these rows at once */
+        const size_t jend = (size_t)b1 + ((size_t)(n - b1) + MPQ__GCF - 1) / MPQ__GCF * MPQ__GCF;
+        for (size_t j0 = (size_t)b1; j0 < jend; j0 += MPQ__GCF)
+            for (int i = r0; i < r1; i += MPQ__GR)
+                mpq__gtile_f32(bw, D + (size_t)(i - r0) * (size_t)B, (size_t)B, G->Ut + (size_t)b0 * ld + j0, ld,
+                               G->Wp + (size_t)i * ld + j0, ld);
+    }
+    *loss += acc;
+    return 1;
+}
+
+MPQ_DEF mpq_status mpq_gptq_act_order(const float *H, int cols, uint32_t *p_col)
+{
+    if (!H || !p_col) return MPQ_ERR_ARG;
+    if (cols < 1) return MPQ_ERR_SIZE;
+    float *diag = (float *)MPQ_MALLOC(sizeof(float) * (size_t)cols);
+    if (!diag) return MPQ_ERR_NOMEM;
+    for (int j = 0; j < cols; j++) diag[j] = H[(size_t)j * (size_t)cols + (size_t)j];
+    mpq_status st = mpq_argsort_desc(diag, (size_t)cols, p_col);
+    MPQ_FREE(diag);
+    return st;
+}
+
+MPQ_DEF mpq_status mpq_gptq(const mpq_bitplane_desc *d, const float *W, const mpq_gptq_desc *g, void *buf,
+                            size_t bytes, mpq_packed *out, mpq_gptq_result *res)
+{
+    mpq__shape s;
+    mpq__layout L;
+    mpq_status st = mpq__pack_check(d, buf, bytes, out, &s, &L);
+    if (st != MPQ_OK) return st;
+    if (!W || !g || !g->H) return MPQ_ERR_ARG;
+    const int n = s.cols, m = s.rows;
+    const double damp = g->damp == 0.0 ? 0.01 : (g->damp < 0.0 ? 0.0 : g->damp);
+    if (!(damp < HUGE_VAL) || g->block < 0) return MPQ_ERR_RANGE;
+    const float *H = g->H;
+    for (int i = 0; i < n; i++) { /* the lower triangle is what is read */
+        for (int j = 0; j <= i; j++)
+            if (!mpq__finite(H[(size_t)i * (size_t)n + (size_t)j])) return MPQ_ERR_NONFINITE;
+        if (H[(size_t)i * (size_t)n + (size_t)i] < 0.0f) return MPQ_ERR_RANGE;
+    }
+    for (int i = 0; i < m; i++) { /* every value that will be quantized, as mpq_pack checks it */
+        const float *src = W + (size_t)(d->p_row ? d->p_row[i] : (uint32_t)i) * (size_t)n;
+        for (int j = 0; j < n; j++) {
+            float v = src[d->p_col ? d->p_col[j] : (uint32_t)j];
+            if (!mpq__finite(v)) return MPQ_ERR_NONFINITE;
+            if (d->col_scale) v /= d->col_scale[j];
+            if (!mpq__finite(v) || (s.format == MPQ_FORMAT_BITPLANE && fabsf(v) > MPQ__F16_MAX)) return MPQ_ERR_RANGE;
+        }
+    }
+    int B = g->block ? g->block : 128;
+    B = B <= s.group ? s.group : B / s.group * s.group;
+    const size_t np = ((size_t)n + MPQ__GPAD - 1) / MPQ__GPAD * MPQ__GPAD, ld = np + MPQ__GPAD;
+    const size_t mp = ((size_t)m + MPQ__GR - 1) / MPQ__GR * MPQ__GR;
+    const int nth = mpq__max_threads();
+    double *F = (double *)mpq_aligned_alloc(sizeof(double) * np * np);
+    double *P = (double *)mpq_aligned_alloc(sizeof(double) * MPQ__CHOL_NB * np);
+    if (P) memset(P, 0, sizeof(double) * MPQ__CHOL_NB * np);
+    double *ud = (double *)MPQ_MALLOC(sizeof(double) * (size_t)n);
+    uint8_t *dead = (uint8_t *)MPQ_MALLOC((size_t)n);
+    float *Ut = NULL, *Wp = NULL;
+    double mean = 0.0, lambda = 0.0;
+    int ndead = 0;
+    if (!F || !P || !ud || !dead) {
+        st = MPQ_ERR_NOMEM;
+        goto done;
+    }
+    /* H~ = diag(c) H[p][p] diag(c) in packed order, flipped (row a of F is
+       packed column n-1-a): F = L L^T makes H~ = R R^T with the upper
+       R[j][k] = L[n-1-j][n-1-k], so U = R^-1 is U[j][k] = L^-1[n-1-j][n-1-k] */
+    memset(F, 0, sizeof(double) * np * np);
+    for (int a = 0; a < n; a++) {
+        const int x = n - 1 - a;
+        const uint32_t px = d->p_col ? d->p_col[x] : (uint32_t)x;
+        const double cx = d->col_scale ? (double)d->col_scale[x] : 1.0;
+        double *fa = F + (size_t)a * np;
+        for (int b = 0; b <= a; b++) {
+            const int y = n - 1 - b;
+            const uint32_t py = d->p_col ? d->p_col[y] : (uint32_t)y;
+            const double cy = d->col_scale ? (double)d->col_scale[y] : 1.0;
+            const size_t at = px >= py ? (size_t)px * (size_t)n + py : (size_t)py * (size_t)n + px;
+            fa[b] = cx * cy * (double)H[at];
+        }
+        dead[x] = fa[a] == 0.0;
+        if (dead[x]) fa[a] = 1.0, ndead++;
+        mean += fa[a];
+    }
+    lambda = damp * mean / n;
+    for (int a = 0; a < n; a++) F[(size_t)a * np + (size_t)a] += lambda;
+    for (size_t a = (size_t)n; a < np; a++) F[a * np + a] = 1.0;
+    if ((st = mpq__cholesky(F, n, np, P, nth)) != MPQ_OK) goto done;
+    mpq__trinv(F, n, np, P, nth);
+    mpq_aligned_free(P);
+    P = NULL;
+    Ut = (float *)mpq_aligned_alloc(sizeof(float) * (size_t)n * ld);
+    Wp = (float *)mpq_aligned_alloc(sizeof(float) * mp * ld);
+    if (!Ut || !Wp) {
+        st = MPQ_ERR_NOMEM;
+        goto done;
+    }
+    for (int j = 0; j < n; j++) ud[j] = F[(size_t)(n - 1 - j) * np + (size_t)(n - 1 - j)];
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) num_threads(nth)
+#endif
+    for (int j = 0; j < n; j++) { /* U[j][k] = L^-1[n-1-j][n-1-k] */
+        const double *fa = F + (size_t)(n - 1 - j) * np;
+        float *ut = Ut + (size_t)j * ld;
+        memset(ut, 0, sizeof(float) * ld);
+        for (int k = j + 1; k < n; k++) ut[k] = (float)fa[n - 1 - k];
+    }
+    mpq_aligned_free(F);
+    F = NULL;
+    for (size_t i = 0; i < mp; i++) { /* the weights GPTQ works on: W~ / c, dead columns zero */
+        float *w = Wp + i * ld;
+        memset(w, 0, sizeof(float) * ld);
+        if (i >= (size_t)m) continue;
+        const float *src = W + (size_t)(d->p_row ? d->p_row[i] : (uint32_t)i) * (size_t)n;
+        for (int j = 0; j < n; j++)
+            if (!dead[j]) w[j] = d->col_scale ? src[d->p_col ? d->p_col[j] : (uint32_t)j] / d->col_scale[j]
+                                              : src[d->p_col ? d->p_col[j] : (uint32_t)j];
+    }
+    {
+        uint8_t *codes = (uint8_t *)MPQ_MALLOC((size_t)m * (size_t)n);
+        uint16_t *pairs = (uint16_t *)MPQ_MALLOC(sizeof(uint16_t) * 2u * (size_t)m * (size_t)s.ngroups);
+        const size_t per = mpq__align64(sizeof(float) * MPQ__GPTQ_TILE * (size_t)B) +
+                           mpq__align64(sizeof(float) * (size_t)s.group + (size_t)s.group) +
+                           mpq__align64(sizeof(mpq__gq) * MPQ__GPTQ_TILE * (size_t)s.ngroups);
+        uint8_t *scratch = (uint8_t *)mpq_aligned_alloc(per * (size_t)nth);
+        if (!codes || !pairs || !scratch) st = MPQ_ERR_NOMEM;
+        mpq__gptq G = {&s, d, Wp, Ut, ud, ld, B, g->static_groups != 0, codes, pairs,
+                       pairs ? pairs + (size_t)m * (size_t)s.ngroups : NULL};
+        const int ntask = (int)((mp + MPQ__GPTQ_TILE - 1) / MPQ__GPTQ_TILE);
+        double loss = 0.0;
+        int ok = 1;
+        if (st == MPQ_OK) {
+#ifdef _OPENMP
+#pragma omp parallel for schedule(dynamic, 1) reduction(+ : loss) reduction(&& : ok) num_threads(nth)
+#endif
+            for (int t = 0; t < ntask; t++) {
+                uint8_t *mine = scratch + per * (size_t)mpq__thread_id();
+                float *D = (float *)(void *)mine;
+                float *tmp = (float *)(void *)(mine + mpq__align64(sizeof(float) * MPQ__GPTQ_TILE * (size_t)B));
+                mpq__gq *gq = (mpq__gq *)(void *)((uint8_t *)tmp + mpq__align64(sizeof(float) * (size_t)s.group + (size_t)s.group));
+                const int r0 = t * MPQ__GPTQ_TILE, r1 = r0 + MPQ__GPTQ_TILE < (int)mp ? r0 + MPQ__GPTQ_TILE : (int)mp;
+                ok = ok && mpq__gptq_tile(&G, r0, r1, D, tmp, gq, &loss);
+            }
+            if (!ok) st = MPQ_ERR_RANGE;
+        }
+        if (st == MPQ_OK) {
+            uint8_t *b8 = (uint8_t *)buf;
+            mpq__write_sections(d, &s, &L, b8);
+            mpq__write_all(&s, &L, b8, codes, G.sh, G.zh);
+            mpq__view(out, &s, &L, b8, mpq__desc_flags(d));
+            if (res) {
+                res->loss = loss / m;
+                res->lambda = lambda;
+                res->dead = ndead;
+                res->block = B;
+            }
+        }
+        MPQ_FREE(codes);
+        MPQ_FREE(pairs);
+        mpq_aligned_free(scratch);
+    }
+done:
+    mpq_aligned_free(F);
+    mpq_aligned_free(P);
+    mpq_aligned_free(Ut);
+    mpq_aligned_free(Wp);
+    MPQ_FREE(ud);
+    MPQ_FREE(dead);
+    return st;
+}
+
+MPQ_DEF mpq_status mpq_gptq_alloc(const mpq_bitplane_desc *d, const float *W, const mpq_gptq_desc *g,
+                                  mpq_packed *out, mpq_gptq_result *res)
+{
+    size_t bytes;
+    mpq_status st = mpq_bitplane_bytes(d, &bytes);
+    if (st != MPQ_OK) return st;
+    if (!out) return MPQ_ERR_ARG;
+    void *buf = mpq_aligned_alloc(bytes);
+    if (!buf) return MPQ_ERR_NOMEM;
+    st = mpq_gptq(d, W, g, buf, bytes, out, res);
+    if (st != MPQ_OK) {
+        mpq_aligned_free(buf);
+        return st;
+    }
+    out->owned = 1;
+    return MPQ_OK;
+}
+
+/* ========================================================================== */
+/* 9. Selection, permutations                                                 */
 /* ========================================================================== */
 
 static mpq_status mpq__check_finite(const float *v, size_t n)
@@ -3698,7 +4306,7 @@ MPQ_DEF mpq_status mpq_perm_apply(const float *W, int rows, int cols, const uint
 }
 
 /* ========================================================================== */
-/* 9. Statistics                                                              */
+/* 10. Statistics                                                             */
 /* ========================================================================== */
 
 MPQ_DEF mpq_status mpq_stat_init(mpq_stat *st, size_t n)
@@ -3864,7 +4472,7 @@ MPQ_DEF mpq_status mpq_mxsens_layer_sensitivity(const double *errors, int nlayer
 }
 
 /* ========================================================================== */
-/* 10. Plans                                                                  */
+/* 11. Plans                                                                  */
 /* ========================================================================== */
 
 MPQ_DEF void mpq_plan_free(mpq_plan *p)
@@ -4503,7 +5111,7 @@ MPQ_DEF mpq_status mpq_requant_significant(mpq_requant_layer *layers, int nlayer
 }
 
 /* ========================================================================== */
-/* 11. Precision schedules (PMPD)                                             */
+/* 12. Precision schedules (PMPD)                                             */
 /* ========================================================================== */
 
 MPQ_DEF mpq_status mpq_pmpd_validate(const mpq_pmpd_schedule *s)

@@ -487,7 +487,7 @@ void mpq_calib_stats_free(mpq_calib_stats *s);
 uint64_t mpq_text_hash(const char *s, size_t n);
 
 /* REQUANT FROM A CALIBRATION'S PQI. PQI/ReQuant's dense-and-sparse split
-   (mpq.h section 10, "ReQuant") over n maps, with the PQI v of each map from
+   (mpq.h section 11, "ReQuant") over n maps, with the PQI v of each map from
    mpq_llm_calibrate (along W -> RTN(W) at its pqi_bits). Two steps differ
    from the paper, which runs the model at every candidate: the temperature
    t of eq. 9 (0, 0.25, 0.5, 0.75) is chosen by the first-order loss the PQI

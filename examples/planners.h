@@ -354,7 +354,7 @@ static mpq_status pl_rq_refresh(void *u, mpq_requant_layer *L, int nl)
     return MPQ_OK;
 }
 
-/* The ReQuant pipeline (mpq.h, section 10) on plan P with outlier ratio
+/* The ReQuant pipeline (mpq.h, section 11) on plan P with outlier ratio
    r_o and significant ratio r_s. */
 static void pl_requant(const pl_model *M, mpq_plan *P, double r_o, double r_s, pl_result *r, double *t_best)
 {
