@@ -59,7 +59,7 @@ static void write_inputs(void)
     synth_rng r = {314};
     char p[600], name[64], key[96];
     mpq_io_err e;
-    mpq_st_writer *m, *sf, *sm, *sx, *ca;
+    mpq_st_writer *m, *sf, *sm, *sx, *ca, *hs;
     path_of("model.safetensors", p, sizeof p);
     cr_assert_eq(mpq_st_writer_open(p, &m, &e), MPQ_OK);
     path_of("fisher.safetensors", p, sizeof p);
@@ -70,6 +70,8 @@ static void write_inputs(void)
     cr_assert_eq(mpq_st_writer_open(p, &sx, &e), MPQ_OK);
     path_of("calib.safetensors", p, sizeof p);
     cr_assert_eq(mpq_st_writer_open(p, &ca, &e), MPQ_OK);
+    path_of("hessian.safetensors", p, sizeof p);
+    cr_assert_eq(mpq_st_writer_open(p, &hs, &e), MPQ_OK);
     float emb[50 * 32], norm[96];
     synth_weights(&r, emb, 50, 32);
     for (int j = 0; j < 96; j++) norm[j] = 1.0f + 0.01f * (float)j;
@@ -99,7 +101,17 @@ static void write_inputs(void)
         cr_assert_eq(mpq_st_write_f32(sx, key, MPQ_DT_F32, 0, NULL, &ls, &e), MPQ_OK);
         cr_assert_eq(mpq_st_write_f32(ca, name, MPQ_DT_F32, 2, (const uint64_t[]){TOKENS, (uint64_t)cols}, X, &e),
                      MPQ_OK);
-        free(W), free(S), free(X), free(rs), free(cs);
+        float *H = malloc(sizeof(float) * cols * cols); /* X^T X, named as mpq calibrate names it */
+        for (int i = 0; i < cols; i++)
+            for (int j = 0; j < cols; j++) {
+                double h = 0;
+                for (int t = 0; t < TOKENS; t++) h += (double)X[t * cols + i] * X[t * cols + j];
+                H[i * cols + j] = (float)h;
+            }
+        snprintf(key, sizeof key, "%s.xtx", name);
+        cr_assert_eq(mpq_st_write_f32(hs, key, MPQ_DT_F32, 2, (const uint64_t[]){(uint64_t)cols, (uint64_t)cols}, H, &e),
+                     MPQ_OK);
+        free(W), free(S), free(X), free(rs), free(cs), free(H);
     }
     cr_assert_eq(mpq_st_write_f32(m, "model.norm.weight", MPQ_DT_F32, 1, (const uint64_t[]){96}, norm, &e), MPQ_OK);
     const int64_t step = 1234;
@@ -110,6 +122,7 @@ static void write_inputs(void)
     cr_assert_eq(mpq_st_writer_close(sm, &e), MPQ_OK);
     cr_assert_eq(mpq_st_writer_close(sx, &e), MPQ_OK);
     cr_assert_eq(mpq_st_writer_close(ca, &e), MPQ_OK);
+    cr_assert_eq(mpq_st_writer_close(hs, &e), MPQ_OK);
 }
 
 static float *read_f32(const char *file, const char *name, size_t *n)
@@ -127,6 +140,9 @@ static float *read_f32(const char *file, const char *name, size_t *n)
     mpq_st_close(f);
     return v;
 }
+
+/* How direct() quantizes: GPTQ (with act-order) instead of round-to-nearest. */
+static int direct_gptq, direct_act_order;
 
 /* The packed matrices the library makes for `method` when called directly,
    in layer order. */
@@ -187,7 +203,22 @@ static void direct(const char *method, const char *opts_group, mpq_packed *out)
             cr_assert_eq(mpq_awq_search(&d, W[l], &a, cs, clip, NULL), MPQ_OK);
             d.col_scale = cs, d.clip = clip;
         }
-        cr_assert_eq(mpq_pack_alloc(&d, W[l], &out[l]), MPQ_OK);
+        if (direct_gptq) {
+            char key[96];
+            layer_name(l, name, sizeof name);
+            snprintf(key, sizeof key, "%s.xtx", name);
+            float *H = read_f32("hessian.safetensors", key, NULL);
+            uint32_t *order = malloc(4u * d.cols);
+            if (direct_act_order) {
+                cr_assert_eq(mpq_gptq_act_order(H, d.cols, order), MPQ_OK);
+                d.p_col = order;
+            }
+            mpq_gptq_desc g = {0};
+            g.H = H;
+            cr_assert_eq(mpq_gptq_alloc(&d, W[l], &g, &out[l], NULL), MPQ_OK);
+            free(H), free(order);
+        } else
+            cr_assert_eq(mpq_pack_alloc(&d, W[l], &out[l]), MPQ_OK);
         free(cs), free(clip), free(X), free(W[l]), free(stat[l]);
     }
     if (planned) mpq_plan_free(&plan);
@@ -257,6 +288,69 @@ Test(cli, rtn_matches_the_library, .init = setup, .fini = teardown)
 Test(cli, awq_matches_the_library, .init = setup, .fini = teardown)
 {
     method_case("awq", "--bits 3 --group 32 --calib calib.safetensors", "32");
+}
+
+Test(cli, gptq_matches_the_library, .init = setup, .fini = teardown)
+{
+    direct_gptq = 1, direct_act_order = 1;
+    method_case("gptq", "--bits 3 --group 32 --hessian hessian.safetensors --act-order", "32");
+}
+
+Test(cli, sfmp_with_gptq_matches_the_library, .init = setup, .fini = teardown)
+{
+    direct_gptq = 1;
+    method_case("sfmp", "--bpw 3.3 --reorder both --salience fisher.safetensors --quantizer gptq "
+                "--hessian hessian.safetensors", NULL);
+}
+
+Test(cli, gptq_errors, .init = setup, .fini = teardown)
+{
+    write_inputs();
+    cr_assert_eq(run("quantize --method gptq model.safetensors o.safetensors"), 1, "needs --hessian");
+    cr_assert(strstr(text("err.txt"), "--hessian"), "%s", text("err.txt"));
+    cr_assert_eq(run("quantize --act-order model.safetensors o.safetensors"), 1, "act-order is GPTQ's");
+    cr_assert_eq(run("quantize --method requant --quantizer gptq --salience fisher.safetensors model.safetensors "
+                     "o.safetensors"), 1);
+    /* a Hessian file without the weight's X^T X: exit 2, naming file and tensor */
+    cr_assert_eq(run("quantize --method gptq --hessian cols.safetensors --exclude '*embed*' model.safetensors "
+                     "o.safetensors"), 2);
+    const char *e = text("err.txt");
+    cr_assert(strstr(e, "cols.safetensors") && strstr(e, "model.layers.0.proj.weight"), "%s", e);
+    /* act-order under a plan whose widths vary along the columns */
+    cr_assert_eq(run("quantize --method sfmp --bpw 3.3 --salience fisher.safetensors --quantizer gptq --act-order "
+                     "--hessian hessian.safetensors --exclude '*embed*' model.safetensors o.safetensors"), 1);
+    cr_assert(strstr(text("err.txt"), "--act-order"), "%s", text("err.txt"));
+    /* X^T X of too few tokens without dampening: not positive definite, exit 4 and no output */
+    char p[600];
+    path_of("o.safetensors", p, sizeof p);
+    cr_assert_eq(run("quantize --method gptq --damp 0 --hessian fisher.safetensors --exclude '*embed*' "
+                     "model.safetensors o.safetensors"), 2, "the Fisher file's tensors are rows x cols");
+    {
+        char name[64], key[96], hp[600];
+        mpq_io_err er;
+        mpq_st_writer *w;
+        path_of("rank1.safetensors", hp, sizeof hp);
+        cr_assert_eq(mpq_st_writer_open(hp, &w, &er), MPQ_OK);
+        for (int l = 0; l < NL; l++) {
+            const int cols = shapes[l][1];
+            float *H = malloc(sizeof(float) * cols * cols);
+            for (int i = 0; i < cols; i++)
+                for (int j = 0; j < cols; j++) H[i * cols + j] = (float)((1 + i % 5) * (1 + j % 5));
+            layer_name(l, name, sizeof name);
+            snprintf(key, sizeof key, "%s.xtx", name);
+            cr_assert_eq(mpq_st_write_f32(w, key, MPQ_DT_F32, 2, (const uint64_t[]){(uint64_t)cols, (uint64_t)cols}, H,
+                                          &er), MPQ_OK);
+            free(H);
+        }
+        cr_assert_eq(mpq_st_writer_close(w, &er), MPQ_OK);
+    }
+    cr_assert_eq(run("quantize --method gptq --damp 0 --hessian rank1.safetensors --exclude '*embed*' "
+                     "model.safetensors o.safetensors"), 4);
+    e = text("err.txt");
+    cr_assert(strstr(e, "model.layers.0.proj.weight") && strstr(e, "--damp"), "%s", e);
+    cr_assert_eq(access(p, F_OK), -1);
+    cr_assert_eq(run("quantize --method gptq --hessian rank1.safetensors --exclude '*embed*' model.safetensors "
+                     "o.safetensors"), 0, "the default dampening makes it definite: %s", text("err.txt"));
 }
 
 Test(cli, sfmp_matches_the_library, .init = setup, .fini = teardown)

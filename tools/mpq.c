@@ -46,14 +46,16 @@ static int is_float_dtype(mpq_dtype t)
    quantize
    ------------------------------------------------------------------------ */
 
-enum { M_RTN, M_AWQ, M_SFMP, M_MIXLLM, M_MXSENS, M_REQUANT, M_COUNT };
-static const char *const method_names[] = {"rtn", "awq", "sfmp", "mixllm", "mxsens", "requant"};
+enum { M_RTN, M_AWQ, M_SFMP, M_MIXLLM, M_MXSENS, M_REQUANT, M_GPTQ, M_COUNT };
+static const char *const method_names[] = {"rtn", "awq", "sfmp", "mixllm", "mxsens", "requant", "gptq"};
 
 typedef struct qopts {
     int method, bits, group, block_rows, reorder, symmetric, format, threads, quiet, embed_bits;
-    int awq_quantizer;  /* the planners quantize with AWQ's scales and clips (--quantizer awq) */
-    double bpw, fraction, outliers, significant;
-    const char *salience, *calib, *in, *out;
+    int awq_quantizer;  /* AWQ's scales and clips first (--method awq, --quantizer awq or awq+gptq) */
+    int gptq;           /* GPTQ quantizes (--method gptq, --quantizer gptq or awq+gptq) */
+    int act_order, static_groups;
+    double bpw, fraction, outliers, significant, damp;
+    const char *salience, *calib, *hessian, *in, *out;
     const char **include, **exclude; /* stb_ds arrays of globs */
 } qopts;
 
@@ -97,10 +99,10 @@ static void quantize_help(void)
          "__metadata__, see mpq_io.h). GGUF tensors that are copied are written as F32 (F16\n"
          "and BF16 stay so).\n"
          "\n"
-         "  --method M         rtn | awq | sfmp | mixllm | mxsens | requant (default rtn)\n"
-         "  --bits B           rtn, awq, requant: width 1..8 (default 4)\n"
-         "  --format F         rtn: bitplane | mxint (mxint: mantissa bits 2..8, group 32)\n"
-         "  --symmetric        rtn, awq: symmetric groups\n"
+         "  --method M         rtn | awq | gptq | sfmp | mixllm | mxsens | requant (default rtn)\n"
+         "  --bits B           rtn, awq, gptq, requant: width 1..8 (default 4)\n"
+         "  --format F         rtn, gptq: bitplane | mxint (mxint: mantissa bits 2..8, group 32)\n"
+         "  --symmetric        rtn, awq, gptq: symmetric groups\n"
          "  --bpw X            sfmp, mxsens: budget in bits per weight, scales included\n"
          "  --fraction F       mixllm: fraction of output channels at 8 bits (default 0.1)\n"
          "  --group G          columns per group, a multiple of 8 (default 128; mxsens 32)\n"
@@ -110,8 +112,20 @@ static void quantize_help(void)
          "  --outliers R       requant: fraction of all weights kept as outliers (default 0.0025),\n"
          "                     spread over the maps by PQI/ReQuant eq. 9\n"
          "  --significant R    requant: fraction detached as significant weights (default 0.0025)\n"
-         "  --quantizer Q      sfmp, mixllm, requant: rtn | awq (default rtn): AWQ's scale and clip\n"
-         "                     search under the plan's widths (needs --calib or --stats)\n"
+         "  --quantizer Q      sfmp, mixllm, mxsens: rtn | awq | gptq | awq+gptq (default rtn);\n"
+         "                     requant: rtn | awq; gptq: gptq | awq+gptq. awq: AWQ's scale and\n"
+         "                     clip search under the plan's widths (needs --calib or --stats);\n"
+         "                     gptq: GPTQ's error feedback (needs --hessian); awq+gptq: both, AWQ\n"
+         "                     first\n"
+         "  --hessian FILE     gptq: X^T X of each weight's inputs, cols x cols, named as the\n"
+         "                     weight or '<name>.xtx' (`mpq calibrate --stats xtx`); default: the\n"
+         "                     --stats file\n"
+         "  --act-order        gptq: columns in order of decreasing diag(X^T X), stored as the\n"
+         "                     packed column permutation (free at inference); for widths that\n"
+         "                     do not vary along the columns (uniform, mixllm)\n"
+         "  --static-groups    gptq: every group's scale from the weights before error feedback\n"
+         "  --damp X           gptq: X * mean(diag X^T X) added to the diagonal (default 0.01;\n"
+         "                     0: none)\n"
          "  --salience FILE    safetensors with one tensor per quantized weight, named as the\n"
          "                     weight or as the weight with the suffix mpq calibrate writes:\n"
          "                       sfmp    rows x cols   Fisher diagonal (.fisher)\n"
@@ -468,16 +482,30 @@ static int requant_prepare(const qopts *o, mpq_source *in, job *jobs)
     return rc;
 }
 
+/* Every row block has one width across all its groups (act-order moves
+   columns between groups). */
+static int widths_uniform_along_columns(const mpq_bitplane_desc *d)
+{
+    if (!d->bits) return 1;
+    const int group = d->group ? d->group : (d->format == MPQ_FORMAT_MXINT ? MPQ_MX_BLOCK : 128);
+    const int br = d->block_rows ? d->block_rows : 16, ng = (d->cols + group - 1) / group;
+    for (int b = 0; b < (d->rows + br - 1) / br; b++)
+        for (int g = 1; g < ng; g++)
+            if (d->bits[(size_t)b * ng + g] != d->bits[(size_t)b * ng]) return 0;
+    return 1;
+}
+
 /* Quantize one weight: the description comes from the plan, or from the
    options (rtn, awq: then col_scale and clip are computed here); an
    embedding or head goes to round-to-nearest at embed_bits. */
-static int quantize_one(const qopts *o, const job *J, const mpq_plan *plan, mpq_st_file *C, const float *W,
-                        mpq_packed *A)
+static int quantize_one(const qopts *o, const job *J, const mpq_plan *plan, mpq_st_file *C, mpq_st_file *Hf,
+                        const float *W, mpq_packed *A)
 {
     mpq_bitplane_desc d;
     memset(&d, 0, sizeof d);
     mpq_status st;
-    float *cs = NULL, *clip = NULL, *X = NULL;
+    float *cs = NULL, *clip = NULL, *X = NULL, *H = NULL;
+    uint32_t *order = NULL;
     int rc = 0;
     if (J->plan_index < 0) {
         d.rows = J->rows, d.cols = J->cols, d.uniform_bits = o->embed_bits;
@@ -492,9 +520,24 @@ static int quantize_one(const qopts *o, const job *J, const mpq_plan *plan, mpq_
         if (o->symmetric) d.symmetric = 1u << o->bits;
     }
     if (o->method == M_REQUANT) return requant_pack(o, J, W, A);
-    if (o->method == M_AWQ || o->awq_quantizer) {
+    if (o->gptq && (rc = read_stat(Hf, J->name, "xtx", 0, (uint64_t)J->cols, (uint64_t)J->cols, 2, &H)) != 0) return rc;
+    if (o->gptq && o->act_order) { /* GPTQ's act-order as the packed column order */
+        if (d.p_col || !widths_uniform_along_columns(&d)) {
+            free(H);
+            return fail(EXIT_USAGE, "%s: --act-order needs widths that do not vary along the columns and no column "
+                        "permutation of the plan (uniform widths or mixllm)", J->name);
+        }
+        order = (uint32_t *)malloc(sizeof(uint32_t) * (size_t)J->cols);
+        st = order ? mpq_gptq_act_order(H, J->cols, order) : MPQ_ERR_NOMEM;
+        if (st != MPQ_OK) rc = quant_fail(J->name, st, "act-order");
+        d.p_col = order;
+    }
+    if (!rc && (o->method == M_AWQ || o->awq_quantizer)) {
         int tokens = 0;
-        if ((rc = read_calib(C, J, &X, &tokens)) != 0) return rc;
+        if ((rc = read_calib(C, J, &X, &tokens)) != 0) {
+            free(H), free(order);
+            return rc;
+        }
         const int group = d.group ? d.group : 128;
         cs = (float *)malloc(sizeof(float) * (size_t)J->cols);
         clip = (float *)malloc(sizeof(float) * (size_t)J->rows * (size_t)((J->cols + group - 1) / group));
@@ -505,10 +548,21 @@ static int quantize_one(const qopts *o, const job *J, const mpq_plan *plan, mpq_
         if (st != MPQ_OK) rc = quant_fail(J->name, st, "AWQ search");
         d.col_scale = cs, d.clip = clip;
     }
-    if (!rc && (st = mpq_pack_alloc(&d, W, A)) != MPQ_OK) rc = quant_fail(J->name, st, "pack");
+    if (!rc && o->gptq) {
+        mpq_gptq_desc g;
+        memset(&g, 0, sizeof g);
+        g.H = H, g.static_groups = o->static_groups;
+        g.damp = o->damp < 0 ? 0.0 : (o->damp == 0 ? -1.0 : o->damp); /* the library: 0 default, negative none */
+        if ((st = mpq_gptq_alloc(&d, W, &g, A, NULL)) != MPQ_OK)
+            rc = quant_fail(J->name, st, st == MPQ_ERR_NOTPD ? "GPTQ (its X^T X plus the dampening is not positive "
+                                                              "definite: raise --damp)" : "GPTQ");
+    } else if (!rc && (st = mpq_pack_alloc(&d, W, A)) != MPQ_OK)
+        rc = quant_fail(J->name, st, "pack");
     free(cs);
     free(clip);
     free(X);
+    free(H);
+    free(order);
     return rc;
 }
 
@@ -625,7 +679,7 @@ static int quantize_run(const qopts *o)
 {
     mpq_io_err e;
     mpq_source *in = NULL;
-    mpq_st_file *C = NULL;
+    mpq_st_file *C = NULL, *Hf = NULL;
     mpq_st_writer *w = NULL;
     job *jobs = NULL;
     row *rows = NULL;
@@ -658,6 +712,7 @@ static int quantize_run(const qopts *o)
     if (!rc && (o->method == M_AWQ || (o->awq_quantizer && o->method != M_REQUANT)) &&
         mpq_st_open(o->calib, &C, &e) != MPQ_OK)
         rc = fail(EXIT_INPUT, "%s", e.msg);
+    if (!rc && o->gptq && nplanned && mpq_st_open(o->hessian, &Hf, &e) != MPQ_OK) rc = fail(EXIT_INPUT, "%s", e.msg);
     if (!rc && mpq_st_writer_open(o->out, &w, &e) != MPQ_OK) rc = fail(EXIT_OUTPUT, "%s", e.msg);
     if (!rc && model) {
         if (!cfg.vocab) /* from the embedding when the config does not say */
@@ -693,7 +748,7 @@ static int quantize_run(const qopts *o)
             memset(&A, 0, sizeof A);
             if (!W) rc = fail(EXIT_INPUT, "%s: tensor '%s': out of memory", o->in, t->name);
             else if (mpq_source_read_f32(in, t, W, (size_t)t->numel, &e) != MPQ_OK) rc = fail(EXIT_INPUT, "%s", e.msg);
-            if (!rc) rc = quantize_one(o, J, have_plan ? &plan : NULL, C, W, &A);
+            if (!rc) rc = quantize_one(o, J, have_plan ? &plan : NULL, C, Hf, W, &A);
             if (!rc && mpq_st_write_packed(w, t->name, &A, &e) != MPQ_OK) rc = fail(EXIT_OUTPUT, "%s", e.msg);
             if (!rc) row_packed(&r, &A, J->plan_index < 0 ? " (embedding)" : "");
             mpq_packed_free(&A);
@@ -726,6 +781,7 @@ static int quantize_run(const qopts *o)
     arrfree(rows);
     if (have_plan) mpq_plan_free(&plan);
     mpq_st_close(C);
+    mpq_st_close(Hf);
     mpq_source_close(in);
     return rc;
 }
@@ -735,9 +791,9 @@ static int cmd_quantize(int argc, char **argv)
     qopts o;
     memset(&o, 0, sizeof o);
     o.bits = 4, o.fraction = 0.1, o.format = MPQ_FORMAT_BITPLANE, o.bpw = -1, o.embed_bits = 8;
-    o.outliers = 0.0025, o.significant = 0.0025;
+    o.outliers = 0.0025, o.significant = 0.0025, o.damp = -1; /* -1: the library's default */
     args a = {argc, 0, argv, "quantize"};
-    const char *pos[2] = {0};
+    const char *pos[2] = {0}, *quantizer = NULL;
     int npos = 0, bad = 0, rc = 0;
     for (a.i = 1; a.i < argc && !bad; a.i++) {
         const char *v = NULL;
@@ -750,7 +806,7 @@ static int cmd_quantize(int argc, char **argv)
             for (int k = 0; k < M_COUNT; k++)
                 if (strcmp(v, method_names[k]) == 0) o.method = k;
             if (o.method < 0)
-                bad = fail(EXIT_USAGE, "quantize --method: '%s' is not rtn, awq, sfmp, mixllm, mxsens or requant", v);
+                bad = fail(EXIT_USAGE, "quantize --method: '%s' is not rtn, awq, gptq, sfmp, mixllm, mxsens or requant", v);
         } else if (opt(&a, "--outliers", &v, &bad)) {
             bad = bad || !parse_double("quantize", "--outliers", v, 0.0, 0.5, &o.outliers);
         } else if (opt(&a, "--significant", &v, &bad)) {
@@ -785,8 +841,17 @@ static int cmd_quantize(int argc, char **argv)
             o.salience = o.calib = v;
         } else if (opt(&a, "--quantizer", &v, &bad)) {
             if (bad) break;
-            if (!strcmp(v, "rtn") || !strcmp(v, "awq")) o.awq_quantizer = !strcmp(v, "awq");
-            else bad = fail(EXIT_USAGE, "quantize --quantizer: '%s' is not rtn or awq", v);
+            if (!strcmp(v, "rtn") || !strcmp(v, "awq") || !strcmp(v, "gptq") || !strcmp(v, "awq+gptq"))
+                quantizer = v;
+            else bad = fail(EXIT_USAGE, "quantize --quantizer: '%s' is not rtn, awq, gptq or awq+gptq", v);
+        } else if (opt(&a, "--hessian", &v, &bad)) {
+            o.hessian = v;
+        } else if (opt(&a, "--act-order", NULL, &bad)) {
+            o.act_order = 1;
+        } else if (opt(&a, "--static-groups", NULL, &bad)) {
+            o.static_groups = 1;
+        } else if (opt(&a, "--damp", &v, &bad)) {
+            bad = bad || !parse_double("quantize", "--damp", v, 0.0, 1e6, &o.damp);
         } else if (opt(&a, "--calib", &v, &bad)) {
             o.calib = v;
         } else if (opt(&a, "--embed-bits", &v, &bad)) {
@@ -829,12 +894,31 @@ static int cmd_quantize(int argc, char **argv)
                   o.method == M_MXSENS ? " (or --salience FILE)" : "");
         goto out;
     }
-    if (o.awq_quantizer && o.method != M_SFMP && o.method != M_MIXLLM && o.method != M_AWQ && o.method != M_REQUANT) {
-        rc = fail(EXIT_USAGE, "quantize --quantizer awq: for sfmp, mixllm and requant (awq is --method awq)");
+    if (quantizer) {
+        const int planner = o.method == M_SFMP || o.method == M_MIXLLM || o.method == M_MXSENS;
+        const int ok = planner || (o.method == M_REQUANT && (!strcmp(quantizer, "rtn") || !strcmp(quantizer, "awq"))) ||
+                       (o.method == M_GPTQ && strstr(quantizer, "gptq"));
+        if (!ok) {
+            rc = fail(EXIT_USAGE, "quantize --quantizer %s: not for --method %s (sfmp, mixllm, mxsens: rtn, awq, gptq "
+                      "or awq+gptq; requant: rtn or awq; gptq: gptq or awq+gptq)", quantizer, method_names[o.method]);
+            goto out;
+        }
+        o.awq_quantizer = !strncmp(quantizer, "awq", 3);
+        o.gptq = strstr(quantizer, "gptq") != NULL;
+    }
+    if (o.method == M_GPTQ) o.gptq = 1;
+    if (o.gptq && !o.hessian) o.hessian = o.salience && o.salience == o.calib ? o.salience : NULL;
+    if (o.gptq && !o.hessian) {
+        rc = fail(EXIT_USAGE, "quantize: GPTQ needs --hessian FILE (mpq calibrate --stats xtx) or --stats FILE");
+        goto out;
+    }
+    if ((o.act_order || o.static_groups || o.damp >= 0) && !o.gptq) {
+        rc = fail(EXIT_USAGE, "quantize: --act-order, --static-groups and --damp are for GPTQ (--method gptq or "
+                  "--quantizer gptq)");
         goto out;
     }
     if (o.awq_quantizer && !o.calib) {
-        rc = fail(EXIT_USAGE, "quantize --quantizer awq: needs --calib FILE or --stats FILE");
+        rc = fail(EXIT_USAGE, "quantize --quantizer %s: needs --calib FILE or --stats FILE", quantizer);
         goto out;
     }
     if ((o.method == M_AWQ || o.method == M_REQUANT) && o.format == MPQ_FORMAT_MXINT) {
