@@ -459,16 +459,18 @@ static void mpq__cal_observe(void *user, int layer, int lin, const float *x, int
         if (g < 0 || g >= T1) break;
         memcpy(C->awq[slot] + (size_t)C->awq_got[slot]++ * cols, x1 + (size_t)g * cols, sizeof(float) * (size_t)cols);
     }
-    if (C->xtx) { /* X^T X += X1^T X1: columns as rows of the transpose, then one product */
-        float *xt = (float *)malloc(sizeof(float) * (size_t)cols * ((size_t)T1 + (size_t)cols));
+    if (C->xtx) { /* X^T X += X^T X of the window, position 0 included (GPTQ's Hessian is of every input the
+                     map sees, the sink's massive activations first of all): columns as rows of the transpose,
+                     then one product */
+        float *xt = (float *)malloc(sizeof(float) * (size_t)cols * ((size_t)T + (size_t)cols));
         if (!xt) {
             C->st = MPQ_ERR_NOMEM;
             return;
         }
-        float *prod = xt + (size_t)cols * T1;
+        float *prod = xt + (size_t)cols * T;
         for (int j = 0; j < cols; j++)
-            for (int i = 0; i < T1; i++) xt[(size_t)j * T1 + i] = x1[(size_t)i * cols + j];
-        mpq__sgemm(xt, cols, xt, cols, T1, prod);
+            for (int i = 0; i < T; i++) xt[(size_t)j * T + i] = x[(size_t)i * cols + j];
+        mpq__sgemm(xt, cols, xt, cols, T, prod);
         double *acc = C->xtx[slot];
         for (size_t i = 0; i < (size_t)cols * cols; i++) acc[i] += prod[i];
         free(xt);

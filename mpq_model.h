@@ -422,7 +422,8 @@ mpq_status mpq_llm_backward(const mpq_llm *m, mpq_llm_train *t, const int32_t *t
      mean_abs[i]  cols         mean |x_j| over the tokens
      awq[i]       awq_tokens x cols  input rows for AWQ's search, evenly
                                spaced over all windows
-     xtx[i]       cols x cols  X^T X (only with MPQ_CALIB_XTX: cols^2 each)
+     xtx[i]       cols x cols  X^T X over every position, the sink included
+                               (only with MPQ_CALIB_XTX: cols^2 each; GPTQ)
      pqi[i]       rows x cols  PQI eq. 7 along W -> Q(W), Q = RTN pqi_bits
                                g128, with pqi_steps gradient points of the
                                mean loss over the first pqi_windows windows
@@ -433,10 +434,13 @@ mpq_status mpq_llm_backward(const mpq_llm *m, mpq_llm_train *t, const int32_t *t
                                divided by the largest change (mpq_mxsens_
                                layer_sensitivity)
 
-   The activation statistics leave out position 0 of every window: there
-   the model puts an attention sink whose inputs are orders of magnitude
-   larger in a few channels, and a statistic summed over tokens would be
-   that one token's (bench/results/NOTES.md). Memory, per weight of the
+   The activation statistics but xtx leave out position 0 of every window:
+   there the model puts an attention sink whose inputs are orders of
+   magnitude larger in a few channels, and a statistic summed over tokens
+   would be that one token's (bench/results/NOTES.md). GPTQ's X^T X keeps
+   it: without it GPTQ moves the weights of those channels freely (they
+   look ordinary on the other tokens) and the sink's outputs break (SmolLM2
+   3-bit: perplexity 102 without, 56 with). Memory, per weight of the
    linear maps: 8 bytes for the Fisher sums and 4 for MixLLM's delta while
    the windows run, about 28 while PQI runs (the weights, their target and
    the result as flat vectors, and mpq_pqi's sums), 4 for each per-weight

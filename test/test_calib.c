@@ -231,11 +231,12 @@ typedef struct acts {
 static void ref_observe(void *user, int l, int k, int t, const double *x, int cols)
 {
     acts *a = (acts *)user;
+    for (int j = 0; j < cols; j++) /* X^T X: every position, the sink included */
+        for (int i = 0; i < cols; i++) a->xtx[l][k][(size_t)j * cols + i] += x[j] * x[i];
     if (t == 0) return;
     for (int j = 0; j < cols; j++) {
         a->xdiag[l][k][j] += x[j] * x[j];
         a->mabs[l][k][j] += fabs(x[j]);
-        for (int i = 0; i < cols; i++) a->xtx[l][k][(size_t)j * cols + i] += x[j] * x[i];
     }
     memcpy(a->rows[l][k] + (size_t)a->count[l][k]++ * cols, x, sizeof(double) * cols);
 }
