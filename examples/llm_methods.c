@@ -2,9 +2,9 @@
    way users compare quantized models: perplexity as llama.cpp computes it,
    bits per weight, and decode tokens per second.
 
-   usage: llm_methods --stats FILE [options]   (--help; `bash examples/run.sh`
-                                   fetches the model and the texts, runs
-                                   `mpq calibrate` once and then this)
+   usage: llm_methods --stats FILE --hessian FILE [options]   (--help;
+                   `bash examples/run.sh` fetches the model and the texts,
+                   runs `mpq calibrate` once for each file and then this)
 
    1. The model (default: SmolLM2-135M-Instruct, a GGUF whose linear maps are
       Q4_1 and embedding Q8_0) is loaded and dequantized to float: the "fp32
@@ -13,17 +13,20 @@
    2. Statistics: the file `mpq calibrate MODEL CALIB -o FILE` wrote from
       the calibration text (Python's library reference): Fisher diagonal,
       MixLLM salience, diag(X^T X), AWQ's input rows, PQI and MXSens layer
-      sensitivities of every linear map (mpq_model.h section 6). The file
-      names the model and the text's hash; a file for another model or
-      text is refused.
+      sensitivities of every linear map (mpq_model.h section 6); and X^T X of
+      every map's inputs for GPTQ (`mpq calibrate --stats xtx`, a second
+      file, more windows). Each file names the model and the text's hash; a
+      file for another model or text is refused.
    3. Each method quantizes the 210 linear maps of the layers as its paper
       runs it, and the plain-RTN variants beside them (the token embedding,
       which is also the output head, is packed at 8 bits for every
       quantized model, as llama.cpp keeps it at Q8_0): RTN 2/3/4, MXINT4,
-      AWQ 3/4; SFMP's plans from the Fisher diagonal at 2.25 to 4.25 bpw
+      AWQ 3/4; GPTQ 2/3/4 (act-order), 3 without act-order, and AWQ's
+      scales and clips followed by GPTQ at 3 and 4 bits; SFMP's plans from
+      the Fisher diagonal at 2.25 to 4.25 bpw
       (group 256 at 2.25 and 3.25, as its table 3) quantized by RTN and by
-      AWQ (its section 5); MixLLM's 8/4-bit output-channel mix (10 % at 8
-      bits) and an 8/3 mix; MXSens's 4/6/8 MXINT templates; ReQuant on RTN 3
+      AWQ (its section 5) and by GPTQ; MixLLM's 8/4-bit output-channel mix
+      (10 % at 8 bits) and an 8/3 mix, by RTN and (as its paper) by GPTQ; MXSens's 4/6/8 MXINT templates; ReQuant on RTN 3
       and AWQ 3 (0.25 % outliers + 0.25 % significant weights), and on SFMP's
       plans at 3.25 and 4.0 with AWQ (the three composed); PMPD on the
       AWQ 4-bit model (the prompt at 4 bits, the decode lowered, and the
@@ -74,6 +77,7 @@ typedef struct ctx {
     size_t neval, ncalib;
     int chunks;
     mpq_calib_stats S;            /* what mpq calibrate wrote */
+    mpq_calib_stats Hs;           /* X^T X of every map (mpq calibrate --stats xtx) */
 } ctx;
 
 static mpq_linear *lin_at(ctx *C, int i) { return &C->m->layer[i / MPQ_LIN_COUNT].lin[i % MPQ_LIN_COUNT]; }
@@ -200,6 +204,11 @@ static void awq_scales(ctx *C, int i, const mpq_bitplane_desc *d, float **cs, fl
     if (st != MPQ_OK) die("awq", st);
 }
 
+/* How pack_all quantizes: round-to-nearest, or with AWQ's scales and clips
+   first, GPTQ's error feedback, act-order (GPTQ; widths constant along the
+   columns). */
+enum { Q_AWQ = 1, Q_GPTQ = 2, Q_ACT = 4 };
+
 /* The description of map i: from a plan, or uniform bits at a group. */
 static mpq_bitplane_desc desc_of(ctx *C, int i, const mpq_plan *plan, int bits, int group, int format)
 {
@@ -215,29 +224,42 @@ static mpq_bitplane_desc desc_of(ctx *C, int i, const mpq_plan *plan, int bits, 
     return d;
 }
 
-/* Packs every linear map: descriptions from a plan, or uniform bits. */
-static void pack_all(ctx *C, const mpq_plan *plan, int bits, int group, int format, int awq)
+/* Packs every linear map: descriptions from a plan, or uniform bits; how:
+   Q_* flags. */
+static void pack_all(ctx *C, const mpq_plan *plan, int bits, int group, int format, int how)
 {
     mpq_status st = MPQ_OK;
     for (int i = 0; i < C->nl && st == MPQ_OK; i++) {
         mpq_linear *L = lin_at(C, i);
         mpq_bitplane_desc d = desc_of(C, i, plan, bits, group, format);
         float *cs = NULL, *clip = NULL;
-        if (awq) awq_scales(C, i, &d, &cs, &clip);
+        uint32_t *order = NULL;
+        if (how & Q_ACT) { /* act-order: the packed column order */
+            order = (uint32_t *)malloc(sizeof(uint32_t) * (size_t)d.cols);
+            if (!order || (st = mpq_gptq_act_order(C->Hs.xtx[i], d.cols, order)) != MPQ_OK) die("act-order", st);
+            d.p_col = order;
+        }
+        if (how & Q_AWQ) awq_scales(C, i, &d, &cs, &clip);
         d.col_scale = cs, d.clip = clip;
         mpq_packed A;
-        st = mpq_pack_alloc(&d, L->W, &A);
+        if (how & Q_GPTQ) {
+            mpq_gptq_desc g;
+            memset(&g, 0, sizeof g);
+            g.H = C->Hs.xtx[i];
+            st = mpq_gptq_alloc(&d, L->W, &g, &A, NULL);
+        } else
+            st = mpq_pack_alloc(&d, L->W, &A);
         if (st == MPQ_OK) st = mpq_linear_set_packed(C->m, L, &A);
-        free(cs), free(clip);
+        free(cs), free(clip), free(order);
     }
     if (st != MPQ_OK) die("pack", st);
     pack_embedding(C);
 }
 
-static void run_uniform(ctx *C, const char *family, const char *name, int bits, int format, int awq)
+static void run_uniform(ctx *C, const char *family, const char *name, int bits, int format, int how)
 {
     const double t0 = now();
-    pack_all(C, NULL, bits, 0, format, awq);
+    pack_all(C, NULL, bits, 0, format, how);
     measure(C, family, name, NULL, NULL, now() - t0);
     unpack_all(C);
 }
@@ -255,22 +277,23 @@ static void sfmp_plan(ctx *C, double bpw, int group, mpq_plan *p)
     free(L);
 }
 
-static void run_sfmp(ctx *C, double bpw, int group, int awq)
+static void run_sfmp(ctx *C, double bpw, int group, int how)
 {
     const double t0 = now();
     mpq_plan p;
     sfmp_plan(C, bpw, group, &p);
-    pack_all(C, &p, 0, 0, 0, awq);
+    pack_all(C, &p, 0, 0, 0, how);
     mpq_plan_free(&p);
     char name[64];
-    snprintf(name, sizeof name, "SFMP %.2f g%d%s", bpw, group, awq ? " + AWQ" : "");
-    measure(C, awq ? "SFMP+AWQ" : "SFMP", name, NULL, NULL, now() - t0);
+    const char *q = how & Q_GPTQ ? " + GPTQ" : how & Q_AWQ ? " + AWQ" : "";
+    snprintf(name, sizeof name, "SFMP %.2f g%d%s", bpw, group, q);
+    measure(C, how & Q_GPTQ ? "SFMP+GPTQ" : how & Q_AWQ ? "SFMP+AWQ" : "SFMP", name, NULL, NULL, now() - t0);
     unpack_all(C);
 }
 
 /* MixLLM: 10 % of the output channels (over all maps) at 8 bits, symmetric,
    the rest at `low` bits; channels ranked by its eq. 4 salience. */
-static void run_mixllm(ctx *C, int low)
+static void run_mixllm(ctx *C, int low, int how)
 {
     const double t0 = now();
     mpq_mixllm_layer *L = (mpq_mixllm_layer *)calloc((size_t)C->nl, sizeof *L);
@@ -283,11 +306,11 @@ static void run_mixllm(ctx *C, int low)
     mpq_status st = mpq_plan_mixllm(L, C->nl, &d, &p);
     if (st != MPQ_OK) die("mixllm plan", st);
     free(L);
-    pack_all(C, &p, 0, 0, 0, 0);
+    pack_all(C, &p, 0, 0, 0, how);
     mpq_plan_free(&p);
     char name[64];
-    snprintf(name, sizeof name, "MixLLM 8/%d (10 %% at 8 bits)", low);
-    measure(C, "MixLLM", name, NULL, NULL, now() - t0);
+    snprintf(name, sizeof name, "MixLLM 8/%d (10 %% at 8 bits)%s", low, how & Q_GPTQ ? " + GPTQ" : "");
+    measure(C, how & Q_GPTQ ? "MixLLM+GPTQ" : "MixLLM", name, NULL, NULL, now() - t0);
     unpack_all(C);
 }
 
@@ -380,7 +403,7 @@ static mpq_status sched_quality(void *user, const mpq_pmpd_schedule *s, double *
 static void run_awq4_pmpd(ctx *C)
 {
     double t0 = now();
-    pack_all(C, NULL, 4, 0, MPQ_FORMAT_BITPLANE, 1);
+    pack_all(C, NULL, 4, 0, MPQ_FORMAT_BITPLANE, Q_AWQ);
     measure(C, "AWQ", "AWQ 4-bit g128", NULL, NULL, now() - t0);
     mpq_pmpd_schedule s;
     memset(&s, 0, sizeof s);
@@ -445,8 +468,10 @@ static void write_results(const char *dir, const char *model, const ctx *C, doub
                "scales, sparse parts, headers) per weight; PMPD: the average read per decoded token. Every quantized "
                "model also packs the embedding (= the output head) at 8 bits, counted in the weights' MB. Decode: "
                "%d tokens after a %d-token prompt, greedy. Statistics from mpq calibrate: %d windows of %d tokens of "
-               "the calibration text. %.0f s in all (statistics read, not computed).\n",
-            model, C->m->c.layers, C->m->c.dim, C->chunks, C->neval, DECODE, PROMPT, C->S.windows, C->S.length, total);
+               "the calibration text; GPTQ's X^T X (position 0 included) from %d windows of %d tokens. %.0f s in all "
+               "(statistics read, not computed).\n",
+            model, C->m->c.layers, C->m->c.dim, C->chunks, C->neval, DECODE, PROMPT, C->S.windows, C->S.length,
+            C->Hs.windows, C->Hs.length, total);
     for (int i = 0; i < nrows; i++)
         if (rows[i].note[0]) fprintf(f, "\n%s: %s.\n", rows[i].name, rows[i].note);
     fclose(f);
@@ -493,16 +518,17 @@ static int32_t *tokenize_file(const mpq_llm *m, const char *path, size_t *n, uin
     return tok;
 }
 
-/* The statistics file, checked to be of this model and calibration text
-   (its "source": what mpq calibrate recorded) and to hold what the methods
-   need. */
-static void read_stats(ctx *C, const char *path, const char *model, const char *calib, uint64_t calib_hash)
+/* A statistics file, checked to be of this model and calibration text (its
+   "source": what mpq calibrate recorded) and to hold the statistics `need`
+   (MPQ_CALIB_*); `how`: the calibrate options that make it. */
+static void read_stats(ctx *C, const char *path, const char *model, const char *calib, uint64_t calib_hash,
+                       unsigned need, const char *how, mpq_calib_stats *S)
 {
     mpq_io_err e;
     mpq_st_file *f = NULL;
     if (mpq_st_open(path, &f, &e) != MPQ_OK) {
-        fprintf(stderr, "llm_methods: %s\n(run `mpq calibrate %s %s -o %s` first; examples/run.sh does)\n", e.msg,
-                model, calib, path);
+        fprintf(stderr, "llm_methods: %s\n(run `mpq calibrate %s%s %s -o %s` first; examples/run.sh does)\n", e.msg,
+                how, model, calib, path);
         exit(1);
     }
     const char *meta = mpq_st_meta(f, "mpq_calib");
@@ -512,16 +538,17 @@ static void read_stats(ctx *C, const char *path, const char *model, const char *
     const int ok = meta && strstr(meta, want) && strstr(meta, base);
     mpq_st_close(f);
     if (!ok) {
-        fprintf(stderr, "llm_methods: %s is not the statistics of %s on %s; run `mpq calibrate %s %s -o %s`\n", path,
-                model, calib, model, calib, path);
+        fprintf(stderr, "llm_methods: %s is not the statistics of %s on %s; run `mpq calibrate %s%s %s -o %s`\n", path,
+                model, calib, how, model, calib, path);
         exit(1);
     }
-    if (mpq_calib_read(C->m, path, &C->S, &e) != MPQ_OK) {
+    if (mpq_calib_read(C->m, path, S, &e) != MPQ_OK) {
         fprintf(stderr, "llm_methods: %s\n", e.msg);
         exit(1);
     }
-    if ((C->S.what & MPQ_CALIB_ALL) != MPQ_CALIB_ALL) {
-        fprintf(stderr, "llm_methods: %s lacks some statistics (calibrate with --stats all)\n", path);
+    if ((S->what & need) != need) {
+        fprintf(stderr, "llm_methods: %s lacks some statistics (calibrate with %s)\n", path,
+                how[0] ? how : "--stats all");
         exit(1);
     }
 }
@@ -529,7 +556,8 @@ static void read_stats(ctx *C, const char *path, const char *model, const char *
 int main(int argc, char **argv)
 {
     const char *model = "build/models/SmolLM2-135M-Instruct.Q4_1.gguf", *eval = "build/text/eval.txt",
-               *calib = "build/text/calib.txt", *out = "build/llm", *stats = "build/llm/stats.safetensors";
+               *calib = "build/text/calib.txt", *out = "build/llm", *stats = "build/llm/stats.safetensors",
+               *hessian = "build/llm/hessian.safetensors";
     ctx C;
     memset(&C, 0, sizeof C);
     C.chunks = 8;
@@ -539,6 +567,7 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--eval") && i + 1 < argc) eval = argv[++i];
         else if (!strcmp(argv[i], "--calib") && i + 1 < argc) calib = argv[++i];
         else if (!strcmp(argv[i], "--stats") && i + 1 < argc) stats = argv[++i];
+        else if (!strcmp(argv[i], "--hessian") && i + 1 < argc) hessian = argv[++i];
         else if (!strcmp(argv[i], "--out") && i + 1 < argc) out = argv[++i];
         else if (!strcmp(argv[i], "--chunks") && i + 1 < argc) C.chunks = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--full")) C.chunks = 1 << 20;
@@ -551,13 +580,14 @@ int main(int argc, char **argv)
         } else {
             const int help = !strcmp(argv[i], "--help") || !strcmp(argv[i], "-h");
             fprintf(help ? stdout : stderr,
-                    "usage: %s [--model PATH] [--eval TEXT] [--calib TEXT] [--stats FILE] [--out DIR]\n"
-                    "          [--chunks N] [--full] [--quick] [--threads T]\n"
+                    "usage: %s [--model PATH] [--eval TEXT] [--calib TEXT] [--stats FILE] [--hessian FILE]\n"
+                    "          [--out DIR] [--chunks N] [--full] [--quick] [--threads T]\n"
                     "Every method of mpq on a real model: perplexity (as llama-perplexity), bits per weight and\n"
                     "decode tokens/s; writes DIR/results.md and DIR/ppl_vs_bpw.svg. Statistics: FILE, written by\n"
-                    "`mpq calibrate MODEL CALIB -o FILE` (examples/run.sh runs it once and reuses it). Defaults:\n"
-                    "the files examples/run.sh fetches into build/, 8 evaluation chunks of 512 tokens (--full:\n"
-                    "every chunk; --quick: 2 chunks, three methods).\n",
+                    "`mpq calibrate MODEL CALIB -o FILE`, and GPTQ's X^T X, written by `mpq calibrate --stats xtx\n"
+                    "--windows 64 MODEL CALIB -o FILE` (examples/run.sh runs both once and reuses them). Defaults:\n"
+                    "the files examples/run.sh fetches and writes into build/, 8 evaluation chunks of 512 tokens\n"
+                    "(--full: every chunk; --quick: 2 chunks, four methods).\n",
                     argv[0]);
             return help ? 0 : 1;
         }
@@ -593,10 +623,11 @@ int main(int argc, char **argv)
     printf("texts: %s %zu tokens (%d chunks of 512 evaluated of %d), %s %zu tokens (calibration)\n", eval, C.neval,
            C.chunks, have, calib, C.ncalib);
     const double ts = now();
-    read_stats(&C, stats, model, calib, calib_hash);
-    printf("statistics: %s: %d windows of %d tokens, loss %.4f, %d AWQ rows per map, PQI towards RTN %d-bit (read "
-           "in %.1f s)\n",
-           stats, C.S.windows, C.S.length, C.S.loss, C.S.awq_tokens, C.S.pqi_bits, now() - ts);
+    read_stats(&C, stats, model, calib, calib_hash, MPQ_CALIB_ALL, "", &C.S);
+    read_stats(&C, hessian, model, calib, calib_hash, MPQ_CALIB_XTX, "--stats xtx --windows 64 ", &C.Hs);
+    printf("statistics: %s: %d windows of %d tokens, loss %.4f, %d AWQ rows per map, PQI towards RTN %d-bit; %s: "
+           "X^T X over %d windows (read in %.1f s)\n",
+           stats, C.S.windows, C.S.length, C.S.loss, C.S.awq_tokens, C.S.pqi_bits, hessian, C.Hs.windows, now() - ts);
     mkdir("build", 0755);
     if (mkdir(out, 0755) != 0 && errno != EEXIST) {
         fprintf(stderr, "llm_methods: cannot create %s: %s\n", out, strerror(errno));
@@ -608,6 +639,7 @@ int main(int argc, char **argv)
     measure(&C, "fp32", "fp32 reference (dequantized Q4_1)", NULL, NULL, 0);
     if (quick) {
         run_uniform(&C, "RTN", "RTN 4-bit g128", 4, MPQ_FORMAT_BITPLANE, 0);
+        run_uniform(&C, "GPTQ", "GPTQ 4-bit g128 (act-order)", 4, MPQ_FORMAT_BITPLANE, Q_GPTQ | Q_ACT);
         run_sfmp(&C, 3.5, 128, 0);
     } else {
         for (int b = 2; b <= 4; b++) {
@@ -616,15 +648,25 @@ int main(int argc, char **argv)
             run_uniform(&C, "RTN", name, b, MPQ_FORMAT_BITPLANE, 0);
         }
         run_uniform(&C, "MXINT", "MXINT4", 4, MPQ_FORMAT_MXINT, 0);
-        run_uniform(&C, "AWQ", "AWQ 3-bit g128", 3, MPQ_FORMAT_BITPLANE, 1);
+        run_uniform(&C, "AWQ", "AWQ 3-bit g128", 3, MPQ_FORMAT_BITPLANE, Q_AWQ);
+        for (int b = 2; b <= 4; b++) {
+            char name[48];
+            snprintf(name, sizeof name, "GPTQ %d-bit g128 (act-order)", b);
+            run_uniform(&C, "GPTQ", name, b, MPQ_FORMAT_BITPLANE, Q_GPTQ | Q_ACT);
+        }
+        run_uniform(&C, "GPTQ", "GPTQ 3-bit g128", 3, MPQ_FORMAT_BITPLANE, Q_GPTQ);
+        run_uniform(&C, "AWQ+GPTQ", "AWQ + GPTQ 3-bit g128 (act-order)", 3, MPQ_FORMAT_BITPLANE, Q_AWQ | Q_GPTQ | Q_ACT);
+        run_uniform(&C, "AWQ+GPTQ", "AWQ + GPTQ 4-bit g128 (act-order)", 4, MPQ_FORMAT_BITPLANE, Q_AWQ | Q_GPTQ | Q_ACT);
         run_awq4_pmpd(&C);
         /* SFMP as its paper runs it: group 256 at 2.25 and 3.25 (its table 3), 128 elsewhere */
         static const double budgets[] = {2.25, 2.5, 3.0, 3.25, 3.5, 4.25};
         for (int b = 0; b < 6; b++) run_sfmp(&C, budgets[b], budgets[b] == 2.25 || budgets[b] == 3.25 ? 256 : 128, 0);
         static const double awq_budgets[] = {2.25, 3.25, 3.5, 4.25};
-        for (int b = 0; b < 4; b++) run_sfmp(&C, awq_budgets[b], b < 2 ? 256 : 128, 1);
-        run_mixllm(&C, 4);
-        run_mixllm(&C, 3);
+        for (int b = 0; b < 4; b++) run_sfmp(&C, awq_budgets[b], b < 2 ? 256 : 128, Q_AWQ);
+        for (int b = 0; b < 4; b++) run_sfmp(&C, awq_budgets[b], b < 2 ? 256 : 128, Q_GPTQ);
+        run_mixllm(&C, 4, 0);
+        run_mixllm(&C, 3, 0);
+        run_mixllm(&C, 4, Q_GPTQ | Q_ACT);
         run_mxsens(&C);
         run_requant(&C, NULL, 0, "ReQuant on RTN 3-bit");
         run_requant(&C, NULL, 1, "ReQuant on AWQ 3-bit");
@@ -642,6 +684,7 @@ int main(int argc, char **argv)
     write_results(out, model, &C, now() - t0);
     printf("total %.0f s\n", now() - t0);
     mpq_calib_stats_free(&C.S);
+    mpq_calib_stats_free(&C.Hs);
     free(C.eval), free(C.calib);
     mpq_llm_free(C.m);
     return 0;

@@ -3,11 +3,13 @@
 # fetches SmolLM2-135M-Instruct and the Python documentation into build/
 # (examples/fetch.sh), builds mpq in release mode, gathers the statistics
 # of every method once with `mpq calibrate` (build/llm/stats.safetensors,
-# about 13 minutes on 2 cores; reused until the model or the calibration
-# text changes) and runs llm_methods: every method of the library on the
-# real model - quantization, perplexity as llama.cpp computes it, bits per
-# weight and decode tokens per second - printing the table and writing
-# build/llm/results.md and build/llm/ppl_vs_bpw.svg.
+# about 13 minutes on 2 cores, and GPTQ's X^T X over 64 windows in
+# build/llm/hessian.safetensors, about 10 minutes; both reused until the
+# model or the calibration text changes) and runs llm_methods: every
+# method of the library on the real model - quantization, perplexity as
+# llama.cpp computes it, bits per weight and decode tokens per second -
+# printing the table and writing build/llm/results.md and
+# build/llm/ppl_vs_bpw.svg.
 #
 #   bash examples/run.sh [llm_methods options]  the main job (--help; --full: every
 #                                               evaluation chunk, about two hours)
@@ -46,9 +48,14 @@ esac
 bash examples/fetch.sh
 ninja -C build/demo llm_methods >/dev/null
 model=build/models/SmolLM2-135M-Instruct.Q4_1.gguf calib=build/text/calib.txt stats=build/llm/stats.safetensors
+hessian=build/llm/hessian.safetensors
 mkdir -p build/llm
 if [ ! -s "$stats" ] || [ "$model" -nt "$stats" ] || [ "$calib" -nt "$stats" ]; then
     echo "statistics: mpq calibrate $model $calib -o $stats (once; reused until the model or the text changes)"
     build/demo/mpq calibrate "$model" "$calib" -o "$stats"
 fi
-exec build/demo/llm_methods --stats "$stats" "$@"
+if [ ! -s "$hessian" ] || [ "$model" -nt "$hessian" ] || [ "$calib" -nt "$hessian" ]; then
+    echo "GPTQ's X^T X: mpq calibrate --stats xtx --windows 64 $model $calib -o $hessian (once, likewise)"
+    build/demo/mpq calibrate --stats xtx --windows 64 "$model" "$calib" -o "$hessian"
+fi
+exec build/demo/llm_methods --stats "$stats" --hessian "$hessian" "$@"
