@@ -1280,11 +1280,26 @@ static void mpq__quant_group(const float *v, int len, int bits, int symmetric, u
                              uint16_t *s_hat, uint16_t *z_hat)
 {
     const int qmax = (1 << bits) - 1;
-    float mn = v[0], mx = v[0], amax = fabsf(v[0]);
-    for (int k = 1; k < len; k++) {
-        mn = v[k] < mn ? v[k] : mn;
-        mx = v[k] > mx ? v[k] : mx;
-        amax = fabsf(v[k]) > amax ? fabsf(v[k]) : amax;
+    float mnl[16], mxl[16], aml[16]; /* 16 lanes of each, so that the loop vectorises */
+    for (int l = 0; l < 16; l++) mnl[l] = mxl[l] = v[0], aml[l] = fabsf(v[0]);
+    int k0 = 0;
+    for (; k0 + 16 <= len; k0 += 16)
+        for (int l = 0; l < 16; l++) {
+            const float x = v[k0 + l], ax = fabsf(x);
+            mnl[l] = x < mnl[l] ? x : mnl[l];
+            mxl[l] = x > mxl[l] ? x : mxl[l];
+            aml[l] = ax > aml[l] ? ax : aml[l];
+        }
+    for (; k0 < len; k0++) {
+        mnl[0] = v[k0] < mnl[0] ? v[k0] : mnl[0];
+        mxl[0] = v[k0] > mxl[0] ? v[k0] : mxl[0];
+        aml[0] = fabsf(v[k0]) > aml[0] ? fabsf(v[k0]) : aml[0];
+    }
+    float mn = mnl[0], mx = mxl[0], amax = aml[0];
+    for (int l = 1; l < 16; l++) {
+        mn = mnl[l] < mn ? mnl[l] : mn;
+        mx = mxl[l] > mx ? mxl[l] : mx;
+        amax = aml[l] > amax ? aml[l] : amax;
     }
     float s = symmetric ? 2.0f * amax / (float)qmax : (mx - mn) / (float)qmax;
     uint16_t hs = mpq_f32_to_f16(0.5f * s);
@@ -1304,10 +1319,24 @@ static void mpq__quant_group(const float *v, int len, int bits, int symmetric, u
         hz = mpq_f32_to_f16(s * (0.5f * (float)qmax - z));
     }
     const float zh = mpq_f16_to_f32(hz), step = 2.0f * sh, mid = 0.5f * (float)qmax;
-    for (int k = 0; k < len; k++) { /* codes against the stored pair */
-        float t = mpq__rne((v[k] - zh) / step + mid);
-        t = t < 0.0f ? 0.0f : (t > (float)qmax ? (float)qmax : t);
-        q[k] = (uint8_t)t;
+    /* codes against the stored pair: mpq__rne after the clamp (the same
+       result), with the parity of a small integer, 16 at a time into a local
+       array (q may alias v), so that it vectorises */
+    for (int k0 = 0; k0 < len; k0 += 16) {
+        const int nk = len - k0 < 16 ? len - k0 : 16;
+        float x[16];
+        uint8_t c[16];
+        memcpy(x, v + k0, sizeof(float) * (size_t)nk);
+        for (int l = nk; l < 16; l++) x[l] = zh;
+        for (int l = 0; l < 16; l++) {
+            float t = (x[l] - zh) / step + mid;
+            t = t < 0.0f ? 0.0f : t;
+            t = t > (float)qmax ? (float)qmax : t;
+            const float r = floorf(t), f = t - r;
+            const int ri = (int)r;
+            c[l] = (uint8_t)(ri + ((f > 0.5f) | ((f == 0.5f) & ri & 1)));
+        }
+        memcpy(q + k0, c, (size_t)nk);
     }
     *s_hat = hs;
     *z_hat = hz;
@@ -3358,208 +3387,9 @@ MPQ_DEF void mpq_backend_cpu(mpq_backend *b)
 /* 7. AWQ                                                                     */
 /* ========================================================================== */
 
-/* Everything one evaluation of the AWQ objective needs. */
-typedef struct mpq__awq {
-    const mpq__shape *s;
-    const mpq_bitplane_desc *d;
-    const float *W;
-    const float *Xt; /* tokens x cols in packed column order (X itself without p_col) */
-    int tokens;
-} mpq__awq;
-
-/* dot(a, b) over n floats with 16 partial sums, so that it vectorises. */
-static float mpq__dot(const float *a, const float *b, int n)
-{
-    float acc[16] = {0};
-    int j = 0;
-    for (; j + 16 <= n; j += 16)
-        for (int k = 0; k < 16; k++) acc[k] += a[j + k] * b[j + k];
-    float t = 0.0f;
-    for (; j < n; j++) t += a[j] * b[j];
-    for (int k = 0; k < 16; k++) t += acc[k];
-    return t;
-}
-
-/* Delta (original scale) of packed row i quantized with column scales c and
-   clips (per group of row i, or NULL): delta[j] = (q(w~_j / c_j) - w~_j / c_j) c_j.
-   buf: 3 * cols floats. Returns 0 when a scaled weight leaves the fp16 range. */
-static int mpq__awq_delta(const mpq__awq *a, int i, const float *c, const float *clips, float *delta, float *buf)
-{
-    const mpq__shape *s = a->s;
-    const int n = s->cols;
-    const float *src = a->W + (size_t)(a->d->p_row ? a->d->p_row[i] : (uint32_t)i) * (size_t)n;
-    float *v = buf, *tmp = buf + n;
-    uint8_t *q = (uint8_t *)(void *)(buf + 2 * n);
-    for (int j = 0; j < n; j++) {
-        v[j] = src[a->d->p_col ? a->d->p_col[j] : (uint32_t)j] / c[j];
-        if (s->format == MPQ_FORMAT_BITPLANE && !(fabsf(v[j]) <= MPQ__F16_MAX)) return 0;
-    }
-    for (int g = 0; g < s->ngroups; g++) {
-        const int b = mpq__bits_at(s, i, g), o = g * s->group, gw = mpq__group_cols(s, g);
-        uint16_t sh, zh;
-        mpq__quant_any(s->format, b, (int)((s->symmetric >> b) & 1u), v + o, gw, clips ? clips[g] : 0.0f, tmp, q, &sh, &zh);
-        for (int k = 0; k < gw; k++) delta[o + k] = (mpq__deq_any(s->format, b, q[k], sh, zh) - v[o + k]) * c[o + k];
-    }
-    return 1;
-}
-
-/* The objective: mean over tokens and rows of the squared output error. */
-static double mpq__awq_loss(const mpq__awq *a, const float *c, const float *clip, float *work, int nth)
-{
-    const mpq__shape *s = a->s;
-    const size_t per = 4u * (size_t)s->cols + 64u;
-    double total = 0.0;
-    int bad = 0;
-    (void)nth;
-#ifdef _OPENMP
-#pragma omp parallel for schedule(dynamic, 8) reduction(+ : total, bad) num_threads(nth)
-#endif
-    for (int i = 0; i < s->rows; i++) {
-        float *delta = work + per * (size_t)mpq__thread_id(), *buf = delta + s->cols;
-        if (!mpq__awq_delta(a, i, c, clip ? clip + (size_t)i * (size_t)s->ngroups : NULL, delta, buf)) {
-            bad = 1;
-            continue;
-        }
-        for (int t = 0; t < a->tokens; t++) {
-            double e = mpq__dot(delta, a->Xt + (size_t)t * (size_t)s->cols, s->cols);
-            total += e * e;
-        }
-    }
-    return bad ? HUGE_VAL : total / ((double)a->tokens * (double)s->rows);
-}
-
-MPQ_DEF mpq_status mpq_awq_search(const mpq_bitplane_desc *d, const float *W, const mpq_awq_desc *ad, float *col_scale,
-                                  float *clip, mpq_awq_result *res)
-{
-    mpq__shape s;
-    mpq_status st = mpq__shape_from_desc(d, &s);
-    if (st != MPQ_OK) return st;
-    if (!W || !ad || !ad->X || !col_scale) return MPQ_ERR_ARG;
-    const int grid = ad->grid ? ad->grid : 20, steps = ad->clip_steps ? ad->clip_steps : 20;
-    const float shrink = ad->max_shrink != 0.0f ? ad->max_shrink : 0.5f;
-    if (ad->tokens < 1 || grid < 1 || ad->clip_tokens < 0) return MPQ_ERR_SIZE;
-    if (!(shrink > 0.0f && shrink < 1.0f)) return MPQ_ERR_ARG;
-    if (steps > 0 && !clip) return MPQ_ERR_ARG;
-    if (d->p_row && (st = mpq__perm_check(d->p_row, s.rows)) != MPQ_OK) return st;
-    if (d->p_col && (st = mpq__perm_check(d->p_col, s.cols)) != MPQ_OK) return st;
-    for (size_t k = 0; k < (size_t)s.rows * (size_t)s.cols; k++)
-        if (!mpq__finite(W[k])) return MPQ_ERR_NONFINITE;
-    for (size_t k = 0; k < (size_t)ad->tokens * (size_t)s.cols; k++)
-        if (!mpq__finite(ad->X[k])) return MPQ_ERR_NONFINITE;
-
-    const size_t n = (size_t)s.cols;
-    const int nth = mpq__max_threads();
-    const size_t per = 4u * n + 64u; /* delta, v, tmp, codes of a wide group */
-    float *mean = (float *)MPQ_MALLOC(sizeof(float) * n * 3), *c = mean + n, *best = c + n;
-    float *work = (float *)mpq_aligned_alloc(sizeof(float) * per * (size_t)nth);
-    float *Xt = d->p_col ? (float *)mpq_aligned_alloc(sizeof(float) * n * (size_t)ad->tokens) : NULL;
-    if (!mean || !work || (d->p_col && !Xt)) {
-        MPQ_FREE(mean);
-        mpq_aligned_free(work);
-        mpq_aligned_free(Xt);
-        return MPQ_ERR_NOMEM;
-    }
-    if (Xt) /* the one gathered copy: packed column order */
-        for (int t = 0; t < ad->tokens; t++)
-            for (size_t j = 0; j < n; j++) Xt[(size_t)t * n + j] = ad->X[(size_t)t * n + d->p_col[j]];
-    mpq__awq a = {&s, d, W, Xt ? Xt : ad->X, ad->tokens};
-
-    /* mean |x| per packed column */
-    for (size_t j = 0; j < n; j++) {
-        double m = 0.0;
-        for (int t = 0; t < ad->tokens; t++) m += fabs((double)a.Xt[(size_t)t * n + j]);
-        mean[j] = (float)(m / ad->tokens);
-    }
-    /* 1. the scale grid; alpha = 0 (every c = 1) is plain RTN */
-    double best_loss = HUGE_VAL, rtn = HUGE_VAL;
-    float best_alpha = 0.0f;
-    for (int k = 0; k < grid; k++) {
-        const float alpha = (float)k / (float)grid;
-        double mx = 0.0, mn = HUGE_VAL;
-        for (size_t j = 0; j < n; j++) {
-            double sj = pow(fmax((double)mean[j], 1e-4), (double)alpha);
-            c[j] = (float)sj;
-            mx = sj > mx ? sj : mx;
-            mn = sj < mn ? sj : mn;
-        }
-        const double norm = sqrt(mx * mn);
-        for (size_t j = 0; j < n; j++) c[j] = (float)(norm / (double)c[j]); /* c = 1 / (s / norm) */
-        double loss = mpq__awq_loss(&a, c, NULL, work, nth);
-        if (k == 0) rtn = loss;
-        if (loss < best_loss) {
-            best_loss = loss;
-            best_alpha = alpha;
-            memcpy(best, c, sizeof(float) * n);
-        }
-    }
-    if (best_loss == HUGE_VAL) { /* not even RTN fits the fp16 pairs */
-        MPQ_FREE(mean);
-        mpq_aligned_free(work);
-        mpq_aligned_free(Xt);
-        return MPQ_ERR_RANGE;
-    }
-    /* 2. clips, group by group, on evenly spaced tokens */
-    double final = best_loss;
-    if (steps > 0) {
-        const int ct = ad->clip_tokens ? (ad->clip_tokens < ad->tokens ? ad->clip_tokens : ad->tokens)
-                                       : (ad->tokens < 32 ? ad->tokens : 32);
-#ifdef _OPENMP
-#pragma omp parallel for schedule(dynamic, 8) num_threads(nth)
-#endif
-        for (int i = 0; i < s.rows; i++) {
-            float *delta = work + per * (size_t)mpq__thread_id(), *buf = delta + n;
-            const float *src = W + (size_t)(d->p_row ? d->p_row[i] : (uint32_t)i) * n;
-            for (int g = 0; g < s.ngroups; g++) {
-                const int b = mpq__bits_at(&s, i, g), o = g * s.group, gw = mpq__group_cols(&s, g);
-                float *v = buf, *tmp = buf + gw, amax = 0.0f;
-                uint8_t *q = (uint8_t *)(void *)(tmp + gw);
-                for (int k = 0; k < gw; k++) {
-                    v[k] = src[d->p_col ? d->p_col[o + k] : (uint32_t)(o + k)] / best[o + k];
-                    amax = fabsf(v[k]) > amax ? fabsf(v[k]) : amax;
-                }
-                double err_best = HUGE_VAL;
-                float clip_best = 0.0f;
-                for (int step = 0; step <= steps; step++) {
-                    const float cl = step ? (1.0f - (float)step * shrink / (float)steps) * amax : 0.0f;
-                    uint16_t sh, zh;
-                    mpq__quant_any(s.format, b, (int)((s.symmetric >> b) & 1u), v, gw, cl, tmp, q, &sh, &zh);
-                    for (int k = 0; k < gw; k++) delta[k] = (mpq__deq_any(s.format, b, q[k], sh, zh) - v[k]) * best[o + k];
-                    double err = 0.0;
-                    for (int u = 0; u < ct; u++) {
-                        const int t = (int)(((int64_t)u * ad->tokens) / ct);
-                        double e = mpq__dot(delta, a.Xt + (size_t)t * n + (size_t)o, gw);
-                        err += e * e;
-                    }
-                    if (err < err_best) {
-                        err_best = err;
-                        clip_best = cl;
-                    }
-                }
-                clip[(size_t)i * (size_t)s.ngroups + (size_t)g] = clip_best;
-            }
-        }
-        final = mpq__awq_loss(&a, best, clip, work, nth);
-    } else if (clip)
-        memset(clip, 0, sizeof(float) * (size_t)s.rows * (size_t)s.ngroups);
-    memcpy(col_scale, best, sizeof(float) * n);
-    if (res) {
-        res->alpha = best_alpha;
-        res->loss_rtn = rtn;
-        res->loss_scaled = best_loss;
-        res->loss_final = final;
-    }
-    MPQ_FREE(mean);
-    mpq_aligned_free(work);
-    mpq_aligned_free(Xt);
-    return MPQ_OK;
-}
-
-/* ========================================================================== */
-/* 8. GPTQ                                                                    */
-/* ========================================================================== */
-
-/* Both products of GPTQ (the Cholesky factorisation's trailing update and
-   the lazy batches' update of the later columns) are one shape:
+/* Dense products of AWQ's objective and of GPTQ (the Cholesky
+   factorisation, the triangular inverse and the lazy batches) are one
+   register tile:
 
      C[r][0 .. NC) += sum_{k < K} A[r][k] B[k][0 .. NC)   for r < MPQ__GR,
 
@@ -3657,6 +3487,276 @@ static void mpq__gtile_f64(int K, const double *A, size_t lda, const double *B, 
 #endif
 }
 
+/* Everything one evaluation of the AWQ objective needs. */
+typedef struct mpq__awq {
+    const mpq__shape *s;
+    const mpq_bitplane_desc *d;
+    const float *W;
+    const float *XT; /* cols x tp: the tokens transposed, packed column order, zero past `tokens` */
+    int tokens, tp;  /* tp: tokens rounded up to MPQ__GCF */
+} mpq__awq;
+
+#define MPQ__AWQ_ROWS 64 /* rows of W per task of the objective */
+#define MPQ__AWQ_KB 256  /* columns per pass over the tokens (a slab of XT that stays in cache) */
+
+/* delta[k] = (q(v_k) - v_k) c_k for one group v (len values, already
+   divided by c) quantized as mpq_pack does; tmp: len floats. */
+static void mpq__awq_group_delta(int format, int b, int symmetric, const float *v, const float *c, int len, float clip,
+                                 float *tmp, uint8_t *q, float *delta)
+{
+    uint16_t sh, zh;
+    mpq__quant_any(format, b, symmetric, v, len, clip, tmp, q, &sh, &zh);
+    if (format == MPQ_FORMAT_MXINT) {
+        for (int k = 0; k < len; k++) delta[k] = (mpq__deq_any(format, b, q[k], sh, zh) - v[k]) * c[k];
+        return;
+    }
+    const float s = mpq_f16_to_f32(sh), z = mpq_f16_to_f32(zh);
+    const int qmax = (1 << b) - 1;
+    for (int k = 0; k < len; k++) delta[k] = (s * (float)(2 * (int)q[k] - qmax) + z - v[k]) * c[k];
+}
+
+/* Delta (original scale) of packed row i quantized with column scales c and
+   clips (per group of row i, or NULL): delta[j] = (q(w~_j / c_j) - w~_j / c_j) c_j.
+   buf: 3 * cols floats. Returns 0 when a scaled weight leaves the fp16 range. */
+static int mpq__awq_delta(const mpq__awq *a, int i, const float *c, const float *clips, float *delta, float *buf)
+{
+    const mpq__shape *s = a->s;
+    const int n = s->cols;
+    const float *src = a->W + (size_t)(a->d->p_row ? a->d->p_row[i] : (uint32_t)i) * (size_t)n;
+    float *v = buf, *tmp = buf + n;
+    uint8_t *q = (uint8_t *)(void *)(buf + 2 * n);
+    int ok = 1;
+    if (a->d->p_col)
+        for (int j = 0; j < n; j++) v[j] = src[a->d->p_col[j]] / c[j];
+    else
+        for (int j = 0; j < n; j++) v[j] = src[j] / c[j];
+    if (s->format == MPQ_FORMAT_BITPLANE)
+        for (int j = 0; j < n; j++) ok &= fabsf(v[j]) <= MPQ__F16_MAX;
+    if (!ok) return 0;
+    for (int g = 0; g < s->ngroups; g++) {
+        const int b = mpq__bits_at(s, i, g), o = g * s->group;
+        mpq__awq_group_delta(s->format, b, (int)((s->symmetric >> b) & 1u), v + o, c + o, mpq__group_cols(s, g),
+                             clips ? clips[g] : 0.0f, tmp, q, delta + o);
+    }
+    return 1;
+}
+
+/* Scratch per thread of the objective: MPQ__AWQ_ROWS rows of deltas and
+   of outputs, and mpq__awq_delta's buffer. */
+static size_t mpq__awq_per(const mpq__shape *s, int tp)
+{
+    return mpq__align64(sizeof(float) * MPQ__AWQ_ROWS * ((size_t)s->cols + (size_t)tp)) +
+           mpq__align64(sizeof(float) * 3u * (size_t)s->cols + 64u);
+}
+
+/* The objective: mean over tokens and rows of the squared output error,
+   the outputs of a task's rows as one product with the tokens. */
+static double mpq__awq_loss(const mpq__awq *a, const float *c, const float *clip, uint8_t *work, int nth)
+{
+    const mpq__shape *s = a->s;
+    const size_t n = (size_t)s->cols, tp = (size_t)a->tp, per = mpq__awq_per(s, a->tp);
+    const int ntask = (s->rows + MPQ__AWQ_ROWS - 1) / MPQ__AWQ_ROWS;
+    double total = 0.0;
+    int bad = 0;
+    (void)nth;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(dynamic, 1) reduction(+ : total, bad) num_threads(nth)
+#endif
+    for (int task = 0; task < ntask; task++) {
+        uint8_t *mine = work + per * (size_t)mpq__thread_id();
+        float *delta = (float *)(void *)mine, *E = delta + MPQ__AWQ_ROWS * n;
+        float *buf = (float *)(void *)(mine + mpq__align64(sizeof(float) * MPQ__AWQ_ROWS * (n + tp)));
+        const int r0 = task * MPQ__AWQ_ROWS, nr = s->rows - r0 < MPQ__AWQ_ROWS ? s->rows - r0 : MPQ__AWQ_ROWS;
+        const int nrp = (nr + MPQ__GR - 1) / MPQ__GR * MPQ__GR;
+        for (int r = 0; r < nrp; r++) {
+            float *dr = delta + (size_t)r * n;
+            if (r >= nr)
+                memset(dr, 0, sizeof(float) * n);
+            else if (!mpq__awq_delta(a, r0 + r, c, clip ? clip + (size_t)(r0 + r) * (size_t)s->ngroups : NULL, dr, buf))
+                bad = 1;
+        }
+        if (bad) continue;
+        memset(E, 0, sizeof(float) * (size_t)nrp * tp);
+        for (size_t k0 = 0; k0 < n; k0 += MPQ__AWQ_KB) {
+            const int kb = (int)(n - k0 < MPQ__AWQ_KB ? n - k0 : MPQ__AWQ_KB);
+            for (size_t t0 = 0; t0 < tp; t0 += MPQ__GCF)
+                for (int r = 0; r < nrp; r += MPQ__GR)
+                    mpq__gtile_f32(kb, delta + (size_t)r * n + k0, n, a->XT + k0 * tp + t0, tp, E + (size_t)r * tp + t0, tp);
+        }
+        for (int r = 0; r < nr; r++)
+            for (int t = 0; t < a->tokens; t++) {
+                const double e = E[(size_t)r * tp + (size_t)t];
+                total += e * e;
+            }
+    }
+    return bad ? HUGE_VAL : total / ((double)a->tokens * (double)s->rows);
+}
+
+/* X (tokens x cols, original order) transposed into cols x tp, columns in
+   packed order, zero past the tokens taken: token u of the copy is row
+   (u * tokens) / count of X (count of them, evenly spaced). */
+static float *mpq__awq_transpose(const mpq_bitplane_desc *d, const float *X, int tokens, int count, int cols, int *tp)
+{
+    *tp = (count + MPQ__GCF - 1) / MPQ__GCF * MPQ__GCF;
+    float *XT = (float *)mpq_aligned_alloc(sizeof(float) * (size_t)cols * (size_t)*tp);
+    if (!XT) return NULL;
+    for (int j = 0; j < cols; j++) {
+        float *row = XT + (size_t)j * (size_t)*tp;
+        const size_t src = d->p_col ? d->p_col[j] : (uint32_t)j;
+        for (int u = 0; u < *tp; u++)
+            row[u] = u < count ? X[(size_t)(((int64_t)u * tokens) / count) * (size_t)cols + src] : 0.0f;
+    }
+    return XT;
+}
+
+MPQ_DEF mpq_status mpq_awq_search(const mpq_bitplane_desc *d, const float *W, const mpq_awq_desc *ad, float *col_scale,
+                                  float *clip, mpq_awq_result *res)
+{
+    mpq__shape s;
+    mpq_status st = mpq__shape_from_desc(d, &s);
+    if (st != MPQ_OK) return st;
+    if (!W || !ad || !ad->X || !col_scale) return MPQ_ERR_ARG;
+    const int grid = ad->grid ? ad->grid : 20, steps = ad->clip_steps ? ad->clip_steps : 20;
+    const float shrink = ad->max_shrink != 0.0f ? ad->max_shrink : 0.5f;
+    if (ad->tokens < 1 || grid < 1 || ad->clip_tokens < 0) return MPQ_ERR_SIZE;
+    if (!(shrink > 0.0f && shrink < 1.0f)) return MPQ_ERR_ARG;
+    if (steps > 0 && !clip) return MPQ_ERR_ARG;
+    if (d->p_row && (st = mpq__perm_check(d->p_row, s.rows)) != MPQ_OK) return st;
+    if (d->p_col && (st = mpq__perm_check(d->p_col, s.cols)) != MPQ_OK) return st;
+    for (size_t k = 0; k < (size_t)s.rows * (size_t)s.cols; k++)
+        if (!mpq__finite(W[k])) return MPQ_ERR_NONFINITE;
+    for (size_t k = 0; k < (size_t)ad->tokens * (size_t)s.cols; k++)
+        if (!mpq__finite(ad->X[k])) return MPQ_ERR_NONFINITE;
+
+    const size_t n = (size_t)s.cols;
+    const int nth = mpq__max_threads();
+    const int ct = ad->clip_tokens ? (ad->clip_tokens < ad->tokens ? ad->clip_tokens : ad->tokens)
+                                   : (ad->tokens < 32 ? ad->tokens : 32);
+    int tp = 0, ctp = 0;
+    float *mean = (float *)MPQ_MALLOC(sizeof(float) * n * 3), *c = mean + n, *best = c + n;
+    float *XT = mpq__awq_transpose(d, ad->X, ad->tokens, ad->tokens, s.cols, &tp);
+    float *XC = steps > 0 ? mpq__awq_transpose(d, ad->X, ad->tokens, ct, s.cols, &ctp) : NULL;
+    const int ncand = (steps + 1 + MPQ__GR - 1) / MPQ__GR * MPQ__GR; /* clip candidates, padded to whole tiles */
+    const size_t per = mpq__awq_per(&s, tp), cper = mpq__align64(sizeof(float) * (size_t)ncand * ((size_t)s.group + (size_t)ctp)) +
+                                                    mpq__align64(sizeof(float) * 3u * (size_t)s.group + 64u);
+    uint8_t *work = (uint8_t *)mpq_aligned_alloc((per > cper ? per : cper) * (size_t)nth);
+    if (!mean || !work || !XT || (steps > 0 && !XC)) {
+        MPQ_FREE(mean);
+        mpq_aligned_free(work);
+        mpq_aligned_free(XT);
+        mpq_aligned_free(XC);
+        return MPQ_ERR_NOMEM;
+    }
+    mpq__awq a = {&s, d, W, XT, ad->tokens, tp};
+
+    /* mean |x| per packed column */
+    for (size_t j = 0; j < n; j++) {
+        double m = 0.0;
+        for (int t = 0; t < ad->tokens; t++) m += fabs((double)XT[j * (size_t)tp + (size_t)t]);
+        mean[j] = (float)(m / ad->tokens);
+    }
+    /* 1. the scale grid; alpha = 0 (every c = 1) is plain RTN */
+    double best_loss = HUGE_VAL, rtn = HUGE_VAL;
+    float best_alpha = 0.0f;
+    for (int k = 0; k < grid; k++) {
+        const float alpha = (float)k / (float)grid;
+        double mx = 0.0, mn = HUGE_VAL;
+        for (size_t j = 0; j < n; j++) {
+            double sj = pow(fmax((double)mean[j], 1e-4), (double)alpha);
+            c[j] = (float)sj;
+            mx = sj > mx ? sj : mx;
+            mn = sj < mn ? sj : mn;
+        }
+        const double norm = sqrt(mx * mn);
+        for (size_t j = 0; j < n; j++) c[j] = (float)(norm / (double)c[j]); /* c = 1 / (s / norm) */
+        double loss = mpq__awq_loss(&a, c, NULL, work, nth);
+        if (k == 0) rtn = loss;
+        if (loss < best_loss) {
+            best_loss = loss;
+            best_alpha = alpha;
+            memcpy(best, c, sizeof(float) * n);
+        }
+    }
+    if (best_loss == HUGE_VAL) { /* not even RTN fits the fp16 pairs */
+        MPQ_FREE(mean);
+        mpq_aligned_free(work);
+        mpq_aligned_free(XT);
+        mpq_aligned_free(XC);
+        return MPQ_ERR_RANGE;
+    }
+    /* 2. clips, group by group, on evenly spaced tokens: the deltas of every
+       candidate ratio times the group's slab of those tokens, one product */
+    double final = best_loss;
+    if (steps > 0) {
+#ifdef _OPENMP
+#pragma omp parallel for schedule(dynamic, 8) num_threads(nth)
+#endif
+        for (int i = 0; i < s.rows; i++) {
+            uint8_t *mine = work + cper * (size_t)mpq__thread_id();
+            float *D = (float *)(void *)mine, *E = D + (size_t)ncand * (size_t)s.group;
+            float *v = (float *)(void *)(mine + mpq__align64(sizeof(float) * (size_t)ncand * ((size_t)s.group + (size_t)ctp)));
+            float *tmp = v + s.group;
+            uint8_t *q = (uint8_t *)(void *)(tmp + s.group);
+            const float *src = W + (size_t)(d->p_row ? d->p_row[i] : (uint32_t)i) * n;
+            for (int g = 0; g < s.ngroups; g++) {
+                const int b = mpq__bits_at(&s, i, g), o = g * s.group, gw = mpq__group_cols(&s, g);
+                const int sym = (int)((s.symmetric >> b) & 1u);
+                float amax = 0.0f;
+                for (int k = 0; k < gw; k++) {
+                    v[k] = src[d->p_col ? d->p_col[o + k] : (uint32_t)(o + k)] / best[o + k];
+                    amax = fabsf(v[k]) > amax ? fabsf(v[k]) : amax;
+                }
+                for (int step = 0; step < ncand; step++) {
+                    float *ds = D + (size_t)step * (size_t)s.group;
+                    if (step > steps) {
+                        memset(ds, 0, sizeof(float) * (size_t)gw);
+                        continue;
+                    }
+                    const float cl = step ? (1.0f - (float)step * shrink / (float)steps) * amax : 0.0f;
+                    mpq__awq_group_delta(s.format, b, sym, v, best + o, gw, cl, tmp, q, ds);
+                }
+                memset(E, 0, sizeof(float) * (size_t)ncand * (size_t)ctp);
+                for (int t0 = 0; t0 < ctp; t0 += MPQ__GCF)
+                    for (int r = 0; r < ncand; r += MPQ__GR)
+                        mpq__gtile_f32(gw, D + (size_t)r * (size_t)s.group, (size_t)s.group, XC + (size_t)o * (size_t)ctp + t0,
+                                       (size_t)ctp, E + (size_t)r * (size_t)ctp + t0, (size_t)ctp);
+                double err_best = HUGE_VAL;
+                float clip_best = 0.0f;
+                for (int step = 0; step <= steps; step++) {
+                    double err = 0.0;
+                    for (int u = 0; u < ct; u++) {
+                        const double e = E[(size_t)step * (size_t)ctp + (size_t)u];
+                        err += e * e;
+                    }
+                    if (err < err_best) {
+                        err_best = err;
+                        clip_best = step ? (1.0f - (float)step * shrink / (float)steps) * amax : 0.0f;
+                    }
+                }
+                clip[(size_t)i * (size_t)s.ngroups + (size_t)g] = clip_best;
+            }
+        }
+        final = mpq__awq_loss(&a, best, clip, work, nth);
+    } else if (clip)
+        memset(clip, 0, sizeof(float) * (size_t)s.rows * (size_t)s.ngroups);
+    memcpy(col_scale, best, sizeof(float) * n);
+    if (res) {
+        res->alpha = best_alpha;
+        res->loss_rtn = rtn;
+        res->loss_scaled = best_loss;
+        res->loss_final = final;
+    }
+    MPQ_FREE(mean);
+    mpq_aligned_free(work);
+    mpq_aligned_free(XT);
+    mpq_aligned_free(XC);
+    return MPQ_OK;
+}
+
+/* ========================================================================== */
+/* 8. GPTQ                                                                    */
+/* ========================================================================== */
+
 #define MPQ__CHOL_NB 64
 
 /* Lower Cholesky factor of the n x n matrix F (row stride ld, at least
@@ -3735,16 +3835,23 @@ static void mpq__trinv(double *F, int n, size_t ld, double *T, int nth)
                 mpq__gtile_f64(i0 - j0, F + (size_t)(i0 + r) * ld + (size_t)j0, ld, F + (size_t)j0 * ld + (size_t)j0, ld,
                                T + (size_t)r * ld + (size_t)j0, ld);
         }
+        const int nsol = (i0 + 255) / 256;
 #ifdef _OPENMP
 #pragma omp parallel for schedule(static) num_threads(nth)
 #endif
-        for (int j = 0; j < i0; j++) /* L_bb x = -T[.][j], column j of the block row */
+        for (int c = 0; c < nsol; c++) { /* L_bb X[block][j0 .. j1) = -T, row by row, the columns as vectors */
+            const int j0 = c * 256, j1 = j0 + 256 < i0 ? j0 + 256 : i0;
             for (int r = 0; r < nb; r++) {
-                const double *fr = F + (size_t)(i0 + r) * ld;
-                double t = -T[(size_t)r * ld + (size_t)j];
-                for (int k = 0; k < r; k++) t -= fr[i0 + k] * F[(size_t)(i0 + k) * ld + (size_t)j];
-                F[(size_t)(i0 + r) * ld + (size_t)j] = t / fr[i0 + r];
+                double *xr = F + (size_t)(i0 + r) * ld;
+                const double *tr = T + (size_t)r * ld, inv = 1.0 / xr[i0 + r];
+                for (int j = j0; j < j1; j++) xr[j] = -tr[j];
+                for (int k = 0; k < r; k++) {
+                    const double l = xr[i0 + k], *xk = F + (size_t)(i0 + k) * ld;
+                    for (int j = j0; j < j1; j++) xr[j] -= l * xk[j];
+                }
+                for (int j = j0; j < j1; j++) xr[j] *= inv;
             }
+        }
         for (int j = 0; j < nb; j++) { /* X_bb = L_bb^-1 column by column from the left, each from the top:
                                           it reads L only right of and below what it has overwritten */
             double *xjj = F + (size_t)(i0 + j) * ld + (size_t)(i0 + j);
