@@ -3757,26 +3757,36 @@ MPQ_DEF mpq_status mpq_awq_search(const mpq_bitplane_desc *d, const float *W, co
 /* 8. GPTQ                                                                    */
 /* ========================================================================== */
 
-#define MPQ__CHOL_NB 64
+#define MPQ__CHOL_NB 256 /* columns per panel of the factorisation */
+#define MPQ__CHOL_CB 128 /* columns per block of its trailing update (a slab of the panel that stays in cache) */
+#define MPQ__INV_NB 128  /* rows per block row of the triangular inverse */
+#define MPQ__INV_KB 256  /* columns of the inverse's product per pass */
 
 /* Lower Cholesky factor of the n x n matrix F (row stride ld, at least
    round_up(n, 32) rows and columns, rows and columns past n zero but for
    a unit diagonal), in place: F = L L^T, L in the lower triangle (the upper
    one is left with partial sums). Right-looking, by panels of
    MPQ__CHOL_NB columns: the diagonal block, the panel below it by
-   substitution, the rest of the lower triangle by one product. P: scratch
-   of MPQ__CHOL_NB x ld doubles. MPQ_ERR_NOTPD when a pivot is not
+   substitution (row by row, the panel's columns as vectors), the rest of
+   the lower triangle by one product, in column blocks of MPQ__CHOL_CB. P:
+   scratch of MPQ__CHOL_NB x ld doubles. MPQ_ERR_NOTPD when a pivot is not
    positive. */
 static mpq_status mpq__cholesky(double *F, int n, size_t ld, double *P, int nth)
 {
     const int nr = (n + MPQ__GR - 1) / MPQ__GR * MPQ__GR;
+    double *LT = (double *)MPQ_MALLOC(sizeof(double) * (MPQ__CHOL_NB * MPQ__CHOL_NB + MPQ__CHOL_NB));
+    if (!LT) return MPQ_ERR_NOMEM;
+    double *inv = LT + MPQ__CHOL_NB * MPQ__CHOL_NB;
     for (int kb = 0; kb < n; kb += MPQ__CHOL_NB) {
         const int ke = kb + MPQ__CHOL_NB < n ? kb + MPQ__CHOL_NB : n, nb = ke - kb;
         for (int j = kb; j < ke; j++) { /* the diagonal block */
             double *fj = F + (size_t)j * ld;
             double s = fj[j];
             for (int k = kb; k < j; k++) s -= fj[k] * fj[k];
-            if (!(s > 0.0) || !(s < HUGE_VAL)) return MPQ_ERR_NOTPD;
+            if (!(s > 0.0) || !(s < HUGE_VAL)) {
+                MPQ_FREE(LT);
+                return MPQ_ERR_NOTPD;
+            }
             fj[j] = sqrt(s);
             for (int i = j + 1; i < ke; i++) {
                 double *fi = F + (size_t)i * ld, t = fi[j];
@@ -3784,56 +3794,65 @@ static mpq_status mpq__cholesky(double *F, int n, size_t ld, double *P, int nth)
                 fi[j] = t / fj[j];
             }
         }
+        for (int j = 0; j < nb; j++) { /* its transpose and reciprocal diagonal, for the panel */
+            inv[j] = 1.0 / F[(size_t)(kb + j) * ld + (size_t)(kb + j)];
+            for (int i = j + 1; i < nb; i++) LT[(size_t)j * nb + (size_t)i] = F[(size_t)(kb + i) * ld + (size_t)(kb + j)];
+        }
         (void)nth;
 #ifdef _OPENMP
 #pragma omp parallel for schedule(static) num_threads(nth)
 #endif
         for (int i = ke; i < nr; i++) { /* the panel: F[i][kb..ke) L_kk^-T; then P = -panel^T */
-            double *fi = F + (size_t)i * ld;
-            for (int j = kb; j < ke; j++) {
-                const double *fj = F + (size_t)j * ld;
-                double t = fi[j];
-                for (int k = kb; k < j; k++) t -= fi[k] * fj[k];
-                fi[j] = t / fj[j];
+            double *fi = F + (size_t)i * ld + (size_t)kb;
+            for (int j = 0; j < nb; j++) {
+                const double x = fi[j] * inv[j], *lt = LT + (size_t)j * nb;
+                fi[j] = x;
+                for (int k = j + 1; k < nb; k++) fi[k] -= x * lt[k];
             }
-            for (int k = 0; k < nb; k++) P[(size_t)k * ld + (size_t)i] = -fi[kb + k];
+            for (int k = 0; k < nb; k++) P[(size_t)k * ld + (size_t)i] = -fi[k];
         }
-        const int nblk = (nr - ke) / MPQ__GR;
+        const int ncb = ke < n ? (nr - ke + MPQ__CHOL_CB - 1) / MPQ__CHOL_CB : 0; /* none after the last panel */
 #ifdef _OPENMP
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nth)
 #endif
-        for (int b = nblk - 1; b >= 0; b--) { /* the trailing lower triangle, longest rows first */
-            const int i0 = ke + b * MPQ__GR;
-            for (int j0 = ke; j0 < i0 + MPQ__GR; j0 += MPQ__GCD)
-                mpq__gtile_f64(nb, F + (size_t)i0 * ld + (size_t)kb, ld, P + (size_t)j0, ld, F + (size_t)i0 * ld + (size_t)j0,
-                               ld);
+        for (int cb = 0; cb < ncb; cb++) { /* the trailing lower triangle, a block of columns at a time */
+            const int jb = ke + cb * MPQ__CHOL_CB, je = jb + MPQ__CHOL_CB < nr ? jb + MPQ__CHOL_CB : nr;
+            for (int i0 = jb; i0 < nr; i0 += MPQ__GR)
+                for (int j0 = jb; j0 < je && j0 < i0 + MPQ__GR; j0 += MPQ__GCD)
+                    mpq__gtile_f64(nb, F + (size_t)i0 * ld + (size_t)kb, ld, P + (size_t)j0, ld,
+                                   F + (size_t)i0 * ld + (size_t)j0, ld);
         }
     }
+    MPQ_FREE(LT);
     return MPQ_OK;
 }
 
 /* In place, the lower triangular factor L that mpq__cholesky left in F
    becomes L^-1 (its strict upper triangle is cleared first). By block rows
-   of MPQ__CHOL_NB from the top, with X = L^-1 already in the rows above:
-   T = L[block][0 .. i0) X[0 .. i0)[0 .. i0) in one product, then the block
-   row of X solves L_bb X[block][0 .. i0) = -T and X_bb = L_bb^-1, both by
-   substitution. T: MPQ__CHOL_NB x ld doubles of scratch. */
+   of MPQ__INV_NB from the top, with X = L^-1 already in the rows above:
+   T = L[block][0 .. i0) X[0 .. i0)[0 .. i0) as one product (in passes of
+   MPQ__INV_KB columns of L, so that its slab stays in cache), then the
+   block row of X solves L_bb X[block][0 .. i0) = -T and X_bb = L_bb^-1,
+   both by substitution. T: MPQ__INV_NB x ld doubles of scratch. */
 static void mpq__trinv(double *F, int n, size_t ld, double *T, int nth)
 {
     for (int i = 0; i < n; i++) memset(F + (size_t)i * ld + i + 1, 0, sizeof(double) * (ld - (size_t)i - 1));
     (void)nth;
-    for (int i0 = 0; i0 < n; i0 += MPQ__CHOL_NB) {
-        const int ie = i0 + MPQ__CHOL_NB < n ? i0 + MPQ__CHOL_NB : n, nb = ie - i0;
-        const int nbr = (nb + MPQ__GR - 1) / MPQ__GR * MPQ__GR, nchunk = (i0 + MPQ__GCD - 1) / MPQ__GCD;
+    for (int i0 = 0; i0 < n; i0 += MPQ__INV_NB) {
+        const int ie = i0 + MPQ__INV_NB < n ? i0 + MPQ__INV_NB : n, nb = ie - i0;
+        const int nbr = (nb + MPQ__GR - 1) / MPQ__GR * MPQ__GR;
         for (int r = 0; r < nbr; r++) memset(T + (size_t)r * ld, 0, sizeof(double) * ld);
+        for (int kb = 0; kb < i0; kb += MPQ__INV_KB) {
+            const int ke = kb + MPQ__INV_KB < i0 ? kb + MPQ__INV_KB : i0, nchunk = (ke + MPQ__GCD - 1) / MPQ__GCD;
 #ifdef _OPENMP
-#pragma omp parallel for schedule(dynamic, 1) num_threads(nth)
+#pragma omp parallel for schedule(dynamic, 4) num_threads(nth)
 #endif
-        for (int c = 0; c < nchunk; c++) { /* X is lower: rows k < j0 of a chunk add nothing */
-            const int j0 = c * MPQ__GCD;
-            for (int r = 0; r < nbr; r += MPQ__GR)
-                mpq__gtile_f64(i0 - j0, F + (size_t)(i0 + r) * ld + (size_t)j0, ld, F + (size_t)j0 * ld + (size_t)j0, ld,
-                               T + (size_t)r * ld + (size_t)j0, ld);
+            for (int c = 0; c < nchunk; c++) { /* X is lower: its rows k < j0 add nothing to columns j0.. */
+                const int j0 = c * MPQ__GCD, k0 = j0 > kb ? j0 : kb;
+                for (int r = 0; r < nbr; r += MPQ__GR)
+                    mpq__gtile_f64(ke - k0, F + (size_t)(i0 + r) * ld + (size_t)k0, ld, F + (size_t)k0 * ld + (size_t)j0, ld,
+                                   T + (size_t)r * ld + (size_t)j0, ld);
+            }
         }
         const int nsol = (i0 + 255) / 256;
 #ifdef _OPENMP
@@ -3843,13 +3862,13 @@ static void mpq__trinv(double *F, int n, size_t ld, double *T, int nth)
             const int j0 = c * 256, j1 = j0 + 256 < i0 ? j0 + 256 : i0;
             for (int r = 0; r < nb; r++) {
                 double *xr = F + (size_t)(i0 + r) * ld;
-                const double *tr = T + (size_t)r * ld, inv = 1.0 / xr[i0 + r];
+                const double *tr = T + (size_t)r * ld, rinv = 1.0 / xr[i0 + r];
                 for (int j = j0; j < j1; j++) xr[j] = -tr[j];
                 for (int k = 0; k < r; k++) {
                     const double l = xr[i0 + k], *xk = F + (size_t)(i0 + k) * ld;
                     for (int j = j0; j < j1; j++) xr[j] -= l * xk[j];
                 }
-                for (int j = j0; j < j1; j++) xr[j] *= inv;
+                for (int j = j0; j < j1; j++) xr[j] *= rinv;
             }
         }
         for (int j = 0; j < nb; j++) { /* X_bb = L_bb^-1 column by column from the left, each from the top:

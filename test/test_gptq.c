@@ -326,6 +326,9 @@ Test(gptq, matches_the_reference_at_awkward_sizes)
     check_case(&b, 3);
     const gcase e = {130, 330, 400, MPQ_FORMAT_BITPLANE, 40, 16, 3, 3, 0, 0, 0, 0, 0, 0, 56, 0};
     check_case(&e, 4);
+    /* several panels of the factorisation and block rows of the inverse */
+    const gcase f = {24, 700, 900, MPQ_FORMAT_BITPLANE, 128, 16, 3, 3, 0, 1, 0, 0, 3, 0, 0, 0};
+    check_case(&f, 15);
 }
 
 Test(gptq, matches_the_reference_with_a_plan_and_permutations)
