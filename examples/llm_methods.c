@@ -23,20 +23,22 @@
       quantized model, as llama.cpp keeps it at Q8_0): RTN 2/3/4, MXINT4,
       AWQ 3/4; GPTQ 2/3/4 (act-order), 3 without act-order, and AWQ's
       scales and clips followed by GPTQ at 3 and 4 bits; SFMP's plans from
-      the Fisher diagonal at 2.25 to 4.25 bpw
-      (group 256 at 2.25 and 3.25, as its table 3) quantized by RTN and by
-      AWQ (its section 5) and by GPTQ; MixLLM's 8/4-bit output-channel mix
-      (10 % at 8 bits) and an 8/3 mix, by RTN and (as its paper) by GPTQ; MXSens's 4/6/8 MXINT templates; ReQuant on RTN 3
-      and AWQ 3 (0.25 % outliers + 0.25 % significant weights), and on SFMP's
-      plans at 3.25 and 4.0 with AWQ (the three composed); PMPD on the
-      AWQ 4-bit model (the prompt at 4 bits, the decode lowered, and the
-      static scheduler's choice on calibration text). Every model is
-      measured on the evaluation text (the tutorial and the FAQ, never
-      calibrated on): perplexity over the first --chunks chunks of 512
-      tokens, the second half of each scored; bits per weight of the linear
-      maps (scales, zeros, permutations, bits maps and sparse parts
-      included); decode tokens per second over 64 tokens after a 32-token
-      prompt, on the packed matrices.
+      the Fisher diagonal at 2.25 to 4.25 bpw (group 256 at 2.25 and 3.25,
+      as its table 3) quantized by RTN, by AWQ (its section 5) and by GPTQ
+      (planned in act-order's column order, so that GPTQ can take it), and
+      at 3.25 and 4.0 by AWQ + GPTQ; MixLLM's 8/4-bit output-channel mix
+      (10 % at 8 bits) and an 8/3 mix, by RTN and (as its paper) by GPTQ;
+      MXSens's 4/6/8 MXINT templates; ReQuant on RTN 3 and AWQ 3 (0.25 %
+      outliers + 0.25 % significant weights), and on SFMP's plans at 3.25
+      and 4.0 with AWQ (the three composed); PMPD on the AWQ 4-bit model
+      (the prompt at 4 bits, the decode lowered, and the static scheduler's
+      choice on calibration text). Every model is measured on the
+      evaluation text (the tutorial and the FAQ, never calibrated on):
+      perplexity over the first --chunks chunks of 512 tokens, the second
+      half of each scored; bits per weight of the linear maps (scales,
+      zeros, permutations, bits maps and sparse parts included); decode
+      tokens per second over 64 tokens after a 32-token prompt, on the
+      packed matrices.
    Writes DIR/results.md and DIR/ppl_vs_bpw.svg (DIR: build/llm). */
 #define _POSIX_C_SOURCE 200809L
 #define MPQ_IMPLEMENTATION
@@ -264,30 +266,50 @@ static void run_uniform(ctx *C, const char *family, const char *name, int bits, 
     unpack_all(C);
 }
 
-/* SFMP's plan from the Fisher diagonal at a budget and group. */
-static void sfmp_plan(ctx *C, double bpw, int group, mpq_plan *p)
+/* SFMP's plan from the Fisher diagonal at a budget and group; act: planned
+   in GPTQ's act-order coordinates (each map's Fisher columns permuted by
+   mpq_gptq_act_order, so that pack_all with Q_ACT puts the plan's widths on
+   the columns they were planned for). */
+static void sfmp_plan(ctx *C, double bpw, int group, int act, mpq_plan *p)
 {
     mpq_sfmp_layer *L = (mpq_sfmp_layer *)calloc((size_t)C->nl, sizeof *L);
-    for (int i = 0; i < C->nl; i++) L[i].S = C->S.fisher[i], L[i].rows = lin_at(C, i)->rows, L[i].cols = lin_at(C, i)->cols;
+    float **perm = (float **)calloc((size_t)C->nl, sizeof(float *));
+    uint32_t *order = NULL;
+    for (int i = 0; i < C->nl; i++) {
+        const int rows = lin_at(C, i)->rows, cols = lin_at(C, i)->cols;
+        L[i].S = C->S.fisher[i], L[i].rows = rows, L[i].cols = cols;
+        if (!act) continue;
+        order = (uint32_t *)realloc(order, sizeof(uint32_t) * (size_t)cols);
+        perm[i] = (float *)malloc(sizeof(float) * (size_t)rows * (size_t)cols);
+        mpq_status st = order && perm[i] ? mpq_gptq_act_order(C->Hs.xtx[i], cols, order) : MPQ_ERR_NOMEM;
+        if (st == MPQ_OK) st = mpq_perm_apply(C->S.fisher[i], rows, cols, NULL, order, perm[i]);
+        if (st != MPQ_OK) die("act-order", st);
+        L[i].S = perm[i];
+    }
     mpq_sfmp_desc d;
     memset(&d, 0, sizeof d);
     d.bpw = bpw, d.group = group;
     mpq_status st = mpq_plan_sfmp(L, C->nl, &d, p);
     if (st != MPQ_OK) die("sfmp plan", st);
-    free(L);
+    for (int i = 0; i < C->nl; i++) free(perm[i]);
+    free(perm), free(order), free(L);
 }
 
 static void run_sfmp(ctx *C, double bpw, int group, int how)
 {
     const double t0 = now();
     mpq_plan p;
-    sfmp_plan(C, bpw, group, &p);
+    sfmp_plan(C, bpw, group, (how & Q_ACT) != 0, &p);
     pack_all(C, &p, 0, 0, 0, how);
     mpq_plan_free(&p);
     char name[64];
-    const char *q = how & Q_GPTQ ? " + GPTQ" : how & Q_AWQ ? " + AWQ" : "";
-    snprintf(name, sizeof name, "SFMP %.2f g%d%s", bpw, group, q);
-    measure(C, how & Q_GPTQ ? "SFMP+GPTQ" : how & Q_AWQ ? "SFMP+AWQ" : "SFMP", name, NULL, NULL, now() - t0);
+    snprintf(name, sizeof name, "SFMP %.2f g%d%s%s%s", bpw, group, how & Q_AWQ ? " + AWQ" : "",
+             how & Q_GPTQ ? " + GPTQ" : "", how & Q_ACT ? " (act-order)" : "");
+    const char *family = (how & (Q_AWQ | Q_GPTQ)) == (Q_AWQ | Q_GPTQ) ? "SFMP+AWQ+GPTQ"
+                         : how & Q_GPTQ                              ? "SFMP+GPTQ"
+                         : how & Q_AWQ                               ? "SFMP+AWQ"
+                                                                     : "SFMP";
+    measure(C, family, name, NULL, NULL, now() - t0);
     unpack_all(C);
 }
 
@@ -663,7 +685,9 @@ int main(int argc, char **argv)
         for (int b = 0; b < 6; b++) run_sfmp(&C, budgets[b], budgets[b] == 2.25 || budgets[b] == 3.25 ? 256 : 128, 0);
         static const double awq_budgets[] = {2.25, 3.25, 3.5, 4.25};
         for (int b = 0; b < 4; b++) run_sfmp(&C, awq_budgets[b], b < 2 ? 256 : 128, Q_AWQ);
-        for (int b = 0; b < 4; b++) run_sfmp(&C, awq_budgets[b], b < 2 ? 256 : 128, Q_GPTQ);
+        for (int b = 0; b < 4; b++) run_sfmp(&C, awq_budgets[b], b < 2 ? 256 : 128, Q_GPTQ | Q_ACT);
+        run_sfmp(&C, 3.25, 128, Q_AWQ | Q_GPTQ | Q_ACT); /* compositions: SFMP's widths, AWQ's scales, GPTQ */
+        run_sfmp(&C, 4.0, 128, Q_AWQ | Q_GPTQ | Q_ACT);
         run_mixllm(&C, 4, 0);
         run_mixllm(&C, 3, 0);
         run_mixllm(&C, 4, Q_GPTQ | Q_ACT);
@@ -674,7 +698,7 @@ int main(int argc, char **argv)
         static const double comp[] = {3.25, 4.0};
         for (int b = 0; b < 2; b++) {
             mpq_plan p;
-            sfmp_plan(&C, comp[b], 128, &p);
+            sfmp_plan(&C, comp[b], 128, 0, &p);
             char name[64];
             snprintf(name, sizeof name, "SFMP %.2f g128 + AWQ + ReQuant", comp[b]);
             run_requant(&C, &p, 1, name);
