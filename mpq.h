@@ -3581,7 +3581,8 @@ static double mpq__awq_loss(const mpq__awq *a, const float *c, const float *clip
             const int kb = (int)(n - k0 < MPQ__AWQ_KB ? n - k0 : MPQ__AWQ_KB);
             for (size_t t0 = 0; t0 < tp; t0 += MPQ__GCF)
                 for (int r = 0; r < nrp; r += MPQ__GR)
-                    mpq__gtile_f32(kb, delta + (size_t)r * n + k0, n, a->XT + k0 * tp + t0, tp, E + (size_t)r * tp + t0, tp);
+                    mpq__gtile_f32(kb, delta + (size_t)r * n + k0, n, a->XT + k0 * tp + t0, tp,
+                                   E + (size_t)r * tp + t0, tp);
         }
         for (int r = 0; r < nr; r++)
             for (int t = 0; t < a->tokens; t++) {
@@ -3637,8 +3638,8 @@ MPQ_DEF mpq_status mpq_awq_search(const mpq_bitplane_desc *d, const float *W, co
     float *XT = mpq__awq_transpose(d, ad->X, ad->tokens, ad->tokens, s.cols, &tp);
     float *XC = steps > 0 ? mpq__awq_transpose(d, ad->X, ad->tokens, ct, s.cols, &ctp) : NULL;
     const int ncand = (steps + 1 + MPQ__GR - 1) / MPQ__GR * MPQ__GR; /* clip candidates, padded to whole tiles */
-    const size_t per = mpq__awq_per(&s, tp), cper = mpq__align64(sizeof(float) * (size_t)ncand * ((size_t)s.group + (size_t)ctp)) +
-                                                    mpq__align64(sizeof(float) * 3u * (size_t)s.group + 64u);
+    const size_t cslab = mpq__align64(sizeof(float) * (size_t)ncand * ((size_t)s.group + (size_t)ctp));
+    const size_t per = mpq__awq_per(&s, tp), cper = cslab + mpq__align64(sizeof(float) * 3u * (size_t)s.group + 64u);
     uint8_t *work = (uint8_t *)mpq_aligned_alloc((per > cper ? per : cper) * (size_t)nth);
     if (!mean || !work || !XT || (steps > 0 && !XC)) {
         MPQ_FREE(mean);
@@ -3694,7 +3695,7 @@ MPQ_DEF mpq_status mpq_awq_search(const mpq_bitplane_desc *d, const float *W, co
         for (int i = 0; i < s.rows; i++) {
             uint8_t *mine = work + cper * (size_t)mpq__thread_id();
             float *D = (float *)(void *)mine, *E = D + (size_t)ncand * (size_t)s.group;
-            float *v = (float *)(void *)(mine + mpq__align64(sizeof(float) * (size_t)ncand * ((size_t)s.group + (size_t)ctp)));
+            float *v = (float *)(void *)(mine + cslab);
             float *tmp = v + s.group;
             uint8_t *q = (uint8_t *)(void *)(tmp + s.group);
             const float *src = W + (size_t)(d->p_row ? d->p_row[i] : (uint32_t)i) * n;
@@ -3718,8 +3719,9 @@ MPQ_DEF mpq_status mpq_awq_search(const mpq_bitplane_desc *d, const float *W, co
                 memset(E, 0, sizeof(float) * (size_t)ncand * (size_t)ctp);
                 for (int t0 = 0; t0 < ctp; t0 += MPQ__GCF)
                     for (int r = 0; r < ncand; r += MPQ__GR)
-                        mpq__gtile_f32(gw, D + (size_t)r * (size_t)s.group, (size_t)s.group, XC + (size_t)o * (size_t)ctp + t0,
-                                       (size_t)ctp, E + (size_t)r * (size_t)ctp + t0, (size_t)ctp);
+                        mpq__gtile_f32(gw, D + (size_t)r * (size_t)s.group, (size_t)s.group,
+                                       XC + (size_t)o * (size_t)ctp + t0, (size_t)ctp, E + (size_t)r * (size_t)ctp + t0,
+                                       (size_t)ctp);
                 double err_best = HUGE_VAL;
                 float clip_best = 0.0f;
                 for (int step = 0; step <= steps; step++) {
@@ -3796,7 +3798,8 @@ static mpq_status mpq__cholesky(double *F, int n, size_t ld, double *P, int nth)
         }
         for (int j = 0; j < nb; j++) { /* its transpose and reciprocal diagonal, for the panel */
             inv[j] = 1.0 / F[(size_t)(kb + j) * ld + (size_t)(kb + j)];
-            for (int i = j + 1; i < nb; i++) LT[(size_t)j * nb + (size_t)i] = F[(size_t)(kb + i) * ld + (size_t)(kb + j)];
+            for (int i = j + 1; i < nb; i++)
+                LT[(size_t)j * nb + (size_t)i] = F[(size_t)(kb + i) * ld + (size_t)(kb + j)];
         }
         (void)nth;
 #ifdef _OPENMP
@@ -3850,8 +3853,8 @@ static void mpq__trinv(double *F, int n, size_t ld, double *T, int nth)
             for (int c = 0; c < nchunk; c++) { /* X is lower: its rows k < j0 add nothing to columns j0.. */
                 const int j0 = c * MPQ__GCD, k0 = j0 > kb ? j0 : kb;
                 for (int r = 0; r < nbr; r += MPQ__GR)
-                    mpq__gtile_f64(ke - k0, F + (size_t)(i0 + r) * ld + (size_t)k0, ld, F + (size_t)k0 * ld + (size_t)j0, ld,
-                                   T + (size_t)r * ld + (size_t)j0, ld);
+                    mpq__gtile_f64(ke - k0, F + (size_t)(i0 + r) * ld + (size_t)k0, ld,
+                                   F + (size_t)k0 * ld + (size_t)j0, ld, T + (size_t)r * ld + (size_t)j0, ld);
             }
         }
         const int nsol = (i0 + 255) / 256;
@@ -4136,7 +4139,8 @@ MPQ_DEF mpq_status mpq_gptq(const mpq_bitplane_desc *d, const float *W, const mp
                 uint8_t *mine = scratch + per * (size_t)mpq__thread_id();
                 float *D = (float *)(void *)mine;
                 float *tmp = (float *)(void *)(mine + mpq__align64(sizeof(float) * MPQ__GPTQ_TILE * (size_t)B));
-                mpq__gq *gq = (mpq__gq *)(void *)((uint8_t *)tmp + mpq__align64(sizeof(float) * (size_t)s.group + (size_t)s.group));
+                mpq__gq *gq = (mpq__gq *)(void *)((uint8_t *)tmp +
+                                                  mpq__align64(sizeof(float) * (size_t)s.group + (size_t)s.group));
                 const int r0 = t * MPQ__GPTQ_TILE, r1 = r0 + MPQ__GPTQ_TILE < (int)mp ? r0 + MPQ__GPTQ_TILE : (int)mp;
                 ok = ok && mpq__gptq_tile(&G, r0, r1, D, tmp, gq, &loss);
             }

@@ -60,15 +60,16 @@ int main(int argc, char **argv)
     if (quick && !custom) shapes[0].rows = shapes[0].cols = 1024, nshapes = 1, shapes[0].per_layer = 0;
     printf("mpq bench/quantize: 4-bit g128, %d threads, AWQ on %d input rows (grid 20, clip search 20 steps)\n",
            bench_max_threads(), tokens);
-    printf("%-12s %10s %12s %12s %12s %10s %10s\n", "shape", "weights", "RTN Mw/s", "GPTQ Mw/s", "AWQ Mw/s",
-           "GPTQ/RTN", "AWQ/RTN");
+    printf("%-12s %10s %12s %12s %12s %10s %10s\n", "shape", "weights", "RTN Mw/s", "GPTQ Mw/s", "AWQ Mw/s", "GPTQ/RTN",
+           "AWQ/RTN");
     double t_gptq_model = 0, t_awq_model = 0;
     int full_model = !custom && !quick;
     for (int k = 0; k < nshapes; k++) {
         const int m = shapes[k].rows, n = shapes[k].cols;
         const double w = (double)m * n;
         synth_rng r = {1000 + (uint64_t)k};
-        float *W = (float *)malloc(sizeof(float) * (size_t)m * n), *X = (float *)malloc(sizeof(float) * (size_t)tokens * n);
+        float *W = (float *)malloc(sizeof(float) * (size_t)m * n),
+              *X = (float *)malloc(sizeof(float) * (size_t)tokens * n);
         if (!W || !X) return 1;
         synth_weights(&r, W, m, n);
         synth_tokens(&r, X, tokens, n, 7);
@@ -93,7 +94,8 @@ int main(int argc, char **argv)
         }
         mpq_packed_free(&A);
         free(H);
-        float *cs = (float *)malloc(sizeof(float) * n), *clip = (float *)malloc(sizeof(float) * (size_t)m * ((n + 127) / 128));
+        float *cs = (float *)malloc(sizeof(float) * n),
+              *clip = (float *)malloc(sizeof(float) * (size_t)m * ((n + 127) / 128));
         mpq_awq_desc a;
         memset(&a, 0, sizeof a);
         a.X = X, a.tokens = tokens;

@@ -677,8 +677,11 @@ int main(int argc, char **argv)
             run_uniform(&C, "GPTQ", name, b, MPQ_FORMAT_BITPLANE, Q_GPTQ | Q_ACT);
         }
         run_uniform(&C, "GPTQ", "GPTQ 3-bit g128", 3, MPQ_FORMAT_BITPLANE, Q_GPTQ);
-        run_uniform(&C, "AWQ+GPTQ", "AWQ + GPTQ 3-bit g128 (act-order)", 3, MPQ_FORMAT_BITPLANE, Q_AWQ | Q_GPTQ | Q_ACT);
-        run_uniform(&C, "AWQ+GPTQ", "AWQ + GPTQ 4-bit g128 (act-order)", 4, MPQ_FORMAT_BITPLANE, Q_AWQ | Q_GPTQ | Q_ACT);
+        for (int b = 3; b <= 4; b++) {
+            char name[48];
+            snprintf(name, sizeof name, "AWQ + GPTQ %d-bit g128 (act-order)", b);
+            run_uniform(&C, "AWQ+GPTQ", name, b, MPQ_FORMAT_BITPLANE, Q_AWQ | Q_GPTQ | Q_ACT);
+        }
         run_awq4_pmpd(&C);
         /* SFMP as its paper runs it: group 256 at 2.25 and 3.25 (its table 3), 128 elsewhere */
         static const double budgets[] = {2.25, 2.5, 3.0, 3.25, 3.5, 4.25};

@@ -109,8 +109,8 @@ static void write_inputs(void)
                 H[i * cols + j] = (float)h;
             }
         snprintf(key, sizeof key, "%s.xtx", name);
-        cr_assert_eq(mpq_st_write_f32(hs, key, MPQ_DT_F32, 2, (const uint64_t[]){(uint64_t)cols, (uint64_t)cols}, H, &e),
-                     MPQ_OK);
+        const uint64_t hshape[2] = {(uint64_t)cols, (uint64_t)cols};
+        cr_assert_eq(mpq_st_write_f32(hs, key, MPQ_DT_F32, 2, hshape, H, &e), MPQ_OK);
         free(W), free(S), free(X), free(rs), free(cs), free(H);
     }
     cr_assert_eq(mpq_st_write_f32(m, "model.norm.weight", MPQ_DT_F32, 1, (const uint64_t[]){96}, norm, &e), MPQ_OK);

@@ -59,7 +59,8 @@ static double out_err(const float *W, const float *Wd, const float *X, int m, in
     for (int i = 0; i < m; i++)
         for (int t = 0; t < tokens; t++) {
             double e = 0;
-            for (int j = 0; j < n; j++) e += ((double)W[(size_t)i * n + j] - Wd[(size_t)i * n + j]) * X[(size_t)t * n + j];
+            for (int j = 0; j < n; j++)
+                e += ((double)W[(size_t)i * n + j] - Wd[(size_t)i * n + j]) * X[(size_t)t * n + j];
             tot += e * e;
         }
     return tot / m;
@@ -92,7 +93,8 @@ static int ref_inverse(double *A, int n)
         for (int i = 0; i < n; i++)
             if (i != c) {
                 const double f = A[(size_t)i * n + c];
-                for (int j = 0; j < n; j++) A[(size_t)i * n + j] -= f * A[(size_t)c * n + j], I[(size_t)i * n + j] -= f * I[(size_t)c * n + j];
+                for (int j = 0; j < n; j++)
+                    A[(size_t)i * n + j] -= f * A[(size_t)c * n + j], I[(size_t)i * n + j] -= f * I[(size_t)c * n + j];
             }
     }
     memcpy(A, I, sizeof(double) * n * n);
@@ -124,8 +126,8 @@ static int ref_chol_upper(const double *A, int n, double *U)
    formula. */
 typedef struct ref_grid {
     int mx, b;
-    double s, z;   /* bit-plane pair */
-    int e8m0;      /* MXINT */
+    double s, z; /* bit-plane pair */
+    int e8m0; /* MXINT */
 } ref_grid;
 
 static ref_grid ref_grid_of(const double *v, int len, int b, int sym, int mx, double clip)
@@ -205,10 +207,12 @@ static double ref_gptq(const mpq_bitplane_desc *d, const float *W, const float *
             for (int i = 0; i < m; i++) {
                 if (static_groups && j > 0) break;
                 for (int gg = static_groups ? 0 : g; gg < (static_groups ? ng : g + 1); gg++) {
-                    const int b = d->bits ? d->bits[(size_t)(i / br) * ng + gg] : (d->uniform_bits ? d->uniform_bits : 4);
+                    const int b =
+                        d->bits ? d->bits[(size_t)(i / br) * ng + gg] : (d->uniform_bits ? d->uniform_bits : 4);
                     const int ggw = n - gg * G < G ? n - gg * G : G;
                     const double clip = d->clip ? d->clip[(size_t)i * ng + gg] : 0;
-                    grid[(size_t)i * ng + gg] = ref_grid_of(w + (size_t)i * n + gg * G, ggw, b, (int)((d->symmetric >> b) & 1u), mx, clip);
+                    grid[(size_t)i * ng + gg] =
+                        ref_grid_of(w + (size_t)i * n + gg * G, ggw, b, (int)((d->symmetric >> b) & 1u), mx, clip);
                 }
             }
         (void)gw;
@@ -231,7 +235,8 @@ static void ref_unpermute(const mpq_bitplane_desc *d, const double *Q, float *ou
     for (int i = 0; i < d->rows; i++)
         for (int j = 0; j < d->cols; j++) {
             int pi = d->p_row ? (int)d->p_row[i] : i, pj = d->p_col ? (int)d->p_col[j] : j;
-            out[(size_t)pi * d->cols + pj] = (float)(Q[(size_t)i * d->cols + j] * (d->col_scale ? d->col_scale[j] : 1.0f));
+            out[(size_t)pi * d->cols + pj] =
+                (float)(Q[(size_t)i * d->cols + j] * (d->col_scale ? d->col_scale[j] : 1.0f));
         }
 }
 
@@ -259,8 +264,10 @@ static void check_case(const gcase *c, uint64_t seed)
     const int br = c->br ? c->br : 16, nb = (m + br - 1) / br * ng;
     uint8_t *bits = malloc((size_t)nb);
     for (int k = 0; k < nb; k++) bits[k] = (uint8_t)(c->bmin + synth_int(&r, c->bmax - c->bmin + 1));
-    if (c->bmin == c->bmax) d.uniform_bits = c->bmin;
-    else d.bits = bits;
+    if (c->bmin == c->bmax)
+        d.uniform_bits = c->bmin;
+    else
+        d.bits = bits;
     d.symmetric = c->sym ? (1u << 3) | (1u << 8) : 0;
     uint32_t *pr = malloc(4u * m), *pc = malloc(4u * n);
     synth_perm(&r, pr, m);
@@ -313,50 +320,71 @@ static void check_case(const gcase *c, uint64_t seed)
 
 Test(gptq, matches_the_reference_uniform_widths)
 {
-    const gcase c = {96, 256, 512, MPQ_FORMAT_BITPLANE, 128, 16, 3, 3, 0, 0, 0, 0, 0, 0, 0, 0};
+    const gcase c = {.m = 96, .n = 256, .tokens = 512, .group = 128, .br = 16, .bmin = 3, .bmax = 3};
     check_case(&c, 1);
 }
 
 Test(gptq, matches_the_reference_at_awkward_sizes)
 {
     /* rows not a multiple of 16, columns not of the group, a partial last group */
-    const gcase a = {37, 200, 300, MPQ_FORMAT_BITPLANE, 64, 16, 4, 4, 0, 0, 0, 0, 0, 0, 0, 0};
+    const gcase a = {.m = 37, .n = 200, .tokens = 300, .group = 64, .br = 16, .bmin = 4, .bmax = 4};
     check_case(&a, 2);
-    const gcase b = {5, 72, 100, MPQ_FORMAT_BITPLANE, 8, 1, 2, 2, 0, 0, 0, 0, 0, 0, 0, 0};
+    const gcase b = {.m = 5, .n = 72, .tokens = 100, .group = 8, .br = 1, .bmin = 2, .bmax = 2};
     check_case(&b, 3);
-    const gcase e = {130, 330, 400, MPQ_FORMAT_BITPLANE, 40, 16, 3, 3, 0, 0, 0, 0, 0, 0, 56, 0};
+    const gcase e = {.m = 130, .n = 330, .tokens = 400, .group = 40, .br = 16, .bmin = 3, .bmax = 3, .block = 56};
     check_case(&e, 4);
     /* several panels of the factorisation and block rows of the inverse */
-    const gcase f = {24, 700, 900, MPQ_FORMAT_BITPLANE, 128, 16, 3, 3, 0, 1, 0, 0, 3, 0, 0, 0};
+    const gcase f = {
+        .m = 24, .n = 700, .tokens = 900, .group = 128, .br = 16, .bmin = 3, .bmax = 3, .perm = 1, .ndead = 3};
     check_case(&f, 15);
 }
 
 Test(gptq, matches_the_reference_with_a_plan_and_permutations)
 {
-    const gcase c = {64, 256, 512, MPQ_FORMAT_BITPLANE, 64, 16, 2, 5, 1, 1, 0, 0, 0, 0, 0, 0};
+    const gcase c = {
+        .m = 64, .n = 256, .tokens = 512, .group = 64, .br = 16, .bmin = 2, .bmax = 5, .sym = 1, .perm = 1};
     check_case(&c, 5);
-    const gcase br = {50, 192, 400, MPQ_FORMAT_BITPLANE, 64, 5, 2, 4, 0, 1, 0, 0, 0, 0, 0, 0};
+    const gcase br = {.m = 50, .n = 192, .tokens = 400, .group = 64, .br = 5, .bmin = 2, .bmax = 4, .perm = 1};
     check_case(&br, 6); /* blocks of 5 rows straddle tiles */
 }
 
 Test(gptq, matches_the_reference_in_mxint)
 {
-    const gcase c = {48, 224, 400, MPQ_FORMAT_MXINT, 32, 16, 3, 6, 0, 1, 0, 0, 0, 0, 0, 0};
+    const gcase c = {.m = 48,
+                     .n = 224,
+                     .tokens = 400,
+                     .format = MPQ_FORMAT_MXINT,
+                     .group = 32,
+                     .br = 16,
+                     .bmin = 3,
+                     .bmax = 6,
+                     .perm = 1};
     check_case(&c, 7);
 }
 
 Test(gptq, matches_the_reference_after_awq_scales_and_clips)
 {
-    const gcase c = {64, 256, 512, MPQ_FORMAT_BITPLANE, 64, 16, 3, 3, 0, 0, 1, 1, 0, 0, 0, 0};
+    const gcase c = {
+        .m = 64, .n = 256, .tokens = 512, .group = 64, .br = 16, .bmin = 3, .bmax = 3, .scale = 1, .clip = 1};
     check_case(&c, 8);
 }
 
 Test(gptq, matches_the_reference_with_static_groups_dead_columns_and_damp)
 {
-    const gcase c = {40, 160, 300, MPQ_FORMAT_BITPLANE, 32, 16, 3, 3, 0, 1, 0, 0, 5, 1, 0, 0.1};
+    const gcase c = {.m = 40,
+                     .n = 160,
+                     .tokens = 300,
+                     .group = 32,
+                     .br = 16,
+                     .bmin = 3,
+                     .bmax = 3,
+                     .perm = 1,
+                     .ndead = 5,
+                     .static_groups = 1,
+                     .damp = 0.1};
     check_case(&c, 9);
     /* fewer tokens than columns: H is singular, the dampening makes it definite */
-    const gcase s = {32, 256, 64, MPQ_FORMAT_BITPLANE, 128, 16, 4, 4, 0, 0, 0, 0, 0, 0, 0, 0};
+    const gcase s = {.m = 32, .n = 256, .tokens = 64, .group = 128, .br = 16, .bmin = 4, .bmax = 4};
     check_case(&s, 10);
 }
 

@@ -806,7 +806,8 @@ static int cmd_quantize(int argc, char **argv)
             for (int k = 0; k < M_COUNT; k++)
                 if (strcmp(v, method_names[k]) == 0) o.method = k;
             if (o.method < 0)
-                bad = fail(EXIT_USAGE, "quantize --method: '%s' is not rtn, awq, gptq, sfmp, mixllm, mxsens or requant", v);
+                bad = fail(EXIT_USAGE, "quantize --method: '%s' is not rtn, awq, gptq, sfmp, mixllm, mxsens or requant",
+                           v);
         } else if (opt(&a, "--outliers", &v, &bad)) {
             bad = bad || !parse_double("quantize", "--outliers", v, 0.0, 0.5, &o.outliers);
         } else if (opt(&a, "--significant", &v, &bad)) {
