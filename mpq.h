@@ -40,16 +40,22 @@
      MPQ_FREE(p)          deallocator (default free)        /  never calls others
      MPQ_ASSERT(x)        internal invariants only, never user input
                           (default assert)
-     MPQ_NO_SIMD          use the portable scalar code even where the compiler
-                          targets AVX2 / AVX-512
+     MPQ_NO_SIMD          compile only the portable scalar code
      MPQ_NO_F16C          convert halves in software even where F16C exists
 
-     SIMD paths are compiled when the compiler targets them: AVX-512 (F+BW+VL)
-     with -mavx512f -mavx512bw -mavx512vl, its int16-table path when VBMI and
-     VNNI are targeted too (-mavx512vbmi -mavx512vnni; -march=native on Ice
-     Lake, Zen 4 and later), AVX2 with -mavx2 -mfma -mf16c. The scalar path is
-     always compiled and is what the tests compare every other path against.
-     OpenMP (-fopenmp)
+     SIMD paths. With GCC or Clang on x86 every path is compiled whatever the
+     flags (each kernel carries its own target attribute) and MPQ_PATH_AUTO
+     picks, at run time, the best one the CPU running the code supports:
+     AVX-512 VBMI + VNNI (int16 tables; Ice Lake, Zen 4 and later), AVX-512
+     F+BW+VL, AVX2 + FMA + F16C, else scalar. The CPU is probed once (cpuid,
+     and the OS's saved register state). `cc -O2` is enough; -march=native
+     only lets the compiler vectorise the rest of the code for the build
+     machine (and a binary built so runs only on CPUs like it). Other
+     compilers (MSVC) compile a path when they target it (/arch:AVX2,
+     /arch:AVX512). The scalar path is always compiled and is what the tests
+     compare every other path against. F16C conversions are used when the
+     compiler targets F16C (-mf16c); otherwise halves are converted in
+     software, with the same results. OpenMP (-fopenmp)
      parallelises the GEMV and the packer over row tiles; without it mpq is
      single-threaded and still correct.
 
@@ -429,30 +435,38 @@ MPQ_DEF mpq_status mpq_packed_dequantize_row(const mpq_packed *A, int skip_plane
 /* ========================================================================== */
 
 typedef enum mpq_path {
-    MPQ_PATH_AUTO = 0,      /* the fastest path compiled in */
+    MPQ_PATH_AUTO = 0,      /* the fastest path this CPU supports */
     MPQ_PATH_SCALAR = 1,    /* portable: 128-entry mirrored tables per 8 activations */
     MPQ_PATH_AVX2 = 2,      /* 16-entry float tables, 8 rows per instruction */
     MPQ_PATH_AVX512 = 3,    /* 16-entry float tables, 16 rows per instruction */
-    MPQ_PATH_AVX512_VNNI = 4 /* 16-entry int16 tables (AVX-512 VBMI + VNNI): 64
-                               lookups per instruction; see "QUANTIZED TABLES" */
+    MPQ_PATH_AVX512_VNNI = 4, /* 16-entry int16 tables (AVX-512 VBMI + VNNI): 64
+                                lookups per instruction; see "QUANTIZED TABLES" */
+    MPQ_PATH_AVX2_INT = 5    /* the same int16 tables on AVX2: vpshufb looks up
+                                32 bytes, vpmaddubsw / vpmaddwd sum them; the
+                                same sums as MPQ_PATH_AVX512_VNNI */
 } mpq_path;
 
-/* QUANTIZED TABLES (MPQ_PATH_AVX512_VNNI). The 16-entry tables of one group
-   are stored as int16, q = rne(Q / 2^e), with one power-of-two scale 2^e per
-   group and input vector: the smallest e with max|Q| / 2^e <= 32639 (so that
-   q = 256 hi + lo with signed bytes hi and lo), where max|Q| over the group
-   is the largest sum of 4 activation magnitudes. Groups wider than 262144
-   columns use MPQ_PATH_AVX512 under AUTO (int32 sums could overflow). Only
-   that rounding differs from the float paths: for row r of group g,
+/* QUANTIZED TABLES (MPQ_PATH_AVX512_VNNI, MPQ_PATH_AVX2_INT). The 16-entry
+   tables of one group are stored as int16, q = rne(Q / 2^e), with one
+   power-of-two scale 2^e per group and input vector: the smallest e with
+   max|Q| / 2^e <= 32639 (so that q = 256 hi + lo with signed bytes hi and
+   lo), where max|Q| over the group is the largest sum of 4 activation
+   magnitudes. Both paths compute the same integer sums, so their results
+   agree bit for bit on bit-plane matrices. A group's sum is an int32, safe
+   up to 1024 columns (256 quads x 255 x 32639 < 2^31): wider groups
+   (per-channel quantization, say) use the fastest float path under AUTO,
+   and asking for an int16 path with them is MPQ_ERR_UNSUPPORTED. Only that
+   rounding differs from the float paths: for row r of group g,
 
      |y_quantized - y_float| <= |s^_r| * (sum of the plane weights 2^i used)
                                 * (quads of 4 columns in the group) * 2^e / 2
 
    (plus float32 rounding), and the result is exact when every Q is a
-   multiple of 2^e (small integer activations, say). That is about 2^-15 of the
-   group's largest table entry per lookup, finer than rounding the
-   activations to fp16 unless the group holds an activation outlier. The
-   float paths (SCALAR, AVX2, AVX512) stay available for exact tables. */
+   multiple of 2^e (small integer activations, say). That is about 2^-15 of
+   the group's largest table entry per lookup, finer than rounding the
+   activations to fp16 unless the group holds an activation outlier. AUTO
+   takes an int16 path where the CPU has one; the float paths (SCALAR, AVX2,
+   AVX512) stay available for exact tables. */
 
 typedef struct mpq_gemv_opts {
     int skip_planes;        /* drop the lowest planes of every group (nested
@@ -462,7 +476,9 @@ typedef struct mpq_gemv_opts {
     mpq_path path;          /* 0 -> MPQ_PATH_AUTO */
 } mpq_gemv_opts;
 
-/* Is `path` compiled into this build (AUTO always is)? */
+/* Is `path` compiled into this build and supported by the CPU running it
+   (AUTO and SCALAR always are)? Asking for a path that is not gives
+   MPQ_ERR_UNSUPPORTED. */
 MPQ_DEF int mpq_path_available(mpq_path path);
 MPQ_DEF const char *mpq_path_name(mpq_path path);
 
@@ -1092,6 +1108,21 @@ MPQ_DEF mpq_status mpq_pmpd_phase_allocate(const int *skips, int n, const double
 #include <omp.h>
 #endif
 
+/* SIMD paths. With GCC or Clang on x86 every path is compiled whatever the
+   -m flags, each kernel under a target attribute (MPQ__T_AVX2, MPQ__T_AVX512,
+   MPQ__T_VNNI), and the CPU running the code is probed once (mpq__cpu) before
+   a path is used. Other compilers (MSVC) compile a path when they target it
+   (/arch:AVX2, /arch:AVX512) and use it unconditionally. */
+#if !defined(MPQ_NO_SIMD) && (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
+#define MPQ__X86_DISPATCH 1
+#define MPQ__HAVE_AVX2 1
+#define MPQ__HAVE_AVX512 1
+#define MPQ__HAVE_VNNI 1
+#define MPQ__T_AVX2 __attribute__((target("avx2,fma,f16c")))
+#define MPQ__T_AVX512 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl")))
+#define MPQ__T_VNNI __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni")))
+#include <cpuid.h>
+#else
 #if !defined(MPQ_NO_SIMD) && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #define MPQ__HAVE_AVX512 1
 #endif
@@ -1100,6 +1131,10 @@ MPQ_DEF mpq_status mpq_pmpd_phase_allocate(const int *skips, int n, const double
 #endif
 #if !defined(MPQ_NO_SIMD) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define MPQ__HAVE_AVX2 1
+#endif
+#define MPQ__T_AVX2
+#define MPQ__T_AVX512
+#define MPQ__T_VNNI
 #endif
 #if !defined(MPQ_NO_F16C) && defined(__F16C__)
 #define MPQ__HAVE_F16C 1
@@ -2510,19 +2545,73 @@ MPQ_DEF float mpq_lut128_get(const float T[128], uint8_t p)
     return (p & 0x80u) ? -T[p ^ 0xFFu] : T[p];
 }
 
+/* What the CPU running this code supports, of what is compiled in. */
+#define MPQ__CPU_AVX2 1u   /* AVX2, FMA, F16C; the OS saves YMM state */
+#define MPQ__CPU_AVX512 2u /* and AVX-512 F, BW, VL; the OS saves ZMM and opmask state */
+#define MPQ__CPU_VNNI 4u   /* and AVX-512 VBMI, VNNI */
+
+#if defined(MPQ__X86_DISPATCH)
+static unsigned mpq__cpu_probe(void)
+{
+    unsigned a, b, c, d, lo, hi, f = 0;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return 0;
+    const unsigned fma = (c >> 12) & 1u, osxsave = (c >> 27) & 1u, avx = (c >> 28) & 1u, f16c = (c >> 29) & 1u;
+    if (!osxsave || !avx || __get_cpuid_max(0, NULL) < 7) return 0;
+    __asm__ __volatile__("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0)); /* XCR0: the state the OS saves */
+    (void)hi;
+    if ((lo & 0x06u) != 0x06u) return 0;                           /* XMM, YMM */
+    __cpuid_count(7, 0, a, b, c, d);
+    if (fma && f16c && ((b >> 5) & 1u)) f |= MPQ__CPU_AVX2;
+    if ((f & MPQ__CPU_AVX2) && (lo & 0xE0u) == 0xE0u && ((b >> 16) & 1u) && ((b >> 30) & 1u) && ((b >> 31) & 1u))
+        f |= MPQ__CPU_AVX512;                                      /* opmask, ZMM; F, BW, VL */
+    if ((f & MPQ__CPU_AVX512) && ((c >> 1) & 1u) && ((c >> 11) & 1u)) f |= MPQ__CPU_VNNI; /* VBMI, VNNI */
+    return f;
+}
+#endif
+
+/* The probe runs once; threads that race on the first call compute and store
+   the same value (atomically), so the cache needs no lock. */
+static unsigned mpq__cpu(void)
+{
+#if defined(MPQ__X86_DISPATCH)
+    static unsigned cached; /* 0: not probed yet; bit 31 marks a probed value */
+    unsigned f = __atomic_load_n(&cached, __ATOMIC_RELAXED);
+    if (!f) {
+        f = mpq__cpu_probe() | 0x80000000u;
+        __atomic_store_n(&cached, f, __ATOMIC_RELAXED);
+    }
+    return f;
+#else
+    unsigned f = 0;
+#ifdef MPQ__HAVE_AVX2
+    f |= MPQ__CPU_AVX2;
+#endif
+#ifdef MPQ__HAVE_AVX512
+    f |= MPQ__CPU_AVX512;
+#endif
+#ifdef MPQ__HAVE_VNNI
+    f |= MPQ__CPU_VNNI;
+#endif
+    return f;
+#endif
+}
+
 MPQ_DEF int mpq_path_available(mpq_path path)
 {
+    const unsigned f = mpq__cpu();
+    (void)f;
     switch (path) {
     case MPQ_PATH_AUTO:
     case MPQ_PATH_SCALAR: return 1;
 #ifdef MPQ__HAVE_AVX2
-    case MPQ_PATH_AVX2: return 1;
+    case MPQ_PATH_AVX2:
+    case MPQ_PATH_AVX2_INT: return (f & MPQ__CPU_AVX2) != 0;
 #endif
 #ifdef MPQ__HAVE_AVX512
-    case MPQ_PATH_AVX512: return 1;
+    case MPQ_PATH_AVX512: return (f & MPQ__CPU_AVX512) != 0;
 #endif
 #ifdef MPQ__HAVE_VNNI
-    case MPQ_PATH_AVX512_VNNI: return 1;
+    case MPQ_PATH_AVX512_VNNI: return (f & MPQ__CPU_VNNI) != 0;
 #endif
     default: return 0;
     }
@@ -2536,6 +2625,7 @@ MPQ_DEF const char *mpq_path_name(mpq_path path)
     case MPQ_PATH_AVX2: return "avx2";
     case MPQ_PATH_AVX512: return "avx512";
     case MPQ_PATH_AVX512_VNNI: return "avx512-vnni";
+    case MPQ_PATH_AVX2_INT: return "avx2-int";
     }
     return "unknown";
 }
@@ -2543,15 +2633,18 @@ MPQ_DEF const char *mpq_path_name(mpq_path path)
 static mpq_path mpq__resolve_path(mpq_path p)
 {
     if (p != MPQ_PATH_AUTO) return p;
-#if defined(MPQ__HAVE_VNNI)
-    return MPQ_PATH_AVX512_VNNI;
-#elif defined(MPQ__HAVE_AVX512)
-    return MPQ_PATH_AVX512;
-#elif defined(MPQ__HAVE_AVX2)
-    return MPQ_PATH_AVX2;
-#else
+    const mpq_path best[] = {MPQ_PATH_AVX512_VNNI, MPQ_PATH_AVX2_INT, MPQ_PATH_AVX512, MPQ_PATH_AVX2};
+    for (size_t k = 0; k < sizeof best / sizeof best[0]; k++)
+        if (mpq_path_available(best[k])) return best[k];
     return MPQ_PATH_SCALAR;
-#endif
+}
+
+/* The fastest path with exact (float) tables. */
+static mpq_path mpq__float_path(void)
+{
+    return mpq_path_available(MPQ_PATH_AVX512) ? MPQ_PATH_AVX512
+           : mpq_path_available(MPQ_PATH_AVX2) ? MPQ_PATH_AVX2
+                                               : MPQ_PATH_SCALAR;
 }
 
 /* Workspace of one input vector, each part 64-byte aligned:
@@ -2585,11 +2678,89 @@ static size_t mpq__bp_work_bytes(const mpq_packed *A, int batch)
 }
 
 #define MPQ__Q16_MAX 32639.0f          /* 127 * 256 + 127: q = 256 hi + lo, signed bytes */
-#define MPQ__Q16_MAX_GROUP 262144      /* int32 sums are safe up to this group width */
+#define MPQ__Q16_MAX_GROUP 1024        /* int32 sums are safe up to this group width: (1024 / 4) lookups x 255 x 32639 < 2^31 */
 
 /* Units of the int16 tables of a group of nch chunks: one per 4 chunks, one
    for a trailing pair, one for a trailing single (the record's segments). */
 static int mpq__units(int nch) { return nch / 4 + ((nch & 2) ? 1 : 0) + (nch & 1); }
+
+#ifdef MPQ__HAVE_VNNI
+/* The int16 tables of a group whose units are all full (nch a multiple of
+   4), 16 entries a register: xt, the group's x~; inv = 2^-e. */
+MPQ__T_VNNI static void mpq__build_q16_vnni(const float *xt, int nch, float inv, uint8_t *T)
+{
+    const __m512 sg0 = _mm512_setr_ps(-1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1);
+    const __m512 sg1 = _mm512_setr_ps(-1, -1, 1, 1, -1, -1, 1, 1, -1, -1, 1, 1, -1, -1, 1, 1);
+    const __m512 sg2 = _mm512_setr_ps(-1, -1, -1, -1, 1, 1, 1, 1, -1, -1, -1, -1, 1, 1, 1, 1);
+    const __m512 sg3 = _mm512_setr_ps(-1, -1, -1, -1, -1, -1, -1, -1, 1, 1, 1, 1, 1, 1, 1, 1);
+    const __m512 vinv = _mm512_set1_ps(inv), lim = _mm512_set1_ps(MPQ__Q16_MAX);
+    for (int c = 0; c < nch; c++)
+        for (int h = 0; h < 2; h++) {
+            const float *a = xt + 8 * c + 4 * h;
+            /* same operation order as mpq_lut16: ((+-a0 +- a1) +- a2) +- a3 */
+            __m512 q = _mm512_mul_ps(sg0, _mm512_set1_ps(a[0]));
+            q = _mm512_add_ps(q, _mm512_mul_ps(sg1, _mm512_set1_ps(a[1])));
+            q = _mm512_add_ps(q, _mm512_mul_ps(sg2, _mm512_set1_ps(a[2])));
+            q = _mm512_add_ps(q, _mm512_mul_ps(sg3, _mm512_set1_ps(a[3])));
+            q = _mm512_min_ps(_mm512_max_ps(_mm512_mul_ps(q, vinv), _mm512_sub_ps(_mm512_setzero_ps(), lim)), lim);
+            __m512i qi = _mm512_cvt_roundps_epi32(q, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            uint8_t *dst = T + (size_t)(c / 4) * 256u + (size_t)h * 128u + (size_t)(16 * (c % 4));
+            _mm_storeu_si128((__m128i *)(void *)dst, _mm512_cvtepi32_epi8(qi));
+            _mm_storeu_si128((__m128i *)(void *)(dst + 64),
+                             _mm512_cvtepi32_epi8(_mm512_srai_epi32(_mm512_add_epi32(qi, _mm512_set1_epi32(128)), 8)));
+        }
+}
+#endif
+
+/* The int16 tables of MPQ_PATH_AVX2_INT. A unit's planes are read as
+   registers of two 16-byte lanes, each lane one chunk of the unit for the
+   16 rows of the tile (see mpq__tile_avx2q): a full unit as the chunk pairs
+   (0, 2) and (1, 3), a pair as (0, 1), a single chunk as (0, none). Each
+   register has four tables, 32 bytes each, one 16-entry table per lane:
+   columns 0-3 of the chunk (h = 0) low bytes, high bytes, then columns 4-7
+   (h = 1) low bytes, high bytes; a unit is 256 bytes as on the VNNI path.
+   The offset in its unit of entry 0 of the low-byte table of chunk `pos`,
+   half h, in a unit of `count` chunks: */
+static size_t mpq__q16_avx2_at(int count, int pos, int h)
+{
+    const int reg = count == 4 ? pos & 1 : 0, lane = count == 4 ? pos >> 1 : pos;
+    return (size_t)reg * 128u + (size_t)h * 64u + (size_t)lane * 16u;
+}
+
+#ifdef MPQ__HAVE_AVX2
+/* mpq__build_q16_vnni's tables in the layout of MPQ_PATH_AVX2_INT (every
+   unit full), the same values: 16 entries as two registers of 8. */
+MPQ__T_AVX2 static void mpq__build_q16_avx2(const float *xt, int nch, float inv, uint8_t *T)
+{
+    const __m256 sg0 = _mm256_setr_ps(-1, 1, -1, 1, -1, 1, -1, 1), sg1 = _mm256_setr_ps(-1, -1, 1, 1, -1, -1, 1, 1);
+    const __m256 sg2 = _mm256_setr_ps(-1, -1, -1, -1, 1, 1, 1, 1);
+    const __m256 vinv = _mm256_set1_ps(inv), lim = _mm256_set1_ps(MPQ__Q16_MAX), nlim = _mm256_set1_ps(-MPQ__Q16_MAX);
+    const __m256i pack = _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 0, 4, 8, 12, -1,
+                                          -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
+    for (int c = 0; c < nch; c++)
+        for (int h = 0; h < 2; h++) {
+            const float *a = xt + 8 * c + 4 * h;
+            /* same operation order as mpq_lut16: ((+-a0 +- a1) +- a2) +- a3; entries 0-7 have -a3, 8-15 +a3 */
+            __m256 q = _mm256_mul_ps(sg0, _mm256_set1_ps(a[0]));
+            q = _mm256_add_ps(q, _mm256_mul_ps(sg1, _mm256_set1_ps(a[1])));
+            q = _mm256_add_ps(q, _mm256_mul_ps(sg2, _mm256_set1_ps(a[2])));
+            const __m256 a3 = _mm256_set1_ps(a[3]);
+            __m256 qs[2] = {_mm256_sub_ps(q, a3), _mm256_add_ps(q, a3)};
+            uint8_t *dst = T + (size_t)(c / 4) * 256u + mpq__q16_avx2_at(4, c % 4, h);
+            for (int k = 0; k < 2; k++) {
+                __m256 v = _mm256_min_ps(_mm256_max_ps(_mm256_mul_ps(qs[k], vinv), nlim), lim);
+                __m256i qi = _mm256_cvtps_epi32(_mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+                __m256i hi = _mm256_srai_epi32(_mm256_add_epi32(qi, _mm256_set1_epi32(128)), 8);
+                /* the low byte of each int32, 4 per lane, then the two lanes' 4 side by side */
+                __m256i lo8 = _mm256_shuffle_epi8(qi, pack), hi8 = _mm256_shuffle_epi8(hi, pack);
+                uint32_t l0 = (uint32_t)_mm256_extract_epi32(lo8, 0), l1 = (uint32_t)_mm256_extract_epi32(lo8, 4);
+                uint32_t h0 = (uint32_t)_mm256_extract_epi32(hi8, 0), h1 = (uint32_t)_mm256_extract_epi32(hi8, 4);
+                memcpy(dst + 8 * k, &l0, 4), memcpy(dst + 8 * k + 4, &l1, 4);
+                memcpy(dst + 32 + 8 * k, &h0, 4), memcpy(dst + 32 + 8 * k + 4, &h1, 4);
+            }
+        }
+}
+#endif
 
 /* Tables for one vector. x~ and the group sums first, then the tables of
    `path`. */
@@ -2614,8 +2785,9 @@ static void mpq__build_tables(const mpq_packed *A, const float *x, mpq_path path
     case MPQ_PATH_SCALAR:
         for (int c = 0; c < nchunks; c++) mpq_lut128(xt + 8 * c, tab + (size_t)c * 128u);
         break;
-    case MPQ_PATH_AVX512_VNNI: {
-        const int ufull = mpq__units(cpg);
+    case MPQ_PATH_AVX512_VNNI:
+    case MPQ_PATH_AVX2_INT: {
+        const int ufull = mpq__units(cpg), avx2 = path == MPQ_PATH_AVX2_INT;
         for (int g = 0; g < A->ngroups; g++) {
             const int c0 = g * cpg, nch = (A->cols - g * A->group < A->group ? (A->cols - g * A->group + 7) / 8 : cpg);
             /* the power-of-two scale: smallest e with max|Q| / 2^e <= 32767 */
@@ -2637,27 +2809,14 @@ static void mpq__build_tables(const mpq_packed *A, const float *x, mpq_path path
             uint8_t *T = w + L.tab + (size_t)g * (size_t)ufull * 256u;
             const int nq = nch / 4, nu = mpq__units(nch);
 #ifdef MPQ__HAVE_VNNI
-            if (nch % 4 == 0) { /* every unit full: 16 entries a register */
-                const __m512 sg0 = _mm512_setr_ps(-1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1, -1, 1);
-                const __m512 sg1 = _mm512_setr_ps(-1, -1, 1, 1, -1, -1, 1, 1, -1, -1, 1, 1, -1, -1, 1, 1);
-                const __m512 sg2 = _mm512_setr_ps(-1, -1, -1, -1, 1, 1, 1, 1, -1, -1, -1, -1, 1, 1, 1, 1);
-                const __m512 sg3 = _mm512_setr_ps(-1, -1, -1, -1, -1, -1, -1, -1, 1, 1, 1, 1, 1, 1, 1, 1);
-                const __m512 vinv = _mm512_set1_ps(inv), lim = _mm512_set1_ps(MPQ__Q16_MAX);
-                for (int c = 0; c < nch; c++)
-                    for (int h = 0; h < 2; h++) {
-                        const float *a = xt + 8 * (c0 + c) + 4 * h;
-                        /* same operation order as mpq_lut16: ((+-a0 +- a1) +- a2) +- a3 */
-                        __m512 q = _mm512_mul_ps(sg0, _mm512_set1_ps(a[0]));
-                        q = _mm512_add_ps(q, _mm512_mul_ps(sg1, _mm512_set1_ps(a[1])));
-                        q = _mm512_add_ps(q, _mm512_mul_ps(sg2, _mm512_set1_ps(a[2])));
-                        q = _mm512_add_ps(q, _mm512_mul_ps(sg3, _mm512_set1_ps(a[3])));
-                        q = _mm512_min_ps(_mm512_max_ps(_mm512_mul_ps(q, vinv), _mm512_sub_ps(_mm512_setzero_ps(), lim)), lim);
-                        __m512i qi = _mm512_cvt_roundps_epi32(q, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-                        uint8_t *dst = T + (size_t)(c / 4) * 256u + (size_t)h * 128u + (size_t)(16 * (c % 4));
-                        _mm_storeu_si128((__m128i *)(void *)dst, _mm512_cvtepi32_epi8(qi));
-                        _mm_storeu_si128((__m128i *)(void *)(dst + 64),
-                                         _mm512_cvtepi32_epi8(_mm512_srai_epi32(_mm512_add_epi32(qi, _mm512_set1_epi32(128)), 8)));
-                    }
+            if (!avx2 && nch % 4 == 0) { /* every unit full: 16 entries a register */
+                mpq__build_q16_vnni(xt + 8 * c0, nch, inv, T);
+                continue;
+            }
+#endif
+#ifdef MPQ__HAVE_AVX2
+            if (avx2 && nch % 4 == 0) {
+                mpq__build_q16_avx2(xt + 8 * c0, nch, inv, T);
                 continue;
             }
 #endif
@@ -2675,8 +2834,10 @@ static void mpq__build_tables(const mpq_packed *A, const float *x, mpq_path path
                             float qv = mpq__rne(Q[p] * inv);
                             qv = qv > MPQ__Q16_MAX ? MPQ__Q16_MAX : (qv < -MPQ__Q16_MAX ? -MPQ__Q16_MAX : qv);
                             int q = (int)qv, lo = (int)(int8_t)(uint8_t)(q & 0xFF), hi = (q - lo) / 256;
-                            T[(size_t)u * 256u + (size_t)h * 128u + (size_t)(16 * pos + p)] = (uint8_t)(lo & 0xFF);
-                            T[(size_t)u * 256u + (size_t)h * 128u + 64u + (size_t)(16 * pos + p)] = (uint8_t)(hi & 0xFF);
+                            uint8_t *e = T + (size_t)u * 256u + (avx2 ? mpq__q16_avx2_at(count, pos, h) + (size_t)p
+                                                                      : (size_t)h * 128u + (size_t)(16 * pos + p));
+                            e[0] = (uint8_t)(lo & 0xFF);
+                            e[avx2 ? 32 : 64] = (uint8_t)(hi & 0xFF);
                         }
                     }
             }
@@ -2787,7 +2948,7 @@ static void mpq__tile_scalar(const mpq__rec *R, const float *T, float acc[MPQ_TI
 /* ---- AVX-512 path: 16-entry float tables, vpermps looks up 16 rows ---- */
 #ifdef MPQ__HAVE_AVX512
 /* lane r of v holds nq nibbles of row r; nibble k indexes table Q + 16k. */
-MPQ__INLINE __m512 mpq__lk512(__m512i v, const __m512 *t, int nq)
+MPQ__INLINE MPQ__T_AVX512 __m512 mpq__lk512(__m512i v, const __m512 *t, int nq)
 {
     __m512 a = _mm512_permutexvar_ps(v, t[0]);
     __m512 b = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), t[1]);
@@ -2804,7 +2965,7 @@ MPQ__INLINE __m512 mpq__lk512(__m512i v, const __m512 *t, int nq)
 
 /* sum over planes p < NP of weight_p * (lookups of plane i0 + p); NP is a
    compile-time constant in each caller so the accumulators stay in registers. */
-MPQ__INLINE __m512 mpq__group512(const mpq__rec *R, const float *Q, const int NP)
+MPQ__INLINE MPQ__T_AVX512 __m512 mpq__group512(const mpq__rec *R, const float *Q, const int NP)
 {
     const uint8_t *pl = R->pl + (size_t)R->i0 * (size_t)R->nch * 16u;
     const size_t pb = (size_t)R->nch * 16u;
@@ -2836,7 +2997,7 @@ MPQ__INLINE __m512 mpq__group512(const mpq__rec *R, const float *Q, const int NP
     return r;
 }
 
-static __m512 mpq__group512_any(const mpq__rec *R, const float *Q)
+MPQ__T_AVX512 static __m512 mpq__group512_any(const mpq__rec *R, const float *Q)
 {
     switch (R->np) {
     case 1: return mpq__group512(R, Q, 1);
@@ -2848,6 +3009,14 @@ static __m512 mpq__group512_any(const mpq__rec *R, const float *Q)
     case 7: return mpq__group512(R, Q, 7);
     default: return mpq__group512(R, Q, 8);
     }
+}
+
+/* y += s^ (the record's sum) + z^ gs, for its 16 rows. */
+MPQ__T_AVX512 static void mpq__rec512(const mpq__rec *R, const float *Q, const float *sh, const float *zh, float gs,
+                                      float *y)
+{
+    __m512 v = _mm512_fmadd_ps(_mm512_loadu_ps(sh), mpq__group512_any(R, Q), _mm512_loadu_ps(y));
+    _mm512_storeu_ps(y, _mm512_fmadd_ps(_mm512_loadu_ps(zh), _mm512_set1_ps(gs), v));
 }
 #endif
 
@@ -2861,7 +3030,7 @@ static __m512 mpq__group512_any(const mpq__rec *R, const float *Q)
    64-entry tables; vpdpbusd multiplies each looked-up byte by the row's
    plane weight (u8 in m: 2^i, or 0 for a plane the row does not use) and
    adds the 4 bytes of a lane, i.e. of one row. */
-MPQ__INLINE void mpq__lkq(__m512i v, const __m512i *t, __m512i m, __m512i *acc)
+MPQ__INLINE MPQ__T_VNNI void mpq__lkq(__m512i v, const __m512i *t, __m512i m, __m512i *acc)
 {
     const __m512i m0f = _mm512_set1_epi8(0x0F), pos = _mm512_set1_epi32(0x30201000);
     __m512i il = _mm512_ternarylogic_epi32(v, m0f, pos, 0xEA); /* (v & 0x0F) | pos */
@@ -2875,7 +3044,7 @@ MPQ__INLINE void mpq__lkq(__m512i v, const __m512i *t, __m512i m, __m512i *acc)
 }
 
 /* One plane of one segment: a full unit (kind 4), a pair or a single chunk. */
-MPQ__INLINE __m512i mpq__lkq_load(const uint8_t *a, int kind)
+MPQ__INLINE MPQ__T_VNNI __m512i mpq__lkq_load(const uint8_t *a, int kind)
 {
     return kind == 4 ? _mm512_loadu_si512((const void *)a)
            : kind == 2 ? _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(const void *)a))
@@ -2884,7 +3053,7 @@ MPQ__INLINE __m512i mpq__lkq_load(const uint8_t *a, int kind)
 
 /* All planes of one segment of a record: even planes into acc[0..3], odd
    ones into acc[4..7], eight chains in flight. */
-MPQ__INLINE void mpq__lkq_planes(const uint8_t *pl, size_t pb, int np, int kind, const __m512i *tb, const __m512i *m,
+MPQ__INLINE MPQ__T_VNNI void mpq__lkq_planes(const uint8_t *pl, size_t pb, int np, int kind, const __m512i *tb, const __m512i *m,
                                  __m512i *acc)
 {
     int p = 0;
@@ -2900,7 +3069,7 @@ MPQ__INLINE void mpq__lkq_planes(const uint8_t *pl, size_t pb, int np, int kind,
    constant in each instance (see mpq__vnni_rec_any), so that a record costs
    one predictable dispatch instead of a loop whose trip count changes from
    record to record in mixed-width matrices. */
-MPQ__INLINE __m512i mpq__vnni_rec(const uint8_t *pl, size_t pb, int nch, const uint8_t *T, const __m512i *m, const int NP)
+MPQ__INLINE MPQ__T_VNNI __m512i mpq__vnni_rec(const uint8_t *pl, size_t pb, int nch, const uint8_t *T, const __m512i *m, const int NP)
 {
     __m512i tb[4], acc[8];
     for (int a = 0; a < 8; a++) acc[a] = _mm512_setzero_si512();
@@ -2925,7 +3094,7 @@ MPQ__INLINE __m512i mpq__vnni_rec(const uint8_t *pl, size_t pb, int nch, const u
     return _mm512_add_epi32(lo, _mm512_slli_epi32(hi, 8));
 }
 
-static __m512i mpq__vnni_rec_any(const uint8_t *pl, size_t pb, int nch, const uint8_t *T, const __m512i *m, int np)
+MPQ__T_VNNI static __m512i mpq__vnni_rec_any(const uint8_t *pl, size_t pb, int nch, const uint8_t *T, const __m512i *m, int np)
 {
     switch (np) {
     case 1: return mpq__vnni_rec(pl, pb, nch, T, m, 1);
@@ -2948,7 +3117,7 @@ typedef struct mpq__qrec {
 
 /* Tiles t0 .. t0+nt-1 (at most MPQ__VNNI_TILES) for one input vector, group
    by group: the group's tables are read from L2 once for the whole block. */
-static void mpq__tiles_vnni(const mpq__shape *s, const mpq_packed *A, int t0, int nt, const uint8_t *vw,
+MPQ__T_VNNI static void mpq__tiles_vnni(const mpq__shape *s, const mpq_packed *A, int t0, int nt, const uint8_t *vw,
                             const mpq__vecwork *L, int skip, float yt[][MPQ_TILE_ROWS])
 {
     const int cpg = s->group / 8, ng = s->ngroups, nch_last = mpq__nch(s, ng - 1);
@@ -3014,14 +3183,14 @@ static void mpq__tiles_vnni(const mpq__shape *s, const mpq_packed *A, int t0, in
 
 /* ---- AVX2 path: 16-entry tables as two 8-entry halves, 8 rows a register ---- */
 #ifdef MPQ__HAVE_AVX2
-MPQ__INLINE __m256 mpq__lk256_1(__m256i idx, const float *Q)
+MPQ__INLINE MPQ__T_AVX2 __m256 mpq__lk256_1(__m256i idx, const float *Q)
 {
     __m256 lo = _mm256_permutevar8x32_ps(_mm256_loadu_ps(Q), idx);
     __m256 hi = _mm256_permutevar8x32_ps(_mm256_loadu_ps(Q + 8), idx);
     return _mm256_blendv_ps(lo, hi, _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28)));
 }
 
-MPQ__INLINE __m256 mpq__lk256(__m256i v, const float *Q, int nq)
+MPQ__INLINE MPQ__T_AVX2 __m256 mpq__lk256(__m256i v, const float *Q, int nq)
 {
     __m256 a = mpq__lk256_1(v, Q), b = mpq__lk256_1(_mm256_srli_epi32(v, 4), Q + 16);
     for (int k = 2; k < nq; k += 2) {
@@ -3032,7 +3201,7 @@ MPQ__INLINE __m256 mpq__lk256(__m256i v, const float *Q, int nq)
 }
 
 /* One half (rows 8h .. 8h+7) of a record. */
-MPQ__INLINE __m256 mpq__group256(const mpq__rec *R, const float *Q, int h, const int NP)
+MPQ__INLINE MPQ__T_AVX2 __m256 mpq__group256(const mpq__rec *R, const float *Q, int h, const int NP)
 {
     const uint8_t *pl = R->pl + (size_t)R->i0 * (size_t)R->nch * 16u;
     const size_t pb = (size_t)R->nch * 16u;
@@ -3059,7 +3228,7 @@ MPQ__INLINE __m256 mpq__group256(const mpq__rec *R, const float *Q, int h, const
     return r;
 }
 
-static __m256 mpq__group256_any(const mpq__rec *R, const float *Q, int h)
+MPQ__T_AVX2 static __m256 mpq__group256_any(const mpq__rec *R, const float *Q, int h)
 {
     switch (R->np) {
     case 1: return mpq__group256(R, Q, h, 1);
@@ -3070,6 +3239,149 @@ static __m256 mpq__group256_any(const mpq__rec *R, const float *Q, int h)
     case 6: return mpq__group256(R, Q, h, 6);
     case 7: return mpq__group256(R, Q, h, 7);
     default: return mpq__group256(R, Q, h, 8);
+    }
+}
+
+/* y += s^ (the record's sum) + z^ gs, for its 16 rows, 8 at a time. */
+MPQ__T_AVX2 static void mpq__rec256(const mpq__rec *R, const float *Q, const float *sh, const float *zh, float gs,
+                                    float *y)
+{
+    for (int h = 0; h < 2; h++) {
+        __m256 v = _mm256_fmadd_ps(_mm256_loadu_ps(sh + 8 * h), mpq__group256_any(R, Q, h), _mm256_loadu_ps(y + 8 * h));
+        _mm256_storeu_ps(y + 8 * h, _mm256_fmadd_ps(_mm256_loadu_ps(zh + 8 * h), _mm256_set1_ps(gs), v));
+    }
+}
+
+/* ---- AVX2 int16-table path: vpshufb looks up 32 bytes, vpmaddubsw sums ---- */
+
+/* One register y of a unit's plane, lane 0 one chunk and lane 1 another,
+   byte r of a lane = row r; T: its four tables (mpq__q16_avx2_at). Both
+   nibbles of each byte are looked up, and the pair (columns 0-3, columns
+   4-7) of each row summed by vpmaddubsw into int16: acc[0] low table bytes
+   of rows 0-7, acc[1] of rows 8-15, acc[2], acc[3] the high bytes; lane k
+   of each accumulator is the chunk of lane k. */
+MPQ__INLINE MPQ__T_AVX2 void mpq__lk2q(__m256i y, const uint8_t *T, __m256i *acc)
+{
+    const __m256i m0f = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi8(1);
+    const __m256i n0 = _mm256_and_si256(y, m0f), n1 = _mm256_and_si256(_mm256_srli_epi16(y, 4), m0f);
+    const __m256i l0 = _mm256_shuffle_epi8(_mm256_loadu_si256((const __m256i *)(const void *)T), n0);
+    const __m256i h0 = _mm256_shuffle_epi8(_mm256_loadu_si256((const __m256i *)(const void *)(T + 32)), n0);
+    const __m256i l1 = _mm256_shuffle_epi8(_mm256_loadu_si256((const __m256i *)(const void *)(T + 64)), n1);
+    const __m256i h1 = _mm256_shuffle_epi8(_mm256_loadu_si256((const __m256i *)(const void *)(T + 96)), n1);
+    acc[0] = _mm256_add_epi16(acc[0], _mm256_maddubs_epi16(ones, _mm256_unpacklo_epi8(l0, l1)));
+    acc[1] = _mm256_add_epi16(acc[1], _mm256_maddubs_epi16(ones, _mm256_unpackhi_epi8(l0, l1)));
+    acc[2] = _mm256_add_epi16(acc[2], _mm256_maddubs_epi16(ones, _mm256_unpacklo_epi8(h0, h1)));
+    acc[3] = _mm256_add_epi16(acc[3], _mm256_maddubs_epi16(ones, _mm256_unpackhi_epi8(h0, h1)));
+}
+
+/* int32 of the 16-bit sums of both lanes of a (8 rows). */
+MPQ__INLINE MPQ__T_AVX2 __m256i mpq__fold16(__m256i a)
+{
+    return _mm256_add_epi32(_mm256_cvtepi16_epi32(_mm256_castsi256_si128(a)),
+                            _mm256_cvtepi16_epi32(_mm256_extracti128_si256(a, 1)));
+}
+
+/* Sum over the planes of the record (np planes from pl, pb bytes apart) of
+   the plane weight times the int16 entries looked up, per row: tot[0] rows
+   0-7, tot[1] rows 8-15. w: per plane and half, the rows' weights (int32).
+   A unit's 64 bytes hold 4 bytes per row (row r: bytes 4r .. 4r+3, one per
+   chunk): a byte shuffle turns each 16-byte lane into 4 dwords of 4 rows
+   each, one dword per chunk, and dword permutes gather a chunk's 4 dwords
+   (16 rows) into a lane; a pair's 32 bytes (2 per row) likewise. The int16
+   sums of a plane hold at most 2 x 256 per unit, so up to 32 units (1024
+   columns, the widest group the int16 tables take) they do not overflow. */
+MPQ__T_AVX2 static void mpq__avx2q_rec(const uint8_t *pl, size_t pb, int nch, int np, const uint8_t *T,
+                                       const __m256i (*w)[2], __m256i tot[2])
+{
+    const __m256i tr4 = _mm256_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15, 0, 4, 8, 12, 1, 5, 9, 13,
+                                         2, 6, 10, 14, 3, 7, 11, 15);
+    const __m256i tr2 = _mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15, 0, 2, 4, 6, 8, 10, 12, 14,
+                                         1, 3, 5, 7, 9, 11, 13, 15);
+    const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    const int nq = nch >> 2;
+    tot[0] = tot[1] = _mm256_setzero_si256();
+    for (int p = 0; p < np; p++, pl += pb) {
+        __m256i acc[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(),
+                          _mm256_setzero_si256()};
+        const uint8_t *q = pl, *t = T;
+        for (int u = 0; u < nq; u++, q += 64, t += 256) {
+            const __m256i a = _mm256_permutevar8x32_epi32(
+                _mm256_shuffle_epi8(_mm256_loadu_si256((const __m256i *)(const void *)q), tr4), perm);
+            const __m256i b = _mm256_permutevar8x32_epi32(
+                _mm256_shuffle_epi8(_mm256_loadu_si256((const __m256i *)(const void *)(q + 32)), tr4), perm);
+            mpq__lk2q(_mm256_unpacklo_epi64(a, b), t, acc);       /* chunks 0 and 2 */
+            mpq__lk2q(_mm256_unpackhi_epi64(a, b), t + 128, acc); /* chunks 1 and 3 */
+        }
+        if (nch & 2) {
+            const __m256i a = _mm256_shuffle_epi8(_mm256_loadu_si256((const __m256i *)(const void *)q), tr2);
+            mpq__lk2q(_mm256_permute4x64_epi64(a, 0xD8), t, acc); /* chunks 0 and 1 */
+            q += 32;
+            t += 256;
+        }
+        if (nch & 1) /* one chunk; lane 1's tables are zero */
+            mpq__lk2q(_mm256_inserti128_si256(_mm256_setzero_si256(),
+                                              _mm_loadu_si128((const __m128i *)(const void *)q), 0), t, acc);
+        for (int h = 0; h < 2; h++) {
+            const __m256i v = _mm256_add_epi32(mpq__fold16(acc[h]), _mm256_slli_epi32(mpq__fold16(acc[2 + h]), 8));
+            tot[h] = _mm256_add_epi32(tot[h], _mm256_mullo_epi32(v, w[p][h]));
+        }
+    }
+}
+
+/* One tile on MPQ_PATH_AVX2_INT, vectors b0 .. b0+nb-1, as mpq__tile. */
+MPQ__T_AVX2 static void mpq__tile_avx2q(const mpq__shape *s, const mpq_packed *A, int t, const uint8_t *work,
+                                        size_t vstride, int b0, int nb, int skip,
+                                        float yt[MPQ__BATCH_STEP][MPQ_TILE_ROWS])
+{
+    const mpq__vecwork L = mpq__vec_layout(A);
+    const int cpg = s->group / 8, ng = s->ngroups;
+    const size_t qstride = (size_t)mpq__units(cpg) * 256u;
+    for (int v = 0; v < nb; v++)
+        for (int r = 0; r < MPQ_TILE_ROWS; r++) yt[v][r] = 0.0f;
+    mpq__walk w;
+    mpq__walk_init(&w, s, A->band_off, A->data, t);
+    mpq__walk_warm(s, A->band_off, A->data, t + 1, MPQ__LOOKAHEAD);
+    mpq__rec R;
+    __m256i wt[MPQ_MAX_BITS][2];
+    for (int g = 0; g < ng; g++) {
+        const int B = mpq__walk_planes(&w, g);
+        const uint8_t *rec = mpq__walk_next(&w, MPQ__LOOKAHEAD);
+        MPQ_ASSERT(B >= 1 && B <= MPQ_MAX_BITS);
+        if (w.uniform) {
+            R.p = rec;
+            R.pl = rec + s->meta;
+            R.nch = mpq__nch(s, g);
+            R.uniform = 1;
+            R.i0 = skip < B - 1 ? skip : B - 1;
+            R.np = B - R.i0;
+        } else
+            mpq__rec_setup(s, A->data, (uint64_t)(rec - A->data), t, g, skip, &R);
+        for (int p = 0; p < R.np; p++)
+            for (int h = 0; h < 2; h++)
+                wt[p][h] = R.uniform ? _mm256_set1_epi32(1 << (R.i0 + p))
+                                     : _mm256_cvttps_epi32(_mm256_loadu_ps(R.mult[p] + 8 * h));
+        float sh[MPQ_TILE_ROWS], zh[MPQ_TILE_ROWS];
+        if (s->format == MPQ_FORMAT_BITPLANE)
+            for (int h = 0; h < 2; h++) {
+                _mm256_storeu_ps(sh + 8 * h, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(rec + 16 * h))));
+                _mm256_storeu_ps(zh + 8 * h, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(rec + 32 + 16 * h))));
+            }
+        else
+            mpq__rec_pairs(s, rec, t, g, w.uniform ? B : 0, sh, zh);
+        const size_t pb = (size_t)R.nch * 16u;
+        for (int v = 0; v < nb; v++) {
+            const uint8_t *vw = work + (size_t)(b0 + v) * vstride;
+            const float gsc = ((const float *)(const void *)(vw + L.gscale))[g];
+            const float gs = ((const float *)(const void *)(vw + L.gsum))[g];
+            __m256i tot[2];
+            mpq__avx2q_rec(R.pl + (size_t)R.i0 * pb, pb, R.nch, R.np, vw + L.tab + (size_t)g * qstride,
+                           (const __m256i(*)[2])wt, tot);
+            for (int h = 0; h < 2; h++) {
+                const __m256 acc = _mm256_mul_ps(_mm256_cvtepi32_ps(tot[h]), _mm256_set1_ps(gsc));
+                __m256 y = _mm256_fmadd_ps(_mm256_loadu_ps(sh + 8 * h), acc, _mm256_loadu_ps(yt[v] + 8 * h));
+                _mm256_storeu_ps(yt[v] + 8 * h, _mm256_fmadd_ps(_mm256_loadu_ps(zh + 8 * h), _mm256_set1_ps(gs), y));
+            }
+        }
     }
 }
 #endif
@@ -3111,22 +3423,13 @@ static void mpq__tile(const mpq__shape *s, const mpq_packed *A, mpq_path path, i
             const float gs = ((const float *)(const void *)(vw + L.gsum))[g];
             switch (path) {
 #ifdef MPQ__HAVE_AVX512
-            case MPQ_PATH_AVX512: {
-                __m512 acc = mpq__group512_any(&R, tab + (size_t)g * (size_t)cpg * 32u);
-                __m512 y = _mm512_fmadd_ps(_mm512_loadu_ps(sh), acc, _mm512_loadu_ps(yt[v]));
-                y = _mm512_fmadd_ps(_mm512_loadu_ps(zh), _mm512_set1_ps(gs), y);
-                _mm512_storeu_ps(yt[v], y);
+            case MPQ_PATH_AVX512:
+                mpq__rec512(&R, tab + (size_t)g * (size_t)cpg * 32u, sh, zh, gs, yt[v]);
                 continue;
-            }
 #endif
 #ifdef MPQ__HAVE_AVX2
             case MPQ_PATH_AVX2:
-                for (int h = 0; h < 2; h++) {
-                    __m256 acc = mpq__group256_any(&R, tab + (size_t)g * (size_t)cpg * 32u, h);
-                    __m256 y = _mm256_fmadd_ps(_mm256_loadu_ps(sh + 8 * h), acc, _mm256_loadu_ps(yt[v] + 8 * h));
-                    y = _mm256_fmadd_ps(_mm256_loadu_ps(zh + 8 * h), _mm256_set1_ps(gs), y);
-                    _mm256_storeu_ps(yt[v] + 8 * h, y);
-                }
+                mpq__rec256(&R, tab + (size_t)g * (size_t)cpg * 32u, sh, zh, gs, yt[v]);
                 continue;
 #endif
             default:
@@ -3172,9 +3475,9 @@ static mpq_status mpq__bp_gemv(const mpq_packed *A, const float *x, float *y, in
     if (o.skip_planes < 0 || o.threads < 0) return MPQ_ERR_ARG;
     if (!mpq_path_available(o.path)) return MPQ_ERR_UNSUPPORTED;
     mpq_path path = mpq__resolve_path(o.path);
-    if (path == MPQ_PATH_AVX512_VNNI && A->group > MPQ__Q16_MAX_GROUP) {
+    if ((path == MPQ_PATH_AVX512_VNNI || path == MPQ_PATH_AVX2_INT) && A->group > MPQ__Q16_MAX_GROUP) {
         if (o.path != MPQ_PATH_AUTO) return MPQ_ERR_UNSUPPORTED;
-        path = MPQ_PATH_AVX512;
+        path = mpq__float_path();
     }
     const size_t need = mpq__bp_work_bytes(A, batch);
     if (work && work_bytes < need) return MPQ_ERR_SIZE;
@@ -3221,7 +3524,12 @@ static mpq_status mpq__bp_gemv(const mpq_packed *A, const float *x, float *y, in
         float yt[MPQ__BATCH_STEP][MPQ_TILE_ROWS];
         for (int b0 = 0; b0 < batch; b0 += MPQ__BATCH_STEP) {
             int nb = batch - b0 < MPQ__BATCH_STEP ? batch - b0 : MPQ__BATCH_STEP;
-            mpq__tile(&s, A, path, t, w, vstride, b0, nb, o.skip_planes, yt);
+#ifdef MPQ__HAVE_AVX2
+            if (path == MPQ_PATH_AVX2_INT)
+                mpq__tile_avx2q(&s, A, t, w, vstride, b0, nb, o.skip_planes, yt);
+            else
+#endif
+                mpq__tile(&s, A, path, t, w, vstride, b0, nb, o.skip_planes, yt);
             for (int r = 0; r < MPQ_TILE_ROWS && t * MPQ_TILE_ROWS + r < s.rows; r++) {
                 int i = t * MPQ_TILE_ROWS + r, oi = A->p_row ? (int)A->p_row[i] : i;
                 for (int v = 0; v < nb; v++) y[(size_t)(b0 + v) * (size_t)s.rows + (size_t)oi] = yt[v][r];
@@ -3397,21 +3705,17 @@ MPQ_DEF void mpq_backend_cpu(mpq_backend *b)
    MPQ__GCD doubles), A and C row-major with strides lda and ldc, B with
    stride ldb. The callers pad rows to MPQ__GR and columns to 32 so that
    every tile is whole. Each tile is summed in a fixed order by one thread,
-   so results do not depend on the thread count. */
-#if defined(MPQ__HAVE_AVX512)
+   so results do not depend on the thread count (they depend on the path:
+   AVX-512, AVX2, whichever the CPU has, or scalar code). */
 #define MPQ__GR 8
 #define MPQ__GCF 32
 #define MPQ__GCD 16
-#else
-#define MPQ__GR 4
-#define MPQ__GCF 16
-#define MPQ__GCD 8
-#endif
 #define MPQ__GPAD 32 /* column padding: a multiple of MPQ__GCF and MPQ__GCD */
 
-static void mpq__gtile_f32(int K, const float *A, size_t lda, const float *B, size_t ldb, float *C, size_t ldc)
+#ifdef MPQ__HAVE_AVX512
+MPQ__T_AVX512 static void mpq__gtile_f32_avx512(int K, const float *A, size_t lda, const float *B, size_t ldb,
+                                                float *C, size_t ldc)
 {
-#if defined(MPQ__HAVE_AVX512)
     __m512 c[MPQ__GR][2];
     for (int r = 0; r < MPQ__GR; r++)
         c[r][0] = _mm512_loadu_ps(C + r * ldc), c[r][1] = _mm512_loadu_ps(C + r * ldc + 16);
@@ -3425,32 +3729,11 @@ static void mpq__gtile_f32(int K, const float *A, size_t lda, const float *B, si
     }
     for (int r = 0; r < MPQ__GR; r++)
         _mm512_storeu_ps(C + r * ldc, c[r][0]), _mm512_storeu_ps(C + r * ldc + 16, c[r][1]);
-#elif defined(MPQ__HAVE_AVX2)
-    __m256 c[MPQ__GR][2];
-    for (int r = 0; r < MPQ__GR; r++)
-        c[r][0] = _mm256_loadu_ps(C + r * ldc), c[r][1] = _mm256_loadu_ps(C + r * ldc + 8);
-    for (int k = 0; k < K; k++) {
-        const __m256 b0 = _mm256_loadu_ps(B + (size_t)k * ldb), b1 = _mm256_loadu_ps(B + (size_t)k * ldb + 8);
-        for (int r = 0; r < MPQ__GR; r++) {
-            const __m256 a = _mm256_set1_ps(A[r * lda + (size_t)k]);
-            c[r][0] = _mm256_fmadd_ps(a, b0, c[r][0]);
-            c[r][1] = _mm256_fmadd_ps(a, b1, c[r][1]);
-        }
-    }
-    for (int r = 0; r < MPQ__GR; r++)
-        _mm256_storeu_ps(C + r * ldc, c[r][0]), _mm256_storeu_ps(C + r * ldc + 8, c[r][1]);
-#else
-    for (int r = 0; r < MPQ__GR; r++)
-        for (int k = 0; k < K; k++) {
-            const float a = A[r * lda + (size_t)k];
-            for (int j = 0; j < MPQ__GCF; j++) C[r * ldc + (size_t)j] += a * B[(size_t)k * ldb + (size_t)j];
-        }
-#endif
 }
 
-static void mpq__gtile_f64(int K, const double *A, size_t lda, const double *B, size_t ldb, double *C, size_t ldc)
+MPQ__T_AVX512 static void mpq__gtile_f64_avx512(int K, const double *A, size_t lda, const double *B, size_t ldb,
+                                                double *C, size_t ldc)
 {
-#if defined(MPQ__HAVE_AVX512)
     __m512d c[MPQ__GR][2];
     for (int r = 0; r < MPQ__GR; r++)
         c[r][0] = _mm512_loadu_pd(C + r * ldc), c[r][1] = _mm512_loadu_pd(C + r * ldc + 8);
@@ -3464,27 +3747,103 @@ static void mpq__gtile_f64(int K, const double *A, size_t lda, const double *B, 
     }
     for (int r = 0; r < MPQ__GR; r++)
         _mm512_storeu_pd(C + r * ldc, c[r][0]), _mm512_storeu_pd(C + r * ldc + 8, c[r][1]);
-#elif defined(MPQ__HAVE_AVX2)
-    __m256d c[MPQ__GR][2];
-    for (int r = 0; r < MPQ__GR; r++)
-        c[r][0] = _mm256_loadu_pd(C + r * ldc), c[r][1] = _mm256_loadu_pd(C + r * ldc + 4);
-    for (int k = 0; k < K; k++) {
-        const __m256d b0 = _mm256_loadu_pd(B + (size_t)k * ldb), b1 = _mm256_loadu_pd(B + (size_t)k * ldb + 4);
-        for (int r = 0; r < MPQ__GR; r++) {
-            const __m256d a = _mm256_set1_pd(A[r * lda + (size_t)k]);
-            c[r][0] = _mm256_fmadd_pd(a, b0, c[r][0]);
-            c[r][1] = _mm256_fmadd_pd(a, b1, c[r][1]);
+}
+#endif
+
+#ifdef MPQ__HAVE_AVX2
+/* The tile as four sub-tiles of 4 rows x 16 floats (8 accumulators each). */
+MPQ__T_AVX2 static void mpq__gtile_f32_avx2(int K, const float *A, size_t lda, const float *B, size_t ldb, float *C,
+                                            size_t ldc)
+{
+    for (int r0 = 0; r0 < MPQ__GR; r0 += 4)
+        for (int j0 = 0; j0 < MPQ__GCF; j0 += 16) {
+            __m256 c[4][2];
+            float *Cs = C + (size_t)r0 * ldc + (size_t)j0;
+            const float *As = A + (size_t)r0 * lda, *Bs = B + (size_t)j0;
+            for (int r = 0; r < 4; r++)
+                c[r][0] = _mm256_loadu_ps(Cs + r * ldc), c[r][1] = _mm256_loadu_ps(Cs + r * ldc + 8);
+            for (int k = 0; k < K; k++) {
+                const __m256 b0 = _mm256_loadu_ps(Bs + (size_t)k * ldb), b1 = _mm256_loadu_ps(Bs + (size_t)k * ldb + 8);
+                for (int r = 0; r < 4; r++) {
+                    const __m256 a = _mm256_set1_ps(As[r * lda + (size_t)k]);
+                    c[r][0] = _mm256_fmadd_ps(a, b0, c[r][0]);
+                    c[r][1] = _mm256_fmadd_ps(a, b1, c[r][1]);
+                }
+            }
+            for (int r = 0; r < 4; r++)
+                _mm256_storeu_ps(Cs + r * ldc, c[r][0]), _mm256_storeu_ps(Cs + r * ldc + 8, c[r][1]);
         }
+}
+
+/* Likewise, sub-tiles of 4 rows x 8 doubles. */
+MPQ__T_AVX2 static void mpq__gtile_f64_avx2(int K, const double *A, size_t lda, const double *B, size_t ldb,
+                                            double *C, size_t ldc)
+{
+    for (int r0 = 0; r0 < MPQ__GR; r0 += 4)
+        for (int j0 = 0; j0 < MPQ__GCD; j0 += 8) {
+            __m256d c[4][2];
+            double *Cs = C + (size_t)r0 * ldc + (size_t)j0;
+            const double *As = A + (size_t)r0 * lda, *Bs = B + (size_t)j0;
+            for (int r = 0; r < 4; r++)
+                c[r][0] = _mm256_loadu_pd(Cs + r * ldc), c[r][1] = _mm256_loadu_pd(Cs + r * ldc + 4);
+            for (int k = 0; k < K; k++) {
+                const __m256d b0 = _mm256_loadu_pd(Bs + (size_t)k * ldb), b1 = _mm256_loadu_pd(Bs + (size_t)k * ldb + 4);
+                for (int r = 0; r < 4; r++) {
+                    const __m256d a = _mm256_set1_pd(As[r * lda + (size_t)k]);
+                    c[r][0] = _mm256_fmadd_pd(a, b0, c[r][0]);
+                    c[r][1] = _mm256_fmadd_pd(a, b1, c[r][1]);
+                }
+            }
+            for (int r = 0; r < 4; r++)
+                _mm256_storeu_pd(Cs + r * ldc, c[r][0]), _mm256_storeu_pd(Cs + r * ldc + 4, c[r][1]);
+        }
+}
+#endif
+
+static void mpq__gtile_f32(int K, const float *A, size_t lda, const float *B, size_t ldb, float *C, size_t ldc)
+{
+    const unsigned f = mpq__cpu();
+    (void)f;
+#ifdef MPQ__HAVE_AVX512
+    if (f & MPQ__CPU_AVX512) {
+        mpq__gtile_f32_avx512(K, A, lda, B, ldb, C, ldc);
+        return;
     }
+#endif
+#ifdef MPQ__HAVE_AVX2
+    if (f & MPQ__CPU_AVX2) {
+        mpq__gtile_f32_avx2(K, A, lda, B, ldb, C, ldc);
+        return;
+    }
+#endif
     for (int r = 0; r < MPQ__GR; r++)
-        _mm256_storeu_pd(C + r * ldc, c[r][0]), _mm256_storeu_pd(C + r * ldc + 4, c[r][1]);
-#else
+        for (int k = 0; k < K; k++) {
+            const float a = A[r * lda + (size_t)k];
+            for (int j = 0; j < MPQ__GCF; j++) C[r * ldc + (size_t)j] += a * B[(size_t)k * ldb + (size_t)j];
+        }
+}
+
+static void mpq__gtile_f64(int K, const double *A, size_t lda, const double *B, size_t ldb, double *C, size_t ldc)
+{
+    const unsigned f = mpq__cpu();
+    (void)f;
+#ifdef MPQ__HAVE_AVX512
+    if (f & MPQ__CPU_AVX512) {
+        mpq__gtile_f64_avx512(K, A, lda, B, ldb, C, ldc);
+        return;
+    }
+#endif
+#ifdef MPQ__HAVE_AVX2
+    if (f & MPQ__CPU_AVX2) {
+        mpq__gtile_f64_avx2(K, A, lda, B, ldb, C, ldc);
+        return;
+    }
+#endif
     for (int r = 0; r < MPQ__GR; r++)
         for (int k = 0; k < K; k++) {
             const double a = A[r * lda + (size_t)k];
             for (int j = 0; j < MPQ__GCD; j++) C[r * ldc + (size_t)j] += a * B[(size_t)k * ldb + (size_t)j];
         }
-#endif
 }
 
 /* Everything one evaluation of the AWQ objective needs. */

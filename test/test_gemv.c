@@ -123,6 +123,53 @@ Test(gemv, exact_on_small_integers_4096x4096)
     exact_case(&r, 4096, 4096, 128, 16, 6, 1);
 }
 
+/* The int16-table paths sum a group in int32: every code at its largest,
+   every table entry at its largest, one group of 4096 columns (per-channel
+   quantization) and of the widest group those paths take. */
+Test(gemv, integer_tables_do_not_overflow_in_wide_groups)
+{
+    const int m = 16, widths[] = {4096, 1024, 1032};
+    for (int wi = 0; wi < 3; wi++) {
+        const int n = widths[wi];
+        uint8_t *codes = malloc((size_t)m * n);
+        uint16_t sh[16], zh[16];
+        float *x = malloc(4u * n), y[16];
+        double ref[16], mag[16];
+        memset(codes, 255, (size_t)m * n);
+        for (int i = 0; i < m; i++) sh[i] = mpq_f32_to_f16(1.0f), zh[i] = 0;
+        for (int j = 0; j < n; j++) x[j] = 0.25f * 32639.0f / 32768.0f; /* each sum of 4: 32639 * 2^-15 */
+        mpq_bitplane_desc d = {0};
+        d.rows = m, d.cols = n, d.group = n, d.uniform_bits = 8;
+        size_t bytes = 0;
+        cr_assert_eq(mpq_bitplane_bytes(&d, &bytes), MPQ_OK);
+        void *buf = tc_alloc(bytes);
+        mpq_packed A;
+        cr_assert_eq(mpq_pack_quantized(&d, codes, sh, zh, buf, bytes, &A), MPQ_OK);
+        tc_mat M;
+        tc_decode(buf, &M);
+        tc_gemv(&M, x, 1, 0, ref, mag);
+        cr_assert_gt(ref[0], 250.0 * n * x[0], "every weight 255: %g", ref[0]);
+        for (int p = 0; p <= NPATHS; p++) { /* every path, then AUTO */
+            const mpq_path path = p < NPATHS ? paths[p] : MPQ_PATH_AUTO;
+            if (!mpq_path_available(path)) continue;
+            mpq_gemv_opts o = {0};
+            o.path = path;
+            tc_poison(y, 16);
+            const mpq_status st = mpq_gemv(&A, x, y, 1, &o, NULL, 0);
+            if (n > 1024 && (path == MPQ_PATH_AVX512_VNNI || path == MPQ_PATH_AVX2_INT)) {
+                cr_assert_eq(st, MPQ_ERR_UNSUPPORTED, "%s: the int16 tables take groups up to 1024 columns",
+                             mpq_path_name(path));
+                continue;
+            }
+            cr_assert_eq(st, MPQ_OK);
+            tc_check_gemv(&A, &M, x, 1, 0, path, y, ref, mag);
+        }
+        tc_free(&M);
+        mpq_aligned_free(buf);
+        free(codes), free(x);
+    }
+}
+
 Test(gemv, llm_like_4096x4096_every_path)
 {
     synth_rng r = {34};
