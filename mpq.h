@@ -436,7 +436,7 @@ MPQ_DEF mpq_status mpq_packed_dequantize_row(const mpq_packed *A, int skip_plane
 
 typedef enum mpq_path {
     MPQ_PATH_AUTO = 0,      /* the fastest path this CPU supports */
-    MPQ_PATH_SCALAR = 1,    /* portable: 128-entry mirrored tables per 8 activations */
+    MPQ_PATH_SCALAR = 1,    /* portable: 256-entry float tables per 8 activations */
     MPQ_PATH_AVX2 = 2,      /* 16-entry float tables, 8 rows per instruction */
     MPQ_PATH_AVX512 = 3,    /* 16-entry float tables, 16 rows per instruction */
     MPQ_PATH_AVX512_VNNI = 4, /* 16-entry int16 tables (AVX-512 VBMI + VNNI): 64
@@ -2648,10 +2648,10 @@ static mpq_path mpq__float_path(void)
 }
 
 /* Workspace of one input vector, each part 64-byte aligned:
-     tab    512 bytes per chunk of 8 columns: the scalar path's 128-entry
-            float tables, the float SIMD paths' two 16-entry tables (first
-            128 bytes), or the int16 tables of MPQ_PATH_AVX512_VNNI (256
-            bytes per unit of up to 4 chunks, see mpq__build_q16)
+     tab    1024 bytes per chunk of 8 columns: the scalar path's 256-entry
+            float tables (mpq_lut128's and its mirror), the float SIMD
+            paths' two 16-entry tables (first 128 bytes), or the int16
+            tables (256 bytes per unit of up to 4 chunks)
      xt     x~: x gathered through p_col, times col_scale, zero past cols
      gsum   sum of x~ over each group (the z^ term)
      gscale the power-of-two table scale of each group (int16 tables) */
@@ -2664,7 +2664,7 @@ static mpq__vecwork mpq__vec_layout(const mpq_packed *A)
     const size_t nchunks = ((size_t)A->cols + 7u) / 8u, ng = (size_t)A->ngroups;
     mpq__vecwork w;
     w.tab = 0;
-    w.xt = mpq__align64(nchunks * 512u);
+    w.xt = mpq__align64(nchunks * 1024u);
     w.gsum = w.xt + mpq__align64(nchunks * 8u * sizeof(float));
     w.gscale = w.gsum + mpq__align64(ng * sizeof(float));
     w.bytes = w.gscale + mpq__align64(ng * sizeof(float));
@@ -2783,7 +2783,11 @@ static void mpq__build_tables(const mpq_packed *A, const float *x, mpq_path path
     float *tab = (float *)(void *)(w + L.tab);
     switch (path) {
     case MPQ_PATH_SCALAR:
-        for (int c = 0; c < nchunks; c++) mpq_lut128(xt + 8 * c, tab + (size_t)c * 128u);
+        for (int c = 0; c < nchunks; c++) { /* the mirrored half written out: entry p >= 128 is -T[255 - p] */
+            float *T = tab + (size_t)c * 256u;
+            mpq_lut128(xt + 8 * c, T);
+            for (int p = 128; p < 256; p++) T[p] = -T[255 - p];
+        }
         break;
     case MPQ_PATH_AVX512_VNNI:
     case MPQ_PATH_AVX2_INT: {
@@ -2904,44 +2908,37 @@ static float mpq__plane_weight(const mpq__rec *R, int p, int r)
     return R->uniform ? (float)(1 << (R->i0 + p)) : R->mult[p][r];
 }
 
-/* ---- scalar path: 128-entry mirrored tables, one byte = 8 weights ---- */
+/* ---- scalar path: 256-entry tables, one byte = 8 weights ---- */
 
-static float mpq__lut128_at(const float *T, unsigned p)
-{
-    /* p >= 128: -T[p ^ 0xFF]; branch-free, the bytes are random */
-    uint32_t hi = p >> 7, u;
-    float v = T[(p ^ (0u - hi)) & 0x7Fu];
-    memcpy(&u, &v, 4);
-    u ^= hi << 31;
-    memcpy(&v, &u, 4);
-    return v;
-}
-
-/* All 16 rows of a record, plane by plane and chunk by chunk, so that a
-   chunk's 128-entry table (512 bytes) stays in L1 while the 16 rows use it
-   and the 16 sums are independent chains. */
+/* All 16 rows of a record, plane by plane, a row's chunks in order (the
+   group's tables, 1 KB a chunk, stay in L1 while the 16 rows use them); the
+   16 rows are independent chains. */
 static void mpq__tile_scalar(const mpq__rec *R, const float *T, float acc[MPQ_TILE_ROWS])
 {
     const size_t pbytes = (size_t)R->nch * 16u;
     const int nq = R->nch / 4;
+    const size_t tail = (size_t)nq * 64u; /* the pair, then the single chunk, after the full units */
+    const float *Tt = T + (size_t)nq * 1024u;
     for (int r = 0; r < MPQ_TILE_ROWS; r++) acc[r] = 0.0f;
     for (int p = 0; p < R->np; p++) {
         const uint8_t *q = R->pl + (size_t)(R->i0 + p) * pbytes;
-        const float *t = T;
-        float ps[MPQ_TILE_ROWS];
-        for (int r = 0; r < MPQ_TILE_ROWS; r++) ps[r] = 0.0f;
-        for (int u = 0; u < nq; u++, q += 64, t += 512)
-            for (int k = 0; k < 4; k++)
-                for (int r = 0; r < MPQ_TILE_ROWS; r++) ps[r] += mpq__lut128_at(t + 128 * k, q[4 * r + k]);
-        if (R->nch & 2) {
-            for (int k = 0; k < 2; k++)
-                for (int r = 0; r < MPQ_TILE_ROWS; r++) ps[r] += mpq__lut128_at(t + 128 * k, q[2 * r + k]);
-            q += 32;
-            t += 256;
+        for (int r = 0; r < MPQ_TILE_ROWS; r++) {
+            const uint8_t *qr = q + 4 * r;
+            const float *t = T;
+            float s = 0.0f;
+            for (int u = 0; u < nq; u++, qr += 64, t += 1024) {
+                s += t[qr[0]];
+                s += t[256 + qr[1]];
+                s += t[512 + qr[2]];
+                s += t[768 + qr[3]];
+            }
+            if (R->nch & 2) {
+                s += Tt[q[tail + 2 * r]];
+                s += Tt[256 + q[tail + 2 * r + 1]];
+            }
+            if (R->nch & 1) s += Tt[(R->nch & 2 ? 512 : 0) + q[tail + (R->nch & 2 ? 32 : 0) + r]];
+            acc[r] += s * mpq__plane_weight(R, p, r);
         }
-        if (R->nch & 1)
-            for (int r = 0; r < MPQ_TILE_ROWS; r++) ps[r] += mpq__lut128_at(t, q[r]);
-        for (int r = 0; r < MPQ_TILE_ROWS; r++) acc[r] += ps[r] * mpq__plane_weight(R, p, r);
     }
 }
 
@@ -3436,10 +3433,57 @@ static void mpq__tile(const mpq__shape *s, const mpq_packed *A, mpq_path path, i
                 break;
             }
             float acc[MPQ_TILE_ROWS];
-            mpq__tile_scalar(&R, tab + (size_t)g * (size_t)cpg * 128u, acc);
+            mpq__tile_scalar(&R, tab + (size_t)g * (size_t)cpg * 256u, acc);
             for (int r = 0; r < MPQ_TILE_ROWS; r++) yt[v][r] += sh[r] * acc[r] + zh[r] * gs;
         }
     }
+}
+
+#define MPQ__SCALAR_TILES 8 /* tiles sharing each group's 256-entry tables (16 KB for 128 columns) */
+
+/* Tiles t0 .. t0+nt-1 (at most MPQ__SCALAR_TILES) on the scalar path,
+   vectors b0 .. b0+nb-1, group by group, so that the group's tables are
+   read from memory once for the whole block; each tile's sums are those of
+   mpq__tile. */
+static void mpq__tiles_scalar(const mpq__shape *s, const mpq_packed *A, int t0, int nt, const uint8_t *work,
+                              size_t vstride, int b0, int nb, int skip,
+                              float yt[MPQ__SCALAR_TILES][MPQ__BATCH_STEP][MPQ_TILE_ROWS])
+{
+    const mpq__vecwork L = mpq__vec_layout(A);
+    const int cpg = s->group / 8, ng = s->ngroups;
+    mpq__walk w[MPQ__SCALAR_TILES];
+    for (int k = 0; k < nt; k++) {
+        for (int v = 0; v < nb; v++)
+            for (int r = 0; r < MPQ_TILE_ROWS; r++) yt[k][v][r] = 0.0f;
+        mpq__walk_init(&w[k], s, A->band_off, A->data, t0 + k);
+        mpq__walk_warm(s, A->band_off, A->data, t0 + MPQ__SCALAR_TILES + k, MPQ__LOOKAHEAD); /* the next block */
+    }
+    mpq__rec R;
+    for (int g = 0; g < ng; g++)
+        for (int k = 0; k < nt; k++) {
+            const int B = mpq__walk_planes(&w[k], g);
+            const uint8_t *rec = mpq__walk_next(&w[k], MPQ__LOOKAHEAD);
+            MPQ_ASSERT(B >= 1 && B <= MPQ_MAX_BITS);
+            if (w[k].uniform) {
+                R.p = rec;
+                R.pl = rec + s->meta;
+                R.nch = mpq__nch(s, g);
+                R.uniform = 1;
+                R.i0 = skip < B - 1 ? skip : B - 1;
+                R.np = B - R.i0;
+            } else
+                mpq__rec_setup(s, A->data, (uint64_t)(rec - A->data), t0 + k, g, skip, &R);
+            float sh[MPQ_TILE_ROWS], zh[MPQ_TILE_ROWS];
+            mpq__rec_pairs(s, rec, t0 + k, g, w[k].uniform ? B : 0, sh, zh);
+            for (int v = 0; v < nb; v++) {
+                const uint8_t *vw = work + (size_t)(b0 + v) * vstride;
+                const float *tab = (const float *)(const void *)(vw + L.tab);
+                const float gs = ((const float *)(const void *)(vw + L.gsum))[g];
+                float acc[MPQ_TILE_ROWS];
+                mpq__tile_scalar(&R, tab + (size_t)g * (size_t)cpg * 256u, acc);
+                for (int r = 0; r < MPQ_TILE_ROWS; r++) yt[k][v][r] += sh[r] * acc[r] + zh[r] * gs;
+            }
+        }
 }
 
 /* y += S x for the sparse part (rows in parallel; float64 sums per row). */
@@ -3517,6 +3561,28 @@ static mpq_status mpq__bp_gemv(const mpq_packed *A, const float *x, float *y, in
         return MPQ_OK;
     }
 #endif
+    if (path == MPQ_PATH_SCALAR) {
+        const int nblk = (ntiles + MPQ__SCALAR_TILES - 1) / MPQ__SCALAR_TILES;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) num_threads(nth)
+#endif
+        for (int blk = 0; blk < nblk; blk++) {
+            const int t0 = blk * MPQ__SCALAR_TILES, nt = ntiles - t0 < MPQ__SCALAR_TILES ? ntiles - t0 : MPQ__SCALAR_TILES;
+            float yt[MPQ__SCALAR_TILES][MPQ__BATCH_STEP][MPQ_TILE_ROWS];
+            for (int b0 = 0; b0 < batch; b0 += MPQ__BATCH_STEP) {
+                const int nb = batch - b0 < MPQ__BATCH_STEP ? batch - b0 : MPQ__BATCH_STEP;
+                mpq__tiles_scalar(&s, A, t0, nt, w, vstride, b0, nb, o.skip_planes, yt);
+                for (int k = 0; k < nt; k++)
+                    for (int r = 0; r < MPQ_TILE_ROWS && (t0 + k) * MPQ_TILE_ROWS + r < s.rows; r++) {
+                        const int i = (t0 + k) * MPQ_TILE_ROWS + r, oi = A->p_row ? (int)A->p_row[i] : i;
+                        for (int v = 0; v < nb; v++) y[(size_t)(b0 + v) * (size_t)s.rows + (size_t)oi] = yt[k][v][r];
+                    }
+            }
+        }
+        mpq__sparse_gemv(A, x, y, batch, nth);
+        if (w != (uint8_t *)work) mpq_aligned_free(w);
+        return MPQ_OK;
+    }
 #ifdef _OPENMP
 #pragma omp parallel for schedule(static) num_threads(nth)
 #endif
