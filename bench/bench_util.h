@@ -4,9 +4,14 @@
 #define MPQ_BENCH_UTIL_H
 
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#if defined(__linux__)
+#include <sys/resource.h>
+#include <unistd.h>
+#endif
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -122,6 +127,67 @@ static inline double bench_f32_gemv_us(const float *W, const float *x, float *y,
     free(C);
     free(ts);
     return us;
+}
+
+/* What else ran on the machine: CPU time of every process (/proc/stat)
+   less this process's own (getrusage), over wall time. Linux only; ok = 0
+   elsewhere. */
+typedef struct bench_load {
+    double wall, busy, self;
+    int ok;
+} bench_load;
+
+static inline bench_load bench_load_now(void)
+{
+    bench_load l = {bench_now(), 0.0, 0.0, 0};
+#if defined(__linux__)
+    FILE *f = fopen("/proc/stat", "r");
+    unsigned long long v[8] = {0};
+    if (f && fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu", &v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6],
+                    &v[7]) == 8) {
+        const double tick = (double)sysconf(_SC_CLK_TCK);
+        struct rusage ru;
+        getrusage(RUSAGE_SELF, &ru);
+        l.busy = (double)(v[0] + v[1] + v[2] + v[5] + v[6] + v[7]) / tick; /* all but idle and iowait */
+        l.self = (double)ru.ru_utime.tv_sec + 1e-6 * (double)ru.ru_utime.tv_usec + (double)ru.ru_stime.tv_sec +
+                 1e-6 * (double)ru.ru_stime.tv_usec;
+        l.ok = tick > 0;
+    }
+    if (f) fclose(f);
+#endif
+    return l;
+}
+
+/* Cores' worth of CPU time other processes used between a and b (-1 when
+   unknown). */
+static inline double bench_others(bench_load a, bench_load b)
+{
+    if (!a.ok || !b.ok || b.wall - a.wall < 0.5) return -1.0;
+    const double o = ((b.busy - a.busy) - (b.self - a.self)) / (b.wall - a.wall);
+    return o < 0.0 ? 0.0 : o;
+}
+
+/* The verdict printed at the end of a benchmark: the figures are not to be
+   trusted when other processes took more than a tenth of a core on average,
+   or when the float32 GEMV (which only streams its matrix) read at less
+   than half the measured bandwidth. Returns 1 when they can be trusted. */
+static inline int bench_verdict(bench_load a, bench_load b, double worst_f32_of_bw)
+{
+    const double o = bench_others(a, b);
+    int ok = 1;
+    if (o >= 0.0) printf("other processes used %.2f cores on average during this run\n", o);
+    if (o > 0.1) {
+        printf("NOT TRUSTWORTHY: other processes competed for the cores; threads that wait for each other at the end "
+               "of every product lose whole time slices to them\n");
+        ok = 0;
+    }
+    if (worst_f32_of_bw > 0.0 && worst_f32_of_bw < 0.5) {
+        printf("NOT TRUSTWORTHY: the float32 GEMV read at %.0f%% of the measured bandwidth (a streaming read should "
+               "reach most of it): the machine was busy or throttled\n",
+               100.0 * worst_f32_of_bw);
+        ok = 0;
+    }
+    return ok;
 }
 
 #endif

@@ -109,6 +109,8 @@ int main(int argc, char **argv)
     const int reps = quick ? 15 : 50;
     synth_rng rng = {42};
 
+    const bench_load load0 = bench_load_now();
+    double worst_f32 = 1e30; /* the float32 GEMV's read rate over the bandwidth, lowest seen */
     const mpq_path path = mpq__resolve_path(g_path);
     printf("mpq bench/gemv: group %d, block_rows %d, kernel path %s, batch 1\n", group, block_rows, mpq_path_name(path));
     /* The bandwidth is measured again after every shape and the highest
@@ -141,6 +143,7 @@ int main(int argc, char **argv)
                        f32bw / 1e9, bw[ti] / 1e9);
                 bw[ti] = f32bw;
             }
+            worst_f32 = f32bw / bw[ti] < worst_f32 ? f32bw / bw[ti] : worst_f32;
         }
         const int ngr = (n + group - 1) / group, nbr = (m + block_rows - 1) / block_rows;
         uint8_t *bits = (uint8_t *)malloc((size_t)ngr * nbr);
@@ -187,6 +190,7 @@ int main(int argc, char **argv)
     }
     for (int ti = 0; ti < nthr; ti++)
         printf("highest read bandwidth seen, %d thread(s): %.1f GB/s\n", thr[ti], bw[ti] / 1e9);
+    bench_verdict(load0, bench_load_now(), worst_f32);
 
     if (!only_threads && (sm == 0 || (sm == 4096 && sn == 4096))) { /* AWQ next to RTN, 4096 x 4096 at 3 bits */
         const int m = 4096, n = 4096, T = 64, H = 16;
