@@ -2,10 +2,10 @@
    and a plain float32 GEMV, all measured in this run.
 
    usage: gemv [--quick] [--threads N] [--shape MxN] [--block-rows R]
-               [--path auto|scalar|avx2|avx512|avx512-vnni|avx2-int]
+               [--path auto|scalar|avx2|avx512|avx512-vnni|avx2-int] [--batch B]
 
    For every shape and bits-per-weight point it prints the median time of one
-   GEMV (batch 1), the packed bytes streamed per second, that rate over the
+   product (batch 1, or B vectors), the packed bytes streamed per second, that rate over the
    read bandwidth measured at the start, and the speedup over the float32
    GEMV with the same threads. Weight copies are rotated so that the caches
    never hold the matrix being multiplied. 2.5 and 3.25 bpw are block mixes of
@@ -34,8 +34,10 @@ static void make_bits(uint8_t *bits, int nb, double bpw)
 
 /* Median microseconds of one GEMV, rotating over copies of A's buffer. */
 static mpq_path g_path = MPQ_PATH_AUTO; /* --path */
+static int g_batch = 1;                 /* --batch: vectors per product in the main table */
 
-static double time_gemv(const mpq_packed *A, const float *x, float *y, int threads, size_t rotate_bytes, int reps)
+static double time_gemv(const mpq_packed *A, const float *x, float *y, int batch, int threads, size_t rotate_bytes,
+                        int reps)
 {
     int ncopies = (int)(rotate_bytes / A->bytes) + 2;
     if (ncopies > 256) ncopies = 256;
@@ -45,17 +47,17 @@ static double time_gemv(const mpq_packed *A, const float *x, float *y, int threa
         memcpy(buf, A->buf, A->bytes);
         if (!buf || mpq_packed_open(buf, A->bytes, &C[c]) != MPQ_OK) exit(1);
     }
-    size_t wb = mpq_gemv_work_bytes(A, 1);
+    size_t wb = mpq_gemv_work_bytes(A, batch);
     void *work = mpq_aligned_alloc(wb);
     mpq_gemv_opts o;
     memset(&o, 0, sizeof o);
     o.threads = threads;
     o.path = g_path;
     double *ts = (double *)malloc(sizeof(double) * (size_t)reps);
-    for (int c = 0; c < ncopies; c++) mpq_gemv(&C[c], x, y, 1, &o, work, wb); /* warm up, touch every copy */
+    for (int c = 0; c < ncopies; c++) mpq_gemv(&C[c], x, y, batch, &o, work, wb); /* warm up, touch every copy */
     for (int r = 0; r < reps; r++) {
         double t0 = bench_now();
-        mpq_gemv(&C[r % ncopies], x, y, 1, &o, work, wb);
+        mpq_gemv(&C[r % ncopies], x, y, batch, &o, work, wb);
         ts[r] = bench_now() - t0;
     }
     double us = bench_median(ts, reps) * 1e6;
@@ -74,6 +76,8 @@ int main(int argc, char **argv)
             quick = 1;
         else if (!strcmp(argv[a], "--threads") && a + 1 < argc)
             only_threads = atoi(argv[++a]);
+        else if (!strcmp(argv[a], "--batch") && a + 1 < argc && (g_batch = atoi(argv[a + 1])) >= 1 && g_batch <= 64)
+            a++;
         else if (!strcmp(argv[a], "--block-rows") && a + 1 < argc)
             block_rows = atoi(argv[++a]);
         else if (!strcmp(argv[a], "--path") && a + 1 < argc) {
@@ -87,7 +91,8 @@ int main(int argc, char **argv)
             }
         }
         else if (!(!strcmp(argv[a], "--shape") && a + 1 < argc && sscanf(argv[++a], "%dx%d", &sm, &sn) == 2)) {
-            fprintf(stderr, "usage: %s [--quick] [--threads N] [--shape MxN] [--block-rows R] [--path NAME]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--quick] [--threads N] [--shape MxN] [--block-rows R] [--path NAME] [--batch B]\n",
+                    argv[0]);
             return 2;
         }
     }
@@ -112,7 +117,8 @@ int main(int argc, char **argv)
     const bench_load load0 = bench_load_now();
     double worst_f32 = 1e30; /* the float32 GEMV's read rate over the bandwidth, lowest seen */
     const mpq_path path = mpq__resolve_path(g_path);
-    printf("mpq bench/gemv: group %d, block_rows %d, kernel path %s, batch 1\n", group, block_rows, mpq_path_name(path));
+    printf("mpq bench/gemv: group %d, block_rows %d, kernel path %s, batch %d%s\n", group, block_rows,
+           mpq_path_name(path), g_batch, g_batch > 1 ? " (speedup: against batch float32 GEMVs of one vector)" : "");
     /* The bandwidth is measured again after every shape and the highest
        figure is the one reported and used: on a shared machine a lower one
        only means a neighbour was busy, and the highest keeps ratios honest. */
@@ -127,11 +133,11 @@ int main(int argc, char **argv)
     for (int si = 0; si < nshapes; si++) {
         const int m = shapes[si][0], n = shapes[si][1];
         float *W = (float *)mpq_aligned_alloc(sizeof(float) * (size_t)m * n);
-        float *x = (float *)mpq_aligned_alloc(sizeof(float) * (size_t)n);
-        float *y = (float *)mpq_aligned_alloc(sizeof(float) * (size_t)m);
+        float *x = (float *)mpq_aligned_alloc(sizeof(float) * (size_t)n * g_batch);
+        float *y = (float *)mpq_aligned_alloc(sizeof(float) * (size_t)m * g_batch);
         if (!W || !x || !y) return 1;
         synth_weights(&rng, W, m, n);
-        synth_activations(&rng, x, n);
+        for (int v = 0; v < g_batch; v++) synth_activations(&rng, x + (size_t)v * n, n);
         double f32_us[2];
         for (int ti = 0; ti < nthr; ti++) {
             f32_us[ti] = bench_f32_gemv_us(W, x, y, m, n, thr[ti], rotate, quick);
@@ -165,11 +171,11 @@ int main(int argc, char **argv)
                 return 1;
             }
             for (int ti = 0; ti < nthr; ti++) {
-                double us = time_gemv(&A, x, y, thr[ti], rotate, reps);
+                double us = time_gemv(&A, x, y, g_batch, thr[ti], rotate, reps);
                 double gbs = (double)A.bytes / (us * 1e-6);
                 if (m == 4096 && n == 4096 && bpws[bi] == 3.0 && ti == nthr - 1) t3_4096 = us;
                 printf("%5dx%-6d %5.2f %3d %10.1f %8.1f %5.0f%% %10.1f %7.2fx\n", m, n, mpq_packed_bpw(&A, 0), thr[ti],
-                       us, gbs / 1e9, 100.0 * gbs / bw[ti], f32_us[ti], f32_us[ti] / us);
+                       us, gbs / 1e9, 100.0 * gbs / bw[ti], f32_us[ti], g_batch * f32_us[ti] / us);
             }
             printf("%5dx%-6d %5.2f     quantize+pack: %.1f M weights/s (%d threads), %.2f bpw with metadata\n", m, n,
                    mpq_packed_bpw(&A, 0), (double)m * n / pack_s / 1e6, maxth, mpq_packed_bpw(&A, 1));
@@ -240,7 +246,7 @@ int main(int argc, char **argv)
         }
         for (int round = 0; round < 2; round++) /* alternate, keep the better of two */
             for (int k = 0; k < 2; k++) {
-                double t = time_gemv(&P[k], Xh, Y, thr[nthr - 1], rotate, reps);
+                double t = time_gemv(&P[k], Xh, Y, 1, thr[nthr - 1], rotate, reps);
                 us[k] = t < us[k] ? t : us[k];
             }
         for (int k = 0; k < 2; k++) {
