@@ -3,6 +3,7 @@
 
    usage: gemv [--quick] [--threads N] [--shape MxN] [--block-rows R]
                [--path auto|scalar|avx2|avx512|avx512-vnni|avx2-int] [--batch B]
+          gemv --list-paths
 
    For every shape and bits-per-weight point it prints the median time of one
    product (batch 1, or B vectors), the packed bytes streamed per second, that rate over the
@@ -74,6 +75,11 @@ int main(int argc, char **argv)
     for (int a = 1; a < argc; a++) {
         if (!strcmp(argv[a], "--quick"))
             quick = 1;
+        else if (!strcmp(argv[a], "--list-paths")) { /* the kernel paths this CPU and build have */
+            for (int p = MPQ_PATH_SCALAR; p <= MPQ_PATH_AVX2_INT; p++)
+                if (mpq_path_available((mpq_path)p)) printf("%s\n", mpq_path_name((mpq_path)p));
+            return 0;
+        }
         else if (!strcmp(argv[a], "--threads") && a + 1 < argc)
             only_threads = atoi(argv[++a]);
         else if (!strcmp(argv[a], "--batch") && a + 1 < argc && (g_batch = atoi(argv[a + 1])) >= 1 && g_batch <= 64)
@@ -91,7 +97,7 @@ int main(int argc, char **argv)
             }
         }
         else if (!(!strcmp(argv[a], "--shape") && a + 1 < argc && sscanf(argv[++a], "%dx%d", &sm, &sn) == 2)) {
-            fprintf(stderr, "usage: %s [--quick] [--threads N] [--shape MxN] [--block-rows R] [--path NAME] [--batch B]\n",
+            fprintf(stderr, "usage: %s [--quick] [--threads N] [--shape MxN] [--block-rows R] [--path NAME] [--batch B] | --list-paths\n",
                     argv[0]);
             return 2;
         }

@@ -14,7 +14,7 @@
 # The runs alternate (llama.cpp, mpq, llama.cpp, ...) --rounds times so that
 # the machine's drift shows in both. llama.cpp comes from the llama-cpp-python
 # source package on PyPI, built once with CMake outside the repository
-# (MPQ_LLAMA_DIR, default ~/.cache/mpq-llama.cpp).
+# (bench/llama_cpp.sh; MPQ_LLAMA_DIR, default ~/.cache/mpq-llama.cpp).
 #
 #   bash bench/llm_cpu.sh [--threads T] [--rounds R] [--ppl-chunks N] [--out FILE]
 #
@@ -33,8 +33,8 @@ while [ $# -gt 0 ]; do
     esac
 done
 [ -n "$out" ] || out=bench/results/cpu-llm-$(date +%F).txt
-llama=${MPQ_LLAMA_DIR:-$HOME/.cache/mpq-llama.cpp}
-version=0.3.36
+source bench/llama_cpp.sh
+version=$llama_version
 
 bash examples/fetch.sh
 gguf=build/models/SmolLM2-135M-Instruct.Q4_1.gguf
@@ -44,19 +44,8 @@ if [ ! -x build/release/mpq ]; then
 fi
 ninja -C build/release mpq >/dev/null
 
-bin="$llama/build/bin"
-if [ ! -x "$bin/llama-bench" ] || [ ! -x "$bin/llama-perplexity" ] || [ ! -x "$bin/llama-quantize" ]; then
-    echo "building llama.cpp (llama-cpp-python $version from PyPI) in $llama: about 10 minutes on 2 cores"
-    command -v cmake >/dev/null || { echo "bench/llm_cpu.sh: needs cmake (Debian: cmake)"; exit 1; }
-    mkdir -p "$llama"
-    tarball="$llama/llama_cpp_python-$version.tar.gz"
-    [ -f "$tarball" ] || build/venv/bin/pip download -q --disable-pip-version-check --no-deps --no-binary :all: \
-        "llama-cpp-python==$version" -d "$llama"
-    [ -d "$llama/src" ] || { mkdir -p "$llama/src" && tar xzf "$tarball" -C "$llama/src" --strip-components=1; }
-    cmake -S "$llama/src/vendor/llama.cpp" -B "$llama/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
-        -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF >/dev/null
-    cmake --build "$llama/build" -j "$(nproc)" --target llama-bench llama-perplexity llama-quantize >/dev/null
-fi
+llama_cpp_build llama-bench llama-perplexity llama-quantize
+bin=$llama_bin
 
 mkdir -p build/bench
 q40=build/bench/SmolLM2-135M-Instruct.Q4_0.gguf
