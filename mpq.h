@@ -56,8 +56,8 @@
      compare every other path against. F16C conversions are used when the
      compiler targets F16C (-mf16c); otherwise halves are converted in
      software, with the same results. OpenMP (-fopenmp)
-     parallelises the GEMV and the packer over row tiles; without it mpq is
-     single-threaded and still correct.
+     parallelises the products and the packers over row tiles; without it
+     mpq is single-threaded and still correct.
 
    CONTENTS (declarations, then implementation, in this order)
 
@@ -2125,6 +2125,19 @@ static int mpq__thread_id(void)
 #endif
 }
 
+/* Tasks 0 .. ntasks-1 of fn on up to nth threads (OpenMP; the caller's
+   included); every task has run when it returns. */
+typedef void (*mpq__task_fn)(void *ctx, int task);
+
+static void mpq__run(int ntasks, int nth, mpq__task_fn fn, void *ctx)
+{
+    (void)nth;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) num_threads(nth)
+#endif
+    for (int t = 0; t < ntasks; t++) fn(ctx, t);
+}
+
 MPQ_DEF mpq_status mpq_pack(const mpq_bitplane_desc *d, const float *W, void *buf, size_t bytes, mpq_packed *out)
 {
     mpq__shape s;
@@ -2678,7 +2691,7 @@ static size_t mpq__bp_work_bytes(const mpq_packed *A, int batch)
 }
 
 #define MPQ__Q16_MAX 32639.0f          /* 127 * 256 + 127: q = 256 hi + lo, signed bytes */
-#define MPQ__Q16_MAX_GROUP 1024        /* int32 sums are safe up to this group width: (1024 / 4) lookups x 255 x 32639 < 2^31 */
+#define MPQ__Q16_MAX_GROUP 1024 /* int32 sums are safe up to this group width: 256 lookups x 255 x 32639 < 2^31 */
 
 /* Units of the int16 tables of a group of nch chunks: one per 4 chunks, one
    for a trailing pair, one for a trailing single (the record's segments). */
@@ -3050,7 +3063,8 @@ MPQ__INLINE MPQ__T_VNNI __m512i mpq__lkq_load(const uint8_t *a, int kind)
 
 /* All planes of one segment of a record: even planes into acc[0..3], odd
    ones into acc[4..7], eight chains in flight. */
-MPQ__INLINE MPQ__T_VNNI void mpq__lkq_planes(const uint8_t *pl, size_t pb, int np, int kind, const __m512i *tb, const __m512i *m,
+MPQ__INLINE MPQ__T_VNNI void mpq__lkq_planes(const uint8_t *pl, size_t pb, int np, int kind, const __m512i *tb,
+                                             const __m512i *m,
                                  __m512i *acc)
 {
     int p = 0;
@@ -3066,7 +3080,8 @@ MPQ__INLINE MPQ__T_VNNI void mpq__lkq_planes(const uint8_t *pl, size_t pb, int n
    constant in each instance (see mpq__vnni_rec_any), so that a record costs
    one predictable dispatch instead of a loop whose trip count changes from
    record to record in mixed-width matrices. */
-MPQ__INLINE MPQ__T_VNNI __m512i mpq__vnni_rec(const uint8_t *pl, size_t pb, int nch, const uint8_t *T, const __m512i *m, const int NP)
+MPQ__INLINE MPQ__T_VNNI __m512i mpq__vnni_rec(const uint8_t *pl, size_t pb, int nch, const uint8_t *T,
+                                              const __m512i *m, const int NP)
 {
     __m512i tb[4], acc[8];
     for (int a = 0; a < 8; a++) acc[a] = _mm512_setzero_si512();
@@ -3091,7 +3106,8 @@ MPQ__INLINE MPQ__T_VNNI __m512i mpq__vnni_rec(const uint8_t *pl, size_t pb, int 
     return _mm512_add_epi32(lo, _mm512_slli_epi32(hi, 8));
 }
 
-MPQ__T_VNNI static __m512i mpq__vnni_rec_any(const uint8_t *pl, size_t pb, int nch, const uint8_t *T, const __m512i *m, int np)
+MPQ__T_VNNI static __m512i mpq__vnni_rec_any(const uint8_t *pl, size_t pb, int nch, const uint8_t *T,
+                                             const __m512i *m, int np)
 {
     switch (np) {
     case 1: return mpq__vnni_rec(pl, pb, nch, T, m, 1);
@@ -3292,8 +3308,8 @@ MPQ__T_AVX2 static void mpq__avx2q_rec(const uint8_t *pl, size_t pb, int nch, in
 {
     const __m256i tr4 = _mm256_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15, 0, 4, 8, 12, 1, 5, 9, 13,
                                          2, 6, 10, 14, 3, 7, 11, 15);
-    const __m256i tr2 = _mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15, 0, 2, 4, 6, 8, 10, 12, 14,
-                                         1, 3, 5, 7, 9, 11, 13, 15);
+    const __m256i tr2 = _mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15, 0, 2, 4, 6, 8, 10, 12,
+                                         14, 1, 3, 5, 7, 9, 11, 13, 15);
     const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
     const int nq = nch >> 2;
     tot[0] = tot[1] = _mm256_setzero_si256();
@@ -3359,9 +3375,11 @@ MPQ__T_AVX2 static void mpq__tile_avx2q(const mpq__shape *s, const mpq_packed *A
                                      : _mm256_cvttps_epi32(_mm256_loadu_ps(R.mult[p] + 8 * h));
         float sh[MPQ_TILE_ROWS], zh[MPQ_TILE_ROWS];
         if (s->format == MPQ_FORMAT_BITPLANE)
-            for (int h = 0; h < 2; h++) {
-                _mm256_storeu_ps(sh + 8 * h, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(rec + 16 * h))));
-                _mm256_storeu_ps(zh + 8 * h, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(const void *)(rec + 32 + 16 * h))));
+            for (int h = 0; h < 2; h++) { /* s^ of the 16 rows, then z^, as fp16 */
+                const __m128i *ps = (const __m128i *)(const void *)(rec + 16 * h);
+                const __m128i *pz = (const __m128i *)(const void *)(rec + 32 + 16 * h);
+                _mm256_storeu_ps(sh + 8 * h, _mm256_cvtph_ps(_mm_loadu_si128(ps)));
+                _mm256_storeu_ps(zh + 8 * h, _mm256_cvtph_ps(_mm_loadu_si128(pz)));
             }
         else
             mpq__rec_pairs(s, rec, t, g, w.uniform ? B : 0, sh, zh);
@@ -3508,6 +3526,72 @@ static void mpq__sparse_gemv(const mpq_packed *A, const float *x, float *y, int 
     }
 }
 
+/* One product's tasks (mpq__run): blocks of tiles, or tiles. */
+typedef struct mpq__gemv_job {
+    const mpq__shape *s;
+    const mpq_packed *A;
+    float *y;
+    const uint8_t *w; /* the vectors' tables */
+    size_t vstride;
+    int batch, skip;
+    mpq_path path;
+} mpq__gemv_job;
+
+/* y rows of tile t from yt (rows of the tile, vectors b0 .. b0+nb-1). */
+static void mpq__gemv_store(const mpq__gemv_job *J, int t, int b0, int nb, const float *yt, size_t vstep)
+{
+    const mpq__shape *s = J->s;
+    for (int r = 0; r < MPQ_TILE_ROWS && t * MPQ_TILE_ROWS + r < s->rows; r++) {
+        const int i = t * MPQ_TILE_ROWS + r, oi = J->A->p_row ? (int)J->A->p_row[i] : i;
+        for (int v = 0; v < nb; v++) J->y[(size_t)(b0 + v) * (size_t)s->rows + (size_t)oi] = yt[(size_t)v * vstep + r];
+    }
+}
+
+static void mpq__gemv_vnni_task(void *ctx, int blk)
+{
+#ifdef MPQ__HAVE_VNNI
+    const mpq__gemv_job *J = (const mpq__gemv_job *)ctx;
+    const mpq__vecwork L = mpq__vec_layout(J->A);
+    const int t0 = blk * MPQ__VNNI_TILES, nt = J->s->ntiles - t0 < MPQ__VNNI_TILES ? J->s->ntiles - t0 : MPQ__VNNI_TILES;
+    float yt[MPQ__VNNI_TILES][MPQ_TILE_ROWS];
+    for (int v = 0; v < J->batch; v++) {
+        mpq__tiles_vnni(J->s, J->A, t0, nt, J->w + (size_t)v * J->vstride, &L, J->skip, yt);
+        for (int k = 0; k < nt; k++) mpq__gemv_store(J, t0 + k, v, 1, yt[k], 0);
+    }
+#else
+    (void)ctx, (void)blk;
+#endif
+}
+
+static void mpq__gemv_scalar_task(void *ctx, int blk)
+{
+    const mpq__gemv_job *J = (const mpq__gemv_job *)ctx;
+    const int t0 = blk * MPQ__SCALAR_TILES;
+    const int nt = J->s->ntiles - t0 < MPQ__SCALAR_TILES ? J->s->ntiles - t0 : MPQ__SCALAR_TILES;
+    float yt[MPQ__SCALAR_TILES][MPQ__BATCH_STEP][MPQ_TILE_ROWS];
+    for (int b0 = 0; b0 < J->batch; b0 += MPQ__BATCH_STEP) {
+        const int nb = J->batch - b0 < MPQ__BATCH_STEP ? J->batch - b0 : MPQ__BATCH_STEP;
+        mpq__tiles_scalar(J->s, J->A, t0, nt, J->w, J->vstride, b0, nb, J->skip, yt);
+        for (int k = 0; k < nt; k++) mpq__gemv_store(J, t0 + k, b0, nb, yt[k][0], MPQ_TILE_ROWS);
+    }
+}
+
+static void mpq__gemv_tile_task(void *ctx, int t)
+{
+    const mpq__gemv_job *J = (const mpq__gemv_job *)ctx;
+    float yt[MPQ__BATCH_STEP][MPQ_TILE_ROWS];
+    for (int b0 = 0; b0 < J->batch; b0 += MPQ__BATCH_STEP) {
+        const int nb = J->batch - b0 < MPQ__BATCH_STEP ? J->batch - b0 : MPQ__BATCH_STEP;
+#ifdef MPQ__HAVE_AVX2
+        if (J->path == MPQ_PATH_AVX2_INT)
+            mpq__tile_avx2q(J->s, J->A, t, J->w, J->vstride, b0, nb, J->skip, yt);
+        else
+#endif
+            mpq__tile(J->s, J->A, J->path, t, J->w, J->vstride, b0, nb, J->skip, yt);
+        mpq__gemv_store(J, t, b0, nb, yt[0], MPQ_TILE_ROWS);
+    }
+}
+
 static mpq_status mpq__bp_gemv(const mpq_packed *A, const float *x, float *y, int batch, const mpq_gemv_opts *opts,
                                void *work, size_t work_bytes)
 {
@@ -3536,72 +3620,13 @@ static mpq_status mpq__bp_gemv(const mpq_packed *A, const float *x, float *y, in
     const size_t vstride = mpq__vec_layout(A).bytes;
     for (int v = 0; v < batch; v++) mpq__build_tables(A, x + (size_t)v * (size_t)A->cols, path, w + (size_t)v * vstride);
     const int ntiles = s.ntiles, nth = o.threads ? o.threads : mpq__max_threads();
-    (void)nth;
-#ifdef MPQ__HAVE_VNNI
-    if (path == MPQ_PATH_AVX512_VNNI) {
-        const mpq__vecwork L = mpq__vec_layout(A);
-        const int nblk = (ntiles + MPQ__VNNI_TILES - 1) / MPQ__VNNI_TILES;
-#ifdef _OPENMP
-#pragma omp parallel for schedule(static) num_threads(nth)
-#endif
-        for (int blk = 0; blk < nblk; blk++) {
-            const int t0 = blk * MPQ__VNNI_TILES, nt = ntiles - t0 < MPQ__VNNI_TILES ? ntiles - t0 : MPQ__VNNI_TILES;
-            float yt[MPQ__VNNI_TILES][MPQ_TILE_ROWS];
-            for (int v = 0; v < batch; v++) {
-                mpq__tiles_vnni(&s, A, t0, nt, w + (size_t)v * vstride, &L, o.skip_planes, yt);
-                for (int k = 0; k < nt; k++)
-                    for (int r = 0; r < MPQ_TILE_ROWS && (t0 + k) * MPQ_TILE_ROWS + r < s.rows; r++) {
-                        int i = (t0 + k) * MPQ_TILE_ROWS + r;
-                        y[(size_t)v * (size_t)s.rows + (size_t)(A->p_row ? (int)A->p_row[i] : i)] = yt[k][r];
-                    }
-            }
-        }
-        mpq__sparse_gemv(A, x, y, batch, nth);
-        if (w != (uint8_t *)work) mpq_aligned_free(w);
-        return MPQ_OK;
-    }
-#endif
-    if (path == MPQ_PATH_SCALAR) {
-        const int nblk = (ntiles + MPQ__SCALAR_TILES - 1) / MPQ__SCALAR_TILES;
-#ifdef _OPENMP
-#pragma omp parallel for schedule(static) num_threads(nth)
-#endif
-        for (int blk = 0; blk < nblk; blk++) {
-            const int t0 = blk * MPQ__SCALAR_TILES, nt = ntiles - t0 < MPQ__SCALAR_TILES ? ntiles - t0 : MPQ__SCALAR_TILES;
-            float yt[MPQ__SCALAR_TILES][MPQ__BATCH_STEP][MPQ_TILE_ROWS];
-            for (int b0 = 0; b0 < batch; b0 += MPQ__BATCH_STEP) {
-                const int nb = batch - b0 < MPQ__BATCH_STEP ? batch - b0 : MPQ__BATCH_STEP;
-                mpq__tiles_scalar(&s, A, t0, nt, w, vstride, b0, nb, o.skip_planes, yt);
-                for (int k = 0; k < nt; k++)
-                    for (int r = 0; r < MPQ_TILE_ROWS && (t0 + k) * MPQ_TILE_ROWS + r < s.rows; r++) {
-                        const int i = (t0 + k) * MPQ_TILE_ROWS + r, oi = A->p_row ? (int)A->p_row[i] : i;
-                        for (int v = 0; v < nb; v++) y[(size_t)(b0 + v) * (size_t)s.rows + (size_t)oi] = yt[k][v][r];
-                    }
-            }
-        }
-        mpq__sparse_gemv(A, x, y, batch, nth);
-        if (w != (uint8_t *)work) mpq_aligned_free(w);
-        return MPQ_OK;
-    }
-#ifdef _OPENMP
-#pragma omp parallel for schedule(static) num_threads(nth)
-#endif
-    for (int t = 0; t < ntiles; t++) {
-        float yt[MPQ__BATCH_STEP][MPQ_TILE_ROWS];
-        for (int b0 = 0; b0 < batch; b0 += MPQ__BATCH_STEP) {
-            int nb = batch - b0 < MPQ__BATCH_STEP ? batch - b0 : MPQ__BATCH_STEP;
-#ifdef MPQ__HAVE_AVX2
-            if (path == MPQ_PATH_AVX2_INT)
-                mpq__tile_avx2q(&s, A, t, w, vstride, b0, nb, o.skip_planes, yt);
-            else
-#endif
-                mpq__tile(&s, A, path, t, w, vstride, b0, nb, o.skip_planes, yt);
-            for (int r = 0; r < MPQ_TILE_ROWS && t * MPQ_TILE_ROWS + r < s.rows; r++) {
-                int i = t * MPQ_TILE_ROWS + r, oi = A->p_row ? (int)A->p_row[i] : i;
-                for (int v = 0; v < nb; v++) y[(size_t)(b0 + v) * (size_t)s.rows + (size_t)oi] = yt[v][r];
-            }
-        }
-    }
+    mpq__gemv_job J = {&s, A, y, w, vstride, batch, o.skip_planes, path};
+    if (path == MPQ_PATH_AVX512_VNNI)
+        mpq__run((ntiles + MPQ__VNNI_TILES - 1) / MPQ__VNNI_TILES, nth, mpq__gemv_vnni_task, &J);
+    else if (path == MPQ_PATH_SCALAR)
+        mpq__run((ntiles + MPQ__SCALAR_TILES - 1) / MPQ__SCALAR_TILES, nth, mpq__gemv_scalar_task, &J);
+    else
+        mpq__run(ntiles, nth, mpq__gemv_tile_task, &J);
     mpq__sparse_gemv(A, x, y, batch, nth);
     if (w != (uint8_t *)work) mpq_aligned_free(w);
     return MPQ_OK;
@@ -3853,7 +3878,8 @@ MPQ__T_AVX2 static void mpq__gtile_f64_avx2(int K, const double *A, size_t lda, 
             for (int r = 0; r < 4; r++)
                 c[r][0] = _mm256_loadu_pd(Cs + r * ldc), c[r][1] = _mm256_loadu_pd(Cs + r * ldc + 4);
             for (int k = 0; k < K; k++) {
-                const __m256d b0 = _mm256_loadu_pd(Bs + (size_t)k * ldb), b1 = _mm256_loadu_pd(Bs + (size_t)k * ldb + 4);
+                const __m256d b0 = _mm256_loadu_pd(Bs + (size_t)k * ldb);
+                const __m256d b1 = _mm256_loadu_pd(Bs + (size_t)k * ldb + 4);
                 for (int r = 0; r < 4; r++) {
                     const __m256d a = _mm256_set1_pd(As[r * lda + (size_t)k]);
                     c[r][0] = _mm256_fmadd_pd(a, b0, c[r][0]);

@@ -97,7 +97,9 @@ int main(int argc, char **argv)
             }
         }
         else if (!(!strcmp(argv[a], "--shape") && a + 1 < argc && sscanf(argv[++a], "%dx%d", &sm, &sn) == 2)) {
-            fprintf(stderr, "usage: %s [--quick] [--threads N] [--shape MxN] [--block-rows R] [--path NAME] [--batch B] | --list-paths\n",
+            fprintf(stderr,
+                    "usage: %s [--quick] [--threads N] [--shape MxN] [--block-rows R] [--path NAME] [--batch B]"
+                    " | --list-paths\n",
                     argv[0]);
             return 2;
         }

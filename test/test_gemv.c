@@ -218,6 +218,66 @@ Test(gemv, threads_batches_and_workspaces_do_not_change_a_bit)
     free(W), free(x), free(y1), free(y2), free(ys);
 }
 
+/* Several threads of the caller multiplying at once (each with its own
+   workspace), on every path and with 1, 2 and 5 threads per product: every
+   result must be the one a lone single-threaded product gives. */
+#if defined(__unix__) || defined(__APPLE__)
+#include <pthread.h>
+typedef struct caller {
+    const mpq_packed *A;
+    const float *x, *expect;
+    int n, m, reps, bad;
+    mpq_path path;
+} caller;
+
+static void *caller_run(void *arg)
+{
+    caller *c = (caller *)arg;
+    size_t wb = mpq_gemv_work_bytes(c->A, 1);
+    void *w = tc_alloc(wb);
+    float *y = malloc(4u * c->m);
+    for (int k = 0; k < c->reps; k++) {
+        const int v = k % 7;
+        mpq_gemv_opts o = {0};
+        o.path = c->path, o.threads = 1 + (k % 3 == 2 ? 4 : k % 3);
+        if (mpq_gemv(c->A, c->x + (size_t)v * c->n, y, 1, &o, w, wb) != MPQ_OK ||
+            memcmp(y, c->expect + (size_t)v * c->m, 4u * c->m) != 0)
+            c->bad++;
+    }
+    mpq_aligned_free(w);
+    free(y);
+    return NULL;
+}
+
+Test(gemv, concurrent_callers_get_the_same_results)
+{
+    synth_rng r = {36};
+    const shape s = {700, 520, 128, 16};
+    float *W = malloc(sizeof(float) * s.m * s.n), *x = malloc(4u * s.n * 7), *expect = malloc(4u * s.m * 7);
+    synth_weights(&r, W, s.m, s.n);
+    for (int v = 0; v < 7; v++) synth_activations(&r, x + v * s.n, s.n);
+    mpq_packed A = pack_random(&r, &s, 1, 1, 8, W);
+    for (int p = 0; p < NPATHS; p++) {
+        if (!mpq_path_available(paths[p])) continue;
+        mpq_gemv_opts o = {0};
+        o.path = paths[p], o.threads = 1;
+        for (int v = 0; v < 7; v++) cr_assert_eq(mpq_gemv(&A, x + v * s.n, expect + v * s.m, 1, &o, NULL, 0), MPQ_OK);
+        caller c[4];
+        pthread_t th[4];
+        for (int k = 0; k < 4; k++) {
+            c[k] = (caller){&A, x, expect, s.n, s.m, 150, 0, paths[p]};
+            cr_assert_eq(pthread_create(&th[k], NULL, caller_run, &c[k]), 0);
+        }
+        for (int k = 0; k < 4; k++) {
+            pthread_join(th[k], NULL);
+            cr_assert_eq(c[k].bad, 0, "%s: caller %d got %d wrong results", mpq_path_name(paths[p]), k, c[k].bad);
+        }
+    }
+    mpq_packed_free(&A);
+    free(W), free(x), free(expect);
+}
+#endif
+
 Test(gemv, library_reference_agrees_with_the_test_reference)
 {
     synth_rng r = {36};
