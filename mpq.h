@@ -3547,9 +3547,9 @@ static void mpq__gemv_store(const mpq__gemv_job *J, int t, int b0, int nb, const
     }
 }
 
+#ifdef MPQ__HAVE_VNNI
 static void mpq__gemv_vnni_task(void *ctx, int blk)
 {
-#ifdef MPQ__HAVE_VNNI
     const mpq__gemv_job *J = (const mpq__gemv_job *)ctx;
     const mpq__vecwork L = mpq__vec_layout(J->A);
     const int t0 = blk * MPQ__VNNI_TILES, nt = J->s->ntiles - t0 < MPQ__VNNI_TILES ? J->s->ntiles - t0 : MPQ__VNNI_TILES;
@@ -3558,10 +3558,8 @@ static void mpq__gemv_vnni_task(void *ctx, int blk)
         mpq__tiles_vnni(J->s, J->A, t0, nt, J->w + (size_t)v * J->vstride, &L, J->skip, yt);
         for (int k = 0; k < nt; k++) mpq__gemv_store(J, t0 + k, v, 1, yt[k], 0);
     }
-#else
-    (void)ctx, (void)blk;
-#endif
 }
+#endif
 
 static void mpq__gemv_scalar_task(void *ctx, int blk)
 {
@@ -3621,12 +3619,13 @@ static mpq_status mpq__bp_gemv(const mpq_packed *A, const float *x, float *y, in
     for (int v = 0; v < batch; v++) mpq__build_tables(A, x + (size_t)v * (size_t)A->cols, path, w + (size_t)v * vstride);
     const int ntiles = s.ntiles, nth = o.threads ? o.threads : mpq__max_threads();
     mpq__gemv_job J = {&s, A, y, w, vstride, batch, o.skip_planes, path};
-    if (path == MPQ_PATH_AVX512_VNNI)
-        mpq__run((ntiles + MPQ__VNNI_TILES - 1) / MPQ__VNNI_TILES, nth, mpq__gemv_vnni_task, &J);
-    else if (path == MPQ_PATH_SCALAR)
-        mpq__run((ntiles + MPQ__SCALAR_TILES - 1) / MPQ__SCALAR_TILES, nth, mpq__gemv_scalar_task, &J);
-    else
-        mpq__run(ntiles, nth, mpq__gemv_tile_task, &J);
+    int ntasks = ntiles; /* tiles, or blocks of tiles */
+    mpq__task_fn task = mpq__gemv_tile_task;
+    if (path == MPQ_PATH_SCALAR) ntasks = (ntiles + MPQ__SCALAR_TILES - 1) / MPQ__SCALAR_TILES, task = mpq__gemv_scalar_task;
+#ifdef MPQ__HAVE_VNNI
+    if (path == MPQ_PATH_AVX512_VNNI) ntasks = (ntiles + MPQ__VNNI_TILES - 1) / MPQ__VNNI_TILES, task = mpq__gemv_vnni_task;
+#endif
+    mpq__run(ntasks, nth, task, &J);
     mpq__sparse_gemv(A, x, y, batch, nth);
     if (w != (uint8_t *)work) mpq_aligned_free(w);
     return MPQ_OK;

@@ -216,7 +216,8 @@ static inline void tc_check_gemv(const mpq_packed *A, const tc_mat *M, const flo
         for (int i = 0; i < A->rows; i++) { /* i: packed row */
             size_t o = (size_t)v * A->rows + M->prow[i];
             double tol = gamma * mag[o] + 1e-30;
-            if (path == MPQ_PATH_AVX512_VNNI || path == MPQ_PATH_AVX2_INT) tol += tc_q16_bound(M, x + (size_t)v * A->cols, i, skip) * (1 + 1e-6);
+            if (path == MPQ_PATH_AVX512_VNNI || path == MPQ_PATH_AVX2_INT)
+                tol += tc_q16_bound(M, x + (size_t)v * A->cols, i, skip) * (1 + 1e-6);
             cr_assert(isfinite(y[o]), "%s: y[%zu] not written", mpq_path_name(path), o);
             cr_assert_leq(fabs(y[o] - ref[o]), tol, "%s %dx%d G%d br%d skip %d batch %d: row %d: %.9g vs %.9g (tol %.3g)",
                           mpq_path_name(path), A->rows, A->cols, A->group, A->block_rows, skip, batch, M->prow[i],
