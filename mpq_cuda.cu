@@ -39,115 +39,20 @@
 //   wait (griddepcontrol.wait) before reading x or touching the scratch
 //   sums, which the grid before may still use.
 //
-// PERFORMANCE (H100, bench_gemv_cuda, 2026-11-23, two sessions; the later
-// run in bench/results/): batch 1 at 3.25 bits takes 14.4-14.8 us on 8192 x
-// 8192 (67-68 % of the copy bandwidth, 3.3-3.4x cuBLAS fp16), 39.6-40.0 us
-// on 28672 x 8192 (86-87 %, 4.1x) and 43.6-44.0 us on 8192 x 28672 (78-79
-// %, 3.8x). A kernel that only reads the same bytes, launched the same way,
-// takes 8.9, 32.2 and 32.1 us: 3.2-3.3 TB/s, with no fixed cost left once
-// launches overlap (programmatic dependent launch).
-//
-// Where the time goes (8192 x 8192, 3.25 bits, the kernel of 2026-11-22;
-// globaltimer stamps of every block, launches back to back): the blocks of a
-// launch enter as those of the launch before leave and issue their first
-// loads; the dependent wait returns 0.8 us after the launch before has
-// ended; reading x and building the tables takes 1.5 us; the tiles then
-// stream for about 10 us, at 2.5 TB/s; the last block of a row block
-// finishes about 2.4 us after the median block's last tile (fence, counter,
-// the parts' loads, the scattered stores). So about 5 us of every launch
-// stream nothing, and 12 us needs most of them gone. A kernel that makes
-// exactly this kernel's plane loads (same grid, two 256-byte pieces per warp
-// load, one step in flight per warp) and nothing else takes 9.7 us (3.0
-// TB/s; 9.7 with 512 linear bytes per warp load): neither the address
-// pattern nor the loads in flight hold the stream back (see also the rolling
-// refill below), the work around them does.
-//
-// Measured the same way and dropped (each against the kernel of its day, in
-// one run): a bulk L2 prefetch of the records two tiles ahead (22.1 us
-// against 18.6); planes staged through shared memory with cp.async, 16
-// warps, 3 stages (20.4 against 18.0: the extra shared loads cost more than
-// the deeper pipeline gave); the same with the copy engine (cp.async.bulk of
-// whole records into a ring of 1 or 2 steps per warp on mbarriers, loaded
-// before the dependent wait: 17.9 against 14.9, and the code beside the
-// register path slowed that path to 16.1 us); L2 prefetches of the next 1 to
-// 4 tiles before the wait (15.8 to 18.4 against 14.9: the prefetches hold up
-// the issue of the first loads); the second step's loads also before the
-// wait (15.1 against 14.9); a third register buffer (16.2 against 15.2:
-// spills); the rolling refill: each plane's registers reloaded with the step
-// two ahead as soon as that plane is looked up, so that nearly two steps per
-// warp are in flight in the registers of two (14.5 against 14.5 at 3.25
-// bits, 17.7 against 17.2 at 4.25, +2 % at batch 8); the record table of a
-// block in shared memory (18.4 against 17.2); 3 blocks per multiprocessor
-// (85 registers: heavy spills); the parts' sum as a thread-block cluster
-// over distributed shared memory (one wave holds 14 clusters of 16 blocks
-// where 16 are needed, so it would idle a fifth of the machine); a fixed
-// block per row block polling epoch-tagged parts instead of the counter
-// (15.5 against 14.9, 46.5 against 40.0 on 28672 x 8192); the parts split
-// over pairs of threads with an acq_rel counter (-0.1 us on 8192 x 8192,
-// +1.5 us on 28672 x 8192); the first tile of every warp (two steps) copied
-// into shared memory with cp.async before the dependent wait, the next one in
-// registers, so that three steps instead of one load while the grid before
-// retires and the tables are built (17.1 against 14.5 us at 3.25 bits; the
-// build with the copies switched off took 14.9: the extra code alone costs
-// registers). Kept: the column sources and scales read before the wait and
-// the row permutation read with the parts (-3 % at batch 1, -5 % with
-// permutations).
-//
-// Dependent floors (bench_gemv_cuda --floors, 2026-11-23): read-only
-// kernels of this kernel's grid that wait for the launch before them and
-// end with this kernel's ordered sum of parts take 15.0 us at 8192 x 8192,
-// 3.25 bits, and 41.5 us on 28672 x 8192: the product's own times (14.8,
-// 40.3). So the lookups cost nothing at batch 1 once the loads overlap them;
-// the wait and the sum do. Without the sum the floor is 11.4 us; with float
-// atomics into y instead of it, 12.1 (bench/results/h100-gemv-floors-*).
-// Measured the same day and dropped: unordered sums in this kernel (ticket,
-// flag, float atomics; not deterministic): -0.1 us on 8192 x 8192, -3.3 on
-// 8192 x 28672, -1.7 on 4096 x 14336, +0.6 on 28672 x 8192, and 50 % more
-// kernel code (1 % slower in the ordered path). A timeline showed why so
-// little: the ordered end lets every block but the last of its row block
-// leave right after the counter, so the next launch's blocks enter about 2
-// us before this launch ends; the ticket, flag and atomics kept every block
-// 2 us longer, and the next launch's start lost what the end gained. Also
-// dropped: the last block reading all parts in one round of loads, and the
-// fence before the counter by one thread (no change on 8192 x 8192, +2 us on
-// 28672 x 8192); the first tile's second step loaded right after the wait
-// (+1 us: x and the tables come later); sum_parts not inlined (+3 us).
-//
 // MMA KERNEL (batch 5..8, MPQ_CUDA_MMA_BATCH; tiles of one width): the
 // codes on the tensor cores, see gemv_mma. Its cost hardly depends on the
-// batch; the LUT kernel's grows with B (it runs batch 5 as 8). H100, 3.25
-// bits, against the LUT kernel in the same session (bench/results/): batch
-// 5-8 take 50-54 us on 8192 x 8192 (LUT 77-79 us, cuBLAS fp16 49-50) and
-// 145-172 us on 28672 x 8192 (LUT 265-269, cuBLAS 164-167): 1.3-1.9x the
-// LUT kernel on the six shapes; against cuBLAS fp16 0.92-0.98x on 8192 x
-// 8192, 1.1-1.15x on the two largest shapes from batch 6, 0.6-0.8x on 4096
-// x 4096. Records of 5 planes (4.25 bits: the 6-plane variant) are slower,
-// 75-78 us on 8192 x 8192. Batch 4 stays with the LUT kernel (43 us against
-// 54 on 8192 x 8192). Where the time goes (Nsight Compute, 8192 x 8192,
-// batch 8): 30 M warp instructions at 2.3 per cycle per multiprocessor;
-// half are the 113 of each quad of 32 columns (the codes: a rotate per plane
-// word, a LOP3 per plane and half2, a rotate, a HADD2 and 4 HMMA), a third
-// the per-record work (ring, epilogue) and the activations' split; the loads
-// alone (no arithmetic) take 10 us. Tried and dropped: 8 ring slots instead
-// of 4 (one block per multiprocessor: 20 % slower), the quad loop unrolled by
-// 2 and four accumulator chains instead of one (no change); kept, with the
-// per-lane masks K: record table entries copied ahead into shared memory (a
-// select between two register batches waited on the pending load; both:
-// 63 -> 55 us), part counts that fill the waves (28672 x 8192, batch 8: 174
-// -> 148 us).
+// batch; the LUT kernel's grows with B (it runs batch 5 as 8), so batch 4
+// stays with the LUT kernel. Record table entries are copied ahead into
+// shared memory, and the column parts are counted to fill the waves.
 //
 // OTHER PATHS: groups that are not a multiple of 32 columns (tails of pairs
 // and singles inside every group) use a plain kernel, one thread per row and
 // vector, which decodes every weight; batches beyond 8 dequantize to fp16 in
 // original coordinates (one thread per row and 32 columns) and multiply with
-// cuBLAS (fp32 accumulate). On the H100 that path runs at 0.27-0.33x cuBLAS
-// fp16 alone up to batch 256 and 0.48-0.64x at 1024 (8192 x 8192, batch 16:
-// 187 us, of which the dequantization is about 135: about 1 TB/s of fp16
-// written, a third of what the memory allows; one thread per weight took 733
-// us): writing and reading the fp16 copy costs more than the product at
-// small batches. A fused kernel would expand planes to fp16 tiles in shared
-// memory for the tensor cores (the MMA kernel's codes, tiled over more
-// rows) without the copy.
+// cuBLAS (fp32 accumulate).
+//
+// Measurements of these kernels, the variants tried and dropped, and where
+// the time goes: bench/results/NOTES.md, "The CUDA kernels".
 #include "mpq_cuda.h"
 
 #include <cublas_v2.h>
