@@ -2727,7 +2727,7 @@ MPQ__T_VNNI static void mpq__build_q16_vnni(const float *xt, int nch, float inv,
 
 /* The int16 tables of MPQ_PATH_AVX2_INT. A unit's planes are read as
    registers of two 16-byte lanes, each lane one chunk of the unit for the
-   16 rows of the tile (see mpq__tile_avx2q): a full unit as the chunk pairs
+   16 rows of the tile (see mpq__avx2q_split): a full unit as the chunk pairs
    (0, 2) and (1, 3), a pair as (0, 1), a single chunk as (0, none). Each
    register has four tables, 32 bytes each, one 16-entry table per lane:
    columns 0-3 of the chunk (h = 0) low bytes, high bytes, then columns 4-7
@@ -3128,21 +3128,22 @@ typedef struct mpq__qrec {
     __m512i m[MPQ_MAX_BITS]; /* plane weights, u8 in every byte of a row's lane */
 } mpq__qrec;
 
-/* Tiles t0 .. t0+nt-1 (at most MPQ__VNNI_TILES) for one input vector, group
-   by group: the group's tables are read from L2 once for the whole block. */
-MPQ__T_VNNI static void mpq__tiles_vnni(const mpq__shape *s, const mpq_packed *A, int t0, int nt, const uint8_t *vw,
-                            const mpq__vecwork *L, int skip, float yt[][MPQ_TILE_ROWS])
+/* Tiles t0 .. t0+nt-1 (at most MPQ__VNNI_TILES), vectors b0 .. b0+nb-1,
+   group by group: the group's tables are read from L2 once for the whole
+   block, and a record's planes from memory once for all vectors. y~ of
+   tile t0+k, vector b0+v into yt[k][v]. */
+MPQ__T_VNNI static void mpq__tiles_vnni(const mpq__shape *s, const mpq_packed *A, int t0, int nt, const uint8_t *work,
+                                        size_t vstride, int b0, int nb, int skip,
+                                        float yt[MPQ__VNNI_TILES][MPQ__BATCH_STEP][MPQ_TILE_ROWS])
 {
+    const mpq__vecwork L = mpq__vec_layout(A);
     const int cpg = s->group / 8, ng = s->ngroups, nch_last = mpq__nch(s, ng - 1);
     const size_t qstride = (size_t)mpq__units(cpg) * 256u;
-    const float *gsum = (const float *)(const void *)(vw + L->gsum);
-    const float *gscale = (const float *)(const void *)(vw + L->gscale);
     mpq__walk w[MPQ__VNNI_TILES];
-    __m512 y[MPQ__VNNI_TILES];
     for (int k = 0; k < nt; k++) {
         mpq__walk_init(&w[k], s, A->band_off, A->data, t0 + k);
         mpq__walk_warm(s, A->band_off, A->data, t0 + MPQ__VNNI_TILES + k, MPQ__LOOKAHEAD); /* the next block */
-        y[k] = _mm512_setzero_ps();
+        for (int v = 0; v < nb; v++) _mm512_storeu_ps(yt[k][v], _mm512_setzero_ps());
     }
     mpq__qrec R[MPQ__VNNI_TILES];
     mpq__rec G; /* the general (non-uniform) description, when needed */
@@ -3168,29 +3169,34 @@ MPQ__T_VNNI static void mpq__tiles_vnni(const mpq__shape *s, const mpq_packed *A
                                                                _mm512_set1_epi32(0x01010101));
             }
         }
-        __m512i tot[MPQ__VNNI_TILES];
-        const uint8_t *T0 = vw + L->tab + (size_t)g * qstride;
-        for (int k = 0; k < nt; k++) tot[k] = mpq__vnni_rec_any(R[k].p + s->meta + (size_t)R[k].i0 * pb, pb, nch, T0, R[k].m, R[k].np);
-        const __m512 sc = _mm512_set1_ps(gscale[g]), gs = _mm512_set1_ps(gsum[g]);
         for (int k = 0; k < nt; k++) {
-            __m512 acc = _mm512_mul_ps(_mm512_cvtepi32_ps(tot[k]), sc);
+            __m512 sh, zh; /* the rows' s^ and z^ */
             if (s->format == MPQ_FORMAT_BITPLANE) {
-                y[k] = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)R[k].p)), acc, y[k]);
-                y[k] = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(R[k].p + 32))), gs, y[k]);
+                sh = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)R[k].p));
+                zh = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(R[k].p + 32)));
             } else if (w[k].uniform) { /* MXINT: s^ = 2^(X - k + 1) = 2^(byte - 127 - k + 1), z^ = -s^ */
                 __m512i e = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)R[k].p));
-                __m512 sh = _mm512_scalef_ps(_mm512_set1_ps(1.0f),
-                                             _mm512_cvtepi32_ps(_mm512_sub_epi32(e, _mm512_set1_epi32(126 + R[k].b))));
-                y[k] = _mm512_fmadd_ps(sh, _mm512_sub_ps(acc, gs), y[k]);
+                sh = _mm512_scalef_ps(_mm512_set1_ps(1.0f),
+                                      _mm512_cvtepi32_ps(_mm512_sub_epi32(e, _mm512_set1_epi32(126 + R[k].b))));
+                zh = _mm512_sub_ps(_mm512_setzero_ps(), sh);
             } else {
-                float sh[MPQ_TILE_ROWS], zh[MPQ_TILE_ROWS];
-                mpq__rec_pairs(s, R[k].p, t0 + k, g, 0, sh, zh);
-                y[k] = _mm512_fmadd_ps(_mm512_loadu_ps(sh), acc, y[k]);
-                y[k] = _mm512_fmadd_ps(_mm512_loadu_ps(zh), gs, y[k]);
+                float shf[MPQ_TILE_ROWS], zhf[MPQ_TILE_ROWS];
+                mpq__rec_pairs(s, R[k].p, t0 + k, g, 0, shf, zhf);
+                sh = _mm512_loadu_ps(shf);
+                zh = _mm512_loadu_ps(zhf);
+            }
+            const uint8_t *pl = R[k].p + s->meta + (size_t)R[k].i0 * pb;
+            for (int v = 0; v < nb; v++) {
+                const uint8_t *vw = work + (size_t)(b0 + v) * vstride;
+                const float gsc = ((const float *)(const void *)(vw + L.gscale))[g];
+                const float gs = ((const float *)(const void *)(vw + L.gsum))[g];
+                const __m512i tot = mpq__vnni_rec_any(pl, pb, nch, vw + L.tab + (size_t)g * qstride, R[k].m, R[k].np);
+                const __m512 acc = _mm512_mul_ps(_mm512_cvtepi32_ps(tot), _mm512_set1_ps(gsc));
+                __m512 y = _mm512_fmadd_ps(sh, acc, _mm512_loadu_ps(yt[k][v]));
+                _mm512_storeu_ps(yt[k][v], _mm512_fmadd_ps(zh, _mm512_set1_ps(gs), y));
             }
         }
     }
-    for (int k = 0; k < nt; k++) _mm512_storeu_ps(yt[k], y[k]);
 }
 #endif
 
@@ -3266,17 +3272,61 @@ MPQ__T_AVX2 static void mpq__rec256(const mpq__rec *R, const float *Q, const flo
 }
 
 /* ---- AVX2 int16-table path: vpshufb looks up 32 bytes, vpmaddubsw sums ---- */
+#define MPQ__AVX2Q_TILES 4                     /* tiles (64 rows) sharing the group's tables in L1 */
+#define MPQ__AVX2Q_IX (MPQ__Q16_MAX_GROUP / 8) /* index registers of one plane of the widest group */
 
-/* One register y of a unit's plane, lane 0 one chunk and lane 1 another,
-   byte r of a lane = row r; T: its four tables (mpq__q16_avx2_at). Both
-   nibbles of each byte are looked up, and the pair (columns 0-3, columns
-   4-7) of each row summed by vpmaddubsw into int16: acc[0] low table bytes
-   of rows 0-7, acc[1] of rows 8-15, acc[2], acc[3] the high bytes; lane k
-   of each accumulator is the chunk of lane k. */
-MPQ__INLINE MPQ__T_AVX2 void mpq__lk2q(__m256i y, const uint8_t *T, __m256i *acc)
+/* One plane of a record (nch chunks) as vpshufb indices, a pair of
+   registers per 32 bytes: the low nibbles (columns 0-3 of each chunk), then
+   the high ones (columns 4-7); byte r of a lane is row r, each lane one
+   chunk: a full unit as the chunk pairs (0, 2) and (1, 3), a pair as (0, 1),
+   a single chunk as (0, none). A unit's 64 bytes hold 4 bytes per row (row
+   r: bytes 4r .. 4r+3, one per chunk): a byte shuffle turns each 16-byte
+   lane into 4 dwords of 4 rows each, one dword per chunk, and a dword
+   permute gathers a chunk's dwords into 8-byte halves of the lanes; a
+   pair's 32 bytes (2 per row) likewise. Returns the registers written. */
+MPQ__T_AVX2 static int mpq__avx2q_split(const uint8_t *q, int nch, __m256i *ix)
 {
-    const __m256i m0f = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi8(1);
-    const __m256i n0 = _mm256_and_si256(y, m0f), n1 = _mm256_and_si256(_mm256_srli_epi16(y, 4), m0f);
+    const __m256i tr4 = _mm256_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15, 0, 4, 8, 12, 1, 5, 9, 13,
+                                         2, 6, 10, 14, 3, 7, 11, 15);
+    const __m256i tr2 = _mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15, 0, 2, 4, 6, 8, 10, 12,
+                                         14, 1, 3, 5, 7, 9, 11, 13, 15);
+    const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7), m0f = _mm256_set1_epi8(0x0F);
+    __m256i *o = ix;
+    for (int u = 0; u < nch >> 2; u++, q += 64) {
+        const __m256i a = _mm256_permutevar8x32_epi32(
+            _mm256_shuffle_epi8(_mm256_loadu_si256((const __m256i *)(const void *)q), tr4), perm);
+        const __m256i b = _mm256_permutevar8x32_epi32(
+            _mm256_shuffle_epi8(_mm256_loadu_si256((const __m256i *)(const void *)(q + 32)), tr4), perm);
+        const __m256i c02 = _mm256_unpacklo_epi64(a, b), c13 = _mm256_unpackhi_epi64(a, b);
+        *o++ = _mm256_and_si256(c02, m0f);
+        *o++ = _mm256_and_si256(_mm256_srli_epi16(c02, 4), m0f);
+        *o++ = _mm256_and_si256(c13, m0f);
+        *o++ = _mm256_and_si256(_mm256_srli_epi16(c13, 4), m0f);
+    }
+    if (nch & 2) {
+        const __m256i a = _mm256_permute4x64_epi64(
+            _mm256_shuffle_epi8(_mm256_loadu_si256((const __m256i *)(const void *)q), tr2), 0xD8);
+        *o++ = _mm256_and_si256(a, m0f);
+        *o++ = _mm256_and_si256(_mm256_srli_epi16(a, 4), m0f);
+        q += 32;
+    }
+    if (nch & 1) { /* lane 1 looks up entry 0 of zero tables */
+        const __m256i a = _mm256_inserti128_si256(_mm256_setzero_si256(),
+                                                    _mm_loadu_si128((const __m128i *)(const void *)q), 0);
+        *o++ = _mm256_and_si256(a, m0f);
+        *o++ = _mm256_and_si256(_mm256_srli_epi16(a, 4), m0f);
+    }
+    return (int)(o - ix);
+}
+
+/* The lookups of one register pair (n0, n1) in its four tables T
+   (mpq__q16_avx2_at): the columns 0-3 and 4-7 of each row summed by
+   vpmaddubsw into int16, acc[0] low table bytes of rows 0-7, acc[1] of rows
+   8-15, acc[2], acc[3] the high bytes; lane k of each accumulator is the
+   chunk of lane k. */
+MPQ__INLINE MPQ__T_AVX2 void mpq__lk2q(__m256i n0, __m256i n1, const uint8_t *T, __m256i *acc)
+{
+    const __m256i ones = _mm256_set1_epi8(1);
     const __m256i l0 = _mm256_shuffle_epi8(_mm256_loadu_si256((const __m256i *)(const void *)T), n0);
     const __m256i h0 = _mm256_shuffle_epi8(_mm256_loadu_si256((const __m256i *)(const void *)(T + 32)), n0);
     const __m256i l1 = _mm256_shuffle_epi8(_mm256_loadu_si256((const __m256i *)(const void *)(T + 64)), n1);
@@ -3287,117 +3337,113 @@ MPQ__INLINE MPQ__T_AVX2 void mpq__lk2q(__m256i y, const uint8_t *T, __m256i *acc
     acc[3] = _mm256_add_epi16(acc[3], _mm256_maddubs_epi16(ones, _mm256_unpackhi_epi8(h0, h1)));
 }
 
-/* int32 of the 16-bit sums of both lanes of a (8 rows). */
-MPQ__INLINE MPQ__T_AVX2 __m256i mpq__fold16(__m256i a)
+/* One plane against one vector's tables T of the group: per row, the sum
+   of the int16 entries looked up, as int32 in the row order of v[0] = rows
+   0-3 | 8-11, v[1] = rows 4-7 | 12-15. The two lanes (two chunks) are added
+   in int16 first: a row's low-byte (or high-byte) sum over the whole group
+   is at most 2 x 128 per chunk in magnitude, inside int16 up to 128 chunks
+   (1024 columns, the widest group the int16 tables take); vpmaddwd then
+   forms low + 256 high. */
+MPQ__T_AVX2 static void mpq__avx2q_plane(const __m256i *ix, int nch, const uint8_t *T, __m256i v[2])
 {
-    return _mm256_add_epi32(_mm256_cvtepi16_epi32(_mm256_castsi256_si128(a)),
-                            _mm256_cvtepi16_epi32(_mm256_extracti128_si256(a, 1)));
-}
-
-/* Sum over the planes of the record (np planes from pl, pb bytes apart) of
-   the plane weight times the int16 entries looked up, per row: tot[0] rows
-   0-7, tot[1] rows 8-15. w: per plane and half, the rows' weights (int32).
-   A unit's 64 bytes hold 4 bytes per row (row r: bytes 4r .. 4r+3, one per
-   chunk): a byte shuffle turns each 16-byte lane into 4 dwords of 4 rows
-   each, one dword per chunk, and dword permutes gather a chunk's 4 dwords
-   (16 rows) into a lane; a pair's 32 bytes (2 per row) likewise. The int16
-   sums of a plane hold at most 2 x 256 per unit, so up to 32 units (1024
-   columns, the widest group the int16 tables take) they do not overflow. */
-MPQ__T_AVX2 static void mpq__avx2q_rec(const uint8_t *pl, size_t pb, int nch, int np, const uint8_t *T,
-                                       const __m256i (*w)[2], __m256i tot[2])
-{
-    const __m256i tr4 = _mm256_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15, 0, 4, 8, 12, 1, 5, 9, 13,
-                                         2, 6, 10, 14, 3, 7, 11, 15);
-    const __m256i tr2 = _mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15, 0, 2, 4, 6, 8, 10, 12,
-                                         14, 1, 3, 5, 7, 9, 11, 13, 15);
-    const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-    const int nq = nch >> 2;
-    tot[0] = tot[1] = _mm256_setzero_si256();
-    for (int p = 0; p < np; p++, pl += pb) {
-        __m256i acc[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(),
-                          _mm256_setzero_si256()};
-        const uint8_t *q = pl, *t = T;
-        for (int u = 0; u < nq; u++, q += 64, t += 256) {
-            const __m256i a = _mm256_permutevar8x32_epi32(
-                _mm256_shuffle_epi8(_mm256_loadu_si256((const __m256i *)(const void *)q), tr4), perm);
-            const __m256i b = _mm256_permutevar8x32_epi32(
-                _mm256_shuffle_epi8(_mm256_loadu_si256((const __m256i *)(const void *)(q + 32)), tr4), perm);
-            mpq__lk2q(_mm256_unpacklo_epi64(a, b), t, acc);       /* chunks 0 and 2 */
-            mpq__lk2q(_mm256_unpackhi_epi64(a, b), t + 128, acc); /* chunks 1 and 3 */
-        }
-        if (nch & 2) {
-            const __m256i a = _mm256_shuffle_epi8(_mm256_loadu_si256((const __m256i *)(const void *)q), tr2);
-            mpq__lk2q(_mm256_permute4x64_epi64(a, 0xD8), t, acc); /* chunks 0 and 1 */
-            q += 32;
-            t += 256;
-        }
-        if (nch & 1) /* one chunk; lane 1's tables are zero */
-            mpq__lk2q(_mm256_inserti128_si256(_mm256_setzero_si256(),
-                                              _mm_loadu_si128((const __m128i *)(const void *)q), 0), t, acc);
-        for (int h = 0; h < 2; h++) {
-            const __m256i v = _mm256_add_epi32(mpq__fold16(acc[h]), _mm256_slli_epi32(mpq__fold16(acc[2 + h]), 8));
-            tot[h] = _mm256_add_epi32(tot[h], _mm256_mullo_epi32(v, w[p][h]));
-        }
+    __m256i acc[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256()};
+    for (int u = 0; u < nch >> 2; u++, ix += 4, T += 256) {
+        mpq__lk2q(ix[0], ix[1], T, acc);
+        mpq__lk2q(ix[2], ix[3], T + 128, acc);
     }
+    if (nch & 2) {
+        mpq__lk2q(ix[0], ix[1], T, acc);
+        ix += 2;
+        T += 256;
+    }
+    if (nch & 1) mpq__lk2q(ix[0], ix[1], T, acc);
+    const __m256i lo = _mm256_add_epi16(_mm256_permute2x128_si256(acc[0], acc[1], 0x20),
+                                        _mm256_permute2x128_si256(acc[0], acc[1], 0x31));
+    const __m256i hi = _mm256_add_epi16(_mm256_permute2x128_si256(acc[2], acc[3], 0x20),
+                                        _mm256_permute2x128_si256(acc[2], acc[3], 0x31));
+    const __m256i k = _mm256_set1_epi32(0x01000001); /* int16 pairs (1, 256) */
+    v[0] = _mm256_madd_epi16(_mm256_unpacklo_epi16(lo, hi), k);
+    v[1] = _mm256_madd_epi16(_mm256_unpackhi_epi16(lo, hi), k);
 }
 
-/* One tile on MPQ_PATH_AVX2_INT, vectors b0 .. b0+nb-1, as mpq__tile. */
-MPQ__T_AVX2 static void mpq__tile_avx2q(const mpq__shape *s, const mpq_packed *A, int t, const uint8_t *work,
-                                        size_t vstride, int b0, int nb, int skip,
-                                        float yt[MPQ__BATCH_STEP][MPQ_TILE_ROWS])
+/* Tiles t0 .. t0+nt-1 (at most MPQ__AVX2Q_TILES), vectors b0 .. b0+nb-1,
+   group by group: each plane is split into indices once for all vectors,
+   and the group's tables are read from L2 once for the whole block. y~ of
+   tile t0+k, vector b0+v into yt[k][v]. */
+MPQ__T_AVX2 static void mpq__tiles_avx2q(const mpq__shape *s, const mpq_packed *A, int t0, int nt, const uint8_t *work,
+                                         size_t vstride, int b0, int nb, int skip,
+                                         float yt[MPQ__AVX2Q_TILES][MPQ__BATCH_STEP][MPQ_TILE_ROWS])
 {
     const mpq__vecwork L = mpq__vec_layout(A);
     const int cpg = s->group / 8, ng = s->ngroups;
     const size_t qstride = (size_t)mpq__units(cpg) * 256u;
-    for (int v = 0; v < nb; v++)
-        for (int r = 0; r < MPQ_TILE_ROWS; r++) yt[v][r] = 0.0f;
-    mpq__walk w;
-    mpq__walk_init(&w, s, A->band_off, A->data, t);
-    mpq__walk_warm(s, A->band_off, A->data, t + 1, MPQ__LOOKAHEAD);
+    mpq__walk w[MPQ__AVX2Q_TILES];
+    for (int k = 0; k < nt; k++) {
+        mpq__walk_init(&w[k], s, A->band_off, A->data, t0 + k);
+        mpq__walk_warm(s, A->band_off, A->data, t0 + MPQ__AVX2Q_TILES + k, MPQ__LOOKAHEAD); /* the next block */
+        for (int v = 0; v < nb; v++)
+            for (int r = 0; r < MPQ_TILE_ROWS; r++) yt[k][v][r] = 0.0f;
+    }
     mpq__rec R;
-    __m256i wt[MPQ_MAX_BITS][2];
-    for (int g = 0; g < ng; g++) {
-        const int B = mpq__walk_planes(&w, g);
-        const uint8_t *rec = mpq__walk_next(&w, MPQ__LOOKAHEAD);
-        MPQ_ASSERT(B >= 1 && B <= MPQ_MAX_BITS);
-        if (w.uniform) {
-            R.p = rec;
-            R.pl = rec + s->meta;
-            R.nch = mpq__nch(s, g);
-            R.uniform = 1;
-            R.i0 = skip < B - 1 ? skip : B - 1;
-            R.np = B - R.i0;
-        } else
-            mpq__rec_setup(s, A->data, (uint64_t)(rec - A->data), t, g, skip, &R);
-        for (int p = 0; p < R.np; p++)
-            for (int h = 0; h < 2; h++)
-                wt[p][h] = R.uniform ? _mm256_set1_epi32(1 << (R.i0 + p))
-                                     : _mm256_cvttps_epi32(_mm256_loadu_ps(R.mult[p] + 8 * h));
-        float sh[MPQ_TILE_ROWS], zh[MPQ_TILE_ROWS];
-        if (s->format == MPQ_FORMAT_BITPLANE)
-            for (int h = 0; h < 2; h++) { /* s^ of the 16 rows, then z^, as fp16 */
-                const __m128i *ps = (const __m128i *)(const void *)(rec + 16 * h);
-                const __m128i *pz = (const __m128i *)(const void *)(rec + 32 + 16 * h);
-                _mm256_storeu_ps(sh + 8 * h, _mm256_cvtph_ps(_mm_loadu_si128(ps)));
-                _mm256_storeu_ps(zh + 8 * h, _mm256_cvtph_ps(_mm_loadu_si128(pz)));
+    __m256i ix[MPQ__AVX2Q_IX], tot[MPQ__BATCH_STEP][2];
+    for (int g = 0; g < ng; g++)
+        for (int k = 0; k < nt; k++) {
+            const int B = mpq__walk_planes(&w[k], g);
+            const uint8_t *rec = mpq__walk_next(&w[k], MPQ__LOOKAHEAD);
+            MPQ_ASSERT(B >= 1 && B <= MPQ_MAX_BITS);
+            if (w[k].uniform) {
+                R.p = rec;
+                R.pl = rec + s->meta;
+                R.nch = mpq__nch(s, g);
+                R.uniform = 1;
+                R.i0 = skip < B - 1 ? skip : B - 1;
+                R.np = B - R.i0;
+            } else
+                mpq__rec_setup(s, A->data, (uint64_t)(rec - A->data), t0 + k, g, skip, &R);
+            const size_t pb = (size_t)R.nch * 16u;
+            for (int v = 0; v < nb; v++) tot[v][0] = tot[v][1] = _mm256_setzero_si256();
+            for (int p = 0; p < R.np; p++) {
+                __m256i wa, wb; /* the plane's weight per row, in the order of mpq__avx2q_plane */
+                if (R.uniform)
+                    wa = wb = _mm256_set1_epi32(1 << (R.i0 + p));
+                else {
+                    const __m256i m0 = _mm256_cvttps_epi32(_mm256_loadu_ps(R.mult[p]));
+                    const __m256i m1 = _mm256_cvttps_epi32(_mm256_loadu_ps(R.mult[p] + 8));
+                    wa = _mm256_permute2x128_si256(m0, m1, 0x20);
+                    wb = _mm256_permute2x128_si256(m0, m1, 0x31);
+                }
+                mpq__avx2q_split(R.pl + (size_t)(R.i0 + p) * pb, R.nch, ix);
+                for (int v = 0; v < nb; v++) {
+                    __m256i pv[2];
+                    mpq__avx2q_plane(ix, R.nch, work + (size_t)(b0 + v) * vstride + L.tab + (size_t)g * qstride, pv);
+                    tot[v][0] = _mm256_add_epi32(tot[v][0], _mm256_mullo_epi32(pv[0], wa));
+                    tot[v][1] = _mm256_add_epi32(tot[v][1], _mm256_mullo_epi32(pv[1], wb));
+                }
             }
-        else
-            mpq__rec_pairs(s, rec, t, g, w.uniform ? B : 0, sh, zh);
-        const size_t pb = (size_t)R.nch * 16u;
-        for (int v = 0; v < nb; v++) {
-            const uint8_t *vw = work + (size_t)(b0 + v) * vstride;
-            const float gsc = ((const float *)(const void *)(vw + L.gscale))[g];
-            const float gs = ((const float *)(const void *)(vw + L.gsum))[g];
-            __m256i tot[2];
-            mpq__avx2q_rec(R.pl + (size_t)R.i0 * pb, pb, R.nch, R.np, vw + L.tab + (size_t)g * qstride,
-                           (const __m256i(*)[2])wt, tot);
-            for (int h = 0; h < 2; h++) {
-                const __m256 acc = _mm256_mul_ps(_mm256_cvtepi32_ps(tot[h]), _mm256_set1_ps(gsc));
-                __m256 y = _mm256_fmadd_ps(_mm256_loadu_ps(sh + 8 * h), acc, _mm256_loadu_ps(yt[v] + 8 * h));
-                _mm256_storeu_ps(yt[v] + 8 * h, _mm256_fmadd_ps(_mm256_loadu_ps(zh + 8 * h), _mm256_set1_ps(gs), y));
+            float sh[MPQ_TILE_ROWS], zh[MPQ_TILE_ROWS];
+            if (s->format == MPQ_FORMAT_BITPLANE)
+                for (int h = 0; h < 2; h++) { /* s^ of the 16 rows, then z^, as fp16 */
+                    const __m128i *ps = (const __m128i *)(const void *)(rec + 16 * h);
+                    const __m128i *pz = (const __m128i *)(const void *)(rec + 32 + 16 * h);
+                    _mm256_storeu_ps(sh + 8 * h, _mm256_cvtph_ps(_mm_loadu_si128(ps)));
+                    _mm256_storeu_ps(zh + 8 * h, _mm256_cvtph_ps(_mm_loadu_si128(pz)));
+                }
+            else
+                mpq__rec_pairs(s, rec, t0 + k, g, w[k].uniform ? B : 0, sh, zh);
+            for (int v = 0; v < nb; v++) {
+                const uint8_t *vw = work + (size_t)(b0 + v) * vstride;
+                const __m256 gsc = _mm256_set1_ps(((const float *)(const void *)(vw + L.gscale))[g]);
+                const __m256 gs = _mm256_set1_ps(((const float *)(const void *)(vw + L.gsum))[g]);
+                const __m256i rows[2] = {_mm256_permute2x128_si256(tot[v][0], tot[v][1], 0x20),  /* rows 0-7 */
+                                         _mm256_permute2x128_si256(tot[v][0], tot[v][1], 0x31)}; /* rows 8-15 */
+                for (int h = 0; h < 2; h++) {
+                    const __m256 acc = _mm256_mul_ps(_mm256_cvtepi32_ps(rows[h]), gsc);
+                    float *y = yt[k][v] + 8 * h;
+                    __m256 yv = _mm256_fmadd_ps(_mm256_loadu_ps(sh + 8 * h), acc, _mm256_loadu_ps(y));
+                    _mm256_storeu_ps(y, _mm256_fmadd_ps(_mm256_loadu_ps(zh + 8 * h), gs, yv));
+                }
             }
         }
-    }
 }
 #endif
 
@@ -3551,12 +3597,12 @@ static void mpq__gemv_store(const mpq__gemv_job *J, int t, int b0, int nb, const
 static void mpq__gemv_vnni_task(void *ctx, int blk)
 {
     const mpq__gemv_job *J = (const mpq__gemv_job *)ctx;
-    const mpq__vecwork L = mpq__vec_layout(J->A);
     const int t0 = blk * MPQ__VNNI_TILES, nt = J->s->ntiles - t0 < MPQ__VNNI_TILES ? J->s->ntiles - t0 : MPQ__VNNI_TILES;
-    float yt[MPQ__VNNI_TILES][MPQ_TILE_ROWS];
-    for (int v = 0; v < J->batch; v++) {
-        mpq__tiles_vnni(J->s, J->A, t0, nt, J->w + (size_t)v * J->vstride, &L, J->skip, yt);
-        for (int k = 0; k < nt; k++) mpq__gemv_store(J, t0 + k, v, 1, yt[k], 0);
+    float yt[MPQ__VNNI_TILES][MPQ__BATCH_STEP][MPQ_TILE_ROWS];
+    for (int b0 = 0; b0 < J->batch; b0 += MPQ__BATCH_STEP) {
+        const int nb = J->batch - b0 < MPQ__BATCH_STEP ? J->batch - b0 : MPQ__BATCH_STEP;
+        mpq__tiles_vnni(J->s, J->A, t0, nt, J->w, J->vstride, b0, nb, J->skip, yt);
+        for (int k = 0; k < nt; k++) mpq__gemv_store(J, t0 + k, b0, nb, yt[k][0], MPQ_TILE_ROWS);
     }
 }
 #endif
@@ -3574,18 +3620,28 @@ static void mpq__gemv_scalar_task(void *ctx, int blk)
     }
 }
 
+#ifdef MPQ__HAVE_AVX2
+static void mpq__gemv_avx2q_task(void *ctx, int blk)
+{
+    const mpq__gemv_job *J = (const mpq__gemv_job *)ctx;
+    const int t0 = blk * MPQ__AVX2Q_TILES;
+    const int nt = J->s->ntiles - t0 < MPQ__AVX2Q_TILES ? J->s->ntiles - t0 : MPQ__AVX2Q_TILES;
+    float yt[MPQ__AVX2Q_TILES][MPQ__BATCH_STEP][MPQ_TILE_ROWS];
+    for (int b0 = 0; b0 < J->batch; b0 += MPQ__BATCH_STEP) {
+        const int nb = J->batch - b0 < MPQ__BATCH_STEP ? J->batch - b0 : MPQ__BATCH_STEP;
+        mpq__tiles_avx2q(J->s, J->A, t0, nt, J->w, J->vstride, b0, nb, J->skip, yt);
+        for (int k = 0; k < nt; k++) mpq__gemv_store(J, t0 + k, b0, nb, yt[k][0], MPQ_TILE_ROWS);
+    }
+}
+#endif
+
 static void mpq__gemv_tile_task(void *ctx, int t)
 {
     const mpq__gemv_job *J = (const mpq__gemv_job *)ctx;
     float yt[MPQ__BATCH_STEP][MPQ_TILE_ROWS];
     for (int b0 = 0; b0 < J->batch; b0 += MPQ__BATCH_STEP) {
         const int nb = J->batch - b0 < MPQ__BATCH_STEP ? J->batch - b0 : MPQ__BATCH_STEP;
-#ifdef MPQ__HAVE_AVX2
-        if (J->path == MPQ_PATH_AVX2_INT)
-            mpq__tile_avx2q(J->s, J->A, t, J->w, J->vstride, b0, nb, J->skip, yt);
-        else
-#endif
-            mpq__tile(J->s, J->A, J->path, t, J->w, J->vstride, b0, nb, J->skip, yt);
+        mpq__tile(J->s, J->A, J->path, t, J->w, J->vstride, b0, nb, J->skip, yt);
         mpq__gemv_store(J, t, b0, nb, yt[0], MPQ_TILE_ROWS);
     }
 }
@@ -3622,6 +3678,9 @@ static mpq_status mpq__bp_gemv(const mpq_packed *A, const float *x, float *y, in
     int ntasks = ntiles; /* tiles, or blocks of tiles */
     mpq__task_fn task = mpq__gemv_tile_task;
     if (path == MPQ_PATH_SCALAR) ntasks = (ntiles + MPQ__SCALAR_TILES - 1) / MPQ__SCALAR_TILES, task = mpq__gemv_scalar_task;
+#ifdef MPQ__HAVE_AVX2
+    if (path == MPQ_PATH_AVX2_INT) ntasks = (ntiles + MPQ__AVX2Q_TILES - 1) / MPQ__AVX2Q_TILES, task = mpq__gemv_avx2q_task;
+#endif
 #ifdef MPQ__HAVE_VNNI
     if (path == MPQ_PATH_AVX512_VNNI) ntasks = (ntiles + MPQ__VNNI_TILES - 1) / MPQ__VNNI_TILES, task = mpq__gemv_vnni_task;
 #endif
