@@ -46,13 +46,14 @@
      SIMD paths. With GCC or Clang on x86 every path is compiled whatever the
      flags (each kernel carries its own target attribute) and MPQ_PATH_AUTO
      picks, at run time, the best one the CPU running the code supports:
-     AVX-512 VBMI + VNNI (int16 tables; Ice Lake, Zen 4 and later), AVX-512
-     F+BW+VL, AVX2 + FMA + F16C, else scalar. The CPU is probed once (cpuid,
+     AVX-512 VBMI + VNNI (int16 tables; Ice Lake, Zen 4 and later), then
+     AVX2 + FMA + F16C (int16 tables), else scalar. The CPU is probed once (cpuid,
      and the OS's saved register state). `cc -O2` is enough; -march=native
      only lets the compiler vectorise the rest of the code for the build
      machine (and a binary built so runs only on CPUs like it). Other
      compilers (MSVC) compile a path when they target it (/arch:AVX2,
-     /arch:AVX512). The scalar path is always compiled and is what the tests
+     /arch:AVX512). On AArch64 (GCC, Clang) the NEON path is compiled and
+     is AUTO's choice. The scalar path is always compiled and is what the tests
      compare every other path against. F16C conversions are used when the
      compiler targets F16C (-mf16c); otherwise halves are converted in
      software, with the same results. OpenMP (-fopenmp)
@@ -441,18 +442,20 @@ typedef enum mpq_path {
     MPQ_PATH_AVX512 = 3,    /* 16-entry float tables, 16 rows per instruction */
     MPQ_PATH_AVX512_VNNI = 4, /* 16-entry int16 tables (AVX-512 VBMI + VNNI): 64
                                 lookups per instruction; see "QUANTIZED TABLES" */
-    MPQ_PATH_AVX2_INT = 5    /* the same int16 tables on AVX2: vpshufb looks up
+    MPQ_PATH_AVX2_INT = 5,   /* the same int16 tables on AVX2: vpshufb looks up
                                 32 bytes, vpmaddubsw / vpmaddwd sum them; the
                                 same sums as MPQ_PATH_AVX512_VNNI */
+    MPQ_PATH_NEON = 6        /* the same int16 tables on AArch64 NEON: vqtbl1q
+                                looks up 16 bytes; the same sums again */
 } mpq_path;
 
-/* QUANTIZED TABLES (MPQ_PATH_AVX512_VNNI, MPQ_PATH_AVX2_INT). The 16-entry
-   tables of one group are stored as int16, q = rne(Q / 2^e), with one
-   power-of-two scale 2^e per group and input vector: the smallest e with
-   max|Q| / 2^e <= 32639 (so that q = 256 hi + lo with signed bytes hi and
-   lo), where max|Q| over the group is the largest sum of 4 activation
-   magnitudes. Both paths compute the same integer sums, so their results
-   agree bit for bit on bit-plane matrices. A group's sum is an int32, safe
+/* QUANTIZED TABLES (MPQ_PATH_AVX512_VNNI, MPQ_PATH_AVX2_INT, MPQ_PATH_NEON).
+   The 16-entry tables of one group are stored as int16, q = rne(Q / 2^e),
+   with one power-of-two scale 2^e per group and input vector: the smallest
+   e with max|Q| / 2^e <= 32639 (so that q = 256 hi + lo with signed bytes
+   hi and lo), where max|Q| over the group is the largest sum of 4
+   activation magnitudes. The three paths compute the same integer sums, so
+   their results agree bit for bit on bit-plane matrices. A group's sum is an int32, safe
    up to 1024 columns (256 quads x 255 x 32639 < 2^31): wider groups
    (per-channel quantization, say) use the fastest float path under AUTO,
    and asking for an int16 path with them is MPQ_ERR_UNSUPPORTED. Only that
@@ -1141,6 +1144,11 @@ MPQ_DEF mpq_status mpq_pmpd_phase_allocate(const int *skips, int n, const double
 #endif
 #if defined(MPQ__HAVE_AVX512) || defined(MPQ__HAVE_AVX2) || defined(MPQ__HAVE_F16C)
 #include <immintrin.h>
+#endif
+/* AArch64 always has NEON (Advanced SIMD); its path needs no probe. */
+#if !defined(MPQ_NO_SIMD) && defined(__aarch64__) && defined(__ARM_NEON)
+#define MPQ__HAVE_NEON 1
+#include <arm_neon.h>
 #endif
 /* g++ 12 reports maybe-uninitialized inside its own AVX-512 intrinsics (they
    start from an intentionally undefined register); it is not about mpq. */
@@ -2626,6 +2634,9 @@ MPQ_DEF int mpq_path_available(mpq_path path)
 #ifdef MPQ__HAVE_VNNI
     case MPQ_PATH_AVX512_VNNI: return (f & MPQ__CPU_VNNI) != 0;
 #endif
+#ifdef MPQ__HAVE_NEON
+    case MPQ_PATH_NEON: return 1;
+#endif
     default: return 0;
     }
 }
@@ -2639,6 +2650,7 @@ MPQ_DEF const char *mpq_path_name(mpq_path path)
     case MPQ_PATH_AVX512: return "avx512";
     case MPQ_PATH_AVX512_VNNI: return "avx512-vnni";
     case MPQ_PATH_AVX2_INT: return "avx2-int";
+    case MPQ_PATH_NEON: return "neon";
     }
     return "unknown";
 }
@@ -2646,7 +2658,7 @@ MPQ_DEF const char *mpq_path_name(mpq_path path)
 static mpq_path mpq__resolve_path(mpq_path p)
 {
     if (p != MPQ_PATH_AUTO) return p;
-    const mpq_path best[] = {MPQ_PATH_AVX512_VNNI, MPQ_PATH_AVX2_INT, MPQ_PATH_AVX512, MPQ_PATH_AVX2};
+    const mpq_path best[] = {MPQ_PATH_AVX512_VNNI, MPQ_PATH_AVX2_INT, MPQ_PATH_NEON, MPQ_PATH_AVX512, MPQ_PATH_AVX2};
     for (size_t k = 0; k < sizeof best / sizeof best[0]; k++)
         if (mpq_path_available(best[k])) return best[k];
     return MPQ_PATH_SCALAR;
@@ -2803,8 +2815,9 @@ static void mpq__build_tables(const mpq_packed *A, const float *x, mpq_path path
         }
         break;
     case MPQ_PATH_AVX512_VNNI:
-    case MPQ_PATH_AVX2_INT: {
-        const int ufull = mpq__units(cpg), avx2 = path == MPQ_PATH_AVX2_INT;
+    case MPQ_PATH_AVX2_INT:
+    case MPQ_PATH_NEON: {
+        const int ufull = mpq__units(cpg), avx2 = path != MPQ_PATH_AVX512_VNNI; /* the AVX2 layout */
         for (int g = 0; g < A->ngroups; g++) {
             const int c0 = g * cpg, nch = (A->cols - g * A->group < A->group ? (A->cols - g * A->group + 7) / 8 : cpg);
             /* the power-of-two scale: smallest e with max|Q| / 2^e <= 32767 */
@@ -3447,6 +3460,118 @@ MPQ__T_AVX2 static void mpq__tiles_avx2q(const mpq__shape *s, const mpq_packed *
 }
 #endif
 
+/* ---- NEON path (AArch64): the tables of MPQ_PATH_AVX2_INT, vqtbl1q looks up 16 rows ---- */
+#ifdef MPQ__HAVE_NEON
+#define MPQ__NEON_TILES 4 /* tiles (64 rows) sharing the group's tables in L1 */
+
+/* One chunk x (byte r = row r) against its tables T (mpq__q16_avx2_at: low
+   bytes of the entries for columns 0-3 at T, high bytes at T + 32, columns
+   4-7 at T + 64 and T + 96): both nibbles looked up and added, widened to
+   int16, into lo[0] (rows 0-7), lo[1] (rows 8-15) and hi[0], hi[1]. */
+MPQ__INLINE void mpq__neon_lk(uint8x16_t x, const uint8_t *T, int16x8_t lo[2], int16x8_t hi[2])
+{
+    const uint8x16_t n0 = vandq_u8(x, vdupq_n_u8(0x0F)), n1 = vshrq_n_u8(x, 4);
+    const int8x16_t l0 = vqtbl1q_s8(vld1q_s8((const int8_t *)(const void *)T), n0);
+    const int8x16_t h0 = vqtbl1q_s8(vld1q_s8((const int8_t *)(const void *)(T + 32)), n0);
+    const int8x16_t l1 = vqtbl1q_s8(vld1q_s8((const int8_t *)(const void *)(T + 64)), n1);
+    const int8x16_t h1 = vqtbl1q_s8(vld1q_s8((const int8_t *)(const void *)(T + 96)), n1);
+    lo[0] = vaddq_s16(lo[0], vaddl_s8(vget_low_s8(l0), vget_low_s8(l1)));
+    lo[1] = vaddq_s16(lo[1], vaddl_high_s8(l0, l1));
+    hi[0] = vaddq_s16(hi[0], vaddl_s8(vget_low_s8(h0), vget_low_s8(h1)));
+    hi[1] = vaddq_s16(hi[1], vaddl_high_s8(h0, h1));
+}
+
+/* One plane q of a record (nch chunks) against one vector's tables T of the
+   group: per row, the sum of the int16 entries looked up, as int32, rows
+   4k .. 4k+3 in v[k]. vld4q (a full unit: 4 bytes per row, one per chunk)
+   and vld2q (a pair) de-interleave the chunks into registers of 16 rows.
+   The int16 sums are safe for the reason given at mpq__avx2q_plane. */
+static void mpq__neon_plane(const uint8_t *q, int nch, const uint8_t *T, int32x4_t v[4])
+{
+    int16x8_t lo[2] = {vdupq_n_s16(0), vdupq_n_s16(0)}, hi[2] = {vdupq_n_s16(0), vdupq_n_s16(0)};
+    for (int u = 0; u < nch >> 2; u++, q += 64, T += 256) {
+        const uint8x16x4_t c = vld4q_u8(q);
+        mpq__neon_lk(c.val[0], T, lo, hi);
+        mpq__neon_lk(c.val[1], T + 128, lo, hi);
+        mpq__neon_lk(c.val[2], T + 16, lo, hi);
+        mpq__neon_lk(c.val[3], T + 144, lo, hi);
+    }
+    if (nch & 2) {
+        const uint8x16x2_t c = vld2q_u8(q);
+        mpq__neon_lk(c.val[0], T, lo, hi);
+        mpq__neon_lk(c.val[1], T + 16, lo, hi);
+        q += 32;
+        T += 256;
+    }
+    if (nch & 1) mpq__neon_lk(vld1q_u8(q), T, lo, hi);
+    for (int h = 0; h < 2; h++) { /* low + 256 high */
+        v[2 * h] = vaddw_s16(vshll_n_s16(vget_low_s16(hi[h]), 8), vget_low_s16(lo[h]));
+        v[2 * h + 1] = vaddw_high_s16(vshll_high_n_s16(hi[h], 8), lo[h]);
+    }
+}
+
+/* Tiles t0 .. t0+nt-1 (at most MPQ__NEON_TILES), vectors b0 .. b0+nb-1,
+   as mpq__tiles_avx2q. */
+static void mpq__tiles_neon(const mpq__shape *s, const mpq_packed *A, int t0, int nt, const uint8_t *work,
+                            size_t vstride, int b0, int nb, int skip,
+                            float yt[MPQ__NEON_TILES][MPQ__BATCH_STEP][MPQ_TILE_ROWS])
+{
+    const mpq__vecwork L = mpq__vec_layout(A);
+    const int cpg = s->group / 8, ng = s->ngroups;
+    const size_t qstride = (size_t)mpq__units(cpg) * 256u;
+    mpq__walk w[MPQ__NEON_TILES];
+    for (int k = 0; k < nt; k++) {
+        mpq__walk_init(&w[k], s, A->band_off, A->data, t0 + k);
+        mpq__walk_warm(s, A->band_off, A->data, t0 + MPQ__NEON_TILES + k, MPQ__LOOKAHEAD); /* the next block */
+        for (int v = 0; v < nb; v++)
+            for (int r = 0; r < MPQ_TILE_ROWS; r++) yt[k][v][r] = 0.0f;
+    }
+    mpq__rec R;
+    int32x4_t tot[MPQ__BATCH_STEP][4];
+    for (int g = 0; g < ng; g++)
+        for (int k = 0; k < nt; k++) {
+            const int B = mpq__walk_planes(&w[k], g);
+            const uint8_t *rec = mpq__walk_next(&w[k], MPQ__LOOKAHEAD);
+            MPQ_ASSERT(B >= 1 && B <= MPQ_MAX_BITS);
+            if (w[k].uniform) {
+                R.p = rec;
+                R.pl = rec + s->meta;
+                R.nch = mpq__nch(s, g);
+                R.uniform = 1;
+                R.i0 = skip < B - 1 ? skip : B - 1;
+                R.np = B - R.i0;
+            } else
+                mpq__rec_setup(s, A->data, (uint64_t)(rec - A->data), t0 + k, g, skip, &R);
+            const size_t pb = (size_t)R.nch * 16u;
+            for (int v = 0; v < nb; v++)
+                for (int j = 0; j < 4; j++) tot[v][j] = vdupq_n_s32(0);
+            for (int p = 0; p < R.np; p++) {
+                int32x4_t wt[4]; /* the plane's weight per row */
+                for (int j = 0; j < 4; j++)
+                    wt[j] = R.uniform ? vdupq_n_s32(1 << (R.i0 + p)) : vcvtq_s32_f32(vld1q_f32(R.mult[p] + 4 * j));
+                const uint8_t *q = R.pl + (size_t)(R.i0 + p) * pb;
+                for (int v = 0; v < nb; v++) {
+                    int32x4_t pv[4];
+                    mpq__neon_plane(q, R.nch, work + (size_t)(b0 + v) * vstride + L.tab + (size_t)g * qstride, pv);
+                    for (int j = 0; j < 4; j++) tot[v][j] = vmlaq_s32(tot[v][j], pv[j], wt[j]);
+                }
+            }
+            float sh[MPQ_TILE_ROWS], zh[MPQ_TILE_ROWS];
+            mpq__rec_pairs(s, rec, t0 + k, g, w[k].uniform ? B : 0, sh, zh);
+            for (int v = 0; v < nb; v++) {
+                const uint8_t *vw = work + (size_t)(b0 + v) * vstride;
+                const float32x4_t gsc = vdupq_n_f32(((const float *)(const void *)(vw + L.gscale))[g]);
+                const float32x4_t gs = vdupq_n_f32(((const float *)(const void *)(vw + L.gsum))[g]);
+                for (int j = 0; j < 4; j++) {
+                    const float32x4_t acc = vmulq_f32(vcvtq_f32_s32(tot[v][j]), gsc);
+                    float *y = yt[k][v] + 4 * j;
+                    const float32x4_t yv = vfmaq_f32(vld1q_f32(y), vld1q_f32(sh + 4 * j), acc);
+                    vst1q_f32(y, vfmaq_f32(yv, vld1q_f32(zh + 4 * j), gs));
+                }
+            }
+        }
+}
+#endif
 
 /* One tile, vectors b0 .. b0+nb-1: y~ of its 16 rows into yt[v][r]. The
    records of tile t are found by walking its band's sections: section g
@@ -3635,6 +3760,21 @@ static void mpq__gemv_avx2q_task(void *ctx, int blk)
 }
 #endif
 
+#ifdef MPQ__HAVE_NEON
+static void mpq__gemv_neon_task(void *ctx, int blk)
+{
+    const mpq__gemv_job *J = (const mpq__gemv_job *)ctx;
+    const int t0 = blk * MPQ__NEON_TILES;
+    const int nt = J->s->ntiles - t0 < MPQ__NEON_TILES ? J->s->ntiles - t0 : MPQ__NEON_TILES;
+    float yt[MPQ__NEON_TILES][MPQ__BATCH_STEP][MPQ_TILE_ROWS];
+    for (int b0 = 0; b0 < J->batch; b0 += MPQ__BATCH_STEP) {
+        const int nb = J->batch - b0 < MPQ__BATCH_STEP ? J->batch - b0 : MPQ__BATCH_STEP;
+        mpq__tiles_neon(J->s, J->A, t0, nt, J->w, J->vstride, b0, nb, J->skip, yt);
+        for (int k = 0; k < nt; k++) mpq__gemv_store(J, t0 + k, b0, nb, yt[k][0], MPQ_TILE_ROWS);
+    }
+}
+#endif
+
 static void mpq__gemv_tile_task(void *ctx, int t)
 {
     const mpq__gemv_job *J = (const mpq__gemv_job *)ctx;
@@ -3657,7 +3797,8 @@ static mpq_status mpq__bp_gemv(const mpq_packed *A, const float *x, float *y, in
     if (o.skip_planes < 0 || o.threads < 0) return MPQ_ERR_ARG;
     if (!mpq_path_available(o.path)) return MPQ_ERR_UNSUPPORTED;
     mpq_path path = mpq__resolve_path(o.path);
-    if ((path == MPQ_PATH_AVX512_VNNI || path == MPQ_PATH_AVX2_INT) && A->group > MPQ__Q16_MAX_GROUP) {
+    if ((path == MPQ_PATH_AVX512_VNNI || path == MPQ_PATH_AVX2_INT || path == MPQ_PATH_NEON) &&
+        A->group > MPQ__Q16_MAX_GROUP) {
         if (o.path != MPQ_PATH_AUTO) return MPQ_ERR_UNSUPPORTED;
         path = mpq__float_path();
     }
@@ -3680,6 +3821,9 @@ static mpq_status mpq__bp_gemv(const mpq_packed *A, const float *x, float *y, in
     if (path == MPQ_PATH_SCALAR) ntasks = (ntiles + MPQ__SCALAR_TILES - 1) / MPQ__SCALAR_TILES, task = mpq__gemv_scalar_task;
 #ifdef MPQ__HAVE_AVX2
     if (path == MPQ_PATH_AVX2_INT) ntasks = (ntiles + MPQ__AVX2Q_TILES - 1) / MPQ__AVX2Q_TILES, task = mpq__gemv_avx2q_task;
+#endif
+#ifdef MPQ__HAVE_NEON
+    if (path == MPQ_PATH_NEON) ntasks = (ntiles + MPQ__NEON_TILES - 1) / MPQ__NEON_TILES, task = mpq__gemv_neon_task;
 #endif
 #ifdef MPQ__HAVE_VNNI
     if (path == MPQ_PATH_AVX512_VNNI) ntasks = (ntiles + MPQ__VNNI_TILES - 1) / MPQ__VNNI_TILES, task = mpq__gemv_vnni_task;

@@ -2,7 +2,7 @@
    and a plain float32 GEMV, all measured in this run.
 
    usage: gemv [--quick] [--threads N] [--shape MxN] [--block-rows R]
-               [--path auto|scalar|avx2|avx512|avx512-vnni|avx2-int] [--batch B]
+               [--path auto|scalar|avx2|avx512|avx512-vnni|avx2-int|neon] [--batch B]
           gemv --list-paths
 
    For every shape and bits-per-weight point it prints the median time of one
@@ -76,7 +76,7 @@ int main(int argc, char **argv)
         if (!strcmp(argv[a], "--quick"))
             quick = 1;
         else if (!strcmp(argv[a], "--list-paths")) { /* the kernel paths this CPU and build have */
-            for (int p = MPQ_PATH_SCALAR; p <= MPQ_PATH_AVX2_INT; p++)
+            for (int p = MPQ_PATH_SCALAR; p <= MPQ_PATH_NEON; p++)
                 if (mpq_path_available((mpq_path)p)) printf("%s\n", mpq_path_name((mpq_path)p));
             return 0;
         }
@@ -89,7 +89,7 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[a], "--path") && a + 1 < argc) {
             const char *name = argv[++a];
             int found = 0;
-            for (int p = MPQ_PATH_AUTO; p <= MPQ_PATH_AVX2_INT; p++)
+            for (int p = MPQ_PATH_AUTO; p <= MPQ_PATH_NEON; p++)
                 if (!strcmp(name, mpq_path_name((mpq_path)p))) g_path = (mpq_path)p, found = 1;
             if (!found || !mpq_path_available(g_path)) {
                 fprintf(stderr, "path %s is not available in this build\n", name);

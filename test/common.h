@@ -8,7 +8,11 @@
 #include "mpq.h"
 #include "synth.h"
 
+#ifdef MPQ_TEST_SHIM
+#include "criterion_shim.h"
+#else
 #include <criterion/criterion.h>
+#endif
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -200,9 +204,15 @@ static inline double tc_q16_bound(const tc_mat *M, const float *x, int i, int sk
     return b;
 }
 
-static const mpq_path tc_paths[] = {MPQ_PATH_SCALAR, MPQ_PATH_AVX2, MPQ_PATH_AVX512, MPQ_PATH_AVX512_VNNI,
-                                    MPQ_PATH_AVX2_INT};
+static const mpq_path tc_paths[] = {MPQ_PATH_SCALAR,      MPQ_PATH_AVX2,     MPQ_PATH_AVX512,
+                                    MPQ_PATH_AVX512_VNNI, MPQ_PATH_AVX2_INT, MPQ_PATH_NEON};
 #define TC_NPATHS (int)(sizeof tc_paths / sizeof tc_paths[0])
+
+/* The paths with the quantized int16 tables (and their error bound). */
+static inline int tc_int16_path(mpq_path p)
+{
+    return p == MPQ_PATH_AVX512_VNNI || p == MPQ_PATH_AVX2_INT || p == MPQ_PATH_NEON;
+}
 
 /* Compares y from `path` with the reference, row by row: float32 rounding
    bounded by gamma * (sum of term magnitudes), plus the documented bound of
@@ -216,7 +226,7 @@ static inline void tc_check_gemv(const mpq_packed *A, const tc_mat *M, const flo
         for (int i = 0; i < A->rows; i++) { /* i: packed row */
             size_t o = (size_t)v * A->rows + M->prow[i];
             double tol = gamma * mag[o] + 1e-30;
-            if (path == MPQ_PATH_AVX512_VNNI || path == MPQ_PATH_AVX2_INT)
+            if (tc_int16_path(path))
                 tol += tc_q16_bound(M, x + (size_t)v * A->cols, i, skip) * (1 + 1e-6);
             cr_assert(isfinite(y[o]), "%s: y[%zu] not written", mpq_path_name(path), o);
             cr_assert_leq(fabs(y[o] - ref[o]), tol, "%s %dx%d G%d br%d skip %d batch %d: row %d: %.9g vs %.9g (tol %.3g)",

@@ -5,6 +5,8 @@
 #   sanitize  AddressSanitizer + UndefinedBehaviorSanitizer (any finding fails),
 #             no -march: the SIMD kernels chosen at run time
 #   portable  plain x86-64, MPQ_NO_SIMD: the scalar kernels and software fp16
+#   aarch64   the header-only tests cross-compiled for AArch64 (NEON path) and
+#             run under qemu-user (test/aarch64.sh, test/criterion_shim.h)
 # It also compiles mpq.h alone with clang (C11, C++17, -Wall -Wextra -Werror),
 # runs the examples, fuzzes the safetensors reader and packed-file loader, and
 # the GGUF, model, tokenizer and text readers, a minute each (libFuzzer, ASan +
@@ -17,7 +19,7 @@ root=$(pwd)
 
 need=()
 for p in meson ninja-build pkg-config gcc g++ libcriterion-dev libstb-dev libcjson-dev clang libclang-rt-14-dev \
-    python3 python3-venv; do
+    python3 python3-venv gcc-aarch64-linux-gnu g++-aarch64-linux-gnu qemu-user; do
     dpkg -s "$p" >/dev/null 2>&1 || need+=("$p")
 done
 if [ ${#need[@]} -gt 0 ]; then
@@ -68,6 +70,18 @@ run_build sanitize --buildtype=debugoptimized -Dnative=false -Db_sanitize=addres
 run_build portable --buildtype=release -Dnative=false -Dsimd=none -Dcuda=disabled -Dio=enabled
 # the sanitize build has no -march: AVX only inside the kernels the CPU probe guards
 [ -x build/sanitize/mpq ] && check isa-dispatch bash test/isa_check.sh build/sanitize/test_gemv build/sanitize/mpq
+
+# AArch64: the NEON path, the header-only tests cross-compiled and run under qemu-user
+echo "== aarch64: bash test/aarch64.sh build/aarch64"
+bash test/aarch64.sh build/aarch64 >build/test-aarch64.log 2>&1
+a64=$(tail -n 1 build/test-aarch64.log)
+if [[ "$a64" =~ ^([0-9]+)\ passed,\ ([0-9]+)\ failed,\ ([0-9]+)\ skipped$ ]]; then
+    passed=$((passed + BASH_REMATCH[1])) failed=$((failed + BASH_REMATCH[2])) skipped=$((skipped + BASH_REMATCH[3]))
+    echo "   aarch64: $a64"
+    [ "${BASH_REMATCH[2]}" -ne 0 ] && grep -E '^.*not ok' build/test-aarch64.log
+else
+    failed=$((failed + 1)); echo "FAIL aarch64 (build/test-aarch64.log):"; tail -n 30 build/test-aarch64.log
+fi
 
 if command -v clang >/dev/null 2>&1; then
     printf '#define MPQ_IMPLEMENTATION\n#include "mpq.h"\nint main(void){return 0;}\n' >build/alone.c

@@ -156,7 +156,7 @@ Test(gemv, integer_tables_do_not_overflow_in_wide_groups)
             o.path = path;
             tc_poison(y, 16);
             const mpq_status st = mpq_gemv(&A, x, y, 1, &o, NULL, 0);
-            if (n > 1024 && (path == MPQ_PATH_AVX512_VNNI || path == MPQ_PATH_AVX2_INT)) {
+            if (n > 1024 && tc_int16_path(path)) {
                 cr_assert_eq(st, MPQ_ERR_UNSUPPORTED, "%s: the int16 tables take groups up to 1024 columns",
                              mpq_path_name(path));
                 continue;

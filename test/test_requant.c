@@ -271,14 +271,14 @@ Test(requant, greedy_detach_matches_a_plain_reference)
 /* The whole pipeline on F(w) = sum h_i (w_i - W_i)^2 over two layers, with
    h heavy-tailed (a few weights matter a lot, as PQI finds in LLMs). The loss
    change of quantization is exactly F(W^), so each stage can be checked. */
-typedef struct pipe {
+typedef struct pipeline {
     const float *W[2];
     const float *h[2];
     mpq_bitplane_desc d[2];
     int rows[2], cols[2];
-} pipe;
+} pipeline;
 
-static double quad_F(const pipe *P, int l, const float *Wh)
+static double quad_F(const pipeline *P, int l, const float *Wh)
 {
     double s = 0;
     for (size_t i = 0; i < (size_t)P->rows[l] * P->cols[l]; i++) s += P->h[l][i] * pow((double)Wh[i] - P->W[l][i], 2);
@@ -287,7 +287,7 @@ static double quad_F(const pipe *P, int l, const float *Wh)
 
 /* Dense part of layer l with the mask's weights set to 0, its reconstruction
    D, and the reconstruction with those weights restored. */
-static void dense_with(const pipe *P, int l, const uint8_t *mask, float *D, float *Wh)
+static void dense_with(const pipeline *P, int l, const uint8_t *mask, float *D, float *Wh)
 {
     size_t n = (size_t)P->rows[l] * P->cols[l];
     float *Wz = malloc(4 * n);
@@ -302,7 +302,7 @@ static void dense_with(const pipe *P, int l, const uint8_t *mask, float *D, floa
 
 static mpq_status pipe_loss(void *u, const size_t *counts, int nl, double *loss)
 {
-    pipe *P = (pipe *)u;
+    pipeline *P = (pipeline *)u;
     *loss = 0;
     for (int l = 0; l < nl; l++) {
         size_t n = (size_t)P->rows[l] * P->cols[l];
@@ -318,7 +318,7 @@ static mpq_status pipe_loss(void *u, const size_t *counts, int nl, double *loss)
 
 static mpq_status pipe_refresh(void *u, mpq_requant_layer *L, int nl)
 {
-    pipe *P = (pipe *)u;
+    pipeline *P = (pipeline *)u;
     for (int l = 0; l < nl; l++) {
         quad part = {P->h[l], P->W[l], 0};
         mpq_status st = mpq_pqi(L[l].W, L[l].Wq, L[l].n, 16, quad_grad, &part, L[l].v);
@@ -330,7 +330,7 @@ static mpq_status pipe_refresh(void *u, mpq_requant_layer *L, int nl)
 Test(requant, the_pipeline_lowers_the_loss_and_the_packed_matrix_computes_it)
 {
     synth_rng r = {84};
-    pipe P;
+    pipeline P;
     memset(&P, 0, sizeof P);
     int shapes[2][2] = {{96, 256}, {61, 200}};
     float *W[2], *h[2];
