@@ -2929,6 +2929,25 @@ static void mpq__rec_setup(const mpq__shape *s, const uint8_t *data, uint64_t po
             }
 }
 
+/* The next record of walker w (group g of its tile) into R, its planes
+   after skip_planes; returns the planes it stores. */
+static int mpq__walk_rec(const mpq__shape *s, const uint8_t *data, mpq__walk *w, int g, int skip, mpq__rec *R)
+{
+    const int B = mpq__walk_planes(w, g);
+    const uint8_t *rec = mpq__walk_next(w, MPQ__LOOKAHEAD);
+    MPQ_ASSERT(B >= 1 && B <= MPQ_MAX_BITS);
+    if (w->uniform) {
+        R->p = rec;
+        R->pl = rec + s->meta;
+        R->nch = mpq__nch(s, g);
+        R->uniform = 1;
+        R->i0 = skip < B - 1 ? skip : B - 1;
+        R->np = B - R->i0;
+    } else
+        mpq__rec_setup(s, data, (uint64_t)(rec - data), w->t, g, skip, R);
+    return B;
+}
+
 static float mpq__plane_weight(const mpq__rec *R, int p, int r)
 {
     return R->uniform ? (float)(1 << (R->i0 + p)) : R->mult[p][r];
@@ -3296,8 +3315,8 @@ MPQ__T_AVX2 static void mpq__rec256(const mpq__rec *R, const float *Q, const flo
    r: bytes 4r .. 4r+3, one per chunk): a byte shuffle turns each 16-byte
    lane into 4 dwords of 4 rows each, one dword per chunk, and a dword
    permute gathers a chunk's dwords into 8-byte halves of the lanes; a
-   pair's 32 bytes (2 per row) likewise. Returns the registers written. */
-MPQ__T_AVX2 static int mpq__avx2q_split(const uint8_t *q, int nch, __m256i *ix)
+   pair's 32 bytes (2 per row) likewise. */
+MPQ__T_AVX2 static void mpq__avx2q_split(const uint8_t *q, int nch, __m256i *ix)
 {
     const __m256i tr4 = _mm256_setr_epi8(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15, 0, 4, 8, 12, 1, 5, 9, 13,
                                          2, 6, 10, 14, 3, 7, 11, 15);
@@ -3329,7 +3348,6 @@ MPQ__T_AVX2 static int mpq__avx2q_split(const uint8_t *q, int nch, __m256i *ix)
         *o++ = _mm256_and_si256(a, m0f);
         *o++ = _mm256_and_si256(_mm256_srli_epi16(a, 4), m0f);
     }
-    return (int)(o - ix);
 }
 
 /* The lookups of one register pair (n0, n1) in its four tables T
@@ -3401,18 +3419,8 @@ MPQ__T_AVX2 static void mpq__tiles_avx2q(const mpq__shape *s, const mpq_packed *
     __m256i ix[MPQ__AVX2Q_IX], tot[MPQ__BATCH_STEP][2];
     for (int g = 0; g < ng; g++)
         for (int k = 0; k < nt; k++) {
-            const int B = mpq__walk_planes(&w[k], g);
-            const uint8_t *rec = mpq__walk_next(&w[k], MPQ__LOOKAHEAD);
-            MPQ_ASSERT(B >= 1 && B <= MPQ_MAX_BITS);
-            if (w[k].uniform) {
-                R.p = rec;
-                R.pl = rec + s->meta;
-                R.nch = mpq__nch(s, g);
-                R.uniform = 1;
-                R.i0 = skip < B - 1 ? skip : B - 1;
-                R.np = B - R.i0;
-            } else
-                mpq__rec_setup(s, A->data, (uint64_t)(rec - A->data), t0 + k, g, skip, &R);
+            const int B = mpq__walk_rec(s, A->data, &w[k], g, skip, &R);
+            const uint8_t *rec = R.p;
             const size_t pb = (size_t)R.nch * 16u;
             for (int v = 0; v < nb; v++) tot[v][0] = tot[v][1] = _mm256_setzero_si256();
             for (int p = 0; p < R.np; p++) {
@@ -3530,18 +3538,8 @@ static void mpq__tiles_neon(const mpq__shape *s, const mpq_packed *A, int t0, in
     int32x4_t tot[MPQ__BATCH_STEP][4];
     for (int g = 0; g < ng; g++)
         for (int k = 0; k < nt; k++) {
-            const int B = mpq__walk_planes(&w[k], g);
-            const uint8_t *rec = mpq__walk_next(&w[k], MPQ__LOOKAHEAD);
-            MPQ_ASSERT(B >= 1 && B <= MPQ_MAX_BITS);
-            if (w[k].uniform) {
-                R.p = rec;
-                R.pl = rec + s->meta;
-                R.nch = mpq__nch(s, g);
-                R.uniform = 1;
-                R.i0 = skip < B - 1 ? skip : B - 1;
-                R.np = B - R.i0;
-            } else
-                mpq__rec_setup(s, A->data, (uint64_t)(rec - A->data), t0 + k, g, skip, &R);
+            const int B = mpq__walk_rec(s, A->data, &w[k], g, skip, &R);
+            const uint8_t *rec = R.p;
             const size_t pb = (size_t)R.nch * 16u;
             for (int v = 0; v < nb; v++)
                 for (int j = 0; j < 4; j++) tot[v][j] = vdupq_n_s32(0);
@@ -3589,18 +3587,8 @@ static void mpq__tile(const mpq__shape *s, const mpq_packed *A, mpq_path path, i
     mpq__walk_warm(s, A->band_off, A->data, t + 1, MPQ__LOOKAHEAD); /* the next tile */
     mpq__rec R;
     for (int g = 0; g < ng; g++) {
-        const int B = mpq__walk_planes(&w, g);
-        const uint8_t *rec = mpq__walk_next(&w, MPQ__LOOKAHEAD);
-        MPQ_ASSERT(B >= 1 && B <= MPQ_MAX_BITS);
-        if (w.uniform) {
-            R.p = rec;
-            R.pl = rec + s->meta;
-            R.nch = mpq__nch(s, g);
-            R.uniform = 1;
-            R.i0 = skip < B - 1 ? skip : B - 1;
-            R.np = B - R.i0;
-        } else
-            mpq__rec_setup(s, A->data, (uint64_t)(rec - A->data), t, g, skip, &R);
+        const int B = mpq__walk_rec(s, A->data, &w, g, skip, &R);
+        const uint8_t *rec = R.p;
         float sh[MPQ_TILE_ROWS], zh[MPQ_TILE_ROWS];
         mpq__rec_pairs(s, rec, t, g, w.uniform ? B : 0, sh, zh);
         for (int v = 0; v < nb; v++) {
@@ -3650,18 +3638,8 @@ static void mpq__tiles_scalar(const mpq__shape *s, const mpq_packed *A, int t0, 
     mpq__rec R;
     for (int g = 0; g < ng; g++)
         for (int k = 0; k < nt; k++) {
-            const int B = mpq__walk_planes(&w[k], g);
-            const uint8_t *rec = mpq__walk_next(&w[k], MPQ__LOOKAHEAD);
-            MPQ_ASSERT(B >= 1 && B <= MPQ_MAX_BITS);
-            if (w[k].uniform) {
-                R.p = rec;
-                R.pl = rec + s->meta;
-                R.nch = mpq__nch(s, g);
-                R.uniform = 1;
-                R.i0 = skip < B - 1 ? skip : B - 1;
-                R.np = B - R.i0;
-            } else
-                mpq__rec_setup(s, A->data, (uint64_t)(rec - A->data), t0 + k, g, skip, &R);
+            const int B = mpq__walk_rec(s, A->data, &w[k], g, skip, &R);
+            const uint8_t *rec = R.p;
             float sh[MPQ_TILE_ROWS], zh[MPQ_TILE_ROWS];
             mpq__rec_pairs(s, rec, t0 + k, g, w[k].uniform ? B : 0, sh, zh);
             for (int v = 0; v < nb; v++) {
