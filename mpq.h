@@ -62,7 +62,7 @@
 
    CONTENTS (declarations, then implementation, in this order)
 
-     1. Basics ............ version, linkage, mpq_status, aligned memory
+     1. Basics ............ version, linkage, mpq_status, aligned memory, threads
      2. Half precision .... float <-> fp16, round-to-nearest-even
      3. Group quantization  uniform asymmetric / symmetric, 1..8 bits
      4. Bit-plane matrices  mpq_bitplane_desc, byte layout, MXINT, pack, open
@@ -158,6 +158,18 @@ MPQ_DEF const char *mpq_status_str(mpq_status st);
    Free with mpq_aligned_free (NULL is accepted). */
 MPQ_DEF void *mpq_aligned_alloc(size_t bytes);
 MPQ_DEF void mpq_aligned_free(void *p);
+
+/* Runs fn(ctx, task) for task = 0 .. ntasks-1 on up to `threads` threads
+   (0: the OpenMP default), the caller's included; every task has run when
+   it returns. The products use it; it is public so that the code around
+   them (an engine's attention, say) gets the same defence against a busy
+   machine: on Linux, fewer threads than the cores other processes keep
+   busy (see "THREADS ON A SHARED MACHINE" in the implementation). Tasks
+   must be independent and may run on any thread, in any order. Without
+   OpenMP they run in order on the caller. MPQ_ERR_ARG for a NULL fn or a
+   negative count. */
+typedef void (*mpq_task_fn)(void *ctx, int task);
+MPQ_DEF mpq_status mpq_parallel(int ntasks, int threads, mpq_task_fn fn, void *ctx);
 
 /* ========================================================================== */
 /* 2. Half precision                                                          */
@@ -1215,6 +1227,126 @@ MPQ_DEF void mpq_aligned_free(void *p)
     MPQ_FREE(raw);
 }
 
+/* mpq_parallel and the products' threads.
+
+   THREADS ON A SHARED MACHINE. An OpenMP region ends when every thread of
+   its team has arrived. When another process holds a core, a team thread
+   may not run before the scheduler's next time slice (milliseconds, against
+   tens of microseconds for a small product), the caller waits for it, and
+   threads that spin while they wait take CPU time from the ones that work.
+   So a call uses fewer threads than the cores other processes keep busy
+   (Linux, GCC or Clang, with OpenMP): at most every MPQ__LOAD_PERIOD a call
+   reads the time the machine's cores spent busy (/proc/stat) and the CPU
+   time of this process (clock()), and from their growth since the last
+   reading the cores that other processes kept busy; calls then use at most
+   round(online cores - those) threads, and at least one. The reading is
+   internal state of the process, shared by every caller through relaxed
+   atomics. MPQ_NO_LOAD turns it off (the threads asked for, always). */
+
+/* Threads for a call that may use nth, given free256 = (online cores -
+   cores busy with other processes) x 256: that rounded, at least 1. */
+MPQ__UNUSED static int mpq__load_team(int nth, long long free256)
+{
+    const long long f = (free256 + 128) / 256;
+    return f < 1 ? 1 : f < nth ? (int)f : nth;
+}
+
+/* The busy time of all cores, in ticks, from /proc/stat's first line
+   ("cpu  user nice system idle iowait irq softirq [steal ...]"): user +
+   nice + system + irq + softirq + steal (time a hypervisor gave to others).
+   -1 if the text does not start with such a line. */
+MPQ__UNUSED static long long mpq__proc_stat_busy(const char *text)
+{
+    if (strncmp(text, "cpu ", 4) != 0) return -1;
+    const char *p = text + 4;
+    long long v[8] = {0};
+    int k = 0;
+    for (; k < 8; k++) {
+        while (*p == ' ') p++;
+        if (*p < '0' || *p > '9') break;
+        for (v[k] = 0; *p >= '0' && *p <= '9'; p++) {
+            if (v[k] > (LLONG_MAX / 64 - 9) / 10) return -1; /* far beyond any uptime */
+            v[k] = v[k] * 10 + (*p - '0');
+        }
+    }
+    if (k < 7 || (*p != ' ' && *p != '\n' && *p != '\0')) return -1;
+    return v[0] + v[1] + v[2] + v[5] + v[6] + v[7];
+}
+
+#if defined(_OPENMP) && defined(__linux__) && (defined(__GNUC__) || defined(__clang__)) && !defined(MPQ_NO_LOAD)
+#include <fcntl.h>
+#include <time.h>
+#include <unistd.h>
+#define MPQ__LOAD_PERIOD 100000     /* microseconds between readings of the machine's load */
+static long long mpq__load_free;    /* (online cores - cores busy with others) x 256; 0: no estimate yet */
+static int mpq__load_lock;          /* a reading in progress */
+static long long mpq__load_t;       /* last reading (0: none): omp_get_wtime() in microseconds, */
+static long long mpq__load_sys;     /* busy microseconds of all cores, */
+static long long mpq__load_own;     /* CPU microseconds of this process */
+
+/* One reading (one thread at a time, under mpq__load_lock). */
+static void mpq__load_read(long long now)
+{
+    char buf[256];
+    const int fd = open("/proc/stat", O_RDONLY);
+    if (fd < 0) return;
+    const ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    const long hz = sysconf(_SC_CLK_TCK), ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    const clock_t c = clock();
+    if (n <= 0 || hz <= 0 || ncpu <= 0 || c == (clock_t)-1) return;
+    buf[n] = '\0';
+    const long long ticks = mpq__proc_stat_busy(buf);
+    if (ticks < 0) return;
+    const long long sys = ticks * 1000000 / hz, own = (long long)((double)c * 1e6 / CLOCKS_PER_SEC);
+    const long long t0 = __atomic_load_n(&mpq__load_t, __ATOMIC_RELAXED);
+    if (now > t0 && t0 > 0) {
+        const double others = (double)((sys - mpq__load_sys) - (own - mpq__load_own)) / (double)(now - t0);
+        double free256 = 256.0 * ((double)ncpu - (others > 0 ? others : 0));
+        __atomic_store_n(&mpq__load_free, free256 < 1 ? 1LL : (long long)free256, __ATOMIC_RELAXED);
+    }
+    mpq__load_sys = sys, mpq__load_own = own;
+    __atomic_store_n(&mpq__load_t, now, __ATOMIC_RELAXED);
+}
+
+/* The threads a call that may use nth gets. */
+static int mpq__load_threads(int nth)
+{
+    const long long now = (long long)(omp_get_wtime() * 1e6);
+    int unlocked = 0;
+    if (now - __atomic_load_n(&mpq__load_t, __ATOMIC_RELAXED) >= MPQ__LOAD_PERIOD &&
+        __atomic_compare_exchange_n(&mpq__load_lock, &unlocked, 1, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED)) {
+        mpq__load_read(now);
+        __atomic_store_n(&mpq__load_lock, 0, __ATOMIC_RELEASE);
+    }
+    const long long f = __atomic_load_n(&mpq__load_free, __ATOMIC_RELAXED);
+    return f > 0 ? mpq__load_team(nth, f) : nth;
+}
+#else
+static int mpq__load_threads(int nth) { return nth; }
+#endif
+
+static void mpq__run(int ntasks, int nth, mpq_task_fn fn, void *ctx)
+{
+    int n = mpq__load_threads(nth < ntasks ? nth : ntasks);
+    n = n > 1 ? n : 1;
+    (void)n;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) num_threads(n) if (n > 1)
+#endif
+    for (int t = 0; t < ntasks; t++) fn(ctx, t);
+}
+
+MPQ_DEF mpq_status mpq_parallel(int ntasks, int threads, mpq_task_fn fn, void *ctx)
+{
+    if (ntasks < 0 || threads < 0 || !fn) return MPQ_ERR_ARG;
+#ifdef _OPENMP
+    if (threads == 0) threads = omp_get_max_threads();
+#endif
+    if (ntasks > 0) mpq__run(ntasks, threads, fn, ctx);
+    return MPQ_OK;
+}
+
 static size_t mpq__align64(size_t x) { return (x + 63u) & ~(size_t)63u; }
 static int mpq__finite(float f) { return f - f == 0.0f; } /* false for NaN and Inf */
 
@@ -2131,19 +2263,6 @@ static int mpq__thread_id(void)
 #else
     return 0;
 #endif
-}
-
-/* Tasks 0 .. ntasks-1 of fn on up to nth threads (OpenMP; the caller's
-   included); every task has run when it returns. */
-typedef void (*mpq__task_fn)(void *ctx, int task);
-
-static void mpq__run(int ntasks, int nth, mpq__task_fn fn, void *ctx)
-{
-    (void)nth;
-#ifdef _OPENMP
-#pragma omp parallel for schedule(static) num_threads(nth)
-#endif
-    for (int t = 0; t < ntasks; t++) fn(ctx, t);
 }
 
 MPQ_DEF mpq_status mpq_pack(const mpq_bitplane_desc *d, const float *W, void *buf, size_t bytes, mpq_packed *out)
@@ -3795,7 +3914,7 @@ static mpq_status mpq__bp_gemv(const mpq_packed *A, const float *x, float *y, in
     const int ntiles = s.ntiles, nth = o.threads ? o.threads : mpq__max_threads();
     mpq__gemv_job J = {&s, A, y, w, vstride, batch, o.skip_planes, path};
     int ntasks = ntiles; /* tiles, or blocks of tiles */
-    mpq__task_fn task = mpq__gemv_tile_task;
+    mpq_task_fn task = mpq__gemv_tile_task;
     if (path == MPQ_PATH_SCALAR) ntasks = (ntiles + MPQ__SCALAR_TILES - 1) / MPQ__SCALAR_TILES, task = mpq__gemv_scalar_task;
 #ifdef MPQ__HAVE_AVX2
     if (path == MPQ_PATH_AVX2_INT) ntasks = (ntiles + MPQ__AVX2Q_TILES - 1) / MPQ__AVX2Q_TILES, task = mpq__gemv_avx2q_task;

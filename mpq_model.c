@@ -791,13 +791,24 @@ static void mpq__tile4(const float *X, const float *W, float *Y, int M, int K)
 
 /* Y[T x M] = X[T x K] W[M x K]^T, float. Every output is mpq__mdot of its
    row and column, whatever the tiling or thread count, so a token's result
-   does not depend on the tokens beside it. */
-void mpq__sgemm(const float *X, int T, const float *W, int M, int K, float *Y)
+   does not depend on the tokens beside it. Tasks of 16 rows of Y on
+   mpq_parallel's threads. */
+typedef struct mpq__sgemm_job {
+    const float *X, *W;
+    float *Y;
+    int T, M, K;
+} mpq__sgemm_job;
+
+#define MPQ__SGEMM_ROWS 16 /* rows of Y per task, a multiple of 4 */
+
+static void mpq__sgemm_task(void *ctx, int task)
 {
-#ifdef _OPENMP
-#pragma omp parallel for schedule(static)
-#endif
-    for (int m0 = 0; m0 < M; m0 += 4) {
+    const mpq__sgemm_job *J = (const mpq__sgemm_job *)ctx;
+    const float *X = J->X, *W = J->W;
+    float *Y = J->Y;
+    const int T = J->T, M = J->M, K = J->K;
+    const int end = M - task * MPQ__SGEMM_ROWS < MPQ__SGEMM_ROWS ? M : (task + 1) * MPQ__SGEMM_ROWS;
+    for (int m0 = task * MPQ__SGEMM_ROWS; m0 < end; m0 += 4) {
         const int mr = M - m0 < 4 ? M - m0 : 4;
         int t = 0;
 #if defined(__GNUC__) || defined(__clang__)
@@ -808,6 +819,12 @@ void mpq__sgemm(const float *X, int T, const float *W, int M, int K, float *Y)
             for (int i = 0; i < mr; i++)
                 Y[(size_t)t * M + m0 + i] = mpq__mdot(X + (size_t)t * K, W + (size_t)(m0 + i) * K, K);
     }
+}
+
+void mpq__sgemm(const float *X, int T, const float *W, int M, int K, float *Y)
+{
+    mpq__sgemm_job J = {X, W, Y, T, M, K};
+    mpq_parallel((M + MPQ__SGEMM_ROWS - 1) / MPQ__SGEMM_ROWS, 0, mpq__sgemm_task, &J);
 }
 
 mpq_status mpq_llm_state_init(const mpq_llm *m, int ctx, int batch, mpq_llm_state *s)
@@ -929,24 +946,27 @@ void mpq__rotate(const mpq_llm_config *c, const float *rope, float *v, int T, in
 }
 
 /* Causal attention of T new tokens at positions pos.. over the cache of
-   layer l (already holding their keys and values). */
-static void mpq__attention(const mpq_llm *m, mpq_llm_state *s, int l, int T, int pos)
+   layer l (already holding their keys and values): s->nthreads tasks, each
+   a range of (token, head) pairs with its own row of s->scores. */
+typedef struct mpq__attention_job {
+    const mpq_llm *m;
+    mpq_llm_state *s;
+    int l, T, pos;
+} mpq__attention_job;
+
+static void mpq__attention_task(void *ctx, int task)
 {
-    const mpq_llm_config *c = &m->c;
-    const int hd = c->head_dim, H = c->heads, group = c->heads / c->kv_heads;
+    const mpq__attention_job *J = (const mpq__attention_job *)ctx;
+    const mpq_llm_config *c = &J->m->c;
+    mpq_llm_state *s = J->s;
+    const int hd = c->head_dim, H = c->heads, group = c->heads / c->kv_heads, n = J->T * H;
     const size_t kvd = (size_t)c->kv_heads * hd, qd = (size_t)H * hd;
-    const float *kc = s->kc + (size_t)l * s->ctx * kvd, *vc = s->vc + (size_t)l * s->ctx * kvd;
+    const float *kc = s->kc + (size_t)J->l * s->ctx * kvd, *vc = s->vc + (size_t)J->l * s->ctx * kvd;
     const float scale = (float)(1.0 / sqrt((double)hd));
-#ifdef _OPENMP
-#pragma omp parallel for schedule(static) num_threads(s->nthreads)
-#endif
-    for (int th = 0; th < T * H; th++) {
-        const int t = th / H, h = th % H, g = h / group, P = pos + t;
-#ifdef _OPENMP
-        float *sc = s->scores + (size_t)omp_get_thread_num() * s->ctx;
-#else
-        float *sc = s->scores;
-#endif
+    float *sc = s->scores + (size_t)task * s->ctx;
+    const int th1 = (int)((long long)n * (task + 1) / s->nthreads);
+    for (int th = (int)((long long)n * task / s->nthreads); th < th1; th++) {
+        const int t = th / H, h = th % H, g = h / group, P = J->pos + t;
         const float *q = s->q + (size_t)t * qd + (size_t)h * hd;
         float mx = -INFINITY;
         for (int j = 0; j <= P; j++) {
@@ -963,6 +983,12 @@ static void mpq__attention(const mpq_llm *m, mpq_llm_state *s, int l, int T, int
             for (int d = 0; d < hd; d++) o[d] += p * vj[d];
         }
     }
+}
+
+static void mpq__attention(const mpq_llm *m, mpq_llm_state *s, int l, int T, int pos)
+{
+    mpq__attention_job J = {m, s, l, T, pos};
+    mpq_parallel(s->nthreads, s->nthreads, mpq__attention_task, &J);
 }
 
 /* One piece of at most s->batch tokens; logits of tokens lo.. (may be NULL). */

@@ -177,8 +177,8 @@ static inline int bench_verdict(bench_load a, bench_load b, double worst_f32_of_
     int ok = 1;
     if (o >= 0.0) printf("other processes used %.2f cores on average during this run\n", o);
     if (o > 0.1) {
-        printf("NOT TRUSTWORTHY: other processes competed for the cores; threads that wait for each other at the end "
-               "of every product lose whole time slices to them\n");
+        printf("NOT TRUSTWORTHY: other processes competed for the cores (mpq's products then run on fewer threads, "
+               "the float32 GEMV and the bandwidth probe do not)\n");
         ok = 0;
     }
     if (worst_f32_of_bw > 0.0 && worst_f32_of_bw < 0.5) {

@@ -278,6 +278,66 @@ Test(gemv, concurrent_callers_get_the_same_results)
 }
 #endif
 
+/* mpq_parallel: every task exactly once, whatever the counts of tasks and
+   threads (more threads than tasks, more than its 64 task ranges). */
+typedef struct counts {
+    int *hits;
+} counts;
+
+static void count_task(void *ctx, int t)
+{
+    __atomic_add_fetch(&((counts *)ctx)->hits[t], 1, __ATOMIC_RELAXED);
+}
+
+Test(gemv, parallel_runs_every_task_once)
+{
+    const int ntasks[] = {1, 2, 3, 7, 63, 64, 65, 130, 1000}, threads[] = {0, 1, 2, 3, 5, 70};
+    int *hits = malloc(sizeof(int) * 1000);
+    counts c = {hits};
+    for (int a = 0; a < 9; a++)
+        for (int b = 0; b < 6; b++) {
+            memset(hits, 0, sizeof(int) * 1000);
+            cr_assert_eq(mpq_parallel(ntasks[a], threads[b], count_task, &c), MPQ_OK);
+            for (int t = 0; t < ntasks[a]; t++)
+                cr_assert_eq(hits[t], 1, "%d tasks, %d threads: task %d ran %d times", ntasks[a], threads[b], t,
+                             hits[t]);
+        }
+    cr_assert_eq(mpq_parallel(0, 2, count_task, &c), MPQ_OK);
+    cr_assert_eq(mpq_parallel(-1, 2, count_task, &c), MPQ_ERR_ARG);
+    cr_assert_eq(mpq_parallel(4, -1, count_task, &c), MPQ_ERR_ARG);
+    cr_assert_eq(mpq_parallel(4, 2, NULL, &c), MPQ_ERR_ARG);
+    free(hits);
+}
+
+/* The load reading behind "fewer threads than busy cores": /proc/stat's
+   first line, busy = user + nice + system + irq + softirq + steal. */
+Test(gemv, proc_stat_busy_time_is_parsed)
+{
+    cr_assert_eq(mpq__proc_stat_busy("cpu  6576682 295633 286266 3361423 16339 0 871 13084 0 0\ncpu0 1 2 3\n"),
+                 6576682LL + 295633 + 286266 + 0 + 871 + 13084);
+    cr_assert_eq(mpq__proc_stat_busy("cpu  10 20 30 4000 50 6 7\n"), 10 + 20 + 30 + 6 + 7); /* no steal field */
+    cr_assert_eq(mpq__proc_stat_busy("cpu  10 20 30 4000 50 6 7 8"), 10 + 20 + 30 + 6 + 7 + 8);
+    cr_assert_eq(mpq__proc_stat_busy("cpu  10 20 30 4000 50 6\n"), -1);  /* too few fields */
+    cr_assert_eq(mpq__proc_stat_busy("cpu0 10 20 30 4000 50 6 7\n"), -1); /* a single core's line */
+    cr_assert_eq(mpq__proc_stat_busy("intr 1 2 3 4 5 6 7 8\n"), -1);
+    cr_assert_eq(mpq__proc_stat_busy("cpu  10 20 30 4000 50 6 7x\n"), -1);
+    cr_assert_eq(mpq__proc_stat_busy("cpu  99999999999999999999999 1 1 1 1 1 1\n"), -1);
+    cr_assert_eq(mpq__proc_stat_busy(""), -1);
+}
+
+/* Threads from the free cores (x 256): rounded to nearest, at least one,
+   at most the threads asked for. */
+Test(gemv, threads_follow_the_free_cores)
+{
+    cr_assert_eq(mpq__load_team(2, 2 * 256), 2);
+    cr_assert_eq(mpq__load_team(2, 1 * 256), 1);   /* two busy loops took one of two cores from us */
+    cr_assert_eq(mpq__load_team(2, 384), 2);       /* 1.5 rounds up */
+    cr_assert_eq(mpq__load_team(2, 383), 1);
+    cr_assert_eq(mpq__load_team(8, 1), 1);         /* nothing free: the caller alone */
+    cr_assert_eq(mpq__load_team(4, 64 * 256), 4);  /* never more than asked */
+    cr_assert_eq(mpq__load_team(16, 10 * 256 + 100), 10);
+}
+
 Test(gemv, library_reference_agrees_with_the_test_reference)
 {
     synth_rng r = {36};
