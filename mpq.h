@@ -42,6 +42,8 @@
                           (default assert)
      MPQ_NO_SIMD          compile only the portable scalar code
      MPQ_NO_F16C          convert halves in software even where F16C exists
+     MPQ_NO_LOAD          always use the threads asked for (no reading of
+                          /proc/stat; see "THREADS ON A SHARED MACHINE")
 
      SIMD paths. With GCC or Clang on x86 every path is compiled whatever the
      flags (each kernel carries its own target attribute) and MPQ_PATH_AUTO
@@ -58,7 +60,8 @@
      compiler targets F16C (-mf16c); otherwise halves are converted in
      software, with the same results. OpenMP (-fopenmp)
      parallelises the products and the packers over row tiles; without it
-     mpq is single-threaded and still correct.
+     mpq is single-threaded and still correct. On Linux a product uses
+     fewer threads than the cores that other processes keep busy.
 
    CONTENTS (declarations, then implementation, in this order)
 
