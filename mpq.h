@@ -490,7 +490,9 @@ typedef struct mpq_gemv_opts {
     int skip_planes;        /* drop the lowest planes of every group (nested
                                precision, PMPD); at least one plane always
                                remains; 0 -> full precision */
-    int threads;            /* OpenMP threads; 0 -> the OpenMP default */
+    int threads;            /* OpenMP threads at most (fewer on Linux while other
+                               processes keep cores busy: mpq_parallel); 0 ->
+                               the OpenMP default */
     mpq_path path;          /* 0 -> MPQ_PATH_AUTO */
 } mpq_gemv_opts;
 

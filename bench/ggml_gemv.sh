@@ -9,21 +9,26 @@
 # backend half the hardware threads (1 on a 2-core machine), so mpq runs
 # with as many (--threads overrides both only for mpq: it says so).
 # llama.cpp comes from the llama-cpp-python source package on PyPI, built
-# outside the repository (bench/llama_cpp.sh).
+# outside the repository (bench/llama_cpp.sh). --isa avx2 compares what an
+# AVX2 machine would run, on this one: ggml built without AVX-512
+# (GGML_NATIVE=OFF) against mpq's paths that need no AVX-512.
 #
-#   bash bench/ggml_gemv.sh [--rounds R] [--threads T] [--out FILE]
+#   bash bench/ggml_gemv.sh [--rounds R] [--threads T] [--isa native|avx2] [--out FILE]
 set -eu
 cd "$(dirname "$0")/.."
-rounds=3 threads="" out=""
+rounds=3 threads="" out="" isa=native
 while [ $# -gt 0 ]; do
     case "$1" in
     --rounds) rounds=$2; shift 2 ;;
     --threads) threads=$2; shift 2 ;;
+    --isa) isa=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
-    *) echo "usage: bash bench/ggml_gemv.sh [--rounds R] [--threads T] [--out FILE]" >&2; exit 1 ;;
+    *) echo "usage: bash bench/ggml_gemv.sh [--rounds R] [--threads T] [--isa native|avx2] [--out FILE]" >&2; exit 1 ;;
     esac
 done
-[ -n "$out" ] || out=bench/results/cpu-ggml-gemv-$(date +%F).txt
+case "$isa" in native) suffix="" ;; avx2) suffix=-avx2 ;; *) echo "--isa: native or avx2" >&2; exit 1 ;; esac
+[ -n "$out" ] || out=bench/results/cpu-ggml-gemv$suffix-$(date +%F).txt
+llama_isa=$isa
 source bench/llama_cpp.sh
 llama_cpp_build test-backend-ops
 ggml_threads=$(( $(nproc) / 2 )); [ "$ggml_threads" -ge 1 ] || ggml_threads=1
@@ -31,14 +36,17 @@ ggml_threads=$(( $(nproc) / 2 )); [ "$ggml_threads" -ge 1 ] || ggml_threads=1
 [ -d build/release ] || meson setup build/release --buildtype=release -Dio=enabled >/dev/null
 ninja -C build/release bench_gemv >/dev/null
 mapfile -t paths < <(build/release/bench_gemv --list-paths)
+if [ "$isa" = avx2 ]; then # the paths an AVX2 machine has
+    mapfile -t paths < <(printf '%s\n' "${paths[@]}" | grep -v '^avx512')
+fi
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 {
     echo "# bench/ggml_gemv.sh --rounds $rounds, $(date -u +%FT%TZ)"
     echo "# cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), $(nproc) cores;" \
         "flags: $(grep -o -w -E 'avx512vbmi|avx512_vnni|avx512f|avx2' /proc/cpuinfo | sort -u | tr '\n' ' ')"
-    echo "# ggml: llama-cpp-python $llama_version (vendor/llama.cpp), GGML_NATIVE, $ggml_threads thread(s);" \
-        "mpq: build/release, $threads thread(s)"
+    echo "# ggml: llama-cpp-python $llama_version (vendor/llama.cpp), GGML_NATIVE=$llama_native, $ggml_threads thread(s);" \
+        "mpq: build/release, paths ${paths[*]}, $threads thread(s)"
     for r in $(seq "$rounds"); do
         echo "## round $r"
         "$llama_bin/test-backend-ops" perf -o MUL_MAT -b CPU \
