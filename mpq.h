@@ -3778,25 +3778,40 @@ static void mpq__tiles_scalar(const mpq__shape *s, const mpq_packed *A, int t0, 
 }
 
 /* y += S x for the sparse part (rows in parallel; float64 sums per row). */
-static void mpq__sparse_gemv(const mpq_packed *A, const float *x, float *y, int batch, int nth)
+typedef struct mpq__sparse_job {
+    const mpq_packed *A;
+    const float *x;
+    float *y;
+    int batch;
+} mpq__sparse_job;
+
+#define MPQ__SPARSE_ROWS 64 /* rows of the sparse part per task */
+
+static void mpq__sparse_task(void *ctx, int task)
 {
-    if (!A->sp_row_ptr || !A->sp_nnz) return;
-    const int rows = A->rows;
-    (void)nth;
-#ifdef _OPENMP
-#pragma omp parallel for schedule(static) num_threads(nth) if (A->sp_nnz > 65536)
-#endif
-    for (int i = 0; i < rows; i++) {
+    const mpq__sparse_job *J = (const mpq__sparse_job *)ctx;
+    const mpq_packed *A = J->A;
+    const int rows = A->rows, i1 = rows - task * MPQ__SPARSE_ROWS < MPQ__SPARSE_ROWS ? rows
+                                                                                   : (task + 1) * MPQ__SPARSE_ROWS;
+    for (int i = task * MPQ__SPARSE_ROWS; i < i1; i++) {
         const uint32_t k0 = A->sp_row_ptr[i], k1 = A->sp_row_ptr[i + 1];
         if (k0 == k1) continue;
-        for (int v = 0; v < batch; v++) {
-            const float *xv = x + (size_t)v * (size_t)A->cols;
+        for (int v = 0; v < J->batch; v++) {
+            const float *xv = J->x + (size_t)v * (size_t)A->cols;
             double acc = 0.0;
             for (uint32_t k = k0; k < k1; k++) acc += (double)mpq_f16_to_f32(A->sp_val[k]) * (double)xv[mpq__sp_col(A, k)];
-            float *yo = y + (size_t)v * (size_t)rows + (size_t)i;
+            float *yo = J->y + (size_t)v * (size_t)rows + (size_t)i;
             *yo = (float)((double)*yo + acc);
         }
     }
+}
+
+/* y += the sparse part times x; threads only past 65536 entries. */
+static void mpq__sparse_gemv(const mpq_packed *A, const float *x, float *y, int batch, int nth)
+{
+    if (!A->sp_row_ptr || !A->sp_nnz) return;
+    mpq__sparse_job J = {A, x, y, batch};
+    mpq__run((A->rows + MPQ__SPARSE_ROWS - 1) / MPQ__SPARSE_ROWS, A->sp_nnz > 65536 ? nth : 1, mpq__sparse_task, &J);
 }
 
 /* One product's tasks (mpq__run): blocks of tiles, or tiles. */

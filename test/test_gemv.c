@@ -279,7 +279,7 @@ Test(gemv, concurrent_callers_get_the_same_results)
 #endif
 
 /* mpq_parallel: every task exactly once, whatever the counts of tasks and
-   threads (more threads than tasks, more than its 64 task ranges). */
+   threads (more threads than tasks, more threads than cores). */
 typedef struct counts {
     int *hits;
 } counts;

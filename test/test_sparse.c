@@ -111,6 +111,47 @@ Test(sparse, dense_plus_sparse_reads_back_multiplies_and_dequantizes)
     }
 }
 
+/* A sparse part past 65536 entries is added on several threads: the same
+   bits as on one, and the reference's values. */
+Test(sparse, large_parts_are_added_on_threads)
+{
+    synth_rng r = {72};
+    const int m = 203, n = 400;
+    const size_t mn = (size_t)m * n;
+    float *W = malloc(4 * mn), *D = malloc(4 * mn), *x = malloc(4u * 2 * n), *y1 = malloc(4u * 2 * m),
+          *y2 = malloc(4u * 2 * m);
+    double *ref = malloc(8u * 2 * m), *mag = malloc(8u * 2 * m);
+    uint8_t *mask = malloc(mn);
+    synth_weights(&r, W, m, n);
+    for (size_t k = 0; k < mn; k++) mask[k] = synth_unif(&r) < 0.9;
+    mpq_bitplane_desc d = {0};
+    d.rows = m, d.cols = n, d.group = 128, d.block_rows = 16, d.uniform_bits = 3;
+    mpq_packed Ad, A;
+    cr_assert_eq(mpq_pack_alloc(&d, W, &Ad), MPQ_OK);
+    cr_assert_eq(mpq_packed_dequantize(&Ad, 0, D), MPQ_OK);
+    mpq_sparse S;
+    cr_assert_eq(mpq_sparse_from_mask(W, D, mask, m, n, &S), MPQ_OK);
+    cr_assert_gt(S.nnz, 65536);
+    d.sparse = &S;
+    cr_assert_eq(mpq_pack_alloc(&d, W, &A), MPQ_OK);
+    for (int v = 0; v < 2; v++) synth_activations(&r, x + (size_t)v * n, n);
+    mpq_gemv_opts o = {0};
+    o.path = MPQ_PATH_SCALAR, o.threads = 1;
+    cr_assert_eq(mpq_gemv(&A, x, y1, 2, &o, NULL, 0), MPQ_OK);
+    o.threads = 3;
+    cr_assert_eq(mpq_gemv(&A, x, y2, 2, &o, NULL, 0), MPQ_OK);
+    cr_assert_eq(memcmp(y1, y2, 4u * 2 * m), 0);
+    tc_mat M;
+    tc_decode(A.buf, &M);
+    tc_gemv(&M, x, 2, 0, ref, mag);
+    for (int k = 0; k < 2 * m; k++) cr_assert_leq(fabs((double)y2[k] - ref[k]), 1e-5 * mag[k] + 1e-30, "at %d", k);
+    tc_free(&M);
+    mpq_sparse_free(&S);
+    mpq_packed_free(&A);
+    mpq_packed_free(&Ad);
+    free(W), free(D), free(x), free(y1), free(y2), free(ref), free(mag), free(mask);
+}
+
 Test(sparse, wide_matrices_store_32_bit_columns)
 {
     synth_rng r = {72};
