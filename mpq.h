@@ -1286,7 +1286,7 @@ MPQ__UNUSED static long long mpq__proc_stat_busy(const char *text)
 static long long mpq__load_free;    /* (online cores - cores busy with others) x 256; 0: no estimate yet */
 static int mpq__load_lock;          /* a reading in progress */
 static long long mpq__load_t;       /* last reading (0: none): omp_get_wtime() in microseconds, */
-static long long mpq__load_sys;     /* busy microseconds of all cores, */
+static long long mpq__load_sys;     /* busy ticks of all cores (/proc/stat), */
 static long long mpq__load_own;     /* CPU microseconds of this process */
 
 /* One reading (one thread at a time, under mpq__load_lock). */
@@ -1303,14 +1303,15 @@ static void mpq__load_read(long long now)
     buf[n] = '\0';
     const long long ticks = mpq__proc_stat_busy(buf);
     if (ticks < 0) return;
-    const long long sys = ticks * 1000000 / hz, own = (long long)((double)c * 1e6 / CLOCKS_PER_SEC);
+    const long long own = (long long)((double)c * 1e6 / CLOCKS_PER_SEC);
     const long long t0 = __atomic_load_n(&mpq__load_t, __ATOMIC_RELAXED);
-    if (now > t0 && t0 > 0) {
-        const double others = (double)((sys - mpq__load_sys) - (own - mpq__load_own)) / (double)(now - t0);
+    if (now > t0 && t0 > 0) { /* microseconds of other processes' CPU time per microsecond */
+        const double busy = (double)(ticks - mpq__load_sys) * 1e6 / (double)hz;
+        const double others = (busy - (double)(own - mpq__load_own)) / (double)(now - t0);
         double free256 = 256.0 * ((double)ncpu - (others > 0 ? others : 0));
         __atomic_store_n(&mpq__load_free, free256 < 1 ? 1LL : (long long)free256, __ATOMIC_RELAXED);
     }
-    mpq__load_sys = sys, mpq__load_own = own;
+    mpq__load_sys = ticks, mpq__load_own = own;
     __atomic_store_n(&mpq__load_t, now, __ATOMIC_RELAXED);
 }
 
