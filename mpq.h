@@ -3054,6 +3054,16 @@ static void mpq__rec_setup(const mpq__shape *s, const uint8_t *data, uint64_t po
             }
 }
 
+/* Walkers of tiles t0 .. t0+nt-1, a block of a kernel that takes `stride`
+   tiles at a time; the first records of the next block are prefetched. */
+static void mpq__walk_block(const mpq__shape *s, const mpq_packed *A, int t0, int nt, int stride, mpq__walk *w)
+{
+    for (int k = 0; k < nt; k++) {
+        mpq__walk_init(&w[k], s, A->band_off, A->data, t0 + k);
+        mpq__walk_warm(s, A->band_off, A->data, t0 + stride + k, MPQ__LOOKAHEAD);
+    }
+}
+
 /* The next record of walker w (group g of its tile) into R, its planes
    after skip_planes; returns the planes it stores. */
 static int mpq__walk_rec(const mpq__shape *s, const uint8_t *data, mpq__walk *w, int g, int skip, mpq__rec *R)
@@ -3297,11 +3307,9 @@ MPQ__T_VNNI static void mpq__tiles_vnni(const mpq__shape *s, const mpq_packed *A
     const int cpg = s->group / 8, ng = s->ngroups, nch_last = mpq__nch(s, ng - 1);
     const size_t qstride = (size_t)mpq__units(cpg) * 256u;
     mpq__walk w[MPQ__VNNI_TILES];
-    for (int k = 0; k < nt; k++) {
-        mpq__walk_init(&w[k], s, A->band_off, A->data, t0 + k);
-        mpq__walk_warm(s, A->band_off, A->data, t0 + MPQ__VNNI_TILES + k, MPQ__LOOKAHEAD); /* the next block */
+    mpq__walk_block(s, A, t0, nt, MPQ__VNNI_TILES, w);
+    for (int k = 0; k < nt; k++)
         for (int v = 0; v < nb; v++) _mm512_storeu_ps(yt[k][v], _mm512_setzero_ps());
-    }
     mpq__qrec R[MPQ__VNNI_TILES];
     mpq__rec G; /* the general (non-uniform) description, when needed */
     for (int g = 0; g < ng; g++) {
@@ -3534,12 +3542,8 @@ MPQ__T_AVX2 static void mpq__tiles_avx2q(const mpq__shape *s, const mpq_packed *
     const int cpg = s->group / 8, ng = s->ngroups;
     const size_t qstride = (size_t)mpq__units(cpg) * 256u;
     mpq__walk w[MPQ__AVX2Q_TILES];
-    for (int k = 0; k < nt; k++) {
-        mpq__walk_init(&w[k], s, A->band_off, A->data, t0 + k);
-        mpq__walk_warm(s, A->band_off, A->data, t0 + MPQ__AVX2Q_TILES + k, MPQ__LOOKAHEAD); /* the next block */
-        for (int v = 0; v < nb; v++)
-            for (int r = 0; r < MPQ_TILE_ROWS; r++) yt[k][v][r] = 0.0f;
-    }
+    mpq__walk_block(s, A, t0, nt, MPQ__AVX2Q_TILES, w);
+    memset(yt, 0, sizeof yt[0] * (size_t)nt);
     mpq__rec R;
     __m256i ix[MPQ__AVX2Q_IX], tot[MPQ__BATCH_STEP][2];
     for (int g = 0; g < ng; g++)
@@ -3653,12 +3657,8 @@ static void mpq__tiles_neon(const mpq__shape *s, const mpq_packed *A, int t0, in
     const int cpg = s->group / 8, ng = s->ngroups;
     const size_t qstride = (size_t)mpq__units(cpg) * 256u;
     mpq__walk w[MPQ__NEON_TILES];
-    for (int k = 0; k < nt; k++) {
-        mpq__walk_init(&w[k], s, A->band_off, A->data, t0 + k);
-        mpq__walk_warm(s, A->band_off, A->data, t0 + MPQ__NEON_TILES + k, MPQ__LOOKAHEAD); /* the next block */
-        for (int v = 0; v < nb; v++)
-            for (int r = 0; r < MPQ_TILE_ROWS; r++) yt[k][v][r] = 0.0f;
-    }
+    mpq__walk_block(s, A, t0, nt, MPQ__NEON_TILES, w);
+    memset(yt, 0, sizeof yt[0] * (size_t)nt);
     mpq__rec R;
     int32x4_t tot[MPQ__BATCH_STEP][4];
     for (int g = 0; g < ng; g++)
@@ -3754,12 +3754,8 @@ static void mpq__tiles_scalar(const mpq__shape *s, const mpq_packed *A, int t0, 
     const mpq__vecwork L = mpq__vec_layout(A);
     const int cpg = s->group / 8, ng = s->ngroups;
     mpq__walk w[MPQ__SCALAR_TILES];
-    for (int k = 0; k < nt; k++) {
-        for (int v = 0; v < nb; v++)
-            for (int r = 0; r < MPQ_TILE_ROWS; r++) yt[k][v][r] = 0.0f;
-        mpq__walk_init(&w[k], s, A->band_off, A->data, t0 + k);
-        mpq__walk_warm(s, A->band_off, A->data, t0 + MPQ__SCALAR_TILES + k, MPQ__LOOKAHEAD); /* the next block */
-    }
+    mpq__walk_block(s, A, t0, nt, MPQ__SCALAR_TILES, w);
+    memset(yt, 0, sizeof yt[0] * (size_t)nt);
     mpq__rec R;
     for (int g = 0; g < ng; g++)
         for (int k = 0; k < nt; k++) {
