@@ -3288,6 +3288,39 @@ MPQ__T_VNNI static __m512i mpq__vnni_rec_any(const uint8_t *pl, size_t pb, int n
     }
 }
 
+/* The planes of one record against NV vectors' tables at once (NV <= 4):
+   a plane's lookup indices are formed once for all of them, and each
+   vector's four tables of a unit stay in registers across the planes.
+   tot[j] is mpq__vnni_rec's result for the tables T[j], the same integers
+   (int32 addition in another order). */
+MPQ__INLINE MPQ__T_VNNI void mpq__vnni_rec_nv(const uint8_t *pl, size_t pb, int nch, const uint8_t *const *T,
+                                             const __m512i *m, int np, const int NV, __m512i *tot)
+{
+    const __m512i m0f = _mm512_set1_epi8(0x0F), pos = _mm512_set1_epi32(0x30201000);
+    __m512i lo[4], hi[4], tb[4][4];
+    for (int j = 0; j < NV; j++) lo[j] = hi[j] = _mm512_setzero_si512();
+    const int nq = nch >> 2, nseg = nq + ((nch & 2) ? 1 : 0) + (nch & 1);
+    size_t toff = 0;
+    for (int u = 0; u < nseg; u++, toff += 256) {
+        const int kind = u < nq ? 4 : (u == nq && (nch & 2)) ? 2 : 1;
+        for (int j = 0; j < NV; j++)
+            for (int q = 0; q < 4; q++) tb[j][q] = _mm512_loadu_si512((const void *)(T[j] + toff + 64 * q));
+        for (int p = 0; p < np; p++) {
+            const __m512i v = mpq__lkq_load(pl + (size_t)p * pb, kind);
+            const __m512i il = _mm512_ternarylogic_epi32(v, m0f, pos, 0xEA);
+            const __m512i ih = _mm512_ternarylogic_epi32(_mm512_srli_epi16(v, 4), m0f, pos, 0xEA);
+            for (int j = 0; j < NV; j++) {
+                lo[j] = _mm512_dpbusd_epi32(lo[j], m[p], _mm512_permutexvar_epi8(il, tb[j][0]));
+                hi[j] = _mm512_dpbusd_epi32(hi[j], m[p], _mm512_permutexvar_epi8(il, tb[j][1]));
+                lo[j] = _mm512_dpbusd_epi32(lo[j], m[p], _mm512_permutexvar_epi8(ih, tb[j][2]));
+                hi[j] = _mm512_dpbusd_epi32(hi[j], m[p], _mm512_permutexvar_epi8(ih, tb[j][3]));
+            }
+        }
+        pl += kind * 16;
+    }
+    for (int j = 0; j < NV; j++) tot[j] = _mm512_add_epi32(lo[j], _mm512_slli_epi32(hi[j], 8));
+}
+
 /* One record of a tile block: where it is and which planes count. */
 typedef struct mpq__qrec {
     const uint8_t *p;
@@ -3297,8 +3330,10 @@ typedef struct mpq__qrec {
 
 /* Tiles t0 .. t0+nt-1 (at most MPQ__VNNI_TILES), vectors b0 .. b0+nb-1,
    group by group: the group's tables are read from L2 once for the whole
-   block, and a record's planes from memory once for all vectors. y~ of
-   tile t0+k, vector b0+v into yt[k][v]. */
+   block, and a record's planes from memory once for all vectors, which
+   take it four at a time (mpq__vnni_rec_nv; a lone vector takes
+   mpq__vnni_rec's eight chains). y~ of tile t0+k, vector b0+v into
+   yt[k][v]. */
 MPQ__T_VNNI static void mpq__tiles_vnni(const mpq__shape *s, const mpq_packed *A, int t0, int nt, const uint8_t *work,
                                         size_t vstride, int b0, int nb, int skip,
                                         float yt[MPQ__VNNI_TILES][MPQ__BATCH_STEP][MPQ_TILE_ROWS])
@@ -3351,14 +3386,26 @@ MPQ__T_VNNI static void mpq__tiles_vnni(const mpq__shape *s, const mpq_packed *A
                 zh = _mm512_loadu_ps(zhf);
             }
             const uint8_t *pl = R[k].p + s->meta + (size_t)R[k].i0 * pb;
-            for (int v = 0; v < nb; v++) {
-                const uint8_t *vw = work + (size_t)(b0 + v) * vstride;
-                const float gsc = ((const float *)(const void *)(vw + L.gscale))[g];
-                const float gs = ((const float *)(const void *)(vw + L.gsum))[g];
-                const __m512i tot = mpq__vnni_rec_any(pl, pb, nch, vw + L.tab + (size_t)g * qstride, R[k].m, R[k].np);
-                const __m512 acc = _mm512_mul_ps(_mm512_cvtepi32_ps(tot), _mm512_set1_ps(gsc));
-                __m512 y = _mm512_fmadd_ps(sh, acc, _mm512_loadu_ps(yt[k][v]));
-                _mm512_storeu_ps(yt[k][v], _mm512_fmadd_ps(zh, _mm512_set1_ps(gs), y));
+            for (int v0 = 0; v0 < nb; v0 += 4) {
+                const int nv = nb - v0 < 4 ? nb - v0 : 4;
+                const uint8_t *T[4];
+                __m512i tot[4];
+                for (int j = 0; j < nv; j++) T[j] = work + (size_t)(b0 + v0 + j) * vstride + L.tab + (size_t)g * qstride;
+                switch (nv) {
+                case 1: tot[0] = mpq__vnni_rec_any(pl, pb, nch, T[0], R[k].m, R[k].np); break;
+                case 2: mpq__vnni_rec_nv(pl, pb, nch, T, R[k].m, R[k].np, 2, tot); break;
+                case 3: mpq__vnni_rec_nv(pl, pb, nch, T, R[k].m, R[k].np, 3, tot); break;
+                default: mpq__vnni_rec_nv(pl, pb, nch, T, R[k].m, R[k].np, 4, tot); break;
+                }
+                for (int j = 0; j < nv; j++) {
+                    const int v = v0 + j;
+                    const uint8_t *vw = work + (size_t)(b0 + v) * vstride;
+                    const float gsc = ((const float *)(const void *)(vw + L.gscale))[g];
+                    const float gs = ((const float *)(const void *)(vw + L.gsum))[g];
+                    const __m512 acc = _mm512_mul_ps(_mm512_cvtepi32_ps(tot[j]), _mm512_set1_ps(gsc));
+                    __m512 y = _mm512_fmadd_ps(sh, acc, _mm512_loadu_ps(yt[k][v]));
+                    _mm512_storeu_ps(yt[k][v], _mm512_fmadd_ps(zh, _mm512_set1_ps(gs), y));
+                }
             }
         }
     }

@@ -2,7 +2,8 @@
    and a plain float32 GEMV, all measured in this run.
 
    usage: gemv [--quick] [--threads N] [--shape MxN] [--block-rows R]
-               [--path auto|scalar|avx2|avx512|avx512-vnni|avx2-int|neon] [--batch B]
+               [--path auto|scalar|avx2|avx512|avx512-vnni|avx2-int|neon]
+               [--batch B | --batches B1,B2,...]
           gemv --list-paths
 
    For every shape and bits-per-weight point it prints the median time of one
@@ -12,7 +13,12 @@
    never hold the matrix being multiplied. 2.5 and 3.25 bpw are block mixes of
    two neighbouring widths. Then AWQ next to round-to-nearest at 4096 x 4096:
    search and pack time, output error on held-out tokens, GEMV time (the
-   column scales are applied while building tables, so it should not move). */
+   column scales are applied while building tables, so it should not move).
+
+   --batches B1,B2,... times products of B1, B2, ... vectors instead, one
+   product of each in turn on the same rotating copies (so that a slow
+   moment of the machine costs every batch alike), and prints each median
+   against the first batch's: the cost of a batch relative to batch B1. */
 #define MPQ_IMPLEMENTATION
 #include "mpq.h"
 #include "bench_util.h"
@@ -33,14 +39,18 @@ static void make_bits(uint8_t *bits, int nb, double bpw)
     }
 }
 
-/* Median microseconds of one GEMV, rotating over copies of A's buffer. */
 static mpq_path g_path = MPQ_PATH_AUTO; /* --path */
 static int g_batch = 1;                 /* --batch: vectors per product in the main table */
+#define MAX_BATCHES 8
+static int g_batches[MAX_BATCHES], g_nbatches = 0; /* --batches */
 
-static double time_gemv(const mpq_packed *A, const float *x, float *y, int batch, int threads, size_t rotate_bytes,
-                        int reps)
+/* Median microseconds of one GEMV of each batch in batches[0..nb-1] (into
+   us[]), one product of each in turn, rotating over copies of A's buffer.
+   x and y hold the largest batch. */
+static void time_batches(const mpq_packed *A, const float *x, float *y, const int *batches, int nb, int threads,
+                         size_t rotate_bytes, int reps, double *us)
 {
-    int ncopies = (int)(rotate_bytes / A->bytes) + 2;
+    int ncopies = (int)(rotate_bytes / A->bytes) + 2, bmax = 1;
     if (ncopies > 256) ncopies = 256;
     mpq_packed *C = (mpq_packed *)malloc(sizeof(mpq_packed) * (size_t)ncopies);
     for (int c = 0; c < ncopies; c++) {
@@ -48,25 +58,49 @@ static double time_gemv(const mpq_packed *A, const float *x, float *y, int batch
         memcpy(buf, A->buf, A->bytes);
         if (!buf || mpq_packed_open(buf, A->bytes, &C[c]) != MPQ_OK) exit(1);
     }
-    size_t wb = mpq_gemv_work_bytes(A, batch);
+    for (int k = 0; k < nb; k++) bmax = batches[k] > bmax ? batches[k] : bmax;
+    size_t wb = mpq_gemv_work_bytes(A, bmax);
     void *work = mpq_aligned_alloc(wb);
     mpq_gemv_opts o;
     memset(&o, 0, sizeof o);
     o.threads = threads;
     o.path = g_path;
-    double *ts = (double *)malloc(sizeof(double) * (size_t)reps);
-    for (int c = 0; c < ncopies; c++) mpq_gemv(&C[c], x, y, batch, &o, work, wb); /* warm up, touch every copy */
-    for (int r = 0; r < reps; r++) {
-        double t0 = bench_now();
-        mpq_gemv(&C[r % ncopies], x, y, batch, &o, work, wb);
-        ts[r] = bench_now() - t0;
-    }
-    double us = bench_median(ts, reps) * 1e6;
+    double *ts = (double *)malloc(sizeof(double) * (size_t)reps * (size_t)nb);
+    for (int c = 0; c < ncopies; c++) mpq_gemv(&C[c], x, y, bmax, &o, work, wb); /* warm up, touch every copy */
+    for (int r = 0, c = 0; r < reps; r++)
+        for (int k = 0; k < nb; k++, c = (c + 1) % ncopies) {
+            double t0 = bench_now();
+            mpq_gemv(&C[c], x, y, batches[k], &o, work, wb);
+            ts[(size_t)k * (size_t)reps + (size_t)r] = bench_now() - t0;
+        }
+    for (int k = 0; k < nb; k++) us[k] = bench_median(ts + (size_t)k * (size_t)reps, reps) * 1e6;
     for (int c = 0; c < ncopies; c++) mpq_aligned_free((void *)(uintptr_t)C[c].buf);
     free(C);
     free(ts);
     mpq_aligned_free(work);
+}
+
+/* Median microseconds of one GEMV of `batch` vectors. */
+static double time_gemv(const mpq_packed *A, const float *x, float *y, int batch, int threads, size_t rotate_bytes,
+                        int reps)
+{
+    double us;
+    time_batches(A, x, y, &batch, 1, threads, rotate_bytes, reps, &us);
     return us;
+}
+
+/* "1,2,4,8" into g_batches; 0 on anything else. */
+static int parse_batches(const char *s)
+{
+    g_nbatches = 0;
+    while (*s) {
+        char *end;
+        long b = strtol(s, &end, 10);
+        if (end == s || b < 1 || b > 64 || g_nbatches == MAX_BATCHES || (*end && *end != ',')) return 0;
+        g_batches[g_nbatches++] = (int)b;
+        s = *end ? end + 1 : end;
+    }
+    return g_nbatches > 0;
 }
 
 int main(int argc, char **argv)
@@ -84,6 +118,8 @@ int main(int argc, char **argv)
             only_threads = atoi(argv[++a]);
         else if (!strcmp(argv[a], "--batch") && a + 1 < argc && (g_batch = atoi(argv[a + 1])) >= 1 && g_batch <= 64)
             a++;
+        else if (!strcmp(argv[a], "--batches") && a + 1 < argc && parse_batches(argv[a + 1]))
+            a++;
         else if (!strcmp(argv[a], "--block-rows") && a + 1 < argc)
             block_rows = atoi(argv[++a]);
         else if (!strcmp(argv[a], "--path") && a + 1 < argc) {
@@ -98,8 +134,8 @@ int main(int argc, char **argv)
         }
         else if (!(!strcmp(argv[a], "--shape") && a + 1 < argc && sscanf(argv[++a], "%dx%d", &sm, &sn) == 2)) {
             fprintf(stderr,
-                    "usage: %s [--quick] [--threads N] [--shape MxN] [--block-rows R] [--path NAME] [--batch B]"
-                    " | --list-paths\n",
+                    "usage: %s [--quick] [--threads N] [--shape MxN] [--block-rows R] [--path NAME]"
+                    " [--batch B | --batches B1,B2,...] | --list-paths\n",
                     argv[0]);
             return 2;
         }
@@ -125,8 +161,19 @@ int main(int argc, char **argv)
     const bench_load load0 = bench_load_now();
     double worst_f32 = 1e30; /* the float32 GEMV's read rate over the bandwidth, lowest seen */
     const mpq_path path = mpq__resolve_path(g_path);
-    printf("mpq bench/gemv: group %d, block_rows %d, kernel path %s, batch %d%s\n", group, block_rows,
-           mpq_path_name(path), g_batch, g_batch > 1 ? " (speedup: against batch float32 GEMVs of one vector)" : "");
+    int nvec = g_batch; /* vectors in x and y */
+    if (g_nbatches) {
+        printf("mpq bench/gemv: group %d, block_rows %d, kernel path %s, batches", group, block_rows,
+               mpq_path_name(path));
+        for (int k = 0; k < g_nbatches; k++) {
+            printf("%s%d", k ? "," : " ", g_batches[k]);
+            nvec = g_batches[k] > nvec ? g_batches[k] : nvec;
+        }
+        printf(" (each against batch %d, timed in turn)\n", g_batches[0]);
+    }
+    else
+        printf("mpq bench/gemv: group %d, block_rows %d, kernel path %s, batch %d%s\n", group, block_rows,
+               mpq_path_name(path), g_batch, g_batch > 1 ? " (speedup: against batch float32 GEMVs of one vector)" : "");
     /* The bandwidth is measured again after every shape and the highest
        figure is the one reported and used: on a shared machine a lower one
        only means a neighbour was busy, and the highest keeps ratios honest. */
@@ -135,17 +182,21 @@ int main(int argc, char **argv)
         bw[ti] = bench_read_bandwidth(thr[ti], quick);
         printf("read bandwidth, %d thread(s): %.1f GB/s\n", thr[ti], bw[ti] / 1e9);
     }
-    printf("\n%-12s %5s %3s %10s %8s %6s %10s %8s\n", "shape", "bpw", "thr", "us", "GB/s", "of bw", "fp32 us",
-           "speedup");
+    if (g_nbatches)
+        printf("\n%-12s %5s %3s %5s %10s %8s %10s %8s\n", "shape", "bpw", "thr", "batch", "us", "x first", "us/vector",
+               "of bw");
+    else
+        printf("\n%-12s %5s %3s %10s %8s %6s %10s %8s\n", "shape", "bpw", "thr", "us", "GB/s", "of bw", "fp32 us",
+               "speedup");
     double t3_4096 = 0.0;
     for (int si = 0; si < nshapes; si++) {
         const int m = shapes[si][0], n = shapes[si][1];
         float *W = (float *)mpq_aligned_alloc(sizeof(float) * (size_t)m * n);
-        float *x = (float *)mpq_aligned_alloc(sizeof(float) * (size_t)n * g_batch);
-        float *y = (float *)mpq_aligned_alloc(sizeof(float) * (size_t)m * g_batch);
+        float *x = (float *)mpq_aligned_alloc(sizeof(float) * (size_t)n * nvec);
+        float *y = (float *)mpq_aligned_alloc(sizeof(float) * (size_t)m * nvec);
         if (!W || !x || !y) return 1;
         synth_weights(&rng, W, m, n);
-        for (int v = 0; v < g_batch; v++) synth_activations(&rng, x + (size_t)v * n, n);
+        for (int v = 0; v < nvec; v++) synth_activations(&rng, x + (size_t)v * n, n);
         double f32_us[2];
         for (int ti = 0; ti < nthr; ti++) {
             f32_us[ti] = bench_f32_gemv_us(W, x, y, m, n, thr[ti], rotate, quick);
@@ -178,7 +229,15 @@ int main(int argc, char **argv)
                 fprintf(stderr, "pack: %s\n", mpq_status_str(st));
                 return 1;
             }
-            for (int ti = 0; ti < nthr; ti++) {
+            for (int ti = 0; ti < nthr && g_nbatches; ti++) {
+                double us[MAX_BATCHES];
+                time_batches(&A, x, y, g_batches, g_nbatches, thr[ti], rotate, reps, us);
+                for (int k = 0; k < g_nbatches; k++)
+                    printf("%5dx%-6d %5.2f %3d %5d %10.1f %7.2fx %10.1f %7.0f%%\n", m, n, mpq_packed_bpw(&A, 0), thr[ti],
+                           g_batches[k], us[k], us[k] / us[0], us[k] / g_batches[k],
+                           100.0 * (double)A.bytes / (us[k] * 1e-6) / bw[ti]);
+            }
+            for (int ti = 0; ti < nthr && !g_nbatches; ti++) {
                 double us = time_gemv(&A, x, y, g_batch, thr[ti], rotate, reps);
                 double gbs = (double)A.bytes / (us * 1e-6);
                 if (m == 4096 && n == 4096 && bpws[bi] == 3.0 && ti == nthr - 1) t3_4096 = us;
@@ -206,7 +265,7 @@ int main(int argc, char **argv)
         printf("highest read bandwidth seen, %d thread(s): %.1f GB/s\n", thr[ti], bw[ti] / 1e9);
     bench_verdict(load0, bench_load_now(), worst_f32);
 
-    if (!only_threads && (sm == 0 || (sm == 4096 && sn == 4096))) { /* AWQ next to RTN, 4096 x 4096 at 3 bits */
+    if (!only_threads && !g_nbatches && (sm == 0 || (sm == 4096 && sn == 4096))) { /* AWQ next to RTN, 4096 x 4096 at 3 bits */
         const int m = 4096, n = 4096, T = 64, H = 16;
         float *W = (float *)mpq_aligned_alloc(sizeof(float) * (size_t)m * n);
         float *Xc = (float *)malloc(sizeof(float) * (size_t)T * n), *Xh = (float *)malloc(sizeof(float) * (size_t)H * n);
@@ -265,7 +324,7 @@ int main(int argc, char **argv)
         free(Xc), free(Xh), free(Y), free(cs), free(clip), free(Yr);
     }
 
-    if (t3_4096 > 0.0) { /* building the tables for one vector, against that GEMV */
+    if (t3_4096 > 0.0 && !g_nbatches) { /* building the tables for one vector, against that GEMV */
         const int n = 4096;
         mpq_bitplane_desc d;
         memset(&d, 0, sizeof d);

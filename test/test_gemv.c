@@ -192,27 +192,34 @@ Test(gemv, threads_batches_and_workspaces_do_not_change_a_bit)
 {
     synth_rng r = {35};
     const shape s = {300, 520, 128, 32};
-    const int batch = 11;
-    float *W = malloc(sizeof(float) * s.m * s.n), *x = malloc(4u * s.n * batch);
-    float *y1 = malloc(4u * s.m * batch), *y2 = malloc(4u * s.m * batch), *ys = malloc(4u * s.m);
+    /* 11 = 8 + 3 and 14 = 8 + 6 vectors: passes of 8 split into 4 + 4,
+       3 and 4 + 2 on the paths that take several vectors at once */
+    const int batches[] = {11, 14}, bmax = 14;
+    float *W = malloc(sizeof(float) * s.m * s.n), *x = malloc(4u * s.n * bmax);
+    float *y1 = malloc(4u * s.m * bmax), *y2 = malloc(4u * s.m * bmax), *ys = malloc(4u * s.m);
     synth_weights(&r, W, s.m, s.n);
-    for (int v = 0; v < batch; v++) synth_activations(&r, x + v * s.n, s.n);
+    for (int v = 0; v < bmax; v++) synth_activations(&r, x + v * s.n, s.n);
     mpq_packed A = pack_random(&r, &s, 1, 1, 8, W);
     for (int p = 0; p < NPATHS; p++) {
         if (!mpq_path_available(paths[p])) continue;
-        mpq_gemv_opts o = {0};
-        o.path = paths[p], o.threads = 1;
-        cr_assert_eq(mpq_gemv(&A, x, y1, batch, &o, NULL, 0), MPQ_OK);
-        o.threads = 2;
-        size_t wb = mpq_gemv_work_bytes(&A, batch);
-        void *w = tc_alloc(wb);
-        cr_assert_eq(mpq_gemv(&A, x, y2, batch, &o, w, wb), MPQ_OK);
-        cr_assert_eq(memcmp(y1, y2, 4u * s.m * batch), 0, "%s: threads or workspace changed the result", mpq_path_name(paths[p]));
-        for (int v = 0; v < batch; v++) {
-            cr_assert_eq(mpq_gemv(&A, x + v * s.n, ys, 1, &o, w, wb), MPQ_OK);
-            cr_assert_eq(memcmp(ys, y1 + v * s.m, 4u * s.m), 0, "%s: batch row %d differs", mpq_path_name(paths[p]), v);
+        for (int bi = 0; bi < 2; bi++) {
+            const int batch = batches[bi];
+            mpq_gemv_opts o = {0};
+            o.path = paths[p], o.threads = 1;
+            cr_assert_eq(mpq_gemv(&A, x, y1, batch, &o, NULL, 0), MPQ_OK);
+            o.threads = 2;
+            size_t wb = mpq_gemv_work_bytes(&A, batch);
+            void *w = tc_alloc(wb);
+            cr_assert_eq(mpq_gemv(&A, x, y2, batch, &o, w, wb), MPQ_OK);
+            cr_assert_eq(memcmp(y1, y2, 4u * s.m * batch), 0, "%s: threads or workspace changed the result",
+                         mpq_path_name(paths[p]));
+            for (int v = 0; v < batch; v++) {
+                cr_assert_eq(mpq_gemv(&A, x + v * s.n, ys, 1, &o, w, wb), MPQ_OK);
+                cr_assert_eq(memcmp(ys, y1 + v * s.m, 4u * s.m), 0, "%s: batch row %d of %d differs",
+                             mpq_path_name(paths[p]), v, batch);
+            }
+            mpq_aligned_free(w);
         }
-        mpq_aligned_free(w);
     }
     mpq_packed_free(&A);
     free(W), free(x), free(y1), free(y2), free(ys);
