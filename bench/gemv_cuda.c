@@ -2,7 +2,8 @@
    batch 5) on the shapes and widths of LLM layers, against the copy
    bandwidth and cuBLAS fp16 measured in the same run.
 
-   usage: bench_gemv_cuda [--quick] [--reorder] [--prefill] [--floors] [--shape MxN] [--bits B] [--batch N] [--reps R]
+   usage: bench_gemv_cuda [--quick] [--reorder] [--prefill | --sweep | --batches N1,N2,...] [--floors]
+                          [--shape MxN] [--bits B] [--batch N] [--reps R]
 
    --shape, --bits and --batch keep one shape, width or batch (any batch
    from 1; for a profiler or a crossover); --quick keeps the first shape and
@@ -10,7 +11,11 @@
    permutations and column scales (as SFMP's reordering and AWQ leave a
    matrix); --prefill times batches 16, 64, 256 and 1024 (the path that
    dequantizes to fp16 and calls cuBLAS) at 3.25 bits unless --bits says
-   otherwise; --floors adds, under every batch-1 line, the dependent floors
+   otherwise; --sweep times batches 1, 2, 4, 8, 16, 32, 64, 256, 1024 and
+   4096 at 3.25 bits on 8192x8192, 28672x8192 and 8192x28672 unless
+   --shape or --bits say otherwise, and --batches N1,N2,... any list; with
+   batch 1 first, every line also gives its time over batch 1's (same
+   width, same run); --floors adds, under every batch-1 line, the dependent floors
    of bench/read_floor.cu: what a launch that reads as many bytes costs when
    it also waits for the launch before it, and when it also ends with the
    LUT kernel's sum of column parts, or float atomics instead of it.
@@ -165,10 +170,11 @@ static void call_blas(void *u, int k)
 
 int main(int argc, char **argv)
 {
-    int quick = 0, reorder = 0, prefill = 0, floors = 0, reps = 15, only_batch = 0;
+    int quick = 0, reorder = 0, prefill = 0, floors = 0, reps = 15, only_batch = 0, sweep = 0, shape_given = 0;
     double only_bits = 0;
     int shapes[6][2] = {{4096, 4096}, {14336, 4096}, {4096, 14336}, {8192, 8192}, {28672, 8192}, {8192, 28672}};
     int nshapes = 6;
+    int list[16], nlist = 0; /* --batches, --sweep */
     for (int a = 1; a < argc; a++) {
         if (!strcmp(argv[a], "--quick"))
             quick = 1;
@@ -178,8 +184,24 @@ int main(int argc, char **argv)
             prefill = 1;
         else if (!strcmp(argv[a], "--floors"))
             floors = 1;
+        else if (!strcmp(argv[a], "--sweep"))
+            sweep = 1;
+        else if (!strcmp(argv[a], "--batches") && a + 1 < argc) {
+            const char *q = argv[++a];
+            nlist = 0;
+            while (*q) {
+                char *end;
+                long v = strtol(q, &end, 10);
+                if (end == q || v < 1 || v > 8192 || nlist == 16 || (*end && *end != ',')) {
+                    fprintf(stderr, "--batches: a list of up to 16 batches of 1 to 8192, such as 1,2,4,8\n");
+                    return 2;
+                }
+                list[nlist++] = (int)v;
+                q = *end ? end + 1 : end;
+            }
+        }
         else if (!strcmp(argv[a], "--shape") && a + 1 < argc && sscanf(argv[a + 1], "%dx%d", &shapes[0][0], &shapes[0][1]) == 2)
-            nshapes = 1, a++;
+            nshapes = 1, shape_given = 1, a++;
         else if (!strcmp(argv[a], "--reps") && a + 1 < argc && atoi(argv[a + 1]) >= 1)
             reps = atoi(argv[++a]);
         else if (!strcmp(argv[a], "--bits") && a + 1 < argc)
@@ -187,10 +209,22 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[a], "--batch") && a + 1 < argc && atoi(argv[a + 1]) >= 1)
             only_batch = atoi(argv[++a]);
         else {
-            fprintf(stderr, "usage: %s [--quick] [--reorder] [--prefill] [--floors] [--shape MxN] [--bits B] [--batch N] [--reps R]\n",
+            fprintf(stderr,
+                    "usage: %s [--quick] [--reorder] [--prefill | --sweep | --batches N1,N2,...] [--floors] [--shape MxN]"
+                    " [--bits B] [--batch N] [--reps R]\n",
                     argv[0]);
             return 2;
         }
+    }
+    if (sweep) {
+        const int sw[10] = {1, 2, 4, 8, 16, 32, 64, 256, 1024, 4096};
+        for (nlist = 0; nlist < 10; nlist++) list[nlist] = sw[nlist];
+        if (!shape_given) {
+            const int big[3][2] = {{8192, 8192}, {28672, 8192}, {8192, 28672}};
+            memcpy(shapes, big, sizeof big);
+            nshapes = 3;
+        }
+        if (only_bits == 0) only_bits = 3.25;
     }
     if (mpq_cuda_device_count() == 0) {
         printf("no CUDA device: nothing to measure\n");
@@ -204,8 +238,8 @@ int main(int argc, char **argv)
     const double bw = copy_bandwidth();
     printf("%s, %d SMs, L2 %d MB; copy bandwidth (read + write) %.0f GB/s%s\n", prop.name, prop.multiProcessorCount,
            prop.l2CacheSize >> 20, bw / 1e9, reorder ? "; permuted rows and columns, column scales" : "");
-    printf("%-12s %5s %5s %5s %9s %9s %6s %8s %6s %10s %8s\n", "shape", "bits", "+meta", "batch", "mpq us", "GB/s", "%copy",
-           "read us", "%read", "cuBLAS us", "speedup");
+    printf("%-12s %5s %5s %5s %9s %9s %6s %8s %6s %10s %8s %6s\n", "shape", "bits", "+meta", "batch", "mpq us", "GB/s",
+           "%copy", "read us", "%read", "cuBLAS us", "speedup", "x b1");
     cublasHandle_t blas;
     if (cublasCreate(&blas) != CUBLAS_STATUS_SUCCESS) return 1;
     cudaStream_t bstream;
@@ -213,8 +247,10 @@ int main(int argc, char **argv)
     cublasSetStream(blas, bstream);
     const double widths[6] = {2.0, 2.5, 3.0, 3.25, 4.0, 4.25};
     const int decode[3] = {1, 4, 8}, fill[4] = {16, 64, 256, 1024};
-    const int *batches = only_batch ? &only_batch : prefill ? fill : decode;
-    const int nb = only_batch ? 1 : prefill ? 4 : 3, maxb = batches[nb - 1];
+    const int *batches = only_batch ? &only_batch : nlist ? list : prefill ? fill : decode;
+    const int nb = only_batch ? 1 : nlist ? nlist : prefill ? 4 : 3;
+    int maxb = 1;
+    for (int bi = 0; bi < nb; bi++) maxb = batches[bi] > maxb ? batches[bi] : maxb;
     if (prefill && only_bits == 0) only_bits = 3.25;
     const int nwidths = quick ? 2 : 6;
     for (int s = 0; s < (quick ? 1 : nshapes); s++) {
@@ -245,7 +281,7 @@ int main(int argc, char **argv)
             CK(cudaMemcpy(X16, hx16, sizeof(uint16_t) * maxb * n, cudaMemcpyHostToDevice));
             free(hx), free(hx16);
         }
-        double tb[4];
+        double tb[16];
         for (int bi = 0; bi < nb; bi++) {
             blas_calls bc = {blas, W16, c16, m, n, batches[bi], X16, y};
             tb[bi] = time_calls(bstream, call_blas, &bc, reps, 20);
@@ -286,15 +322,19 @@ int main(int argc, char **argv)
             void **h = malloc(sizeof(void *) * copies);
             for (int c = 0; c < copies; c++)
                 if (be.upload(be.ctx, &A, &h[c]) != MPQ_OK) return 1;
+            double t1 = 0.0; /* batch 1's time, when it comes first */
             for (int bi = 0; bi < nb; bi++) {
                 mpq_calls mc = {&be, h, copies, batches[bi], x, y};
                 const double t = time_calls(stream, call_mpq, &mc, reps, 20);
+                if (bi == 0 && batches[0] == 1) t1 = t;
+                char rel[16] = "-";
+                if (t1 > 0.0) snprintf(rel, sizeof rel, "%.2fx", t / t1);
                 const double gbs = (double)A.bytes / t;
                 char sh[32];
                 snprintf(sh, sizeof sh, "%dx%d", m, n);
-                printf("%-12s %5.2f %5.2f %5d %9.2f %9.0f %5.0f%% %8.2f %5.0f%% %10.2f %7.2fx\n", sh, mpq_packed_bpw(&A, 0),
-                       mpq_packed_bpw(&A, 1), batches[bi], t * 1e6, gbs / 1e9, 100.0 * gbs / bw, tr * 1e6, 100.0 * tr / t,
-                       tb[bi] * 1e6, tb[bi] / t);
+                printf("%-12s %5.2f %5.2f %5d %9.2f %9.0f %5.0f%% %8.2f %5.0f%% %10.2f %7.2fx %6s\n", sh,
+                       mpq_packed_bpw(&A, 0), mpq_packed_bpw(&A, 1), batches[bi], t * 1e6, gbs / 1e9, 100.0 * gbs / bw,
+                       tr * 1e6, 100.0 * tr / t, tb[bi] * 1e6, tb[bi] / t, rel);
                 if (floors && batches[bi] == 1) {
                     double f[4];
                     for (int k = 0; k < 4; k++)
