@@ -39,7 +39,7 @@
 //   wait (griddepcontrol.wait) before reading x or touching the scratch
 //   sums, which the grid before may still use.
 //
-// MMA KERNEL (batch 5..8, MPQ_CUDA_MMA_BATCH; tiles of one width): the
+// MMA KERNEL (batch 5..16, MPQ_CUDA_MMA_BATCH; tiles of one width): the
 // codes on the tensor cores, see gemv_mma. Its cost hardly depends on the
 // batch; the LUT kernel's grows with B (it runs batch 5 as 8), so batch 4
 // stays with the LUT kernel. Record table entries are copied ahead into
@@ -47,7 +47,8 @@
 //
 // OTHER PATHS: groups that are not a multiple of 32 columns (tails of pairs
 // and singles inside every group) use a plain kernel, one thread per row and
-// vector, which decodes every weight; batches beyond 8 dequantize to fp16 in
+// vector, which decodes every weight; batches beyond 16 (and batches 9..16
+// that the MMA kernel does not take) dequantize to fp16 in
 // original coordinates (one thread per row and 32 columns) and multiply with
 // cuBLAS (fp32 accumulate).
 //
@@ -68,7 +69,7 @@
 #ifndef MPQ_CUDA_PDL
 #define MPQ_CUDA_PDL 1
 #endif
-// The MMA kernel takes batches from this size up to 8 (9: never).
+// The MMA kernel takes batches from this size up to 16 (17: never).
 #ifndef MPQ_CUDA_MMA_BATCH
 #define MPQ_CUDA_MMA_BATCH 5
 #endif
@@ -561,10 +562,11 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_lut(dmat M, const float *__r
 
 // ------------------------------------------------------------ tensor cores
 // MMA KERNEL (groups of a multiple of 32 columns, tiles of one width; any
-// batch up to 8, taken from MPQ_CUDA_MMA_BATCH): the planes of a record are
+// batch up to 16, taken from MPQ_CUDA_MMA_BATCH): the planes of a record are
 // combined into each weight's integer code and multiplied on the tensor
 // cores (mma.sync m16n8k16, fp16 in, fp32 accumulate), the batch's vectors
-// as the 8 columns of the product. The LUT kernel pays a lookup per vector
+// as the 8 columns of the product (two products per code fragment, vectors
+// 0..7 and 8..15, for batches past 8). The LUT kernel pays a lookup per vector
 // and plane byte; this kernel about one instruction per weight and plane
 // whatever the batch, so it wins from batch 5 (which the LUT kernel runs as
 // 8) and loses below.
@@ -643,15 +645,17 @@ struct mma_smem {
 // (tpb is 1, 2, 4 or a multiple of 8). With tpb >= 8 warp w takes tiles w,
 // w + 8, ... with all the part's groups; with fewer tiles the 8 / tpb warps
 // of a tile share its groups and add up in shared memory. MAXP: the most
-// planes of a record (4, 6, 8), so that the plane loop unrolls.
-template <int MAXP>
+// planes of a record (4, 6, 8), so that the plane loop unrolls. NT: blocks
+// of 8 vectors (mma column tiles; 2 for batches 9..16), each code fragment
+// multiplied by all of them.
+template <int MAXP, int NT>
 __global__ void __launch_bounds__(kMmaThreads, 2) gemv_mma(dmat M, const float *__restrict__ x, int batch, int skip,
                                                            int tpb, int gpp, int slot, float *__restrict__ part,
                                                            unsigned *__restrict__ counters, float *__restrict__ y)
 {
     extern __shared__ uint4 smem4[];
-    __shared__ float xscale[8];  // 2^E of each vector
-    __shared__ unsigned xmax[8]; // max |x| (float bits) of each vector
+    __shared__ float xscale[8 * NT];  // 2^E of each vector
+    __shared__ unsigned xmax[8 * NT]; // max |x| (float bits) of each vector
     __shared__ int ring_np[kMmaWarps][kMmaRing];
     __shared__ uint2 recs[kMmaWarps][64]; // record table entries of units u (u % 64)
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, m = lane >> 2, c = lane & 3;
@@ -717,7 +721,7 @@ __global__ void __launch_bounds__(kMmaThreads, 2) gemv_mma(dmat M, const float *
     // (vector n, quad q, step S, c) holds columns c + 4 (2 S + h) + 16 e of
     // quad q for (h, e) = (0, 0), (0, 1), (1, 0), (1, 1). The loads of all
     // items go out before any is used.
-    if (tid < 8) xmax[tid] = 0u;
+    if (tid < 8 * NT) xmax[tid] = 0u;
     const int nitems = batch * nq * 8; // a multiple of 8
     // A thread's items share (c, S) = (ic, is) = (tid % 4, tid / 4 % 2);
     // their (quad, vector) advance by kMmaThreads / 8 quads at a time.
@@ -743,7 +747,9 @@ __global__ void __launch_bounds__(kMmaThreads, 2) gemv_mma(dmat M, const float *
     }
     __syncthreads();
     // quad sums (8 adjacent lanes, in order) and max |x| per vector
-    float tmax[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+    float tmax[8 * NT];
+#pragma unroll
+    for (int nn = 0; nn < 8 * NT; nn++) tmax[nn] = 0.0f;
     quad_vec p = first_qv();
     for (int k0 = 0; k0 < nitems; k0 += kMmaThreads, next_qv(p)) {
         const int k = k0 + tid, q = p.q, n = p.n;
@@ -756,10 +762,10 @@ __global__ void __launch_bounds__(kMmaThreads, 2) gemv_mma(dmat M, const float *
         if (ok && (k & 7) == 0) qsum[q * batch + n] = sum;
         const float a = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
 #pragma unroll
-        for (int nn = 0; nn < 8; nn++) tmax[nn] = ok && nn == n ? fmaxf(tmax[nn], a) : tmax[nn];
+        for (int nn = 0; nn < 8 * NT; nn++) tmax[nn] = ok && nn == n ? fmaxf(tmax[nn], a) : tmax[nn];
     }
 #pragma unroll
-    for (int nn = 0; nn < 8; nn++) { // |x| >= 0: ordered as its bits
+    for (int nn = 0; nn < 8 * NT; nn++) { // |x| >= 0: ordered as its bits
         const unsigned b = __reduce_max_sync(0xffffffffu, __float_as_uint(tmax[nn]));
         if (lane == 0 && nn < batch) atomicMax(&xmax[nn], b);
     }
@@ -794,10 +800,15 @@ __global__ void __launch_bounds__(kMmaThreads, 2) gemv_mma(dmat M, const float *
     }
     __syncthreads();
 
-    // the stream: lane (m, c) sums rows 2m, 2m + 1 for vectors 2c, 2c + 1
+    // the stream: lane (m, c) sums rows 2m, 2m + 1 for vectors 8 j + 2c,
+    // 8 j + 2c + 1 (j < NT)
     const bool is_mx = M.format == MPQ_FORMAT_MXINT;
     const size_t rows16 = (size_t)M.ntiles * kTile;
-    const float sc0 = 2 * c < batch ? xscale[2 * c] : 0.0f, sc1 = 2 * c + 1 < batch ? xscale[2 * c + 1] : 0.0f;
+    float sc[NT][2];
+#pragma unroll
+    for (int j = 0; j < NT; j++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) sc[j][e] = 8 * j + 2 * c + e < batch ? xscale[8 * j + 2 * c + e] : 0.0f;
     // Rotating a plane word right by rot_f = c + 4 f - 1 brings bits j = c
     // + 4 f and j + 16 to 1 and 17. Plane i's word W is rotated left by i
     // and masked with K[i][f] (bits i + 1 and i + 17, rotated left by
@@ -812,7 +823,7 @@ __global__ void __launch_bounds__(kMmaThreads, 2) gemv_mma(dmat M, const float *
 #pragma unroll
         for (int i = 0; i < MAXP; i++) K[i][f] = __funnelshift_l(0x00020002u, 0x00020002u, i + rot[f]);
     }
-    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f}; // (row 2m, 2c), (2m, 2c + 1), (2m + 1, 2c), (2m + 1, 2c + 1)
+    float acc[NT][4] = {}; // (row 2m, 2c), (2m, 2c + 1), (2m + 1, 2c), (2m + 1, 2c + 1) of vector block j
     for (int u = 0; u < nunits; u++) {
         asm volatile("cp.async.wait_group %0;" ::"n"(kMmaRing - 2) : "memory");
         __syncwarp(); // every lane's copies of unit u are in; every lane is done with unit u - 1
@@ -832,7 +843,7 @@ __global__ void __launch_bounds__(kMmaThreads, 2) gemv_mma(dmat M, const float *
                 const uint32_t zw = *reinterpret_cast<const uint32_t *>(rec + 32 + 4 * m);
                 s0 = half_lo(sw), s1 = half_hi(sw), z0 = half_lo(zw), z1 = half_hi(zw);
             }
-            float d[4][4] = {}; // hi and lo products of steps 0 and 1: four short chains
+            float d[NT][4][4] = {}; // hi and lo products of steps 0 and 1: four short chains a block
             const char *pl = rec + M.meta + 8 * m;
             const uint4 *fr = frag + ((size_t)((g - g0) * G / 16) * batch + m) * 4 + c;
             for (int q = 0; q < gw / 32; q++, pl += 64) {
@@ -862,31 +873,42 @@ __global__ void __launch_bounds__(kMmaThreads, 2) gemv_mma(dmat M, const float *
                 for (int S = 0; S < 2; S++) {
                     const uint32_t a[4] = {hadd2_bits(ha[2 * S], kq), hadd2_bits(hb[2 * S], kq),
                                            hadd2_bits(ha[2 * S + 1], kq), hadd2_bits(hb[2 * S + 1], kq)};
-                    const uint4 b = m < batch ? fr[(size_t)(2 * q + S) * batch * 4] : make_uint4(0, 0, 0, 0);
-                    mma_16816(d[2 * S], a, b.x, b.y);
-                    mma_16816(d[2 * S + 1], a, b.z, b.w);
+#pragma unroll
+                    for (int j = 0; j < NT; j++) {
+                        const uint4 b = 8 * j + m < batch ? fr[(size_t)(2 * q + S) * batch * 4 + 32 * j] : make_uint4(0, 0, 0, 0);
+                        mma_16816(d[j][2 * S], a, b.x, b.y);
+                        mma_16816(d[j][2 * S + 1], a, b.z, b.w);
+                    }
                 }
             }
 #pragma unroll
-            for (int f = 0; f < 4; f++) d[0][f] = (d[0][f] + d[1][f]) + (d[2][f] + d[3][f]);
-            const float x0 = 2 * c < batch ? gsum[(g - g0) * batch + 2 * c] : 0.0f;
-            const float x1 = 2 * c + 1 < batch ? gsum[(g - g0) * batch + 2 * c + 1] : 0.0f;
-            acc[0] += s0 * (sc0 * d[0][0]) + z0 * x0;
-            acc[1] += s0 * (sc1 * d[0][1]) + z0 * x1;
-            acc[2] += s1 * (sc0 * d[0][2]) + z1 * x0;
-            acc[3] += s1 * (sc1 * d[0][3]) + z1 * x1;
+            for (int j = 0; j < NT; j++) {
+                float e[4];
+#pragma unroll
+                for (int f = 0; f < 4; f++) e[f] = (d[j][0][f] + d[j][1][f]) + (d[j][2][f] + d[j][3][f]);
+                const int n0 = 8 * j + 2 * c;
+                const float x0 = n0 < batch ? gsum[(g - g0) * batch + n0] : 0.0f;
+                const float x1 = n0 + 1 < batch ? gsum[(g - g0) * batch + n0 + 1] : 0.0f;
+                acc[j][0] += s0 * (sc[j][0] * e[0]) + z0 * x0;
+                acc[j][1] += s0 * (sc[j][1] * e[1]) + z0 * x1;
+                acc[j][2] += s1 * (sc[j][0] * e[2]) + z1 * x0;
+                acc[j][3] += s1 * (sc[j][1] * e[3]) + z1 * x1;
+            }
         }
         if (cmul.j == gpw - 1) { // the warp's last group of tile t
             const int r = (t - t_first) * kTile + 2 * m;
 #pragma unroll
-            for (int f = 0; f < 4; f++) {
-                const int n = 2 * c + (f & 1);
-                if (n < batch) {
-                    if (wpt == 1) part[((size_t)blockIdx.x * batch + n) * rows16 + (size_t)t_first * kTile + r + (f >> 1)] = acc[f];
-                    else wsum[(warp * kTile + 2 * m + (f >> 1)) * batch + n] = acc[f];
+            for (int j = 0; j < NT; j++)
+#pragma unroll
+                for (int f = 0; f < 4; f++) {
+                    const int n = 8 * j + 2 * c + (f & 1);
+                    if (n < batch) {
+                        if (wpt == 1)
+                            part[((size_t)blockIdx.x * batch + n) * rows16 + (size_t)t_first * kTile + r + (f >> 1)] = acc[j][f];
+                        else wsum[(warp * kTile + 2 * m + (f >> 1)) * batch + n] = acc[j][f];
+                    }
+                    acc[j][f] = 0.0f;
                 }
-                acc[f] = 0.0f;
-            }
         }
         advance(cmul);
     }
@@ -903,8 +925,9 @@ __global__ void __launch_bounds__(kMmaThreads, 2) gemv_mma(dmat M, const float *
     sum_parts(M, x, batch, part, counters, y, t_first * kTile, nt * kTile);
 }
 
-constexpr void (*kMma[3])(dmat, const float *, int, int, int, int, int, float *, unsigned *, float *) = {
-    gemv_mma<4>, gemv_mma<6>, gemv_mma<8>};
+// [vector blocks - 1][variant]
+constexpr void (*kMma[2][3])(dmat, const float *, int, int, int, int, int, float *, unsigned *, float *) = {
+    {gemv_mma<4, 1>, gemv_mma<6, 1>, gemv_mma<8, 1>}, {gemv_mma<4, 2>, gemv_mma<6, 2>, gemv_mma<8, 2>}};
 
 // Decodes row `row`, columns col0 .. col0 + N - 1 of the packed matrix
 // (packed coordinates) with `skip` planes dropped, without the column
@@ -1232,7 +1255,7 @@ mpq_status launch_lut(cuda_ctx *c, const cuda_handle *h, const float *x, float *
                       static_cast<float *>(c->scratch), c->counters, y);
 }
 
-// The MMA kernel for a batch of 1..8 (tiles of one width, whole quads).
+// The MMA kernel for a batch of 1..16 (tiles of one width, whole quads).
 mpq_status launch_mma(cuda_ctx *c, const cuda_handle *h, const float *x, float *y, int batch, int skip)
 {
     const dmat &M = h->m;
@@ -1265,7 +1288,7 @@ mpq_status launch_mma(cuda_ctx *c, const cuda_handle *h, const float *x, float *
     mpq_status st = grow(c, sizeof(float) * (size_t)nparts * batch * M.ntiles * kTile, (size_t)nrb);
     if (st != MPQ_OK) return st;
     const int wi = h->variant();
-    return launch_pdl(c, kMma[wi], dim3(nparts, nrb), kMmaThreads, smem, M, x, batch, skip, tpb, gpp, slot,
+    return launch_pdl(c, kMma[batch > 8][wi], dim3(nparts, nrb), kMmaThreads, smem, M, x, batch, skip, tpb, gpp, slot,
                       static_cast<float *>(c->scratch), c->counters, y);
 }
 
@@ -1338,9 +1361,10 @@ mpq_status gemv(void *ctx, void *handle, const float *x, float *y, int batch, co
 
 mpq_status gemv_device(cuda_ctx *c, const cuda_handle *h, const float *x, float *y, int batch, int skip)
 {
-    if (batch > 8) return gemv_batched(c, h, x, y, batch, skip);
+    if (batch > 16) return gemv_batched(c, h, x, y, batch, skip);
     mpq_status st = MPQ_ERR_UNSUPPORTED;
     if (h->fast && batch >= MPQ_CUDA_MMA_BATCH) st = launch_mma(c, h, x, y, batch, skip);
+    if (batch > 8 && st == MPQ_ERR_UNSUPPORTED) return gemv_batched(c, h, x, y, batch, skip);
     if (h->fast && st == MPQ_ERR_UNSUPPORTED) st = launch_lut(c, h, x, y, batch, skip);
     if (st != MPQ_ERR_UNSUPPORTED) return st;
     const int n = h->m.rows * batch;
@@ -1396,15 +1420,15 @@ extern "C" mpq_status mpq_cuda_backend(int device, mpq_backend *b)
     if (e == cudaSuccess) e = cudaDeviceGetAttribute(&c->smem_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device);
     if (e == cudaSuccess) e = cudaDeviceGetAttribute(&per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
     if (e == cudaSuccess) e = cudaDeviceGetAttribute(&c->smem_reserved, cudaDevAttrReservedSharedMemoryPerBlock, device);
-    for (int wi = 0; wi < 3 && e == cudaSuccess; wi++) { // the same static memory for all three
+    c->mma_static = 0;
+    for (int k = 0; k < 6 && e == cudaSuccess; k++) { // the most static memory of the six
         cudaFuncAttributes fa;
-        e = cudaFuncGetAttributes(&fa, kMma[wi]);
-        if (e == cudaSuccess) {
-            c->mma_static = (int)fa.sharedSizeBytes;
-            c->mma_dmax = per_block - c->mma_static;
-            e = cudaFuncSetAttribute(kMma[wi], cudaFuncAttributeMaxDynamicSharedMemorySize, c->mma_dmax);
-        }
+        e = cudaFuncGetAttributes(&fa, kMma[k / 3][k % 3]);
+        if (e == cudaSuccess && (int)fa.sharedSizeBytes > c->mma_static) c->mma_static = (int)fa.sharedSizeBytes;
     }
+    c->mma_dmax = per_block - c->mma_static;
+    for (int k = 0; k < 6 && e == cudaSuccess; k++)
+        e = cudaFuncSetAttribute(kMma[k / 3][k % 3], cudaFuncAttributeMaxDynamicSharedMemorySize, c->mma_dmax);
     if (e != cudaSuccess) {
         cudaStreamDestroy(c->stream);
         free(c);

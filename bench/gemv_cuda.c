@@ -1,5 +1,5 @@
-/* bench_gemv_cuda: the CUDA GEMV (the LUT kernel; the tensor-core kernel from
-   batch 5) on the shapes and widths of LLM layers, against the copy
+/* bench_gemv_cuda: the CUDA GEMV (the LUT kernel; the tensor-core kernel for
+   batches 5 to 16) on the shapes and widths of LLM layers, against the copy
    bandwidth and cuBLAS fp16 measured in the same run.
 
    usage: bench_gemv_cuda [--quick] [--reorder] [--prefill | --sweep | --batches N1,N2,...] [--floors]
@@ -9,16 +9,17 @@
    from 1; for a profiler or a crossover); --quick keeps the first shape and
    the first two widths; --reorder packs with random row and column
    permutations and column scales (as SFMP's reordering and AWQ leave a
-   matrix); --prefill times batches 16, 64, 256 and 1024 (the path that
-   dequantizes to fp16 and calls cuBLAS) at 3.25 bits unless --bits says
-   otherwise; --sweep times batches 1, 2, 4, 8, 16, 32, 64, 256, 1024 and
-   4096 at 3.25 bits on 8192x8192, 28672x8192 and 8192x28672 unless
-   --shape or --bits say otherwise, and --batches N1,N2,... any list; with
-   batch 1 first, every line also gives its time over batch 1's (same
-   width, same run); --floors adds, under every batch-1 line, the dependent floors
-   of bench/read_floor.cu: what a launch that reads as many bytes costs when
-   it also waits for the launch before it, and when it also ends with the
-   LUT kernel's sum of column parts, or float atomics instead of it.
+   matrix); --prefill times batches 16 (the tensor-core kernel), 64, 256
+   and 1024 (the path that dequantizes to fp16 and calls cuBLAS) at 3.25
+   bits unless --bits says otherwise; --sweep times batches 1, 2, 4, 8, 16,
+   32, 64, 256, 1024 and 4096 at 3.25 bits on 8192x8192, 28672x8192 and
+   8192x28672 unless --shape or --bits say otherwise, and --batches
+   N1,N2,... any list; with batch 1 first, every line also gives its time
+   over batch 1's (same width, same run); --floors adds, under every
+   batch-1 line, the dependent floors of bench/read_floor.cu: what a launch
+   that reads as many bytes costs when it also waits for the launch before
+   it, and when it also ends with the LUT kernel's sum of column parts, or
+   float atomics instead of it.
 
    For every shape, weight width b (2, 2.5, 3, 3.25, 4, 4.25 bits; fractional
    widths mix floor(b) and ceil(b) over random 16 x 128 blocks, plus 0.25 bpw

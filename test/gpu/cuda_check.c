@@ -7,8 +7,9 @@
    partial last group (the plain kernel); mixed widths with block_rows 16 and
    3; permutations, column scales, a sparse part; skip_planes 0..2; batch
    1..8 (LUT kernel, and the MMA kernel from batch 5 where tiles have one
-   width; build with -DMPQ_CUDA_MMA_BATCH=2 to put it on batches 2..8 too)
-   and 11 and 17 (fp16 + cuBLAS); device and host pointers; fresh
+   width; build with -DMPQ_CUDA_MMA_BATCH=2 to put it on batches 2..8 too),
+   11 and 16 (the MMA kernel where tiles have one width, else fp16 +
+   cuBLAS) and 17 (fp16 + cuBLAS); device and host pointers; fresh
    random inputs, outputs poisoned with NaN first. Tolerance: float32
    rounding, (n + 64) 2^-23 times 3 max_j |w_ij| sum_j |x~_j| (the terms the
    mirror form adds: |s^| (2^b - 1) + |z^| is at most 3 max |w| of a group);
@@ -115,7 +116,10 @@ static int run_case(mpq_backend *be, const cas *c, synth_rng *r)
     void *h = NULL;
     mpq_status st = be->upload(be->ctx, &A, &h);
     report(st == MPQ_OK, "upload %s %dx%d group %d", c->format == 2 ? "mxint" : "bitplane", m, n, c->G);
-    static const int batches[] = {1, 2, 3, 4, 5, 6, 7, 8, 11, 17};
+    static const int batches[] = {1, 2, 3, 4, 5, 6, 7, 8, 11, 16, 17};
+    /* the MMA kernel's matrices: groups and the last group of whole quads,
+       tiles of one width */
+    const int last = n - (n - 1) / c->G * c->G, mma = c->G % 32 == 0 && last % 32 == 0 && c->br % 16 == 0;
     for (int skip = 0; skip <= 2 && st == MPQ_OK; skip++) {
         mpq_packed_dequantize(&A, skip, Wd);
         for (size_t bi = 0; bi < sizeof batches / sizeof batches[0]; bi++) {
@@ -144,7 +148,8 @@ static int run_case(mpq_backend *be, const cas *c, synth_rng *r)
             int bad = -1, same = 1;
             for (int k = 0; k < batch * m; k++) {
                 double e = fabs((double)y[k] - ref[k]);
-                double tol = (batch > 8 ? ldexp(mag[k], -9) : (n + 64) * ldexp(magr[k], -23)) + 1e-30;
+                const int f16 = batch > 16 || (batch > 8 && !mma); /* dequantized to fp16, cuBLAS */
+                double tol = (f16 ? ldexp(mag[k], -9) : (n + 64) * ldexp(magr[k], -23)) + 1e-30;
                 if (!(e <= tol)) {
                     if (bad < 0) bad = k;
                 }
