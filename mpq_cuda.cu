@@ -48,9 +48,10 @@
 // OTHER PATHS: groups that are not a multiple of 32 columns (tails of pairs
 // and singles inside every group) use a plain kernel, one thread per row and
 // vector, which decodes every weight; batches beyond 16 (and batches 9..16
-// that the MMA kernel does not take) dequantize to fp16 in
-// original coordinates (one thread per row and 32 columns) and multiply with
-// cuBLAS (fp32 accumulate).
+// that the MMA kernel does not take) dequantize to fp16 (rows in original
+// order, columns in packed order, one thread per row and 32 columns), gather
+// the activations through p_col into fp16, and multiply with cuBLAS (fp32
+// accumulate).
 //
 // Measurements of these kernels, the variants tried and dropped, and where
 // the time goes: bench/results/NOTES.md, "The CUDA kernels".
@@ -1011,8 +1012,11 @@ __device__ float sparse_at(const dmat &M, int orow, int ocol)
 }
 
 // Stores 8 decoded weights of row `row` (packed coordinates; orow: the
-// original row), packed columns col0 .. col0 + 7, in fp16 at their original
-// places: column scale applied, sparse part added in float first.
+// original row), packed columns col0 .. col0 + 7, in fp16 into row orow of
+// W at their packed columns: column scale applied, the sparse part (at the
+// original column p_col[col]) added in float first. The activations are
+// gathered through p_col instead (gather_f16), so W's columns stay in
+// packed order and its rows are written in whole pieces.
 __device__ __forceinline__ void store_chunk(const dmat &M, __half *__restrict__ W, int orow, int col0, const float *w)
 {
     const int n = min(8, M.cols - col0);
@@ -1020,22 +1024,22 @@ __device__ __forceinline__ void store_chunk(const dmat &M, __half *__restrict__ 
 #pragma unroll
     for (int kk = 0; kk < 8; kk++) {
         if (kk >= n) break;
-        const int col = col0 + kk, ocol = M.p_col ? (int)M.p_col[col] : col;
+        const int col = col0 + kk;
         float v = w[kk] * (M.cscale ? M.cscale[col] : 1.0f);
-        if (M.sp_row_ptr) v += sparse_at(M, orow, ocol);
+        if (M.sp_row_ptr) v += sparse_at(M, orow, M.p_col ? (int)M.p_col[col] : col);
         h[kk] = __float2half_rn(v);
-        if (M.p_col || n < 8 || M.cols % 8) W[(size_t)orow * M.cols + ocol] = h[kk];
+        if (n < 8 || M.cols % 8) W[(size_t)orow * M.cols + col] = h[kk];
     }
-    if (!M.p_col && n == 8 && M.cols % 8 == 0) { // one 16-byte store
+    if (n == 8 && M.cols % 8 == 0) { // one 16-byte store
         uint4 u;
         memcpy(&u, h, sizeof u);
         *reinterpret_cast<uint4 *>(W + (size_t)orow * M.cols + col0) = u;
     }
 }
 
-// Dequantizes to fp16 in ORIGINAL coordinates (for the cuBLAS path): one
-// thread per row and 32 columns, the 16 rows of a tile on consecutive
-// threads. Where the 32 columns are a quad of one group (groups of a
+// Dequantizes to fp16 for the cuBLAS path, rows in original order and
+// columns in packed order (see store_chunk): one thread per row and 32
+// columns, the 16 rows of a tile on consecutive threads. Where the 32 columns are a quad of one group (groups of a
 // multiple of 32 columns) a plane is one 32-bit word per row; elsewhere
 // (tail chunks, other groups) they are decoded chunk by chunk.
 __global__ void dequant_f16(dmat M, int skip, __half *__restrict__ W)
@@ -1063,10 +1067,15 @@ __global__ void dequant_f16(dmat M, int skip, __half *__restrict__ W)
     }
 }
 
-__global__ void to_f16(const float *__restrict__ x, size_t n, __half *__restrict__ out)
+// out[v][j] = x[v][p_col[j]] in fp16, for `batch` vectors: the activations
+// in the packed column order of dequant_f16's W.
+__global__ void gather_f16(dmat M, const float *__restrict__ x, int batch, __half *__restrict__ out)
 {
     const size_t k = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (k < n) out[k] = __float2half_rn(x[k]);
+    if (k >= (size_t)batch * M.cols) return;
+    const size_t v = k / (size_t)M.cols;
+    const int j = (int)(k - v * (size_t)M.cols);
+    out[k] = __float2half_rn(x[v * (size_t)M.cols + (M.p_col ? M.p_col[j] : (uint32_t)j)]);
 }
 
 // ------------------------------------------------------------------ host code
@@ -1301,7 +1310,7 @@ mpq_status gemv_batched(cuda_ctx *c, const cuda_handle *h, const float *x, float
     __half *W16 = static_cast<__half *>(c->scratch), *X16 = W16 + wn;
     const size_t threads = (size_t)M.ntiles * kTile * (size_t)((M.cols + 31) / 32);
     dequant_f16<<<(unsigned)((threads + 255) / 256), 256, 0, c->stream>>>(M, skip, W16);
-    to_f16<<<(unsigned)((xn + 255) / 256), 256, 0, c->stream>>>(x, xn, X16);
+    gather_f16<<<(unsigned)((xn + 255) / 256), 256, 0, c->stream>>>(M, x, batch, X16);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return map_error(e);
     const float one = 1.0f, zero = 0.0f;
