@@ -1,6 +1,6 @@
 // mpq_cuda.cu - the CUDA backend of mpq: see mpq_cuda.h for what is in.
 //
-// LUT KERNEL (batch 1..4, and 5..8 where the MMA kernel below does not
+// LUT KERNEL (batch 1..2, and 3..8 where the MMA kernel below does not
 // apply; every format with group % 32 == 0): one launch per product, for any
 // mix of widths. B is the batch rounded up to 1, 2, 4, 8.
 //
@@ -39,19 +39,19 @@
 //   wait (griddepcontrol.wait) before reading x or touching the scratch
 //   sums, which the grid before may still use.
 //
-// MMA KERNEL (batch 5..16, MPQ_CUDA_MMA_BATCH; tiles of one width): the
-// codes on the tensor cores, see gemv_mma. Its cost hardly depends on the
-// batch; the LUT kernel's grows with B (it runs batch 5 as 8), so batch 4
-// stays with the LUT kernel. Record table entries are copied ahead into
-// shared memory, and the column parts are counted to fill the waves.
+// MMA KERNEL (batch 3..16, MPQ_CUDA_MMA_BATCH; groups and the last group of
+// whole quads, any mix of widths): the codes of a device copy in the CODE
+// LAYOUT on the tensor cores, see gemv_mma. Its cost hardly depends on the
+// batch; the LUT kernel's grows with B (it runs batch 3 as 4), and the two
+// cross between batch 2 and 3 on the H100 (bench/results/NOTES.md).
 //
 // OTHER PATHS: groups that are not a multiple of 32 columns (tails of pairs
 // and singles inside every group) use a plain kernel, one thread per row and
 // vector, which decodes every weight; batches beyond 16 (and batches 9..16
 // that the MMA kernel does not take) dequantize to fp16 (rows in original
-// order, columns in packed order, one thread per row and 32 columns), gather
-// the activations through p_col into fp16, and multiply with cuBLAS (fp32
-// accumulate).
+// order, columns in packed order, one thread per row and 32 columns, from
+// the code copy where there is one), gather the activations through p_col
+// into fp16, and multiply with cuBLAS (fp32 accumulate).
 //
 // Measurements of these kernels, the variants tried and dropped, and where
 // the time goes: bench/results/NOTES.md, "The CUDA kernels".
@@ -72,7 +72,7 @@
 #endif
 // The MMA kernel takes batches from this size up to 16 (17: never).
 #ifndef MPQ_CUDA_MMA_BATCH
-#define MPQ_CUDA_MMA_BATCH 5
+#define MPQ_CUDA_MMA_BATCH 3
 #endif
 
 namespace {
@@ -97,6 +97,8 @@ struct dmat {
     const uint16_t *sp_col16;
     const uint32_t *sp_col32;
     const uint16_t *sp_val;
+    const uint8_t *codes;     // the CODE LAYOUT copy (see the MMA kernel), or null
+    int crec, crow;           // its bytes per record of a whole group and per tile
 };
 
 struct cuda_ctx {
@@ -120,8 +122,10 @@ struct cuda_handle {
     dmat m;              // device pointers
     void *dbuf;          // the packed buffer in device memory
     void *drec;          // the record table
+    void *dcodes;        // the CODE LAYOUT copy
     int fast;            // the LUT kernel applies
     int maxw;            // the largest width in the matrix
+    int cb;              // code field bits of the copy: 4 or 8
     // which kernel variant holds the widest record: up to 4, 6 or 8 planes
     int variant() const { return maxw <= 4 ? 0 : maxw <= 6 ? 1 : 2; }
 };
@@ -562,47 +566,67 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_lut(dmat M, const float *__r
 }
 
 // ------------------------------------------------------------ tensor cores
-// MMA KERNEL (groups of a multiple of 32 columns, tiles of one width; any
-// batch up to 16, taken from MPQ_CUDA_MMA_BATCH): the planes of a record are
-// combined into each weight's integer code and multiplied on the tensor
-// cores (mma.sync m16n8k16, fp16 in, fp32 accumulate), the batch's vectors
-// as the 8 columns of the product (two products per code fragment, vectors
-// 0..7 and 8..15, for batches past 8). The LUT kernel pays a lookup per vector
-// and plane byte; this kernel about one instruction per weight and plane
-// whatever the batch, so it wins from batch 5 (which the LUT kernel runs as
-// 8) and loses below.
+// CODE LAYOUT: the device copy the MMA kernel reads, built by `transcode` at
+// upload for matrices whose groups (the last one too) are whole quads of 32
+// columns; the file format and the planes the other kernels read stay as
+// they are. Each weight's code u = sum_{i < b} 2^i bit_i (b: its row's
+// width) sits in a field of CB bits, CB = 4 where the widest row of the
+// matrix has at most 4 bits, else 8 (so a 3.25-bit matrix takes 4 bits per
+// weight more on the device). Unit (tile t, group g) is one record at byte
+// t * crow + g * crec of the copy:
+//   header: the packed record's metadata (M.meta bytes: fp16 s^ then z^ of
+//           the 16 rows, or their E8M0 bytes), then the 16 rows' widths, a
+//           byte each;
+//   codes:  for each quad of the group, 32 lanes x 2 CB bytes: lane (m, c)
+//           = (lane / 4, lane % 4) holds the 16 codes of its mma fragments,
+//           tile rows 2m + rr at columns c + 4 (2 S + h) + 16 e of the quad
+//           (rr, S, h, e in {0, 1}); CB = 4: 32-bit word S, nibble rr + 2 h +
+//           4 e; CB = 8: word 2 S + rr, byte 2 h + e.
+// A lane's A fragment of k step S then comes out of one word with one
+// LOP3 (nibbles) or PRMT (bytes) and one HFMA2 per register (code_frags).
 //
-//   Codes. With planes lo .. np - 1 kept (lo = min(skip, np - 1)), the
-//   weight is s^ Q + z^ with Q = sum_i 2^i (2 b_i - 1) = 2 u - (2^np -
-//   2^lo), u = sum_i 2^i b_i: an integer of at most 255 in magnitude, exact
-//   in fp16. A lane builds 2 u for two columns at once in a half2 word (bit
-//   i of a code at positions i + 1 and 17 + i, over the fp16 pattern of
-//   1024; see the masks K below), then Q = (1024 + 2 u) - (1024 + 2^np -
-//   2^lo) in one HADD2 (integers below 2048: exact).
+// MMA KERNEL (every batch from MPQ_CUDA_MMA_BATCH up to 16 on a matrix with
+// a code copy; any mix of widths): codes multiplied on the tensor cores
+// (mma.sync m16n8k16, fp16 in, fp32 accumulate), the batch's vectors as the
+// 8 columns of the product (two products per code fragment, vectors 0..7 and
+// 8..15, for batches past 8). About one instruction per register of 2
+// weights whatever the width, against the LUT kernel's lookup per vector
+// and plane byte.
+//
+//   Codes. With planes lo .. b - 1 kept (lo = min(skip, b - 1)), the
+//   weight is s^ Q + z^ with Q = sum_{lo <= i < b} 2^i (2 bit_i - 1) = 2 u'
+//   - C, u' = u without its lowest lo bits, C = 2^b - 2^lo. A field masked
+//   to u' and ORed into the fp16 pattern of 1024 reads 1024 + u' (1024 + 16
+//   u' for a high nibble); one HFMA2 maps that to 2 u' - (C - C % 2), an
+//   integer below 512 in magnitude, exact in fp16 (C itself may be odd,
+//   2048 + C then not an fp16 number); the odd 1 goes to the epilogue as
+//   s^ times the group's activation sum, subtracted from z^'s.
 //
 //   Fragments. mma row m (0..7) is tile row 2 m and row m + 8 tile row 2 m +
-//   1, so a lane reads both of its rows' plane words of a quad in one 8-byte
-//   load. The k order inside a quad is free (the activations follow it): for
+//   1. The k order inside a quad is free (the activations follow it): for
 //   k16 step S of the quad, k = 2 c + 8 h + e (c = lane % 4) is column c + 4
-//   (2 S + h) + 16 e, so that the two columns of a half2 are bits j and j +
-//   16 of one plane word.
+//   (2 S + h) + 16 e.
 //
 //   Activations. x (gathered through p_col, times col_scale) is split into
 //   fp16 hi + lo parts, x = 2^E (hi + lo) with a power of two E per vector
-//   and column part that puts max |x| in [2^14, 2^15): two products per k
-//   step, about 22 bits of x kept (fp32 tables keep 24). They are built once
-//   per block into shared memory in fragment order, with the column sums of
-//   every group (for z^).
+//   and group that puts max |x| in [2^14, 2^15): two products per k step,
+//   about 22 bits of x kept (fp32 tables keep 24). mma_prep builds them once
+//   per product in fragment order, with every group's sum (for z^), one
+//   block per group; each block of the MMA kernel copies its column part
+//   into shared memory. Vectors past the batch are zeros, so that the
+//   fragment addresses are constants.
 //
 //   Streaming. Each warp streams its records (tile, group), whole, into a
 //   ring of kMmaRing slots in shared memory with cp.async, kMmaRing - 1
-//   records ahead (the first ones before the dependent wait); plane words
-//   are read from there. The sums of a column part go through `part` and
-//   sum_parts, as in the LUT kernel.
+//   records ahead (the first ones before the dependent wait); code words are
+//   read from there. A table in shared memory gives each row's masks and
+//   HFMA2 constants by width. The sums of a column part go through `part`
+//   and sum_parts, as in the LUT kernel.
 constexpr int kMmaWarps = 8;
 constexpr int kMmaThreads = 32 * kMmaWarps;
 constexpr int kMmaRing = 4; // records per warp: 3 in flight while one is multiplied
-constexpr int kMmaFragBytes = 64 * 1024; // the most x fragments of one column part
+constexpr int kMmaFragBytes = 64 * 1024; // the most x fragments of one column part (see launch_mma)
+constexpr int kMmaBlocks1 = 3;          // resident blocks per multiprocessor the kernel is built for (batch <= 8)
 
 __device__ __forceinline__ uint32_t smem_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
 
@@ -620,55 +644,251 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4],
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// h + k for half2 words (both exact integers here, so is the sum).
-__device__ __forceinline__ uint32_t hadd2_bits(uint32_t h, uint32_t k)
+// a * b + c for half2 words (in code_frags every result is an exact integer).
+__device__ __forceinline__ uint32_t hfma2_bits(uint32_t a, uint32_t b, uint32_t c)
 {
-    const __half2 r = __hadd2(*reinterpret_cast<const __half2 *>(&h), *reinterpret_cast<const __half2 *>(&k));
+    const __half2 r = __hfma2(*reinterpret_cast<const __half2 *>(&a), *reinterpret_cast<const __half2 *>(&b),
+                              *reinterpret_cast<const __half2 *>(&c));
     return *reinterpret_cast<const uint32_t *>(&r);
 }
 
-// Shared memory of the MMA kernel, in bytes from the start: x fragments
-// [2 nq steps][batch][4] (uint4), group sums [ng][batch], quad sums
-// [nq][batch], the warps' sums [8][16][batch], then the warps' rings
-// (16-byte aligned).
-struct mma_smem {
-    int gsum, qsum, wsum, ring;
-    __host__ __device__ mma_smem(int nq, int ng, int batch)
+__device__ __forceinline__ uint32_t half2_of(float v) { return 0x00010001u * __half_as_ushort(__float2half_rn(v)); }
+
+// How a lane turns its two rows' fields (rr = 0: tile row 2m, 1: 2m + 1)
+// into 2 u' - (C - odd): a mask keeping the fields' bits lo and up, and the
+// HFMA2's factor and addend (both half2 words), from a table of code_row
+// entries by row parity and width (0: past the matrix, whose codes are 0).
+struct code_rows {
+    uint32_t mask[2], mul[2], add[2];
+};
+
+// {mask, factor, addend, C % 2} for a row of parity rr and width b.
+template <int CB>
+__device__ uint4 code_row(int rr, int b, int skip)
+{
+    const int lo = b ? min(skip, b - 1) : 0, C = b ? (1 << b) - (1 << lo) : 0;
+    if (CB == 4) { // rr = 1 reads its nibbles 16 times too large
+        const uint32_t keep = (0xFu << lo) & 0xFu;
+        return make_uint4((keep << (4 * rr)) * 0x00010001u, half2_of(rr ? 0.125f : 2.0f),
+                          half2_of(-(float)((rr ? 128 : 2048) + C - (C & 1))), (uint32_t)(C & 1));
+    }
+    return make_uint4(((0xFFu << lo) & 0xFFu) * 0x01010101u, half2_of(2.0f), half2_of(-(float)(2048 + C - (C & 1))),
+                      (uint32_t)(C & 1));
+}
+
+// The A fragments of k steps 0 and 1 of one quad from the lane's code words
+// at p (CODE LAYOUT): register 0 row 2m, h = 0; 1 row 2m + 1, h = 0; 2 row
+// 2m, h = 1; 3 row 2m + 1, h = 1; the two halves of a register e = 0, 1.
+template <int CB>
+__device__ __forceinline__ void code_frags(const char *p, const code_rows &R, uint32_t (&a)[2][4])
+{
+    if (CB == 4) {
+        const uint2 w = *reinterpret_cast<const uint2 *>(p);
+        const uint32_t ws[2] = {w.x, w.y};
+#pragma unroll
+        for (int S = 0; S < 2; S++) {
+            const uint32_t W = ws[S], Wh = W >> 8;
+            a[S][0] = hfma2_bits((W & R.mask[0]) | 0x64006400u, R.mul[0], R.add[0]);
+            a[S][1] = hfma2_bits((W & R.mask[1]) | 0x64006400u, R.mul[1], R.add[1]);
+            a[S][2] = hfma2_bits((Wh & R.mask[0]) | 0x64006400u, R.mul[0], R.add[0]);
+            a[S][3] = hfma2_bits((Wh & R.mask[1]) | 0x64006400u, R.mul[1], R.add[1]);
+        }
+    } else {
+        const uint4 w = *reinterpret_cast<const uint4 *>(p);
+        const uint32_t ws[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+        for (int S = 0; S < 2; S++) { // bytes e = 0, 1 over 0x64: the fp16 pattern of 1024 + u'
+            const uint32_t m0 = ws[2 * S] & R.mask[0], m1 = ws[2 * S + 1] & R.mask[1];
+            a[S][0] = hfma2_bits(__byte_perm(m0, 0x64646464u, 0x4140), R.mul[0], R.add[0]);
+            a[S][1] = hfma2_bits(__byte_perm(m1, 0x64646464u, 0x4140), R.mul[1], R.add[1]);
+            a[S][2] = hfma2_bits(__byte_perm(m0, 0x64646464u, 0x4342), R.mul[0], R.add[0]);
+            a[S][3] = hfma2_bits(__byte_perm(m1, 0x64646464u, 0x4342), R.mul[1], R.add[1]);
+        }
+    }
+}
+
+// Builds the CODE LAYOUT copy `out` from the planes: one thread per (tile,
+// quad of the matrix, lane), the first lane of a record's first quad also
+// writing its header.
+template <int CB>
+__global__ void transcode(dmat M, uint8_t *__restrict__ out)
+{
+    const int nqm = M.cols / 32;
+    const size_t k = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (k >= (size_t)M.ntiles * nqm * 32) return;
+    const int lane = (int)(k % 32), qm = (int)(k / 32 % nqm), t = (int)(k / 32 / nqm);
+    const int m = lane >> 2, c = lane & 3, g = 32 * qm / M.group, q = qm - g * (M.group / 32);
+    const int gw = min(M.group, M.cols - g * M.group), hdr = M.meta + kTile;
+    const uint8_t *rec = M.data + 16 * (size_t)M.rec[(size_t)t * M.ngroups + g].x;
+    uint8_t *dst = out + (size_t)t * M.crow + (size_t)g * M.crec;
+    if (q == 0 && lane == 0) {
+        for (int i = 0; i < M.meta; i++) dst[i] = rec[i];
+        for (int r = 0; r < kTile; r++) dst[M.meta + r] = (uint8_t)width_at(M, t * kTile + r, g);
+    }
+    uint32_t w[CB == 4 ? 2 : 4] = {};
+#pragma unroll
+    for (int rr = 0; rr < 2; rr++) {
+        const int b = width_at(M, t * kTile + 2 * m + rr, g);
+        for (int i = 0; i < b; i++) { // plane i's word of the row in this quad (BYTE LAYOUT)
+            const uint32_t pw = *reinterpret_cast<const uint32_t *>(rec + M.meta + (size_t)i * 2 * gw + 64 * q + 4 * (2 * m + rr));
+#pragma unroll
+            for (int f = 0; f < 8; f++) { // f = 4 S + 2 h + e
+                const int S = f >> 2, h = (f >> 1) & 1, e = f & 1;
+                const uint32_t bit = pw >> (c + 4 * (2 * S + h) + 16 * e) & 1u;
+                if (CB == 4) w[S] |= bit << (4 * (rr + 2 * h + 4 * e) + i);
+                else w[2 * S + rr] |= bit << (8 * (2 * h + e) + i);
+            }
+        }
+    }
+    uint32_t *o = reinterpret_cast<uint32_t *>(dst + hdr + (size_t)q * 64 * CB + (size_t)lane * 2 * CB);
+#pragma unroll
+    for (int j = 0; j < (CB == 4 ? 2 : 4); j++) o[j] = w[j];
+}
+
+// The activations of the MMA kernel, prepared once per product by
+// mma_prep and copied whole into each block's shared memory. Per column
+// part of `gpp` groups (nv = 8 NT vectors, those past the batch zero): x
+// fragments [2 quads per group, gpp groups][nv][4] (uint4: hi of (h, e) =
+// (0, 0), (0, 1), then (1, 0), (1, 1); then lo the same), the groups' sums
+// [gpp][nv], then their scales 2^E [gpp][nv]; `bytes` per part, a multiple
+// of 16.
+struct mma_part {
+    int gsum, xscale, bytes;
+    __host__ __device__ mma_part(int gpp, int group, int nv)
     {
-        gsum = 2 * nq * batch * 4 * 16;
-        qsum = gsum + 4 * ng * batch;
-        wsum = qsum + 4 * nq * batch;
-        ring = (wsum + 4 * kMmaWarps * kTile * batch + 15) / 16 * 16;
+        gsum = 2 * (gpp * group / 32) * nv * 64;
+        xscale = gsum + 4 * gpp * nv;
+        bytes = (xscale + 4 * gpp * nv + 15) / 16 * 16;
     }
 };
+
+// Shared memory of the MMA kernel, in bytes from the start: the part's
+// mma_part block, the warps' sums [8][16][nv], then the warps' rings.
+struct mma_smem {
+    int wsum, ring;
+    __host__ __device__ mma_smem(int part_bytes, int nv)
+    {
+        wsum = part_bytes;
+        ring = wsum + 4 * kMmaWarps * kTile * nv;
+    }
+};
+
+// One block per group: its activations (gathered through p_col, times
+// col_scale) as items k = (vector n, quad q, step S, c), each columns c + 4
+// (2 S + h) + 16 e of quad q for (h, e) = (0, 0), (0, 1), (1, 0), (1, 1),
+// first as floats in shared memory (their loads all out before any is
+// used), then their quad sums (added in order into the group sums) and each
+// vector's max |x| over the group, which sets its scale: x = 2^E (hi + lo),
+// max |x| / 2^E in [2^14, 2^15), 2^E a normal float; then split into fp16
+// hi + lo and written out (mma_part).
+template <int NT>
+__global__ void __launch_bounds__(kMmaThreads) mma_prep(dmat M, const float *__restrict__ x, int batch, int gpp,
+                                                        uint8_t *__restrict__ out)
+{
+    constexpr int nv = 8 * NT;
+    extern __shared__ uint4 smem4[];
+    __shared__ float xscale[nv];
+    __shared__ unsigned xmax[nv];
+    const int tid = threadIdx.x, g = blockIdx.x, gl = g % gpp;
+    const int c0 = g * M.group, qpg = min(M.group, M.cols - c0) / 32;
+    const mma_part P(gpp, M.group, nv);
+    uint4 *frag = smem4;
+    float *qsum = reinterpret_cast<float *>(smem4 + 2 * qpg * nv * 4); // [qpg][nv]
+    asm volatile("griddepcontrol.launch_dependents;");
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    if (tid < nv) xmax[tid] = 0u;
+    const int nitems = nv * qpg * 8;
+    // A thread's items share (c, S) = (ic, is) = (tid % 4, tid / 4 % 2).
+    const int ic = tid & 3, is = (tid >> 2) & 1;
+#pragma unroll 8
+    for (int k = tid; k < nitems; k += kMmaThreads) { // independent items: the loads of 8 go out together
+        const int q = (k >> 3) % qpg, n = (k >> 3) / qpg;
+        float v[4];
+#pragma unroll
+        for (int f = 0; f < 4; f++) {
+            const int col = c0 + 32 * q + ic + 4 * (2 * is + (f >> 1)) + 16 * (f & 1);
+            v[f] = n < batch ? x[(size_t)n * M.cols + (M.p_col ? (int)M.p_col[col] : col)] * (M.cscale ? M.cscale[col] : 1.0f)
+                             : 0.0f;
+        }
+        frag[((2 * q + is) * nv + n) * 4 + ic] =
+            make_uint4(__float_as_uint(v[0]), __float_as_uint(v[1]), __float_as_uint(v[2]), __float_as_uint(v[3]));
+    }
+    __syncthreads();
+    // quad sums (8 adjacent lanes, in order) and max |x| per vector
+    for (int k0 = 0; k0 < nitems; k0 += kMmaThreads) {
+        const int k = k0 + tid, q = (k >> 3) % qpg, n = (k >> 3) / qpg;
+        const bool ok = k < nitems; // the same for the 8 lanes of a quad
+        const uint4 f = ok ? frag[((2 * q + is) * nv + n) * 4 + ic] : make_uint4(0, 0, 0, 0);
+        const float v[4] = {__uint_as_float(f.x), __uint_as_float(f.y), __uint_as_float(f.z), __uint_as_float(f.w)};
+        float sum = (v[0] + v[1]) + (v[2] + v[3]);
+        unsigned a = __float_as_uint(fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3]))));
+#pragma unroll
+        for (int o = 1; o < 8; o <<= 1) {
+            sum += __shfl_xor_sync(0xffffffffu, sum, o);
+            a = max(a, __shfl_xor_sync(0xffffffffu, a, o)); // |x| >= 0: ordered as its bits
+        }
+        if (ok && (k & 7) == 0) {
+            qsum[q * nv + n] = sum;
+            atomicMax(&xmax[n], a);
+        }
+    }
+    __syncthreads();
+    uint8_t *o = out + (size_t)(g / gpp) * P.bytes;
+    if (tid < nv) {
+        const float amax = __uint_as_float(xmax[tid]);
+        const int e = amax > 0.0f && amax <= FLT_MAX ? max(ilogbf(amax) - 14, -126) : 0;
+        float sum = 0.0f;
+        for (int q = 0; q < qpg; q++) sum += qsum[q * nv + tid];
+        xscale[tid] = ldexpf(1.0f, e);
+        reinterpret_cast<float *>(o + P.xscale)[gl * nv + tid] = xscale[tid];
+        reinterpret_cast<float *>(o + P.gsum)[gl * nv + tid] = sum;
+    }
+    __syncthreads();
+    uint4 *of = reinterpret_cast<uint4 *>(o) + (size_t)gl * (M.group / 16) * nv * 4;
+    for (int k = tid; k < nitems; k += kMmaThreads) { // hi + lo, written out in the same order
+        const float inv = 1.0f / xscale[(k >> 2) % nv]; // a power of two: exact
+        const uint4 f = frag[k];
+        const uint32_t w[4] = {f.x, f.y, f.z, f.w};
+        uint32_t hi[4], lo[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const float v = __uint_as_float(w[i]) * inv;
+            const __half h = __float2half_rn(v);
+            hi[i] = __half_as_ushort(h);
+            lo[i] = __half_as_ushort(__float2half_rn(v - __half2float(h)));
+        }
+        of[k] = make_uint4(hi[0] | hi[1] << 16, hi[2] | hi[3] << 16, lo[0] | lo[1] << 16, lo[2] | lo[3] << 16);
+    }
+}
 
 // Grid: x = column parts of `gpp` groups, y = row blocks of `tpb` tiles
 // (tpb is 1, 2, 4 or a multiple of 8). With tpb >= 8 warp w takes tiles w,
 // w + 8, ... with all the part's groups; with fewer tiles the 8 / tpb warps
-// of a tile share its groups and add up in shared memory. MAXP: the most
-// planes of a record (4, 6, 8), so that the plane loop unrolls. NT: blocks
-// of 8 vectors (mma column tiles; 2 for batches 9..16), each code fragment
-// multiplied by all of them.
-template <int MAXP, int NT>
-__global__ void __launch_bounds__(kMmaThreads, 2) gemv_mma(dmat M, const float *__restrict__ x, int batch, int skip,
-                                                           int tpb, int gpp, int slot, float *__restrict__ part,
-                                                           unsigned *__restrict__ counters, float *__restrict__ y)
+// of a tile share its groups and add up in shared memory. CB: bits of a code
+// field (CODE LAYOUT). NT: blocks of 8 vectors (mma column tiles; 2 for
+// batches 9..16), each code fragment multiplied by all of them. xprep: the
+// parts' activations from mma_prep.
+template <int CB, int NT>
+__global__ void __launch_bounds__(kMmaThreads, NT == 1 ? kMmaBlocks1 : 2) gemv_mma(dmat M, const float *__restrict__ x, int batch, int skip,
+                                                           int tpb, int gpp, int slot, const uint8_t *__restrict__ xprep,
+                                                           float *__restrict__ part, unsigned *__restrict__ counters,
+                                                           float *__restrict__ y)
 {
+    constexpr int nv = 8 * NT;
     extern __shared__ uint4 smem4[];
-    __shared__ float xscale[8 * NT];  // 2^E of each vector
-    __shared__ unsigned xmax[8 * NT]; // max |x| (float bits) of each vector
-    __shared__ int ring_np[kMmaWarps][kMmaRing];
-    __shared__ uint2 recs[kMmaWarps][64]; // record table entries of units u (u % 64)
+    __shared__ uint4 rtab[2][MPQ_MAX_BITS + 1]; // code_row of (row parity, width)
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, m = lane >> 2, c = lane & 3;
     const int G = M.group, g0 = blockIdx.x * gpp, ng = min(gpp, M.ngroups - g0);
-    const int c0 = g0 * G, nq = min(ng * G, M.cols - c0) / 32; // quads of the part
     const int t_first = blockIdx.y * tpb, nt = min(M.ntiles, t_first + tpb) - t_first;
-    const mma_smem L(nq, ng, batch);
+    const int hdr = M.meta + kTile;
+    const mma_part P(gpp, G, nv);
+    const mma_smem L(P.bytes, nv);
     char *const sbase = reinterpret_cast<char *>(smem4);
-    uint4 *frag = smem4;
-    float *gsum = reinterpret_cast<float *>(sbase + L.gsum), *qsum = reinterpret_cast<float *>(sbase + L.qsum);
+    const uint4 *frag = smem4;
+    const float *gsum = reinterpret_cast<const float *>(sbase + P.gsum);
     float *wsum = reinterpret_cast<float *>(sbase + L.wsum);
     char *ring = sbase + L.ring + (size_t)warp * kMmaRing * slot;
+    if (tid < 2 * (MPQ_MAX_BITS + 1)) rtab[tid / (MPQ_MAX_BITS + 1)][tid % (MPQ_MAX_BITS + 1)] = code_row<CB>(tid / (MPQ_MAX_BITS + 1), tid % (MPQ_MAX_BITS + 1), skip);
 
     // the warp's records, unit u = (tile, group): with tpb >= 8 tiles warp,
     // warp + 8, ... with every group; else one tile, every wpt-th group
@@ -677,8 +897,6 @@ __global__ void __launch_bounds__(kMmaThreads, 2) gemv_mma(dmat M, const float *
     const int ntw = tile0 >= nt ? 0 : wpt == 1 ? (nt - tile0 + kMmaWarps - 1) / kMmaWarps : 1;
     const int gpw = ng > gshare ? (ng - gshare + wpt - 1) / wpt : 0; // groups per tile for this warp
     const int nunits = ntw * gpw;
-    auto unit_t = [&](int u) { return t_first + tile0 + (u / gpw) * kMmaWarps; };
-    auto unit_g = [&](int u) { return g0 + gshare + (u % gpw) * wpt; };
     // the (tile, group) of the next unit to copy and of the next to multiply,
     // advanced without divisions; j counts the warp's groups of the tile
     struct cursor {
@@ -689,212 +907,85 @@ __global__ void __launch_bounds__(kMmaThreads, 2) gemv_mma(dmat M, const float *
         else p.g += wpt;
     };
     cursor cmul = {t_first + tile0, g0 + gshare, 0}, ccopy = cmul;
-    // The record table entries of units 32 b .. 32 b + 31 (one per lane)
-    // are copied into `recs` a batch ahead, with the records of unit 32 (b -
-    // 1): a copy never waits on a dependent load.
-    auto rec_of = [&](int u) { return M.rec + (size_t)unit_t(u) * M.ngroups + unit_g(u); };
-    for (int u = lane; u < min(64, nunits); u += 32) recs[warp][u] = __ldg(rec_of(u));
-    __syncwarp();
     // copies the record of unit u into its ring slot; one commit group per
     // unit, empty past the last
     auto issue = [&](int u) {
-        const uint2 r = u < nunits ? recs[warp][u & 63] : make_uint2(0, 0);
-        const int k = u % kMmaRing;
-        char *dst = ring + (size_t)k * slot;
-        if (lane == 0) ring_np[warp][k] = u < nunits ? (int)r.y : 0;
-        if (u < nunits && r.y) {
-            const int bytes = M.meta + (int)r.y * min(G, M.cols - ccopy.g * G) * 2;
-            const uint8_t *src = M.data + 16 * (size_t)r.x;
+        if (u < nunits) {
+            char *dst = ring + (size_t)(u % kMmaRing) * slot;
+            const int bytes = hdr + min(G, M.cols - ccopy.g * G) * 2 * CB;
+            const uint8_t *src = M.codes + (size_t)ccopy.t * M.crow + (size_t)ccopy.g * M.crec;
             for (int o = 16 * lane; o < bytes; o += 512) cp_async16(smem_addr(dst + o), src + o);
         }
-        if ((u & 31) == 0 && u >= 32 && u + 32 + lane < nunits) // batch u / 32 + 1, into batch u / 32 - 1's place
-            asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(smem_addr(&recs[warp][(u + 32 + lane) & 63])),
-                         "l"(rec_of(u + 32 + lane))
-                         : "memory");
         asm volatile("cp.async.commit_group;" ::: "memory");
         advance(ccopy);
     };
     for (int u = 0; u < kMmaRing - 1; u++) issue(u); // the first records go out before the wait
     asm volatile("griddepcontrol.launch_dependents;");
     asm volatile("griddepcontrol.wait;" ::: "memory");
-
-    // The part's activations in fragment order, as floats first: item k =
-    // (vector n, quad q, step S, c) holds columns c + 4 (2 S + h) + 16 e of
-    // quad q for (h, e) = (0, 0), (0, 1), (1, 0), (1, 1). The loads of all
-    // items go out before any is used.
-    if (tid < 8 * NT) xmax[tid] = 0u;
-    const int nitems = batch * nq * 8; // a multiple of 8
-    // A thread's items share (c, S) = (ic, is) = (tid % 4, tid / 4 % 2);
-    // their (quad, vector) advance by kMmaThreads / 8 quads at a time.
-    const int ic = tid & 3, is = (tid >> 2) & 1;
-    struct quad_vec {
-        int q, n;
-    };
-    auto first_qv = [&]() { return quad_vec{(tid >> 3) % nq, (tid >> 3) / nq}; };
-    auto next_qv = [&](quad_vec &p) {
-        for (p.q += kMmaThreads / 8; p.q >= nq; p.q -= nq) p.n++;
-    };
-#pragma unroll 8
-    for (int k = tid; k < nitems; k += kMmaThreads) { // independent items: the loads of 8 go out together
-        const int q = (k >> 3) % nq, n = (k >> 3) / nq;
-        float v[4];
-#pragma unroll
-        for (int f = 0; f < 4; f++) {
-            const int col = c0 + 32 * q + ic + 4 * (2 * is + (f >> 1)) + 16 * (f & 1);
-            v[f] = x[(size_t)n * M.cols + (M.p_col ? (int)M.p_col[col] : col)] * (M.cscale ? M.cscale[col] : 1.0f);
-        }
-        frag[((2 * q + is) * batch + n) * 4 + ic] =
-            make_uint4(__float_as_uint(v[0]), __float_as_uint(v[1]), __float_as_uint(v[2]), __float_as_uint(v[3]));
-    }
-    __syncthreads();
-    // quad sums (8 adjacent lanes, in order) and max |x| per vector
-    float tmax[8 * NT];
-#pragma unroll
-    for (int nn = 0; nn < 8 * NT; nn++) tmax[nn] = 0.0f;
-    quad_vec p = first_qv();
-    for (int k0 = 0; k0 < nitems; k0 += kMmaThreads, next_qv(p)) {
-        const int k = k0 + tid, q = p.q, n = p.n;
-        const bool ok = k < nitems; // the same for the 8 lanes of a quad
-        const uint4 f = ok ? frag[((2 * q + is) * batch + n) * 4 + ic] : make_uint4(0, 0, 0, 0);
-        const float v[4] = {__uint_as_float(f.x), __uint_as_float(f.y), __uint_as_float(f.z), __uint_as_float(f.w)};
-        float sum = (v[0] + v[1]) + (v[2] + v[3]);
-#pragma unroll
-        for (int o = 1; o < 8; o <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-        if (ok && (k & 7) == 0) qsum[q * batch + n] = sum;
-        const float a = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
-#pragma unroll
-        for (int nn = 0; nn < 8 * NT; nn++) tmax[nn] = ok && nn == n ? fmaxf(tmax[nn], a) : tmax[nn];
-    }
-#pragma unroll
-    for (int nn = 0; nn < 8 * NT; nn++) { // |x| >= 0: ordered as its bits
-        const unsigned b = __reduce_max_sync(0xffffffffu, __float_as_uint(tmax[nn]));
-        if (lane == 0 && nn < batch) atomicMax(&xmax[nn], b);
-    }
-    __syncthreads();
-    if (tid < batch) { // max |x| / 2^E in [2^14, 2^15), 2^E a normal float
-        const float amax = __uint_as_float(xmax[tid]);
-        const int e = amax > 0.0f && amax <= FLT_MAX ? max(ilogbf(amax) - 14, -126) : 0;
-        xscale[tid] = ldexpf(1.0f, e);
-    }
-    for (int k = tid; k < ng * batch; k += kMmaThreads) { // group sums, quads in order
-        const int gl = k / batch, n = k % batch, qpg = G / 32;
-        float sum = 0.0f;
-        for (int q = gl * qpg; q < min(nq, (gl + 1) * qpg); q++) sum += qsum[q * batch + n];
-        gsum[k] = sum;
-    }
-    __syncthreads();
-    p = first_qv();
-    for (int k = tid; k < nitems; k += kMmaThreads, next_qv(p)) { // hi + lo, in place
-        const int q = p.q, n = p.n;
-        uint4 &f = frag[((2 * q + is) * batch + n) * 4 + ic];
-        const float inv = 1.0f / xscale[n]; // a power of two: exact
-        const uint32_t w[4] = {f.x, f.y, f.z, f.w};
-        uint32_t hi[4], lo[4];
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            const float v = __uint_as_float(w[i]) * inv;
-            const __half h = __float2half_rn(v);
-            hi[i] = __half_as_ushort(h);
-            lo[i] = __half_as_ushort(__float2half_rn(v - __half2float(h)));
-        }
-        f = make_uint4(hi[0] | hi[1] << 16, hi[2] | hi[3] << 16, lo[0] | lo[1] << 16, lo[2] | lo[3] << 16);
-    }
+    // the part's activations (one more commit group: the ring's first three
+    // are complete too after the wait below, which the stream's counting
+    // of groups allows)
+    const uint8_t *src = xprep + (size_t)blockIdx.x * P.bytes;
+    for (int o = 16 * tid; o < P.bytes; o += 16 * kMmaThreads) cp_async16(smem_addr(sbase + o), src + o);
+    asm volatile("cp.async.commit_group;" ::: "memory");
+    asm volatile("cp.async.wait_group 0;" ::: "memory");
     __syncthreads();
 
     // the stream: lane (m, c) sums rows 2m, 2m + 1 for vectors 8 j + 2c,
     // 8 j + 2c + 1 (j < NT)
     const bool is_mx = M.format == MPQ_FORMAT_MXINT;
     const size_t rows16 = (size_t)M.ntiles * kTile;
-    float sc[NT][2];
-#pragma unroll
-    for (int j = 0; j < NT; j++)
-#pragma unroll
-        for (int e = 0; e < 2; e++) sc[j][e] = 8 * j + 2 * c + e < batch ? xscale[8 * j + 2 * c + e] : 0.0f;
-    // Rotating a plane word right by rot_f = c + 4 f - 1 brings bits j = c
-    // + 4 f and j + 16 to 1 and 17. Plane i's word W is rotated left by i
-    // and masked with K[i][f] (bits i + 1 and i + 17, rotated left by
-    // rot_f), so one LOP3 per plane adds its bits to the half2 word, kept
-    // rotated left by rot_f until the end (with the pattern of 1024).
-    int rot[4];
-    uint32_t K[MAXP][4], P[4];
-#pragma unroll
-    for (int f = 0; f < 4; f++) {
-        rot[f] = c + 4 * f - 1;
-        P[f] = __funnelshift_l(0x64006400u, 0x64006400u, rot[f]);
-#pragma unroll
-        for (int i = 0; i < MAXP; i++) K[i][f] = __funnelshift_l(0x00020002u, 0x00020002u, i + rot[f]);
-    }
+    const float *xsc = reinterpret_cast<const float *>(sbase + P.xscale); // [group][nv]
     float acc[NT][4] = {}; // (row 2m, 2c), (2m, 2c + 1), (2m + 1, 2c), (2m + 1, 2c + 1) of vector block j
     for (int u = 0; u < nunits; u++) {
         asm volatile("cp.async.wait_group %0;" ::"n"(kMmaRing - 2) : "memory");
         __syncwarp(); // every lane's copies of unit u are in; every lane is done with unit u - 1
         issue(u + kMmaRing - 1);
-        const int t = cmul.t, g = cmul.g, k = u % kMmaRing, np = ring_np[warp][k];
-        if (np) {
-            const char *rec = ring + (size_t)k * slot;
-            const int lo = min(skip, np - 1), gw = min(G, M.cols - g * G), stride = 2 * gw;
-            const uint32_t kq = 0x00010001u * __half_as_ushort(__float2half_rn(-(float)(1024 + (1 << np) - (1 << lo))));
-            float s0, s1, z0, z1;
-            if (is_mx) {
-                const uint32_t e = *reinterpret_cast<const uint16_t *>(rec + 2 * m);
-                s0 = pow2i((int)(e & 255u) - 127 - np + 1), s1 = pow2i((int)(e >> 8) - 127 - np + 1);
-                z0 = -s0, z1 = -s1;
-            } else {
-                const uint32_t sw = *reinterpret_cast<const uint32_t *>(rec + 4 * m);
-                const uint32_t zw = *reinterpret_cast<const uint32_t *>(rec + 32 + 4 * m);
-                s0 = half_lo(sw), s1 = half_hi(sw), z0 = half_lo(zw), z1 = half_hi(zw);
-            }
-            float d[NT][4][4] = {}; // hi and lo products of steps 0 and 1: four short chains a block
-            const char *pl = rec + M.meta + 8 * m;
-            const uint4 *fr = frag + ((size_t)((g - g0) * G / 16) * batch + m) * 4 + c;
-            for (int q = 0; q < gw / 32; q++, pl += 64) {
-                uint2 w[MAXP];
+        const int t = cmul.t, g = cmul.g;
+        const char *rec = ring + (size_t)(u % kMmaRing) * slot;
+        const int gw = min(G, M.cols - g * G);
+        const int b[2] = {(uint8_t)rec[M.meta + 2 * m], (uint8_t)rec[M.meta + 2 * m + 1]};
+        float s0, s1, z0, z1;
+        if (is_mx) {
+            const uint32_t e = *reinterpret_cast<const uint16_t *>(rec + 2 * m);
+            s0 = b[0] ? pow2i((int)(e & 255u) - 127 - b[0] + 1) : 0.0f;
+            s1 = b[1] ? pow2i((int)(e >> 8) - 127 - b[1] + 1) : 0.0f;
+            z0 = -s0, z1 = -s1;
+        } else {
+            const uint32_t sw = *reinterpret_cast<const uint32_t *>(rec + 4 * m);
+            const uint32_t zw = *reinterpret_cast<const uint32_t *>(rec + 32 + 4 * m);
+            s0 = half_lo(sw), s1 = half_hi(sw), z0 = half_lo(zw), z1 = half_hi(zw);
+        }
+        const uint4 R0 = rtab[0][b[0]], R1 = rtab[1][b[1]];
+        const code_rows R = {{R0.x, R1.x}, {R0.y, R1.y}, {R0.z, R1.z}};
+        z0 -= R0.w ? s0 : 0.0f, z1 -= R1.w ? s1 : 0.0f;
+        float d[NT][4][4] = {}; // hi and lo products of steps 0 and 1: four short chains a block
+        const char *cw = rec + hdr + 2 * CB * lane;
+        const uint4 *fr = frag + ((g - g0) * G / 16 * nv + m) * 4 + c;
+        for (int q = 0; q < gw / 32; q++, cw += 64 * CB) {
+            uint32_t a[2][4];
+            code_frags<CB>(cw, R, a);
 #pragma unroll
-                for (int i = 0; i < MAXP; i++)
-                    if (i >= lo && i < np) w[i] = *reinterpret_cast<const uint2 *>(pl + i * stride);
-                uint32_t ha[4], hb[4]; // f = 2 S + h; rows 2m and 2m + 1
+            for (int S = 0; S < 2; S++)
 #pragma unroll
-                for (int f = 0; f < 4; f++) ha[f] = hb[f] = P[f];
-#pragma unroll
-                for (int i = 0; i < MAXP; i++) {
-                    if (i < lo || i >= np) continue;
-                    const uint32_t wx = __funnelshift_l(w[i].x, w[i].x, i), wy = __funnelshift_l(w[i].y, w[i].y, i);
-#pragma unroll
-                    for (int f = 0; f < 4; f++) {
-                        ha[f] |= wx & K[i][f];
-                        hb[f] |= wy & K[i][f];
-                    }
+                for (int j = 0; j < NT; j++) {
+                    const uint4 bf = fr[(2 * q + S) * nv * 4 + 32 * j];
+                    mma_16816(d[j][2 * S], a[S], bf.x, bf.y);
+                    mma_16816(d[j][2 * S + 1], a[S], bf.z, bf.w);
                 }
+        }
 #pragma unroll
-                for (int f = 0; f < 4; f++) {
-                    ha[f] = __funnelshift_r(ha[f], ha[f], rot[f]);
-                    hb[f] = __funnelshift_r(hb[f], hb[f], rot[f]);
-                }
+        for (int j = 0; j < NT; j++) {
+            float e[4];
 #pragma unroll
-                for (int S = 0; S < 2; S++) {
-                    const uint32_t a[4] = {hadd2_bits(ha[2 * S], kq), hadd2_bits(hb[2 * S], kq),
-                                           hadd2_bits(ha[2 * S + 1], kq), hadd2_bits(hb[2 * S + 1], kq)};
-#pragma unroll
-                    for (int j = 0; j < NT; j++) {
-                        const uint4 b = 8 * j + m < batch ? fr[(size_t)(2 * q + S) * batch * 4 + 32 * j] : make_uint4(0, 0, 0, 0);
-                        mma_16816(d[j][2 * S], a, b.x, b.y);
-                        mma_16816(d[j][2 * S + 1], a, b.z, b.w);
-                    }
-                }
-            }
-#pragma unroll
-            for (int j = 0; j < NT; j++) {
-                float e[4];
-#pragma unroll
-                for (int f = 0; f < 4; f++) e[f] = (d[j][0][f] + d[j][1][f]) + (d[j][2][f] + d[j][3][f]);
-                const int n0 = 8 * j + 2 * c;
-                const float x0 = n0 < batch ? gsum[(g - g0) * batch + n0] : 0.0f;
-                const float x1 = n0 + 1 < batch ? gsum[(g - g0) * batch + n0 + 1] : 0.0f;
-                acc[j][0] += s0 * (sc[j][0] * e[0]) + z0 * x0;
-                acc[j][1] += s0 * (sc[j][1] * e[1]) + z0 * x1;
-                acc[j][2] += s1 * (sc[j][0] * e[2]) + z1 * x0;
-                acc[j][3] += s1 * (sc[j][1] * e[3]) + z1 * x1;
-            }
+            for (int f = 0; f < 4; f++) e[f] = (d[j][0][f] + d[j][1][f]) + (d[j][2][f] + d[j][3][f]);
+            const int n0 = 8 * j + 2 * c;
+            const float2 xg = *reinterpret_cast<const float2 *>(gsum + (g - g0) * nv + n0);
+            const float2 sc = *reinterpret_cast<const float2 *>(xsc + (g - g0) * nv + n0);
+            acc[j][0] += s0 * (sc.x * e[0]) + z0 * xg.x;
+            acc[j][1] += s0 * (sc.y * e[1]) + z0 * xg.y;
+            acc[j][2] += s1 * (sc.x * e[2]) + z1 * xg.x;
+            acc[j][3] += s1 * (sc.y * e[3]) + z1 * xg.y;
         }
         if (cmul.j == gpw - 1) { // the warp's last group of tile t
             const int r = (t - t_first) * kTile + 2 * m;
@@ -906,7 +997,7 @@ __global__ void __launch_bounds__(kMmaThreads, 2) gemv_mma(dmat M, const float *
                     if (n < batch) {
                         if (wpt == 1)
                             part[((size_t)blockIdx.x * batch + n) * rows16 + (size_t)t_first * kTile + r + (f >> 1)] = acc[j][f];
-                        else wsum[(warp * kTile + 2 * m + (f >> 1)) * batch + n] = acc[j][f];
+                        else wsum[(warp * kTile + 2 * m + (f >> 1)) * nv + n] = acc[j][f];
                     }
                     acc[j][f] = 0.0f;
                 }
@@ -919,16 +1010,18 @@ __global__ void __launch_bounds__(kMmaThreads, 2) gemv_mma(dmat M, const float *
         for (int k = tid; k < nt * kTile * batch; k += kMmaThreads) {
             const int tl = k / (kTile * batch), r = k / batch % kTile, n = k % batch;
             float sum = 0.0f;
-            for (int w = tl * wpt; w < tl * wpt + min(wpt, ng); w++) sum += wsum[(w * kTile + r) * batch + n];
+            for (int w = tl * wpt; w < tl * wpt + min(wpt, ng); w++) sum += wsum[(w * kTile + r) * nv + n];
             part[((size_t)blockIdx.x * batch + n) * rows16 + (size_t)(t_first + tl) * kTile + r] = sum;
         }
     }
     sum_parts(M, x, batch, part, counters, y, t_first * kTile, nt * kTile);
 }
 
-// [vector blocks - 1][variant]
-constexpr void (*kMma[2][3])(dmat, const float *, int, int, int, int, int, float *, unsigned *, float *) = {
-    {gemv_mma<4, 1>, gemv_mma<6, 1>, gemv_mma<8, 1>}, {gemv_mma<4, 2>, gemv_mma<6, 2>, gemv_mma<8, 2>}};
+// [vector blocks - 1][code bits 4, 8]
+constexpr void (*kMma[2][2])(dmat, const float *, int, int, int, int, int, const uint8_t *, float *, unsigned *,
+                             float *) = {{gemv_mma<4, 1>, gemv_mma<8, 1>}, {gemv_mma<4, 2>, gemv_mma<8, 2>}};
+// [vector blocks - 1]
+constexpr void (*kPrep[2])(dmat, const float *, int, int, uint8_t *) = {mma_prep<1>, mma_prep<2>};
 
 // Decodes row `row`, columns col0 .. col0 + N - 1 of the packed matrix
 // (packed coordinates) with `skip` planes dropped, without the column
@@ -1067,6 +1160,43 @@ __global__ void dequant_f16(dmat M, int skip, __half *__restrict__ W)
     }
 }
 
+// dequant_f16 from the CODE LAYOUT copy: one thread per row and quad, 16
+// rows of a tile on consecutive threads; the row's 32 codes are in the words
+// of lanes (r / 2, 0..3), 32 bytes in a row.
+template <int CB>
+__global__ void dequant_codes(dmat M, int skip, __half *__restrict__ W)
+{
+    const int nqm = M.cols / 32;
+    const size_t k = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (k >= (size_t)M.ntiles * kTile * nqm) return;
+    const int r = (int)(k % kTile), qm = (int)(k / kTile % nqm), t = (int)(k / kTile / nqm);
+    const int row = t * kTile + r;
+    if (row >= M.rows) return;
+    const int orow = M.p_row ? (int)M.p_row[row] : row;
+    const int g = 32 * qm / M.group, q = qm - g * (M.group / 32);
+    const uint8_t *rec = M.codes + (size_t)t * M.crow + (size_t)g * M.crec;
+    const int b = rec[M.meta + r], lo = min(skip, b - 1), C = (1 << b) - (1 << lo), rr = r & 1;
+    const uint32_t keep = (0xFFu << lo) & 0xFFu;
+    float s, z;
+    row_pair(M, rec, r, b, s, z);
+    const uint8_t *cw = rec + M.meta + kTile + (size_t)q * 64 * CB + (size_t)(r / 2) * 8 * CB;
+    float w[32];
+#pragma unroll
+    for (int c = 0; c < 4; c++) {
+        uint32_t wd[2]; // the words of k steps 0 and 1 that hold row r
+        if (CB == 4) memcpy(wd, cw + 8 * c, 8);
+        else memcpy(&wd[0], cw + 16 * c + 4 * rr, 4), memcpy(&wd[1], cw + 16 * c + 8 + 4 * rr, 4);
+#pragma unroll
+        for (int f = 0; f < 8; f++) { // f = 4 S + 2 h + e: column c + 4 (2 S + h) + 16 e
+            const int S = f >> 2, h = (f >> 1) & 1, e = f & 1;
+            const uint32_t u = CB == 4 ? wd[S] >> (4 * (rr + 2 * h + 4 * e)) & 0xFu : wd[S] >> (8 * (2 * h + e)) & 0xFFu;
+            w[c + 4 * (2 * S + h) + 16 * e] = s * (float)(2 * (int)(u & keep) - C) + z;
+        }
+    }
+#pragma unroll
+    for (int cc = 0; cc < 4; cc++) store_chunk(M, W, orow, 32 * qm + 8 * cc, w + 8 * cc);
+}
+
 // out[v][j] = x[v][p_col[j]] in fp16, for `batch` vectors: the activations
 // in the packed column order of dequant_f16's W.
 __global__ void gather_f16(dmat M, const float *__restrict__ x, int batch, __half *__restrict__ out)
@@ -1115,6 +1245,8 @@ P *dev_ptr(const cuda_handle *h, const void *host)
     const uint8_t *base = static_cast<const uint8_t *>(h->view.buf);
     return reinterpret_cast<P *>(static_cast<uint8_t *>(h->dbuf) + (static_cast<const uint8_t *>(host) - base));
 }
+
+void release(void *ctx, void *handle);
 
 mpq_status upload(void *ctx, const mpq_packed *A, void **handle)
 {
@@ -1165,6 +1297,28 @@ mpq_status upload(void *ctx, const mpq_packed *A, void **handle)
     h->fast = A->group % 32 == 0;
     const size_t nbits = (size_t)((A->rows + A->block_rows - 1) / A->block_rows) * (size_t)A->ngroups;
     for (size_t k = 0; k < nbits; k++) h->maxw = A->bits[k] > h->maxw ? A->bits[k] : h->maxw;
+    // the CODE LAYOUT copy of the MMA kernel and the fp16 path, where every
+    // group (the last one too) is whole quads
+    const int last = A->cols - (A->ngroups - 1) * A->group;
+    if (A->group % 32 == 0 && last % 32 == 0) {
+        const int cb = h->maxw <= 4 ? 4 : 8, hdr = M.meta + kTile;
+        M.crec = hdr + A->group * 2 * cb;
+        M.crow = (A->ngroups - 1) * M.crec + hdr + last * 2 * cb;
+        const size_t threads = (size_t)ntiles * (size_t)(A->cols / 32) * 32;
+        e = cudaMalloc(&h->dcodes, (size_t)ntiles * (size_t)M.crow);
+        if (e == cudaSuccess) {
+            M.codes = static_cast<const uint8_t *>(h->dcodes);
+            h->cb = cb;
+            if (cb == 4) transcode<4><<<(unsigned)((threads + 255) / 256), 256, 0, c->stream>>>(M, static_cast<uint8_t *>(h->dcodes));
+            else transcode<8><<<(unsigned)((threads + 255) / 256), 256, 0, c->stream>>>(M, static_cast<uint8_t *>(h->dcodes));
+            e = cudaGetLastError();
+        }
+        if (e == cudaSuccess) e = cudaStreamSynchronize(c->stream);
+        if (e != cudaSuccess) {
+            release(ctx, h);
+            return map_error(e);
+        }
+    }
     *handle = h;
     return MPQ_OK;
 }
@@ -1176,6 +1330,7 @@ void release(void *ctx, void *handle)
     if (!h) return;
     cudaFree(h->dbuf);
     cudaFree(h->drec);
+    cudaFree(h->dcodes);
     free(h);
 }
 
@@ -1264,24 +1419,30 @@ mpq_status launch_lut(cuda_ctx *c, const cuda_handle *h, const float *x, float *
                       static_cast<float *>(c->scratch), c->counters, y);
 }
 
-// The MMA kernel for a batch of 1..16 (tiles of one width, whole quads).
+// The MMA kernel for a batch of 1..16 (matrices with a code copy), after
+// mma_prep.
 mpq_status launch_mma(cuda_ctx *c, const cuda_handle *h, const float *x, float *y, int batch, int skip)
 {
     const dmat &M = h->m;
-    const int glast = M.ngroups - 1, gw = M.cols - glast * M.group;
-    if (!M.uniform || M.group % 32 || gw % 32) return MPQ_ERR_UNSUPPORTED;
+    if (!M.codes) return MPQ_ERR_UNSUPPORTED;
     // Column parts of whole groups, of equal size, whose fragments fit
     // kMmaFragBytes; row blocks of 1, 2, 4 or a multiple of 8 tiles. Of the
     // part counts from the fewest to twice that, the one whose blocks fill
     // the waves of resident blocks best (the fewest parts on a tie).
-    const int gmax = kMmaFragBytes / (4 * batch * M.group);
+    // Batches up to 8 take parts of at most 32 KB of fragments (3 blocks per
+    // multiprocessor) unless that makes more than 8 parts: the partial sums
+    // of more parts cost more than the third block gains (bench/results).
+    const int nt_ = batch > 8 ? 2 : 1, nv = 8 * nt_;
+    int gmax = kMmaFragBytes / 2 / (4 * nv * M.group);
+    if (nt_ == 2 || gmax < 1 || (M.ngroups + gmax - 1) / gmax > 8) gmax = kMmaFragBytes / (4 * nv * M.group);
     if (gmax < 1) return MPQ_ERR_UNSUPPORTED;
-    const int slot = (M.meta + h->maxw * M.group * 2 + 15) / 16 * 16;
+    const int slot = M.crec; // a multiple of 16
     const int ng0 = gmax < M.ngroups ? gmax : M.ngroups;
-    const int smem = mma_smem(ng0 * M.group / 32, ng0, batch).ring + kMmaWarps * kMmaRing * slot;
+    const int smem = mma_smem(mma_part(ng0, M.group, nv).bytes, nv).ring + kMmaWarps * kMmaRing * slot;
     if (smem > c->mma_dmax) return MPQ_ERR_UNSUPPORTED;
     int occ = c->smem_sm / (smem + c->mma_static + c->smem_reserved);
-    occ = occ > 2 ? 2 : occ < 1 ? 1 : occ;
+    const int omax = nt_ == 1 ? kMmaBlocks1 : 2;
+    occ = occ > omax ? omax : occ < 1 ? 1 : occ;
     const int want = occ * c->sms, pmin = (M.ngroups + gmax - 1) / gmax;
     int nparts = 0, gpp = 0, tpb = 0, nrb = 0;
     double best = 0.0;
@@ -1294,11 +1455,17 @@ mpq_status launch_mma(cuda_ctx *c, const cuda_handle *h, const float *x, float *
         const double fill = (double)blocks / ((double)waves * want);
         if (fill > best + 1e-9) best = fill, nparts = np_, gpp = gp, tpb = tp, nrb = nr;
     }
-    mpq_status st = grow(c, sizeof(float) * (size_t)nparts * batch * M.ntiles * kTile, (size_t)nrb);
+    const mma_part P(gpp, M.group, nv);
+    const size_t part_bytes = (sizeof(float) * (size_t)nparts * batch * M.ntiles * kTile + 255) / 256 * 256;
+    mpq_status st = grow(c, part_bytes + (size_t)nparts * P.bytes, (size_t)nrb);
     if (st != MPQ_OK) return st;
-    const int wi = h->variant();
-    return launch_pdl(c, kMma[batch > 8][wi], dim3(nparts, nrb), kMmaThreads, smem, M, x, batch, skip, tpb, gpp, slot,
-                      static_cast<float *>(c->scratch), c->counters, y);
+    uint8_t *xprep = static_cast<uint8_t *>(c->scratch) + part_bytes;
+    st = launch_pdl(c, kPrep[nt_ - 1], dim3(M.ngroups), kMmaThreads, 4 * M.group * nv + M.group / 32 * nv * 4, M,
+                    x, batch, gpp, xprep);
+    if (st != MPQ_OK) return st;
+    const int smem_used = mma_smem(P.bytes, nv).ring + kMmaWarps * kMmaRing * slot;
+    return launch_pdl(c, kMma[nt_ - 1][h->cb == 8], dim3(nparts, nrb), kMmaThreads, smem_used, M, x, batch, skip, tpb,
+                      gpp, slot, static_cast<const uint8_t *>(xprep), static_cast<float *>(c->scratch), c->counters, y);
 }
 
 mpq_status gemv_batched(cuda_ctx *c, const cuda_handle *h, const float *x, float *y, int batch, int skip)
@@ -1309,7 +1476,10 @@ mpq_status gemv_batched(cuda_ctx *c, const cuda_handle *h, const float *x, float
     if (st != MPQ_OK) return st;
     __half *W16 = static_cast<__half *>(c->scratch), *X16 = W16 + wn;
     const size_t threads = (size_t)M.ntiles * kTile * (size_t)((M.cols + 31) / 32);
-    dequant_f16<<<(unsigned)((threads + 255) / 256), 256, 0, c->stream>>>(M, skip, W16);
+    const unsigned blocks = (unsigned)((threads + 255) / 256);
+    if (!M.codes) dequant_f16<<<blocks, 256, 0, c->stream>>>(M, skip, W16);
+    else if (h->cb == 4) dequant_codes<4><<<blocks, 256, 0, c->stream>>>(M, skip, W16);
+    else dequant_codes<8><<<blocks, 256, 0, c->stream>>>(M, skip, W16);
     gather_f16<<<(unsigned)((xn + 255) / 256), 256, 0, c->stream>>>(M, x, batch, X16);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return map_error(e);
@@ -1430,14 +1600,16 @@ extern "C" mpq_status mpq_cuda_backend(int device, mpq_backend *b)
     if (e == cudaSuccess) e = cudaDeviceGetAttribute(&per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
     if (e == cudaSuccess) e = cudaDeviceGetAttribute(&c->smem_reserved, cudaDevAttrReservedSharedMemoryPerBlock, device);
     c->mma_static = 0;
-    for (int k = 0; k < 6 && e == cudaSuccess; k++) { // the most static memory of the six
+    for (int k = 0; k < 4 && e == cudaSuccess; k++) { // the most static memory of the four
         cudaFuncAttributes fa;
-        e = cudaFuncGetAttributes(&fa, kMma[k / 3][k % 3]);
+        e = cudaFuncGetAttributes(&fa, kMma[k / 2][k % 2]);
         if (e == cudaSuccess && (int)fa.sharedSizeBytes > c->mma_static) c->mma_static = (int)fa.sharedSizeBytes;
     }
     c->mma_dmax = per_block - c->mma_static;
-    for (int k = 0; k < 6 && e == cudaSuccess; k++)
-        e = cudaFuncSetAttribute(kMma[k / 3][k % 3], cudaFuncAttributeMaxDynamicSharedMemorySize, c->mma_dmax);
+    for (int k = 0; k < 4 && e == cudaSuccess; k++)
+        e = cudaFuncSetAttribute(kMma[k / 2][k % 2], cudaFuncAttributeMaxDynamicSharedMemorySize, c->mma_dmax);
+    for (int k = 0; k < 2 && e == cudaSuccess; k++) // a group's activations (at most kMmaFragBytes) and quad sums
+        e = cudaFuncSetAttribute(kPrep[k], cudaFuncAttributeMaxDynamicSharedMemorySize, kMmaFragBytes + kMmaFragBytes / 32);
     if (e != cudaSuccess) {
         cudaStreamDestroy(c->stream);
         free(c);

@@ -9,16 +9,19 @@
    - upload copies a packed matrix (bit-plane or MXINT, with permutations,
      column scales and sparse part) to device memory as it is, plus a small
      table of record offsets and plane counts (8 bytes per record of 16 rows
-     x group columns);
+     x group columns); where every group (the last one too) is a multiple of
+     32 columns it also builds a copy of the weights' integer codes in 4-bit
+     fields (8-bit where a row is wider than 4 bits) for the tensor cores:
+     4 or 8 more bits per weight of device memory;
    - gemv, batch 1..16: one launch per product for groups that are a
      multiple of 32 columns, any mix of widths, skip_planes: the LUT kernel
-     (mpq_cuda.cu, top) up to batch 4, the tensor-core (MMA) kernel for
-     batch 5..16 where every tile has one width (block_rows a multiple of
-     16), else the LUT kernel up to batch 8; other groups (and matrices
-     whose last group ends inside a quad) take a plain kernel that decodes
-     every weight up to batch 8; larger batches, and batches 9..16 that the
-     MMA kernel does not take, dequantize to fp16 and multiply with cuBLAS
-     (fp32 accumulation);
+     (mpq_cuda.cu, top) up to batch 2, the tensor-core (MMA) kernel for
+     batch 3..16 where the code copy exists (after a small kernel that
+     prepares the activations), else the LUT kernel up to batch 8; other
+     groups (and matrices whose last group ends inside a quad) take a plain
+     kernel that decodes every weight up to batch 8; larger batches, and
+     batches 9..16 that the MMA kernel does not take, dequantize to fp16 and
+     multiply with cuBLAS (fp32 accumulation);
    - x and y may be device pointers (the call is then asynchronous on the
      backend's stream: synchronize before reading y) or host pointers (staged
      through device buffers; the call returns with y written); they must

@@ -1,5 +1,5 @@
 /* bench_gemv_cuda: the CUDA GEMV (the LUT kernel; the tensor-core kernel for
-   batches 5 to 16) on the shapes and widths of LLM layers, against the copy
+   batches 3 to 16) on the shapes and widths of LLM layers, against the copy
    bandwidth and cuBLAS fp16 measured in the same run.
 
    usage: bench_gemv_cuda [--quick] [--reorder] [--prefill | --sweep | --batches N1,N2,...] [--floors]
@@ -13,7 +13,7 @@
    and 1024 (the path that dequantizes to fp16 and calls cuBLAS) at 3.25
    bits unless --bits says otherwise; --sweep times batches 1, 2, 4, 8, 16,
    32, 64, 256, 1024 and 4096 at 3.25 bits on 8192x8192, 28672x8192 and
-   8192x28672 unless --shape or --bits say otherwise, and --batches
+   8192x28672 unless --shape, --bits or --batches say otherwise, and --batches
    N1,N2,... any list; with batch 1 first, every line also gives its time
    over batch 1's (same width, same run); --floors adds, under every
    batch-1 line, the dependent floors of bench/read_floor.cu: what a launch
@@ -219,7 +219,8 @@ int main(int argc, char **argv)
     }
     if (sweep) {
         const int sw[10] = {1, 2, 4, 8, 16, 32, 64, 256, 1024, 4096};
-        for (nlist = 0; nlist < 10; nlist++) list[nlist] = sw[nlist];
+        if (nlist == 0)
+            for (nlist = 0; nlist < 10; nlist++) list[nlist] = sw[nlist];
         if (!shape_given) {
             const int big[3][2] = {{8192, 8192}, {28672, 8192}, {8192, 28672}};
             memcpy(shapes, big, sizeof big);
