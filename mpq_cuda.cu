@@ -1298,7 +1298,9 @@ mpq_status upload(void *ctx, const mpq_packed *A, void **handle)
     const size_t nbits = (size_t)((A->rows + A->block_rows - 1) / A->block_rows) * (size_t)A->ngroups;
     for (size_t k = 0; k < nbits; k++) h->maxw = A->bits[k] > h->maxw ? A->bits[k] : h->maxw;
     // the CODE LAYOUT copy of the MMA kernel and the fp16 path, where every
-    // group (the last one too) is whole quads
+    // group (the last one too) is whole quads; without room for it the
+    // matrix is uploaded without it (the LUT kernel and fp16 + cuBLAS serve
+    // every batch)
     const int last = A->cols - (A->ngroups - 1) * A->group;
     if (A->group % 32 == 0 && last % 32 == 0) {
         const int cb = h->maxw <= 4 ? 4 : 8, hdr = M.meta + kTile;
@@ -1306,7 +1308,11 @@ mpq_status upload(void *ctx, const mpq_packed *A, void **handle)
         M.crow = (A->ngroups - 1) * M.crec + hdr + last * 2 * cb;
         const size_t threads = (size_t)ntiles * (size_t)(A->cols / 32) * 32;
         e = cudaMalloc(&h->dcodes, (size_t)ntiles * (size_t)M.crow);
-        if (e == cudaSuccess) {
+        if (e == cudaErrorMemoryAllocation) {
+            cudaGetLastError();
+            h->dcodes = nullptr;
+            e = cudaSuccess;
+        } else if (e == cudaSuccess) {
             M.codes = static_cast<const uint8_t *>(h->dcodes);
             h->cb = cb;
             if (cb == 4) transcode<4><<<(unsigned)((threads + 255) / 256), 256, 0, c->stream>>>(M, static_cast<uint8_t *>(h->dcodes));

@@ -12,7 +12,8 @@
      x group columns); where every group (the last one too) is a multiple of
      32 columns it also builds a copy of the weights' integer codes in 4-bit
      fields (8-bit where a row is wider than 4 bits) for the tensor cores:
-     4 or 8 more bits per weight of device memory;
+     4 or 8 more bits per weight of device memory (without room for it the
+     matrix is uploaded without it, and the other kernels take its batches);
    - gemv, batch 1..16: one launch per product for groups that are a
      multiple of 32 columns, any mix of widths, skip_planes: the LUT kernel
      (mpq_cuda.cu, top) up to batch 2, the tensor-core (MMA) kernel for
