@@ -12,8 +12,7 @@
    prompts of 64, 300 and 1024 vectors (fp16 + cuBLAS) on the smaller
    cases; skip_planes 1 and 2 at batches 1..8, 11 and 16; device and host
    pointers; fresh random inputs, outputs poisoned with NaN first.
-   Tolerance: float32
-   rounding, (n + 64) 2^-23 times 3 max_j |w_ij| sum_j |x~_j| (the terms the
+   Tolerance: float32 rounding, (n + 64) 2^-23 times 3 max_j |w_ij| sum_j |x~_j| (the terms the
    mirror form adds: |s^| (2^b - 1) + |z^| is at most 3 max |w| of a group);
    fp16 path: 2^-9 sum_j |w_ij x_j| (fp16 rounding of w and x). Host and
    device pointers must give the same bits.
@@ -56,8 +55,8 @@ typedef struct cas {
    by the widest row (up to 4, 6 or 8 planes), the MMA kernel's code fields
    by it (4 or 8 bits); column slices are 512 / batch columns, so 2080 and
    1056 columns end in a partial slice, and 3000 or 5000 rows give warps
-   several tiles each with a ragged end. The last case gives the MMA kernel
-   86 records per warp. */
+   several tiles each with a ragged end. The last case gives each warp of
+   the MMA kernel dozens of records, many times its ring. */
 static const cas cases[] = {
     {16, 32, 32, 16, 1, 0, 0, 0},       {37, 96, 32, 3, 1, 8, 1, 1},      {300, 520, 40, 16, 1, 8, 1, 0},
     {129, 1000, 128, 16, 1, 8, 1, 1},   {512, 4096, 128, 16, 1, 8, 0, 0}, {257, 2048, 256, 32, 1, 8, 1, 1},
@@ -66,7 +65,7 @@ static const cas cases[] = {
     {3000, 2080, 32, 16, 1, 4, 1, 1},   {5000, 1056, 64, 48, 1, 4, 0, 0}, {1003, 2080, 96, 7, 1, 4, 1, 0},
     {2500, 1536, 32, 16, 2, 4, 1, 1},   {4100, 2048, 128, 16, 1, 2, 0, 1}, {560, 1056, 32, 16, 1, 4, 1, 1},
     {3000, 1024, 128, 16, 1, 6, 1, 0},  {400, 1536, 32, 9, 2, 6, 0, 1},
-    {18000, 4096, 32, 16, 1, 4, 0, 0}, /* MMA kernel, batch 3..8: 86 records per warp */
+    {18000, 4096, 32, 16, 1, 4, 0, 0}, /* MMA kernel: dozens of records per warp */
 };
 
 /* per output: sum |w x| (wx) and 3 max |w| sum |x c| (row), from the
