@@ -951,6 +951,7 @@ void mpq__rotate(const mpq_llm_config *c, const float *rope, float *v, int T, in
 typedef struct mpq__attention_job {
     const mpq_llm *m;
     mpq_llm_state *s;
+    mpq_llm_state *const *seq; /* NULL: every row in s, row t at pos + t; else row t in seq[t] at seq[t]->pos */
     int l, T, pos;
 } mpq__attention_job;
 
@@ -961,12 +962,14 @@ static void mpq__attention_task(void *ctx, int task)
     mpq_llm_state *s = J->s;
     const int hd = c->head_dim, H = c->heads, group = c->heads / c->kv_heads, n = J->T * H;
     const size_t kvd = (size_t)c->kv_heads * hd, qd = (size_t)H * hd;
-    const float *kc = s->kc + (size_t)J->l * s->ctx * kvd, *vc = s->vc + (size_t)J->l * s->ctx * kvd;
     const float scale = (float)(1.0 / sqrt((double)hd));
     float *sc = s->scores + (size_t)task * s->ctx;
     const int th1 = (int)((long long)n * (task + 1) / s->nthreads);
     for (int th = (int)((long long)n * task / s->nthreads); th < th1; th++) {
-        const int t = th / H, h = th % H, g = h / group, P = J->pos + t;
+        const int t = th / H, h = th % H, g = h / group;
+        const mpq_llm_state *q_s = J->seq ? J->seq[t] : s; /* whose cache row t reads */
+        const int P = J->seq ? q_s->pos : J->pos + t;
+        const float *kc = q_s->kc + (size_t)J->l * q_s->ctx * kvd, *vc = q_s->vc + (size_t)J->l * q_s->ctx * kvd;
         const float *q = s->q + (size_t)t * qd + (size_t)h * hd;
         float mx = -INFINITY;
         for (int j = 0; j <= P; j++) {
@@ -985,15 +988,48 @@ static void mpq__attention_task(void *ctx, int task)
     }
 }
 
-static void mpq__attention(const mpq_llm *m, mpq_llm_state *s, int l, int T, int pos)
+static void mpq__attention(const mpq_llm *m, mpq_llm_state *s, mpq_llm_state *const *seq, int l, int T, int pos)
 {
-    mpq__attention_job J = {m, s, l, T, pos};
+    mpq__attention_job J = {m, s, seq, l, T, pos};
     mpq_parallel(s->nthreads, s->nthreads, mpq__attention_task, &J);
 }
 
-/* One piece of at most s->batch tokens; logits of tokens lo.. (may be NULL). */
-static mpq_status mpq__piece(const mpq_llm *m, mpq_llm_state *s, const int32_t *tok, int T, int skip, float *logits,
-                             int lo)
+/* g = silu(g) * u over n floats of the state (an expf each: at a prompt of
+   512 tokens and an ffn of 28672 it is 15 M of them per layer): below 65536
+   floats on the caller, else in one slice per thread of the state, so the
+   OpenMP team keeps the size of the attention's (teams of other sizes in
+   between, or one woken for a single token, cost more than they saved:
+   bench/results/NOTES.md). */
+typedef struct mpq__swiglu_job {
+    float *g;
+    const float *u;
+    size_t n;
+    int tasks;
+} mpq__swiglu_job;
+
+static void mpq__swiglu_task(void *ctx, int task)
+{
+    const mpq__swiglu_job *J = (const mpq__swiglu_job *)ctx;
+    const size_t i0 = J->n * (size_t)task / (size_t)J->tasks, i1 = J->n * (size_t)(task + 1) / (size_t)J->tasks;
+    for (size_t i = i0; i < i1; i++) {
+        const float g = J->g[i];
+        J->g[i] = g / (1.0f + expf(-g)) * J->u[i];
+    }
+}
+
+static void mpq__swiglu(mpq_llm_state *s, size_t n)
+{
+    mpq__swiglu_job J = {s->g, s->u, n, n < 65536 ? 1 : s->nthreads};
+    if (J.tasks == 1) mpq__swiglu_task(&J, 0);
+    else mpq_parallel(J.tasks, s->nthreads, mpq__swiglu_task, &J);
+}
+
+/* One piece of at most s->batch tokens; logits of tokens lo.. (may be NULL).
+   seq NULL: the tokens are one sequence's, in s at s->pos onwards; else
+   token t is the next of sequence seq[t] (its cache, at seq[t]->pos) and s
+   is the scratch only. */
+static mpq_status mpq__piece(const mpq_llm *m, mpq_llm_state *s, mpq_llm_state *const *seq, const int32_t *tok, int T,
+                             int skip, float *logits, int lo)
 {
     const mpq_llm_config *c = &m->c;
     const int D = c->dim, F = c->ffn, hd = c->head_dim, pos = s->pos;
@@ -1004,7 +1040,8 @@ static mpq_status mpq__piece(const mpq_llm *m, mpq_llm_state *s, const int32_t *
         if (m->embed.A.buf) st = mpq_packed_dequantize_row(&m->embed.A, 0, tok[t], x);
         else memcpy(x, m->embed.W + (size_t)tok[t] * D, sizeof(float) * (size_t)D);
     }
-    mpq__rope_table(m, pos, T, s->rope);
+    if (!seq) mpq__rope_table(m, pos, T, s->rope);
+    for (int t = 0; seq && t < T; t++) mpq__rope_table(m, seq[t]->pos, 1, s->rope + (size_t)t * hd);
     for (int l = 0; l < c->layers && st == MPQ_OK; l++) {
         const mpq_llm_layer *L = &m->layer[l];
         mpq__rmsnorm(s->x, L->attn_norm, s->h, T, D, c->norm_eps);
@@ -1014,19 +1051,23 @@ static mpq_status mpq__piece(const mpq_llm *m, mpq_llm_state *s, const int32_t *
         if (st != MPQ_OK) break;
         mpq__rotate(c, s->rope, s->q, T, c->heads, 0);
         mpq__rotate(c, s->rope, s->k, T, c->kv_heads, 0);
-        memcpy(s->kc + ((size_t)l * s->ctx + pos) * kvd, s->k, sizeof(float) * (size_t)T * kvd);
-        memcpy(s->vc + ((size_t)l * s->ctx + pos) * kvd, s->v, sizeof(float) * (size_t)T * kvd);
-        mpq__attention(m, s, l, T, pos);
+        if (!seq) {
+            memcpy(s->kc + ((size_t)l * s->ctx + pos) * kvd, s->k, sizeof(float) * (size_t)T * kvd);
+            memcpy(s->vc + ((size_t)l * s->ctx + pos) * kvd, s->v, sizeof(float) * (size_t)T * kvd);
+        }
+        for (int t = 0; seq && t < T; t++) {
+            const size_t at = ((size_t)l * seq[t]->ctx + seq[t]->pos) * kvd;
+            memcpy(seq[t]->kc + at, s->k + (size_t)t * kvd, sizeof(float) * kvd);
+            memcpy(seq[t]->vc + at, s->v + (size_t)t * kvd, sizeof(float) * kvd);
+        }
+        mpq__attention(m, s, seq, l, T, pos);
         if ((st = mpq__linear(m, s, &L->lin[MPQ_LIN_O], l, MPQ_LIN_O, s->a, s->h, T, skip)) != MPQ_OK) break;
         for (size_t i = 0; i < (size_t)T * D; i++) s->x[i] += s->h[i];
         mpq__rmsnorm(s->x, L->ffn_norm, s->h, T, D, c->norm_eps);
         st = mpq__linear(m, s, &L->lin[MPQ_LIN_GATE], l, MPQ_LIN_GATE, s->h, s->g, T, skip);
         if (st == MPQ_OK) st = mpq__linear(m, s, &L->lin[MPQ_LIN_UP], l, MPQ_LIN_UP, s->h, s->u, T, skip);
         if (st != MPQ_OK) break;
-        for (size_t i = 0; i < (size_t)T * F; i++) {
-            const float g = s->g[i];
-            s->g[i] = g / (1.0f + expf(-g)) * s->u[i];
-        }
+        mpq__swiglu(s, (size_t)T * F);
         if ((st = mpq__linear(m, s, &L->lin[MPQ_LIN_DOWN], l, MPQ_LIN_DOWN, s->g, s->h, T, skip)) != MPQ_OK) break;
         for (size_t i = 0; i < (size_t)T * D; i++) s->x[i] += s->h[i];
     }
@@ -1034,7 +1075,8 @@ static mpq_status mpq__piece(const mpq_llm *m, mpq_llm_state *s, const int32_t *
         mpq__rmsnorm(s->x + (size_t)lo * D, m->out_norm, s->h, T - lo, D, c->norm_eps);
         st = mpq__linear(m, s, &m->head, -1, 0, s->h, logits, T - lo, 0);
     }
-    if (st == MPQ_OK) s->pos += T;
+    if (st == MPQ_OK && !seq) s->pos += T;
+    for (int t = 0; st == MPQ_OK && seq && t < T; t++) seq[t]->pos++;
     return st;
 }
 
@@ -1049,10 +1091,25 @@ mpq_status mpq_llm_forward(const mpq_llm *m, mpq_llm_state *s, const int32_t *to
         const int T = n - p < s->batch ? n - p : s->batch;
         const int lo = first - p > 0 ? first - p : 0;
         float *lg = logits && lo < T ? logits + (size_t)(p + lo - first) * m->c.vocab : NULL;
-        mpq_status st = mpq__piece(m, s, tokens + p, T, skip_planes, lg, lo);
+        mpq_status st = mpq__piece(m, s, NULL, tokens + p, T, skip_planes, lg, lo);
         if (st != MPQ_OK) return st;
     }
     return MPQ_OK;
+}
+
+mpq_status mpq_llm_decode(const mpq_llm *m, mpq_llm_state *const *seqs, int n, const int32_t *tokens, int skip_planes,
+                          mpq_llm_state *work, float *logits)
+{
+    if (!m || !seqs || !tokens || !work || n < 1 || skip_planes < 0) return MPQ_ERR_ARG;
+    if (n > work->batch) return MPQ_ERR_SIZE;
+    for (int i = 0; i < n; i++) {
+        if (!seqs[i] || tokens[i] < 0 || tokens[i] >= m->c.vocab || seqs[i]->ctx > work->ctx) return MPQ_ERR_ARG;
+        for (int j = 0; j < i; j++)
+            if (seqs[j] == seqs[i]) return MPQ_ERR_ARG;
+    }
+    for (int i = 0; i < n; i++)
+        if (seqs[i]->pos >= seqs[i]->ctx) return MPQ_ERR_RANGE;
+    return mpq__piece(m, work, seqs, tokens, n, skip_planes, logits, 0);
 }
 
 /* ========================================================================== */

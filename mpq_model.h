@@ -13,7 +13,8 @@
      2. Models ........ configuration, loading (GGUF, Hugging Face directory,
                         safetensors files written by mpq), float or packed
                         linear maps, the CPU or another backend
-     3. Forward pass .. KV cache, batched prompts, one-token decode, logits
+     3. Forward pass .. KV cache, batched prompts, one-token decode (of one or
+                        several sequences at once), logits
      4. Perplexity .... llama.cpp's llama-perplexity, computed the same way
      5. Generation .... greedy or temperature / top-p sampling, PMPD
                         precision schedules, prompt and decode timing
@@ -301,6 +302,17 @@ static inline void mpq_llm_state_reset(mpq_llm_state *s) { s->pos = 0; }
    of tokens first .. n - 1, (n - first) x vocab floats. */
 mpq_status mpq_llm_forward(const mpq_llm *m, mpq_llm_state *s, const int32_t *tokens, int n, int skip_planes,
                            float *logits, int first);
+
+/* One decode step of n independent sequences (several users, beams): token
+   i is appended to sequence seqs[i] at seqs[i]->pos. The linear maps run on
+   the n tokens together (one product of batch n each), attention of each
+   token over its own cache. work: the step's scratch, a state with batch
+   >= n (else MPQ_ERR_SIZE) and ctx at least every sequence's; it may be one
+   of seqs (its cache is not touched unless it is). seqs must be distinct
+   (MPQ_ERR_ARG); a full cache is MPQ_ERR_RANGE; nothing is run then.
+   logits (may be NULL): n x vocab floats. */
+mpq_status mpq_llm_decode(const mpq_llm *m, mpq_llm_state *const *seqs, int n, const int32_t *tokens, int skip_planes,
+                          mpq_llm_state *work, float *logits);
 
 /* ========================================================================== */
 /* 4. Perplexity                                                              */

@@ -235,6 +235,46 @@ Test(model, every_batch_and_the_cache_give_the_same_logits, .init = make_tmpdir,
         cr_assert_eq(s.pos, 0);
         cr_assert_eq(mpq_llm_forward(m, &s, bad, 1, 0, z, 2), MPQ_ERR_ARG, "first past n");
         mpq_llm_state_free(&s);
+        /* three sequences (streams at offsets 0, 11, 20 of tok; prompts of 6, 1
+           and 9 tokens) decoded together: each step's logits equal those of the
+           sequence run alone, bit for bit */
+        enum { NS = 3, STEPS = 7 };
+        const int off[NS] = {0, 11, 20}, pre[NS] = {6, 1, 9};
+        mpq_llm_state seq[NS], work;
+        mpq_llm_state *sp[NS];
+        float *alone[NS], zs[NS * 320];
+        cr_assert_eq(mpq_llm_state_init(m, 16, 4, &work), MPQ_OK);
+        for (int i = 0; i < NS; i++) {
+            alone[i] = logits_of(m, tok + off[i], pre[i] + STEPS, 64, 0);
+            cr_assert_eq(mpq_llm_state_init(m, 16, 8, &seq[i]), MPQ_OK);
+            cr_assert_eq(mpq_llm_forward(m, &seq[i], tok + off[i], pre[i] - 1, 0, NULL, 0), MPQ_OK);
+            sp[i] = &seq[i];
+        }
+        for (int k = 0; k < STEPS; k++) {
+            int32_t next[NS];
+            for (int i = 0; i < NS; i++) next[i] = tok[off[i] + pre[i] - 1 + k];
+            /* the scratch: a state of its own, or one of the sequences */
+            cr_assert_eq(mpq_llm_decode(m, sp, NS, next, 0, k % 2 ? &work : sp[1], zs), MPQ_OK);
+            for (int i = 0; i < NS; i++) {
+                cr_assert_eq(seq[i].pos, pre[i] + k);
+                cr_assert(!memcmp(zs + (size_t)i * 320, alone[i] + (size_t)(pre[i] - 1 + k) * 320, sizeof(float) * 320),
+                          "sequence %d, step %d, packed %d: not bit for bit", i, k, packed);
+            }
+        }
+        /* errors change nothing: a sequence twice, more than the scratch's
+           batch, a token outside the vocabulary, a full cache */
+        mpq_llm_state *twice[2] = {sp[0], sp[0]}, small;
+        const int32_t two[3] = {1, 2, 3}, bad2[3] = {1, 320, 2};
+        cr_assert_eq(mpq_llm_state_init(m, 16, 2, &small), MPQ_OK);
+        cr_assert_eq(mpq_llm_decode(m, twice, 2, two, 0, &work, zs), MPQ_ERR_ARG);
+        cr_assert_eq(mpq_llm_decode(m, sp, 3, two, 0, &small, zs), MPQ_ERR_SIZE, "3 tokens, a scratch of batch 2");
+        mpq_llm_state_free(&small);
+        cr_assert_eq(mpq_llm_decode(m, sp, 3, bad2, 0, &work, zs), MPQ_ERR_ARG);
+        seq[2].pos = seq[2].ctx;
+        cr_assert_eq(mpq_llm_decode(m, sp, 3, two, 0, &work, zs), MPQ_ERR_RANGE);
+        for (int i = 0; i < 2; i++) cr_assert_eq(seq[i].pos, pre[i] + STEPS - 1, "sequence %d moved", i);
+        for (int i = 0; i < NS; i++) mpq_llm_state_free(&seq[i]), free(alone[i]);
+        mpq_llm_state_free(&work);
         free(whole);
     }
     mpq_llm_free(m);
