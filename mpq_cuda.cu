@@ -45,13 +45,19 @@
 // batch; the LUT kernel's grows with B (it runs batch 3 as 4), and the two
 // cross between batch 2 and 3 on the H100 (bench/results/NOTES.md).
 //
+// Batches 17..MPQ_CUDA_MMA_MAX (mpq_cuda.h) run as products of 16 vectors.
+//
 // OTHER PATHS: groups that are not a multiple of 32 columns (tails of pairs
 // and singles inside every group) use a plain kernel, one thread per row and
-// vector, which decodes every weight; batches beyond 16 (and batches 9..16
+// vector, which decodes every weight; batches beyond those (and batches 9..16
 // that the MMA kernel does not take) dequantize to fp16 (rows in original
 // order, columns in packed order, one thread per row and 32 columns, from
 // the code copy where there is one), gather the activations through p_col
 // into fp16, and multiply with cuBLAS (fp32 accumulate).
+//
+// FP16 BASELINE (mpq_cuda_backend_fp16): upload dequantizes the matrix once
+// into a resident fp16 copy (w16) and drops the code copy; every product is
+// gemm_f16 on it, as an engine with fp16 weights would run it.
 //
 // Measurements of these kernels, the variants tried and dropped, and where
 // the time goes: bench/results/NOTES.md, "The CUDA kernels".
@@ -115,6 +121,7 @@ struct cuda_ctx {
     // device copies of host x and y (see gemv)
     float *stage;
     size_t stage_bytes;
+    int fp16_weights; // mpq_cuda_backend_fp16: every matrix as resident fp16 weights
 };
 
 struct cuda_handle {
@@ -126,6 +133,7 @@ struct cuda_handle {
     int fast;            // the LUT kernel applies
     int maxw;            // the largest width in the matrix
     int cb;              // code field bits of the copy: 4 or 8
+    __half *w16;         // mpq_cuda_backend_fp16: the weights in fp16 (rows in original order, packed columns)
     // which kernel variant holds the widest record: up to 4, 6 or 8 planes
     int variant() const { return maxw <= 4 ? 0 : maxw <= 6 ? 1 : 2; }
 };
@@ -1210,6 +1218,19 @@ __global__ void gather_f16(dmat M, const float *__restrict__ x, int batch, __hal
 
 // ------------------------------------------------------------------ host code
 
+// Launches the dequantization of h's matrix into W (dequant_f16's order),
+// from the code copy where it exists.
+cudaError_t dequantize(cuda_ctx *c, const cuda_handle *h, int skip, __half *W)
+{
+    const dmat &M = h->m;
+    const size_t threads = (size_t)M.ntiles * kTile * (size_t)((M.cols + 31) / 32);
+    const unsigned blocks = (unsigned)((threads + 255) / 256);
+    if (!M.codes) dequant_f16<<<blocks, 256, 0, c->stream>>>(M, skip, W);
+    else if (h->cb == 4) dequant_codes<4><<<blocks, 256, 0, c->stream>>>(M, skip, W);
+    else dequant_codes<8><<<blocks, 256, 0, c->stream>>>(M, skip, W);
+    return cudaGetLastError();
+}
+
 // Record offsets and plane counts of every (tile, group), from the BYTE
 // LAYOUT of mpq.h: band after band, inside a band group after group, inside
 // a group tile after tile; a record is the metadata then its planes.
@@ -1325,6 +1346,17 @@ mpq_status upload(void *ctx, const mpq_packed *A, void **handle)
             return map_error(e);
         }
     }
+    if (c->fp16_weights) { // the fp16 baseline: dequantize once, keep only what gather_f16 reads besides
+        e = cudaMalloc(&h->w16, sizeof(__half) * (size_t)A->rows * (size_t)A->cols);
+        if (e == cudaSuccess) e = dequantize(c, h, 0, h->w16);
+        if (e == cudaSuccess) e = cudaStreamSynchronize(c->stream);
+        if (e != cudaSuccess) {
+            release(ctx, h);
+            return map_error(e);
+        }
+        cudaFree(h->dcodes);
+        h->dcodes = nullptr, M.codes = nullptr, h->cb = 0;
+    }
     *handle = h;
     return MPQ_OK;
 }
@@ -1337,6 +1369,7 @@ void release(void *ctx, void *handle)
     cudaFree(h->dbuf);
     cudaFree(h->drec);
     cudaFree(h->dcodes);
+    cudaFree(h->w16);
     free(h);
 }
 
@@ -1474,18 +1507,11 @@ mpq_status launch_mma(cuda_ctx *c, const cuda_handle *h, const float *x, float *
                       gpp, slot, static_cast<const uint8_t *>(xprep), static_cast<float *>(c->scratch), c->counters, y);
 }
 
-mpq_status gemv_batched(cuda_ctx *c, const cuda_handle *h, const float *x, float *y, int batch, int skip)
+// y = W16 x through cuBLAS (fp16 in, fp32 accumulate), the activations
+// gathered into X16 first (packed column order, see dequant_f16).
+mpq_status gemm_f16(cuda_ctx *c, const dmat &M, const __half *W16, __half *X16, const float *x, float *y, int batch)
 {
-    const dmat &M = h->m;
-    const size_t wn = (size_t)M.rows * M.cols, xn = (size_t)batch * M.cols;
-    mpq_status st = grow(c, sizeof(__half) * (wn + xn), 1);
-    if (st != MPQ_OK) return st;
-    __half *W16 = static_cast<__half *>(c->scratch), *X16 = W16 + wn;
-    const size_t threads = (size_t)M.ntiles * kTile * (size_t)((M.cols + 31) / 32);
-    const unsigned blocks = (unsigned)((threads + 255) / 256);
-    if (!M.codes) dequant_f16<<<blocks, 256, 0, c->stream>>>(M, skip, W16);
-    else if (h->cb == 4) dequant_codes<4><<<blocks, 256, 0, c->stream>>>(M, skip, W16);
-    else dequant_codes<8><<<blocks, 256, 0, c->stream>>>(M, skip, W16);
+    const size_t xn = (size_t)batch * M.cols;
     gather_f16<<<(unsigned)((xn + 255) / 256), 256, 0, c->stream>>>(M, x, batch, X16);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess) return map_error(e);
@@ -1494,6 +1520,19 @@ mpq_status gemv_batched(cuda_ctx *c, const cuda_handle *h, const float *x, float
     return map_blas(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, M.rows, batch, M.cols, &one, W16, CUDA_R_16F, M.cols,
                                  X16, CUDA_R_16F, M.cols, &zero, y, CUDA_R_32F, M.rows, CUBLAS_COMPUTE_32F,
                                  CUBLAS_GEMM_DEFAULT));
+}
+
+// Batches past the tensor-core kernel's: dequantize to fp16 in scratch, then
+// gemm_f16.
+mpq_status gemv_batched(cuda_ctx *c, const cuda_handle *h, const float *x, float *y, int batch, int skip)
+{
+    const dmat &M = h->m;
+    const size_t wn = (size_t)M.rows * M.cols, xn = (size_t)batch * M.cols;
+    mpq_status st = grow(c, sizeof(__half) * (wn + xn), 1);
+    if (st != MPQ_OK) return st;
+    __half *W16 = static_cast<__half *>(c->scratch), *X16 = W16 + wn;
+    cudaError_t e = dequantize(c, h, skip, W16);
+    return e != cudaSuccess ? map_error(e) : gemm_f16(c, M, W16, X16, x, y, batch);
 }
 
 mpq_status gemv_device(cuda_ctx *c, const cuda_handle *h, const float *x, float *y, int batch, int skip);
@@ -1546,6 +1585,19 @@ mpq_status gemv(void *ctx, void *handle, const float *x, float *y, int batch, co
 
 mpq_status gemv_device(cuda_ctx *c, const cuda_handle *h, const float *x, float *y, int batch, int skip)
 {
+    if (h->w16) { // the fp16 baseline
+        if (skip > 0) return MPQ_ERR_UNSUPPORTED;
+        mpq_status st = grow(c, sizeof(__half) * (size_t)batch * h->m.cols, 1);
+        return st != MPQ_OK ? st : gemm_f16(c, h->m, h->w16, static_cast<__half *>(c->scratch), x, y, batch);
+    }
+    if (batch > 16 && h->m.codes && batch <= MPQ_CUDA_MMA_MAX) {
+        // pieces of 16 vectors (the rest last) as products of their own: the
+        // MMA kernel, or the LUT kernel for a rest below MPQ_CUDA_MMA_BATCH
+        mpq_status st = MPQ_OK;
+        for (int v = 0; v < batch && st == MPQ_OK; v += 16)
+            st = gemv_device(c, h, x + (size_t)v * h->m.cols, y + (size_t)v * h->m.rows, min(16, batch - v), skip);
+        return st;
+    }
     if (batch > 16) return gemv_batched(c, h, x, y, batch, skip);
     mpq_status st = MPQ_ERR_UNSUPPORTED;
     if (h->fast && batch >= MPQ_CUDA_MMA_BATCH) st = launch_mma(c, h, x, y, batch, skip);
@@ -1639,6 +1691,15 @@ extern "C" mpq_status mpq_cuda_backend(int device, mpq_backend *b)
     return MPQ_OK;
 }
 
+extern "C" mpq_status mpq_cuda_backend_fp16(int device, mpq_backend *b)
+{
+    mpq_status st = mpq_cuda_backend(device, b);
+    if (st != MPQ_OK) return st;
+    static_cast<cuda_ctx *>(b->ctx)->fp16_weights = 1;
+    b->name = "cuda-fp16";
+    return MPQ_OK;
+}
+
 extern "C" void mpq_cuda_backend_destroy(mpq_backend *b)
 {
     if (!b || !b->ctx) return;
@@ -1655,6 +1716,6 @@ extern "C" void mpq_cuda_backend_destroy(mpq_backend *b)
 
 extern "C" void *mpq_cuda_stream(const mpq_backend *b)
 {
-    if (!b || !b->ctx || !b->name || strcmp(b->name, "cuda")) return nullptr;
+    if (!b || !b->ctx || !b->name || (strcmp(b->name, "cuda") && strcmp(b->name, "cuda-fp16"))) return nullptr;
     return static_cast<void *>(static_cast<const cuda_ctx *>(b->ctx)->stream);
 }

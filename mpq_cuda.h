@@ -20,9 +20,11 @@
      batch 3..16 where the code copy exists (after a small kernel that
      prepares the activations), else the LUT kernel up to batch 8; other
      groups (and matrices whose last group ends inside a quad) take a plain
-     kernel that decodes every weight up to batch 8; larger batches, and
-     batches 9..16 that the MMA kernel does not take, dequantize to fp16 and
-     multiply with cuBLAS (fp32 accumulation);
+     kernel that decodes every weight up to batch 8; batches 17 to
+     MPQ_CUDA_MMA_MAX run as products of 16 vectors (the rest last) where
+     the code copy exists; larger batches, and batches 9..16 that the MMA
+     kernel does not take, dequantize to fp16 and multiply with cuBLAS (fp32
+     accumulation);
    - x and y may be device pointers (the call is then asynchronous on the
      backend's stream: synchronize before reading y) or host pointers (staged
      through device buffers; the call returns with y written); they must
@@ -41,6 +43,13 @@
 
 #include "mpq.h"
 
+/* The largest batch the tensor-core kernel takes (in pieces of 16 vectors)
+   on a matrix with the code copy; larger batches dequantize to fp16 and
+   multiply with cuBLAS. Measured on the H100 (bench/results/NOTES.md). */
+#ifndef MPQ_CUDA_MMA_MAX
+#define MPQ_CUDA_MMA_MAX 64
+#endif
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -50,6 +59,15 @@ extern "C" {
    On success release it with mpq_cuda_backend_destroy. */
 mpq_status mpq_cuda_backend(int device, mpq_backend *b);
 void mpq_cuda_backend_destroy(mpq_backend *b);
+
+/* The same backend (name "cuda-fp16") holding float16 weights instead, the
+   baseline of end-to-end timings: upload dequantizes each packed matrix
+   once into a resident fp16 copy (2 bytes per weight; the packed buffer
+   stays for its column permutation), and every product, batch 1 included,
+   is cuBLAS's fp16 GEMM with fp32 accumulation, as an engine with fp16
+   weights runs it. skip_planes > 0 is MPQ_ERR_UNSUPPORTED (the weights are
+   fixed at upload). Released with mpq_cuda_backend_destroy. */
+mpq_status mpq_cuda_backend_fp16(int device, mpq_backend *b);
 
 /* Number of CUDA devices, 0 when there is no driver or no GPU. */
 int mpq_cuda_device_count(void);

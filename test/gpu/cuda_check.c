@@ -6,12 +6,14 @@
    Cases: both formats; groups 32, 64, 128, 256 (the LUT kernel) and 40 and a
    partial last group (the plain kernel); mixed widths with block_rows 16 and
    3; permutations, column scales, a sparse part; skip_planes 0..2; every
-   batch 1..17 (LUT kernel up to 2, MMA kernel 3..16 where every group is
-   whole quads, else LUT up to 8 and fp16 + cuBLAS; build with
-   -DMPQ_CUDA_MMA_BATCH=2 to put the MMA kernel on batch 2 too), and
-   prompts of 64, 300 and 1024 vectors (fp16 + cuBLAS) on the smaller
-   cases; skip_planes 1 and 2 at batches 1..8, 11 and 16; device and host
-   pointers; fresh random inputs, outputs poisoned with NaN first.
+   batch 1..17 and 33 (LUT kernel up to 2, MMA kernel 3..16 where every
+   group is whole quads, and in pieces of 16 up to MPQ_CUDA_MMA_MAX, a rest
+   of 1 or 2 on the LUT kernel; else LUT up to 8 and fp16 + cuBLAS; build
+   with -DMPQ_CUDA_MMA_BATCH=2 to put the MMA kernel on batch 2 too), and
+   prompts of 64, 300 and 1024 vectors on the smaller cases; skip_planes 1
+   and 2 at batches 1..8, 11 and 16; device and host pointers; fresh random
+   inputs, outputs poisoned with NaN first. The fp16-weights backend
+   (mpq_cuda_backend_fp16) on every fifth case at batches 1, 5, 17, 64.
    Tolerance: float32 rounding, (n + 64) 2^-23 times 3 max_j |w_ij| sum_j |x~_j| (the terms the
    mirror form adds: |s^| (2^b - 1) + |z^| is at most 3 max |w| of a group);
    fp16 path: 2^-9 sum_j |w_ij x_j| (fp16 rounding of w and x). Host and
@@ -84,7 +86,9 @@ static void magnitude(const float *Wd, const float *x, const float *cs, int m, i
         }
 }
 
-static int run_case(mpq_backend *be, const cas *c, synth_rng *r)
+/* fp16: be is mpq_cuda_backend_fp16's (fp16 weights, cuBLAS at every batch;
+   no skip_planes) */
+static int run_case(mpq_backend *be, const cas *c, synth_rng *r, int fp16)
 {
     const int m = c->m, n = c->n, ng = (n + c->G - 1) / c->G, nb = ((m + c->br - 1) / c->br) * ng;
     const int minb = c->format == 2 ? 2 : 1;
@@ -117,14 +121,16 @@ static int run_case(mpq_backend *be, const cas *c, synth_rng *r)
     void *h = NULL;
     mpq_status st = be->upload(be->ctx, &A, &h);
     report(st == MPQ_OK, "upload %s %dx%d group %d", c->format == 2 ? "mxint" : "bitplane", m, n, c->G);
-    static const int batches[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 64, 300, 1024};
+    static const int batches[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 33, 64, 300, 1024};
     /* the MMA kernel's matrices: groups and the last group of whole quads */
     const int last = n - (n - 1) / c->G * c->G, mma = c->G % 32 == 0 && last % 32 == 0;
-    for (int skip = 0; skip <= 2 && st == MPQ_OK; skip++) {
+    for (int skip = 0; skip <= (fp16 ? 0 : 2) && st == MPQ_OK; skip++) {
         mpq_packed_dequantize(&A, skip, Wd);
         for (size_t bi = 0; bi < sizeof batches / sizeof batches[0]; bi++) {
             const int batch = batches[bi];
             if (skip && batch > 8 && batch != 11 && batch != 16) continue;
+            if (fp16 && batch != 1 && batch != 5 && batch != 17 && batch != 64) continue;
+            if (skip && batch == 33) continue;
             if (batch > 17 && (double)m * n * batch > (batch > 300 ? 6e8 : 7e8)) continue; /* the reference's time */
             float *x = malloc(sizeof(float) * batch * n), *y = malloc(sizeof(float) * batch * m), *y2 = malloc(sizeof(float) * batch * m);
             double *ref = malloc(sizeof(double) * batch * m), *mag = malloc(sizeof(double) * batch * m),
@@ -149,7 +155,8 @@ static int run_case(mpq_backend *be, const cas *c, synth_rng *r)
             int bad = -1, same = 1;
             for (int k = 0; k < batch * m; k++) {
                 double e = fabs((double)y[k] - ref[k]);
-                const int f16 = batch > 16 || (batch > 8 && !mma); /* dequantized to fp16, cuBLAS */
+                /* dequantized to fp16, cuBLAS; up to MPQ_CUDA_MMA_MAX the MMA kernel in pieces of 16 */
+                const int f16 = fp16 || (batch > 16 && !(mma && batch <= MPQ_CUDA_MMA_MAX)) || (batch > 8 && !mma);
                 double tol = (f16 ? ldexp(mag[k], -9) : (n + 64) * ldexp(magr[k], -23)) + 1e-30;
                 if (!(e <= tol)) {
                     if (bad < 0) bad = k;
@@ -157,8 +164,8 @@ static int run_case(mpq_backend *be, const cas *c, synth_rng *r)
                 if (e / (mag[k] + 1e-30) > worst) worst = e / (mag[k] + 1e-30);
                 if (memcmp(&y[k], &y2[k], 4)) same = 0;
             }
-            report(g1 == MPQ_OK && sy == MPQ_OK && bad < 0, "%s %dx%d G%d br%d%s%s skip %d batch %d: worst |err|/sum|wx| %.2e%s",
-                   c->format == 2 ? "mxint" : "bitplane", m, n, c->G, c->br, c->perm ? " perm+scale" : "",
+            report(g1 == MPQ_OK && sy == MPQ_OK && bad < 0, "%s%s %dx%d G%d br%d%s%s skip %d batch %d: worst |err|/sum|wx| %.2e%s",
+                   fp16 ? "fp16 weights: " : "", c->format == 2 ? "mxint" : "bitplane", m, n, c->G, c->br, c->perm ? " perm+scale" : "",
                    c->sparse ? " sparse" : "", skip, batch, worst, bad < 0 ? "" : " (FAILED)");
             if (bad >= 0)
                 printf("# first bad output %d: %.9g vs %.9g (sum |wx| %.3g)\n", bad, (double)y[bad], ref[bad], mag[bad]);
@@ -166,6 +173,13 @@ static int run_case(mpq_backend *be, const cas *c, synth_rng *r)
             cudaFree(dx), cudaFree(dy);
             free(x), free(y), free(y2), free(ref), free(mag), free(magr);
         }
+    }
+    if (st == MPQ_OK && fp16) {
+        float *x = calloc((size_t)n, sizeof(float)), *y = malloc(sizeof(float) * m);
+        mpq_gemv_opts o = {0};
+        o.skip_planes = 1;
+        report(be->gemv(be->ctx, h, x, y, 1, &o) == MPQ_ERR_UNSUPPORTED, "  fp16 weights, skip_planes 1: MPQ_ERR_UNSUPPORTED");
+        free(x), free(y);
     }
     if (st == MPQ_OK) be->release(be->ctx, h);
     mpq_sparse_free(&S);
@@ -181,9 +195,10 @@ int main(int argc, char **argv)
     mpq_backend be;
     mpq_status st = mpq_cuda_backend(0, &be);
     if (ndev == 0) {
-        printf("1..2\n");
+        printf("1..3\n");
         report(st == MPQ_ERR_NODEVICE, "no device: mpq_cuda_backend says MPQ_ERR_NODEVICE");
-        printf("ok 2 - kernels against the CPU reference # SKIP no CUDA device on this machine\n");
+        report(mpq_cuda_backend_fp16(0, &be) == MPQ_ERR_NODEVICE, "no device: mpq_cuda_backend_fp16 too");
+        printf("ok 3 - kernels against the CPU reference # SKIP no CUDA device on this machine\n");
         return nfail ? 1 : 0;
     }
     report(st == MPQ_OK, "backend on device 0");
@@ -197,8 +212,17 @@ int main(int argc, char **argv)
     synth_rng r = {20261122};
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
         if (quick && (size_t)cases[k].m * cases[k].n > 600000) continue;
-        run_case(&be, &cases[k], &r);
+        run_case(&be, &cases[k], &r, 0);
     }
+    /* the fp16-weights baseline of end-to-end timings, on every fifth case */
+    mpq_backend be16;
+    report(mpq_cuda_backend_fp16(0, &be16) == MPQ_OK && !strcmp(be16.name, "cuda-fp16"), "fp16-weights backend on device 0");
+    for (size_t k = 0; be16.ctx && k < sizeof cases / sizeof cases[0]; k += 5) {
+        if (quick && (size_t)cases[k].m * cases[k].n > 600000) continue;
+        run_case(&be16, &cases[k], &r, 1);
+    }
+    report(mpq_cuda_stream(&be16) != NULL, "fp16-weights backend: its stream");
+    mpq_cuda_backend_destroy(&be16);
     /* bad input */
     {
         void *h = NULL;
