@@ -219,6 +219,18 @@ Test(cli_llm, eval_quantize_and_run_on_gguf_and_hf, .init = setup, .fini = teard
     cr_assert_eq(run("run m.gguf -n 4 --prompt 'abc'"), 0);
     cr_assert_null(strstr(slurp("err.txt", NULL), "skip 0"), "a float model has no planes to skip");
 
+    /* speed: one sequence and three decoded together; bad -b and --device */
+    cr_assert_eq(run("speed --quiet -p 4 -n 3 -b 3 -r 1 qg.safetensors"), 0, "%s", slurp("err.txt", NULL));
+    const char *o = slurp("out.txt", NULL);
+    cr_assert(strstr(o, "| pp4 |") && strstr(o, "| tg3 x 3 sequences |"), "%s", o);
+    cr_assert_eq(run("speed --quiet -p 0 -n 3 -r 1 qg.safetensors"), 0);
+    cr_assert(strstr(slurp("out.txt", NULL), "| tg3 |"));
+    cr_assert_eq(run("speed -b 0 qg.safetensors"), 1);
+    cr_assert(strstr(slurp("err.txt", NULL), "-b"), "%s", slurp("err.txt", NULL));
+    cr_assert_eq(run("speed -b 513 qg.safetensors"), 1);
+    cr_assert_eq(run("speed --device gpu qg.safetensors"), 1);
+    cr_assert(strstr(slurp("err.txt", NULL), "not cpu, cuda or cuda-fp16"), "%s", slurp("err.txt", NULL));
+
     mpq_llm_free(g), mpq_llm_free(h), mpq_llm_free(qg), mpq_llm_free(qh);
     tl_free(&tm);
 }

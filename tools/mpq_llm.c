@@ -37,7 +37,7 @@
 
 typedef struct llm_opts {
     int threads, quiet;
-    const char *device;     /* "cpu" or "cuda" */
+    const char *device;     /* "cpu", "cuda" or "cuda-fp16" */
 } llm_opts;
 
 /* Options every model command takes; 1 when argv[a->i] was one of them. */
@@ -49,8 +49,8 @@ static int common_opt(args *a, llm_opts *o, int *bad)
         return 1;
     }
     if (opt(a, "--device", &v, bad)) {
-        if (!*bad && strcmp(v, "cpu") && strcmp(v, "cuda"))
-            *bad = fail(EXIT_USAGE, "%s --device: '%s' is not cpu or cuda", a->cmd, v);
+        if (!*bad && strcmp(v, "cpu") && strcmp(v, "cuda") && strcmp(v, "cuda-fp16"))
+            *bad = fail(EXIT_USAGE, "%s --device: '%s' is not cpu, cuda or cuda-fp16", a->cmd, v);
         o->device = v;
         return 1;
     }
@@ -63,7 +63,8 @@ static int common_opt(args *a, llm_opts *o, int *bad)
 
 #define COMMON_HELP \
     "  --threads T        CPU threads (default all)\n" \
-    "  --device D         cpu | cuda: where the packed matrices are multiplied (default cpu)\n" \
+    "  --device D         cpu | cuda: where the packed matrices are multiplied (default cpu);\n" \
+    "                     cuda-fp16: on the GPU as float16 weights through cuBLAS (the baseline)\n" \
     "  --quiet            no progress\n"
 
 typedef struct loaded {
@@ -92,20 +93,21 @@ static int load(const char *path, const llm_opts *o, loaded *L)
     const double t0 = cli_now();
     mpq_status st = mpq_llm_load(path, &L->m, &e);
     if (st != MPQ_OK) return fail(EXIT_INPUT, "%s", e.msg);
-    if (o->device && !strcmp(o->device, "cuda")) {
+    if (o->device && strcmp(o->device, "cpu")) {
 #ifdef MPQ_HAVE_CUDA
-        if ((st = mpq_cuda_backend(0, &L->be)) != MPQ_OK) {
+        st = strcmp(o->device, "cuda") ? mpq_cuda_backend_fp16(0, &L->be) : mpq_cuda_backend(0, &L->be);
+        if (st != MPQ_OK) {
             unload(L);
-            return fail(EXIT_INPUT, "--device cuda: %s", mpq_status_str(st));
+            return fail(EXIT_INPUT, "--device %s: %s", o->device, mpq_status_str(st));
         }
         L->have_be = 1;
         if ((st = mpq_llm_use_backend(L->m, &L->be)) != MPQ_OK) {
             unload(L);
-            return fail(EXIT_QUANT, "--device cuda: uploading the packed matrices: %s", mpq_status_str(st));
+            return fail(EXIT_QUANT, "--device %s: uploading the packed matrices: %s", o->device, mpq_status_str(st));
         }
 #else
         unload(L);
-        return fail(EXIT_USAGE, "--device cuda: this build has no CUDA backend");
+        return fail(EXIT_USAGE, "--device %s: this build has no CUDA backend", o->device);
 #endif
     }
     if (!o->quiet) {
@@ -525,7 +527,7 @@ int cmd_speed(int argc, char **argv)
 {
     args a = {argc, 0, argv, "speed"};
     llm_opts lo = {0, 0, "cpu"};
-    int np = 128, ng = 64, reps = 5, skip = 0, bad = 0;
+    int np = 128, ng = 64, nb = 1, reps = 5, skip = 0, bad = 0;
     const char *model = NULL;
     for (a.i = 1; a.i < argc && !bad; a.i++) {
         const char *v = NULL;
@@ -535,10 +537,13 @@ int cmd_speed(int argc, char **argv)
                  "Tokens per second as llama.cpp's llama-bench measures them: a prompt of -p tokens in\n"
                  "one batched pass from an empty cache (pp), and -n tokens generated one at a time from\n"
                  "an empty cache (tg); each -r times after one warm-up, mean +/- standard deviation.\n"
+                 "With -b B, B sequences are generated together (a server's B users): each step\n"
+                 "runs the linear maps on B tokens at once, and tokens/s counts all of them.\n"
                  "Tokens are drawn at random (the time does not depend on them).\n"
                  "\n"
                  "  -p N               prompt tokens (default 128; 0 skips the prompt test)\n"
                  "  -n N               generated tokens (default 64; 0 skips the generation test)\n"
+                 "  -b B               sequences generated together (default 1, at most 512)\n"
                  "  -r N               repetitions (default 5)\n"
                  "  --skip-planes K    drop the K lowest bit planes of every packed linear map\n" COMMON_HELP);
             return 0;
@@ -547,6 +552,8 @@ int cmd_speed(int argc, char **argv)
             bad = bad || !parse_int("speed", "-p", v, 0, 1 << 20, &np);
         } else if (opt(&a, "-n", &v, &bad)) {
             bad = bad || !parse_int("speed", "-n", v, 0, 1 << 20, &ng);
+        } else if (opt(&a, "-b", &v, &bad)) {
+            bad = bad || !parse_int("speed", "-b", v, 1, 512, &nb);
         } else if (opt(&a, "-r", &v, &bad)) {
             bad = bad || !parse_int("speed", "-r", v, 1, 1000, &reps);
         } else if (opt(&a, "--skip-planes", &v, &bad)) {
@@ -566,16 +573,22 @@ int cmd_speed(int argc, char **argv)
     int rc = load(model, &lo, &L);
     if (rc) return rc;
     const int ctx = (np > ng ? np : ng) + 1, V = L.m->c.vocab;
-    mpq_llm_state s;
-    int32_t *tok = (int32_t *)malloc(sizeof(int32_t) * (size_t)ctx);
-    float *logits = (float *)malloc(sizeof(float) * (size_t)V);
+    mpq_llm_state s; /* the prompt's cache, and the scratch of -b steps */
+    int32_t *tok = (int32_t *)malloc(sizeof(int32_t) * (size_t)ctx * nb);
+    float *logits = (float *)malloc(sizeof(float) * (size_t)V * nb);
     double *pp = (double *)calloc((size_t)reps, sizeof(double)), *tg = (double *)calloc((size_t)reps, sizeof(double));
+    mpq_llm_state *seqs = nb > 1 ? (mpq_llm_state *)calloc((size_t)nb, sizeof *seqs) : NULL;
+    mpq_llm_state **sp = nb > 1 ? (mpq_llm_state **)calloc((size_t)nb, sizeof *sp) : NULL;
     mpq_status st = mpq_llm_state_init(L.m, ctx, 512, &s);
-    if (st != MPQ_OK || !tok || !logits || !pp || !tg) {
+    for (int i = 0; i < nb && nb > 1 && st == MPQ_OK && seqs && sp; i++) {
+        st = mpq_llm_state_init(L.m, ctx, 1, &seqs[i]);
+        sp[i] = &seqs[i];
+    }
+    if (st != MPQ_OK || !tok || !logits || !pp || !tg || (nb > 1 && (!seqs || !sp))) {
         rc = fail(EXIT_QUANT, "speed: %s", st != MPQ_OK ? mpq_status_str(st) : "out of memory");
     } else {
         uint64_t r = 12345;
-        for (int i = 0; i < ctx; i++) {
+        for (int i = 0; i < ctx * nb; i++) {
             r = r * 6364136223846793005ull + 1442695040888963407ull;
             tok[i] = (int32_t)((r >> 33) % (uint64_t)mpq_tokenizer_size(L.m->tok));
         }
@@ -588,9 +601,12 @@ int cmd_speed(int argc, char **argv)
             }
             if (ng && st == MPQ_OK) {
                 mpq_llm_state_reset(&s);
+                for (int i = 0; i < nb && nb > 1; i++) mpq_llm_state_reset(&seqs[i]);
                 const double t0 = cli_now();
-                for (int i = 0; i < ng && st == MPQ_OK; i++) st = mpq_llm_forward(L.m, &s, &tok[i], 1, skip, logits, 0);
-                if (rep >= 0) tg[rep] = ng / (cli_now() - t0);
+                for (int i = 0; i < ng && st == MPQ_OK; i++)
+                    st = nb == 1 ? mpq_llm_forward(L.m, &s, &tok[i], 1, skip, logits, 0)
+                                 : mpq_llm_decode(L.m, sp, nb, &tok[(size_t)i * nb], skip, &s, logits);
+                if (rep >= 0) tg[rep] = (double)ng * nb / (cli_now() - t0);
             }
         }
         if (st != MPQ_OK) {
@@ -610,12 +626,17 @@ int cmd_speed(int argc, char **argv)
             }
             if (ng) {
                 mean_sd(tg, reps, &m, &sd);
-                printf("| %s | %.3f | %.1f | %d | tg%d | %.2f +/- %.2f |\n", model, bpw,
-                       (double)mpq_llm_weight_bytes(L.m) / 1e6, threads, ng, m, sd);
+                char test[48];
+                if (nb > 1) snprintf(test, sizeof test, "tg%d x %d sequences", ng, nb);
+                else snprintf(test, sizeof test, "tg%d", ng);
+                printf("| %s | %.3f | %.1f | %d | %s | %.2f +/- %.2f |\n", model, bpw,
+                       (double)mpq_llm_weight_bytes(L.m) / 1e6, threads, test, m, sd);
             }
         }
     }
     mpq_llm_state_free(&s);
+    for (int i = 0; i < nb && seqs; i++) mpq_llm_state_free(&seqs[i]);
+    free(seqs), free(sp);
     free(tok), free(logits), free(pp), free(tg);
     unload(&L);
     return rc;

@@ -1,0 +1,201 @@
+/* bench_random_llm - a Llama-shaped model with random weights, for timing
+   models larger than the ones at hand.
+
+     bench_random_llm [options] DIR
+
+   writes DIR/config.json, DIR/model.safetensors (linear maps and the
+   embedding in F16, norms in F32) and DIR/tokenizer.json (the 256 byte
+   tokens of a byte-level BPE, no merges), which `mpq quantize` and the
+   model commands read as a Hugging Face checkpoint. The shape defaults to
+   Llama-3-70B's layers (the 8192 x 8192, 28672 x 8192 and 8192 x 28672
+   products of the GEMV benchmarks) with Llama-2's vocabulary of 32000, so
+   that the head does not outweigh a few layers:
+
+     --dim N --ffn N --heads N --kv-heads N --layers N --vocab N --seed N
+
+   Weights: Student-t(4) scaled to 1 / sqrt(columns) with a few outlier rows
+   and columns (see fill); the same seed gives the same file for any thread
+   count. Their values do not matter to a speed test; the forward pass stays
+   finite. */
+#define MPQ_IMPLEMENTATION
+#include "mpq.h"
+#include "mpq_io.h"
+#include "synth.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+/* The code point that spells byte b in a byte-level BPE vocabulary: the
+   printable Latin-1 bytes stand for themselves, the others are numbered
+   from 256 up in byte order. */
+static unsigned byte_cp(int b)
+{
+    const int printable = (b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+    if (printable) return (unsigned)b;
+    unsigned k = 256;
+    for (int c = 0; c < b; c++)
+        k += !((c >= 0x21 && c <= 0x7E) || (c >= 0xA1 && c <= 0xAC) || (c >= 0xAE && c <= 0xFF));
+    return k;
+}
+
+/* W (m x n): Student-t(4) weights of scale 1 / sqrt(n) (a unit input gives
+   outputs near 1), one row in 97 and one column in 97 multiplied by 4..16;
+   rows in parallel, each from its own stream of `seed`. */
+static void fill(float *W, int m, int n, uint64_t seed)
+{
+    const float f = 0.7f / sqrtf((float)n);
+    synth_rng r = {seed};
+    uint8_t *outc = calloc((size_t)n, 1);
+    for (int j = 0; outc && j < n; j++) outc[j] = synth_int(&r, 97) == 0;
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < m; i++) {
+        synth_rng ri = {seed ^ (0xD1B54A32D192ED03ull * (uint64_t)(i + 1))};
+        const float g = synth_int(&ri, 97) ? f : f * (4.0f + 12.0f * (float)synth_unif(&ri));
+        float *w = W + (size_t)i * n;
+        for (int j = 0; j < n; j++) w[j] = g * synth_student4(&ri) * (outc && outc[j] ? 8.0f : 1.0f);
+    }
+    free(outc);
+}
+
+static int write_text(const char *dir, const char *name, const char *text)
+{
+    char p[4096];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    FILE *f = fopen(p, "wb");
+    if (!f || fputs(text, f) < 0 || fclose(f) != 0) {
+        fprintf(stderr, "bench_random_llm: cannot write %s: %s\n", p, strerror(errno));
+        return 0;
+    }
+    return 1;
+}
+
+static int write_tokenizer(const char *dir)
+{
+    char *j = malloc(1 << 16), *p = j;
+    p += sprintf(p, "{\"version\":\"1.0\",\"added_tokens\":[],\"normalizer\":null,"
+                    "\"pre_tokenizer\":{\"type\":\"ByteLevel\",\"add_prefix_space\":false,\"use_regex\":true},"
+                    "\"post_processor\":null,\"decoder\":{\"type\":\"ByteLevel\"},"
+                    "\"model\":{\"type\":\"BPE\",\"vocab\":{");
+    for (int b = 0; b < 256; b++) {
+        const unsigned cp = byte_cp(b);
+        char u[8] = {0};
+        if (cp < 0x80) u[0] = (char)cp;
+        else u[0] = (char)(0xC0 | cp >> 6), u[1] = (char)(0x80 | (cp & 63));
+        p += sprintf(p, "%s\"%s%s\":%d", b ? "," : "", cp == '"' || cp == '\\' ? "\\" : "", u, b);
+    }
+    sprintf(p, "},\"merges\":[]}}");
+    const int ok = write_text(dir, "tokenizer.json", j);
+    free(j);
+    return ok;
+}
+
+static int arg_int(const char *opt, const char *v, int lo, int hi, int *out)
+{
+    char *end;
+    errno = 0;
+    const long x = v ? strtol(v, &end, 10) : 0;
+    if (!v || errno || *end || x < lo || x > hi) {
+        fprintf(stderr, "bench_random_llm: %s needs a number in %d..%d\n", opt, lo, hi);
+        return 0;
+    }
+    *out = (int)x;
+    return 1;
+}
+
+int main(int argc, char **argv)
+{
+    int dim = 8192, ffn = 28672, heads = 64, kv_heads = 8, layers = 2, vocab = 32000, seed = 1;
+    const char *dir = NULL;
+    static const char *const names[] = {"--dim", "--ffn", "--heads", "--kv-heads", "--layers", "--vocab", "--seed"};
+    int *vals[] = {&dim, &ffn, &heads, &kv_heads, &layers, &vocab, &seed};
+    for (int i = 1; i < argc; i++) {
+        int k = 0;
+        while (k < 7 && strcmp(argv[i], names[k])) k++;
+        if (k < 7) {
+            if (!arg_int(names[k], i + 1 < argc ? argv[i + 1] : NULL, k == 6 ? 0 : 1, 1 << 20, vals[k])) return 1;
+            i++;
+        } else if (argv[i][0] == '-' || dir) {
+            fprintf(stderr, "usage: bench_random_llm [--dim N --ffn N --heads N --kv-heads N --layers N --vocab N "
+                            "--seed N] DIR\n");
+            return 1;
+        } else {
+            dir = argv[i];
+        }
+    }
+    if (!dir || dim % heads || heads % kv_heads || (dim / heads) % 2 || vocab < 256) {
+        fprintf(stderr, "bench_random_llm: needs DIR, heads dividing dim (an even head size), kv-heads dividing "
+                        "heads, a vocabulary of at least 256\n");
+        return 1;
+    }
+    if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
+        fprintf(stderr, "bench_random_llm: cannot make %s: %s\n", dir, strerror(errno));
+        return 1;
+    }
+    char cfg[1024];
+    snprintf(cfg, sizeof cfg,
+             "{\"architectures\": [\"LlamaForCausalLM\"], \"hidden_size\": %d, \"intermediate_size\": %d, "
+             "\"num_hidden_layers\": %d, \"num_attention_heads\": %d, \"num_key_value_heads\": %d, "
+             "\"max_position_embeddings\": 8192, \"rms_norm_eps\": 1e-05, \"rope_theta\": 500000.0, "
+             "\"tie_word_embeddings\": false, \"vocab_size\": %d, \"torch_dtype\": \"float16\"}\n",
+             dim, ffn, layers, heads, kv_heads, vocab);
+    if (!write_text(dir, "config.json", cfg) || !write_tokenizer(dir)) return 1;
+
+    char path[4096], name[128];
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    mpq_st_writer *w = NULL;
+    mpq_io_err e;
+    if (mpq_st_writer_open(path, &w, &e) != MPQ_OK) {
+        fprintf(stderr, "bench_random_llm: %s\n", e.msg);
+        return 1;
+    }
+    const int hd = dim / heads;
+    const int rows[7] = {dim, kv_heads * hd, kv_heads * hd, dim, ffn, ffn, dim};
+    const int cols[7] = {dim, dim, dim, dim, dim, dim, ffn};
+    static const char *const lin[7] = {"self_attn.q_proj",  "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                                       "mlp.gate_proj", "mlp.up_proj",      "mlp.down_proj"};
+    const size_t most = (size_t)(ffn > vocab ? ffn : vocab) * (size_t)dim; /* the largest tensor */
+    float *W = malloc(sizeof(float) * most), *ones = malloc(sizeof(float) * (size_t)dim);
+    if (!W || !ones) {
+        fprintf(stderr, "bench_random_llm: out of memory\n");
+        mpq_st_writer_abort(w);
+        return 1;
+    }
+    synth_rng r = {(uint64_t)seed * 0x9E3779B97F4A7C15ull + 1};
+    for (int i = 0; i < dim; i++) ones[i] = 1.0f + 0.1f * (float)synth_gauss(&r);
+    mpq_status st = MPQ_OK;
+    const uint64_t d1[1] = {(uint64_t)dim};
+    for (int t = -2; t < layers * 9 && st == MPQ_OK; t++) {
+        /* -2: embedding, -1: head and final norm, then per layer 2 norms and 7 maps */
+        const int l = t < 0 ? -1 : t / 9, k = t < 0 ? 0 : t % 9;
+        if (t >= 0 && k < 2) {
+            snprintf(name, sizeof name, "model.layers.%d.%s.weight", l, k ? "post_attention_layernorm" : "input_layernorm");
+            st = mpq_st_write_f32(w, name, MPQ_DT_F32, 1, d1, ones, &e);
+            continue;
+        }
+        const int m = t < 0 ? vocab : rows[k - 2], n = t < 0 ? dim : cols[k - 2];
+        fill(W, m, n, synth_u64(&r));
+        const uint64_t sh[2] = {(uint64_t)m, (uint64_t)n};
+        if (t == -2) snprintf(name, sizeof name, "model.embed_tokens.weight");
+        else if (t == -1) snprintf(name, sizeof name, "lm_head.weight");
+        else snprintf(name, sizeof name, "model.layers.%d.%s.weight", l, lin[k - 2]);
+        st = mpq_st_write_f32(w, name, MPQ_DT_F16, 2, sh, W, &e);
+        if (st == MPQ_OK && t == -1) st = mpq_st_write_f32(w, "model.norm.weight", MPQ_DT_F32, 1, d1, ones, &e);
+        if (t >= 0 && k == 8) fprintf(stderr, "\rbench_random_llm: layer %d of %d", l + 1, layers);
+    }
+    fprintf(stderr, "\n");
+    free(W), free(ones);
+    if (st != MPQ_OK) {
+        fprintf(stderr, "bench_random_llm: %s\n", e.msg);
+        mpq_st_writer_abort(w);
+        return 1;
+    }
+    if (mpq_st_writer_close(w, &e) != MPQ_OK) {
+        fprintf(stderr, "bench_random_llm: %s\n", e.msg);
+        return 1;
+    }
+    return 0;
+}
