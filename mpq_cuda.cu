@@ -1346,7 +1346,7 @@ mpq_status upload(void *ctx, const mpq_packed *A, void **handle)
             return map_error(e);
         }
     }
-    if (c->fp16_weights) { // the fp16 baseline: dequantize once, keep only what gather_f16 reads besides
+    if (c->fp16_weights) { // the fp16 baseline: dequantized once; the packed buffer stays for p_col (gather_f16)
         e = cudaMalloc(&h->w16, sizeof(__half) * (size_t)A->rows * (size_t)A->cols);
         if (e == cudaSuccess) e = dequantize(c, h, 0, h->w16);
         if (e == cudaSuccess) e = cudaStreamSynchronize(c->stream);

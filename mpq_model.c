@@ -967,9 +967,9 @@ static void mpq__attention_task(void *ctx, int task)
     const int th1 = (int)((long long)n * (task + 1) / s->nthreads);
     for (int th = (int)((long long)n * task / s->nthreads); th < th1; th++) {
         const int t = th / H, h = th % H, g = h / group;
-        const mpq_llm_state *q_s = J->seq ? J->seq[t] : s; /* whose cache row t reads */
-        const int P = J->seq ? q_s->pos : J->pos + t;
-        const float *kc = q_s->kc + (size_t)J->l * q_s->ctx * kvd, *vc = q_s->vc + (size_t)J->l * q_s->ctx * kvd;
+        const mpq_llm_state *own = J->seq ? J->seq[t] : s; /* the cache row t reads */
+        const int P = J->seq ? own->pos : J->pos + t;
+        const float *kc = own->kc + (size_t)J->l * own->ctx * kvd, *vc = own->vc + (size_t)J->l * own->ctx * kvd;
         const float *q = s->q + (size_t)t * qd + (size_t)h * hd;
         float mx = -INFINITY;
         for (int j = 0; j <= P; j++) {
