@@ -215,7 +215,7 @@ int main(int argc, char **argv)
         run_case(&be, &cases[k], &r, 0);
     }
     /* the fp16-weights baseline of end-to-end timings, on every fifth case */
-    mpq_backend be16;
+    mpq_backend be16 = {0};
     report(mpq_cuda_backend_fp16(0, &be16) == MPQ_OK && !strcmp(be16.name, "cuda-fp16"), "fp16-weights backend on device 0");
     for (size_t k = 0; be16.ctx && k < sizeof cases / sizeof cases[0]; k += 5) {
         if (quick && (size_t)cases[k].m * cases[k].n > 600000) continue;
