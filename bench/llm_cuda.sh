@@ -14,7 +14,8 @@
 # BIN_DIR holds mpq and bench_random_llm built with CUDA (test/gpu/run_device.sh
 # build puts them in .gpu); WORK_DIR gets the model files (about 2 bytes per
 # weight, removed at the end). DEVICES (default "cuda cuda-fp16") lists the
-# --device values to run.
+# --device values to run; DIM and FFN (default 8192 and 28672) change the
+# shape (DEVICES=cpu DIM=1024 FFN=2048 tries the script on a small CPU model).
 set -eu
 [ $# -ge 2 ] || { echo "usage: bash bench/llm_cuda.sh BIN_DIR WORK_DIR [LAYERS]" >&2; exit 1; }
 bin=$1 work=$2 layers=${3:-4} dim=${DIM:-8192} ffn=${FFN:-28672}

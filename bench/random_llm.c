@@ -3,8 +3,8 @@
 
      bench_random_llm [options] DIR
 
-   writes DIR/config.json, DIR/model.safetensors (linear maps and the
-   embedding in F16, norms in F32) and DIR/tokenizer.json (the 256 byte
+   writes DIR/config.json, DIR/model.safetensors (linear maps, embedding
+   and head in F16, norms in F32) and DIR/tokenizer.json (the 256 byte
    tokens of a byte-level BPE, no merges), which `mpq quantize` and the
    model commands read as a Hugging Face checkpoint. The shape defaults to
    Llama-3-70B's layers (the 8192 x 8192, 28672 x 8192 and 8192 x 28672
@@ -15,8 +15,7 @@
 
    Weights: Student-t(4) scaled to 1 / sqrt(columns) with a few outlier rows
    and columns (see fill); the same seed gives the same file for any thread
-   count. Their values do not matter to a speed test; the forward pass stays
-   finite. */
+   count. Their values do not matter to a speed test. */
 #define MPQ_IMPLEMENTATION
 #include "mpq.h"
 #include "mpq_io.h"
