@@ -2987,7 +2987,9 @@ static void mpq__build_tables(const mpq_packed *A, const float *x, mpq_path path
                         mpq_lut16(xt + 8 * (c0 + first + pos) + 4 * h, Q);
                         for (int p = 0; p < 16; p++) {
                             float qv = mpq__rne(Q[p] * inv);
+                            /* clamped; NaN (activations whose sums overflow, Inf * 0) to 0 */
                             qv = qv > MPQ__Q16_MAX ? MPQ__Q16_MAX : (qv < -MPQ__Q16_MAX ? -MPQ__Q16_MAX : qv);
+                            qv = qv == qv ? qv : 0.0f;
                             int q = (int)qv, lo = (int)(int8_t)(uint8_t)(q & 0xFF), hi = (q - lo) / 256;
                             uint8_t *e = T + (size_t)u * 256u + (avx2 ? mpq__q16_avx2_at(count, pos, h) + (size_t)p
                                                                       : (size_t)h * 128u + (size_t)(16 * pos + p));
