@@ -624,15 +624,25 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_lut(dmat M, const float *__r
 //   into shared memory. Vectors past the batch are zeros, so that the
 //   fragment addresses are constants.
 //
-//   Streaming. Each warp streams its records (tile, group), whole, into a
-//   ring of kMmaRing slots in shared memory with cp.async, kMmaRing - 1
-//   records ahead (the first ones before the dependent wait); code words are
-//   read from there. A table in shared memory gives each row's masks and
-//   HFMA2 constants by width. The sums of a column part go through `part`
-//   and sum_parts, as in the LUT kernel.
+//   Units. A warp's unit of work is a pair of tiles (32 rows) and one
+//   group: the two tiles' code fragments are multiplied by the same
+//   activation fragments (one shared-memory load serves both), and their
+//   products are independent chains in flight together. The hi and lo
+//   products of a k step add into one accumulator.
+//
+//   Streaming. Each warp streams its units' records, whole, into a ring of
+//   kMmaRing unit slots (two records each) in shared memory with cp.async,
+//   kMmaRing - 1 units ahead (the first ones before the dependent wait);
+//   code words are read from there. A table in shared memory gives each
+//   row's masks and HFMA2 constants by width. The sums of a column part go
+//   through `part` and sum_parts, as in the LUT kernel.
+#ifndef MPQ_CUDA_MMA_RING
+#define MPQ_CUDA_MMA_RING 2
+#endif
 constexpr int kMmaWarps = 8;
 constexpr int kMmaThreads = 32 * kMmaWarps;
-constexpr int kMmaRing = 4; // records per warp: 3 in flight while one is multiplied
+constexpr int kMmaPair = 2;                 // tiles per unit
+constexpr int kMmaRing = MPQ_CUDA_MMA_RING; // units per warp: kMmaRing - 1 in flight while one is multiplied
 constexpr int kMmaFragBytes = 64 * 1024; // the most x fragments of one column part (see launch_mma)
 constexpr int kMmaBlocks1 = 3;          // resident blocks per multiprocessor the kernel is built for (batch <= 8)
 
@@ -770,14 +780,19 @@ struct mma_part {
     }
 };
 
+// Warps that share the groups of one pair of tiles in a row block of tpb
+// tiles (2, 4 or a multiple of 8): 1 where the block has a pair per warp.
+__host__ __device__ inline int mma_wpt(int tpb) { return tpb >= kMmaPair * kMmaWarps ? 1 : kMmaWarps * kMmaPair / tpb; }
+
 // Shared memory of the MMA kernel, in bytes from the start: the part's
-// mma_part block, the warps' sums [8][16][nv], then the warps' rings.
+// mma_part block, the warps' sums [8][2][16][nv] where warps share a pair
+// (wpt > 1), then the warps' rings.
 struct mma_smem {
     int wsum, ring;
-    __host__ __device__ mma_smem(int part_bytes, int nv)
+    __host__ __device__ mma_smem(int part_bytes, int nv, int wpt)
     {
         wsum = part_bytes;
-        ring = wsum + 4 * kMmaWarps * kTile * nv;
+        ring = wsum + (wpt > 1 ? 4 * kMmaWarps * kMmaPair * kTile * nv : 0);
     }
 };
 
@@ -869,13 +884,38 @@ __global__ void __launch_bounds__(kMmaThreads) mma_prep(dmat M, const float *__r
     }
 }
 
+// The scale s^, offset z^ (less s^ where C is odd, see Codes) and code
+// constants of lane rows 2m, 2m + 1 of the record at rec (CODE LAYOUT
+// header); with live false (a tile past the matrix), zeros and the
+// constants of width 0, which decode every field to 0.
+__device__ __forceinline__ void mma_rows(const dmat &M, const char *rec, bool live, int m,
+                                         const uint4 (*rtab)[MPQ_MAX_BITS + 1], code_rows &R, float (&s)[2], float (&z)[2])
+{
+    const int b0 = live ? (uint8_t)rec[M.meta + 2 * m] : 0, b1 = live ? (uint8_t)rec[M.meta + 2 * m + 1] : 0;
+    if (!live) {
+        s[0] = s[1] = z[0] = z[1] = 0.0f;
+    } else if (M.format == MPQ_FORMAT_MXINT) {
+        const uint32_t e = *reinterpret_cast<const uint16_t *>(rec + 2 * m);
+        s[0] = b0 ? pow2i((int)(e & 255u) - 127 - b0 + 1) : 0.0f;
+        s[1] = b1 ? pow2i((int)(e >> 8) - 127 - b1 + 1) : 0.0f;
+        z[0] = -s[0], z[1] = -s[1];
+    } else {
+        const uint32_t sw = *reinterpret_cast<const uint32_t *>(rec + 4 * m);
+        const uint32_t zw = *reinterpret_cast<const uint32_t *>(rec + 32 + 4 * m);
+        s[0] = half_lo(sw), s[1] = half_hi(sw), z[0] = half_lo(zw), z[1] = half_hi(zw);
+    }
+    const uint4 R0 = rtab[0][b0], R1 = rtab[1][b1];
+    R = {{R0.x, R1.x}, {R0.y, R1.y}, {R0.z, R1.z}};
+    z[0] -= R0.w ? s[0] : 0.0f, z[1] -= R1.w ? s[1] : 0.0f;
+}
+
 // Grid: x = column parts of `gpp` groups, y = row blocks of `tpb` tiles
-// (tpb is 1, 2, 4 or a multiple of 8). With tpb >= 8 warp w takes tiles w,
-// w + 8, ... with all the part's groups; with fewer tiles the 8 / tpb warps
-// of a tile share its groups and add up in shared memory. CB: bits of a code
-// field (CODE LAYOUT). NT: blocks of 8 vectors (mma column tiles; 2 for
-// batches 9..16), each code fragment multiplied by all of them. xprep: the
-// parts' activations from mma_prep.
+// (2, 4 or a multiple of 8). With tpb >= 16 warp w takes the pairs of
+// tiles w, w + 8, ... with all the part's groups; with fewer the wpt warps
+// of a pair share its groups and add up in shared memory. CB: bits of a
+// code field (CODE LAYOUT). NT: blocks of 8 vectors (mma column tiles; 2
+// for batches 9..16), each code fragment multiplied by all of them. xprep:
+// the parts' activations from mma_prep. slot: bytes of a record's copy.
 template <int CB, int NT>
 __global__ void __launch_bounds__(kMmaThreads, NT == 1 ? kMmaBlocks1 : 2) gemv_mma(dmat M, const float *__restrict__ x, int batch, int skip,
                                                            int tpb, int gpp, int slot, const uint8_t *__restrict__ xprep,
@@ -887,42 +927,47 @@ __global__ void __launch_bounds__(kMmaThreads, NT == 1 ? kMmaBlocks1 : 2) gemv_m
     __shared__ uint4 rtab[2][MPQ_MAX_BITS + 1]; // code_row of (row parity, width)
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, m = lane >> 2, c = lane & 3;
     const int G = M.group, g0 = blockIdx.x * gpp, ng = min(gpp, M.ngroups - g0);
-    const int t_first = blockIdx.y * tpb, nt = min(M.ntiles, t_first + tpb) - t_first;
-    const int hdr = M.meta + kTile;
+    const int t_first = blockIdx.y * tpb, t_end = min(M.ntiles, t_first + tpb), nt = t_end - t_first;
+    const int hdr = M.meta + kTile, wpt = mma_wpt(tpb);
     const mma_part P(gpp, G, nv);
-    const mma_smem L(P.bytes, nv);
+    const mma_smem L(P.bytes, nv, wpt);
     char *const sbase = reinterpret_cast<char *>(smem4);
     const uint4 *frag = smem4;
     const float *gsum = reinterpret_cast<const float *>(sbase + P.gsum);
     float *wsum = reinterpret_cast<float *>(sbase + L.wsum);
-    char *ring = sbase + L.ring + (size_t)warp * kMmaRing * slot;
+    char *ring = sbase + L.ring + (size_t)warp * kMmaRing * kMmaPair * slot;
     if (tid < 2 * (MPQ_MAX_BITS + 1)) rtab[tid / (MPQ_MAX_BITS + 1)][tid % (MPQ_MAX_BITS + 1)] = code_row<CB>(tid / (MPQ_MAX_BITS + 1), tid % (MPQ_MAX_BITS + 1), skip);
 
-    // the warp's records, unit u = (tile, group): with tpb >= 8 tiles warp,
-    // warp + 8, ... with every group; else one tile, every wpt-th group
-    const int wpt = tpb >= kMmaWarps ? 1 : kMmaWarps / tpb;
-    const int tile0 = warp / wpt, gshare = warp % wpt;
-    const int ntw = tile0 >= nt ? 0 : wpt == 1 ? (nt - tile0 + kMmaWarps - 1) / kMmaWarps : 1;
-    const int gpw = ng > gshare ? (ng - gshare + wpt - 1) / wpt : 0; // groups per tile for this warp
-    const int nunits = ntw * gpw;
-    // the (tile, group) of the next unit to copy and of the next to multiply,
-    // advanced without divisions; j counts the warp's groups of the tile
+    // the warp's units u = (pair, group): with wpt == 1 pairs warp, warp +
+    // 8, ... with every group; else one pair, every wpt-th group
+    const int pair0 = warp / wpt, gshare = warp % wpt, npairs = (nt + kMmaPair - 1) / kMmaPair;
+    const int npw = pair0 >= npairs ? 0 : wpt == 1 ? (npairs - pair0 + kMmaWarps - 1) / kMmaWarps : 1;
+    const int gpw = ng > gshare ? (ng - gshare + wpt - 1) / wpt : 0; // groups per pair for this warp
+    const int nunits = npw * gpw;
+    // the (first tile, group) of the next unit to copy and of the next to
+    // multiply, advanced without divisions; j counts the warp's groups of
+    // the pair
     struct cursor {
         int t, g, j;
     };
     auto advance = [&](cursor &p) {
-        if (++p.j == gpw) p.j = 0, p.t += kMmaWarps, p.g = g0 + gshare;
+        if (++p.j == gpw) p.j = 0, p.t += kMmaPair * kMmaWarps, p.g = g0 + gshare;
         else p.g += wpt;
     };
-    cursor cmul = {t_first + tile0, g0 + gshare, 0}, ccopy = cmul;
-    // copies the record of unit u into its ring slot; one commit group per
-    // unit, empty past the last
+    cursor cmul = {t_first + kMmaPair * pair0, g0 + gshare, 0}, ccopy = cmul;
+    // copies the records of unit u into its ring slot (the second tile's
+    // where it is inside the row block); one commit group per unit, empty
+    // past the last
     auto issue = [&](int u) {
         if (u < nunits) {
-            char *dst = ring + (size_t)(u % kMmaRing) * slot;
+            char *dst = ring + (size_t)(u % kMmaRing) * kMmaPair * slot;
             const int bytes = hdr + min(G, M.cols - ccopy.g * G) * 2 * CB;
-            const uint8_t *src = M.codes + (size_t)ccopy.t * M.crow + (size_t)ccopy.g * M.crec;
-            for (int o = 16 * lane; o < bytes; o += 512) cp_async16(smem_addr(dst + o), src + o);
+#pragma unroll
+            for (int k = 0; k < kMmaPair; k++)
+                if (ccopy.t + k < t_end) {
+                    const uint8_t *src = M.codes + (size_t)(ccopy.t + k) * M.crow + (size_t)ccopy.g * M.crec;
+                    for (int o = 16 * lane; o < bytes; o += 512) cp_async16(smem_addr(dst + k * slot + o), src + o);
+                }
         }
         asm volatile("cp.async.commit_group;" ::: "memory");
         advance(ccopy);
@@ -930,95 +975,91 @@ __global__ void __launch_bounds__(kMmaThreads, NT == 1 ? kMmaBlocks1 : 2) gemv_m
     for (int u = 0; u < kMmaRing - 1; u++) issue(u); // the first records go out before the wait
     asm volatile("griddepcontrol.launch_dependents;");
     asm volatile("griddepcontrol.wait;" ::: "memory");
-    // the part's activations (one more commit group: the ring's first three
-    // are complete too after the wait below, which the stream's counting
-    // of groups allows)
+    // the part's activations (one more commit group: the ring's first ones
+    // are complete too after the wait below, which the stream's counting of
+    // groups allows)
     const uint8_t *src = xprep + (size_t)blockIdx.x * P.bytes;
     for (int o = 16 * tid; o < P.bytes; o += 16 * kMmaThreads) cp_async16(smem_addr(sbase + o), src + o);
     asm volatile("cp.async.commit_group;" ::: "memory");
     asm volatile("cp.async.wait_group 0;" ::: "memory");
     __syncthreads();
 
-    // the stream: lane (m, c) sums rows 2m, 2m + 1 for vectors 8 j + 2c,
-    // 8 j + 2c + 1 (j < NT)
-    const bool is_mx = M.format == MPQ_FORMAT_MXINT;
+    // the stream: lane (m, c) sums rows 2m, 2m + 1 of both tiles for
+    // vectors 8 j + 2c, 8 j + 2c + 1 (j < NT)
     const size_t rows16 = (size_t)M.ntiles * kTile;
     const float *xsc = reinterpret_cast<const float *>(sbase + P.xscale); // [group][nv]
-    float acc[NT][4] = {}; // (row 2m, 2c), (2m, 2c + 1), (2m + 1, 2c), (2m + 1, 2c + 1) of vector block j
+    // (tile k of the pair, vector block j): (row 2m, 2c), (2m, 2c + 1), (2m + 1, 2c), (2m + 1, 2c + 1)
+    float acc[kMmaPair][NT][4] = {};
     for (int u = 0; u < nunits; u++) {
         asm volatile("cp.async.wait_group %0;" ::"n"(kMmaRing - 2) : "memory");
         __syncwarp(); // every lane's copies of unit u are in; every lane is done with unit u - 1
         issue(u + kMmaRing - 1);
         const int t = cmul.t, g = cmul.g;
-        const char *rec = ring + (size_t)(u % kMmaRing) * slot;
+        const bool two = t + 1 < t_end;
+        const char *rec = ring + (size_t)(u % kMmaRing) * kMmaPair * slot;
         const int gw = min(G, M.cols - g * G);
-        const int b[2] = {(uint8_t)rec[M.meta + 2 * m], (uint8_t)rec[M.meta + 2 * m + 1]};
-        float s0, s1, z0, z1;
-        if (is_mx) {
-            const uint32_t e = *reinterpret_cast<const uint16_t *>(rec + 2 * m);
-            s0 = b[0] ? pow2i((int)(e & 255u) - 127 - b[0] + 1) : 0.0f;
-            s1 = b[1] ? pow2i((int)(e >> 8) - 127 - b[1] + 1) : 0.0f;
-            z0 = -s0, z1 = -s1;
-        } else {
-            const uint32_t sw = *reinterpret_cast<const uint32_t *>(rec + 4 * m);
-            const uint32_t zw = *reinterpret_cast<const uint32_t *>(rec + 32 + 4 * m);
-            s0 = half_lo(sw), s1 = half_hi(sw), z0 = half_lo(zw), z1 = half_hi(zw);
-        }
-        const uint4 R0 = rtab[0][b[0]], R1 = rtab[1][b[1]];
-        const code_rows R = {{R0.x, R1.x}, {R0.y, R1.y}, {R0.z, R1.z}};
-        z0 -= R0.w ? s0 : 0.0f, z1 -= R1.w ? s1 : 0.0f;
-        float d[NT][4][4] = {}; // hi and lo products of steps 0 and 1: four short chains a block
-        const char *cw = rec + hdr + 2 * CB * lane;
+        code_rows R[kMmaPair];
+        float s[kMmaPair][2], z[kMmaPair][2];
+        mma_rows(M, rec, true, m, rtab, R[0], s[0], z[0]);
+        mma_rows(M, rec + slot, two, m, rtab, R[1], s[1], z[1]);
+        float d[kMmaPair][NT][2][4] = {}; // k steps 0 and 1: short chains, hi and lo into the same one
+        // a lone tile decodes its own words again with the constants of width 0
+        const char *cw0 = rec + hdr + 2 * CB * lane, *cw1 = cw0 + (two ? slot : 0);
         const uint4 *fr = frag + ((g - g0) * G / 16 * nv + m) * 4 + c;
-        for (int q = 0; q < gw / 32; q++, cw += 64 * CB) {
-            uint32_t a[2][4];
-            code_frags<CB>(cw, R, a);
+        for (int q = 0; q < gw / 32; q++, cw0 += 64 * CB, cw1 += 64 * CB) {
+            uint32_t a0[2][4], a1[2][4];
+            code_frags<CB>(cw0, R[0], a0);
+            code_frags<CB>(cw1, R[1], a1);
 #pragma unroll
             for (int S = 0; S < 2; S++)
 #pragma unroll
                 for (int j = 0; j < NT; j++) {
                     const uint4 bf = fr[(2 * q + S) * nv * 4 + 32 * j];
-                    mma_16816(d[j][2 * S], a[S], bf.x, bf.y);
-                    mma_16816(d[j][2 * S + 1], a[S], bf.z, bf.w);
+                    mma_16816(d[0][j][S], a0[S], bf.x, bf.y);
+                    mma_16816(d[1][j][S], a1[S], bf.x, bf.y);
+                    mma_16816(d[0][j][S], a0[S], bf.z, bf.w);
+                    mma_16816(d[1][j][S], a1[S], bf.z, bf.w);
                 }
         }
 #pragma unroll
-        for (int j = 0; j < NT; j++) {
-            float e[4];
+        for (int k = 0; k < kMmaPair; k++)
 #pragma unroll
-            for (int f = 0; f < 4; f++) e[f] = (d[j][0][f] + d[j][1][f]) + (d[j][2][f] + d[j][3][f]);
-            const int n0 = 8 * j + 2 * c;
-            const float2 xg = *reinterpret_cast<const float2 *>(gsum + (g - g0) * nv + n0);
-            const float2 sc = *reinterpret_cast<const float2 *>(xsc + (g - g0) * nv + n0);
-            acc[j][0] += s0 * (sc.x * e[0]) + z0 * xg.x;
-            acc[j][1] += s0 * (sc.y * e[1]) + z0 * xg.y;
-            acc[j][2] += s1 * (sc.x * e[2]) + z1 * xg.x;
-            acc[j][3] += s1 * (sc.y * e[3]) + z1 * xg.y;
-        }
-        if (cmul.j == gpw - 1) { // the warp's last group of tile t
-            const int r = (t - t_first) * kTile + 2 * m;
+            for (int j = 0; j < NT; j++) {
+                float e[4];
 #pragma unroll
-            for (int j = 0; j < NT; j++)
+                for (int f = 0; f < 4; f++) e[f] = d[k][j][0][f] + d[k][j][1][f];
+                const int n0 = 8 * j + 2 * c;
+                const float2 xg = *reinterpret_cast<const float2 *>(gsum + (g - g0) * nv + n0);
+                const float2 sc = *reinterpret_cast<const float2 *>(xsc + (g - g0) * nv + n0);
+                acc[k][j][0] += s[k][0] * (sc.x * e[0]) + z[k][0] * xg.x;
+                acc[k][j][1] += s[k][0] * (sc.y * e[1]) + z[k][0] * xg.y;
+                acc[k][j][2] += s[k][1] * (sc.x * e[2]) + z[k][1] * xg.x;
+                acc[k][j][3] += s[k][1] * (sc.y * e[3]) + z[k][1] * xg.y;
+            }
+        if (cmul.j == gpw - 1) { // the warp's last group of the pair
 #pragma unroll
-                for (int f = 0; f < 4; f++) {
-                    const int n = 8 * j + 2 * c + (f & 1);
-                    if (n < batch) {
-                        if (wpt == 1)
-                            part[((size_t)blockIdx.x * batch + n) * rows16 + (size_t)t_first * kTile + r + (f >> 1)] = acc[j][f];
-                        else wsum[(warp * kTile + 2 * m + (f >> 1)) * nv + n] = acc[j][f];
+            for (int k = 0; k < kMmaPair; k++)
+#pragma unroll
+                for (int j = 0; j < NT; j++)
+#pragma unroll
+                    for (int f = 0; f < 4; f++) {
+                        const int n = 8 * j + 2 * c + (f & 1), r = 2 * m + (f >> 1);
+                        if (n < batch && (k == 0 || two)) {
+                            if (wpt == 1) part[((size_t)blockIdx.x * batch + n) * rows16 + (size_t)(t + k) * kTile + r] = acc[k][j][f];
+                            else wsum[((warp * kMmaPair + k) * kTile + r) * nv + n] = acc[k][j][f];
+                        }
+                        acc[k][j][f] = 0.0f;
                     }
-                    acc[j][f] = 0.0f;
-                }
         }
         advance(cmul);
     }
     asm volatile("cp.async.wait_all;" ::: "memory");
-    if (wpt > 1) { // the warps of a tile add up in order
+    if (wpt > 1) { // the warps of a pair add up in order
         __syncthreads();
         for (int k = tid; k < nt * kTile * batch; k += kMmaThreads) {
-            const int tl = k / (kTile * batch), r = k / batch % kTile, n = k % batch;
+            const int tl = k / (kTile * batch), r = k / batch % kTile, n = k % batch, pl = tl / kMmaPair;
             float sum = 0.0f;
-            for (int w = tl * wpt; w < tl * wpt + min(wpt, ng); w++) sum += wsum[(w * kTile + r) * nv + n];
+            for (int w = pl * wpt; w < pl * wpt + min(wpt, ng); w++) sum += wsum[((w * kMmaPair + tl % kMmaPair) * kTile + r) * nv + n];
             part[((size_t)blockIdx.x * batch + n) * rows16 + (size_t)(t_first + tl) * kTile + r] = sum;
         }
     }
@@ -1465,7 +1506,7 @@ mpq_status launch_mma(cuda_ctx *c, const cuda_handle *h, const float *x, float *
     const dmat &M = h->m;
     if (!M.codes) return MPQ_ERR_UNSUPPORTED;
     // Column parts of whole groups, of equal size, whose fragments fit
-    // kMmaFragBytes; row blocks of 1, 2, 4 or a multiple of 8 tiles. Of the
+    // kMmaFragBytes; row blocks of 2, 4 or a multiple of 8 tiles. Of the
     // part counts from the fewest to twice that, the one whose blocks fill
     // the waves of resident blocks best (the fewest parts on a tie).
     // Batches up to 8 take parts of at most 32 KB of fragments (3 blocks per
@@ -1477,7 +1518,8 @@ mpq_status launch_mma(cuda_ctx *c, const cuda_handle *h, const float *x, float *
     if (gmax < 1) return MPQ_ERR_UNSUPPORTED;
     const int slot = M.crec; // a multiple of 16
     const int ng0 = gmax < M.ngroups ? gmax : M.ngroups;
-    const int smem = mma_smem(mma_part(ng0, M.group, nv).bytes, nv).ring + kMmaWarps * kMmaRing * slot;
+    const int ring = kMmaWarps * kMmaRing * kMmaPair * slot;
+    const int smem = mma_smem(mma_part(ng0, M.group, nv).bytes, nv, 1).ring + ring;
     if (smem > c->mma_dmax) return MPQ_ERR_UNSUPPORTED;
     int occ = c->smem_sm / (smem + c->mma_static + c->smem_reserved);
     const int omax = nt_ == 1 ? kMmaBlocks1 : 2;
@@ -1489,12 +1531,14 @@ mpq_status launch_mma(cuda_ctx *c, const cuda_handle *h, const float *x, float *
         const int gp = (M.ngroups + p - 1) / p, np_ = (M.ngroups + gp - 1) / gp;
         const int nrb0 = want / np_ < 1 ? 1 : want / np_;
         int tp = (M.ntiles + nrb0 - 1) / nrb0;
-        tp = tp > 4 ? (tp + kMmaWarps - 1) / kMmaWarps * kMmaWarps : tp > 2 ? 4 : tp;
+        tp = tp > 4 ? (tp + kMmaWarps - 1) / kMmaWarps * kMmaWarps : tp > 2 ? 4 : 2;
         const int nr = (M.ntiles + tp - 1) / tp, blocks = np_ * nr, waves = (blocks + want - 1) / want;
         const double fill = (double)blocks / ((double)waves * want);
         if (fill > best + 1e-9) best = fill, nparts = np_, gpp = gp, tpb = tp, nrb = nr;
     }
     const mma_part P(gpp, M.group, nv);
+    const int smem_used = mma_smem(P.bytes, nv, mma_wpt(tpb)).ring + ring;
+    if (smem_used > c->mma_dmax) return MPQ_ERR_UNSUPPORTED;
     const size_t part_bytes = (sizeof(float) * (size_t)nparts * batch * M.ntiles * kTile + 255) / 256 * 256;
     mpq_status st = grow(c, part_bytes + (size_t)nparts * P.bytes, (size_t)nrb);
     if (st != MPQ_OK) return st;
@@ -1502,7 +1546,6 @@ mpq_status launch_mma(cuda_ctx *c, const cuda_handle *h, const float *x, float *
     st = launch_pdl(c, kPrep[nt_ - 1], dim3(M.ngroups), kMmaThreads, 4 * M.group * nv + M.group / 32 * nv * 4, M,
                     x, batch, gpp, xprep);
     if (st != MPQ_OK) return st;
-    const int smem_used = mma_smem(P.bytes, nv).ring + kMmaWarps * kMmaRing * slot;
     return launch_pdl(c, kMma[nt_ - 1][h->cb == 8], dim3(nparts, nrb), kMmaThreads, smem_used, M, x, batch, skip, tpb,
                       gpp, slot, static_cast<const uint8_t *>(xprep), static_cast<float *>(c->scratch), c->counters, y);
 }
