@@ -51,8 +51,9 @@
 // and singles inside every group) use a plain kernel, one thread per row and
 // vector, which decodes every weight; batches beyond those (and batches 9..16
 // that the MMA kernel does not take) dequantize to fp16 (rows in original
-// order, columns in packed order, one thread per row and 32 columns, from
-// the code copy where there is one), gather the activations through p_col
+// order, columns in packed order; from the code copy where there is one,
+// a block per tile staged through shared memory, see dequant_codes), gather
+// the activations through p_col
 // into fp16, and multiply with cuBLAS (fp32 accumulate).
 //
 // FP16 BASELINE (mpq_cuda_backend_fp16): upload dequantizes the matrix once
@@ -1153,29 +1154,34 @@ __device__ float sparse_at(const dmat &M, int orow, int ocol)
                : 0.0f;
 }
 
-// Stores 8 decoded weights of row `row` (packed coordinates; orow: the
-// original row), packed columns col0 .. col0 + 7, in fp16 into row orow of
-// W at their packed columns: column scale applied, the sparse part (at the
-// original column p_col[col]) added in float first. The activations are
-// gathered through p_col instead (gather_f16), so W's columns stay in
-// packed order and its rows are written in whole pieces.
+// The fp16 values of 8 decoded weights w of original row orow, packed
+// columns col0 .. col0 + 7: column scale applied, the sparse part (at the
+// original column p_col[col]) added in float first. store_chunk writes them
+// into row orow of W at their packed columns: the activations are gathered
+// through p_col instead (gather_f16), so W's columns stay in packed order
+// and its rows are written in whole pieces.
+__device__ __forceinline__ void chunk_f16(const dmat &M, int orow, int col0, const float *w, __half *h)
+{
+#pragma unroll
+    for (int kk = 0; kk < 8; kk++) {
+        const int col = min(col0 + kk, M.cols - 1); // past the last column: not stored
+        float v = w[kk] * (M.cscale ? M.cscale[col] : 1.0f);
+        if (M.sp_row_ptr) v += sparse_at(M, orow, M.p_col ? (int)M.p_col[col] : col);
+        h[kk] = __float2half_rn(v);
+    }
+}
+
 __device__ __forceinline__ void store_chunk(const dmat &M, __half *__restrict__ W, int orow, int col0, const float *w)
 {
     const int n = min(8, M.cols - col0);
     __half h[8];
-#pragma unroll
-    for (int kk = 0; kk < 8; kk++) {
-        if (kk >= n) break;
-        const int col = col0 + kk;
-        float v = w[kk] * (M.cscale ? M.cscale[col] : 1.0f);
-        if (M.sp_row_ptr) v += sparse_at(M, orow, M.p_col ? (int)M.p_col[col] : col);
-        h[kk] = __float2half_rn(v);
-        if (n < 8 || M.cols % 8) W[(size_t)orow * M.cols + col] = h[kk];
-    }
+    chunk_f16(M, orow, col0, w, h);
     if (n == 8 && M.cols % 8 == 0) { // one 16-byte store
         uint4 u;
         memcpy(&u, h, sizeof u);
         *reinterpret_cast<uint4 *>(W + (size_t)orow * M.cols + col0) = u;
+    } else {
+        for (int kk = 0; kk < n; kk++) W[(size_t)orow * M.cols + col0 + kk] = h[kk];
     }
 }
 
@@ -1209,41 +1215,76 @@ __global__ void dequant_f16(dmat M, int skip, __half *__restrict__ W)
     }
 }
 
-// dequant_f16 from the CODE LAYOUT copy: one thread per row and quad, 16
-// rows of a tile on consecutive threads; the row's 32 codes are in the words
-// of lanes (r / 2, 0..3), 32 bytes in a row.
+// dequant_f16 from the CODE LAYOUT copy, staged through shared memory so
+// that both sides are whole pieces: a block takes one tile and kDqQuads
+// quads (kDqQuads * 32 columns). Decoding, thread (r, q) = (tid % 16, tid /
+// 16) reads the 32 codes of tile row r in quad q (the words of lanes (r / 2,
+// 0..3), so a warp reads 2 quads' 512 contiguous bytes) and writes them in
+// fp16 to its row of the staging tile; writing out, a warp stores 512
+// contiguous bytes of one row, at its original row.
+constexpr int kDqQuads = 16, kDqPad = 8; // the pad spreads the 16 rows over the banks
 template <int CB>
-__global__ void dequant_codes(dmat M, int skip, __half *__restrict__ W)
+__global__ void __launch_bounds__(kTile * kDqQuads) dequant_codes(dmat M, int skip, __half *__restrict__ W)
 {
-    const int nqm = M.cols / 32;
-    const size_t k = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (k >= (size_t)M.ntiles * kTile * nqm) return;
-    const int r = (int)(k % kTile), qm = (int)(k / kTile % nqm), t = (int)(k / kTile / nqm);
-    const int row = t * kTile + r;
-    if (row >= M.rows) return;
-    const int orow = M.p_row ? (int)M.p_row[row] : row;
-    const int g = 32 * qm / M.group, q = qm - g * (M.group / 32);
-    const uint8_t *rec = M.codes + (size_t)t * M.crow + (size_t)g * M.crec;
-    const int b = rec[M.meta + r], lo = min(skip, b - 1), C = (1 << b) - (1 << lo), rr = r & 1;
-    const uint32_t keep = (0xFFu << lo) & 0xFFu;
-    float s, z;
-    row_pair(M, rec, r, b, s, z);
-    const uint8_t *cw = rec + M.meta + kTile + (size_t)q * 64 * CB + (size_t)(r / 2) * 8 * CB;
-    float w[32];
+    constexpr int kRow = 32 * kDqQuads + kDqPad;
+    __shared__ __align__(16) __half st[kTile * kRow];
+    const int nqm = M.cols / 32, t = (int)blockIdx.y, r = threadIdx.x % kTile;
+    const int qq = threadIdx.x / kTile, qm = (int)blockIdx.x * kDqQuads + qq, row = t * kTile + r;
+    if (qm < nqm && row < M.rows) {
+        const int orow = M.p_row ? (int)M.p_row[row] : row;
+        const int g = 32 * qm / M.group, q = qm - g * (M.group / 32);
+        const uint8_t *rec = M.codes + (size_t)t * M.crow + (size_t)g * M.crec;
+        const int b = rec[M.meta + r], lo = min(skip, b - 1), C = (1 << b) - (1 << lo), rr = r & 1;
+        const uint32_t keep = (0xFFu << lo) & 0xFFu;
+        float s, z;
+        row_pair(M, rec, r, b, s, z);
+        const uint8_t *cw = rec + M.meta + kTile + (size_t)q * 64 * CB + (size_t)(r / 2) * 8 * CB;
+        // Q = 2 u' - C in float without an integer conversion: the bits
+        // 0x4B000000 | u' read 2^23 + u'; 2 (2^23 + u') - 2^24 and then - C
+        // are exact (C may be odd: 2^24 + C is no float)
+        const uint32_t magic = 0x4B000000u;
+        const float Cf = (float)C;
+        float w[32];
 #pragma unroll
-    for (int c = 0; c < 4; c++) {
-        uint32_t wd[2]; // the words of k steps 0 and 1 that hold row r
-        if (CB == 4) memcpy(wd, cw + 8 * c, 8);
-        else memcpy(&wd[0], cw + 16 * c + 4 * rr, 4), memcpy(&wd[1], cw + 16 * c + 8 + 4 * rr, 4);
+        for (int c = 0; c < 4; c++) {
+            uint32_t wd[2]; // the words of k steps 0 and 1 that hold row r
+            if (CB == 4) memcpy(wd, cw + 8 * c, 8);
+            else memcpy(&wd[0], cw + 16 * c + 4 * rr, 4), memcpy(&wd[1], cw + 16 * c + 8 + 4 * rr, 4);
 #pragma unroll
-        for (int f = 0; f < 8; f++) { // f = 4 S + 2 h + e: column c + 4 (2 S + h) + 16 e
-            const int S = f >> 2, h = (f >> 1) & 1, e = f & 1;
-            const uint32_t u = CB == 4 ? wd[S] >> (4 * (rr + 2 * h + 4 * e)) & 0xFu : wd[S] >> (8 * (2 * h + e)) & 0xFFu;
-            w[c + 4 * (2 * S + h) + 16 * e] = s * (float)(2 * (int)(u & keep) - C) + z;
+            for (int f = 0; f < 8; f++) { // f = 4 S + 2 h + e: column c + 4 (2 S + h) + 16 e
+                const int S = f >> 2, h = (f >> 1) & 1, e = f & 1;
+                const uint32_t u = CB == 4 ? wd[S] >> (4 * (rr + 2 * h + 4 * e)) & 0xFu & keep
+                                           : wd[S] >> (8 * (2 * h + e)) & 0xFFu & keep;
+                const float Q = fmaf(2.0f, __uint_as_float(magic | u), -16777216.0f) - Cf;
+                w[c + 4 * (2 * S + h) + 16 * e] = fmaf(s, Q, z);
+            }
+        }
+        if (!M.cscale && !M.sp_row_ptr) { // the common case: two weights per conversion
+#pragma unroll
+            for (int cc = 0; cc < 4; cc++) {
+                __half2 hv[4];
+#pragma unroll
+                for (int k = 0; k < 4; k++) hv[k] = __floats2half2_rn(w[8 * cc + 2 * k], w[8 * cc + 2 * k + 1]);
+                memcpy(&st[r * kRow + 32 * qq + 8 * cc], hv, sizeof hv);
+            }
+        } else {
+#pragma unroll
+            for (int cc = 0; cc < 4; cc++) {
+                __half hv[8];
+                chunk_f16(M, orow, 32 * qm + 8 * cc, w + 8 * cc, hv);
+                memcpy(&st[r * kRow + 32 * qq + 8 * cc], hv, sizeof hv);
+            }
         }
     }
-#pragma unroll
-    for (int cc = 0; cc < 4; cc++) store_chunk(M, W, orow, 32 * qm + 8 * cc, w + 8 * cc);
+    __syncthreads();
+    const int col0 = (int)blockIdx.x * 32 * kDqQuads;
+    for (int i = threadIdx.x; i < kTile * 4 * kDqQuads; i += blockDim.x) {
+        const int rr = i / (4 * kDqQuads), seg = i % (4 * kDqQuads), prow = t * kTile + rr;
+        if (prow >= M.rows || col0 + 8 * seg >= M.cols) continue;
+        const int orow = M.p_row ? (int)M.p_row[prow] : prow;
+        *reinterpret_cast<uint4 *>(W + (size_t)orow * M.cols + col0 + 8 * seg) =
+            *reinterpret_cast<const uint4 *>(&st[rr * kRow + 8 * seg]);
+    }
 }
 
 // out[v][j] = x[v][p_col[j]] in fp16, for `batch` vectors: the activations
@@ -1264,11 +1305,14 @@ __global__ void gather_f16(dmat M, const float *__restrict__ x, int batch, __hal
 cudaError_t dequantize(cuda_ctx *c, const cuda_handle *h, int skip, __half *W)
 {
     const dmat &M = h->m;
-    const size_t threads = (size_t)M.ntiles * kTile * (size_t)((M.cols + 31) / 32);
-    const unsigned blocks = (unsigned)((threads + 255) / 256);
-    if (!M.codes) dequant_f16<<<blocks, 256, 0, c->stream>>>(M, skip, W);
-    else if (h->cb == 4) dequant_codes<4><<<blocks, 256, 0, c->stream>>>(M, skip, W);
-    else dequant_codes<8><<<blocks, 256, 0, c->stream>>>(M, skip, W);
+    if (M.codes) {
+        const dim3 grid((unsigned)((M.cols / 32 + kDqQuads - 1) / kDqQuads), (unsigned)M.ntiles);
+        if (h->cb == 4) dequant_codes<4><<<grid, kTile * kDqQuads, 0, c->stream>>>(M, skip, W);
+        else dequant_codes<8><<<grid, kTile * kDqQuads, 0, c->stream>>>(M, skip, W);
+    } else {
+        const size_t threads = (size_t)M.ntiles * kTile * (size_t)((M.cols + 31) / 32);
+        dequant_f16<<<(unsigned)((threads + 255) / 256), 256, 0, c->stream>>>(M, skip, W);
+    }
     return cudaGetLastError();
 }
 

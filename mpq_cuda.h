@@ -45,9 +45,10 @@
 
 /* The largest batch the tensor-core kernel takes (in pieces of 16 vectors)
    on a matrix with the code copy; larger batches dequantize to fp16 and
-   multiply with cuBLAS. Measured on the H100 (bench/results/NOTES.md). */
+   multiply with cuBLAS. The crossover, measured on an H200, lies between
+   40 and 44 (bench/results/NOTES.md). */
 #ifndef MPQ_CUDA_MMA_MAX
-#define MPQ_CUDA_MMA_MAX 64
+#define MPQ_CUDA_MMA_MAX 40
 #endif
 
 #ifdef __cplusplus

@@ -11,8 +11,8 @@
    of 1 or 2 on the LUT kernel; else LUT up to 8 and fp16 + cuBLAS; build
    with -DMPQ_CUDA_MMA_BATCH=2 to put the MMA kernel on batch 2 too), and
    prompts of 64, 300 and 1024 vectors on the smaller cases; skip_planes 1
-   and 2 at batches 1..8, 11 and 16; device and host pointers; fresh random
-   inputs, outputs poisoned with NaN first. The fp16-weights backend
+   and 2 at batches 1..8, 11, 16 and 64 (the fp16 path); device and host
+   pointers; fresh random inputs, outputs poisoned with NaN first. The fp16-weights backend
    (mpq_cuda_backend_fp16) on every fifth case at batches 1, 5, 17, 64.
    Tolerance: float32 rounding, (n + 64) 2^-23 times 3 max_j |w_ij| sum_j |x~_j| (the terms the
    mirror form adds: |s^| (2^b - 1) + |z^| is at most 3 max |w| of a group);
@@ -128,7 +128,7 @@ static int run_case(mpq_backend *be, const cas *c, synth_rng *r, int fp16)
         mpq_packed_dequantize(&A, skip, Wd);
         for (size_t bi = 0; bi < sizeof batches / sizeof batches[0]; bi++) {
             const int batch = batches[bi];
-            if (skip && batch > 8 && batch != 11 && batch != 16) continue;
+            if (skip && batch > 8 && batch != 11 && batch != 16 && batch != 64) continue; /* 64: the fp16 path */
             if (fp16 && batch != 1 && batch != 5 && batch != 17 && batch != 64) continue;
             if (skip && batch == 33) continue;
             if (batch > 17 && (double)m * n * batch > (batch > 300 ? 6e8 : 7e8)) continue; /* the reference's time */
