@@ -35,9 +35,11 @@
 
      MPQ_IMPLEMENTATION   emit the implementation in this translation unit
      MPQ_STATIC           make every function static to this translation unit
-     MPQ_MALLOC(sz)       allocator (default malloc)        \ all three or
-     MPQ_REALLOC(p, sz)   reallocator (default realloc)      > none; the library
-     MPQ_FREE(p)          deallocator (default free)        /  never calls others
+     MPQ_MALLOC(sz)       allocator (default malloc)      \ both or neither; the
+     MPQ_FREE(p)          deallocator (default free)      / header's code calls
+                          no other allocator (it never reallocates). They
+                          govern this header only: mpq_io.c, mpq_model.c, the
+                          tools and the CUDA host code use malloc and free
      MPQ_ASSERT(x)        internal invariants only, never user input
                           (default assert)
      MPQ_NO_SIMD          compile only the portable scalar code
@@ -69,7 +71,8 @@
      2. Half precision .... float <-> fp16, round-to-nearest-even
      3. Group quantization  uniform asymmetric / symmetric, 1..8 bits
      4. Bit-plane matrices  mpq_bitplane_desc, byte layout, MXINT, pack, open
-     5. Products .......... lookup tables, GEMV / small GEMM, float64 reference
+     5. Products .......... lookup tables, GEMV / small GEMM, the path a product
+                            takes (mpq_gemv_path), float64 reference
      6. Formats, backends . format traits table, backend dispatch table
      7. AWQ ............... activation-aware column scales and clip search
      8. GPTQ .............. column-by-column quantization with error feedback
@@ -501,6 +504,11 @@ typedef struct mpq_gemv_opts {
    MPQ_ERR_UNSUPPORTED. */
 MPQ_DEF int mpq_path_available(mpq_path path);
 MPQ_DEF const char *mpq_path_name(mpq_path path);
+/* The path mpq_gemv takes on A with opts (NULL: defaults): AUTO resolved to
+   this CPU's choice (the int16 paths give way to the fastest float path on
+   groups wider than 1024 columns); MPQ_ERR_UNSUPPORTED where mpq_gemv would
+   refuse the path asked for, MPQ_ERR_ARG for a NULL A or path. */
+MPQ_DEF mpq_status mpq_gemv_path(const mpq_packed *A, const mpq_gemv_opts *opts, mpq_path *path);
 
 /* Workspace for one call with `batch` vectors on any path: the lookup tables,
    built once per input vector. Thread-safe if every thread has its own. */
@@ -1109,15 +1117,14 @@ MPQ_DEF mpq_status mpq_pmpd_phase_allocate(const int *skips, int n, const double
 #include <float.h>
 #include <limits.h>
 #include <math.h>
+#include <stdlib.h> /* qsort, and the default allocator */
 #include <string.h>
 
-#if !defined(MPQ_MALLOC) && !defined(MPQ_REALLOC) && !defined(MPQ_FREE)
-#include <stdlib.h>
+#if !defined(MPQ_MALLOC) && !defined(MPQ_FREE)
 #define MPQ_MALLOC(sz) malloc(sz)
-#define MPQ_REALLOC(p, sz) realloc(p, sz)
 #define MPQ_FREE(p) free(p)
-#elif !defined(MPQ_MALLOC) || !defined(MPQ_REALLOC) || !defined(MPQ_FREE)
-#error "mpq.h: define all of MPQ_MALLOC, MPQ_REALLOC and MPQ_FREE, or none"
+#elif !defined(MPQ_MALLOC) || !defined(MPQ_FREE)
+#error "mpq.h: define both MPQ_MALLOC and MPQ_FREE, or neither"
 #endif
 #ifndef MPQ_ASSERT
 #include <assert.h>
@@ -2780,6 +2787,8 @@ MPQ_DEF const char *mpq_path_name(mpq_path path)
     return "unknown";
 }
 
+#define MPQ__Q16_MAX_GROUP 1024 /* int32 sums are safe up to this group width: 256 lookups x 255 x 32639 < 2^31 */
+
 static mpq_path mpq__resolve_path(mpq_path p)
 {
     if (p != MPQ_PATH_AUTO) return p;
@@ -2795,6 +2804,20 @@ static mpq_path mpq__float_path(void)
     return mpq_path_available(MPQ_PATH_AVX512) ? MPQ_PATH_AVX512
            : mpq_path_available(MPQ_PATH_AVX2) ? MPQ_PATH_AVX2
                                                : MPQ_PATH_SCALAR;
+}
+
+MPQ_DEF mpq_status mpq_gemv_path(const mpq_packed *A, const mpq_gemv_opts *opts, mpq_path *path)
+{
+    if (!A || !path) return MPQ_ERR_ARG;
+    const mpq_path asked = opts ? opts->path : MPQ_PATH_AUTO;
+    if (!mpq_path_available(asked)) return MPQ_ERR_UNSUPPORTED;
+    mpq_path p = mpq__resolve_path(asked);
+    if ((p == MPQ_PATH_AVX512_VNNI || p == MPQ_PATH_AVX2_INT || p == MPQ_PATH_NEON) && A->group > MPQ__Q16_MAX_GROUP) {
+        if (asked != MPQ_PATH_AUTO) return MPQ_ERR_UNSUPPORTED;
+        p = mpq__float_path();
+    }
+    *path = p;
+    return MPQ_OK;
 }
 
 /* Workspace of one input vector, each part 64-byte aligned:
@@ -2828,7 +2851,6 @@ static size_t mpq__bp_work_bytes(const mpq_packed *A, int batch)
 }
 
 #define MPQ__Q16_MAX 32639.0f          /* 127 * 256 + 127: q = 256 hi + lo, signed bytes */
-#define MPQ__Q16_MAX_GROUP 1024 /* int32 sums are safe up to this group width: 256 lookups x 255 x 32639 < 2^31 */
 
 /* Units of the int16 tables of a group of nch chunks: one per 4 chunks, one
    for a trailing pair, one for a trailing single (the record's segments). */
@@ -3958,13 +3980,9 @@ static mpq_status mpq__bp_gemv(const mpq_packed *A, const float *x, float *y, in
     memset(&o, 0, sizeof o);
     if (opts) o = *opts;
     if (o.skip_planes < 0 || o.threads < 0) return MPQ_ERR_ARG;
-    if (!mpq_path_available(o.path)) return MPQ_ERR_UNSUPPORTED;
-    mpq_path path = mpq__resolve_path(o.path);
-    if ((path == MPQ_PATH_AVX512_VNNI || path == MPQ_PATH_AVX2_INT || path == MPQ_PATH_NEON) &&
-        A->group > MPQ__Q16_MAX_GROUP) {
-        if (o.path != MPQ_PATH_AUTO) return MPQ_ERR_UNSUPPORTED;
-        path = mpq__float_path();
-    }
+    mpq_path path;
+    const mpq_status ps = mpq_gemv_path(A, &o, &path);
+    if (ps != MPQ_OK) return ps;
     const size_t need = mpq__bp_work_bytes(A, batch);
     if (work && work_bytes < need) return MPQ_ERR_SIZE;
     if (work && ((uintptr_t)work % 64u)) return MPQ_ERR_ALIGN;
@@ -6276,9 +6294,16 @@ MPQ_DEF mpq_status mpq_pmpd_phase_allocate(const int *skips, int n, const double
 
 /*
    VERSION HISTORY
-     0.1.0  bit-plane packed matrices, group quantization, fp16, CPU LUT GEMV
-            (scalar, AVX2, AVX-512, AVX-512 VNNI), CPU backend; MXINT with
-            2..8-bit mantissas in the bit-plane layout.
+     0.1.0  bit-plane packed matrices (mixed widths 1..8 per block, row and
+            column permutations, column scales, a sparse part) and MXINT with
+            2..8-bit mantissas in the same layout; group quantization and fp16;
+            the LUT GEMV for any batch on scalar, AVX2, AVX-512, AVX-512 VNNI,
+            AVX2 int16 and NEON paths, chosen at run time (mpq_gemv_path says
+            which); threads that yield to busy cores; AWQ and GPTQ (act-order,
+            static groups); selection, salience statistics (Fisher, diag(X^T X),
+            MixLLM, PQI, MXSens) and the SFMP, MixLLM, MXSens and ReQuant
+            planners; PMPD precision schedules (static and phase-aware); the
+            CPU backend of the dispatch table (mpq_cuda.h adds the GPU one).
 
    LICENSE (MIT)
    Copyright (c) 2026 the mpq authors.

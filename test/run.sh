@@ -8,6 +8,8 @@
 #   aarch64   the header-only tests cross-compiled for AArch64 (NEON path) and
 #             run under qemu-user (test/aarch64.sh, test/criterion_shim.h)
 # It also compiles mpq.h alone with clang (C11, C++17, -Wall -Wextra -Werror),
+# builds the README's program as a user would (test/readme_check.sh), checks
+# the allocator macros (test/alloc_check.c),
 # runs the examples, fuzzes the safetensors reader and packed-file loader, and
 # the GGUF, model, tokenizer and text readers, a minute each (libFuzzer, ASan +
 # UBSan), and checks files against the reference
@@ -103,6 +105,13 @@ if command -v clang >/dev/null 2>&1; then
     check clang-io-c11 io_c11
     check clang-io-cxx17 clang++ -std=c++17 -Wall -Wextra -Werror -I. -c build/io-alone.cpp -o build/io-alone-cpp.o
 fi
+# the README's program as a user builds it; the allocator macros
+check readme-quickstart bash test/readme_check.sh build/readme
+alloc_check() {
+    gcc -O1 -Wall -Wextra -Werror -I. test/alloc_check.c -o build/alloc_check -lm && build/alloc_check &&
+        ! gcc -I. -DMPQ_HALF_ALLOCATOR -c test/alloc_check.c -o build/alloc_half.o
+}
+check allocator-macros alloc_check
 if [ -x build/release/quickstart ]; then
     check quickstart build/release/quickstart
     check demo-small build/release/demo --rows 300 --cols 1000

@@ -170,6 +170,58 @@ Test(gemv, integer_tables_do_not_overflow_in_wide_groups)
     }
 }
 
+/* mpq_gemv_path names the path a product takes, AUTO included: the documented
+   order of preference, the float paths for groups wider than the int16
+   tables take, and a product run on the path it names gives the same bits
+   as AUTO's. */
+Test(gemv, path_query_says_what_auto_runs)
+{
+    synth_rng r = {0x9a7d};
+    const int m = 37, groups[] = {128, 2048};
+    const mpq_path order[] = {MPQ_PATH_AVX512_VNNI, MPQ_PATH_AVX2_INT, MPQ_PATH_NEON, MPQ_PATH_AVX512, MPQ_PATH_AVX2,
+                              MPQ_PATH_SCALAR};
+    for (int gi = 0; gi < 2; gi++) {
+        const int n = groups[gi] + 96; /* a partial last group */
+        float *W = malloc(sizeof(float) * m * n), *x = malloc(sizeof(float) * n), y0[37], y1[37];
+        synth_weights(&r, W, m, n);
+        synth_activations(&r, x, n);
+        const shape s = {m, n, groups[gi], 16};
+        mpq_packed A = pack_random(&r, &s, 1, 2, 5, W);
+        mpq_path want = MPQ_PATH_SCALAR, got = MPQ_PATH_AUTO;
+        for (int k = 0; k < 6; k++) {
+            const int int16 = tc_int16_path(order[k]);
+            if (mpq_path_available(order[k]) && !(int16 && groups[gi] > 1024)) {
+                want = order[k];
+                break;
+            }
+        }
+        cr_assert_eq(mpq_gemv_path(&A, NULL, &got), MPQ_OK);
+        cr_assert_eq(got, want, "group %d: AUTO runs %s, expected %s", groups[gi], mpq_path_name(got),
+                     mpq_path_name(want));
+        mpq_gemv_opts o = {0};
+        cr_assert_eq(mpq_gemv(&A, x, y0, 1, &o, NULL, 0), MPQ_OK);
+        o.path = got;
+        cr_assert_eq(mpq_gemv(&A, x, y1, 1, &o, NULL, 0), MPQ_OK);
+        cr_assert_eq(memcmp(y0, y1, sizeof(float) * m), 0, "AUTO and %s differ", mpq_path_name(got));
+        for (int p = 0; p < NPATHS; p++) { /* an explicit path is itself, or refused as mpq_gemv refuses it */
+            o.path = paths[p];
+            mpq_path q = MPQ_PATH_AUTO;
+            const mpq_status st = mpq_gemv_path(&A, &o, &q), sg = mpq_gemv(&A, x, y1, 1, &o, NULL, 0);
+            cr_assert_eq(st, sg, "%s: the query and the product disagree", mpq_path_name(paths[p]));
+            if (!mpq_path_available(paths[p]) || (tc_int16_path(paths[p]) && groups[gi] > 1024))
+                cr_assert_eq(st, MPQ_ERR_UNSUPPORTED, "%s", mpq_path_name(paths[p]));
+            else
+                cr_assert(st == MPQ_OK && q == paths[p], "%s", mpq_path_name(paths[p]));
+        }
+        o.path = (mpq_path)99;
+        cr_assert_eq(mpq_gemv_path(&A, &o, &got), MPQ_ERR_UNSUPPORTED);
+        cr_assert_eq(mpq_gemv_path(NULL, NULL, &got), MPQ_ERR_ARG);
+        cr_assert_eq(mpq_gemv_path(&A, NULL, NULL), MPQ_ERR_ARG);
+        mpq_packed_free(&A);
+        free(W), free(x);
+    }
+}
+
 Test(gemv, llm_like_4096x4096_every_path)
 {
     synth_rng r = {34};
