@@ -20,7 +20,7 @@
 set -eu
 cd "$(dirname "$0")/.."
 need=()
-for p in meson ninja-build pkg-config gcc g++ libcjson-dev python3 python3-venv; do
+for p in meson ninja-build pkg-config gcc g++ libcjson-dev libstb-dev python3 python3-venv; do
     dpkg -s "$p" >/dev/null 2>&1 || need+=("$p")
 done
 if [ ${#need[@]} -gt 0 ]; then

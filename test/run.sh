@@ -9,7 +9,8 @@
 #             run under qemu-user (test/aarch64.sh, test/criterion_shim.h)
 # It also compiles mpq.h alone with clang (C11, C++17, -Wall -Wextra -Werror),
 # builds the README's program as a user would (test/readme_check.sh), checks
-# the allocator macros (test/alloc_check.c),
+# the allocator macros (test/alloc_check.c), installs mpq and builds a
+# program against it (test/install_check.sh),
 # runs the examples, fuzzes the safetensors reader and packed-file loader, and
 # the GGUF, model, tokenizer and text readers, a minute each (libFuzzer, ASan +
 # UBSan), and checks files against the reference
@@ -112,6 +113,8 @@ alloc_check() {
         ! gcc -I. -DMPQ_HALF_ALLOCATOR -c test/alloc_check.c -o build/alloc_half.o
 }
 check allocator-macros alloc_check
+# meson install into a staging prefix, a program built against it with pkg-config, and as a meson subproject
+check install-and-consume bash test/install_check.sh build/install-check
 if [ -x build/release/quickstart ]; then
     check quickstart build/release/quickstart
     check demo-small build/release/demo --rows 300 --cols 1000
