@@ -86,7 +86,7 @@
     12. Schedules ......... PMPD: precision over the tokens of a generation
                             (skip_planes), static and phase-aware search
 
-   NOTATION (see the design notes for the math)
+   NOTATION (see docs/DESIGN.md, the design notes, for the math)
 
      W is rows x cols (m x n), y = W x, batched Y = X W^T with X batch x n.
      Permutations: the packed matrix holds W~[i][j] = W[p_row[i]][p_col[j]];

@@ -84,7 +84,8 @@
 
 namespace {
 
-constexpr int kTile = 16;       // rows of a tile (MPQ_TILE_ROWS)
+constexpr int kTile = MPQ_TILE_ROWS; // rows of a tile
+static_assert(kTile == 16, "the lane mappings of every kernel assume tiles of 16 rows");
 constexpr int kThreads = 256;   // threads of a GEMV block
 constexpr int kWarps = kThreads / 32;
 constexpr int kWords = 64;      // table words per entry index p: batch * chunks per slice
