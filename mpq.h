@@ -906,6 +906,12 @@ typedef struct mpq_sfmp_desc {
 } mpq_sfmp_desc;
 
 MPQ_DEF mpq_status mpq_plan_sfmp(const mpq_sfmp_layer *layers, int nlayers, const mpq_sfmp_desc *d, mpq_plan *out);
+/* The budgets mpq_plan_sfmp can meet for these layers and d (d->bpw is not
+   read): *lo = 1 + the metadata's bits per weight (every block at 1 bit;
+   less is MPQ_ERR_RANGE), *hi = 8 + the same (every block at 8 bits; a
+   larger budget gives the same plan). */
+MPQ_DEF mpq_status mpq_sfmp_bpw_range(const mpq_sfmp_layer *layers, int nlayers, const mpq_sfmp_desc *d, double *lo,
+                                      double *hi);
 
 /* MixLLM (its section 3.2 and algorithm 1): output channels of all layers are
    ranked together by their salience (mpq_mixllm_add: the loss estimate of
@@ -5633,24 +5639,59 @@ static mpq_status mpq__plan_finish(mpq_plan *P, mpq_status st, mpq_plan *out)
     return MPQ_OK;
 }
 
-MPQ_DEF mpq_status mpq_plan_sfmp(const mpq_sfmp_layer *layers, int nlayers, const mpq_sfmp_desc *d, mpq_plan *out)
+/* The layers' weights, metadata bits (an fp16 pair per row and group) and
+   blocks; MPQ_ERR_ARG / MPQ_ERR_SIZE for what mpq_plan_sfmp refuses. */
+static mpq_status mpq__sfmp_sizes(const mpq_sfmp_layer *layers, int nlayers, const mpq_sfmp_desc *d, double *nw,
+                                  double *meta, size_t *nblocks)
 {
-    if (!layers || !d || !out) return MPQ_ERR_ARG;
+    if (!layers || !d) return MPQ_ERR_ARG;
     if (nlayers < 1) return MPQ_ERR_SIZE;
     const int G = d->group ? d->group : 128, BR = d->block_rows ? d->block_rows : 16;
     if (G < 8 || G % 8 || BR < 1 || d->reorder < 0 || d->reorder > MPQ_REORDER_BOTH) return MPQ_ERR_ARG;
-    if (!(d->bpw - d->bpw == 0.0)) return MPQ_ERR_ARG;
-    double nw = 0.0, meta = 0.0;
-    size_t nblocks = 0;
+    *nw = 0.0, *meta = 0.0, *nblocks = 0;
     for (int l = 0; l < nlayers; l++) {
         if (!layers[l].S) return MPQ_ERR_ARG;
         if (layers[l].rows < 1 || layers[l].cols < 1) return MPQ_ERR_SIZE;
         const size_t n = (size_t)layers[l].rows * (size_t)layers[l].cols;
         const int ng = (layers[l].cols + G - 1) / G; /* values are checked in the block-sum pass */
-        nw += (double)n;
-        meta += 32.0 * (double)layers[l].rows * ng;
-        nblocks += (size_t)((layers[l].rows + BR - 1) / BR) * (size_t)ng;
+        *nw += (double)n;
+        *meta += 32.0 * (double)layers[l].rows * ng;
+        *nblocks += (size_t)((layers[l].rows + BR - 1) / BR) * (size_t)ng;
     }
+    return MPQ_OK;
+}
+
+MPQ_DEF mpq_status mpq_sfmp_bpw_range(const mpq_sfmp_layer *layers, int nlayers, const mpq_sfmp_desc *d, double *lo,
+                                      double *hi)
+{
+    double nw, meta;
+    size_t nblocks;
+    if (!lo || !hi) return MPQ_ERR_ARG;
+    const mpq_status st = mpq__sfmp_sizes(layers, nlayers, d, &nw, &meta, &nblocks);
+    if (st != MPQ_OK) return st;
+    /* the smallest doubles that pass mpq_plan_sfmp's own test (bpw nw - meta
+       >= b nw, rounded as it rounds) */
+    double e[2];
+    for (int k = 0; k < 2; k++) {
+        const double b = k ? 8.0 : 1.0;
+        double v = b + meta / nw;
+        while (v * nw - meta < b * nw) v = nextafter(v, HUGE_VAL);
+        while (nextafter(v, 0.0) * nw - meta >= b * nw) v = nextafter(v, 0.0);
+        e[k] = v;
+    }
+    *lo = e[0], *hi = e[1];
+    return MPQ_OK;
+}
+
+MPQ_DEF mpq_status mpq_plan_sfmp(const mpq_sfmp_layer *layers, int nlayers, const mpq_sfmp_desc *d, mpq_plan *out)
+{
+    if (!layers || !d || !out) return MPQ_ERR_ARG;
+    double nw, meta;
+    size_t nblocks;
+    const mpq_status sz = mpq__sfmp_sizes(layers, nlayers, d, &nw, &meta, &nblocks);
+    if (sz != MPQ_OK) return sz;
+    if (!(d->bpw - d->bpw == 0.0)) return MPQ_ERR_ARG;
+    const int G = d->group ? d->group : 128, BR = d->block_rows ? d->block_rows : 16;
     const double bits_avail = d->bpw * nw - meta; /* weight bits the budget leaves */
     if (bits_avail < nw) return MPQ_ERR_RANGE;   /* below 1 bit per weight */
     const int lo = bits_avail >= 8.0 * nw ? 8 : (int)floor(bits_avail / nw);

@@ -553,12 +553,28 @@ static mpq_status mpq__read_at(mpq_st_file *f, uint64_t off, void *dst, size_t n
 static mpq_status mpq__open_common(mpq_st_file *f, mpq_io_err *err)
 {
     uint8_t h8[8];
-    if (f->in.bytes < 8) return mpq__io_fail(err, MPQ_ERR_FORMAT, f->in.path, NULL, "%llu bytes: too short for a header",
-                                            (unsigned long long)f->in.bytes);
+    if (f->in.bytes < 8)
+        return mpq__io_fail(err, MPQ_ERR_FORMAT, f->in.path, NULL,
+                            "%llu bytes: too short for a header (not a safetensors file)",
+                            (unsigned long long)f->in.bytes);
     mpq_status st = mpq__read_at(f, 0, h8, 8, NULL, err);
     if (st != MPQ_OK) return st;
     uint64_t n = 0;
     for (int i = 7; i >= 0; i--) n = (n << 8) | h8[i];
+    /* a header length that cannot be, and no '{' after it: some other file
+       (text, GGUF, a pickle) rather than a damaged safetensors one */
+    uint8_t c8 = '{';
+    if ((n > MPQ_ST_MAX_HEADER || n > f->in.bytes - 8) && f->in.bytes > 8 &&
+        (st = mpq__read_at(f, 8, &c8, 1, NULL, err)) != MPQ_OK)
+        return st;
+    if (c8 != '{') {
+        char shown[9];
+        for (int i = 0; i < 8; i++) shown[i] = h8[i] >= 0x20 && h8[i] < 0x7f ? (char)h8[i] : '.';
+        shown[8] = 0;
+        return mpq__io_fail(err, MPQ_ERR_FORMAT, f->in.path, NULL,
+                            "not a safetensors file (it starts with \"%s\", not an 8-byte header length and '{')",
+                            shown);
+    }
     if (n > MPQ_ST_MAX_HEADER)
         return mpq__io_fail(err, MPQ_ERR_FORMAT, f->in.path, NULL, "header length %llu exceeds the limit of %u bytes",
                          (unsigned long long)n, MPQ_ST_MAX_HEADER);

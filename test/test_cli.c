@@ -423,12 +423,58 @@ Test(cli, errors_have_exit_codes_and_name_what_is_wrong, .init = setup, .fini = 
     }
     cr_assert_eq(run("inspect junk.safetensors"), 2);
     cr_assert(strstr(text("err.txt"), "junk.safetensors"), "%s", text("err.txt"));
-    /* a budget no plan meets: exit 4, and no output file */
-    cr_assert_eq(run("quantize --method sfmp --bpw 0.5 --salience fisher.safetensors --exclude '*embed*' model.safetensors o.safetensors"), 4);
+    /* a budget no plan meets: exit 1, the lowest one the tensors allow and the
+       tensor that needs the most, and no output file */
+    cr_assert_eq(run("quantize --method sfmp --bpw 0.5 --salience fisher.safetensors --exclude '*embed*' model.safetensors o.safetensors"), 1);
+    e = text("err.txt");
+    /* 1 + 32 / 128 on layers 0..2 (whole groups), 1 + 32 / 72 on layer 3 (one partial group) */
+    cr_assert(strstr(e, "lowest budget") && strstr(e, "model.layers.3.proj.weight") && strstr(e, "1.4444"), "%s", e);
     char p[600];
     path_of("o.safetensors", p, sizeof p);
     cr_assert_eq(access(p, F_OK), -1);
     /* an output that cannot be written: exit 3 */
     cr_assert_eq(run("quantize model.safetensors no/such/dir/o.safetensors"), 3);
     cr_assert(strstr(text("err.txt"), "no/such/dir/o.safetensors"), "%s", text("err.txt"));
+}
+
+/* Messages that say what to change (usage errors exit 1, input errors 2). */
+Test(cli, messages_say_what_to_change, .init = setup, .fini = teardown)
+{
+    write_inputs();
+    cr_assert_eq(run("quantize --bits 3 --group 100 model.safetensors o.safetensors"), 1, "a group not of whole chunks");
+    cr_assert(strstr(text("err.txt"), "--group 100") && strstr(text("err.txt"), "multiple of 8"), "%s", text("err.txt"));
+    cr_assert_eq(run("quantize --method sfmp --bpw 20 --salience fisher.safetensors --exclude '*embed*' model.safetensors "
+                     "o.safetensors"),
+                 0);
+    cr_assert(strstr(text("err.txt"), "--bpw 20: capped at"), "%s", text("err.txt"));
+    char p[600];
+    path_of("notes.safetensors", p, sizeof p);
+    FILE *f = fopen(p, "wb");
+    cr_assert_not_null(f);
+    fputs("These are my notes about the model, not tensors.\n", f);
+    fclose(f);
+    cr_assert_eq(run("inspect notes.safetensors"), 2);
+    cr_assert(strstr(text("err.txt"), "notes.safetensors: not a safetensors file"), "%s", text("err.txt"));
+    /* a salience with a negative entry names the file, the tensor and the element */
+    mpq_io_err e;
+    mpq_st_writer *w;
+    path_of("negative.safetensors", p, sizeof p);
+    cr_assert_eq(mpq_st_writer_open(p, &w, &e), MPQ_OK);
+    for (int l = 0; l < NL; l++) {
+        char name[64];
+        const uint64_t sh[2] = {(uint64_t)shapes[l][0], (uint64_t)shapes[l][1]};
+        float *S = malloc(sizeof(float) * shapes[l][0] * shapes[l][1]);
+        for (int k = 0; k < shapes[l][0] * shapes[l][1]; k++) S[k] = 1.0f;
+        if (l == 2) S[17] = -0.5f;
+        layer_name(l, name, sizeof name);
+        cr_assert_eq(mpq_st_write_f32(w, name, MPQ_DT_F32, 2, sh, S, &e), MPQ_OK);
+        free(S);
+    }
+    cr_assert_eq(mpq_st_writer_close(w, &e), MPQ_OK);
+    cr_assert_eq(run("quantize --method sfmp --bpw 3 --salience negative.safetensors --exclude '*embed*' model.safetensors "
+                     "o.safetensors"),
+                 2);
+    const char *m = text("err.txt");
+    cr_assert(strstr(m, "negative.safetensors") && strstr(m, "model.layers.2.proj.weight") && strstr(m, "negative"), "%s",
+              m);
 }

@@ -126,6 +126,22 @@ Test(plan, budgets_are_met_from_below_on_random_models)
         mpq_plan_free(&p);
         d.bpw = 0.999 + meta / nw0; /* just below 1 weight bit */
         cr_assert_eq(mpq_plan_sfmp(M.L, n, &d, &p), MPQ_ERR_RANGE);
+        /* the range the tool reports: its ends plan every block at 1 and at 8 bits */
+        double lo = 0, hi = 0;
+        cr_assert_eq(mpq_sfmp_bpw_range(M.L, n, &d, &lo, &hi), MPQ_OK);
+        cr_assert_float_eq(lo, 1.0 + meta / nw0, 1e-12);
+        cr_assert_float_eq(hi, 8.0 + meta / nw0, 1e-12);
+        const double ends[2] = {lo, hi};
+        for (int e = 0; e < 2; e++) {
+            d.bpw = ends[e];
+            cr_assert_eq(mpq_plan_sfmp(M.L, n, &d, &p), MPQ_OK, "budget %.17g", d.bpw);
+            cr_assert_float_eq(frac_at(&p, e ? 8 : 1), 1.0, 0, "budget %.17g", d.bpw);
+            mpq_plan_free(&p);
+        }
+        d.bpw = nextafter(lo, 0.0); /* the range is tight */
+        cr_assert_eq(mpq_plan_sfmp(M.L, n, &d, &p), MPQ_ERR_RANGE);
+        cr_assert_eq(mpq_sfmp_bpw_range(M.L, n, &d, &lo, NULL), MPQ_ERR_ARG);
+        cr_assert_eq(mpq_sfmp_bpw_range(M.L, 0, &d, &lo, &hi), MPQ_ERR_SIZE);
         free_model(&M);
     }
 }

@@ -321,7 +321,25 @@ static int make_plan(const qopts *o, job *jobs, mpq_plan *plan)
         mpq_sfmp_desc d;
         memset(&d, 0, sizeof d);
         d.bpw = o->bpw, d.group = o->group, d.block_rows = o->block_rows, d.reorder = o->reorder;
-        st = L ? mpq_plan_sfmp(L, n, &d, plan) : MPQ_ERR_NOMEM;
+        double lo = 0, hi = 0;
+        st = L ? mpq_sfmp_bpw_range(L, n, &d, &lo, &hi) : MPQ_ERR_NOMEM;
+        if (st == MPQ_OK && o->bpw < lo) { /* name the tensor whose scales and zeros cost the most */
+            int worst = 0;
+            double wlo = 0, l1, h1;
+            for (int i = 0; i < n; i++)
+                if (mpq_sfmp_bpw_range(&L[i], 1, &d, &l1, &h1) == MPQ_OK && l1 > wlo) wlo = l1, worst = i;
+            const int rc = fail(EXIT_USAGE,
+                                "quantize --bpw %g: the lowest budget these %d tensors allow is %.4f bits per weight "
+                                "(1-bit weights and their scales and zeros at group %d); tensor '%s' alone needs %.4f",
+                                o->bpw, n, lo, o->group ? o->group : 128, J[worst]->name, wlo);
+            free(L);
+            free(J);
+            return rc;
+        }
+        if (st == MPQ_OK && o->bpw > hi)
+            fprintf(stderr, "mpq: quantize --bpw %g: capped at %.4f bits per weight (every block at 8 bits)\n", o->bpw,
+                    hi);
+        if (st == MPQ_OK) st = mpq_plan_sfmp(L, n, &d, plan);
         free(L);
     } else if (o->method == M_MIXLLM) {
         mpq_mixllm_layer *L = (mpq_mixllm_layer *)calloc((size_t)n + 1, sizeof *L);
@@ -827,6 +845,9 @@ static int cmd_quantize(int argc, char **argv)
             bad = bad || !parse_double("quantize", "--fraction", v, 0.0, 1.0, &o.fraction);
         } else if (opt(&a, "--group", &v, &bad)) {
             bad = bad || !parse_int("quantize", "--group", v, 8, 1 << 20, &o.group);
+            if (!bad && o.group % 8)
+                bad = fail(EXIT_USAGE, "quantize --group %d: a group is a multiple of 8 columns (%d or %d, say)", o.group,
+                           o.group / 8 * 8, o.group / 8 * 8 + 8);
         } else if (opt(&a, "--block-rows", &v, &bad)) {
             bad = bad || !parse_int("quantize", "--block-rows", v, 1, 1 << 20, &o.block_rows);
         } else if (opt(&a, "--reorder", &v, &bad)) {
