@@ -478,3 +478,75 @@ Test(cli, messages_say_what_to_change, .init = setup, .fini = teardown)
     cr_assert(strstr(m, "negative.safetensors") && strstr(m, "model.layers.2.proj.weight") && strstr(m, "negative"), "%s",
               m);
 }
+
+/* x rounded to bfloat16 (nearest, ties to even; finite x). */
+static float bf16_round(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    u = (u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u;
+    memcpy(&x, &u, sizeof x);
+    return x;
+}
+
+/* mpq dequantize: every packed tensor as floats, bit for bit what
+   mpq_packed_dequantize gives (f16 and bf16: that, rounded), the other
+   tensors as they were. */
+Test(cli, dequantize_gives_the_library_floats, .init = setup, .fini = teardown)
+{
+    write_inputs();
+    cr_assert_eq(run("quantize --quiet --bits 3 --exclude '*embed*' model.safetensors q.safetensors"), 0, "%s",
+                 text("err.txt"));
+    cr_assert_eq(run("dequantize --quiet q.safetensors d32.safetensors"), 0, "%s", text("err.txt"));
+    cr_assert_eq(run("dequantize --quiet --dtype f16 --skip-planes 1 q.safetensors d16.safetensors"), 0, "%s",
+                 text("err.txt"));
+    cr_assert_eq(run("dequantize --quiet --dtype bf16 q.safetensors db.safetensors"), 0, "%s", text("err.txt"));
+    char p[600];
+    mpq_io_err e;
+    mpq_st_file *q, *d[3];
+    path_of("q.safetensors", p, sizeof p);
+    cr_assert_eq(mpq_st_open(p, &q, &e), MPQ_OK);
+    const char *outs[3] = {"d32.safetensors", "d16.safetensors", "db.safetensors"};
+    const mpq_dtype dts[3] = {MPQ_DT_F32, MPQ_DT_F16, MPQ_DT_BF16};
+    for (int k = 0; k < 3; k++) {
+        path_of(outs[k], p, sizeof p);
+        cr_assert_eq(mpq_st_open(p, &d[k], &e), MPQ_OK, "%s", e.msg);
+        cr_assert_eq(mpq_st_count(d[k]), mpq_st_count(q));
+    }
+    for (int i = 0; i < mpq_st_count(q); i++) {
+        const mpq_st_tensor *t = mpq_st_at(q, i);
+        if (!t->packed) { /* kept: the same bytes */
+            const mpq_st_tensor *u = mpq_st_find(d[0], t->name);
+            cr_assert(u && u->dtype == t->dtype && u->end - u->begin == t->end - t->begin, "%s", t->name);
+            continue;
+        }
+        mpq_packed A;
+        cr_assert_eq(mpq_st_read_packed(q, t->name, &A, &e), MPQ_OK);
+        const size_t n = (size_t)A.rows * A.cols;
+        float *W0 = malloc(sizeof(float) * n), *W1 = malloc(sizeof(float) * n), *got = malloc(sizeof(float) * n);
+        cr_assert_eq(mpq_packed_dequantize(&A, 0, W0), MPQ_OK);
+        cr_assert_eq(mpq_packed_dequantize(&A, 1, W1), MPQ_OK);
+        for (int k = 0; k < 3; k++) {
+            const mpq_st_tensor *u = mpq_st_find(d[k], t->name);
+            cr_assert(u && u->dtype == dts[k] && u->ndim == 2 && u->shape[0] == (uint64_t)A.rows &&
+                          u->shape[1] == (uint64_t)A.cols,
+                      "%s in %s", t->name, outs[k]);
+            cr_assert_eq(mpq_st_read_f32(d[k], u, got, n, &e), MPQ_OK);
+            for (size_t j = 0; j < n; j++) {
+                const float want = k == 0 ? W0[j] : k == 1 ? mpq_f16_to_f32(mpq_f32_to_f16(W1[j])) : bf16_round(W0[j]);
+                cr_assert(memcmp(&got[j], &want, sizeof want) == 0, "%s %s [%zu]: %.9g, expected %.9g", outs[k],
+                          t->name, j, got[j], want);
+            }
+        }
+        free(W0), free(W1), free(got);
+        mpq_packed_free(&A);
+    }
+    for (int k = 0; k < 3; k++) mpq_st_close(d[k]);
+    mpq_st_close(q);
+    /* errors: usage 1, input 2 */
+    cr_assert_eq(run("dequantize --dtype f64 q.safetensors x.safetensors"), 1);
+    cr_assert(strstr(text("err.txt"), "f64"), "%s", text("err.txt"));
+    cr_assert_eq(run("dequantize q.safetensors"), 1);
+    cr_assert_eq(run("dequantize missing.safetensors x.safetensors"), 2);
+    cr_assert(strstr(text("err.txt"), "missing.safetensors"), "%s", text("err.txt"));
+}

@@ -1027,6 +1027,111 @@ static int cmd_inspect(int argc, char **argv)
 }
 
 /* ---------------------------------------------------------------------------
+   dequantize: packed matrices back to floats, for checking in other tools */
+
+static int cmd_dequantize(int argc, char **argv)
+{
+    args a = {argc, 0, argv, "dequantize"};
+    const char *in = NULL, *out = NULL, *v;
+    mpq_dtype dt = MPQ_DT_F32;
+    int skip = 0, bad = 0, quiet = 0;
+    while (!bad && ++a.i < argc) {
+        if (strcmp(argv[a.i], "--help") == 0 || strcmp(argv[a.i], "-h") == 0) {
+            puts("usage: mpq dequantize [--dtype f32|f16|bf16] [--skip-planes K] [--quiet] IN.safetensors "
+                 "OUT.safetensors\n"
+                 "\n"
+                 "Writes every packed matrix of IN as a float tensor of the same name, shape [rows, cols]\n"
+                 "in original row and column order, with its column scales and sparse part applied:\n"
+                 "bit for bit what mpq_packed_dequantize gives (then rounded to nearest even for f16\n"
+                 "and bf16). --skip-planes K drops the K lowest bit planes of every group, as the\n"
+                 "products do (at least one plane stays). Other tensors and IN's metadata (config,\n"
+                 "tokenizer) are copied as they are. Default dtype: f32 (exact).");
+            return 0;
+        } else if (opt(&a, "--dtype", &v, &bad)) {
+            if (bad) break;
+            if (!strcmp(v, "f32")) dt = MPQ_DT_F32;
+            else if (!strcmp(v, "f16")) dt = MPQ_DT_F16;
+            else if (!strcmp(v, "bf16")) dt = MPQ_DT_BF16;
+            else bad = fail(EXIT_USAGE, "dequantize --dtype: '%s' is not f32, f16 or bf16", v);
+        } else if (opt(&a, "--skip-planes", &v, &bad)) {
+            bad = bad || !parse_int("dequantize", "--skip-planes", v, 0, 7, &skip);
+        } else if (opt(&a, "--quiet", NULL, &bad)) {
+            quiet = 1;
+        } else if (argv[a.i][0] == '-' && argv[a.i][1]) {
+            bad = fail(EXIT_USAGE, "dequantize: unknown option '%s'", argv[a.i]);
+        } else if (!in) {
+            in = argv[a.i];
+        } else if (!out) {
+            out = argv[a.i];
+        } else {
+            bad = fail(EXIT_USAGE, "dequantize: one input and one output");
+        }
+    }
+    if (bad) return EXIT_USAGE;
+    if (!in || !out) return fail(EXIT_USAGE, "dequantize: needs IN.safetensors OUT.safetensors (see --help)");
+    mpq_io_err e;
+    mpq_st_file *f;
+    mpq_st_writer *w = NULL;
+    if (mpq_st_open(in, &f, &e) != MPQ_OK) return fail(EXIT_INPUT, "%s", e.msg);
+    int rc = 0;
+    if (mpq_st_writer_open(out, &w, &e) != MPQ_OK) rc = fail(EXIT_OUTPUT, "%s", e.msg);
+    for (int i = 0; !rc && i < mpq_st_meta_count(f); i++) {
+        const char *k, *val;
+        mpq_st_meta_at(f, i, &k, &val);
+        if (strncmp(k, "mpq.", 4) != 0 && mpq_st_write_meta(w, k, val, &e) != MPQ_OK) rc = fail(EXIT_OUTPUT, "%s", e.msg);
+    }
+    row *rows = NULL;
+    for (int i = 0; !rc && i < mpq_st_count(f); i++) {
+        const mpq_st_tensor *t = mpq_st_at(f, i);
+        row r;
+        memset(&r, 0, sizeof r);
+        r.name = t->name, r.bpw = -1, r.bytes_in = t->end - t->begin;
+        if (t->packed) {
+            mpq_packed A;
+            if (mpq_st_read_packed(f, t->name, &A, &e) != MPQ_OK) {
+                rc = fail(EXIT_INPUT, "%s", e.msg);
+                break;
+            }
+            const uint64_t sh[2] = {(uint64_t)A.rows, (uint64_t)A.cols};
+            float *W = (float *)malloc(sizeof(float) * (size_t)A.rows * (size_t)A.cols);
+            mpq_status st = W ? mpq_packed_dequantize(&A, skip, W) : MPQ_ERR_NOMEM;
+            if (st != MPQ_OK) rc = fail(EXIT_INPUT, "%s: tensor '%s': dequantize: %s", in, t->name, mpq_status_str(st));
+            else if (mpq_st_write_f32(w, t->name, dt, 2, sh, W, &e) != MPQ_OK) rc = fail(EXIT_OUTPUT, "%s", e.msg);
+            char wt[32];
+            widths_text(&A, wt, sizeof wt);
+            snprintf(r.kind, sizeof r.kind, "%s (from %s %s)", mpq_dtype_name(dt),
+                     A.format == MPQ_FORMAT_MXINT ? "mxint" : "bitplane", wt);
+            shape_text(2, sh, r.shape, sizeof r.shape);
+            r.bpw = mpq_packed_bpw(&A, 2), r.weights = (uint64_t)A.rows * (uint64_t)A.cols; /* what was read */
+            r.bytes_out = r.weights * mpq_dtype_size(dt);
+            free(W);
+            mpq_packed_free(&A);
+        } else {
+            const size_t bytes = (size_t)(t->end - t->begin);
+            void *buf = malloc(bytes + 1);
+            if (!buf) rc = fail(EXIT_INPUT, "%s: tensor '%s': out of memory", in, t->name);
+            else if (mpq_st_read(f, t, buf, bytes, &e) != MPQ_OK) rc = fail(EXIT_INPUT, "%s", e.msg);
+            else if (mpq_st_write(w, t->name, t->dtype, t->ndim, t->shape, buf, bytes, &e) != MPQ_OK)
+                rc = fail(EXIT_OUTPUT, "%s", e.msg);
+            free(buf);
+            shape_text(t->ndim, t->shape, r.shape, sizeof r.shape);
+            snprintf(r.kind, sizeof r.kind, "%s (kept)", mpq_dtype_name(t->dtype));
+            r.bytes_out = bytes;
+        }
+        arrput(rows, r);
+    }
+    if (!rc && mpq_st_writer_close(w, &e) != MPQ_OK) rc = fail(EXIT_OUTPUT, "%s", e.msg);
+    else if (rc) mpq_st_writer_abort(w);
+    if (!rc && !quiet) {
+        printf("%s -> %s (dequantized%s)\n", in, out, skip ? ", lowest planes skipped" : "");
+        print_rows(rows, 1);
+    }
+    arrfree(rows);
+    mpq_st_close(f);
+    return rc;
+}
+
+/* ---------------------------------------------------------------------------
    bench
    ------------------------------------------------------------------------ */
 
@@ -1236,6 +1341,7 @@ static void main_help(void)
            "  speed      prompt and decode tokens per second, as llama-bench measures them\n"
            "  inspect    list a file's tensors: format, widths, bits per weight, bytes\n"
            "  bench      time the packed matrices of a file (CPU, and GPU when present)\n"
+           "  dequantize packed matrices back to F32, F16 or BF16 tensors, for other tools\n"
            "\n"
            "'mpq <command> --help' describes each. Exit codes: 0 ok, 1 usage, 2 bad input\n"
            "file, 3 output not written, 4 quantization failed.\n",
@@ -1255,12 +1361,14 @@ int main(int argc, char **argv)
     if (strcmp(argv[1], "quantize") == 0) return cmd_quantize(argc - 1, argv + 1);
     if (strcmp(argv[1], "inspect") == 0) return cmd_inspect(argc - 1, argv + 1);
     if (strcmp(argv[1], "bench") == 0) return cmd_bench(argc - 1, argv + 1);
+    if (strcmp(argv[1], "dequantize") == 0) return cmd_dequantize(argc - 1, argv + 1);
     if (strcmp(argv[1], "eval") == 0) return cmd_eval(argc - 1, argv + 1);
     if (strcmp(argv[1], "run") == 0) return cmd_run(argc - 1, argv + 1);
     if (strcmp(argv[1], "speed") == 0) return cmd_speed(argc - 1, argv + 1);
     if (strcmp(argv[1], "calibrate") == 0) return cmd_calibrate(argc - 1, argv + 1);
     if (strcmp(argv[1], "schedule") == 0) return cmd_schedule(argc - 1, argv + 1);
-    return fail(EXIT_USAGE, "unknown command '%s' (quantize, calibrate, schedule, eval, run, speed, inspect, bench; "
+    return fail(EXIT_USAGE, "unknown command '%s' (quantize, calibrate, schedule, eval, run, speed, inspect, bench, "
+                "dequantize; "
                 "see mpq --help)",
                 argv[1]);
 }
