@@ -52,9 +52,9 @@ q40=build/bench/SmolLM2-135M-Instruct.Q4_0.gguf
 [ -f "$q40" ] || "$bin/llama-quantize" --allow-requantize "$gguf" "$q40" Q4_0 >build/bench/quantize.log 2>&1
 m4=build/bench/smollm2-rtn4.safetensors m3=build/bench/smollm2-rtn3.safetensors
 m4g32=build/bench/smollm2-rtn4-g32.safetensors
-[ -f "$m4" ] || build/release/mpq quantize --quiet --bits 4 "$gguf" "$m4"
-[ -f "$m3" ] || build/release/mpq quantize --quiet --bits 3 "$gguf" "$m3"
-[ -f "$m4g32" ] || build/release/mpq quantize --quiet --bits 4 --group 32 "$gguf" "$m4g32"
+[ -f "$m4" ] || build/release/mpq quantize --quiet --bits 4 --embed-bits 8 "$gguf" "$m4"
+[ -f "$m3" ] || build/release/mpq quantize --quiet --bits 3 --embed-bits 8 "$gguf" "$m3"
+[ -f "$m4g32" ] || build/release/mpq quantize --quiet --bits 4 --group 32 --embed-bits 8 "$gguf" "$m4g32"
 
 {
     echo "# bench/llm_cpu.sh --threads $threads --rounds $rounds --ppl-chunks $ppl_chunks, $(date -u +%FT%TZ)"

@@ -26,7 +26,7 @@ echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//'),
 t0=$(date +%s)
 "$bin/bench_random_llm" --layers "$layers" --dim "$dim" --ffn "$ffn" "$work/random"
 t1=$(date +%s)
-"$bin/mpq" quantize --quiet --method rtn --bits 3 --group 128 "$work/random" "$work/r3.safetensors" | tail -n 1
+"$bin/mpq" quantize --quiet --method rtn --bits 3 --group 128 --embed-bits 8 "$work/random" "$work/r3.safetensors" | tail -n 1
 t2=$(date +%s)
 echo "random model written in $((t1 - t0)) s, quantized in $((t2 - t1)) s"
 rm -rf "$work/random"

@@ -190,7 +190,7 @@ Test(cli_llm, eval_quantize_and_run_on_gguf_and_hf, .init = setup, .fini = teard
 
     /* quantize both forms: the matrices are the library's packing of the
        same floats, the embedding (= head) at --embed-bits */
-    cr_assert_eq(run("quantize --quiet --bits 4 m.gguf qg.safetensors"), 0, "%s", slurp("err.txt", NULL));
+    cr_assert_eq(run("quantize --quiet --bits 4 --embed-bits 8 m.gguf qg.safetensors"), 0, "%s", slurp("err.txt", NULL));
     cr_assert_eq(run("quantize --quiet --bits 3 --embed-bits 6 hf qh.safetensors"), 0, "%s", slurp("err.txt", NULL));
     mpq_llm *qg = load("qg.safetensors"), *qh = load("qh.safetensors");
     const mpq_llm *from[2] = {g, h}, *to[2] = {qg, qh};
@@ -206,6 +206,12 @@ Test(cli_llm, eval_quantize_and_run_on_gguf_and_hf, .init = setup, .fini = teard
     }
     eval_matches("qg.safetensors", qg, text, len);
     eval_matches("qh.safetensors", qh, text, len);
+    /* without --embed-bits the embedding (= head) stays as it was */
+    cr_assert_eq(run("quantize --quiet --bits 4 m.gguf qd.safetensors"), 0, "%s", slurp("err.txt", NULL));
+    mpq_llm *qd = load("qd.safetensors");
+    cr_assert(!qd->embed.A.buf && qd->embed.W, "the embedding stays float by default");
+    cr_assert(same_packing(&g->layer[0].lin[0], &qd->layer[0].lin[0], 4), "the linear maps are quantized");
+    mpq_llm_free(qd);
 
     /* generation: greedy, and PMPD with the decode at 3 bits from token 4 */
     run_matches("m.gguf", g, NULL, NULL, 12);

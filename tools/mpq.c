@@ -86,14 +86,17 @@ static void quantize_help(void)
          "\n"
          "A model (GGUF, a checkpoint directory, or safetensors with a config.json beside it\n"
          "or in its metadata): the linear maps of its layers whose names match --include and\n"
-         "not --exclude are quantized by the method; the token embedding (and an untied output\n"
-         "head) is quantized to --embed-bits by round-to-nearest; everything else is copied.\n"
+         "not --exclude are quantized by the method; the token embedding and an untied output\n"
+         "head stay as they are unless --embed-bits asks for round-to-nearest; everything\n"
+         "else is copied.\n"
          "OUT carries config.json, tokenizer.json and tokenizer_config.json in its metadata,\n"
          "so that `mpq eval` and `mpq run` take it as they take IN. Tensor names and the row\n"
          "order of q and k stay as IN has them (GGUF: adjacent rotary pairs; the config says so).\n"
          "\n"
          "Any other safetensors file: every 2-D float tensor (F32, F16, BF16, F64) whose name\n"
-         "matches --include and not --exclude is quantized by the method; the rest is copied.\n"
+         "matches --include and not --exclude is quantized by the method, except embeddings\n"
+         "and output heads (names matching *embed*, *tok_emb*, *wte*, *lm_head*, or output.weight),\n"
+         "which --embed-bits governs as above; the rest is copied.\n"
          "\n"
          "A quantized tensor becomes an mpq packed matrix (a U8 tensor described by\n"
          "__metadata__, see mpq_io.h). GGUF tensors that are copied are written as F32 (F16\n"
@@ -137,10 +140,11 @@ static void quantize_help(void)
          "  --calib FILE       safetensors with activations tokens x cols per weight name\n"
          "                     (or '<name>.awq'): awq and --quantizer awq (required), mxsens\n"
          "                     (diag(X^T X) when no --salience)\n"
-         "  --embed-bits B     models: the embedding and head at B bits, g128 (default 8);\n"
-         "                     0 keeps them as they are\n"
+         "  --embed-bits B     the embedding and head by round-to-nearest at B bits, g128\n"
+         "                     (default 0: kept as they are)\n"
          "  --include GLOB     quantize only matching names (repeatable; default all)\n"
-         "  --exclude GLOB     never quantize matching names (repeatable)\n"
+         "  --exclude GLOB     never quantize matching names (repeatable), e.g. '*embed_tokens*',\n"
+         "                     '*tok_emb*', '*lm_head*', '*.layers.0.*'\n"
          "  --threads T        OpenMP threads (default all)\n"
          "  --quiet            no progress and no table\n"
          "\n"
@@ -660,6 +664,15 @@ static int copy_tensor(mpq_source *in, const mpq_source_tensor *t, mpq_st_writer
     return rc;
 }
 
+/* An embedding or output head by its name, in a file that is not a model. */
+static int embedding_name(const char *name)
+{
+    static const char *const globs[] = {"*embed*", "*tok_emb*", "*wte*", "*lm_head*", "output.weight"};
+    for (size_t i = 0; i < sizeof globs / sizeof globs[0]; i++)
+        if (fnmatch(globs[i], name, 0) == 0) return 1;
+    return 0;
+}
+
 /* Which tensors are quantized, and how. */
 static int select_jobs(const qopts *o, mpq_source *in, int model, job **jobs)
 {
@@ -672,6 +685,9 @@ static int select_jobs(const qopts *o, mpq_source *in, int model, job **jobs)
             if (role == 0 || t->packed || (role == 2 && o->embed_bits == 0)) continue;
         } else if (t->ndim != 2 || !t->is_float || t->numel == 0) {
             continue;
+        } else if (mpq_llm_tensor_role(t->name, &layer, &lin) == 2 || embedding_name(t->name)) {
+            if (o->embed_bits == 0) continue;
+            role = 2;
         }
         if ((arrlen(o->include) && !glob_any(o->include, t->name)) || glob_any(o->exclude, t->name)) continue;
         if (t->ndim != 2 || !t->is_float || t->numel == 0) {
@@ -808,7 +824,7 @@ static int cmd_quantize(int argc, char **argv)
 {
     qopts o;
     memset(&o, 0, sizeof o);
-    o.bits = 4, o.fraction = 0.1, o.format = MPQ_FORMAT_BITPLANE, o.bpw = -1, o.embed_bits = 8;
+    o.bits = 4, o.fraction = 0.1, o.format = MPQ_FORMAT_BITPLANE, o.bpw = -1, o.embed_bits = 0;
     o.outliers = 0.0025, o.significant = 0.0025, o.damp = -1; /* -1: the library's default */
     args a = {argc, 0, argv, "quantize"};
     const char *pos[2] = {0}, *quantizer = NULL;
