@@ -44,40 +44,19 @@ static int g_batch = 1;                 /* --batch: vectors per product in the m
 #define MAX_BATCHES 8
 static int g_batches[MAX_BATCHES], g_nbatches = 0; /* --batches */
 
-/* Median microseconds of one GEMV of each batch in batches[0..nb-1] (into
-   us[]), one product of each in turn, rotating over copies of A's buffer.
-   x and y hold the largest batch. */
+/* bench_gemv_us at the --path of the command line; a failure ends the run. */
 static void time_batches(const mpq_packed *A, const float *x, float *y, const int *batches, int nb, int threads,
                          size_t rotate_bytes, int reps, double *us)
 {
-    int ncopies = (int)(rotate_bytes / A->bytes) + 2, bmax = 1;
-    if (ncopies > 256) ncopies = 256;
-    mpq_packed *C = (mpq_packed *)malloc(sizeof(mpq_packed) * (size_t)ncopies);
-    for (int c = 0; c < ncopies; c++) {
-        void *buf = mpq_aligned_alloc(A->bytes);
-        memcpy(buf, A->buf, A->bytes);
-        if (!buf || mpq_packed_open(buf, A->bytes, &C[c]) != MPQ_OK) exit(1);
-    }
-    for (int k = 0; k < nb; k++) bmax = batches[k] > bmax ? batches[k] : bmax;
-    size_t wb = mpq_gemv_work_bytes(A, bmax);
-    void *work = mpq_aligned_alloc(wb);
     mpq_gemv_opts o;
     memset(&o, 0, sizeof o);
     o.threads = threads;
     o.path = g_path;
-    double *ts = (double *)malloc(sizeof(double) * (size_t)reps * (size_t)nb);
-    for (int c = 0; c < ncopies; c++) mpq_gemv(&C[c], x, y, bmax, &o, work, wb); /* warm up, touch every copy */
-    for (int r = 0, c = 0; r < reps; r++)
-        for (int k = 0; k < nb; k++, c = (c + 1) % ncopies) {
-            double t0 = bench_now();
-            mpq_gemv(&C[c], x, y, batches[k], &o, work, wb);
-            ts[(size_t)k * (size_t)reps + (size_t)r] = bench_now() - t0;
-        }
-    for (int k = 0; k < nb; k++) us[k] = bench_median(ts + (size_t)k * (size_t)reps, reps) * 1e6;
-    for (int c = 0; c < ncopies; c++) mpq_aligned_free((void *)(uintptr_t)C[c].buf);
-    free(C);
-    free(ts);
-    mpq_aligned_free(work);
+    const mpq_status st = bench_gemv_us(A, x, y, batches, nb, &o, rotate_bytes, reps, us);
+    if (st != MPQ_OK) {
+        fprintf(stderr, "bench_gemv: %s\n", mpq_status_str(st));
+        exit(1);
+    }
 }
 
 /* Median microseconds of one GEMV of `batch` vectors. */

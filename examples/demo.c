@@ -5,7 +5,7 @@
 
    The layer (default 4096 x 4096, seed 42) has the statistics of trained LLM
    weights: heavy-tailed entries and a few outlier rows and columns (see
-   examples/synth.h). The activations come in batches whose massive channels
+   util/synth.h). The activations come in batches whose massive channels
    are the same in every token, as in LLMs: 64 calibration tokens for AWQ and
    16 held-out tokens on which every error below is measured (relative
    Frobenius norm of Y - Y_float). Bit widths come from the SFMP planner

@@ -30,7 +30,7 @@ note "aarch64 NEON path available" $?
 
 for t in basics half quant pack gemv mxint sparse backend awq select stats plan requant pmpd gptq; do
     exe="$out/test_$t"
-    if ! $cc -std=c11 -O2 -static -fopenmp -Wall -Wextra -Werror -DMPQ_TEST_SHIM -I. -Itest -Iexamples \
+    if ! $cc -std=c11 -O2 -static -fopenmp -Wall -Wextra -Werror -DMPQ_TEST_SHIM -I. -Itest -Iutil \
         "test/test_$t.c" -o "$exe" -lm -lpthread 2>"$out/build-$t.log"; then
         cat "$out/build-$t.log"
         note "build test_$t" 1

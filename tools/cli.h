@@ -1,5 +1,5 @@
 /* tools/cli.h - what the commands of the mpq tool share: exit codes, error
-   messages, option parsing, the progress line. Included by tools/mpq.c
+   messages, option parsing, the progress line. Included by tools/mpq_tool.c
    (quantize, inspect, bench, main) and tools/mpq_llm.c (eval, run, speed, calibrate,
    schedule). */
 #ifndef MPQ_CLI_H

@@ -20,7 +20,7 @@
    device pointers must give the same bits.
 
    Build (Meson builds it when CUDA is found):
-     nvcc -arch=sm_90 -I. -Iexamples test/gpu/cuda_check.c mpq_cuda.cu -lcublas */
+     nvcc -arch=sm_90 -I. -Iutil test/gpu/cuda_check.c mpq_cuda.cu -lcublas */
 #define MPQ_IMPLEMENTATION
 #include "mpq.h"
 #include "mpq_cuda.h"

@@ -1194,45 +1194,14 @@ static double gpu_us(const mpq_packed *A, const float *x, int batch, int reps)
 }
 #endif
 
-/* Median microseconds of mpq_gemv, rotating over copies of the matrix so
-   that the caches do not hold the one being read. */
+/* Median microseconds of mpq_gemv (bench_gemv_us); -1 on failure. */
 static double cpu_us(const mpq_packed *A, const float *x, float *y, int batch, int threads, int reps)
 {
-    const size_t rotate = (size_t)256 << 20;
-    int nc = (int)(rotate / A->bytes) + 2;
-    if (nc > 64) nc = 64;
-    mpq_packed *C = (mpq_packed *)calloc((size_t)nc, sizeof *C);
-    const size_t wb = mpq_gemv_work_bytes(A, batch);
-    void *work = mpq_aligned_alloc(wb);
-    double *ts = (double *)malloc(sizeof(double) * (size_t)reps), us = -1;
-    int made = 0;
-    for (; C && made < nc; made++) {
-        void *b = mpq_aligned_alloc(A->bytes);
-        if (!b) break;
-        memcpy(b, A->buf, A->bytes);
-        if (mpq_packed_open(b, A->bytes, &C[made]) != MPQ_OK) {
-            mpq_aligned_free(b);
-            break;
-        }
-        C[made].owned = 1;
-    }
-    if (made && work && ts) {
-        mpq_gemv_opts o;
-        memset(&o, 0, sizeof o);
-        o.threads = threads;
-        int ok = 1;
-        for (int r = -made; r < reps && ok; r++) {
-            const double t0 = bench_now();
-            ok = mpq_gemv(&C[(r + made) % made], x, y, batch, &o, work, wb) == MPQ_OK;
-            if (r >= 0) ts[r] = (bench_now() - t0) * 1e6;
-        }
-        if (ok) us = bench_median(ts, reps);
-    }
-    for (int c = 0; c < made; c++) mpq_packed_free(&C[c]);
-    free(C);
-    free(ts);
-    mpq_aligned_free(work);
-    return us;
+    mpq_gemv_opts o;
+    memset(&o, 0, sizeof o);
+    o.threads = threads;
+    double us = -1;
+    return bench_gemv_us(A, x, y, &batch, 1, &o, (size_t)256 << 20, reps, &us) == MPQ_OK ? us : -1;
 }
 
 static int cmd_bench(int argc, char **argv)

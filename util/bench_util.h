@@ -1,5 +1,6 @@
-/* bench_util.h - timing, the machine's read bandwidth and a float32 GEMV
-   baseline, shared by the benchmarks. */
+/* bench_util.h - timing, the machine's read bandwidth, a float32 GEMV
+   baseline and the timing of mpq_gemv itself, shared by the benchmarks and
+   the `mpq bench` command. */
 #ifndef MPQ_BENCH_UTIL_H
 #define MPQ_BENCH_UTIL_H
 
@@ -15,6 +16,8 @@
 #ifdef _OPENMP
 #include <omp.h>
 #endif
+
+#include "mpq.h"
 
 static inline double bench_now(void)
 {
@@ -127,6 +130,53 @@ static inline double bench_f32_gemv_us(const float *W, const float *x, float *y,
     free(C);
     free(ts);
     return us;
+}
+
+/* Median microseconds of one mpq_gemv at each batch of batches[0..nb-1]
+   (into us[]), one product of each batch in turn, rotating over copies of
+   A's buffer (rotate_bytes of them in all, at least 2 and at most 256
+   copies) so that the caches do not hold the one being read; every copy is
+   used once before the timing. x and y hold the largest batch; opts as
+   mpq_gemv takes them (NULL: defaults). MPQ_OK, or the first error (us[]
+   then unwritten). */
+static inline mpq_status bench_gemv_us(const mpq_packed *A, const float *x, float *y, const int *batches, int nb,
+                                       const mpq_gemv_opts *opts, size_t rotate_bytes, int reps, double *us)
+{
+    if (!A || nb < 1 || reps < 1) return MPQ_ERR_ARG;
+    int ncopies = (int)(rotate_bytes / A->bytes) + 2, bmax = 1, made = 0;
+    if (ncopies > 256) ncopies = 256;
+    for (int k = 0; k < nb; k++) bmax = batches[k] > bmax ? batches[k] : bmax;
+    const size_t wb = mpq_gemv_work_bytes(A, bmax);
+    mpq_packed *C = (mpq_packed *)calloc((size_t)ncopies, sizeof *C);
+    void *work = mpq_aligned_alloc(wb);
+    double *ts = (double *)malloc(sizeof(double) * (size_t)reps * (size_t)nb);
+    mpq_status st = C && work && ts ? MPQ_OK : MPQ_ERR_NOMEM;
+    for (; st == MPQ_OK && made < ncopies; made++) {
+        void *b = mpq_aligned_alloc(A->bytes);
+        if (!b) {
+            st = MPQ_ERR_NOMEM;
+            break;
+        }
+        memcpy(b, A->buf, A->bytes);
+        if ((st = mpq_packed_open(b, A->bytes, &C[made])) != MPQ_OK) {
+            mpq_aligned_free(b);
+            break;
+        }
+        C[made].owned = 1;
+    }
+    for (int c = 0; c < made && st == MPQ_OK; c++) st = mpq_gemv(&C[c], x, y, bmax, opts, work, wb);
+    for (int r = 0, c = 0; r < reps && st == MPQ_OK; r++)
+        for (int k = 0; k < nb && st == MPQ_OK; k++, c = (c + 1) % made) {
+            const double t0 = bench_now();
+            st = mpq_gemv(&C[c], x, y, batches[k], opts, work, wb);
+            ts[(size_t)k * (size_t)reps + (size_t)r] = bench_now() - t0;
+        }
+    for (int k = 0; k < nb && st == MPQ_OK; k++) us[k] = bench_median(ts + (size_t)k * (size_t)reps, reps) * 1e6;
+    for (int c = 0; c < made; c++) mpq_packed_free(&C[c]);
+    free(C);
+    free(ts);
+    mpq_aligned_free(work);
+    return st;
 }
 
 /* What else ran on the machine: CPU time of every process (/proc/stat)
