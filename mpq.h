@@ -69,11 +69,20 @@
 
      1. Basics ............ version, linkage, mpq_status, aligned memory, threads
      2. Half precision .... float <-> fp16, round-to-nearest-even
-     3. Group quantization  uniform asymmetric / symmetric, 1..8 bits
-     4. Bit-plane matrices  mpq_bitplane_desc, byte layout, MXINT, pack, open
+     3. Group quantization  uniform asymmetric / symmetric, 1..8 bits; MXINT blocks
+     4. Bit-plane matrices  mpq_bitplane_desc, byte layout, MXINT, pack, open;
+                            implementation: 4.1 header and layout, 4.2 checks
+                            and the sparse part, 4.3 packing, 4.4 opening,
+                            4.5 dequantization
      5. Products .......... lookup tables, GEMV / small GEMM, the path a product
-                            takes (mpq_gemv_path), float64 reference
-     6. Formats, backends . format traits table, backend dispatch table
+                            takes (mpq_gemv_path), float64 reference;
+                            implementation: 5.1 tables and path choice, 5.2
+                            workspace, 5.3 records, 5.4 kernels per path, 5.5
+                            the product, 5.6 the reference
+     6. Formats, backends . format traits table, backend dispatch table; the
+                            entry points of 4 and 5 that go through the format
+                            table (mpq_packed_open, mpq_packed_dequantize[_row],
+                            mpq_gemv_work_bytes, mpq_gemv) are defined here
      7. AWQ ............... activation-aware column scales and clip search
      8. GPTQ .............. column-by-column quantization with error feedback
                             through the Cholesky factor of the Hessian
@@ -237,6 +246,12 @@ MPQ_DEF mpq_status mpq_quantize(const struct mpq_bitplane_desc *d, const float *
 MPQ_DEF mpq_status mpq_dequantize(const struct mpq_bitplane_desc *d, const uint8_t *codes,
                                   const uint16_t *s_hat, const uint16_t *z_hat, float *W);
 
+/* One MXINT block (the rules: section 4, "MXINT"): mant[k] = P, *e8m0 = X +
+   127. */
+MPQ_DEF mpq_status mpq_mxint_quantize_block(const float *v, int len, int bits, int8_t *mant, uint8_t *e8m0);
+/* The value of one MXINT element: P * 2^(X - (k - 2)). */
+MPQ_DEF double mpq_mxint_value(int mant, int bits, uint8_t e8m0);
+
 /* ========================================================================== */
 /* 4. Bit-plane matrices                                                      */
 /* ========================================================================== */
@@ -378,12 +393,9 @@ MPQ_DEF mpq_status mpq_sparse_from_mask(const float *W, const float *D, const ui
    hold 16 E8M0 bytes (one per row) instead of the 64 bytes of fp16 pairs.
    Storage is k + 8/32 bits per weight. Everything else (tiles, planes,
    permutations, column scales, validation, every GEMV path, skip_planes) is
-   shared; header magic "MPQMXIN\0", format 2. */
-
-/* One MXINT block: mant[k] = P, *e8m0 = X + 127, by the rules above. */
-MPQ_DEF mpq_status mpq_mxint_quantize_block(const float *v, int len, int bits, int8_t *mant, uint8_t *e8m0);
-/* The value of one element: P * 2^(X - (k - 2)). */
-MPQ_DEF double mpq_mxint_value(int mant, int bits, uint8_t e8m0);
+   shared; header magic "MPQMXIN\0", format 2. mpq_mxint_quantize_block and
+   mpq_mxint_value (section 3) quantize one block and evaluate one element by
+   these rules. */
 
 /* A packed matrix: a validated view into one buffer. `buf` is owned by
    whoever allocated it (mpq_pack_alloc: free with mpq_packed_free). */
@@ -1776,6 +1788,8 @@ MPQ_DEF mpq_status mpq_dequantize(const mpq_bitplane_desc *d, const uint8_t *cod
 /* 4. Bit-plane matrices                                                      */
 /* ========================================================================== */
 
+/* ---- 4.1 Header, layout, and the walk over a tile's records ---- */
+
 #ifdef __cplusplus
 #define MPQ__STATIC_ASSERT(c, m) static_assert(c, m)
 #else
@@ -1969,6 +1983,8 @@ static void mpq__walk_warm(const mpq__shape *s, const uint64_t *index, const uin
     }
 }
 
+/* ---- 4.2 Checks of descriptions and their parts; the sparse part ---- */
+
 static mpq_status mpq__perm_check(const uint32_t *p, int n)
 {
     uint8_t *seen = (uint8_t *)MPQ_MALLOC(((size_t)n + 7u) / 8u);
@@ -2077,6 +2093,8 @@ MPQ_DEF mpq_status mpq_sparse_from_mask(const float *W, const float *D, const ui
     *out = S;
     return MPQ_OK;
 }
+
+/* ---- 4.3 Packing: sizes, sections, records ---- */
 
 MPQ_DEF mpq_status mpq_bitplane_bytes(const mpq_bitplane_desc *d, size_t *bytes)
 {
@@ -2395,6 +2413,8 @@ MPQ_DEF mpq_status mpq_pack_quantized(const mpq_bitplane_desc *d, const uint8_t 
     return MPQ_OK;
 }
 
+/* ---- 4.4 Opening a buffer; what a packed matrix reports ---- */
+
 static mpq_status mpq__open_format(const void *buf, size_t bytes, mpq_packed *out, int format)
 {
     if (!buf || !out) return MPQ_ERR_ARG;
@@ -2525,6 +2545,8 @@ MPQ_DEF double mpq_packed_bpw(const mpq_packed *A, int level)
     if (level >= 2) bits += 8.0 * (double)mpq_packed_sparse_bytes(A);
     return bits / ((double)s.rows * (double)s.cols);
 }
+
+/* ---- 4.5 Decoding: dequantization of a matrix or a row ---- */
 
 /* The (s^, z^) of the 16 rows of record (t, g): fp16 pairs, or from the
    E8M0 byte and the row's width k, s^ = 2^(X-k+1), z^ = -s^ (MXINT). b is
@@ -2678,6 +2700,8 @@ static mpq_status mpq__bp_dequantize_row(const mpq_packed *A, int skip_planes, i
 /* 5. Products                                                                */
 /* ========================================================================== */
 
+/* ---- 5.1 Lookup tables; the CPU probe and the choice of path ---- */
+
 MPQ_DEF void mpq_lut16(const float x4[4], float Q[16])
 {
     /* Same operation order for p and p ^ 15 with every sign flipped, so the
@@ -2825,6 +2849,8 @@ MPQ_DEF mpq_status mpq_gemv_path(const mpq_packed *A, const mpq_gemv_opts *opts,
     *path = p;
     return MPQ_OK;
 }
+
+/* ---- 5.2 The workspace and the tables of each input vector ---- */
 
 /* Workspace of one input vector, each part 64-byte aligned:
      tab    1024 bytes per chunk of 8 columns: the scalar path's 256-entry
@@ -3038,6 +3064,8 @@ static void mpq__build_tables(const mpq_packed *A, const float *x, mpq_path path
     }
 }
 
+/* ---- 5.3 Records as the kernels see them ---- */
+
 #define MPQ__BATCH_STEP 8 /* vectors per pass over a tile's records */
 #define MPQ__LOOKAHEAD 4  /* records prefetched ahead of the one in use */
 
@@ -3117,6 +3145,8 @@ static float mpq__plane_weight(const mpq__rec *R, int p, int r)
 {
     return R->uniform ? (float)(1 << (R->i0 + p)) : R->mult[p][r];
 }
+
+/* ---- 5.4 The kernels of each path (sub-banners below) ---- */
 
 /* ---- scalar path: 256-entry tables, one byte = 8 weights ---- */
 
@@ -3773,6 +3803,8 @@ static void mpq__tiles_neon(const mpq__shape *s, const mpq_packed *A, int t0, in
 }
 #endif
 
+/* ---- 5.5 The product: tiles over threads, the sparse part, mpq__bp_gemv ---- */
+
 /* One tile, vectors b0 .. b0+nb-1: y~ of its 16 rows into yt[v][r]. The
    records of tile t are found by walking its band's sections: section g
    holds the band's nt records of group g, and every record of a band with
@@ -4020,6 +4052,8 @@ static mpq_status mpq__bp_gemv(const mpq_packed *A, const float *x, float *y, in
     if (w != (uint8_t *)work) mpq_aligned_free(w);
     return MPQ_OK;
 }
+
+/* ---- 5.6 The float64 reference (mpq_gemv_ref) ---- */
 
 typedef struct mpq__emit_gemv {
     const float *x;
