@@ -235,6 +235,19 @@ MPQ_DEF mpq_status mpq_quantize_group(const float *v, int len, int bits, int sym
    (bits - skip)-bit bucket (design notes, "nested precision"). */
 MPQ_DEF float mpq_dequant_value(uint8_t q, int bits, int skip, float s_hat, float z_hat);
 
+/* The rule of skip_planes, for every product on every device: a code of
+   `bits` planes keeps planes mpq_first_plane(bits, skip) .. bits - 1, the
+   lowest ones dropped and at least one kept (skip <= 0: all). */
+#if defined(__CUDACC__)
+#define MPQ__HOST_DEVICE __host__ __device__
+#else
+#define MPQ__HOST_DEVICE
+#endif
+static inline MPQ__HOST_DEVICE int mpq_first_plane(int bits, int skip)
+{
+    return skip <= 0 ? 0 : skip < bits ? skip : bits - 1;
+}
+
 /* Whole-matrix quantization under a per-block bits map: see mpq_bitplane_desc
    (section 4) for the shape fields; permutations and col_scale are ignored
    here (codes are in the coordinates of W). Outputs: codes (rows*cols bytes),
@@ -444,6 +457,13 @@ MPQ_DEF mpq_status mpq_packed_open(const void *buf, size_t bytes, mpq_packed *ou
 MPQ_DEF void mpq_packed_free(mpq_packed *A);
 /* Width of the block holding packed row i, packed group g. */
 MPQ_DEF int mpq_packed_bits_at(const mpq_packed *A, int i, int g);
+/* Where the records are (BYTE LAYOUT), for kernels that read them their own
+   way (the CUDA backend): for tile t (of ceil(rows / 16)) and group g,
+   off[t * ngroups + g] is the byte offset of record (t, g) in A->data and
+   planes[t * ngroups + g] its plane count; *meta is the bytes of metadata
+   that open every record (64: fp16 pairs; MXINT: 16 E8M0 bytes). Any of
+   the three may be NULL. */
+MPQ_DEF mpq_status mpq_packed_records(const mpq_packed *A, uint64_t *off, uint8_t *planes, int *meta);
 /* Average stored bits per weight. level 0: the weight bits; 1: plus the
    per-group metadata (bit-plane: fp16 scale + zero, 32/group bpw for full
    groups; MXINT: the E8M0 byte, 8/32 bpw), the budget convention of the
@@ -1579,7 +1599,7 @@ MPQ_DEF float mpq_dequant_value(uint8_t q, int bits, int skip, float s_hat, floa
 {
     if (bits < 1) bits = 1;
     if (bits > MPQ_MAX_BITS) bits = MPQ_MAX_BITS;
-    skip = skip < 0 ? 0 : (skip > bits - 1 ? bits - 1 : skip);
+    skip = mpq_first_plane(bits, skip);
     return s_hat * (float)mpq__mirror_sum(q & ((1u << bits) - 1u), bits, skip) + z_hat;
 }
 
@@ -2522,6 +2542,28 @@ MPQ_DEF int mpq_packed_bits_at(const mpq_packed *A, int i, int g)
     return A->bits[(size_t)(i / A->block_rows) * (size_t)A->ngroups + (size_t)g];
 }
 
+MPQ_DEF mpq_status mpq_packed_records(const mpq_packed *A, uint64_t *off, uint8_t *planes, int *meta)
+{
+    if (!A || !A->band_off) return MPQ_ERR_ARG;
+    mpq__shape s;
+    mpq__shape_of(A, &s);
+    if (meta) *meta = s.meta;
+    for (int b = 0; b < s.nbands; b++) {
+        int t0, nt;
+        mpq__band_tiles(&s, b, &t0, &nt);
+        uint64_t pos = A->band_off[b]; /* inside a band: group after group, tile after tile */
+        for (int g = 0; g < s.ngroups; g++)
+            for (int t = t0; t < t0 + nt; t++) {
+                const size_t k = (size_t)t * (size_t)s.ngroups + (size_t)g;
+                const int np = mpq__tile_planes(&s, t, g);
+                if (off) off[k] = pos;
+                if (planes) planes[k] = (uint8_t)np;
+                pos += mpq__rec_size(&s, np, g);
+            }
+    }
+    return MPQ_OK;
+}
+
 MPQ_DEF size_t mpq_packed_sparse_bytes(const mpq_packed *A)
 {
     if (!A || !A->sp_row_ptr) return 0;
@@ -2571,7 +2613,7 @@ static void mpq__rec_pairs(const mpq__shape *s, const uint8_t *rec, int t, int g
 static void mpq__decode_row(const mpq__shape *s, const uint8_t *rec, int t, int g, int r, int skip, double *out)
 {
     const int b = mpq__bits_at(s, t * MPQ_TILE_ROWS + r, g), nch = mpq__nch(s, g), gw = mpq__group_cols(s, g);
-    const int sk = skip < 0 ? 0 : (skip > b - 1 ? b - 1 : skip);
+    const int sk = mpq_first_plane(b, skip);
     double S, Z;
     if (s->format == MPQ_FORMAT_MXINT) {
         S = ldexp(1.0, (int)rec[r] - 127 - b + 1);
@@ -3098,7 +3140,7 @@ static void mpq__rec_setup(const mpq__shape *s, const uint8_t *data, uint64_t po
     int sk[MPQ_TILE_ROWS], w[MPQ_TILE_ROWS];
     for (int r = 0; r < MPQ_TILE_ROWS; r++) {
         w[r] = r < nr ? mpq__bits_at(s, r0 + r, g) : B; /* padding rows: zero pairs, any width */
-        sk[r] = skip < w[r] - 1 ? skip : w[r] - 1;
+        sk[r] = mpq_first_plane(w[r], skip);
         i0 = sk[r] < i0 ? sk[r] : i0;
         if (R->uniform) break;
     }
@@ -3134,7 +3176,7 @@ static int mpq__walk_rec(const mpq__shape *s, const uint8_t *data, mpq__walk *w,
         R->pl = rec + s->meta;
         R->nch = mpq__nch(s, g);
         R->uniform = 1;
-        R->i0 = skip < B - 1 ? skip : B - 1;
+        R->i0 = mpq_first_plane(B, skip);
         R->np = B - R->i0;
     } else
         mpq__rec_setup(s, data, (uint64_t)(rec - data), w->t, g, skip, R);
@@ -3416,7 +3458,7 @@ MPQ__T_VNNI static void mpq__tiles_vnni(const mpq__shape *s, const mpq_packed *A
             R[k].p = mpq__walk_next(&w[k], MPQ__LOOKAHEAD);
             R[k].b = B;
             if (w[k].uniform) {
-                R[k].i0 = skip < B - 1 ? skip : B - 1;
+                R[k].i0 = mpq_first_plane(B, skip);
                 R[k].np = B - R[k].i0;
                 for (int p = 0; p < R[k].np; p++) R[k].m[p] = _mm512_set1_epi8((char)(1u << (R[k].i0 + p)));
             } else {

@@ -169,10 +169,10 @@ mpq_status map_blas(cublasStatus_t s)
 __device__ __forceinline__ float pow2i(int e) { return e >= -126 ? __int_as_float((e + 127) << 23) : ldexpf(1.0f, e); }
 
 // Weight of plane i for a row of width b with `skip` planes dropped
-// (at least one plane remains): 2^i for sk <= i < b, else 0.
+// (mpq_first_plane): 2^i for sk <= i < b, else 0.
 __device__ __forceinline__ float plane_weight(int i, int b, int skip)
 {
-    int sk = skip < b - 1 ? skip : b - 1;
+    const int sk = mpq_first_plane(b, skip);
     return (i >= sk && i < b) ? pow2i(i) : 0.0f;
 }
 
@@ -259,7 +259,7 @@ __device__ __forceinline__ void step_issue(const dmat &M, uint2 rec, const lane_
     const int np = (int)rec.y;
     L.np = np;
     const uint8_t *pl = r + C.off;
-    const int lo = M.uniform ? min(skip, np - 1) : 0;
+    const int lo = M.uniform ? mpq_first_plane(np, skip) : 0;
 #pragma unroll
     for (int i = 0; i < MAXP; i++)
         if (i >= lo && i < np) L.u[i] = ld_stream(pl + i * C.stride);
@@ -318,7 +318,7 @@ __device__ __forceinline__ void step_compute(const dmat &M, const step_buf<MAXP>
     float ps[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     int bw[4]; // the rows' widths
     if (M.uniform) { // every row has the record's planes: one lower plane for all
-        const int lo = min(skip, np - 1);
+        const int lo = mpq_first_plane(np, skip);
 #pragma unroll
         for (int i = 0; i < MAXP; i++) {
             if (i < lo || i >= np) continue;
@@ -334,7 +334,7 @@ __device__ __forceinline__ void step_compute(const dmat &M, const step_buf<MAXP>
 #pragma unroll
         for (int w = 0; w < 4; w++) {
             bw[w] = (L.bw >> (8 * w)) & 255;
-            lo_[w] = skip < bw[w] - 1 ? skip : bw[w] - 1;
+            lo_[w] = mpq_first_plane(bw[w], skip);
         }
 #pragma unroll
         for (int i = 0; i < MAXP; i++) {
@@ -603,7 +603,7 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_lut(dmat M, const float *__r
 // weights whatever the width, against the LUT kernel's lookup per vector
 // and plane byte.
 //
-//   Codes. With planes lo .. b - 1 kept (lo = min(skip, b - 1)), the
+//   Codes. With planes lo .. b - 1 kept (lo = mpq_first_plane(b, skip)), the
 //   weight is s^ Q + z^ with Q = sum_{lo <= i < b} 2^i (2 bit_i - 1) = 2 u'
 //   - C, u' = u without its lowest lo bits, C = 2^b - 2^lo. A field masked
 //   to u' and ORed into the fp16 pattern of 1024 reads 1024 + u' (1024 + 16
@@ -686,7 +686,7 @@ struct code_rows {
 template <int CB>
 __device__ uint4 code_row(int rr, int b, int skip)
 {
-    const int lo = b ? min(skip, b - 1) : 0, C = b ? (1 << b) - (1 << lo) : 0;
+    const int lo = b ? mpq_first_plane(b, skip) : 0, C = b ? (1 << b) - (1 << lo) : 0;
     if (CB == 4) { // rr = 1 reads its nibbles 16 times too large
         const uint32_t keep = (0xFu << lo) & 0xFu;
         return make_uint4((keep << (4 * rr)) * 0x00010001u, half2_of(rr ? 0.125f : 2.0f),
@@ -1235,7 +1235,7 @@ __global__ void __launch_bounds__(kTile * kDqQuads) dequant_codes(dmat M, int sk
         const int orow = M.p_row ? (int)M.p_row[row] : row;
         const int g = 32 * qm / M.group, q = qm - g * (M.group / 32);
         const uint8_t *rec = M.codes + (size_t)t * M.crow + (size_t)g * M.crec;
-        const int b = rec[M.meta + r], lo = min(skip, b - 1), C = (1 << b) - (1 << lo), rr = r & 1;
+        const int b = rec[M.meta + r], lo = mpq_first_plane(b, skip), C = (1 << b) - (1 << lo), rr = r & 1;
         const uint32_t keep = (0xFFu << lo) & 0xFFu;
         float s, z;
         row_pair(M, rec, r, b, s, z);
@@ -1317,32 +1317,22 @@ cudaError_t dequantize(cuda_ctx *c, const cuda_handle *h, int skip, __half *W)
     return cudaGetLastError();
 }
 
-// Record offsets and plane counts of every (tile, group), from the BYTE
-// LAYOUT of mpq.h: band after band, inside a band group after group, inside
-// a group tile after tile; a record is the metadata then its planes.
-bool record_table(const mpq_packed *A, uint2 *rec)
+// Record offsets / 16 and plane counts of every (tile, group), as mpq.h
+// lays them out (mpq_packed_records); MPQ_ERR_FORMAT where an offset does
+// not fit.
+mpq_status record_table(const mpq_packed *A, uint2 *rec)
 {
-    const int ntiles = (A->rows + kTile - 1) / kTile, tiles_per_band = A->band_rows / kTile;
-    const int meta = A->format == MPQ_FORMAT_MXINT ? kTile : 4 * kTile;
-    for (int b = 0; b < A->nbands; b++) {
-        uint64_t pos = A->band_off[b];
-        const int t0 = b * tiles_per_band, t1 = t0 + tiles_per_band < ntiles ? t0 + tiles_per_band : ntiles;
-        for (int g = 0; g < A->ngroups; g++) {
-            const int gw = A->cols - g * A->group < A->group ? A->cols - g * A->group : A->group;
-            for (int t = t0; t < t1; t++) {
-                int np = 0;
-                for (int r = t * kTile; r < (t + 1) * kTile && r < A->rows; r++) {
-                    int w = A->bits[(size_t)(r / A->block_rows) * A->ngroups + g];
-                    np = w > np ? w : np;
-                }
-                if (pos % 16 || pos / 16 > 0xFFFFFFFFull) return false;
-                rec[(size_t)t * A->ngroups + g] = make_uint2((uint32_t)(pos / 16), (uint32_t)np);
-                pos += (uint64_t)meta + (uint64_t)np * (uint64_t)((gw + 7) / 8) * 16u;
-            }
-        }
-        if (pos != A->band_off[b + 1]) return false;
+    const size_t n = (size_t)((A->rows + kTile - 1) / kTile) * (size_t)A->ngroups;
+    uint64_t *off = static_cast<uint64_t *>(malloc(sizeof(uint64_t) * n));
+    uint8_t *np = static_cast<uint8_t *>(malloc(n));
+    mpq_status st = off && np ? mpq_packed_records(A, off, np, nullptr) : MPQ_ERR_NOMEM;
+    for (size_t k = 0; st == MPQ_OK && k < n; k++) {
+        if (off[k] % 16 || off[k] / 16 > 0xFFFFFFFFull) st = MPQ_ERR_FORMAT;
+        rec[k] = make_uint2((uint32_t)(off[k] / 16), (uint32_t)np[k]);
     }
-    return true;
+    free(off);
+    free(np);
+    return st;
 }
 
 template <typename P>
@@ -1370,9 +1360,10 @@ mpq_status upload(void *ctx, const mpq_packed *A, void **handle)
         free(rec), free(h);
         return MPQ_ERR_NOMEM;
     }
-    if (!record_table(A, rec)) {
+    const mpq_status rs = record_table(A, rec);
+    if (rs != MPQ_OK) {
         free(rec), free(h);
-        return MPQ_ERR_FORMAT;
+        return rs;
     }
     h->view = *A;
     h->view.owned = 0;
@@ -1389,7 +1380,8 @@ mpq_status upload(void *ctx, const mpq_packed *A, void **handle)
     }
     dmat &M = h->m;
     M.format = A->format, M.rows = A->rows, M.cols = A->cols, M.group = A->group, M.block_rows = A->block_rows;
-    M.ngroups = A->ngroups, M.ntiles = ntiles, M.meta = A->format == MPQ_FORMAT_MXINT ? kTile : 4 * kTile;
+    M.ngroups = A->ngroups, M.ntiles = ntiles;
+    mpq_packed_records(A, nullptr, nullptr, &M.meta);
     M.data = dev_ptr<const uint8_t>(h, A->data);
     M.bits = dev_ptr<const uint8_t>(h, A->bits);
     M.p_row = dev_ptr<const uint32_t>(h, A->p_row);

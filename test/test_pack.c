@@ -96,6 +96,65 @@ Test(pack, codes_and_pairs_read_back_through_the_documented_layout)
         }
 }
 
+/* mpq_packed_records points at every record: the codes and pairs read at
+   its offsets (plane by plane, chunk by chunk, as the layout comment says)
+   are those of the independent decoder, its plane counts are the widest
+   row of each tile and group, and its metadata size is the format's. */
+Test(pack, records_are_where_the_layout_puts_them)
+{
+    synth_rng r = {4242};
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
+        for (int mx = 0; mx < 2; mx++) {
+            shape sh = shapes[si];
+            if (mx) sh.G = 32; /* MXINT blocks */
+            problem P;
+            make_problem(&r, &sh, 0, &P);
+            if (mx) {
+                P.d.format = MPQ_FORMAT_MXINT, P.d.group = 32;
+                const int nb = ((sh.m + sh.br - 1) / sh.br) * ((sh.n + 31) / 32);
+                for (int k = 0; k < nb; k++) P.bits[k] = (uint8_t)(2 + synth_int(&r, 7));
+            }
+            float *W = malloc(sizeof(float) * sh.m * sh.n);
+            synth_weights(&r, W, sh.m, sh.n);
+            mpq_packed A;
+            cr_assert_eq(mpq_pack_alloc(&P.d, W, &A), MPQ_OK);
+            tc_mat M;
+            tc_decode(A.buf, &M);
+            const int ntiles = (sh.m + 15) / 16, ng = A.ngroups;
+            uint64_t *off = malloc(sizeof(uint64_t) * ntiles * ng);
+            uint8_t *np = malloc((size_t)ntiles * ng);
+            int meta = 0;
+            cr_assert_eq(mpq_packed_records(&A, off, np, &meta), MPQ_OK);
+            cr_assert_eq(meta, mx ? 16 : 64);
+            for (int t = 0; t < ntiles; t++)
+                for (int g = 0; g < ng; g++) {
+                    const uint8_t *rec = A.data + off[t * ng + g];
+                    const int gw = sh.n - g * A.group < A.group ? sh.n - g * A.group : A.group, nch = (gw + 7) / 8;
+                    int widest = 0;
+                    for (int i = 16 * t; i < 16 * t + 16 && i < sh.m; i++)
+                        widest = M.width[i * ng + g] > widest ? M.width[i * ng + g] : widest;
+                    cr_assert_eq(np[t * ng + g], widest, "tile %d group %d", t, g);
+                    for (int i = 16 * t; i < 16 * t + 16 && i < sh.m; i++) {
+                        const int rr = i - 16 * t;
+                        if (!mx) cr_assert_eq(tc_half(tc_u16(rec + 2 * rr)), M.sh[i * ng + g], "s^ of row %d", i);
+                        for (int j = 0; j < gw; j++) {
+                            unsigned q = 0;
+                            for (int p = 0; p < M.width[i * ng + g]; p++)
+                                q |= ((rec[meta + p * nch * 16 + tc_slab_off(j / 8, rr, nch)] >> (j % 8)) & 1u) << p;
+                            cr_assert_eq(q, M.code[(size_t)i * sh.n + g * A.group + j], "row %d column %d",
+                                         i, g * A.group + j);
+                        }
+                    }
+                }
+            cr_assert_eq(mpq_packed_records(NULL, off, np, &meta), MPQ_ERR_ARG);
+            cr_assert_eq(mpq_packed_records(&A, NULL, NULL, NULL), MPQ_OK);
+            free(off), free(np), free(W);
+            tc_free(&M);
+            mpq_packed_free(&A);
+            free_problem(&P);
+        }
+}
+
 Test(pack, packing_floats_quantizes_the_permuted_scaled_matrix)
 {
     synth_rng r = {22};
