@@ -6,7 +6,7 @@
 set -eu
 root=$(cd "$(dirname "$0")/.." && pwd)
 work=${1:-$root/build/install-check}
-rm -rf "$work" && mkdir -p "$work"
+rm -rf "$work" && mkdir -p "$work" && work=$(cd "$work" && pwd) # meson wants an absolute prefix
 meson setup "$work/build" "$root" --prefix="$work/stage" -Dlibdir=lib -Dtests=false -Dexamples=false \
     -Dbenches=false -Dcuda=disabled -Dio=enabled >"$work/setup.log"
 meson install -C "$work/build" >"$work/install.log"
