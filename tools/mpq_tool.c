@@ -4,15 +4,18 @@
      mpq eval [options] MODEL TEXT                  (tools/mpq_llm.c)
      mpq run [options] MODEL --prompt TEXT          (tools/mpq_llm.c)
      mpq speed [options] MODEL                      (tools/mpq_llm.c)
+     mpq calibrate, mpq schedule [options] ...      (tools/mpq_llm.c)
      mpq inspect FILE.safetensors
      mpq bench [options] FILE.safetensors
+     mpq dequantize [options] IN OUT.safetensors
      mpq <command> --help
 
    Exit codes (for scripts): 0 success; 1 usage (unknown option, missing or
    bad value); 2 an input file is missing, malformed or does not fit (the
    message names the file and the tensor); 3 the output could not be
-   written; 4 quantization failed (non-finite weights, a budget no plan can
-   meet, ...). */
+   written; 4 quantization failed (non-finite weights, a budget the MXSens
+   planner cannot meet, ...; an SFMP budget below what the tensors allow is a
+   usage error and names the lowest one). */
 #define _XOPEN_SOURCE 700
 #define MPQ_IMPLEMENTATION
 #include "mpq.h"
