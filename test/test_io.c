@@ -487,6 +487,13 @@ Test(io, hostile_headers_are_rejected_with_a_reason, .init = make_tmpdir, .fini 
     expect_reject(b, n, MPQ_ERR_FORMAT, "exceeds the limit", "header length near 2^64");
     free(b);
     expect_reject((const uint8_t *)"\x02\0\0\0", 4, MPQ_ERR_FORMAT, "too short", "4-byte file");
+    /* other files under a .safetensors name: an impossible header length and no '{' after it */
+    static const char text[] = "These are notes about a model, not tensors.\n";
+    expect_reject((const uint8_t *)text, sizeof text - 1, MPQ_ERR_FORMAT, "not a safetensors file", "a text file");
+    static const uint8_t gguf[16] = {'G', 'G', 'U', 'F', 3, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0};
+    expect_reject(gguf, sizeof gguf, MPQ_ERR_FORMAT, "not a safetensors file", "a GGUF file");
+    expect_reject((const uint8_t *)"\xff\xff\xff\xff\xff\xff\xff\xff", 8, MPQ_ERR_FORMAT, "exceeds the limit",
+                  "a length and nothing after it");
     b = craft("", 0, NULL, 0, &n);
     expect_reject(b, n, MPQ_ERR_FORMAT, "start with '{'", "empty header");
     free(b);
