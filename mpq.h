@@ -125,7 +125,7 @@
 #define MPQ_VERSION_MAJOR 0
 #define MPQ_VERSION_MINOR 1
 #define MPQ_VERSION_PATCH 0
-#define MPQ_VERSION ((MPQ_VERSION_MAJOR * 10000) + (MPQ_VERSION_MINOR * 100) + MPQ_VERSION_PATCH)
+#define MPQ_VERSION       ((MPQ_VERSION_MAJOR * 10000) + (MPQ_VERSION_MINOR * 100) + MPQ_VERSION_PATCH)
 
 #if defined(__GNUC__) || defined(__clang__)
 #define MPQ__UNUSED __attribute__((unused))
@@ -147,23 +147,23 @@ extern "C" {
    negative. On error, no output has been written. */
 typedef enum mpq_status {
     MPQ_OK = 0,
-    MPQ_ERR_ARG = -1,         /* a NULL pointer or an option out of range */
-    MPQ_ERR_SIZE = -2,        /* rows, cols, group, batch or a buffer size is wrong */
-    MPQ_ERR_NONFINITE = -3,   /* NaN or Inf in an input that must be finite */
-    MPQ_ERR_BITS = -4,        /* a bit width outside 1..8 */
-    MPQ_ERR_PERM = -5,        /* not a permutation (index out of range or repeated) */
-    MPQ_ERR_RANGE = -6,       /* a value outside what can be stored or met: an fp16 overflow,
-                                 a budget no plan can meet, a parameter out of its range */
-    MPQ_ERR_FORMAT = -7,      /* a packed buffer is malformed or corrupted */
-    MPQ_ERR_ALIGN = -8,       /* a buffer is not aligned as required */
-    MPQ_ERR_NOMEM = -9,       /* an allocation failed */
-    MPQ_ERR_UNSUPPORTED = -10,/* the operation or code path is not available in this build */
-    MPQ_ERR_NODEVICE = -11,   /* no usable accelerator */
-    MPQ_ERR_DEVICE = -12,     /* the accelerator runtime reported an error */
-    MPQ_ERR_IO = -13,         /* a file could not be opened, read or written (file
-                                 I/O lives beside the header, in mpq_io.h) */
-    MPQ_ERR_NOTPD = -14       /* a matrix that must be positive definite is not (GPTQ's
-                                 Hessian after dampening) */
+    MPQ_ERR_ARG = -1,          /* a NULL pointer or an option out of range */
+    MPQ_ERR_SIZE = -2,         /* rows, cols, group, batch or a buffer size is wrong */
+    MPQ_ERR_NONFINITE = -3,    /* NaN or Inf in an input that must be finite */
+    MPQ_ERR_BITS = -4,         /* a bit width outside 1..8 */
+    MPQ_ERR_PERM = -5,         /* not a permutation (index out of range or repeated) */
+    MPQ_ERR_RANGE = -6,        /* a value outside what can be stored or met: an fp16 overflow,
+                                  a budget no plan can meet, a parameter out of its range */
+    MPQ_ERR_FORMAT = -7,       /* a packed buffer is malformed or corrupted */
+    MPQ_ERR_ALIGN = -8,        /* a buffer is not aligned as required */
+    MPQ_ERR_NOMEM = -9,        /* an allocation failed */
+    MPQ_ERR_UNSUPPORTED = -10, /* the operation or code path is not available in this build */
+    MPQ_ERR_NODEVICE = -11,    /* no usable accelerator */
+    MPQ_ERR_DEVICE = -12,      /* the accelerator runtime reported an error */
+    MPQ_ERR_IO = -13,          /* a file could not be opened, read or written (file
+                                  I/O lives beside the header, in mpq_io.h) */
+    MPQ_ERR_NOTPD = -14        /* a matrix that must be positive definite is not (GPTQ's
+                                  Hessian after dampening) */
 } mpq_status;
 
 /* A short English description of a status code; never NULL. */
@@ -227,8 +227,8 @@ MPQ_DEF float mpq_f16_to_f32_soft(uint16_t h);
    reconstructs exactly when v is representable in fp16. So does a group
    whose step is below fp16 resolution (z^ = fp16 of its midrange). NaN or Inf anywhere is MPQ_ERR_NONFINITE; a
    value above 65504 in magnitude is MPQ_ERR_RANGE (s^, z^ are fp16). */
-MPQ_DEF mpq_status mpq_quantize_group(const float *v, int len, int bits, int symmetric,
-                                      uint8_t *q, uint16_t *s_hat, uint16_t *z_hat);
+MPQ_DEF mpq_status mpq_quantize_group(const float *v, int len, int bits, int symmetric, uint8_t *q, uint16_t *s_hat,
+                                      uint16_t *z_hat);
 
 /* w^ for one code (the formula above), and with the lowest `skip` planes
    dropped: s^ sum_{i>=skip} 2^i sigma_i + z^, the midpoint of the coarser
@@ -253,11 +253,11 @@ static inline MPQ__HOST_DEVICE int mpq_first_plane(int bits, int skip)
    here (codes are in the coordinates of W). Outputs: codes (rows*cols bytes),
    s_hat and z_hat (rows * ceil(cols/group) halves each, row-major by group). */
 struct mpq_bitplane_desc;
-MPQ_DEF mpq_status mpq_quantize(const struct mpq_bitplane_desc *d, const float *W, uint8_t *codes,
-                                uint16_t *s_hat, uint16_t *z_hat);
+MPQ_DEF mpq_status mpq_quantize(const struct mpq_bitplane_desc *d, const float *W, uint8_t *codes, uint16_t *s_hat,
+                                uint16_t *z_hat);
 /* Inverse of mpq_quantize: W (rows*cols floats) from codes and the pairs. */
-MPQ_DEF mpq_status mpq_dequantize(const struct mpq_bitplane_desc *d, const uint8_t *codes,
-                                  const uint16_t *s_hat, const uint16_t *z_hat, float *W);
+MPQ_DEF mpq_status mpq_dequantize(const struct mpq_bitplane_desc *d, const uint8_t *codes, const uint16_t *s_hat,
+                                  const uint16_t *z_hat, float *W);
 
 /* One MXINT block (the rules: section 4, "MXINT"): mant[k] = P, *e8m0 = X +
    127. */
@@ -269,39 +269,39 @@ MPQ_DEF double mpq_mxint_value(int mant, int bits, uint8_t e8m0);
 /* 4. Bit-plane matrices                                                      */
 /* ========================================================================== */
 
-#define MPQ_TILE_ROWS 16   /* rows interleaved in one record (one SIMD register) */
-#define MPQ_MX_BLOCK 32    /* elements sharing one E8M0 exponent (MXINT) */
-#define MPQ_MAX_BITS 8
+#define MPQ_TILE_ROWS 16 /* rows interleaved in one record (one SIMD register) */
+#define MPQ_MX_BLOCK  32 /* elements sharing one E8M0 exponent (MXINT) */
+#define MPQ_MAX_BITS  8
 
 /* Describes a bit-plane matrix to pack. Zero-initialise, then set fields;
    every zero field means the default written next to it. */
 typedef struct mpq_bitplane_desc {
-    int rows;               /* m, output features (required, >= 1) */
-    int cols;               /* n, input features (required, >= 1) */
-    int group;              /* columns per group, a multiple of 8; 0 -> 128 */
-    int block_rows;         /* rows per bit-width block; 0 -> 16 */
-    const uint8_t *bits;    /* ceil(rows/block_rows) x ceil(cols/group) widths in
-                               1..8, in packed (permuted) coordinates; NULL ->
-                               every block has uniform_bits */
-    int uniform_bits;       /* used when bits == NULL; 0 -> 4 */
-    unsigned symmetric;     /* bit b set: b-bit blocks are quantized symmetrically
-                               (MixLLM: 1u << 8); 0 -> all asymmetric */
-    const uint32_t *p_row;  /* optional row permutation (length rows): packed row i
-                               holds W row p_row[i] */
-    const uint32_t *p_col;  /* optional column permutation (length cols) */
-    const float *col_scale; /* optional per packed column activation scale c[j]
-                               (finite, non-zero): x~[j] = x[p_col[j]] * c[j], and
-                               the packer quantizes W~[i][j] / c[j] so that the
-                               product still approximates W x (AWQ fills it) */
-    int format;             /* 0 or MPQ_FORMAT_BITPLANE: groups with fp16 pairs;
-                               MPQ_FORMAT_MXINT: group is 32 (0 -> 32), widths
-                               2..8 are mantissa bits, symmetric is ignored;
-                               see "MXINT" below */
-    const float *clip;      /* optional, rows x ceil(cols/group) in packed
-                               coordinates: before quantization the values
-                               W~[i][j] / c[j] of that group are clamped to
-                               [-clip, +clip]; 0 means no clipping (AWQ's clip
-                               search fills it; it is not stored) */
+    int rows;                        /* m, output features (required, >= 1) */
+    int cols;                        /* n, input features (required, >= 1) */
+    int group;                       /* columns per group, a multiple of 8; 0 -> 128 */
+    int block_rows;                  /* rows per bit-width block; 0 -> 16 */
+    const uint8_t *bits;             /* ceil(rows/block_rows) x ceil(cols/group) widths in
+                                        1..8, in packed (permuted) coordinates; NULL ->
+                                        every block has uniform_bits */
+    int uniform_bits;                /* used when bits == NULL; 0 -> 4 */
+    unsigned symmetric;              /* bit b set: b-bit blocks are quantized symmetrically
+                                        (MixLLM: 1u << 8); 0 -> all asymmetric */
+    const uint32_t *p_row;           /* optional row permutation (length rows): packed row i
+                                        holds W row p_row[i] */
+    const uint32_t *p_col;           /* optional column permutation (length cols) */
+    const float *col_scale;          /* optional per packed column activation scale c[j]
+                                        (finite, non-zero): x~[j] = x[p_col[j]] * c[j], and
+                                        the packer quantizes W~[i][j] / c[j] so that the
+                                        product still approximates W x (AWQ fills it) */
+    int format;                      /* 0 or MPQ_FORMAT_BITPLANE: groups with fp16 pairs;
+                                        MPQ_FORMAT_MXINT: group is 32 (0 -> 32), widths
+                                        2..8 are mantissa bits, symmetric is ignored;
+                                        see "MXINT" below */
+    const float *clip;               /* optional, rows x ceil(cols/group) in packed
+                                        coordinates: before quantization the values
+                                        W~[i][j] / c[j] of that group are clamped to
+                                        [-clip, +clip]; 0 means no clipping (AWQ's clip
+                                        search fills it; it is not stored) */
     const struct mpq_sparse *sparse; /* optional sparse part (ReQuant), stored
                                beside the dense part and added by every
                                product; see "SPARSE PART" */
@@ -315,12 +315,12 @@ typedef struct mpq_bitplane_desc {
    column indices as uint16 when cols <= 65536, else uint32. Stored bytes:
    4 (rows + 1) + (2 + 2 or 4) nnz. */
 typedef struct mpq_sparse {
-    int rows, cols;     /* the matrix's shape */
-    size_t nnz;         /* entries, at most 2^32 - 1 */
-    uint32_t *row_ptr;  /* rows + 1: row i holds entries row_ptr[i] .. row_ptr[i+1]-1;
-                           row_ptr[0] = 0, non-decreasing, row_ptr[rows] = nnz */
-    uint32_t *col;      /* nnz column indices, strictly increasing inside a row */
-    float *val;         /* nnz values */
+    int rows, cols;    /* the matrix's shape */
+    size_t nnz;        /* entries, at most 2^32 - 1 */
+    uint32_t *row_ptr; /* rows + 1: row i holds entries row_ptr[i] .. row_ptr[i+1]-1;
+                          row_ptr[0] = 0, non-decreasing, row_ptr[rows] = nnz */
+    uint32_t *col;     /* nnz column indices, strictly increasing inside a row */
+    float *val;        /* nnz values */
 } mpq_sparse;
 
 /* Release the arrays of a sparse part made by mpq_sparse_from_mask. */
@@ -413,22 +413,22 @@ MPQ_DEF mpq_status mpq_sparse_from_mask(const float *W, const float *D, const ui
 /* A packed matrix: a validated view into one buffer. `buf` is owned by
    whoever allocated it (mpq_pack_alloc: free with mpq_packed_free). */
 typedef struct mpq_packed {
-    int format;             /* MPQ_FORMAT_BITPLANE or MPQ_FORMAT_MXINT */
+    int format; /* MPQ_FORMAT_BITPLANE or MPQ_FORMAT_MXINT */
     int rows, cols, group, block_rows, band_rows;
     int ngroups, nbands;
     const uint8_t *bits;
-    const uint32_t *p_row, *p_col;  /* NULL when absent */
-    const float *col_scale;         /* NULL when absent */
-    size_t sp_nnz;                  /* sparse part: entries (0 when absent) */
-    const uint32_t *sp_row_ptr;     /* rows + 1, NULL when there is no sparse part */
-    const uint16_t *sp_col16;       /* column indices when cols <= 65536 ... */
-    const uint32_t *sp_col32;       /* ... else these (the other one is NULL) */
-    const uint16_t *sp_val;         /* fp16 values */
+    const uint32_t *p_row, *p_col; /* NULL when absent */
+    const float *col_scale;        /* NULL when absent */
+    size_t sp_nnz;                 /* sparse part: entries (0 when absent) */
+    const uint32_t *sp_row_ptr;    /* rows + 1, NULL when there is no sparse part */
+    const uint16_t *sp_col16;      /* column indices when cols <= 65536 ... */
+    const uint32_t *sp_col32;      /* ... else these (the other one is NULL) */
+    const uint16_t *sp_val;        /* fp16 values */
     const uint64_t *band_off;
     const uint8_t *data;
     const void *buf;
     size_t bytes;
-    int owned;              /* buf allocated by mpq_pack_alloc */
+    int owned; /* buf allocated by mpq_pack_alloc */
 } mpq_packed;
 
 /* Exact size in bytes of the packed buffer for d (validates d's shape, bits
@@ -437,16 +437,14 @@ MPQ_DEF mpq_status mpq_bitplane_bytes(const mpq_bitplane_desc *d, size_t *bytes)
 /* Quantize W (rows x cols, row-major float32, original coordinates) and pack
    it into buf (size from mpq_bitplane_bytes, 64-byte aligned). On success *out
    is a view into buf. Validates everything first: on error buf is untouched. */
-MPQ_DEF mpq_status mpq_pack(const mpq_bitplane_desc *d, const float *W, void *buf, size_t bytes,
-                            mpq_packed *out);
+MPQ_DEF mpq_status mpq_pack(const mpq_bitplane_desc *d, const float *W, void *buf, size_t bytes, mpq_packed *out);
 /* The same, allocating the buffer (mpq_packed_free releases it). */
 MPQ_DEF mpq_status mpq_pack_alloc(const mpq_bitplane_desc *d, const float *W, mpq_packed *out);
 /* Pack codes and pairs computed elsewhere (mpq_quantize, or another
    quantizer), given in packed coordinates: codes[i*cols + j] is the code of
    W~[i][j]. Codes must fit their block's width. Bit-plane format only. */
-MPQ_DEF mpq_status mpq_pack_quantized(const mpq_bitplane_desc *d, const uint8_t *codes,
-                                      const uint16_t *s_hat, const uint16_t *z_hat, void *buf,
-                                      size_t bytes, mpq_packed *out);
+MPQ_DEF mpq_status mpq_pack_quantized(const mpq_bitplane_desc *d, const uint8_t *codes, const uint16_t *s_hat,
+                                      const uint16_t *z_hat, void *buf, size_t bytes, mpq_packed *out);
 /* Validate a buffer (from memory or a file) and make a view of it. Checks
    the header, every size and offset (overflow-safe), the bits map, the
    permutations, col_scale, the band index, that every s^ and z^ is finite
@@ -486,17 +484,17 @@ MPQ_DEF mpq_status mpq_packed_dequantize_row(const mpq_packed *A, int skip_plane
 /* ========================================================================== */
 
 typedef enum mpq_path {
-    MPQ_PATH_AUTO = 0,      /* the fastest path this CPU supports */
-    MPQ_PATH_SCALAR = 1,    /* portable: 256-entry float tables per 8 activations */
-    MPQ_PATH_AVX2 = 2,      /* 16-entry float tables, 8 rows per instruction */
-    MPQ_PATH_AVX512 = 3,    /* 16-entry float tables, 16 rows per instruction */
+    MPQ_PATH_AUTO = 0,        /* the fastest path this CPU supports */
+    MPQ_PATH_SCALAR = 1,      /* portable: 256-entry float tables per 8 activations */
+    MPQ_PATH_AVX2 = 2,        /* 16-entry float tables, 8 rows per instruction */
+    MPQ_PATH_AVX512 = 3,      /* 16-entry float tables, 16 rows per instruction */
     MPQ_PATH_AVX512_VNNI = 4, /* 16-entry int16 tables (AVX-512 VBMI + VNNI): 64
                                 lookups per instruction; see "QUANTIZED TABLES" */
-    MPQ_PATH_AVX2_INT = 5,   /* the same int16 tables on AVX2: vpshufb looks up
-                                32 bytes, vpmaddubsw / vpmaddwd sum them; the
-                                same sums as MPQ_PATH_AVX512_VNNI */
-    MPQ_PATH_NEON = 6        /* the same int16 tables on AArch64 NEON: vqtbl1q
-                                looks up 16 bytes; the same sums again */
+    MPQ_PATH_AVX2_INT = 5,    /* the same int16 tables on AVX2: vpshufb looks up
+                                 32 bytes, vpmaddubsw / vpmaddwd sum them; the
+                                 same sums as MPQ_PATH_AVX512_VNNI */
+    MPQ_PATH_NEON = 6         /* the same int16 tables on AArch64 NEON: vqtbl1q
+                                 looks up 16 bytes; the same sums again */
 } mpq_path;
 
 /* QUANTIZED TABLES (MPQ_PATH_AVX512_VNNI, MPQ_PATH_AVX2_INT, MPQ_PATH_NEON).
@@ -522,13 +520,13 @@ typedef enum mpq_path {
    AVX512) stay available for exact tables. */
 
 typedef struct mpq_gemv_opts {
-    int skip_planes;        /* drop the lowest planes of every group (nested
-                               precision, PMPD); at least one plane always
-                               remains; 0 -> full precision */
-    int threads;            /* OpenMP threads at most (fewer on Linux while other
-                               processes keep cores busy: mpq_parallel); 0 ->
-                               the OpenMP default */
-    mpq_path path;          /* 0 -> MPQ_PATH_AUTO */
+    int skip_planes; /* drop the lowest planes of every group (nested
+                        precision, PMPD); at least one plane always
+                        remains; 0 -> full precision */
+    int threads;     /* OpenMP threads at most (fewer on Linux while other
+                        processes keep cores busy: mpq_parallel); 0 ->
+                        the OpenMP default */
+    mpq_path path;   /* 0 -> MPQ_PATH_AUTO */
 } mpq_gemv_opts;
 
 /* Is `path` compiled into this build and supported by the CPU running it
@@ -551,13 +549,12 @@ MPQ_DEF size_t mpq_gemv_work_bytes(const mpq_packed *A, int batch);
    are applied while building the tables, the p_row scatter in the epilogue.
    work: mpq_gemv_work_bytes(A, batch) bytes, 64-byte aligned, or NULL (then
    the call allocates and frees it). x must be finite. */
-MPQ_DEF mpq_status mpq_gemv(const mpq_packed *A, const float *x, float *y, int batch,
-                            const mpq_gemv_opts *opts, void *work, size_t work_bytes);
+MPQ_DEF mpq_status mpq_gemv(const mpq_packed *A, const float *x, float *y, int batch, const mpq_gemv_opts *opts,
+                            void *work, size_t work_bytes);
 
 /* The reference: the dequantized matrix (mpq_packed_dequantize) times x,
    accumulated in float64, row by row. Slow; allocates; for tests. */
-MPQ_DEF mpq_status mpq_gemv_ref(const mpq_packed *A, const float *x, double *y, int batch,
-                                int skip_planes);
+MPQ_DEF mpq_status mpq_gemv_ref(const mpq_packed *A, const float *x, double *y, int batch, int skip_planes);
 
 /* The tables themselves, exposed for tests and for other kernels.
    T has 128 entries: T[p] = sum_k (bit k of p ? +1 : -1) * x8[k], p < 128;
@@ -584,16 +581,16 @@ typedef struct mpq_format_traits {
     mpq_status (*open)(const void *buf, size_t bytes, mpq_packed *out);
     mpq_status (*dequantize)(const mpq_packed *A, int skip_planes, float *W);
     mpq_status (*dequantize_row)(const mpq_packed *A, int skip_planes, int row, float *w);
-    mpq_status (*gemv)(const mpq_packed *A, const float *x, float *y, int batch,
-                       const mpq_gemv_opts *opts, void *work, size_t work_bytes);
+    mpq_status (*gemv)(const mpq_packed *A, const float *x, float *y, int batch, const mpq_gemv_opts *opts, void *work,
+                       size_t work_bytes);
     size_t (*work_bytes)(const mpq_packed *A, int batch);
 } mpq_format_traits;
 
 /* The traits of a format, or NULL if unknown. */
 MPQ_DEF const mpq_format_traits *mpq_format_get(mpq_format f);
 
-#define MPQ_CAP_BITPLANE 1u      /* multiplies bit-plane (and MXINT) matrices */
-#define MPQ_CAP_HOST_MEMORY 2u   /* x and y may be host pointers */
+#define MPQ_CAP_BITPLANE      1u /* multiplies bit-plane (and MXINT) matrices */
+#define MPQ_CAP_HOST_MEMORY   2u /* x and y may be host pointers */
 #define MPQ_CAP_DEVICE_MEMORY 4u /* x and y may be the backend's device pointers */
 
 /* A compute backend: a table of function pointers. The CPU backend is in this
@@ -608,8 +605,7 @@ typedef struct mpq_backend {
     void *ctx;
     mpq_status (*upload)(void *ctx, const mpq_packed *A, void **handle);
     void (*release)(void *ctx, void *handle);
-    mpq_status (*gemv)(void *ctx, void *handle, const float *x, float *y, int batch,
-                       const mpq_gemv_opts *opts);
+    mpq_status (*gemv)(void *ctx, void *handle, const float *x, float *y, int batch, const mpq_gemv_opts *opts);
     mpq_status (*synchronize)(void *ctx);
 } mpq_backend;
 
@@ -643,21 +639,21 @@ MPQ_DEF void mpq_backend_cpu(mpq_backend *b);
    d->clip are ignored. Alphas whose scaled weights leave the fp16 range of
    the bit-plane pairs are skipped. */
 typedef struct mpq_awq_desc {
-    const float *X;      /* calibration activations, tokens x cols, row-major,
-                            original column order (required) */
-    int tokens;          /* rows of X (required, >= 1) */
-    int grid;            /* alphas k / grid; 0 -> 20 */
-    int clip_steps;      /* clip ratios; 0 -> 20; negative: no clip search */
-    float max_shrink;    /* smallest clip ratio is 1 - max_shrink; 0 -> 0.5 */
-    int clip_tokens;     /* tokens of X (evenly spaced) for the clip search;
-                            0 -> min(tokens, 32) */
+    const float *X;   /* calibration activations, tokens x cols, row-major,
+                         original column order (required) */
+    int tokens;       /* rows of X (required, >= 1) */
+    int grid;         /* alphas k / grid; 0 -> 20 */
+    int clip_steps;   /* clip ratios; 0 -> 20; negative: no clip search */
+    float max_shrink; /* smallest clip ratio is 1 - max_shrink; 0 -> 0.5 */
+    int clip_tokens;  /* tokens of X (evenly spaced) for the clip search;
+                         0 -> min(tokens, 32) */
 } mpq_awq_desc;
 
 typedef struct mpq_awq_result {
-    float alpha;         /* the chosen ratio */
-    double loss_rtn;     /* objective at alpha = 0 without clipping: plain RTN */
-    double loss_scaled;  /* at the chosen alpha, without clipping */
-    double loss_final;   /* at the chosen alpha with the chosen clips */
+    float alpha;        /* the chosen ratio */
+    double loss_rtn;    /* objective at alpha = 0 without clipping: plain RTN */
+    double loss_scaled; /* at the chosen alpha, without clipping */
+    double loss_final;  /* at the chosen alpha with the chosen clips */
 } mpq_awq_result;
 
 /* W: rows x cols float32 in original coordinates, as for mpq_pack. clip may
@@ -716,25 +712,25 @@ MPQ_DEF mpq_status mpq_awq_search(const mpq_bitplane_desc *d, const float *W, co
    are float32. Memory: cols^2 (8 + 4) bytes besides the packed buffer and a
    float copy of W. */
 typedef struct mpq_gptq_desc {
-    const float *H;     /* cols x cols, X^T X of the layer's inputs (any positive
-                           multiple: GPTQ's 2 X^T X is the same), ORIGINAL column
-                           order; symmetric: only H[i][j] with j <= i is read
-                           (required; finite, diag >= 0) */
-    double damp;        /* lambda = damp * mean(diag H); 0 -> 0.01; negative: no
-                           dampening */
-    int block;          /* columns per lazy batch; 0 -> 128 (rounded to whole
-                           groups, at least one group) */
-    int static_groups;  /* 1: every group's pair from the weights before any
-                           error feedback */
+    const float *H;    /* cols x cols, X^T X of the layer's inputs (any positive
+                          multiple: GPTQ's 2 X^T X is the same), ORIGINAL column
+                          order; symmetric: only H[i][j] with j <= i is read
+                          (required; finite, diag >= 0) */
+    double damp;       /* lambda = damp * mean(diag H); 0 -> 0.01; negative: no
+                          dampening */
+    int block;         /* columns per lazy batch; 0 -> 128 (rounded to whole
+                          groups, at least one group) */
+    int static_groups; /* 1: every group's pair from the weights before any
+                          error feedback */
 } mpq_gptq_desc;
 
 typedef struct mpq_gptq_result {
-    double loss;        /* sum over columns and rows of e_j^2 / rows: the
-                           mean over rows of ||(W - Q) X||^2 under H + lambda I,
-                           in the coordinates of W (col_scale undone) */
-    double lambda;      /* the dampening added to the diagonal */
-    int dead;           /* columns with H[j][j] = 0 */
-    int block;          /* the lazy batch used */
+    double loss;   /* sum over columns and rows of e_j^2 / rows: the
+                      mean over rows of ||(W - Q) X||^2 under H + lambda I,
+                      in the coordinates of W (col_scale undone) */
+    double lambda; /* the dampening added to the diagonal */
+    int dead;      /* columns with H[j][j] = 0 */
+    int block;     /* the lazy batch used */
 } mpq_gptq_result;
 
 /* Quantize W (rows x cols float32, original coordinates, as for mpq_pack)
@@ -743,11 +739,11 @@ typedef struct mpq_gptq_result {
    (MPQ_ERR_NONFINITE) or with a negative diagonal, or damp not finite
    (MPQ_ERR_RANGE); MPQ_ERR_NOTPD when H + lambda I is not positive definite
    (raise damp). On error buf is untouched. res may be NULL. */
-MPQ_DEF mpq_status mpq_gptq(const mpq_bitplane_desc *d, const float *W, const mpq_gptq_desc *g, void *buf,
-                            size_t bytes, mpq_packed *out, mpq_gptq_result *res);
+MPQ_DEF mpq_status mpq_gptq(const mpq_bitplane_desc *d, const float *W, const mpq_gptq_desc *g, void *buf, size_t bytes,
+                            mpq_packed *out, mpq_gptq_result *res);
 /* The same, allocating the buffer (mpq_packed_free releases it). */
-MPQ_DEF mpq_status mpq_gptq_alloc(const mpq_bitplane_desc *d, const float *W, const mpq_gptq_desc *g,
-                                  mpq_packed *out, mpq_gptq_result *res);
+MPQ_DEF mpq_status mpq_gptq_alloc(const mpq_bitplane_desc *d, const float *W, const mpq_gptq_desc *g, mpq_packed *out,
+                                  mpq_gptq_result *res);
 /* GPTQ's act-order as a column permutation: p_col[j] = the column with the
    j-th largest H[c][c] (ties: lower column first). Put it in d->p_col (with
    a bits map whose widths do not vary along columns, or one planned in that
@@ -817,7 +813,7 @@ MPQ_DEF mpq_status mpq_perm_apply(const float *W, int rows, int cols, const uint
    (MPQ_ERR_NONFINITE) and a size that does not match the statistic
    (MPQ_ERR_SIZE), and then leaves the statistic unchanged. */
 typedef struct mpq_stat {
-    double *sum;    /* n sums (owned; mpq_stat_free) */
+    double *sum; /* n sums (owned; mpq_stat_free) */
     size_t n;
     uint64_t count; /* samples: gradients for the gradient statistics, tokens for the activation ones */
 } mpq_stat;
@@ -880,13 +876,13 @@ MPQ_DEF mpq_status mpq_mxsens_layer_sensitivity(const double *errors, int nlayer
    permutations and bits maps are reported separately, in bytes. */
 typedef struct mpq_layer_plan {
     int rows, cols, group, block_rows, format;
-    unsigned symmetric;   /* widths quantized symmetrically (bit b: b bits), as in mpq_bitplane_desc */
-    uint8_t *bits;        /* ceil(rows/block_rows) x ceil(cols/group), packed coordinates */
-    uint32_t *p_row;      /* NULL: identity */
-    uint32_t *p_col;      /* NULL: identity */
-    double weight_bits;   /* sum of the widths of all weights */
-    double meta_bits;     /* scales and zeros (or exponents) */
-    size_t outliers;      /* weights to keep in the sparse part (mpq_plan_requant); 0: none */
+    unsigned symmetric; /* widths quantized symmetrically (bit b: b bits), as in mpq_bitplane_desc */
+    uint8_t *bits;      /* ceil(rows/block_rows) x ceil(cols/group), packed coordinates */
+    uint32_t *p_row;    /* NULL: identity */
+    uint32_t *p_col;    /* NULL: identity */
+    double weight_bits; /* sum of the widths of all weights */
+    double meta_bits;   /* scales and zeros (or exponents) */
+    size_t outliers;    /* weights to keep in the sparse part (mpq_plan_requant); 0: none */
 } mpq_layer_plan;
 
 typedef struct mpq_plan {
@@ -931,10 +927,10 @@ typedef struct mpq_sfmp_layer {
 } mpq_sfmp_layer;
 
 typedef struct mpq_sfmp_desc {
-    double bpw;      /* budget over all layers, weight bits + metadata (required) */
-    int group;       /* 0 -> 128 */
-    int block_rows;  /* 0 -> 16 */
-    int reorder;     /* MPQ_REORDER_*; 0 -> none */
+    double bpw;     /* budget over all layers, weight bits + metadata (required) */
+    int group;      /* 0 -> 128 */
+    int block_rows; /* 0 -> 16 */
+    int reorder;    /* MPQ_REORDER_*; 0 -> none */
 } mpq_sfmp_desc;
 
 MPQ_DEF mpq_status mpq_plan_sfmp(const mpq_sfmp_layer *layers, int nlayers, const mpq_sfmp_desc *d, mpq_plan *out);
@@ -959,14 +955,15 @@ typedef struct mpq_mixllm_layer {
 } mpq_mixllm_layer;
 
 typedef struct mpq_mixllm_desc {
-    long long count;  /* channels at the high width over all layers; 0 -> use fraction */
-    double fraction;  /* of all channels, in [0, 1] (used when count is 0) */
-    int high_bits;    /* 0 -> 8 (symmetric) */
-    int low_bits;     /* 0 -> 4 (asymmetric) */
-    int group;        /* 0 -> 128 */
+    long long count; /* channels at the high width over all layers; 0 -> use fraction */
+    double fraction; /* of all channels, in [0, 1] (used when count is 0) */
+    int high_bits;   /* 0 -> 8 (symmetric) */
+    int low_bits;    /* 0 -> 4 (asymmetric) */
+    int group;       /* 0 -> 128 */
 } mpq_mixllm_desc;
 
-MPQ_DEF mpq_status mpq_plan_mixllm(const mpq_mixllm_layer *layers, int nlayers, const mpq_mixllm_desc *d, mpq_plan *out);
+MPQ_DEF mpq_status mpq_plan_mixllm(const mpq_mixllm_layer *layers, int nlayers, const mpq_mixllm_desc *d,
+                                   mpq_plan *out);
 
 /* MXSens (its section 4.2, algorithm 2 and theorem A.1), for the MXINT
    format: in every layer the columns are ranked by sensitivity (diag(X^T X))
@@ -991,7 +988,8 @@ typedef struct mpq_mxsens_layer {
 } mpq_mxsens_layer;
 
 /* *R_out (may be NULL) receives the final R. */
-MPQ_DEF mpq_status mpq_plan_mxsens(const mpq_mxsens_layer *layers, int nlayers, double bpw, mpq_plan *out, double *R_out);
+MPQ_DEF mpq_status mpq_plan_mxsens(const mpq_mxsens_layer *layers, int nlayers, double bpw, mpq_plan *out,
+                                   double *R_out);
 
 /* ReQuant (PQI/ReQuant section 6): a dense-and-sparse split on top of any
    dense plan, W^ = Q(W - W_o) + W_o + W_s (eq. 8). Its pipeline, with the
@@ -1045,10 +1043,10 @@ MPQ_DEF mpq_status mpq_requant_outliers(const float *W, size_t n, size_t count, 
 
 /* One layer in the significant-weight search. */
 typedef struct mpq_requant_layer {
-    const float *W;   /* original weights (n) */
-    float *Wq;        /* the current reconstruction W^ (n): set to W where detached */
-    float *v;         /* PQI along W -> Wq (n), written by the refresh callback */
-    uint8_t *mask;    /* 1 where the weight is already in the sparse part (n); updated */
+    const float *W; /* original weights (n) */
+    float *Wq;      /* the current reconstruction W^ (n): set to W where detached */
+    float *v;       /* PQI along W -> Wq (n), written by the refresh callback */
+    uint8_t *mask;  /* 1 where the weight is already in the sparse part (n); updated */
     size_t n;
 } mpq_requant_layer;
 
@@ -1080,10 +1078,10 @@ MPQ_DEF mpq_status mpq_requant_significant(mpq_requant_layer *layers, int nlayer
 #define MPQ_PMPD_MAX_LEVELS 8
 
 typedef struct mpq_pmpd_schedule {
-    int prefill_skip;                  /* skip_planes for the prompt (>= 0) */
-    int nlevels;                       /* 1 .. MPQ_PMPD_MAX_LEVELS */
-    int skip[MPQ_PMPD_MAX_LEVELS];     /* per level, strictly increasing, >= 0 */
-    long start[MPQ_PMPD_MAX_LEVELS];   /* first decoded token of each level; start[0] = 0 */
+    int prefill_skip;                /* skip_planes for the prompt (>= 0) */
+    int nlevels;                     /* 1 .. MPQ_PMPD_MAX_LEVELS */
+    int skip[MPQ_PMPD_MAX_LEVELS];   /* per level, strictly increasing, >= 0 */
+    long start[MPQ_PMPD_MAX_LEVELS]; /* first decoded token of each level; start[0] = 0 */
 } mpq_pmpd_schedule;
 
 MPQ_DEF mpq_status mpq_pmpd_validate(const mpq_pmpd_schedule *s);
@@ -1118,12 +1116,12 @@ typedef mpq_status (*mpq_pmpd_quality_fn)(void *user, const mpq_pmpd_schedule *s
 #define MPQ_PMPD_MAX_SEARCH 100000
 typedef struct mpq_pmpd_search {
     int prefill_skip;
-    int nlevels;                       /* levels to schedule, 1 .. MPQ_PMPD_MAX_LEVELS */
-    int skip[MPQ_PMPD_MAX_LEVELS];     /* strictly increasing */
-    const double *bits;                /* bits[k] per weight at skip k, as for average_bits */
-    long length;                       /* OL, the generation length the average is over */
-    int candidates;                    /* N >= 2 */
-    double target;                     /* q_ref - epsilon */
+    int nlevels;                   /* levels to schedule, 1 .. MPQ_PMPD_MAX_LEVELS */
+    int skip[MPQ_PMPD_MAX_LEVELS]; /* strictly increasing */
+    const double *bits;            /* bits[k] per weight at skip k, as for average_bits */
+    long length;                   /* OL, the generation length the average is over */
+    int candidates;                /* N >= 2 */
+    double target;                 /* q_ref - epsilon */
 } mpq_pmpd_search;
 
 /* *out: the schedule; *quality (may be NULL): its quality; *evaluated (may
@@ -1160,7 +1158,7 @@ MPQ_DEF mpq_status mpq_pmpd_phase_allocate(const int *skips, int n, const double
 
 #if !defined(MPQ_MALLOC) && !defined(MPQ_FREE)
 #define MPQ_MALLOC(sz) malloc(sz)
-#define MPQ_FREE(p) free(p)
+#define MPQ_FREE(p)    free(p)
 #elif !defined(MPQ_MALLOC) || !defined(MPQ_FREE)
 #error "mpq.h: define both MPQ_MALLOC and MPQ_FREE, or neither"
 #endif
@@ -1180,12 +1178,12 @@ MPQ_DEF mpq_status mpq_pmpd_phase_allocate(const int *skips, int n, const double
    (/arch:AVX2, /arch:AVX512) and use it unconditionally. */
 #if !defined(MPQ_NO_SIMD) && (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
 #define MPQ__X86_DISPATCH 1
-#define MPQ__HAVE_AVX2 1
-#define MPQ__HAVE_AVX512 1
-#define MPQ__HAVE_VNNI 1
-#define MPQ__T_AVX2 __attribute__((target("avx2,fma,f16c")))
-#define MPQ__T_AVX512 __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl")))
-#define MPQ__T_VNNI __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni")))
+#define MPQ__HAVE_AVX2    1
+#define MPQ__HAVE_AVX512  1
+#define MPQ__HAVE_VNNI    1
+#define MPQ__T_AVX2       __attribute__((target("avx2,fma,f16c")))
+#define MPQ__T_AVX512     __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl")))
+#define MPQ__T_VNNI       __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni")))
 #include <cpuid.h>
 #else
 #if !defined(MPQ_NO_SIMD) && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
@@ -1221,10 +1219,10 @@ MPQ_DEF mpq_status mpq_pmpd_phase_allocate(const int *skips, int n, const double
 #endif
 
 #if defined(__GNUC__) || defined(__clang__)
-#define MPQ__INLINE static inline __attribute__((always_inline))
+#define MPQ__INLINE      static inline __attribute__((always_inline))
 #define MPQ__PREFETCH(p) __builtin_prefetch((const void *)(p), 0, 3)
 #else
-#define MPQ__INLINE static inline
+#define MPQ__INLINE      static inline
 #define MPQ__PREFETCH(p) ((void)(p))
 #endif
 
@@ -1327,12 +1325,12 @@ MPQ__UNUSED static long long mpq__proc_stat_busy(const char *text)
 #include <fcntl.h>
 #include <time.h>
 #include <unistd.h>
-#define MPQ__LOAD_PERIOD 100000     /* microseconds between readings of the machine's load */
-static long long mpq__load_free;    /* (online cores - cores busy with others) x 256; 0: no estimate yet */
-static int mpq__load_lock;          /* a reading in progress */
-static long long mpq__load_t;       /* last reading (0: none): omp_get_wtime() in microseconds, */
-static long long mpq__load_sys;     /* busy ticks of all cores (/proc/stat), */
-static long long mpq__load_own;     /* CPU microseconds of this process */
+#define MPQ__LOAD_PERIOD 100000  /* microseconds between readings of the machine's load */
+static long long mpq__load_free; /* (online cores - cores busy with others) x 256; 0: no estimate yet */
+static int mpq__load_lock;       /* a reading in progress */
+static long long mpq__load_t;    /* last reading (0: none): omp_get_wtime() in microseconds, */
+static long long mpq__load_sys;  /* busy ticks of all cores (/proc/stat), */
+static long long mpq__load_own;  /* CPU microseconds of this process */
 
 /* One reading (one thread at a time, under mpq__load_lock). */
 static void mpq__load_read(long long now)
@@ -1414,7 +1412,7 @@ MPQ_DEF uint16_t mpq_f32_to_f16_soft(float f)
         return (uint16_t)(sign | 0x7C00u | (ax > 0x7F800000u ? 0x200u | ((ax >> 13) & 0x3FFu) : 0u));
     if (ax >= 0x477FF000u) return (uint16_t)(sign | 0x7C00u); /* >= 65520 rounds to Inf */
     if (ax < 0x38800000u) {                                   /* below 2^-14: subnormal half */
-        if (ax <= 0x33000000u) return (uint16_t)sign;          /* <= 2^-25 rounds to zero */
+        if (ax <= 0x33000000u) return (uint16_t)sign;         /* <= 2^-25 rounds to zero */
         uint32_t e = ax >> 23, m = (ax & 0x7FFFFFu) | 0x800000u;
         uint32_t shift = 126u - e, r = m >> shift, rem = m & ((1u << shift) - 1u);
         uint32_t half = 1u << (shift - 1u);
@@ -1422,7 +1420,7 @@ MPQ_DEF uint16_t mpq_f32_to_f16_soft(float f)
         return (uint16_t)(sign | r);
     }
     uint32_t r = (ax >> 13) - (112u << 10), rem = ax & 0x1FFFu; /* rebias 127 -> 15 */
-    if (rem > 0x1000u || (rem == 0x1000u && (r & 1u))) r++;    /* may carry into the exponent */
+    if (rem > 0x1000u || (rem == 0x1000u && (r & 1u))) r++;     /* may carry into the exponent */
     return (uint16_t)(sign | r);
 }
 
@@ -1436,7 +1434,10 @@ MPQ_DEF float mpq_f16_to_f32_soft(uint16_t h)
             x = sign;
         else {
             uint32_t ee = 113;
-            while (!(m & 0x400u)) { m <<= 1; ee--; }
+            while (!(m & 0x400u)) {
+                m <<= 1;
+                ee--;
+            }
             x = sign | (ee << 23) | ((m & 0x3FFu) << 13);
         }
     } else
@@ -1481,8 +1482,7 @@ MPQ_DEF void mpq_f16_to_f32_n(const uint16_t *src, float *dst, size_t n)
     size_t i = 0;
 #ifdef MPQ__HAVE_F16C
     const size_t nv = n & ~(size_t)7;
-    for (; i < nv; i += 8)
-        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i))));
+    for (; i < nv; i += 8) _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i))));
 #endif
     for (; i < n; i++) dst[i] = mpq_f16_to_f32(src[i]);
 }
@@ -1502,8 +1502,8 @@ static float mpq__rne(float x)
 }
 
 /* The quantizer proper; the caller has checked its arguments. */
-static void mpq__quant_group(const float *v, int len, int bits, int symmetric, uint8_t *q,
-                             uint16_t *s_hat, uint16_t *z_hat)
+static void mpq__quant_group(const float *v, int len, int bits, int symmetric, uint8_t *q, uint16_t *s_hat,
+                             uint16_t *z_hat)
 {
     const int qmax = (1 << bits) - 1;
     float mnl[16], mxl[16], aml[16]; /* 16 lanes of each, so that the loop vectorises */
@@ -1577,8 +1577,8 @@ static mpq_status mpq__check_values(const float *v, size_t n)
     return MPQ_OK;
 }
 
-MPQ_DEF mpq_status mpq_quantize_group(const float *v, int len, int bits, int symmetric, uint8_t *q,
-                                      uint16_t *s_hat, uint16_t *z_hat)
+MPQ_DEF mpq_status mpq_quantize_group(const float *v, int len, int bits, int symmetric, uint8_t *q, uint16_t *s_hat,
+                                      uint16_t *z_hat)
 {
     if (!v || !q || !s_hat || !z_hat) return MPQ_ERR_ARG;
     if (len < 1) return MPQ_ERR_SIZE;
@@ -1609,8 +1609,8 @@ static void mpq__mx_quant_block(const float *v, int len, int k, int8_t *mant, ui
 /* One group of a packed row in either format, after clamping to +-clip
    (clip > 0): codes q, and the metadata (bit-plane: the fp16 pair; MXINT:
    the E8M0 byte in *sh, *zh = 0). tmp holds len floats. */
-static void mpq__quant_any(int format, int b, int symmetric, const float *v, int len, float clip, float *tmp, uint8_t *q,
-                           uint16_t *sh, uint16_t *zh)
+static void mpq__quant_any(int format, int b, int symmetric, const float *v, int len, float clip, float *tmp,
+                           uint8_t *q, uint16_t *sh, uint16_t *zh)
 {
     if (clip > 0.0f) {
         for (int k = 0; k < len; k++) tmp[k] = v[k] > clip ? clip : (v[k] < -clip ? -clip : v[k]);
@@ -1729,8 +1729,9 @@ static mpq_status mpq__shape_from_desc(const mpq_bitplane_desc *d, mpq__shape *s
 {
     if (!d) return MPQ_ERR_ARG;
     const int fmt = d->format ? d->format : MPQ_FORMAT_BITPLANE;
-    mpq_status st = mpq__shape_fill(s, fmt, d->rows, d->cols, d->group ? d->group : (fmt == MPQ_FORMAT_MXINT ? MPQ_MX_BLOCK : 128),
-                                    d->block_rows ? d->block_rows : 16);
+    mpq_status st =
+        mpq__shape_fill(s, fmt, d->rows, d->cols, d->group ? d->group : (fmt == MPQ_FORMAT_MXINT ? MPQ_MX_BLOCK : 128),
+                        d->block_rows ? d->block_rows : 16);
     if (st != MPQ_OK) return st;
     s->ubits = d->uniform_bits ? d->uniform_bits : 4;
     s->symmetric = fmt == MPQ_FORMAT_MXINT ? 0u : d->symmetric;
@@ -1751,8 +1752,8 @@ static mpq_status mpq__shape_from_desc(const mpq_bitplane_desc *d, mpq__shape *s
     return MPQ_OK;
 }
 
-MPQ_DEF mpq_status mpq_quantize(const mpq_bitplane_desc *d, const float *W, uint8_t *codes,
-                                uint16_t *s_hat, uint16_t *z_hat)
+MPQ_DEF mpq_status mpq_quantize(const mpq_bitplane_desc *d, const float *W, uint8_t *codes, uint16_t *s_hat,
+                                uint16_t *z_hat)
 {
     mpq__shape s;
     mpq_status st = mpq__shape_from_desc(d, &s);
@@ -1766,8 +1767,8 @@ MPQ_DEF mpq_status mpq_quantize(const mpq_bitplane_desc *d, const float *W, uint
             int b = mpq__bits_at(&s, i, g);
             size_t o = (size_t)i * (size_t)s.cols + (size_t)g * (size_t)s.group;
             size_t p = (size_t)i * (size_t)s.ngroups + (size_t)g;
-            mpq__quant_group(W + o, mpq__group_cols(&s, g), b, (int)((s.symmetric >> b) & 1u), codes + o,
-                             s_hat + p, z_hat + p);
+            mpq__quant_group(W + o, mpq__group_cols(&s, g), b, (int)((s.symmetric >> b) & 1u), codes + o, s_hat + p,
+                             z_hat + p);
         }
     return MPQ_OK;
 }
@@ -1816,12 +1817,12 @@ MPQ_DEF mpq_status mpq_dequantize(const mpq_bitplane_desc *d, const uint8_t *cod
 #define MPQ__STATIC_ASSERT(c, m) _Static_assert(c, m)
 #endif
 
-#define MPQ__BP_VERSION 1u
-#define MPQ__FLAG_PROW 1u
-#define MPQ__FLAG_PCOL 2u
+#define MPQ__BP_VERSION  1u
+#define MPQ__FLAG_PROW   1u
+#define MPQ__FLAG_PCOL   2u
 #define MPQ__FLAG_CSCALE 4u
 #define MPQ__FLAG_SPARSE 8u
-#define MPQ__FLAGS_ALL 15u
+#define MPQ__FLAGS_ALL   15u
 
 /* The header at the start of every packed bit-plane buffer (little-endian). */
 typedef struct mpq__bp_header {
@@ -2041,7 +2042,7 @@ static mpq_status mpq__clip_check(const float *c, size_t n)
 static unsigned mpq__desc_flags(const mpq_bitplane_desc *d)
 {
     return (d->p_row ? MPQ__FLAG_PROW : 0u) | (d->p_col ? MPQ__FLAG_PCOL : 0u) |
-           (d->col_scale ? MPQ__FLAG_CSCALE : 0u) | (d->sparse ? MPQ__FLAG_SPARSE : 0u);
+        (d->col_scale ? MPQ__FLAG_CSCALE : 0u) | (d->sparse ? MPQ__FLAG_SPARSE : 0u);
 }
 
 /* A sparse part is well formed: CSR structure (every row pointer within
@@ -2130,8 +2131,8 @@ MPQ_DEF mpq_status mpq_bitplane_bytes(const mpq_bitplane_desc *d, size_t *bytes)
 }
 
 /* Checks shared by both packers; on success *L and *s describe the buffer. */
-static mpq_status mpq__pack_check(const mpq_bitplane_desc *d, void *buf, size_t bytes, mpq_packed *out,
-                                  mpq__shape *s, mpq__layout *L)
+static mpq_status mpq__pack_check(const mpq_bitplane_desc *d, void *buf, size_t bytes, mpq_packed *out, mpq__shape *s,
+                                  mpq__layout *L)
 {
     mpq_status st = mpq__shape_from_desc(d, s);
     if (st != MPQ_OK) return st;
@@ -2155,8 +2156,7 @@ static mpq_status mpq__pack_check(const mpq_bitplane_desc *d, void *buf, size_t 
 }
 
 /* Writes the header and every section but the records. */
-static void mpq__write_sections(const mpq_bitplane_desc *d, const mpq__shape *s, const mpq__layout *L,
-                                uint8_t *buf)
+static void mpq__write_sections(const mpq_bitplane_desc *d, const mpq__shape *s, const mpq__layout *L, uint8_t *buf)
 {
     memset(buf, 0, (size_t)L->off_data);
     mpq__bp_header h;
@@ -2216,8 +2216,8 @@ static void mpq__write_sections(const mpq_bitplane_desc *d, const mpq__shape *s,
 /* One record: tile t, group g. codes: the tile's rows, row stride cstride,
    starting at the group's first column; sh/zh: the tile's 16 pairs (MXINT:
    sh holds the E8M0 bytes, zh is unused). */
-static void mpq__write_record(uint8_t *rec, const mpq__shape *s, int t, int g, const uint8_t *codes,
-                              size_t cstride, const uint16_t *sh, const uint16_t *zh)
+static void mpq__write_record(uint8_t *rec, const mpq__shape *s, int t, int g, const uint8_t *codes, size_t cstride,
+                              const uint16_t *sh, const uint16_t *zh)
 {
     const int planes = mpq__tile_planes(s, t, g), nch = mpq__nch(s, g), gw = mpq__group_cols(s, g);
     const int nr = s->rows - t * MPQ_TILE_ROWS < MPQ_TILE_ROWS ? s->rows - t * MPQ_TILE_ROWS : MPQ_TILE_ROWS;
@@ -2343,7 +2343,7 @@ MPQ_DEF mpq_status mpq_pack(const mpq_bitplane_desc *d, const float *W, void *bu
     const int nth = mpq__max_threads();
     /* per thread: the tile's rows as floats, their pairs, their codes, a group */
     const size_t per = mpq__align64(MPQ_TILE_ROWS * n * (sizeof(float) + 1u) + 4u * MPQ_TILE_ROWS * (size_t)s.ngroups) +
-                       mpq__align64(sizeof(float) * (size_t)s.group);
+        mpq__align64(sizeof(float) * (size_t)s.group);
     uint8_t *scratch = (uint8_t *)mpq_aligned_alloc(per * (size_t)nth);
     if (!scratch) return MPQ_ERR_NOMEM;
     uint8_t *b8 = (uint8_t *)buf;
@@ -2468,8 +2468,9 @@ static mpq_status mpq__open_format(const void *buf, size_t bytes, mpq_packed *ou
     s.sp_nnz = h.sparse_nnz;
     mpq__layout L;
     mpq__layout_compute(&s, h.flags, &L, NULL, NULL);
-    if (L.total != bytes || L.off_sparse != h.off_sparse || L.off_prow != h.off_prow || L.off_pcol != h.off_pcol || L.off_cscale != h.off_cscale ||
-        L.off_index != h.off_index || L.off_data != h.off_data || L.data_bytes != h.data_bytes)
+    if (L.total != bytes || L.off_sparse != h.off_sparse || L.off_prow != h.off_prow || L.off_pcol != h.off_pcol ||
+        L.off_cscale != h.off_cscale || L.off_index != h.off_index || L.off_data != h.off_data ||
+        L.data_bytes != h.data_bytes)
         return MPQ_ERR_FORMAT;
     /* The band index must be exactly the one the bits map implies. */
     const uint64_t *index = (const uint64_t *)(const void *)(b8 + L.off_index);
@@ -2581,7 +2582,8 @@ MPQ_DEF double mpq_packed_bpw(const mpq_packed *A, int level)
     for (int br = 0; br < s.nbrows; br++) {
         int r = (br + 1) * s.block_rows < s.rows ? s.block_rows : s.rows - br * s.block_rows;
         for (int g = 0; g < s.ngroups; g++)
-            bits += (double)r * (double)mpq__group_cols(&s, g) * (double)s.bits[(size_t)br * (size_t)s.ngroups + (size_t)g];
+            bits +=
+                (double)r * (double)mpq__group_cols(&s, g) * (double)s.bits[(size_t)br * (size_t)s.ngroups + (size_t)g];
     }
     if (level >= 1) bits += (s.format == MPQ_FORMAT_MXINT ? 8.0 : 32.0) * (double)s.rows * (double)s.ngroups;
     if (level >= 2) bits += 8.0 * (double)mpq_packed_sparse_bytes(A);
@@ -2765,15 +2767,12 @@ MPQ_DEF void mpq_lut128(const float x8[8], float T[128])
     for (int p = 0; p < 128; p++) T[p] = L[p & 15] + H[p >> 4];
 }
 
-MPQ_DEF float mpq_lut128_get(const float T[128], uint8_t p)
-{
-    return (p & 0x80u) ? -T[p ^ 0xFFu] : T[p];
-}
+MPQ_DEF float mpq_lut128_get(const float T[128], uint8_t p) { return (p & 0x80u) ? -T[p ^ 0xFFu] : T[p]; }
 
 /* What the CPU running this code supports, of what is compiled in. */
-#define MPQ__CPU_AVX2 1u   /* AVX2, FMA, F16C; the OS saves YMM state */
+#define MPQ__CPU_AVX2   1u /* AVX2, FMA, F16C; the OS saves YMM state */
 #define MPQ__CPU_AVX512 2u /* and AVX-512 F, BW, VL; the OS saves ZMM and opmask state */
-#define MPQ__CPU_VNNI 4u   /* and AVX-512 VBMI, VNNI */
+#define MPQ__CPU_VNNI   4u /* and AVX-512 VBMI, VNNI */
 
 #if defined(MPQ__X86_DISPATCH)
 static unsigned mpq__cpu_probe(void)
@@ -2784,11 +2783,11 @@ static unsigned mpq__cpu_probe(void)
     if (!osxsave || !avx || __get_cpuid_max(0, NULL) < 7) return 0;
     __asm__ __volatile__("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0)); /* XCR0: the state the OS saves */
     (void)hi;
-    if ((lo & 0x06u) != 0x06u) return 0;                           /* XMM, YMM */
+    if ((lo & 0x06u) != 0x06u) return 0; /* XMM, YMM */
     __cpuid_count(7, 0, a, b, c, d);
     if (fma && f16c && ((b >> 5) & 1u)) f |= MPQ__CPU_AVX2;
     if ((f & MPQ__CPU_AVX2) && (lo & 0xE0u) == 0xE0u && ((b >> 16) & 1u) && ((b >> 30) & 1u) && ((b >> 31) & 1u))
-        f |= MPQ__CPU_AVX512;                                      /* opmask, ZMM; F, BW, VL */
+        f |= MPQ__CPU_AVX512;                                                             /* opmask, ZMM; F, BW, VL */
     if ((f & MPQ__CPU_AVX512) && ((c >> 1) & 1u) && ((c >> 11) & 1u)) f |= MPQ__CPU_VNNI; /* VBMI, VNNI */
     return f;
 }
@@ -2874,7 +2873,7 @@ static mpq_path mpq__resolve_path(mpq_path p)
 static mpq_path mpq__float_path(void)
 {
     return mpq_path_available(MPQ_PATH_AVX512) ? MPQ_PATH_AVX512
-           : mpq_path_available(MPQ_PATH_AVX2) ? MPQ_PATH_AVX2
+        : mpq_path_available(MPQ_PATH_AVX2)    ? MPQ_PATH_AVX2
                                                : MPQ_PATH_SCALAR;
 }
 
@@ -2924,7 +2923,7 @@ static size_t mpq__bp_work_bytes(const mpq_packed *A, int batch)
     return (size_t)batch * mpq__vec_layout(A).bytes;
 }
 
-#define MPQ__Q16_MAX 32639.0f          /* 127 * 256 + 127: q = 256 hi + lo, signed bytes */
+#define MPQ__Q16_MAX 32639.0f /* 127 * 256 + 127: q = 256 hi + lo, signed bytes */
 
 /* Units of the int16 tables of a group of nch chunks: one per 4 chunks, one
    for a trailing pair, one for a trailing single (the record's segments). */
@@ -3021,8 +3020,8 @@ static void mpq__build_tables(const mpq_packed *A, const float *x, mpq_path path
         float *x8 = xt + 8 * c;
         for (int k = 0; k < 8; k++) {
             int j = 8 * c + k;
-            x8[k] = j < A->cols ? x[A->p_col ? A->p_col[j] : (uint32_t)j] * (A->col_scale ? A->col_scale[j] : 1.0f)
-                                : 0.0f;
+            x8[k] =
+                j < A->cols ? x[A->p_col ? A->p_col[j] : (uint32_t)j] * (A->col_scale ? A->col_scale[j] : 1.0f) : 0.0f;
         }
         gsum[c / cpg] += ((x8[0] + x8[1]) + (x8[2] + x8[3])) + ((x8[4] + x8[5]) + (x8[6] + x8[7]));
     }
@@ -3074,9 +3073,12 @@ static void mpq__build_tables(const mpq_packed *A, const float *x, mpq_path path
             memset(T, 0, (size_t)nu * 256u);
             for (int u = 0; u < nu; u++) {
                 int first, count; /* chunks of this unit, as the record's segments */
-                if (u < nq) first = 4 * u, count = 4;
-                else if (u == nq && (nch & 2)) first = 4 * nq, count = 2;
-                else first = nch - 1, count = 1;
+                if (u < nq)
+                    first = 4 * u, count = 4;
+                else if (u == nq && (nch & 2))
+                    first = 4 * nq, count = 2;
+                else
+                    first = nch - 1, count = 1;
                 for (int pos = 0; pos < count; pos++)
                     for (int h = 0; h < 2; h++) {
                         float Q[16];
@@ -3087,8 +3089,9 @@ static void mpq__build_tables(const mpq_packed *A, const float *x, mpq_path path
                             qv = qv > MPQ__Q16_MAX ? MPQ__Q16_MAX : (qv < -MPQ__Q16_MAX ? -MPQ__Q16_MAX : qv);
                             qv = qv == qv ? qv : 0.0f;
                             int q = (int)qv, lo = (int)(int8_t)(uint8_t)(q & 0xFF), hi = (q - lo) / 256;
-                            uint8_t *e = T + (size_t)u * 256u + (avx2 ? mpq__q16_avx2_at(count, pos, h) + (size_t)p
-                                                                      : (size_t)h * 128u + (size_t)(16 * pos + p));
+                            uint8_t *e = T + (size_t)u * 256u +
+                                (avx2 ? mpq__q16_avx2_at(count, pos, h) + (size_t)p
+                                      : (size_t)h * 128u + (size_t)(16 * pos + p));
                             e[0] = (uint8_t)(lo & 0xFF);
                             e[avx2 ? 32 : 64] = (uint8_t)(hi & 0xFF);
                         }
@@ -3109,21 +3112,20 @@ static void mpq__build_tables(const mpq_packed *A, const float *x, mpq_path path
 /* ---- 5.3 Records as the kernels see them ---- */
 
 #define MPQ__BATCH_STEP 8 /* vectors per pass over a tile's records */
-#define MPQ__LOOKAHEAD 4  /* records prefetched ahead of the one in use */
+#define MPQ__LOOKAHEAD  4 /* records prefetched ahead of the one in use */
 
 /* Everything a tile kernel needs about one record. */
 typedef struct mpq__rec {
-    const uint8_t *p;  /* the record */
-    const uint8_t *pl; /* its first plane */
-    int nch;          /* chunks of 8 columns */
-    int i0, np;       /* first plane read, planes read */
-    int uniform;      /* every row has the same width and skip */
+    const uint8_t *p;                        /* the record */
+    const uint8_t *pl;                       /* its first plane */
+    int nch;                                 /* chunks of 8 columns */
+    int i0, np;                              /* first plane read, planes read */
+    int uniform;                             /* every row has the same width and skip */
     float mult[MPQ_MAX_BITS][MPQ_TILE_ROWS]; /* non-uniform: weight of plane i0+p for row r, or 0 */
 } mpq__rec;
 
 /* Which planes of record (t, g) count for each row, after skip_planes. */
-static void mpq__rec_setup(const mpq__shape *s, const uint8_t *data, uint64_t pos, int t, int g, int skip,
-                           mpq__rec *R)
+static void mpq__rec_setup(const mpq__shape *s, const uint8_t *data, uint64_t pos, int t, int g, int skip, mpq__rec *R)
 {
     const int r0 = t * MPQ_TILE_ROWS, nr = s->rows - r0 < MPQ_TILE_ROWS ? s->rows - r0 : MPQ_TILE_ROWS;
     const int B = mpq__tile_planes(s, t, g);
@@ -3254,25 +3256,33 @@ MPQ__INLINE MPQ__T_AVX512 __m512 mpq__group512(const mpq__rec *R, const float *Q
     for (int u = 0; u < nq; u++) {
         for (int k = 0; k < 8; k++) t[k] = _mm512_loadu_ps(Q + (size_t)(8 * u + k) * 16u);
         for (int p = 0; p < NP; p++)
-            acc[p] = _mm512_add_ps(acc[p], mpq__lk512(_mm512_loadu_si512((const void *)(pl + p * pb + (size_t)u * 64u)), t, 8));
+            acc[p] = _mm512_add_ps(acc[p],
+                                   mpq__lk512(_mm512_loadu_si512((const void *)(pl + p * pb + (size_t)u * 64u)), t, 8));
     }
     size_t off = (size_t)nq * 64u;
     const float *Qr = Q + (size_t)nq * 128u;
     if (R->nch & 2) {
         for (int k = 0; k < 4; k++) t[k] = _mm512_loadu_ps(Qr + 16 * k);
         for (int p = 0; p < NP; p++)
-            acc[p] = _mm512_add_ps(acc[p], mpq__lk512(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(const void *)(pl + p * pb + off))), t, 4));
+            acc[p] = _mm512_add_ps(acc[p],
+                                   mpq__lk512(_mm512_cvtepu16_epi32(_mm256_loadu_si256(
+                                                  (const __m256i *)(const void *)(pl + p * pb + off))),
+                                              t, 4));
         off += 32u;
         Qr += 64;
     }
     if (R->nch & 1) {
         for (int k = 0; k < 2; k++) t[k] = _mm512_loadu_ps(Qr + 16 * k);
         for (int p = 0; p < NP; p++)
-            acc[p] = _mm512_add_ps(acc[p], mpq__lk512(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)(pl + p * pb + off))), t, 2));
+            acc[p] = _mm512_add_ps(
+                acc[p],
+                mpq__lk512(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)(pl + p * pb + off))), t,
+                           2));
     }
     __m512 r = _mm512_setzero_ps();
     for (int p = 0; p < NP; p++)
-        r = _mm512_fmadd_ps(acc[p], R->uniform ? _mm512_set1_ps((float)(1 << (R->i0 + p))) : _mm512_loadu_ps(R->mult[p]), r);
+        r = _mm512_fmadd_ps(acc[p],
+                            R->uniform ? _mm512_set1_ps((float)(1 << (R->i0 + p))) : _mm512_loadu_ps(R->mult[p]), r);
     return r;
 }
 
@@ -3326,15 +3336,14 @@ MPQ__INLINE MPQ__T_VNNI void mpq__lkq(__m512i v, const __m512i *t, __m512i m, __
 MPQ__INLINE MPQ__T_VNNI __m512i mpq__lkq_load(const uint8_t *a, int kind)
 {
     return kind == 4 ? _mm512_loadu_si512((const void *)a)
-           : kind == 2 ? _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(const void *)a))
-                       : _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)a));
+        : kind == 2  ? _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(const void *)a))
+                     : _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)a));
 }
 
 /* All planes of one segment of a record: even planes into acc[0..3], odd
    ones into acc[4..7], eight chains in flight. */
 MPQ__INLINE MPQ__T_VNNI void mpq__lkq_planes(const uint8_t *pl, size_t pb, int np, int kind, const __m512i *tb,
-                                             const __m512i *m,
-                                 __m512i *acc)
+                                             const __m512i *m, __m512i *acc)
 {
     int p = 0;
     for (; p + 1 < np; p += 2) {
@@ -3349,8 +3358,8 @@ MPQ__INLINE MPQ__T_VNNI void mpq__lkq_planes(const uint8_t *pl, size_t pb, int n
    constant in each instance (see mpq__vnni_rec_any), so that a record costs
    one predictable dispatch instead of a loop whose trip count changes from
    record to record in mixed-width matrices. */
-MPQ__INLINE MPQ__T_VNNI __m512i mpq__vnni_rec(const uint8_t *pl, size_t pb, int nch, const uint8_t *T,
-                                              const __m512i *m, const int NP)
+MPQ__INLINE MPQ__T_VNNI __m512i mpq__vnni_rec(const uint8_t *pl, size_t pb, int nch, const uint8_t *T, const __m512i *m,
+                                              const int NP)
 {
     __m512i tb[4], acc[8];
     for (int a = 0; a < 8; a++) acc[a] = _mm512_setzero_si512();
@@ -3375,8 +3384,8 @@ MPQ__INLINE MPQ__T_VNNI __m512i mpq__vnni_rec(const uint8_t *pl, size_t pb, int 
     return _mm512_add_epi32(lo, _mm512_slli_epi32(hi, 8));
 }
 
-MPQ__T_VNNI static __m512i mpq__vnni_rec_any(const uint8_t *pl, size_t pb, int nch, const uint8_t *T,
-                                             const __m512i *m, int np)
+MPQ__T_VNNI static __m512i mpq__vnni_rec_any(const uint8_t *pl, size_t pb, int nch, const uint8_t *T, const __m512i *m,
+                                             int np)
 {
     switch (np) {
     case 1: return mpq__vnni_rec(pl, pb, nch, T, m, 1);
@@ -3396,7 +3405,7 @@ MPQ__T_VNNI static __m512i mpq__vnni_rec_any(const uint8_t *pl, size_t pb, int n
    tot[j] is mpq__vnni_rec's result for the tables T[j], the same integers
    (int32 addition in another order). */
 MPQ__INLINE MPQ__T_VNNI void mpq__vnni_rec_nv(const uint8_t *pl, size_t pb, int nch, const uint8_t *const *T,
-                                             const __m512i *m, int np, const int NV, __m512i *tot)
+                                              const __m512i *m, int np, const int NV, __m512i *tot)
 {
     const __m512i m0f = _mm512_set1_epi8(0x0F), pos = _mm512_set1_epi32(0x30201000);
     __m512i lo[4], hi[4], tb[4][4];
@@ -3492,7 +3501,8 @@ MPQ__T_VNNI static void mpq__tiles_vnni(const mpq__shape *s, const mpq_packed *A
                 const int nv = nb - v0 < 4 ? nb - v0 : 4;
                 const uint8_t *T[4];
                 __m512i tot[4];
-                for (int j = 0; j < nv; j++) T[j] = work + (size_t)(b0 + v0 + j) * vstride + L.tab + (size_t)g * qstride;
+                for (int j = 0; j < nv; j++)
+                    T[j] = work + (size_t)(b0 + v0 + j) * vstride + L.tab + (size_t)g * qstride;
                 switch (nv) {
                 case 1: tot[0] = mpq__vnni_rec_any(pl, pb, nch, T[0], R[k].m, R[k].np); break;
                 case 2: mpq__vnni_rec_nv(pl, pb, nch, T, R[k].m, R[k].np, 2, tot); break;
@@ -3543,21 +3553,32 @@ MPQ__INLINE MPQ__T_AVX2 __m256 mpq__group256(const mpq__rec *R, const float *Q, 
     for (int p = 0; p < NP; p++) acc[p] = _mm256_setzero_ps();
     for (int u = 0; u < nq; u++)
         for (int p = 0; p < NP; p++)
-            acc[p] = _mm256_add_ps(acc[p], mpq__lk256(_mm256_loadu_si256((const __m256i *)(const void *)(pl + p * pb + (size_t)u * 64u + 32u * (size_t)h)), Q + (size_t)u * 128u, 8));
+            acc[p] = _mm256_add_ps(
+                acc[p],
+                mpq__lk256(_mm256_loadu_si256(
+                               (const __m256i *)(const void *)(pl + p * pb + (size_t)u * 64u + 32u * (size_t)h)),
+                           Q + (size_t)u * 128u, 8));
     size_t off = (size_t)nq * 64u;
     const float *Qr = Q + (size_t)nq * 128u;
     if (R->nch & 2) {
         for (int p = 0; p < NP; p++)
-            acc[p] = _mm256_add_ps(acc[p], mpq__lk256(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(const void *)(pl + p * pb + off + 16u * (size_t)h))), Qr, 4));
+            acc[p] = _mm256_add_ps(acc[p],
+                                   mpq__lk256(_mm256_cvtepu16_epi32(_mm_loadu_si128((
+                                                  const __m128i *)(const void *)(pl + p * pb + off + 16u * (size_t)h))),
+                                              Qr, 4));
         off += 32u;
         Qr += 64;
     }
     if (R->nch & 1)
         for (int p = 0; p < NP; p++)
-            acc[p] = _mm256_add_ps(acc[p], mpq__lk256(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(const void *)(pl + p * pb + off + 8u * (size_t)h))), Qr, 2));
+            acc[p] = _mm256_add_ps(acc[p],
+                                   mpq__lk256(_mm256_cvtepu8_epi32(_mm_loadl_epi64(
+                                                  (const __m128i *)(const void *)(pl + p * pb + off + 8u * (size_t)h))),
+                                              Qr, 2));
     __m256 r = _mm256_setzero_ps();
     for (int p = 0; p < NP; p++)
-        r = _mm256_fmadd_ps(acc[p], R->uniform ? _mm256_set1_ps((float)(1 << (R->i0 + p))) : _mm256_loadu_ps(R->mult[p] + 8 * h), r);
+        r = _mm256_fmadd_ps(
+            acc[p], R->uniform ? _mm256_set1_ps((float)(1 << (R->i0 + p))) : _mm256_loadu_ps(R->mult[p] + 8 * h), r);
     return r;
 }
 
@@ -3586,8 +3607,8 @@ MPQ__T_AVX2 static void mpq__rec256(const mpq__rec *R, const float *Q, const flo
 }
 
 /* ---- AVX2 int16-table path: vpshufb looks up 32 bytes, vpmaddubsw sums ---- */
-#define MPQ__AVX2Q_TILES 4                     /* tiles (64 rows) sharing the group's tables in L1 */
-#define MPQ__AVX2Q_IX (MPQ__Q16_MAX_GROUP / 8) /* index registers of one plane of the widest group */
+#define MPQ__AVX2Q_TILES 4                        /* tiles (64 rows) sharing the group's tables in L1 */
+#define MPQ__AVX2Q_IX    (MPQ__Q16_MAX_GROUP / 8) /* index registers of one plane of the widest group */
 
 /* One plane of a record (nch chunks) as vpshufb indices, a pair of
    registers per 32 bytes: the low nibbles (columns 0-3 of each chunk), then
@@ -3625,8 +3646,8 @@ MPQ__T_AVX2 static void mpq__avx2q_split(const uint8_t *q, int nch, __m256i *ix)
         q += 32;
     }
     if (nch & 1) { /* lane 1 looks up entry 0 of zero tables */
-        const __m256i a = _mm256_inserti128_si256(_mm256_setzero_si256(),
-                                                    _mm_loadu_si128((const __m128i *)(const void *)q), 0);
+        const __m256i a =
+            _mm256_inserti128_si256(_mm256_setzero_si256(), _mm_loadu_si128((const __m128i *)(const void *)q), 0);
         *o++ = _mm256_and_si256(a, m0f);
         *o++ = _mm256_and_si256(_mm256_srli_epi16(a, 4), m0f);
     }
@@ -3873,17 +3894,12 @@ static void mpq__tile(const mpq__shape *s, const mpq_packed *A, mpq_path path, i
             const float gs = ((const float *)(const void *)(vw + L.gsum))[g];
             switch (path) {
 #ifdef MPQ__HAVE_AVX512
-            case MPQ_PATH_AVX512:
-                mpq__rec512(&R, tab + (size_t)g * (size_t)cpg * 32u, sh, zh, gs, yt[v]);
-                continue;
+            case MPQ_PATH_AVX512: mpq__rec512(&R, tab + (size_t)g * (size_t)cpg * 32u, sh, zh, gs, yt[v]); continue;
 #endif
 #ifdef MPQ__HAVE_AVX2
-            case MPQ_PATH_AVX2:
-                mpq__rec256(&R, tab + (size_t)g * (size_t)cpg * 32u, sh, zh, gs, yt[v]);
-                continue;
+            case MPQ_PATH_AVX2: mpq__rec256(&R, tab + (size_t)g * (size_t)cpg * 32u, sh, zh, gs, yt[v]); continue;
 #endif
-            default:
-                break;
+            default: break;
             }
             float acc[MPQ_TILE_ROWS];
             mpq__tile_scalar(&R, tab + (size_t)g * (size_t)cpg * 256u, acc);
@@ -3939,15 +3955,16 @@ static void mpq__sparse_task(void *ctx, int task)
 {
     const mpq__sparse_job *J = (const mpq__sparse_job *)ctx;
     const mpq_packed *A = J->A;
-    const int rows = A->rows, i1 = rows - task * MPQ__SPARSE_ROWS < MPQ__SPARSE_ROWS ? rows
-                                                                                   : (task + 1) * MPQ__SPARSE_ROWS;
+    const int rows = A->rows,
+              i1 = rows - task * MPQ__SPARSE_ROWS < MPQ__SPARSE_ROWS ? rows : (task + 1) * MPQ__SPARSE_ROWS;
     for (int i = task * MPQ__SPARSE_ROWS; i < i1; i++) {
         const uint32_t k0 = A->sp_row_ptr[i], k1 = A->sp_row_ptr[i + 1];
         if (k0 == k1) continue;
         for (int v = 0; v < J->batch; v++) {
             const float *xv = J->x + (size_t)v * (size_t)A->cols;
             double acc = 0.0;
-            for (uint32_t k = k0; k < k1; k++) acc += (double)mpq_f16_to_f32(A->sp_val[k]) * (double)xv[mpq__sp_col(A, k)];
+            for (uint32_t k = k0; k < k1; k++)
+                acc += (double)mpq_f16_to_f32(A->sp_val[k]) * (double)xv[mpq__sp_col(A, k)];
             float *yo = J->y + (size_t)v * (size_t)rows + (size_t)i;
             *yo = (float)((double)*yo + acc);
         }
@@ -3987,7 +4004,8 @@ static void mpq__gemv_store(const mpq__gemv_job *J, int t, int b0, int nb, const
 static void mpq__gemv_vnni_task(void *ctx, int blk)
 {
     const mpq__gemv_job *J = (const mpq__gemv_job *)ctx;
-    const int t0 = blk * MPQ__VNNI_TILES, nt = J->s->ntiles - t0 < MPQ__VNNI_TILES ? J->s->ntiles - t0 : MPQ__VNNI_TILES;
+    const int t0 = blk * MPQ__VNNI_TILES,
+              nt = J->s->ntiles - t0 < MPQ__VNNI_TILES ? J->s->ntiles - t0 : MPQ__VNNI_TILES;
     float yt[MPQ__VNNI_TILES][MPQ__BATCH_STEP][MPQ_TILE_ROWS];
     for (int b0 = 0; b0 < J->batch; b0 += MPQ__BATCH_STEP) {
         const int nb = J->batch - b0 < MPQ__BATCH_STEP ? J->batch - b0 : MPQ__BATCH_STEP;
@@ -4074,20 +4092,24 @@ static mpq_status mpq__bp_gemv(const mpq_packed *A, const float *x, float *y, in
     mpq__shape s;
     mpq__shape_of(A, &s);
     const size_t vstride = mpq__vec_layout(A).bytes;
-    for (int v = 0; v < batch; v++) mpq__build_tables(A, x + (size_t)v * (size_t)A->cols, path, w + (size_t)v * vstride);
+    for (int v = 0; v < batch; v++)
+        mpq__build_tables(A, x + (size_t)v * (size_t)A->cols, path, w + (size_t)v * vstride);
     const int ntiles = s.ntiles, nth = o.threads ? o.threads : mpq__max_threads();
     mpq__gemv_job J = {&s, A, y, w, vstride, batch, o.skip_planes, path};
     int ntasks = ntiles; /* tiles, or blocks of tiles */
     mpq_task_fn task = mpq__gemv_tile_task;
-    if (path == MPQ_PATH_SCALAR) ntasks = (ntiles + MPQ__SCALAR_TILES - 1) / MPQ__SCALAR_TILES, task = mpq__gemv_scalar_task;
+    if (path == MPQ_PATH_SCALAR)
+        ntasks = (ntiles + MPQ__SCALAR_TILES - 1) / MPQ__SCALAR_TILES, task = mpq__gemv_scalar_task;
 #ifdef MPQ__HAVE_AVX2
-    if (path == MPQ_PATH_AVX2_INT) ntasks = (ntiles + MPQ__AVX2Q_TILES - 1) / MPQ__AVX2Q_TILES, task = mpq__gemv_avx2q_task;
+    if (path == MPQ_PATH_AVX2_INT)
+        ntasks = (ntiles + MPQ__AVX2Q_TILES - 1) / MPQ__AVX2Q_TILES, task = mpq__gemv_avx2q_task;
 #endif
 #ifdef MPQ__HAVE_NEON
     if (path == MPQ_PATH_NEON) ntasks = (ntiles + MPQ__NEON_TILES - 1) / MPQ__NEON_TILES, task = mpq__gemv_neon_task;
 #endif
 #ifdef MPQ__HAVE_VNNI
-    if (path == MPQ_PATH_AVX512_VNNI) ntasks = (ntiles + MPQ__VNNI_TILES - 1) / MPQ__VNNI_TILES, task = mpq__gemv_vnni_task;
+    if (path == MPQ_PATH_AVX512_VNNI)
+        ntasks = (ntiles + MPQ__VNNI_TILES - 1) / MPQ__VNNI_TILES, task = mpq__gemv_vnni_task;
 #endif
     mpq__run(ntasks, nth, task, &J);
     mpq__sparse_gemv(A, x, y, batch, nth);
@@ -4132,11 +4154,23 @@ MPQ_DEF mpq_status mpq_gemv_ref(const mpq_packed *A, const float *x, double *y, 
 /* ========================================================================== */
 
 static const mpq_format_traits mpq__formats[] = {
-    {MPQ_FORMAT_BITPLANE, "bitplane", {'M', 'P', 'Q', 'B', 'I', 'T', 'P', 0}, mpq__bp_open, mpq__bp_dequantize,
-     mpq__bp_dequantize_row, mpq__bp_gemv, mpq__bp_work_bytes},
+    {MPQ_FORMAT_BITPLANE,
+     "bitplane",
+     {'M', 'P', 'Q', 'B', 'I', 'T', 'P', 0},
+     mpq__bp_open,
+     mpq__bp_dequantize,
+     mpq__bp_dequantize_row,
+     mpq__bp_gemv,
+     mpq__bp_work_bytes},
     /* MXINT shares the record layout and every kernel; only the metadata differs */
-    {MPQ_FORMAT_MXINT, "mxint", {'M', 'P', 'Q', 'M', 'X', 'I', 'N', 0}, mpq__mx_open, mpq__bp_dequantize,
-     mpq__bp_dequantize_row, mpq__bp_gemv, mpq__bp_work_bytes},
+    {MPQ_FORMAT_MXINT,
+     "mxint",
+     {'M', 'P', 'Q', 'M', 'X', 'I', 'N', 0},
+     mpq__mx_open,
+     mpq__bp_dequantize,
+     mpq__bp_dequantize_row,
+     mpq__bp_gemv,
+     mpq__bp_work_bytes},
 };
 
 MPQ_DEF const mpq_format_traits *mpq_format_get(mpq_format f)
@@ -4211,8 +4245,7 @@ static void mpq__cpu_release(void *ctx, void *handle)
     MPQ_FREE(h);
 }
 
-static mpq_status mpq__cpu_gemv(void *ctx, void *handle, const float *x, float *y, int batch,
-                                const mpq_gemv_opts *opts)
+static mpq_status mpq__cpu_gemv(void *ctx, void *handle, const float *x, float *y, int batch, const mpq_gemv_opts *opts)
 {
     (void)ctx;
     mpq__cpu_handle *h = (mpq__cpu_handle *)handle;
@@ -4263,14 +4296,14 @@ MPQ_DEF void mpq_backend_cpu(mpq_backend *b)
    every tile is whole. Each tile is summed in a fixed order by one thread,
    so results do not depend on the thread count (they depend on the path:
    AVX-512, AVX2, whichever the CPU has, or scalar code). */
-#define MPQ__GR 8
-#define MPQ__GCF 32
-#define MPQ__GCD 16
+#define MPQ__GR   8
+#define MPQ__GCF  32
+#define MPQ__GCD  16
 #define MPQ__GPAD 32 /* column padding: a multiple of MPQ__GCF and MPQ__GCD */
 
 #ifdef MPQ__HAVE_AVX512
-MPQ__T_AVX512 static void mpq__gtile_f32_avx512(int K, const float *A, size_t lda, const float *B, size_t ldb,
-                                                float *C, size_t ldc)
+MPQ__T_AVX512 static void mpq__gtile_f32_avx512(int K, const float *A, size_t lda, const float *B, size_t ldb, float *C,
+                                                size_t ldc)
 {
     __m512 c[MPQ__GR][2];
     for (int r = 0; r < MPQ__GR; r++)
@@ -4332,8 +4365,8 @@ MPQ__T_AVX2 static void mpq__gtile_f32_avx2(int K, const float *A, size_t lda, c
 }
 
 /* Likewise, sub-tiles of 4 rows x 8 doubles. */
-MPQ__T_AVX2 static void mpq__gtile_f64_avx2(int K, const double *A, size_t lda, const double *B, size_t ldb,
-                                            double *C, size_t ldc)
+MPQ__T_AVX2 static void mpq__gtile_f64_avx2(int K, const double *A, size_t lda, const double *B, size_t ldb, double *C,
+                                            size_t ldc)
 {
     for (int r0 = 0; r0 < MPQ__GR; r0 += 4)
         for (int j0 = 0; j0 < MPQ__GCD; j0 += 8) {
@@ -4412,8 +4445,8 @@ typedef struct mpq__awq {
     int tokens, tp;  /* tp: tokens rounded up to MPQ__GCF */
 } mpq__awq;
 
-#define MPQ__AWQ_ROWS 64 /* rows of W per task of the objective */
-#define MPQ__AWQ_KB 256  /* columns per pass over the tokens (a slab of XT that stays in cache) */
+#define MPQ__AWQ_ROWS 64  /* rows of W per task of the objective */
+#define MPQ__AWQ_KB   256 /* columns per pass over the tokens (a slab of XT that stays in cache) */
 
 /* delta[k] = (q(v_k) - v_k) c_k for one group v (len values, already
    divided by c) quantized as mpq_pack does; tmp: len floats. */
@@ -4462,7 +4495,7 @@ static int mpq__awq_delta(const mpq__awq *a, int i, const float *c, const float 
 static size_t mpq__awq_per(const mpq__shape *s, int tp)
 {
     return mpq__align64(sizeof(float) * MPQ__AWQ_ROWS * ((size_t)s->cols + (size_t)tp)) +
-           mpq__align64(sizeof(float) * 3u * (size_t)s->cols + 64u);
+        mpq__align64(sizeof(float) * 3u * (size_t)s->cols + 64u);
 }
 
 /* The objective: mean over tokens and rows of the squared output error,
@@ -4497,8 +4530,8 @@ static double mpq__awq_loss(const mpq__awq *a, const float *c, const float *clip
             const int kb = (int)(n - k0 < MPQ__AWQ_KB ? n - k0 : MPQ__AWQ_KB);
             for (size_t t0 = 0; t0 < tp; t0 += MPQ__GCF)
                 for (int r = 0; r < nrp; r += MPQ__GR)
-                    mpq__gtile_f32(kb, delta + (size_t)r * n + k0, n, a->XT + k0 * tp + t0, tp,
-                                   E + (size_t)r * tp + t0, tp);
+                    mpq__gtile_f32(kb, delta + (size_t)r * n + k0, n, a->XT + k0 * tp + t0, tp, E + (size_t)r * tp + t0,
+                                   tp);
         }
         for (int r = 0; r < nr; r++)
             for (int t = 0; t < a->tokens; t++) {
@@ -4677,8 +4710,8 @@ MPQ_DEF mpq_status mpq_awq_search(const mpq_bitplane_desc *d, const float *W, co
 
 #define MPQ__CHOL_NB 256 /* columns per panel of the factorisation */
 #define MPQ__CHOL_CB 128 /* columns per block of its trailing update (a slab of the panel that stays in cache) */
-#define MPQ__INV_NB 128  /* rows per block row of the triangular inverse */
-#define MPQ__INV_KB 256  /* columns of the inverse's product per pass */
+#define MPQ__INV_NB  128 /* rows per block row of the triangular inverse */
+#define MPQ__INV_KB  256 /* columns of the inverse's product per pass */
 
 /* Lower Cholesky factor of the n x n matrix F (row stride ld, at least
    round_up(n, 32) rows and columns, rows and columns past n zero but for
@@ -4808,8 +4841,8 @@ static void mpq__trinv(double *F, int n, size_t ld, double *T, int nth)
    what the column loop needs to place a value on it. */
 typedef struct mpq__gq {
     int format, bits;
-    uint16_t sh, zh;   /* as stored (MXINT: sh is the E8M0 byte) */
-    float s, z, step;  /* bit-plane: s^, z^, 2 s^ */
+    uint16_t sh, zh;  /* as stored (MXINT: sh is the E8M0 byte) */
+    float s, z, step; /* bit-plane: s^, z^, 2 s^ */
 } mpq__gq;
 
 static void mpq__gq_set(mpq__gq *q, int format, int bits, uint16_t sh, uint16_t zh)
@@ -4847,13 +4880,13 @@ static uint8_t mpq__gq_code(const mpq__gq *q, float v, float *value)
 typedef struct mpq__gptq {
     const mpq__shape *s;
     const mpq_bitplane_desc *d;
-    float *Wp;          /* rows (padded to MPQ__GR) x ld: W~ / c in packed coordinates, updated in place */
-    const float *Ut;    /* cols x ld: Ut[j][k] = U[j][k] for k > j, 0 elsewhere */
-    const double *ud;   /* U[j][j] */
-    size_t ld;          /* row stride of Wp and Ut: round_up(cols, 32) + 32 */
+    float *Wp;        /* rows (padded to MPQ__GR) x ld: W~ / c in packed coordinates, updated in place */
+    const float *Ut;  /* cols x ld: Ut[j][k] = U[j][k] for k > j, 0 elsewhere */
+    const double *ud; /* U[j][j] */
+    size_t ld;        /* row stride of Wp and Ut: round_up(cols, 32) + 32 */
     int block, static_groups;
-    uint8_t *codes;     /* rows x cols, packed coordinates */
-    uint16_t *sh, *zh;  /* rows x ngroups */
+    uint8_t *codes;    /* rows x cols, packed coordinates */
+    uint16_t *sh, *zh; /* rows x ngroups */
 } mpq__gptq;
 
 #define MPQ__GPTQ_TILE 64 /* rows of W per task: each task runs GPTQ on its rows alone */
@@ -4937,8 +4970,8 @@ MPQ_DEF mpq_status mpq_gptq_act_order(const float *H, int cols, uint32_t *p_col)
     return st;
 }
 
-MPQ_DEF mpq_status mpq_gptq(const mpq_bitplane_desc *d, const float *W, const mpq_gptq_desc *g, void *buf,
-                            size_t bytes, mpq_packed *out, mpq_gptq_result *res)
+MPQ_DEF mpq_status mpq_gptq(const mpq_bitplane_desc *d, const float *W, const mpq_gptq_desc *g, void *buf, size_t bytes,
+                            mpq_packed *out, mpq_gptq_result *res)
 {
     mpq__shape s;
     mpq__layout L;
@@ -5031,18 +5064,28 @@ MPQ_DEF mpq_status mpq_gptq(const mpq_bitplane_desc *d, const float *W, const mp
         if (i >= (size_t)m) continue;
         const float *src = W + (size_t)(d->p_row ? d->p_row[i] : (uint32_t)i) * (size_t)n;
         for (int j = 0; j < n; j++)
-            if (!dead[j]) w[j] = d->col_scale ? src[d->p_col ? d->p_col[j] : (uint32_t)j] / d->col_scale[j]
-                                              : src[d->p_col ? d->p_col[j] : (uint32_t)j];
+            if (!dead[j])
+                w[j] = d->col_scale ? src[d->p_col ? d->p_col[j] : (uint32_t)j] / d->col_scale[j]
+                                    : src[d->p_col ? d->p_col[j] : (uint32_t)j];
     }
     {
         uint8_t *codes = (uint8_t *)MPQ_MALLOC((size_t)m * (size_t)n);
         uint16_t *pairs = (uint16_t *)MPQ_MALLOC(sizeof(uint16_t) * 2u * (size_t)m * (size_t)s.ngroups);
         const size_t per = mpq__align64(sizeof(float) * MPQ__GPTQ_TILE * (size_t)B) +
-                           mpq__align64(sizeof(float) * (size_t)s.group + (size_t)s.group) +
-                           mpq__align64(sizeof(mpq__gq) * MPQ__GPTQ_TILE * (size_t)s.ngroups);
+            mpq__align64(sizeof(float) * (size_t)s.group + (size_t)s.group) +
+            mpq__align64(sizeof(mpq__gq) * MPQ__GPTQ_TILE * (size_t)s.ngroups);
         uint8_t *scratch = (uint8_t *)mpq_aligned_alloc(per * (size_t)nth);
         if (!codes || !pairs || !scratch) st = MPQ_ERR_NOMEM;
-        mpq__gptq G = {&s, d, Wp, Ut, ud, ld, B, g->static_groups != 0, codes, pairs,
+        mpq__gptq G = {&s,
+                       d,
+                       Wp,
+                       Ut,
+                       ud,
+                       ld,
+                       B,
+                       g->static_groups != 0,
+                       codes,
+                       pairs,
                        pairs ? pairs + (size_t)m * (size_t)s.ngroups : NULL};
         const int ntask = (int)((mp + MPQ__GPTQ_TILE - 1) / MPQ__GPTQ_TILE);
         double loss = 0.0;
@@ -5088,8 +5131,8 @@ done:
     return st;
 }
 
-MPQ_DEF mpq_status mpq_gptq_alloc(const mpq_bitplane_desc *d, const float *W, const mpq_gptq_desc *g,
-                                  mpq_packed *out, mpq_gptq_result *res)
+MPQ_DEF mpq_status mpq_gptq_alloc(const mpq_bitplane_desc *d, const float *W, const mpq_gptq_desc *g, mpq_packed *out,
+                                  mpq_gptq_result *res)
 {
     size_t bytes;
     mpq_status st = mpq_bitplane_bytes(d, &bytes);
@@ -5435,7 +5478,8 @@ MPQ_DEF mpq_status mpq_mixllm_add(mpq_stat *st, const float *G, const float *D, 
     if (r != MPQ_OK || (r = mpq__check_finite(D, (size_t)rows * (size_t)cols)) != MPQ_OK) return r;
     for (int c = 0; c < rows; c++) { /* MixLLM eq. 4: first- plus second-order Taylor term */
         double gd = 0.0;
-        for (int j = 0; j < cols; j++) gd += (double)G[(size_t)c * (size_t)cols + (size_t)j] * D[(size_t)c * (size_t)cols + (size_t)j];
+        for (int j = 0; j < cols; j++)
+            gd += (double)G[(size_t)c * (size_t)cols + (size_t)j] * D[(size_t)c * (size_t)cols + (size_t)j];
         st->sum[c] += fabs(gd + 0.5 * gd * gd);
     }
     st->count++;
@@ -5479,7 +5523,8 @@ MPQ_DEF mpq_status mpq_pqi_delta(const float *v, const float *w, const float *w_
     if (rows < 1 || cols < 1 || block_rows < 1 || group < 1) return MPQ_ERR_SIZE;
     const size_t nw = (size_t)rows * (size_t)cols;
     mpq_status st = mpq__check_finite(v, nw);
-    if (st != MPQ_OK || (st = mpq__check_finite(w, nw)) != MPQ_OK || (st = mpq__check_finite(w_q, nw)) != MPQ_OK) return st;
+    if (st != MPQ_OK || (st = mpq__check_finite(w, nw)) != MPQ_OK || (st = mpq__check_finite(w_q, nw)) != MPQ_OK)
+        return st;
     const int ng = (cols + group - 1) / group, nbr = (rows + block_rows - 1) / block_rows;
     if (per_row)
         for (int i = 0; i < rows; i++) per_row[i] = 0.0;
@@ -5576,7 +5621,7 @@ MPQ_DEF mpq_status mpq_plan_compare(const mpq_plan *a, const mpq_plan *b, mpq_pl
         for (int i = 0; i < A->rows; i++)
             for (int j = 0; j < A->cols; j++)
                 diff += mpq__plan_width(A, A->p_row ? ar : NULL, A->p_col ? ac : NULL, i, j) !=
-                        mpq__plan_width(B, B->p_row ? br : NULL, B->p_col ? bc : NULL, i, j);
+                    mpq__plan_width(B, B->p_row ? br : NULL, B->p_col ? bc : NULL, i, j);
         MPQ_FREE(inv);
     }
     out->weights_differing = diff;
@@ -5600,7 +5645,8 @@ static void mpq__utoa(char *t, unsigned long long v)
 {
     char r[24];
     int n = 0;
-    do r[n++] = (char)('0' + v % 10); while ((v /= 10) && n < 23);
+    do r[n++] = (char)('0' + v % 10);
+    while ((v /= 10) && n < 23);
     for (int k = 0; k < n; k++) t[k] = r[n - 1 - k];
     t[n] = 0;
 }
@@ -5769,7 +5815,7 @@ MPQ_DEF mpq_status mpq_plan_sfmp(const mpq_sfmp_layer *layers, int nlayers, cons
     if (!(d->bpw - d->bpw == 0.0)) return MPQ_ERR_ARG;
     const int G = d->group ? d->group : 128, BR = d->block_rows ? d->block_rows : 16;
     const double bits_avail = d->bpw * nw - meta; /* weight bits the budget leaves */
-    if (bits_avail < nw) return MPQ_ERR_RANGE;   /* below 1 bit per weight */
+    if (bits_avail < nw) return MPQ_ERR_RANGE;    /* below 1 bit per weight */
     const int lo = bits_avail >= 8.0 * nw ? 8 : (int)floor(bits_avail / nw);
     double extra = lo < 8 ? bits_avail - (double)lo * nw : 0.0; /* for promotions to lo + 1 */
 
@@ -5791,7 +5837,8 @@ MPQ_DEF mpq_status mpq_plan_sfmp(const mpq_sfmp_layer *layers, int nlayers, cons
         L->bits = (uint8_t *)MPQ_MALLOC((size_t)nbr * (size_t)ng);
         if (d->reorder & MPQ_REORDER_ROWS) L->p_row = (uint32_t *)MPQ_MALLOC(sizeof(uint32_t) * (size_t)Ly->rows);
         if (d->reorder & MPQ_REORDER_COLS) L->p_col = (uint32_t *)MPQ_MALLOC(sizeof(uint32_t) * (size_t)Ly->cols);
-        if (!L->bits || ((d->reorder & MPQ_REORDER_ROWS) && !L->p_row) || ((d->reorder & MPQ_REORDER_COLS) && !L->p_col)) {
+        if (!L->bits || ((d->reorder & MPQ_REORDER_ROWS) && !L->p_row) ||
+            ((d->reorder & MPQ_REORDER_COLS) && !L->p_col)) {
             st = MPQ_ERR_NOMEM;
             break;
         }
@@ -5834,7 +5881,8 @@ MPQ_DEF mpq_status mpq_plan_sfmp(const mpq_sfmp_layer *layers, int nlayers, cons
         for (int br = 0; br < nbr; br++)
             for (int g = 0; g < ng; g++) {
                 size_t b = (size_t)br * (size_t)ng + (size_t)g;
-                int r = Ly->rows - br * BR < BR ? Ly->rows - br * BR : BR, c = Ly->cols - g * G < G ? Ly->cols - g * G : G;
+                int r = Ly->rows - br * BR < BR ? Ly->rows - br * BR : BR,
+                    c = Ly->cols - g * G < G ? Ly->cols - g * G : G;
                 sal[b0 + b] = (float)acc[b];
                 cost[b0 + b] = (double)r * c;
                 L->bits[b] = (uint8_t)lo;
@@ -5885,8 +5933,10 @@ MPQ_DEF mpq_status mpq_plan_mixllm(const mpq_mixllm_layer *layers, int nlayers, 
     mpq_status st = MPQ_OK;
     for (int l = 0; l < nlayers; l++) sel[l] = NULL;
     for (int l = 0; l < nlayers && st == MPQ_OK; l++) {
-        if (!layers[l].salience) st = MPQ_ERR_ARG;
-        else if (layers[l].rows < 1 || layers[l].cols < 1) st = MPQ_ERR_SIZE;
+        if (!layers[l].salience)
+            st = MPQ_ERR_ARG;
+        else if (layers[l].rows < 1 || layers[l].cols < 1)
+            st = MPQ_ERR_SIZE;
         else if ((st = mpq__check_finite(layers[l].salience, (size_t)layers[l].rows)) == MPQ_OK)
             for (int i = 0; i < layers[l].rows; i++)
                 if (layers[l].salience[i] < 0.0f) st = MPQ_ERR_RANGE;
@@ -5904,8 +5954,10 @@ MPQ_DEF mpq_status mpq_plan_mixllm(const mpq_mixllm_layer *layers, int nlayers, 
     if (st == MPQ_OK) {
         P.nlayers = nlayers;
         P.layers = (mpq_layer_plan *)MPQ_MALLOC(sizeof(mpq_layer_plan) * (size_t)nlayers);
-        if (!P.layers) st = MPQ_ERR_NOMEM;
-        else memset(P.layers, 0, sizeof(mpq_layer_plan) * (size_t)nlayers);
+        if (!P.layers)
+            st = MPQ_ERR_NOMEM;
+        else
+            memset(P.layers, 0, sizeof(mpq_layer_plan) * (size_t)nlayers);
     }
     for (int l = 0; l < nlayers && st == MPQ_OK; l++) {
         const int m = layers[l].rows, ng = (layers[l].cols + G - 1) / G;
@@ -5924,8 +5976,9 @@ MPQ_DEF mpq_status mpq_plan_mixllm(const mpq_mixllm_layer *layers, int nlayers, 
            their salience + 1 above every unchosen one (ranks only) */
         float top = 0.0f;
         for (int i = 0; i < m; i++) top = layers[l].salience[i] > top ? layers[l].salience[i] : top;
-        for (int i = 0; i < m; i++) key[i] = sel[l][i] ? 2.0f + layers[l].salience[i] / (top > 0.0f ? top : 1.0f)
-                                                         : layers[l].salience[i] / (top > 0.0f ? top : 1.0f);
+        for (int i = 0; i < m; i++)
+            key[i] = sel[l][i] ? 2.0f + layers[l].salience[i] / (top > 0.0f ? top : 1.0f)
+                               : layers[l].salience[i] / (top > 0.0f ? top : 1.0f);
         st = mpq_argsort_desc(key, (size_t)m, L->p_row);
         MPQ_FREE(key);
         for (int i = 0; i < m && st == MPQ_OK; i++)
@@ -5937,7 +5990,8 @@ MPQ_DEF mpq_status mpq_plan_mixllm(const mpq_mixllm_layer *layers, int nlayers, 
     return mpq__plan_finish(&P, st, out);
 }
 
-MPQ_DEF mpq_status mpq_plan_mxsens(const mpq_mxsens_layer *layers, int nlayers, double bpw, mpq_plan *out, double *R_out)
+MPQ_DEF mpq_status mpq_plan_mxsens(const mpq_mxsens_layer *layers, int nlayers, double bpw, mpq_plan *out,
+                                   double *R_out)
 {
     if (!layers || !out) return MPQ_ERR_ARG;
     if (nlayers < 1) return MPQ_ERR_SIZE;
@@ -6101,7 +6155,8 @@ MPQ_DEF mpq_status mpq_plan_requant(mpq_plan *p, const double *layer_dF, double 
         double f = 0.0;
         if ((st = mpq_requant_outlier_counts(layer_dF, n, L, ratio, t, cand)) != MPQ_OK) break;
         if ((st = loss(user, cand, L, &f)) != MPQ_OK) break;
-        if (!isfinite(f)) st = MPQ_ERR_NONFINITE;
+        if (!isfinite(f))
+            st = MPQ_ERR_NONFINITE;
         else if (f < best_loss) {
             best_loss = f;
             tb = t;
@@ -6198,8 +6253,7 @@ MPQ_DEF mpq_status mpq_requant_significant(mpq_requant_layer *layers, int nlayer
 MPQ_DEF mpq_status mpq_pmpd_validate(const mpq_pmpd_schedule *s)
 {
     if (!s) return MPQ_ERR_ARG;
-    if (s->nlevels < 1 || s->nlevels > MPQ_PMPD_MAX_LEVELS || s->prefill_skip < 0 || s->skip[0] < 0 ||
-        s->start[0] != 0)
+    if (s->nlevels < 1 || s->nlevels > MPQ_PMPD_MAX_LEVELS || s->prefill_skip < 0 || s->skip[0] < 0 || s->start[0] != 0)
         return MPQ_ERR_RANGE;
     for (int k = 1; k < s->nlevels; k++)
         if (s->skip[k] <= s->skip[k - 1] || s->start[k] < s->start[k - 1]) return MPQ_ERR_RANGE;

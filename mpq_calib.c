@@ -25,15 +25,15 @@ typedef struct mpq__slot {
 
 struct mpq_llm_train {
     int len, nslots;
-    mpq__slot *slot;            /* layers + 1 */
-    float *mem;                 /* every slot */
-    float *xf, *hf, *logits;    /* final residual, normed, logits (len x vocab) */
-    float *headT;               /* the head transposed: dim x vocab */
-    float *rope;                /* len x head_dim: cos, then sin */
-    float *P, *dS;              /* heads x len x len: probabilities, score gradients */
-    float *act, *tmp;           /* len x ffn, len x max(dim, qd) */
+    mpq__slot *slot;                                      /* layers + 1 */
+    float *mem;                                           /* every slot */
+    float *xf, *hf, *logits;                              /* final residual, normed, logits (len x vocab) */
+    float *headT;                                         /* the head transposed: dim x vocab */
+    float *rope;                                          /* len x head_dim: cos, then sin */
+    float *P, *dS;                                        /* heads x len x len: probabilities, score gradients */
+    float *act, *tmp;                                     /* len x ffn, len x max(dim, qd) */
     float *dx, *dh, *da, *dq, *dk, *dv, *dgp, *du, *dact; /* gradients of the activations */
-    float *tA, *tB, *WT, *G;    /* transposes and one weight gradient */
+    float *tA, *tB, *WT, *G;                              /* transposes and one weight gradient */
 };
 
 static const float *mpq__W(const mpq_llm *m, const float *const *W, int i)
@@ -73,7 +73,7 @@ mpq_status mpq_llm_train_init(const mpq_llm *m, int len, mpq_llm_train **out)
     const size_t per = T * (4 * D + 2 * qd + 2 * kvd + 2 * F);
     t->len = len, t->nslots = c->layers + 1;
     const size_t total = per * (size_t)t->nslots + T * (2 * D + V + (size_t)c->head_dim) + 2 * H * T * T + T * F +
-                         T * wide + T * (2 * D + 2 * qd + 2 * kvd + 3 * F) + 2 * T * maxd + 2 * maxw;
+        T * wide + T * (2 * D + 2 * qd + 2 * kvd + 3 * F) + 2 * T * maxd + 2 * maxw;
     t->slot = (mpq__slot *)calloc((size_t)t->nslots, sizeof *t->slot);
     t->mem = (float *)malloc(sizeof(float) * total);
     t->headT = (float *)malloc(sizeof(float) * D * V);
@@ -154,8 +154,8 @@ static void mpq__lin_dx(mpq_llm_train *t, const mpq_linear *L, const float *W, c
 }
 
 /* G[rows x cols] = dy[T x rows]^T x[T x cols], then on_grad */
-static void mpq__lin_dw(mpq_llm_train *t, const mpq_linear *L, const float *dy, const float *x, int T, int layer, int lin,
-                        mpq_grad_cb on_grad, void *user)
+static void mpq__lin_dw(mpq_llm_train *t, const mpq_linear *L, const float *dy, const float *x, int T, int layer,
+                        int lin, mpq_grad_cb on_grad, void *user)
 {
     if (!on_grad) return;
     mpq__transpose(dy, T, L->rows, t->tA);
@@ -165,8 +165,8 @@ static void mpq__lin_dw(mpq_llm_train *t, const mpq_linear *L, const float *dy, 
 }
 
 /* Causal attention inside the window: att = softmax(q k^T / sqrt(hd)) v. */
-static void mpq__attn_fwd(const mpq_llm_config *c, const float *q, const float *k, const float *v, float *att,
-                          float *P, int T)
+static void mpq__attn_fwd(const mpq_llm_config *c, const float *q, const float *k, const float *v, float *att, float *P,
+                          int T)
 {
     const int hd = c->head_dim, H = c->heads, group = c->heads / c->kv_heads;
     const size_t kvd = (size_t)c->kv_heads * hd, qd = (size_t)H * hd;
@@ -312,9 +312,8 @@ static void mpq__forward(const mpq_llm *m, mpq_llm_train *t, const float *const 
     mpq__rmsnorm(t->xf, m->out_norm, t->hf, T, c->dim, c->norm_eps);
 }
 
-mpq_status mpq_llm_backward(const mpq_llm *m, mpq_llm_train *t, const int32_t *tokens, int n,
-                            const float *const *W, mpq_observe_cb observe, mpq_grad_cb on_grad, void *user,
-                            double *loss)
+mpq_status mpq_llm_backward(const mpq_llm *m, mpq_llm_train *t, const int32_t *tokens, int n, const float *const *W,
+                            mpq_observe_cb observe, mpq_grad_cb on_grad, void *user, double *loss)
 {
     if (!m || !t || !tokens || n < 2 || n > t->len) return MPQ_ERR_ARG;
     const mpq_llm_config *c = &m->c;
@@ -398,27 +397,24 @@ mpq_status mpq_llm_backward(const mpq_llm *m, mpq_llm_train *t, const int32_t *t
 
 enum { MPQ__KINDS = 4 }; /* linear-map inputs: attention (q, k, v), o, MLP (gate, up), down */
 
-static int mpq__kind(int lin)
-{
-    return lin <= MPQ_LIN_V ? 0 : lin == MPQ_LIN_O ? 1 : lin == MPQ_LIN_DOWN ? 3 : 2;
-}
+static int mpq__kind(int lin) { return lin <= MPQ_LIN_V ? 0 : lin == MPQ_LIN_O ? 1 : lin == MPQ_LIN_DOWN ? 3 : 2; }
 
 typedef struct mpq__cal {
     const mpq_llm *m;
     mpq_calib_stats *s;
     int nlin, window, len;
-    mpq_stat *fisher, *mixllm;          /* nlin */
-    float **delta;                      /* MixLLM's Q(W) - W, nlin */
-    mpq_stat *xdiag, *mabs;             /* layers x kinds */
-    double **xtx;                       /* layers x kinds, cols x cols */
-    float **awq;                        /* layers x kinds */
+    mpq_stat *fisher, *mixllm; /* nlin */
+    float **delta;             /* MixLLM's Q(W) - W, nlin */
+    mpq_stat *xdiag, *mabs;    /* layers x kinds */
+    double **xtx;              /* layers x kinds, cols x cols */
+    float **awq;               /* layers x kinds */
     int *awq_got;
-    long act_total;                     /* activation tokens over all windows */
+    long act_total; /* activation tokens over all windows */
     /* PQI */
-    size_t *off;                        /* nlin + 1 offsets into the flat weights */
-    float *grad;                        /* the flat gradient being summed */
-    const float **Wp;                   /* overrides, nlin */
-    int32_t *win;                       /* the window's tokens */
+    size_t *off;      /* nlin + 1 offsets into the flat weights */
+    float *grad;      /* the flat gradient being summed */
+    const float **Wp; /* overrides, nlin */
+    int32_t *win;     /* the window's tokens */
     const int32_t *tokens;
     size_t n;
     int nwin, pqi_done;
@@ -521,8 +517,7 @@ static mpq_status mpq__pqi_grad(void *user, const float *w, float *grad, size_t 
         mpq__window(C, k);
         st = mpq_llm_backward(C->m, C->t, C->win, C->len, C->Wp, NULL, mpq__pqi_grad_cb, C, NULL);
         C->pqi_done++;
-        if (C->o->progress)
-            C->o->progress(C->o->user, "pqi", C->pqi_done, C->s->pqi_steps * pw, mpq__now() - C->t0);
+        if (C->o->progress) C->o->progress(C->o->user, "pqi", C->pqi_done, C->s->pqi_steps * pw, mpq__now() - C->t0);
     }
     return st;
 }
@@ -542,10 +537,7 @@ static mpq_status mpq__rtn(const mpq_linear *L, int bits, int mxint, float *out)
     return st;
 }
 
-static mpq_linear *mpq__lin(const mpq_llm *m, int i)
-{
-    return &m->layer[i / MPQ_LIN_COUNT].lin[i % MPQ_LIN_COUNT];
-}
+static mpq_linear *mpq__lin(const mpq_llm *m, int i) { return &m->layer[i / MPQ_LIN_COUNT].lin[i % MPQ_LIN_COUNT]; }
 
 void mpq_calib_stats_free(mpq_calib_stats *s)
 {
@@ -566,8 +558,11 @@ static float **mpq__arrays(int nlin, const mpq_llm *m, int what, int awq)
     if (!a) return NULL;
     for (int i = 0; i < nlin; i++) {
         const mpq_linear *L = mpq__lin(m, i);
-        const size_t n = what == 0 ? (size_t)L->rows * L->cols : what == 1 ? (size_t)L->rows
-                       : what == 2 ? (size_t)L->cols : what == 3 ? (size_t)awq * L->cols : (size_t)L->cols * L->cols;
+        const size_t n = what == 0 ? (size_t)L->rows * L->cols
+            : what == 1            ? (size_t)L->rows
+            : what == 2            ? (size_t)L->cols
+            : what == 3            ? (size_t)awq * L->cols
+                                   : (size_t)L->cols * L->cols;
         if (!(a[i] = (float *)malloc(sizeof(float) * (n ? n : 1)))) {
             for (int j = 0; j < i; j++) free(a[j]);
             free(a);
@@ -763,7 +758,8 @@ mpq_status mpq_llm_calibrate(const mpq_llm *m, const int32_t *tokens, size_t n, 
             if (st == MPQ_OK) st = mpq_stat_init(&C.mabs[k], cols);
             if (st == MPQ_OK && !(C.awq[k] = (float *)malloc(sizeof(float) * cols * (size_t)s.awq_tokens)))
                 st = MPQ_ERR_NOMEM;
-            if (st == MPQ_OK && C.xtx && !(C.xtx[k] = (double *)calloc(cols * cols, sizeof(double)))) st = MPQ_ERR_NOMEM;
+            if (st == MPQ_OK && C.xtx && !(C.xtx[k] = (double *)calloc(cols * cols, sizeof(double))))
+                st = MPQ_ERR_NOMEM;
         }
     }
     if (st == MPQ_OK && (s.what & (MPQ_CALIB_FISHER | MPQ_CALIB_MIXLLM | MPQ_CALIB_ACTS | MPQ_CALIB_XTX)))
@@ -835,15 +831,15 @@ uint64_t mpq_text_hash(const char *s, size_t n)
 typedef struct mpq__statkind {
     const char *suffix;
     unsigned flag;
-    int shape;      /* 0 rows x cols, 1 rows, 2 cols, 3 awq x cols, 4 cols x cols, 5 scalar */
+    int shape; /* 0 rows x cols, 1 rows, 2 cols, 3 awq x cols, 4 cols x cols, 5 scalar */
     int nonneg;
 } mpq__statkind;
 
 static const mpq__statkind mpq__kinds[] = {
-    {"fisher", MPQ_CALIB_FISHER, 0, 1},   {"mixllm", MPQ_CALIB_MIXLLM, 1, 1},
-    {"xtx_diag", MPQ_CALIB_ACTS, 2, 1},   {"mean_abs", MPQ_CALIB_ACTS, 2, 1},
-    {"awq", MPQ_CALIB_ACTS, 3, 0},        {"xtx", MPQ_CALIB_XTX, 4, 0},
-    {"pqi", MPQ_CALIB_PQI, 0, 1},         {"layer_sensitivity", MPQ_CALIB_LAYER_SENS, 5, 1},
+    {"fisher", MPQ_CALIB_FISHER, 0, 1}, {"mixllm", MPQ_CALIB_MIXLLM, 1, 1},
+    {"xtx_diag", MPQ_CALIB_ACTS, 2, 1}, {"mean_abs", MPQ_CALIB_ACTS, 2, 1},
+    {"awq", MPQ_CALIB_ACTS, 3, 0},      {"xtx", MPQ_CALIB_XTX, 4, 0},
+    {"pqi", MPQ_CALIB_PQI, 0, 1},       {"layer_sensitivity", MPQ_CALIB_LAYER_SENS, 5, 1},
 };
 enum { MPQ__NKINDS = (int)(sizeof mpq__kinds / sizeof mpq__kinds[0]) };
 
@@ -898,7 +894,8 @@ mpq_status mpq_calib_write(const mpq_llm *m, const mpq_calib_stats *s, const cha
             uint64_t dims[2];
             mpq__kind_shape(s, L, mpq__kinds[k].shape, &ndim, dims);
             snprintf(name, sizeof name, "%s.%s", base, mpq__kinds[k].suffix);
-            const float *v = mpq__kinds[k].shape == 5 ? &s->layer_sens[i] : mpq__kind_arrays((mpq_calib_stats *)s, k)[i];
+            const float *v =
+                mpq__kinds[k].shape == 5 ? &s->layer_sens[i] : mpq__kind_arrays((mpq_calib_stats *)s, k)[i];
             st = mpq_st_write_f32(w, name, MPQ_DT_F32, ndim, dims, v, err);
         }
     }
@@ -920,15 +917,17 @@ mpq_status mpq_calib_read(const mpq_llm *m, const char *path, mpq_calib_stats *o
     cJSON *o = meta ? cJSON_Parse(meta) : NULL;
     if (!o) st = mpq__mfail(err, MPQ_ERR_FORMAT, path, "no mpq_calib metadata: not a file mpq calibrate wrote");
     if (st == MPQ_OK) {
-        int *fields[] = {&s.windows, &s.length, &s.awq_tokens, &s.mixllm_bits, &s.pqi_bits, &s.pqi_steps,
-                         &s.pqi_windows, &s.sens_tokens};
-        const char *names[] = {"windows", "length", "awq_tokens", "mixllm_bits", "pqi_bits", "pqi_steps",
-                               "pqi_windows", "sens_tokens"};
+        int *fields[] = {&s.windows,  &s.length,    &s.awq_tokens,  &s.mixllm_bits,
+                         &s.pqi_bits, &s.pqi_steps, &s.pqi_windows, &s.sens_tokens};
+        const char *names[] = {"windows",  "length",    "awq_tokens",  "mixllm_bits",
+                               "pqi_bits", "pqi_steps", "pqi_windows", "sens_tokens"};
         for (int k = 0; k < 8 && st == MPQ_OK; k++) {
             const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, names[k]);
-            if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble > 1e9 || v->valuedouble != (int)v->valuedouble)
+            if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble > 1e9 ||
+                v->valuedouble != (int)v->valuedouble)
                 st = mpq__mfail(err, MPQ_ERR_FORMAT, path, "mpq_calib: '%s' is not a count", names[k]);
-            else *fields[k] = (int)v->valuedouble;
+            else
+                *fields[k] = (int)v->valuedouble;
         }
         const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, "loss");
         s.loss = cJSON_IsNumber(v) ? v->valuedouble : 0;
@@ -949,8 +948,14 @@ mpq_status mpq_calib_read(const mpq_llm *m, const char *path, mpq_calib_stats *o
     snprintf(first, sizeof first, "%s", base);
     for (int k = 0; st == MPQ_OK && k < MPQ__NKINDS; k++) {
         if (!have[k]) continue;
-        float ***dst = k == 0 ? &s.fisher : k == 1 ? &s.mixllm : k == 2 ? &s.xtx_diag : k == 3 ? &s.mean_abs
-                     : k == 4 ? &s.awq : k == 5 ? &s.xtx : k == 6 ? &s.pqi : NULL;
+        float ***dst = k == 0 ? &s.fisher
+            : k == 1          ? &s.mixllm
+            : k == 2          ? &s.xtx_diag
+            : k == 3          ? &s.mean_abs
+            : k == 4          ? &s.awq
+            : k == 5          ? &s.xtx
+            : k == 6          ? &s.pqi
+                              : NULL;
         if (dst && !(*dst = (float **)calloc((size_t)s.nlin, sizeof(float *)))) st = MPQ_ERR_NOMEM;
         if (!dst && !(s.layer_sens = (float *)malloc(sizeof(float) * (size_t)s.nlin))) st = MPQ_ERR_NOMEM;
         for (int i = 0; st == MPQ_OK && i < s.nlin; i++) {
@@ -963,8 +968,8 @@ mpq_status mpq_calib_read(const mpq_llm *m, const char *path, mpq_calib_stats *o
             mpq__kind_shape(&s, L, mpq__kinds[k].shape, &ndim, dims);
             const uint64_t numel = ndim == 0 ? 1 : ndim == 1 ? dims[0] : dims[0] * dims[1];
             if (!t) {
-                st = mpq__mfail(err, MPQ_ERR_FORMAT, path, "tensor '%s': not found (the file has %s for '%s')",
-                                name, mpq__kinds[k].suffix, first);
+                st = mpq__mfail(err, MPQ_ERR_FORMAT, path, "tensor '%s': not found (the file has %s for '%s')", name,
+                                mpq__kinds[k].suffix, first);
                 break;
             }
             if (t->ndim != ndim || t->numel != numel || (ndim >= 1 && t->shape[0] != dims[0]) ||
@@ -986,8 +991,9 @@ mpq_status mpq_calib_read(const mpq_llm *m, const char *path, mpq_calib_stats *o
                     break;
                 }
                 if (mpq__kinds[k].nonneg && v[j] < 0) {
-                    st = mpq__mfail(err, MPQ_ERR_RANGE, path, "tensor '%s': element %llu is negative (%g); %s cannot be",
-                                    name, (unsigned long long)j, v[j], mpq__kinds[k].suffix);
+                    st =
+                        mpq__mfail(err, MPQ_ERR_RANGE, path, "tensor '%s': element %llu is negative (%g); %s cannot be",
+                                   name, (unsigned long long)j, v[j], mpq__kinds[k].suffix);
                     break;
                 }
                 if (!dst && v[j] > 1) {
@@ -1122,7 +1128,8 @@ mpq_status mpq_requant_masks(mpq_rq_map *maps, int n, double outliers, double si
     }
     double t = 0;
     if (st == MPQ_OK) st = mpq_plan_requant(&p, dF, outliers, 0.25, mpq__rq_loss, &R, &t);
-    for (int i = 0; i < n && st == MPQ_OK; i++) { /* outliers, and the reconstruction the significant search starts from */
+    for (int i = 0; i < n && st == MPQ_OK;
+         i++) { /* outliers, and the reconstruction the significant search starts from */
         const mpq_rq_map *M = &maps[i];
         const size_t nw = (size_t)M->d.rows * (size_t)M->d.cols;
         memset(M->mask, 0, nw);

@@ -82,36 +82,37 @@
 #define MPQ_CUDA_MMA_BATCH 3
 #endif
 
-namespace {
+namespace
+{
 
 constexpr int kTile = MPQ_TILE_ROWS; // rows of a tile
 static_assert(kTile == 16, "the lane mappings of every kernel assume tiles of 16 rows");
-constexpr int kThreads = 256;   // threads of a GEMV block
+constexpr int kThreads = 256; // threads of a GEMV block
 constexpr int kWarps = kThreads / 32;
-constexpr int kWords = 64;      // table words per entry index p: batch * chunks per slice
+constexpr int kWords = 64; // table words per entry index p: batch * chunks per slice
 constexpr int kTableBytes = 256 * kWords * 4;
 static_assert(kThreads == 4 * kWords, "the table build gives each thread a word and a quarter of its entries");
 
 // The device-side description of an uploaded matrix.
 struct dmat {
     int format, rows, cols, group, block_rows, ngroups, ntiles, meta;
-    int uniform;              // block_rows % 16 == 0: every row of a record has its planes
-    const uint8_t *data;      // the records
-    const uint8_t *bits;      // bits map
+    int uniform;         // block_rows % 16 == 0: every row of a record has its planes
+    const uint8_t *data; // the records
+    const uint8_t *bits; // bits map
     const uint32_t *p_row, *p_col;
     const float *cscale;
-    const uint2 *rec;         // (tile, group) -> {byte offset of the record / 16, planes in it}
+    const uint2 *rec; // (tile, group) -> {byte offset of the record / 16, planes in it}
     const uint32_t *sp_row_ptr;
     const uint16_t *sp_col16;
     const uint32_t *sp_col32;
     const uint16_t *sp_val;
-    const uint8_t *codes;     // the CODE LAYOUT copy (see the MMA kernel), or null
-    int crec, crow;           // its bytes per record of a whole group and per tile
+    const uint8_t *codes; // the CODE LAYOUT copy (see the MMA kernel), or null
+    int crec, crow;       // its bytes per record of a whole group and per tile
 };
 
 struct cuda_ctx {
     int device, sms;
-    int occ[4][3]; // resident blocks per multiprocessor of kLut[batch][widest row]
+    int occ[4][3];                                    // resident blocks per multiprocessor of kLut[batch][widest row]
     int smem_sm, smem_reserved, mma_static, mma_dmax; // shared memory: per SM, per block, the MMA kernel's
     cudaStream_t stream;
     cublasHandle_t blas;
@@ -127,15 +128,15 @@ struct cuda_ctx {
 };
 
 struct cuda_handle {
-    mpq_packed view;     // host view (host pointers)
-    dmat m;              // device pointers
-    void *dbuf;          // the packed buffer in device memory
-    void *drec;          // the record table
-    void *dcodes;        // the CODE LAYOUT copy
-    int fast;            // the LUT kernel applies
-    int maxw;            // the largest width in the matrix
-    int cb;              // code field bits of the copy: 4 or 8
-    __half *w16;         // mpq_cuda_backend_fp16: the weights in fp16 (rows in original order, packed columns)
+    mpq_packed view; // host view (host pointers)
+    dmat m;          // device pointers
+    void *dbuf;      // the packed buffer in device memory
+    void *drec;      // the record table
+    void *dcodes;    // the CODE LAYOUT copy
+    int fast;        // the LUT kernel applies
+    int maxw;        // the largest width in the matrix
+    int cb;          // code field bits of the copy: 4 or 8
+    __half *w16;     // mpq_cuda_backend_fp16: the weights in fp16 (rows in original order, packed columns)
     // which kernel variant holds the widest record: up to 4, 6 or 8 planes
     int variant() const { return maxw <= 4 ? 0 : maxw <= 6 ? 1 : 2; }
 };
@@ -210,8 +211,7 @@ __device__ float sparse_dot(const dmat &M, int orow, const float *xv)
 // slice owns words 32 S .. 32 S + 31, vector v words 32 / B of them. So the
 // 32 lanes of one lookup instruction always read 32 different banks, and the
 // second step's words are the first step's plus 32 (a constant offset).
-template <int B>
-__device__ __forceinline__ int tword(int v, int c)
+template <int B> __device__ __forceinline__ int tword(int v, int c)
 {
     constexpr int per = 32 / B; // chunks of one vector in one step
     return 32 * (c / per) + v * per + c % per;
@@ -220,17 +220,16 @@ __device__ __forceinline__ int tword(int v, int c)
 // What a lane needs of the columns it reads at step S of a slice (the same
 // for every tile): the group, the quad inside it, the bytes of one plane.
 struct lane_cols {
-    const uint2 *rec;  // the record table at (tile 0, the lane's group): add tile * ngroups
-    uint32_t off;      // the lane's 16 bytes of plane 0 inside a record
-    uint32_t stride;   // bytes of one plane of the record
+    const uint2 *rec; // the record table at (tile 0, the lane's group): add tile * ngroups
+    uint32_t off;     // the lane's 16 bytes of plane 0 inside a record
+    uint32_t stride;  // bytes of one plane of the record
     int g;
-    bool ok;           // the lane's quad lies inside the matrix
+    bool ok; // the lane's quad lies inside the matrix
 };
 
 // The loads of one warp step for one lane: 4 rows x 32 columns of every
 // plane the step needs, and the rows' pairs (or E8M0 bytes) and widths.
-template <int MAXP>
-struct step_buf {
+template <int MAXP> struct step_buf {
     uint4 u[MAXP];
     uint2 sh, zh; // fp16 s^ and z^ of the 4 rows; MXINT: sh.x = their E8M0 bytes
     int np;       // planes in the record, 0: no step
@@ -277,8 +276,14 @@ __device__ __forceinline__ void step_issue(const dmat &M, uint2 rec, const lane_
     }
 }
 
-__device__ __forceinline__ float half_lo(uint32_t h) { return __half2float(__ushort_as_half((unsigned short)(h & 0xFFFFu))); }
-__device__ __forceinline__ float half_hi(uint32_t h) { return __half2float(__ushort_as_half((unsigned short)(h >> 16))); }
+__device__ __forceinline__ float half_lo(uint32_t h)
+{
+    return __half2float(__ushort_as_half((unsigned short)(h & 0xFFFFu)));
+}
+__device__ __forceinline__ float half_hi(uint32_t h)
+{
+    return __half2float(__ushort_as_half((unsigned short)(h >> 16)));
+}
 
 // The key of one lookup: the table address of byte j of a plane word is
 // one byte permute, __byte_perm(word, key.x, key.y) = byte j * 256 (entry
@@ -299,7 +304,8 @@ __device__ __forceinline__ void lut_plane(const char *Tb, const uint4 &u, const 
     for (int w = 0; w < 4; w++) {
         float s = *reinterpret_cast<const float *>(Tb + __byte_perm(word[w], key[0].x, key[0].y));
 #pragma unroll
-        for (int kk = 1; kk < 4; kk++) s += *reinterpret_cast<const float *>(Tb + __byte_perm(word[w], key[kk].x, key[kk].y));
+        for (int kk = 1; kk < 4; kk++)
+            s += *reinterpret_cast<const float *>(Tb + __byte_perm(word[w], key[kk].x, key[kk].y));
         sum[w] = s;
     }
 }
@@ -316,7 +322,7 @@ __device__ __forceinline__ void step_compute(const dmat &M, const step_buf<MAXP>
     const int np = L.np;
     if (np == 0) return;
     float ps[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    int bw[4]; // the rows' widths
+    int bw[4];       // the rows' widths
     if (M.uniform) { // every row has the record's planes: one lower plane for all
         const int lo = mpq_first_plane(np, skip);
 #pragma unroll
@@ -390,7 +396,8 @@ __device__ void sum_parts(const dmat &M, const float *__restrict__ x, int batch,
         const float sw[4] = {sum.x, sum.y, sum.z, sum.w};
 #pragma unroll
         for (int w = 0; w < 4; w++)
-            if (orow[w] >= 0) y[(size_t)vv * M.rows + orow[w]] = sw[w] + sparse_dot(M, orow[w], x + (size_t)vv * M.cols);
+            if (orow[w] >= 0)
+                y[(size_t)vv * M.rows + orow[w]] = sw[w] + sparse_dot(M, orow[w], x + (size_t)vv * M.cols);
     }
     if (tid == 0) counters[blockIdx.y] = 0; // ready for the next launch
 }
@@ -406,14 +413,14 @@ __device__ void sum_parts(const dmat &M, const float *__restrict__ x, int batch,
 // block to finish adds the parts in a fixed order (deterministic), adds the
 // sparse part, and scatters through p_row.
 template <int B, int MAXP>
-__global__ void __launch_bounds__(kThreads, 2) gemv_lut(dmat M, const float *__restrict__ x, int batch, int skip,
-                                                        int quad_cols, int tpb, int sps, float *__restrict__ part,
-                                                        unsigned *__restrict__ counters, float *__restrict__ y)
+__global__ void __launch_bounds__(kThreads, 2)
+    gemv_lut(dmat M, const float *__restrict__ x, int batch, int skip, int quad_cols, int tpb, int sps,
+             float *__restrict__ part, unsigned *__restrict__ counters, float *__restrict__ y)
 {
-    constexpr int nch = kWords / B;       // chunks per vector and slice
-    constexpr int scols = nch * 8;        // columns per slice
-    constexpr int qps = 8 / B;            // quads per warp step
-    extern __shared__ float T[];          // 256 * kWords, then accs[B][tpb * 16] when sps > 1
+    constexpr int nch = kWords / B; // chunks per vector and slice
+    constexpr int scols = nch * 8;  // columns per slice
+    constexpr int qps = 8 / B;      // quads per warp step
+    extern __shared__ float T[];    // 256 * kWords, then accs[B][tpb * 16] when sps > 1
     float *accs = T + 256 * kWords;
     __shared__ float xs[B][scols];
     __shared__ float qsum[B][nch / 4];
@@ -487,9 +494,8 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_lut(dmat M, const float *__r
         }
 
         if (sl > s_first) __syncthreads(); // every warp is done with the last slice's tables
-        // activations of the slice: gather, scale, zero past the quad columns
 #pragma unroll
-        for (int h = 0; h < 2; h++) {
+        for (int h = 0; h < 2; h++) { // activations of the slice: gather, scale, zero past the quad columns
             const int k = tid + h * kThreads, vv = k / scols;
             xs[vv][k % scols] = vv < batch && src[h] >= 0 ? x[(size_t)vv * M.cols + src[h]] * csc[h] : 0.0f;
         }
@@ -556,7 +562,8 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_lut(dmat M, const float *__r
                     const float4 o = *a;
                     *a = make_float4(o.x + acc[0], o.y + acc[1], o.z + acc[2], o.w + acc[3]);
                 } else {
-                    *reinterpret_cast<float4 *>(&part[((size_t)part_id * batch + v) * rows16 + (size_t)t_first * kTile + r]) =
+                    *reinterpret_cast<float4 *>(
+                        &part[((size_t)part_id * batch + v) * rows16 + (size_t)t_first * kTile + r]) =
                         make_float4(acc[0], acc[1], acc[2], acc[3]);
                 }
             }
@@ -645,8 +652,8 @@ constexpr int kMmaWarps = 8;
 constexpr int kMmaThreads = 32 * kMmaWarps;
 constexpr int kMmaPair = 2;                 // tiles per unit
 constexpr int kMmaRing = MPQ_CUDA_MMA_RING; // units per warp: kMmaRing - 1 in flight while one is multiplied
-constexpr int kMmaFragBytes = 64 * 1024; // the most x fragments of one column part (see launch_mma)
-constexpr int kMmaBlocks1 = 3;          // resident blocks per multiprocessor the kernel is built for (batch <= 8)
+constexpr int kMmaFragBytes = 64 * 1024;    // the most x fragments of one column part (see launch_mma)
+constexpr int kMmaBlocks1 = 3;              // resident blocks per multiprocessor the kernel is built for (batch <= 8)
 
 __device__ __forceinline__ uint32_t smem_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
 
@@ -683,8 +690,7 @@ struct code_rows {
 };
 
 // {mask, factor, addend, C % 2} for a row of parity rr and width b.
-template <int CB>
-__device__ uint4 code_row(int rr, int b, int skip)
+template <int CB> __device__ uint4 code_row(int rr, int b, int skip)
 {
     const int lo = b ? mpq_first_plane(b, skip) : 0, C = b ? (1 << b) - (1 << lo) : 0;
     if (CB == 4) { // rr = 1 reads its nibbles 16 times too large
@@ -699,8 +705,7 @@ __device__ uint4 code_row(int rr, int b, int skip)
 // The A fragments of k steps 0 and 1 of one quad from the lane's code words
 // at p (CODE LAYOUT): register 0 row 2m, h = 0; 1 row 2m + 1, h = 0; 2 row
 // 2m, h = 1; 3 row 2m + 1, h = 1; the two halves of a register e = 0, 1.
-template <int CB>
-__device__ __forceinline__ void code_frags(const char *p, const code_rows &R, uint32_t (&a)[2][4])
+template <int CB> __device__ __forceinline__ void code_frags(const char *p, const code_rows &R, uint32_t (&a)[2][4])
 {
     if (CB == 4) {
         const uint2 w = *reinterpret_cast<const uint2 *>(p);
@@ -730,8 +735,7 @@ __device__ __forceinline__ void code_frags(const char *p, const code_rows &R, ui
 // Builds the CODE LAYOUT copy `out` from the planes: one thread per (tile,
 // quad of the matrix, lane), the first lane of a record's first quad also
 // writing its header.
-template <int CB>
-__global__ void transcode(dmat M, uint8_t *__restrict__ out)
+template <int CB> __global__ void transcode(dmat M, uint8_t *__restrict__ out)
 {
     const int nqm = M.cols / 32;
     const size_t k = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -750,13 +754,16 @@ __global__ void transcode(dmat M, uint8_t *__restrict__ out)
     for (int rr = 0; rr < 2; rr++) {
         const int b = width_at(M, t * kTile + 2 * m + rr, g);
         for (int i = 0; i < b; i++) { // plane i's word of the row in this quad (BYTE LAYOUT)
-            const uint32_t pw = *reinterpret_cast<const uint32_t *>(rec + M.meta + (size_t)i * 2 * gw + 64 * q + 4 * (2 * m + rr));
+            const uint32_t pw =
+                *reinterpret_cast<const uint32_t *>(rec + M.meta + (size_t)i * 2 * gw + 64 * q + 4 * (2 * m + rr));
 #pragma unroll
             for (int f = 0; f < 8; f++) { // f = 4 S + 2 h + e
                 const int S = f >> 2, h = (f >> 1) & 1, e = f & 1;
                 const uint32_t bit = pw >> (c + 4 * (2 * S + h) + 16 * e) & 1u;
-                if (CB == 4) w[S] |= bit << (4 * (rr + 2 * h + 4 * e) + i);
-                else w[2 * S + rr] |= bit << (8 * (2 * h + e) + i);
+                if (CB == 4)
+                    w[S] |= bit << (4 * (rr + 2 * h + 4 * e) + i);
+                else
+                    w[2 * S + rr] |= bit << (8 * (2 * h + e) + i);
             }
         }
     }
@@ -807,8 +814,8 @@ struct mma_smem {
 // max |x| / 2^E in [2^14, 2^15), 2^E a normal float; then split into fp16
 // hi + lo and written out (mma_part).
 template <int NT>
-__global__ void __launch_bounds__(kMmaThreads) mma_prep(dmat M, const float *__restrict__ x, int batch, int gpp,
-                                                        uint8_t *__restrict__ out)
+__global__ void __launch_bounds__(kMmaThreads)
+    mma_prep(dmat M, const float *__restrict__ x, int batch, int gpp, uint8_t *__restrict__ out)
 {
     constexpr int nv = 8 * NT;
     extern __shared__ uint4 smem4[];
@@ -832,8 +839,9 @@ __global__ void __launch_bounds__(kMmaThreads) mma_prep(dmat M, const float *__r
 #pragma unroll
         for (int f = 0; f < 4; f++) {
             const int col = c0 + 32 * q + ic + 4 * (2 * is + (f >> 1)) + 16 * (f & 1);
-            v[f] = n < batch ? x[(size_t)n * M.cols + (M.p_col ? (int)M.p_col[col] : col)] * (M.cscale ? M.cscale[col] : 1.0f)
-                             : 0.0f;
+            v[f] = n < batch
+                ? x[(size_t)n * M.cols + (M.p_col ? (int)M.p_col[col] : col)] * (M.cscale ? M.cscale[col] : 1.0f)
+                : 0.0f;
         }
         frag[((2 * q + is) * nv + n) * 4 + ic] =
             make_uint4(__float_as_uint(v[0]), __float_as_uint(v[1]), __float_as_uint(v[2]), __float_as_uint(v[3]));
@@ -870,7 +878,7 @@ __global__ void __launch_bounds__(kMmaThreads) mma_prep(dmat M, const float *__r
     }
     __syncthreads();
     uint4 *of = reinterpret_cast<uint4 *>(o) + (size_t)gl * (M.group / 16) * nv * 4;
-    for (int k = tid; k < nitems; k += kMmaThreads) { // hi + lo, written out in the same order
+    for (int k = tid; k < nitems; k += kMmaThreads) {   // hi + lo, written out in the same order
         const float inv = 1.0f / xscale[(k >> 2) % nv]; // a power of two: exact
         const uint4 f = frag[k];
         const uint32_t w[4] = {f.x, f.y, f.z, f.w};
@@ -891,7 +899,8 @@ __global__ void __launch_bounds__(kMmaThreads) mma_prep(dmat M, const float *__r
 // header); with live false (a tile past the matrix), zeros and the
 // constants of width 0, which decode every field to 0.
 __device__ __forceinline__ void mma_rows(const dmat &M, const char *rec, bool live, int m,
-                                         const uint4 (*rtab)[MPQ_MAX_BITS + 1], code_rows &R, float (&s)[2], float (&z)[2])
+                                         const uint4 (*rtab)[MPQ_MAX_BITS + 1], code_rows &R, float (&s)[2],
+                                         float (&z)[2])
 {
     const int b0 = live ? (uint8_t)rec[M.meta + 2 * m] : 0, b1 = live ? (uint8_t)rec[M.meta + 2 * m + 1] : 0;
     if (!live) {
@@ -919,10 +928,10 @@ __device__ __forceinline__ void mma_rows(const dmat &M, const char *rec, bool li
 // for batches 9..16), each code fragment multiplied by all of them. xprep:
 // the parts' activations from mma_prep. slot: bytes of a record's copy.
 template <int CB, int NT>
-__global__ void __launch_bounds__(kMmaThreads, NT == 1 ? kMmaBlocks1 : 2) gemv_mma(dmat M, const float *__restrict__ x, int batch, int skip,
-                                                           int tpb, int gpp, int slot, const uint8_t *__restrict__ xprep,
-                                                           float *__restrict__ part, unsigned *__restrict__ counters,
-                                                           float *__restrict__ y)
+__global__ void __launch_bounds__(kMmaThreads, NT == 1 ? kMmaBlocks1 : 2)
+    gemv_mma(dmat M, const float *__restrict__ x, int batch, int skip, int tpb, int gpp, int slot,
+             const uint8_t *__restrict__ xprep, float *__restrict__ part, unsigned *__restrict__ counters,
+             float *__restrict__ y)
 {
     constexpr int nv = 8 * NT;
     extern __shared__ uint4 smem4[];
@@ -938,7 +947,9 @@ __global__ void __launch_bounds__(kMmaThreads, NT == 1 ? kMmaBlocks1 : 2) gemv_m
     const float *gsum = reinterpret_cast<const float *>(sbase + P.gsum);
     float *wsum = reinterpret_cast<float *>(sbase + L.wsum);
     char *ring = sbase + L.ring + (size_t)warp * kMmaRing * kMmaPair * slot;
-    if (tid < 2 * (MPQ_MAX_BITS + 1)) rtab[tid / (MPQ_MAX_BITS + 1)][tid % (MPQ_MAX_BITS + 1)] = code_row<CB>(tid / (MPQ_MAX_BITS + 1), tid % (MPQ_MAX_BITS + 1), skip);
+    if (tid < 2 * (MPQ_MAX_BITS + 1))
+        rtab[tid / (MPQ_MAX_BITS + 1)][tid % (MPQ_MAX_BITS + 1)] =
+            code_row<CB>(tid / (MPQ_MAX_BITS + 1), tid % (MPQ_MAX_BITS + 1), skip);
 
     // the warp's units u = (pair, group): with wpt == 1 pairs warp, warp +
     // 8, ... with every group; else one pair, every wpt-th group
@@ -953,8 +964,10 @@ __global__ void __launch_bounds__(kMmaThreads, NT == 1 ? kMmaBlocks1 : 2) gemv_m
         int t, g, j;
     };
     auto advance = [&](cursor &p) {
-        if (++p.j == gpw) p.j = 0, p.t += kMmaPair * kMmaWarps, p.g = g0 + gshare;
-        else p.g += wpt;
+        if (++p.j == gpw)
+            p.j = 0, p.t += kMmaPair * kMmaWarps, p.g = g0 + gshare;
+        else
+            p.g += wpt;
     };
     cursor cmul = {t_first + kMmaPair * pair0, g0 + gshare, 0}, ccopy = cmul;
     // copies the records of unit u into its ring slot (the second tile's
@@ -1047,8 +1060,11 @@ __global__ void __launch_bounds__(kMmaThreads, NT == 1 ? kMmaBlocks1 : 2) gemv_m
                     for (int f = 0; f < 4; f++) {
                         const int n = 8 * j + 2 * c + (f & 1), r = 2 * m + (f >> 1);
                         if (n < batch && (k == 0 || two)) {
-                            if (wpt == 1) part[((size_t)blockIdx.x * batch + n) * rows16 + (size_t)(t + k) * kTile + r] = acc[k][j][f];
-                            else wsum[((warp * kMmaPair + k) * kTile + r) * nv + n] = acc[k][j][f];
+                            if (wpt == 1)
+                                part[((size_t)blockIdx.x * batch + n) * rows16 + (size_t)(t + k) * kTile + r] =
+                                    acc[k][j][f];
+                            else
+                                wsum[((warp * kMmaPair + k) * kTile + r) * nv + n] = acc[k][j][f];
                         }
                         acc[k][j][f] = 0.0f;
                     }
@@ -1061,7 +1077,8 @@ __global__ void __launch_bounds__(kMmaThreads, NT == 1 ? kMmaBlocks1 : 2) gemv_m
         for (int k = tid; k < nt * kTile * batch; k += kMmaThreads) {
             const int tl = k / (kTile * batch), r = k / batch % kTile, n = k % batch, pl = tl / kMmaPair;
             float sum = 0.0f;
-            for (int w = pl * wpt; w < pl * wpt + min(wpt, ng); w++) sum += wsum[((w * kMmaPair + tl % kMmaPair) * kTile + r) * nv + n];
+            for (int w = pl * wpt; w < pl * wpt + min(wpt, ng); w++)
+                sum += wsum[((w * kMmaPair + tl % kMmaPair) * kTile + r) * nv + n];
             part[((size_t)blockIdx.x * batch + n) * rows16 + (size_t)(t_first + tl) * kTile + r] = sum;
         }
     }
@@ -1081,8 +1098,7 @@ constexpr void (*kPrep[2])(dmat, const float *, int, int, uint8_t *) = {mma_prep
 // chunks), whose 4 bytes per row and plane are one 32-bit word (BYTE
 // LAYOUT); bit j of the byte or word is column col0 + j. Columns past the
 // matrix get what their zero bits decode to; callers drop them.
-template <int N>
-__device__ void decode_cols(const dmat &M, int row, int col0, int skip, float (&w)[N])
+template <int N> __device__ void decode_cols(const dmat &M, int row, int col0, int skip, float (&w)[N])
 {
     static_assert(N == 8 || N == 32, "a chunk or a quad");
     const int t = row / kTile, r = row % kTile, g = col0 / M.group, c = (col0 - g * M.group) / 8;
@@ -1098,8 +1114,10 @@ __device__ void decode_cols(const dmat &M, int row, int col0, int skip, float (&
         off = (size_t)q4 * 16;
         int cc = c - q4;
         if (nchg & 2) {
-            if (cc < 2) off += (size_t)r * 2 + cc;
-            else off += 32 + (size_t)r;
+            if (cc < 2)
+                off += (size_t)r * 2 + cc;
+            else
+                off += 32 + (size_t)r;
         } else
             off += (size_t)r;
     }
@@ -1147,12 +1165,14 @@ __device__ float sparse_at(const dmat &M, int orow, int ocol)
     const uint32_t end = hi;
     while (lo < hi) {
         uint32_t mid = (lo + hi) / 2, c = M.sp_col16 ? M.sp_col16[mid] : M.sp_col32[mid];
-        if (c < (uint32_t)ocol) lo = mid + 1;
-        else hi = mid;
+        if (c < (uint32_t)ocol)
+            lo = mid + 1;
+        else
+            hi = mid;
     }
     return lo < end && (M.sp_col16 ? M.sp_col16[lo] : M.sp_col32[lo]) == (uint32_t)ocol
-               ? __half2float(__ushort_as_half(M.sp_val[lo]))
-               : 0.0f;
+        ? __half2float(__ushort_as_half(M.sp_val[lo]))
+        : 0.0f;
 }
 
 // The fp16 values of 8 decoded weights w of original row orow, packed
@@ -1225,7 +1245,7 @@ __global__ void dequant_f16(dmat M, int skip, __half *__restrict__ W)
 // contiguous bytes of one row, at its original row.
 constexpr int kDqQuads = 16, kDqPad = 8; // the pad spreads the 16 rows over the banks
 template <int CB>
-__global__ void __launch_bounds__(kTile * kDqQuads) dequant_codes(dmat M, int skip, __half *__restrict__ W)
+__global__ void __launch_bounds__(kTile *kDqQuads) dequant_codes(dmat M, int skip, __half *__restrict__ W)
 {
     constexpr int kRow = 32 * kDqQuads + kDqPad;
     __shared__ __align__(16) __half st[kTile * kRow];
@@ -1249,8 +1269,10 @@ __global__ void __launch_bounds__(kTile * kDqQuads) dequant_codes(dmat M, int sk
 #pragma unroll
         for (int c = 0; c < 4; c++) {
             uint32_t wd[2]; // the words of k steps 0 and 1 that hold row r
-            if (CB == 4) memcpy(wd, cw + 8 * c, 8);
-            else memcpy(&wd[0], cw + 16 * c + 4 * rr, 4), memcpy(&wd[1], cw + 16 * c + 8 + 4 * rr, 4);
+            if (CB == 4)
+                memcpy(wd, cw + 8 * c, 8);
+            else
+                memcpy(&wd[0], cw + 16 * c + 4 * rr, 4), memcpy(&wd[1], cw + 16 * c + 8 + 4 * rr, 4);
 #pragma unroll
             for (int f = 0; f < 8; f++) { // f = 4 S + 2 h + e: column c + 4 (2 S + h) + 16 e
                 const int S = f >> 2, h = (f >> 1) & 1, e = f & 1;
@@ -1308,8 +1330,10 @@ cudaError_t dequantize(cuda_ctx *c, const cuda_handle *h, int skip, __half *W)
     const dmat &M = h->m;
     if (M.codes) {
         const dim3 grid((unsigned)((M.cols / 32 + kDqQuads - 1) / kDqQuads), (unsigned)M.ntiles);
-        if (h->cb == 4) dequant_codes<4><<<grid, kTile * kDqQuads, 0, c->stream>>>(M, skip, W);
-        else dequant_codes<8><<<grid, kTile * kDqQuads, 0, c->stream>>>(M, skip, W);
+        if (h->cb == 4)
+            dequant_codes<4><<<grid, kTile * kDqQuads, 0, c->stream>>>(M, skip, W);
+        else
+            dequant_codes<8><<<grid, kTile * kDqQuads, 0, c->stream>>>(M, skip, W);
     } else {
         const size_t threads = (size_t)M.ntiles * kTile * (size_t)((M.cols + 31) / 32);
         dequant_f16<<<(unsigned)((threads + 255) / 256), 256, 0, c->stream>>>(M, skip, W);
@@ -1335,8 +1359,7 @@ mpq_status record_table(const mpq_packed *A, uint2 *rec)
     return st;
 }
 
-template <typename P>
-P *dev_ptr(const cuda_handle *h, const void *host)
+template <typename P> P *dev_ptr(const cuda_handle *h, const void *host)
 {
     if (!host) return nullptr;
     const uint8_t *base = static_cast<const uint8_t *>(h->view.buf);
@@ -1414,8 +1437,12 @@ mpq_status upload(void *ctx, const mpq_packed *A, void **handle)
         } else if (e == cudaSuccess) {
             M.codes = static_cast<const uint8_t *>(h->dcodes);
             h->cb = cb;
-            if (cb == 4) transcode<4><<<(unsigned)((threads + 255) / 256), 256, 0, c->stream>>>(M, static_cast<uint8_t *>(h->dcodes));
-            else transcode<8><<<(unsigned)((threads + 255) / 256), 256, 0, c->stream>>>(M, static_cast<uint8_t *>(h->dcodes));
+            if (cb == 4)
+                transcode<4>
+                    <<<(unsigned)((threads + 255) / 256), 256, 0, c->stream>>>(M, static_cast<uint8_t *>(h->dcodes));
+            else
+                transcode<8>
+                    <<<(unsigned)((threads + 255) / 256), 256, 0, c->stream>>>(M, static_cast<uint8_t *>(h->dcodes));
             e = cudaGetLastError();
         }
         if (e == cudaSuccess) e = cudaStreamSynchronize(c->stream);
@@ -1580,8 +1607,8 @@ mpq_status launch_mma(cuda_ctx *c, const cuda_handle *h, const float *x, float *
     mpq_status st = grow(c, part_bytes + (size_t)nparts * P.bytes, (size_t)nrb);
     if (st != MPQ_OK) return st;
     uint8_t *xprep = static_cast<uint8_t *>(c->scratch) + part_bytes;
-    st = launch_pdl(c, kPrep[nt_ - 1], dim3(M.ngroups), kMmaThreads, 4 * M.group * nv + M.group / 32 * nv * 4, M,
-                    x, batch, gpp, xprep);
+    st = launch_pdl(c, kPrep[nt_ - 1], dim3(M.ngroups), kMmaThreads, 4 * M.group * nv + M.group / 32 * nv * 4, M, x,
+                    batch, gpp, xprep);
     if (st != MPQ_OK) return st;
     return launch_pdl(c, kMma[nt_ - 1][h->cb == 8], dim3(nparts, nrb), kMmaThreads, smem_used, M, x, batch, skip, tpb,
                       gpp, slot, static_cast<const uint8_t *>(xprep), static_cast<float *>(c->scratch), c->counters, y);
@@ -1597,8 +1624,8 @@ mpq_status gemm_f16(cuda_ctx *c, const dmat &M, const __half *W16, __half *X16, 
     if (e != cudaSuccess) return map_error(e);
     const float one = 1.0f, zero = 0.0f;
     // column-major view: Y^T (rows x batch) = W (rows x cols) X^T (cols x batch)
-    return map_blas(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, M.rows, batch, M.cols, &one, W16, CUDA_R_16F, M.cols,
-                                 X16, CUDA_R_16F, M.cols, &zero, y, CUDA_R_32F, M.rows, CUBLAS_COMPUTE_32F,
+    return map_blas(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, M.rows, batch, M.cols, &one, W16, CUDA_R_16F,
+                                 M.cols, X16, CUDA_R_16F, M.cols, &zero, y, CUDA_R_32F, M.rows, CUBLAS_COMPUTE_32F,
                                  CUBLAS_GEMM_DEFAULT));
 }
 
@@ -1736,7 +1763,8 @@ extern "C" mpq_status mpq_cuda_backend(int device, mpq_backend *b)
     int per_block = 0;
     if (e == cudaSuccess) e = cudaDeviceGetAttribute(&c->smem_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device);
     if (e == cudaSuccess) e = cudaDeviceGetAttribute(&per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
-    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&c->smem_reserved, cudaDevAttrReservedSharedMemoryPerBlock, device);
+    if (e == cudaSuccess)
+        e = cudaDeviceGetAttribute(&c->smem_reserved, cudaDevAttrReservedSharedMemoryPerBlock, device);
     c->mma_static = 0;
     for (int k = 0; k < 4 && e == cudaSuccess; k++) { // the most static memory of the four
         cudaFuncAttributes fa;
@@ -1747,7 +1775,8 @@ extern "C" mpq_status mpq_cuda_backend(int device, mpq_backend *b)
     for (int k = 0; k < 4 && e == cudaSuccess; k++)
         e = cudaFuncSetAttribute(kMma[k / 2][k % 2], cudaFuncAttributeMaxDynamicSharedMemorySize, c->mma_dmax);
     for (int k = 0; k < 2 && e == cudaSuccess; k++) // a group's activations (at most kMmaFragBytes) and quad sums
-        e = cudaFuncSetAttribute(kPrep[k], cudaFuncAttributeMaxDynamicSharedMemorySize, kMmaFragBytes + kMmaFragBytes / 32);
+        e = cudaFuncSetAttribute(kPrep[k], cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 kMmaFragBytes + kMmaFragBytes / 32);
     if (e != cudaSuccess) {
         cudaStreamDestroy(c->stream);
         free(c);

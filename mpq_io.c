@@ -25,7 +25,7 @@
 #endif
 
 #define MPQ_ST_MAX_INT 9007199254740992.0 /* 2^53: integers below it are exact in JSON doubles */
-#define MPQ_ST_CHUNK (1u << 20)
+#define MPQ_ST_CHUNK   (1u << 20)
 
 /* -------------------------------------------------------------------------- */
 /* dtypes, errors, small helpers                                              */
@@ -39,15 +39,9 @@ static const struct {
     {"BF16", 2}, {"I32", 4}, {"U32", 4}, {"F32", 4},     {"F64", 8},     {"I64", 8}, {"U64", 8},
 };
 
-const char *mpq_dtype_name(mpq_dtype t)
-{
-    return (unsigned)t < MPQ_DT_COUNT ? mpq__dtypes[t].name : NULL;
-}
+const char *mpq_dtype_name(mpq_dtype t) { return (unsigned)t < MPQ_DT_COUNT ? mpq__dtypes[t].name : NULL; }
 
-size_t mpq_dtype_size(mpq_dtype t)
-{
-    return (unsigned)t < MPQ_DT_COUNT ? mpq__dtypes[t].size : 0;
-}
+size_t mpq_dtype_size(mpq_dtype t) { return (unsigned)t < MPQ_DT_COUNT ? mpq__dtypes[t].size : 0; }
 
 static int mpq__dtype_parse(const char *s, mpq_dtype *t)
 {
@@ -101,10 +95,14 @@ size_t mpq__io_utf8_check(const uint8_t *s, size_t n)
         }
         size_t len;
         uint32_t cp, min;
-        if ((c & 0xE0) == 0xC0) len = 2, cp = c & 0x1Fu, min = 0x80;
-        else if ((c & 0xF0) == 0xE0) len = 3, cp = c & 0x0Fu, min = 0x800;
-        else if ((c & 0xF8) == 0xF0) len = 4, cp = c & 0x07u, min = 0x10000;
-        else return i;
+        if ((c & 0xE0) == 0xC0)
+            len = 2, cp = c & 0x1Fu, min = 0x80;
+        else if ((c & 0xF0) == 0xE0)
+            len = 3, cp = c & 0x0Fu, min = 0x800;
+        else if ((c & 0xF8) == 0xF0)
+            len = 4, cp = c & 0x07u, min = 0x10000;
+        else
+            return i;
         if (n - i < len) return i;
         for (size_t k = 1; k < len; k++) {
             if ((s[i + k] & 0xC0) != 0x80) return i;
@@ -184,7 +182,7 @@ uint16_t mpq_f32_to_bf16(float f)
     uint32_t u;
     memcpy(&u, &f, 4);
     if ((u & 0x7FFFFFFFu) > 0x7F800000u) return (uint16_t)((u >> 16) | 0x0040u); /* quiet NaN */
-    u += 0x7FFFu + ((u >> 16) & 1u);                                            /* nearest, ties to even */
+    u += 0x7FFFu + ((u >> 16) & 1u);                                             /* nearest, ties to even */
     return (uint16_t)(u >> 16);
 }
 
@@ -200,18 +198,26 @@ float mpq_bf16_to_f32(uint16_t h)
 /* packed-matrix metadata (shared by writer and reader)                       */
 /* -------------------------------------------------------------------------- */
 
-enum { MPQ__PM_FORMAT, MPQ__PM_SHAPE, MPQ__PM_GROUP, MPQ__PM_BLOCK_ROWS, MPQ__PM_BITS, MPQ__PM_BPW, MPQ__PM_SECTIONS,
-       MPQ__PM_COUNT };
-static const char *const mpq__pm_field[MPQ__PM_COUNT] = {"format", "shape", "group", "block_rows",
-                                                        "bits",   "bpw",   "sections"};
+enum {
+    MPQ__PM_FORMAT,
+    MPQ__PM_SHAPE,
+    MPQ__PM_GROUP,
+    MPQ__PM_BLOCK_ROWS,
+    MPQ__PM_BITS,
+    MPQ__PM_BPW,
+    MPQ__PM_SECTIONS,
+    MPQ__PM_COUNT
+};
+static const char *const mpq__pm_field[MPQ__PM_COUNT] = {"format", "shape", "group",   "block_rows",
+                                                         "bits",   "bpw",   "sections"};
 typedef char mpq__pm_values[MPQ__PM_COUNT][640];
 
 static void mpq__pm_section(char *s, size_t cap, const char *part, const mpq_packed *A, const void *p, size_t bytes)
 {
     size_t n = strlen(s);
     if (!p || n >= cap) return;
-    snprintf(s + n, cap - n, "%s%s:%zu:%zu", n ? " " : "", part,
-             (size_t)((const uint8_t *)p - (const uint8_t *)A->buf), bytes);
+    snprintf(s + n, cap - n, "%s%s:%zu:%zu", n ? " " : "", part, (size_t)((const uint8_t *)p - (const uint8_t *)A->buf),
+             bytes);
 }
 
 /* The metadata values that describe a validated packed matrix. */
@@ -243,8 +249,10 @@ static void mpq__pm_values_of(const mpq_packed *A, mpq__pm_values v)
     mpq__pm_section(s, cap, "data", A, A->data, (size_t)A->band_off[A->nbands]);
     if (A->sp_row_ptr) {
         mpq__pm_section(s, cap, "sp_row_ptr", A, A->sp_row_ptr, ((size_t)A->rows + 1) * 4);
-        if (A->sp_col16) mpq__pm_section(s, cap, "sp_col", A, A->sp_col16, A->sp_nnz * 2);
-        else mpq__pm_section(s, cap, "sp_col", A, A->sp_col32, A->sp_nnz * 4);
+        if (A->sp_col16)
+            mpq__pm_section(s, cap, "sp_col", A, A->sp_col16, A->sp_nnz * 2);
+        else
+            mpq__pm_section(s, cap, "sp_col", A, A->sp_col32, A->sp_nnz * 4);
         mpq__pm_section(s, cap, "sp_val", A, A->sp_val, A->sp_nnz * 2);
     }
 }
@@ -290,7 +298,7 @@ struct mpq_st_file {
     uint64_t data_start, data_bytes;
     mpq_st_tensor *t;
     int nt;
-    mpq__by_name *by_name;  /* tensors sorted by name */
+    mpq__by_name *by_name; /* tensors sorted by name */
     char **mkey, **mval;
     int nmeta;
     mpq__by_name *meta_by_key;
@@ -329,20 +337,22 @@ static mpq_status mpq__parse_tensor(mpq_st_file *f, const cJSON *o, mpq_st_tenso
     if (!cJSON_IsObject(o)) return mpq__io_fail(err, MPQ_ERR_FORMAT, P, N, "entry is not a JSON object");
     const cJSON *dtype = NULL, *shape = NULL, *offs = NULL;
     for (const cJSON *c = o->child; c; c = c->next) {
-        const cJSON **slot = strcmp(c->string, "dtype") == 0         ? &dtype
-                             : strcmp(c->string, "shape") == 0        ? &shape
-                             : strcmp(c->string, "data_offsets") == 0 ? &offs
-                                                                      : NULL;
+        const cJSON **slot = strcmp(c->string, "dtype") == 0 ? &dtype
+            : strcmp(c->string, "shape") == 0                ? &shape
+            : strcmp(c->string, "data_offsets") == 0         ? &offs
+                                                             : NULL;
         if (!slot) return mpq__io_fail(err, MPQ_ERR_FORMAT, P, N, "unknown field '%.100s'", c->string);
         if (*slot) return mpq__io_fail(err, MPQ_ERR_FORMAT, P, N, "field '%s' appears twice", c->string);
         *slot = c;
     }
     if (!dtype || !shape || !offs)
         return mpq__io_fail(err, MPQ_ERR_FORMAT, P, N, "missing field '%s'",
-                         !dtype ? "dtype" : !shape ? "shape" : "data_offsets");
+                            !dtype       ? "dtype"
+                                : !shape ? "shape"
+                                         : "data_offsets");
     if (!cJSON_IsString(dtype) || !mpq__dtype_parse(dtype->valuestring, &t->dtype))
         return mpq__io_fail(err, MPQ_ERR_FORMAT, P, N, "unknown dtype %.40s",
-                         cJSON_IsString(dtype) ? dtype->valuestring : "(not a string)");
+                            cJSON_IsString(dtype) ? dtype->valuestring : "(not a string)");
     if (!cJSON_IsArray(shape)) return mpq__io_fail(err, MPQ_ERR_FORMAT, P, N, "shape is not an array");
     const int nd = cJSON_GetArraySize(shape);
     if (nd > MPQ_ST_MAX_DIMS)
@@ -365,11 +375,11 @@ static mpq_status mpq__parse_tensor(mpq_st_file *f, const cJSON *o, mpq_st_tenso
     if (numel > UINT64_MAX / es) return mpq__io_fail(err, MPQ_ERR_FORMAT, P, N, "byte count overflows");
     if (t->end < t->begin)
         return mpq__io_fail(err, MPQ_ERR_FORMAT, P, N, "data_offsets end %llu is before begin %llu",
-                         (unsigned long long)t->end, (unsigned long long)t->begin);
+                            (unsigned long long)t->end, (unsigned long long)t->begin);
     if (t->end - t->begin != numel * es)
         return mpq__io_fail(err, MPQ_ERR_FORMAT, P, N, "holds %llu bytes but %s x %llu elements need %llu",
-                         (unsigned long long)(t->end - t->begin), mpq__dtypes[t->dtype].name,
-                         (unsigned long long)numel, (unsigned long long)(numel * es));
+                            (unsigned long long)(t->end - t->begin), mpq__dtypes[t->dtype].name,
+                            (unsigned long long)numel, (unsigned long long)(numel * es));
     return MPQ_OK;
 }
 
@@ -396,7 +406,7 @@ static mpq_status mpq__parse_header(mpq_st_file *f, const char *hdr, size_t n, m
     for (const char *q = end; q < hdr + n; q++)
         if (*q != ' ' && *q != '\t' && *q != '\n' && *q != '\r') {
             st = mpq__io_fail(err, MPQ_ERR_FORMAT, P, NULL, "header has bytes after its JSON object (byte %zu)",
-                           (size_t)(q - hdr));
+                              (size_t)(q - hdr));
             goto done;
         }
     if (!cJSON_IsObject(root)) {
@@ -447,7 +457,7 @@ static mpq_status mpq__parse_header(mpq_st_file *f, const char *hdr, size_t n, m
         for (const cJSON *c = meta->child; c; c = c->next) {
             if (!cJSON_IsString(c)) {
                 st = mpq__io_fail(err, MPQ_ERR_FORMAT, P, NULL, "__metadata__ value of '%.100s' is not a string",
-                               c->string);
+                                  c->string);
                 goto done;
             }
             f->mkey[f->nmeta] = mpq__io_strdup(c->string);
@@ -487,23 +497,23 @@ static mpq_status mpq__check_layout(mpq_st_file *f, mpq_io_err *err)
     for (int i = 1; i < f->nmeta; i++)
         if (strcmp(f->meta_by_key[i].name, f->meta_by_key[i - 1].name) == 0) {
             st = mpq__io_fail(err, MPQ_ERR_FORMAT, P, NULL, "__metadata__ key '%.100s' appears twice",
-                           f->meta_by_key[i].name);
+                              f->meta_by_key[i].name);
             goto done;
         }
     uint64_t pos = 0;
     for (int i = 0; i < f->nt; i++) {
         const mpq_st_tensor *t = &f->t[ord[i].i];
         if (t->begin != pos) {
-            st = mpq__io_fail(err, MPQ_ERR_FORMAT, P, t->name, "data begins at %llu but the previous tensor ends at %llu (%s)",
-                           (unsigned long long)t->begin, (unsigned long long)pos,
-                           t->begin < pos ? "overlap" : "gap");
+            st = mpq__io_fail(
+                err, MPQ_ERR_FORMAT, P, t->name, "data begins at %llu but the previous tensor ends at %llu (%s)",
+                (unsigned long long)t->begin, (unsigned long long)pos, t->begin < pos ? "overlap" : "gap");
             goto done;
         }
         pos = t->end;
     }
     if (pos != f->data_bytes) {
         st = mpq__io_fail(err, MPQ_ERR_FORMAT, P, NULL, "tensors cover %llu data bytes but the file holds %llu",
-                       (unsigned long long)pos, (unsigned long long)f->data_bytes);
+                          (unsigned long long)pos, (unsigned long long)f->data_bytes);
         goto done;
     }
     const char *ver = mpq_st_meta(f, "mpq.version");
@@ -526,10 +536,12 @@ static mpq_status mpq__check_layout(mpq_st_file *f, mpq_io_err *err)
         if (!t) {
             /* "mpq.x.format" of a tensor "x.format..." would be ambiguous only
                if such a tensor existed; with none, the key is wrong. */
-            st = mpq__io_fail(err, MPQ_ERR_FORMAT, P, name, "metadata marks it as packed but the file holds no such tensor");
+            st = mpq__io_fail(err, MPQ_ERR_FORMAT, P, name,
+                              "metadata marks it as packed but the file holds no such tensor");
         } else if (t->dtype != MPQ_DT_U8 || t->ndim != 1) {
-            st = mpq__io_fail(err, MPQ_ERR_FORMAT, P, name, "marked as packed but is %s with %d dimensions (needs U8, 1)",
-                           mpq__dtypes[t->dtype].name, t->ndim);
+            st = mpq__io_fail(err, MPQ_ERR_FORMAT, P, name,
+                              "marked as packed but is %s with %d dimensions (needs U8, 1)", mpq__dtypes[t->dtype].name,
+                              t->ndim);
         } else if (strcmp(f->mval[i], "bitplane") == 0) {
             t->packed = MPQ_FORMAT_BITPLANE;
         } else if (strcmp(f->mval[i], "mxint") == 0) {
@@ -577,15 +589,17 @@ static mpq_status mpq__open_common(mpq_st_file *f, mpq_io_err *err)
     }
     if (n > MPQ_ST_MAX_HEADER)
         return mpq__io_fail(err, MPQ_ERR_FORMAT, f->in.path, NULL, "header length %llu exceeds the limit of %u bytes",
-                         (unsigned long long)n, MPQ_ST_MAX_HEADER);
+                            (unsigned long long)n, MPQ_ST_MAX_HEADER);
     if (n > f->in.bytes - 8)
-        return mpq__io_fail(err, MPQ_ERR_FORMAT, f->in.path, NULL, "header length %llu is larger than the file (%llu bytes)",
-                         (unsigned long long)n, (unsigned long long)f->in.bytes);
+        return mpq__io_fail(err, MPQ_ERR_FORMAT, f->in.path, NULL,
+                            "header length %llu is larger than the file (%llu bytes)", (unsigned long long)n,
+                            (unsigned long long)f->in.bytes);
     f->data_start = 8 + n;
     f->data_bytes = f->in.bytes - f->data_start;
     char *hdr = (char *)malloc((size_t)n + 1);
-    if (!hdr) return mpq__io_fail(err, MPQ_ERR_NOMEM, f->in.path, NULL, "out of memory for a %llu-byte header",
-                               (unsigned long long)n);
+    if (!hdr)
+        return mpq__io_fail(err, MPQ_ERR_NOMEM, f->in.path, NULL, "out of memory for a %llu-byte header",
+                            (unsigned long long)n);
     st = mpq__read_at(f, 8, hdr, (size_t)n, NULL, err);
     if (st == MPQ_OK) {
         hdr[n] = 0;
@@ -628,10 +642,7 @@ mpq_status mpq_st_open_memory(const void *buf, size_t bytes, mpq_st_file **out, 
 
 int mpq_st_count(const mpq_st_file *f) { return f ? f->nt : 0; }
 
-const mpq_st_tensor *mpq_st_at(const mpq_st_file *f, int i)
-{
-    return f && i >= 0 && i < f->nt ? &f->t[i] : NULL;
-}
+const mpq_st_tensor *mpq_st_at(const mpq_st_file *f, int i) { return f && i >= 0 && i < f->nt ? &f->t[i] : NULL; }
 
 const mpq_st_tensor *mpq_st_find(const mpq_st_file *f, const char *name)
 {
@@ -640,8 +651,10 @@ const mpq_st_tensor *mpq_st_find(const mpq_st_file *f, const char *name)
     while (lo <= hi) {
         const int mid = lo + (hi - lo) / 2, c = strcmp(name, f->by_name[mid].name);
         if (c == 0) return &f->t[f->by_name[mid].i];
-        if (c < 0) hi = mid - 1;
-        else lo = mid + 1;
+        if (c < 0)
+            hi = mid - 1;
+        else
+            lo = mid + 1;
     }
     return NULL;
 }
@@ -662,8 +675,10 @@ const char *mpq_st_meta(const mpq_st_file *f, const char *key)
     while (lo <= hi) {
         const int mid = lo + (hi - lo) / 2, c = strcmp(key, f->meta_by_key[mid].name);
         if (c == 0) return f->mval[f->meta_by_key[mid].i];
-        if (c < 0) hi = mid - 1;
-        else lo = mid + 1;
+        if (c < 0)
+            hi = mid - 1;
+        else
+            lo = mid + 1;
     }
     return NULL;
 }
@@ -672,29 +687,28 @@ uint64_t mpq_st_file_bytes(const mpq_st_file *f) { return f ? f->in.bytes : 0; }
 const char *mpq_st_path(const mpq_st_file *f) { return f ? f->in.path : NULL; }
 
 /* t must be one of f's own tensors. */
-static int mpq__owns(const mpq_st_file *f, const mpq_st_tensor *t)
-{
-    return f && t && t >= f->t && t < f->t + f->nt;
-}
+static int mpq__owns(const mpq_st_file *f, const mpq_st_tensor *t) { return f && t && t >= f->t && t < f->t + f->nt; }
 
 mpq_status mpq_st_read(mpq_st_file *f, const mpq_st_tensor *t, void *dst, size_t bytes, mpq_io_err *err)
 {
-    if (!mpq__owns(f, t) || (!dst && bytes)) return mpq__io_fail(err, MPQ_ERR_ARG, f ? f->in.path : NULL, NULL, "bad argument");
+    if (!mpq__owns(f, t) || (!dst && bytes))
+        return mpq__io_fail(err, MPQ_ERR_ARG, f ? f->in.path : NULL, NULL, "bad argument");
     if ((uint64_t)bytes != t->end - t->begin)
         return mpq__io_fail(err, MPQ_ERR_SIZE, f->in.path, t->name, "holds %llu bytes, the caller's buffer %zu",
-                         (unsigned long long)(t->end - t->begin), bytes);
+                            (unsigned long long)(t->end - t->begin), bytes);
     return mpq__read_at(f, f->data_start + t->begin, dst, bytes, t->name, err);
 }
 
 mpq_status mpq_st_read_f32(mpq_st_file *f, const mpq_st_tensor *t, float *dst, size_t n, mpq_io_err *err)
 {
-    if (!mpq__owns(f, t) || (!dst && n)) return mpq__io_fail(err, MPQ_ERR_ARG, f ? f->in.path : NULL, NULL, "bad argument");
+    if (!mpq__owns(f, t) || (!dst && n))
+        return mpq__io_fail(err, MPQ_ERR_ARG, f ? f->in.path : NULL, NULL, "bad argument");
     if (t->dtype != MPQ_DT_F32 && t->dtype != MPQ_DT_F16 && t->dtype != MPQ_DT_BF16 && t->dtype != MPQ_DT_F64)
         return mpq__io_fail(err, MPQ_ERR_ARG, f->in.path, t->name, "dtype %s is not a float type mpq converts",
-                         mpq__dtypes[t->dtype].name);
+                            mpq__dtypes[t->dtype].name);
     if ((uint64_t)n != t->numel)
         return mpq__io_fail(err, MPQ_ERR_SIZE, f->in.path, t->name, "holds %llu values, the caller's buffer %zu",
-                         (unsigned long long)t->numel, n);
+                            (unsigned long long)t->numel, n);
     const uint64_t off = f->data_start + t->begin;
     if (t->dtype == MPQ_DT_F32) return mpq__read_at(f, off, dst, n * 4, t->name, err);
     const size_t es = mpq_dtype_size(t->dtype), per = MPQ_ST_CHUNK / es;
@@ -724,7 +738,8 @@ mpq_status mpq_st_read_packed(mpq_st_file *f, const char *name, mpq_packed *out,
     if (!f || !name || !out) return mpq__io_fail(err, MPQ_ERR_ARG, f ? f->in.path : NULL, name, "NULL argument");
     const mpq_st_tensor *t = mpq_st_find(f, name);
     if (!t) return mpq__io_fail(err, MPQ_ERR_ARG, f->in.path, name, "no such tensor");
-    if (!t->packed) return mpq__io_fail(err, MPQ_ERR_ARG, f->in.path, name, "is not a packed matrix (no mpq.%.100s.format)", name);
+    if (!t->packed)
+        return mpq__io_fail(err, MPQ_ERR_ARG, f->in.path, name, "is not a packed matrix (no mpq.%.100s.format)", name);
     const size_t bytes = (size_t)(t->end - t->begin);
     if (bytes == 0) return mpq__io_fail(err, MPQ_ERR_FORMAT, f->in.path, name, "packed matrix of 0 bytes");
     void *buf = mpq_aligned_alloc(bytes);
@@ -737,8 +752,8 @@ mpq_status mpq_st_read_packed(mpq_st_file *f, const char *name, mpq_packed *out,
     }
     if (st == MPQ_OK && A.format != t->packed)
         st = mpq__io_fail(err, MPQ_ERR_FORMAT, f->in.path, name, "metadata says %s but the buffer is %s",
-                       t->packed == MPQ_FORMAT_MXINT ? "mxint" : "bitplane",
-                       A.format == MPQ_FORMAT_MXINT ? "mxint" : "bitplane");
+                          t->packed == MPQ_FORMAT_MXINT ? "mxint" : "bitplane",
+                          A.format == MPQ_FORMAT_MXINT ? "mxint" : "bitplane");
     if (st == MPQ_OK) {
         mpq__pm_values v;
         mpq__pm_values_of(&A, v);
@@ -749,10 +764,11 @@ mpq_status mpq_st_read_packed(mpq_st_file *f, const char *name, mpq_packed *out,
                 break;
             }
             const char *have = mpq_st_meta(f, key);
-            if (!have) st = mpq__io_fail(err, MPQ_ERR_FORMAT, f->in.path, name, "metadata %.300s is missing", key);
+            if (!have)
+                st = mpq__io_fail(err, MPQ_ERR_FORMAT, f->in.path, name, "metadata %.300s is missing", key);
             else if (strcmp(have, v[i]) != 0)
-                st = mpq__io_fail(err, MPQ_ERR_FORMAT, f->in.path, name, "metadata %s is '%.60s' but the matrix has '%.60s'",
-                               mpq__pm_field[i], have, v[i]);
+                st = mpq__io_fail(err, MPQ_ERR_FORMAT, f->in.path, name,
+                                  "metadata %s is '%.60s' but the matrix has '%.60s'", mpq__pm_field[i], have, v[i]);
         }
     }
     if (st != MPQ_OK) {
@@ -778,13 +794,13 @@ typedef struct mpq__wentry {
 
 struct mpq_st_writer {
     char *path;
-    int spool;          /* unlinked file holding the tensor bytes */
+    int spool; /* unlinked file holding the tensor bytes */
     uint64_t pos;
     mpq__wentry *e;
     int ne, cape;
     char **mkey, **mval;
     int nmeta, capm;
-    int packed;         /* a packed matrix was added: write mpq.version */
+    int packed; /* a packed matrix was added: write mpq.version */
 };
 
 static void mpq__writer_free(mpq_st_writer *w)
@@ -847,7 +863,8 @@ mpq_status mpq_st_writer_open(const char *path, mpq_st_writer **out, mpq_io_err 
     char *spool = NULL;
     w->spool = mpq__mktemp(path, ".spool-", &spool);
     if (w->spool < 0) {
-        mpq_status st = mpq__io_fail(err, MPQ_ERR_IO, path, NULL, "cannot create a file beside it: %s", strerror(errno));
+        mpq_status st =
+            mpq__io_fail(err, MPQ_ERR_IO, path, NULL, "cannot create a file beside it: %s", strerror(errno));
         mpq__writer_free(w);
         return st;
     }
@@ -918,7 +935,7 @@ mpq_status mpq_st_write(mpq_st_writer *w, const char *name, mpq_dtype dtype, int
     if (st != MPQ_OK) return st;
     if (n * mpq_dtype_size(dtype) != (uint64_t)bytes || (!data && bytes))
         return mpq__io_fail(err, MPQ_ERR_SIZE, w->path, name, "%zu bytes given, shape and dtype need %llu", bytes,
-                         (unsigned long long)(n * mpq_dtype_size(dtype)));
+                            (unsigned long long)(n * mpq_dtype_size(dtype)));
     if ((st = mpq__spool(w, name, w->pos, data, bytes, err)) != MPQ_OK) return st;
     return mpq__add_entry(w, name, dtype, ndim, shape, bytes, err);
 }
@@ -931,7 +948,7 @@ mpq_status mpq_st_write_f32(mpq_st_writer *w, const char *name, mpq_dtype dtype,
     if (st != MPQ_OK) return st;
     if (dtype != MPQ_DT_F32 && dtype != MPQ_DT_F16 && dtype != MPQ_DT_BF16)
         return mpq__io_fail(err, MPQ_ERR_ARG, w->path, name, "floats are written as F32, F16 or BF16, not %s",
-                         mpq__dtypes[dtype].name);
+                            mpq__dtypes[dtype].name);
     if (!x && n) return mpq__io_fail(err, MPQ_ERR_ARG, w->path, name, "NULL data");
     if ((uint64_t)(size_t)n != n) return mpq__io_fail(err, MPQ_ERR_SIZE, w->path, name, "too large for this machine");
     const size_t es = mpq_dtype_size(dtype);
@@ -943,7 +960,8 @@ mpq_status mpq_st_write_f32(mpq_st_writer *w, const char *name, mpq_dtype dtype,
         if (!tmp) return mpq__io_fail(err, MPQ_ERR_NOMEM, w->path, name, "out of memory");
         for (size_t i = 0; i < (size_t)n && st == MPQ_OK; i += per) {
             const size_t k = (size_t)n - i < per ? (size_t)n - i : per;
-            if (dtype == MPQ_DT_F16) mpq_f32_to_f16_n(x + i, tmp, k);
+            if (dtype == MPQ_DT_F16)
+                mpq_f32_to_f16_n(x + i, tmp, k);
             else
                 for (size_t j = 0; j < k; j++) tmp[j] = mpq_f32_to_bf16(x[i + j]);
             st = mpq__spool(w, name, w->pos + (uint64_t)i * 2, tmp, k * 2, err);
@@ -957,7 +975,8 @@ mpq_status mpq_st_write_f32(mpq_st_writer *w, const char *name, mpq_dtype dtype,
 static mpq_status mpq__add_meta(mpq_st_writer *w, const char *key, const char *value, mpq_io_err *err)
 {
     for (int i = 0; i < w->nmeta; i++)
-        if (strcmp(w->mkey[i], key) == 0) return mpq__io_fail(err, MPQ_ERR_ARG, w->path, NULL, "metadata key '%.100s' written twice", key);
+        if (strcmp(w->mkey[i], key) == 0)
+            return mpq__io_fail(err, MPQ_ERR_ARG, w->path, NULL, "metadata key '%.100s' written twice", key);
     if (w->nmeta == w->capm) {
         const int cap = w->capm ? 2 * w->capm : 16;
         char **k = (char **)realloc(w->mkey, sizeof(char *) * (size_t)cap);
@@ -1070,7 +1089,7 @@ mpq_status mpq_st_writer_close(mpq_st_writer *w, mpq_io_err *err)
     copy = (uint8_t *)malloc(MPQ_ST_CHUNK);
     if (fd < 0 || !copy) {
         st = mpq__io_fail(err, fd < 0 ? MPQ_ERR_IO : MPQ_ERR_NOMEM, w->path, NULL, "cannot create a file beside it: %s",
-                       strerror(errno));
+                          strerror(errno));
         goto done;
     }
     uint8_t h8[8];

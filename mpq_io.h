@@ -92,14 +92,27 @@ extern "C" {
 #endif
 
 #define MPQ_ST_MAX_HEADER (100u << 20) /* largest JSON header accepted (as the reference) */
-#define MPQ_ST_MAX_DIMS 8
+#define MPQ_ST_MAX_DIMS   8
 
 /* The dtypes of safetensors. Every one is understood for sizes and offsets;
    mpq_st_read_f32 converts F32, F16, BF16 and F64. */
 typedef enum mpq_dtype {
-    MPQ_DT_BOOL, MPQ_DT_U8, MPQ_DT_I8, MPQ_DT_F8_E5M2, MPQ_DT_F8_E4M3, MPQ_DT_I16, MPQ_DT_U16,
-    MPQ_DT_F16, MPQ_DT_BF16, MPQ_DT_I32, MPQ_DT_U32, MPQ_DT_F32, MPQ_DT_F64, MPQ_DT_I64,
-    MPQ_DT_U64, MPQ_DT_COUNT
+    MPQ_DT_BOOL,
+    MPQ_DT_U8,
+    MPQ_DT_I8,
+    MPQ_DT_F8_E5M2,
+    MPQ_DT_F8_E4M3,
+    MPQ_DT_I16,
+    MPQ_DT_U16,
+    MPQ_DT_F16,
+    MPQ_DT_BF16,
+    MPQ_DT_I32,
+    MPQ_DT_U32,
+    MPQ_DT_F32,
+    MPQ_DT_F64,
+    MPQ_DT_I64,
+    MPQ_DT_U64,
+    MPQ_DT_COUNT
 } mpq_dtype;
 
 /* "F16", ...; NULL for a value out of range. */
@@ -119,10 +132,10 @@ typedef struct mpq_st_tensor {
     mpq_dtype dtype;
     int ndim;
     uint64_t shape[MPQ_ST_MAX_DIMS];
-    uint64_t numel;         /* product of shape (1 for a scalar) */
-    uint64_t begin, end;    /* data_offsets, relative to the data */
-    int packed;             /* 0, or MPQ_FORMAT_BITPLANE / MPQ_FORMAT_MXINT when
-                               the metadata marks it as a packed matrix */
+    uint64_t numel;      /* product of shape (1 for a scalar) */
+    uint64_t begin, end; /* data_offsets, relative to the data */
+    int packed;          /* 0, or MPQ_FORMAT_BITPLANE / MPQ_FORMAT_MXINT when
+                            the metadata marks it as a packed matrix */
 } mpq_st_tensor;
 
 typedef struct mpq_st_file mpq_st_file;
@@ -230,33 +243,50 @@ float mpq_bf16_to_f32(uint16_t h);
 
 /* Value types of the key-value pairs (the numbers are the file's). */
 typedef enum mpq_gguf_vtype {
-    MPQ_GGUF_U8 = 0, MPQ_GGUF_I8 = 1, MPQ_GGUF_U16 = 2, MPQ_GGUF_I16 = 3, MPQ_GGUF_U32 = 4, MPQ_GGUF_I32 = 5,
-    MPQ_GGUF_F32 = 6, MPQ_GGUF_BOOL = 7, MPQ_GGUF_STRING = 8, MPQ_GGUF_ARRAY = 9, MPQ_GGUF_U64 = 10,
-    MPQ_GGUF_I64 = 11, MPQ_GGUF_F64 = 12
+    MPQ_GGUF_U8 = 0,
+    MPQ_GGUF_I8 = 1,
+    MPQ_GGUF_U16 = 2,
+    MPQ_GGUF_I16 = 3,
+    MPQ_GGUF_U32 = 4,
+    MPQ_GGUF_I32 = 5,
+    MPQ_GGUF_F32 = 6,
+    MPQ_GGUF_BOOL = 7,
+    MPQ_GGUF_STRING = 8,
+    MPQ_GGUF_ARRAY = 9,
+    MPQ_GGUF_U64 = 10,
+    MPQ_GGUF_I64 = 11,
+    MPQ_GGUF_F64 = 12
 } mpq_gguf_vtype;
 
 /* ggml tensor types mpq converts to float (the numbers are ggml's). */
 enum {
-    MPQ_GGML_F32 = 0, MPQ_GGML_F16 = 1, MPQ_GGML_Q4_0 = 2, MPQ_GGML_Q4_1 = 3, MPQ_GGML_Q5_0 = 6, MPQ_GGML_Q5_1 = 7,
-    MPQ_GGML_Q8_0 = 8, MPQ_GGML_F64 = 28, MPQ_GGML_BF16 = 30
+    MPQ_GGML_F32 = 0,
+    MPQ_GGML_F16 = 1,
+    MPQ_GGML_Q4_0 = 2,
+    MPQ_GGML_Q4_1 = 3,
+    MPQ_GGML_Q5_0 = 6,
+    MPQ_GGML_Q5_1 = 7,
+    MPQ_GGML_Q8_0 = 8,
+    MPQ_GGML_F64 = 28,
+    MPQ_GGML_BF16 = 30
 };
 
 typedef struct mpq_gguf_tensor {
     const char *name;
-    uint32_t type;      /* ggml type */
-    int ndim;           /* 1 .. MPQ_GGUF_MAX_DIMS */
+    uint32_t type;                  /* ggml type */
+    int ndim;                       /* 1 .. MPQ_GGUF_MAX_DIMS */
     uint64_t ne[MPQ_GGUF_MAX_DIMS]; /* as stored: ne[0] varies fastest, so a
                            matrix is ne[1] rows of ne[0] columns; unused 1 */
     uint64_t numel;
-    uint64_t offset;    /* from the start of the data section */
+    uint64_t offset; /* from the start of the data section */
     uint64_t bytes;
 } mpq_gguf_tensor;
 
 typedef struct mpq_gguf_kv {
     const char *key;
     mpq_gguf_vtype type;
-    mpq_gguf_vtype elem;  /* arrays: the element type */
-    uint64_t count;       /* arrays: elements; other values: 1 */
+    mpq_gguf_vtype elem; /* arrays: the element type */
+    uint64_t count;      /* arrays: elements; other values: 1 */
 } mpq_gguf_kv;
 
 typedef struct mpq_gguf_file mpq_gguf_file;
@@ -322,21 +352,17 @@ mpq_status mpq_gguf_get_str(const mpq_gguf_file *f, const mpq_gguf_kv *kv, uint6
 
 #define MPQ_SOURCE_MAX_TEXT (64u << 20)
 
-typedef enum mpq_source_kind {
-    MPQ_SOURCE_GGUF = 1,
-    MPQ_SOURCE_SAFETENSORS = 2,
-    MPQ_SOURCE_HF_DIR = 3
-} mpq_source_kind;
+typedef enum mpq_source_kind { MPQ_SOURCE_GGUF = 1, MPQ_SOURCE_SAFETENSORS = 2, MPQ_SOURCE_HF_DIR = 3 } mpq_source_kind;
 
 typedef struct mpq_source_tensor {
     const char *name;
     int ndim;
     uint64_t shape[MPQ_ST_MAX_DIMS]; /* row-major: the last dimension varies fastest */
     uint64_t numel;
-    const char *type;   /* as stored: "BF16", "Q4_1", "mpq bitplane", ... */
-    uint64_t bytes;     /* as stored */
-    int is_float;       /* readable with mpq_source_read_f32 */
-    int packed;         /* MPQ_FORMAT_BITPLANE / MPQ_FORMAT_MXINT for a packed matrix, else 0 */
+    const char *type; /* as stored: "BF16", "Q4_1", "mpq bitplane", ... */
+    uint64_t bytes;   /* as stored */
+    int is_float;     /* readable with mpq_source_read_f32 */
+    int packed;       /* MPQ_FORMAT_BITPLANE / MPQ_FORMAT_MXINT for a packed matrix, else 0 */
 } mpq_source_tensor;
 
 typedef struct mpq_source mpq_source;

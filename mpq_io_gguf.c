@@ -15,46 +15,48 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define MPQ__GGUF_MAX_KEY 65535u    /* longest key (the format's limit) */
-#define MPQ__GGUF_MAX_NAME 4096u    /* longest tensor name accepted */
-#define MPQ__GGUF_CHUNK (1u << 20)  /* conversion buffer of mpq_gguf_read_f32 */
+#define MPQ__GGUF_MAX_KEY  65535u     /* longest key (the format's limit) */
+#define MPQ__GGUF_MAX_NAME 4096u      /* longest tensor name accepted */
+#define MPQ__GGUF_CHUNK    (1u << 20) /* conversion buffer of mpq_gguf_read_f32 */
 
 /* -------------------------------------------------------------------------- */
 /* ggml types: block size and bytes per block                                 */
 /* -------------------------------------------------------------------------- */
 
 typedef struct mpq__ggml_type {
-    const char *name;   /* NULL: not a type (numbers ggml has retired) */
-    uint32_t block;     /* elements per block */
-    uint32_t size;      /* bytes per block */
+    const char *name; /* NULL: not a type (numbers ggml has retired) */
+    uint32_t block;   /* elements per block */
+    uint32_t size;    /* bytes per block */
 } mpq__ggml_type;
 
 static const mpq__ggml_type mpq__ggml[] = {
-    {"F32", 1, 4},        {"F16", 1, 2},        {"Q4_0", 32, 18},     {"Q4_1", 32, 20},     {NULL, 0, 0},
-    {NULL, 0, 0},         {"Q5_0", 32, 22},     {"Q5_1", 32, 24},     {"Q8_0", 32, 34},     {"Q8_1", 32, 36},
-    {"Q2_K", 256, 84},    {"Q3_K", 256, 110},   {"Q4_K", 256, 144},   {"Q5_K", 256, 176},   {"Q6_K", 256, 210},
-    {"Q8_K", 256, 292},   {"IQ2_XXS", 256, 66}, {"IQ2_XS", 256, 74},  {"IQ3_XXS", 256, 98}, {"IQ1_S", 256, 50},
-    {"IQ4_NL", 32, 18},   {"IQ3_S", 256, 110},  {"IQ2_S", 256, 82},   {"IQ4_XS", 256, 136}, {"I8", 1, 1},
-    {"I16", 1, 2},        {"I32", 1, 4},        {"I64", 1, 8},        {"F64", 1, 8},        {"IQ1_M", 256, 56},
-    {"BF16", 1, 2},       {NULL, 0, 0},         {NULL, 0, 0},         {NULL, 0, 0},         {"TQ1_0", 256, 54},
-    {"TQ2_0", 256, 66},   {NULL, 0, 0},         {NULL, 0, 0},         {NULL, 0, 0},         {"MXFP4", 32, 17},
-    {"NVFP4", 64, 36},    {"Q1_0", 128, 18},    {"Q2_0", 64, 18},
+    {"F32", 1, 4},      {"F16", 1, 2},        {"Q4_0", 32, 18},    {"Q4_1", 32, 20},     {NULL, 0, 0},
+    {NULL, 0, 0},       {"Q5_0", 32, 22},     {"Q5_1", 32, 24},    {"Q8_0", 32, 34},     {"Q8_1", 32, 36},
+    {"Q2_K", 256, 84},  {"Q3_K", 256, 110},   {"Q4_K", 256, 144},  {"Q5_K", 256, 176},   {"Q6_K", 256, 210},
+    {"Q8_K", 256, 292}, {"IQ2_XXS", 256, 66}, {"IQ2_XS", 256, 74}, {"IQ3_XXS", 256, 98}, {"IQ1_S", 256, 50},
+    {"IQ4_NL", 32, 18}, {"IQ3_S", 256, 110},  {"IQ2_S", 256, 82},  {"IQ4_XS", 256, 136}, {"I8", 1, 1},
+    {"I16", 1, 2},      {"I32", 1, 4},        {"I64", 1, 8},       {"F64", 1, 8},        {"IQ1_M", 256, 56},
+    {"BF16", 1, 2},     {NULL, 0, 0},         {NULL, 0, 0},        {NULL, 0, 0},         {"TQ1_0", 256, 54},
+    {"TQ2_0", 256, 66}, {NULL, 0, 0},         {NULL, 0, 0},        {NULL, 0, 0},         {"MXFP4", 32, 17},
+    {"NVFP4", 64, 36},  {"Q1_0", 128, 18},    {"Q2_0", 64, 18},
 };
 #define MPQ__GGML_COUNT (sizeof mpq__ggml / sizeof mpq__ggml[0])
 
-const char *mpq_gguf_type_name(uint32_t type)
-{
-    return type < MPQ__GGML_COUNT ? mpq__ggml[type].name : NULL;
-}
+const char *mpq_gguf_type_name(uint32_t type) { return type < MPQ__GGML_COUNT ? mpq__ggml[type].name : NULL; }
 
 int mpq_gguf_type_is_float(uint32_t type)
 {
     switch (type) {
-    case MPQ_GGML_F32: case MPQ_GGML_F16: case MPQ_GGML_BF16: case MPQ_GGML_F64: case MPQ_GGML_Q8_0:
-    case MPQ_GGML_Q4_0: case MPQ_GGML_Q4_1: case MPQ_GGML_Q5_0: case MPQ_GGML_Q5_1:
-        return 1;
-    default:
-        return 0;
+    case MPQ_GGML_F32:
+    case MPQ_GGML_F16:
+    case MPQ_GGML_BF16:
+    case MPQ_GGML_F64:
+    case MPQ_GGML_Q8_0:
+    case MPQ_GGML_Q4_0:
+    case MPQ_GGML_Q4_1:
+    case MPQ_GGML_Q5_0:
+    case MPQ_GGML_Q5_1: return 1;
+    default: return 0;
     }
 }
 
@@ -67,7 +69,7 @@ static size_t mpq__vsize(uint32_t t)
 
 static const char *mpq__vname(uint32_t t)
 {
-    static const char *const name[13] = {"U8",  "I8",     "U16",   "I16", "U32", "I32", "F32",
+    static const char *const name[13] = {"U8",   "I8",     "U16",   "I16", "U32", "I32", "F32",
                                          "BOOL", "STRING", "ARRAY", "U64", "I64", "F64"};
     return t < 13 ? name[t] : "unknown";
 }
@@ -78,8 +80,8 @@ static const char *mpq__vname(uint32_t t)
 
 typedef struct mpq__kv {
     mpq_gguf_kv pub;
-    uint64_t off;       /* the value (arrays: the first element) in meta */
-    uint64_t *soff;     /* string arrays: where each element's length is */
+    uint64_t off;   /* the value (arrays: the first element) in meta */
+    uint64_t *soff; /* string arrays: where each element's length is */
 } mpq__kv;
 
 typedef struct mpq__sorted {
@@ -90,7 +92,7 @@ typedef struct mpq__sorted {
 struct mpq_gguf_file {
     mpq__io_in in;
     uint32_t version;
-    uint8_t *meta;          /* the file's first meta_bytes bytes */
+    uint8_t *meta; /* the file's first meta_bytes bytes */
     uint64_t meta_bytes;
     uint64_t alignment, data_start;
     mpq__kv *kv;
@@ -125,7 +127,7 @@ typedef struct mpq__gcur {
     mpq_gguf_file *f;
     uint64_t pos;
     mpq_io_err *err;
-    const char *what;   /* the key or tensor being parsed, for messages */
+    const char *what; /* the key or tensor being parsed, for messages */
     int is_tensor;
 } mpq__gcur;
 
@@ -162,10 +164,12 @@ static mpq_status mpq__gneed(mpq__gcur *c, uint64_t n, const char *what)
     if (want > f->in.bytes) want = f->in.bytes;
     if (want > MPQ_GGUF_MAX_META) want = MPQ_GGUF_MAX_META;
     uint8_t *m = (uint8_t *)realloc(f->meta, (size_t)want);
-    if (!m) return mpq__io_fail(c->err, MPQ_ERR_NOMEM, f->in.path, NULL, "out of memory for %llu bytes of metadata",
-                                (unsigned long long)want);
+    if (!m)
+        return mpq__io_fail(c->err, MPQ_ERR_NOMEM, f->in.path, NULL, "out of memory for %llu bytes of metadata",
+                            (unsigned long long)want);
     f->meta = m;
-    mpq_status st = mpq__io_read(&f->in, f->meta_bytes, m + f->meta_bytes, (size_t)(want - f->meta_bytes), NULL, c->err);
+    mpq_status st =
+        mpq__io_read(&f->in, f->meta_bytes, m + f->meta_bytes, (size_t)(want - f->meta_bytes), NULL, c->err);
     if (st != MPQ_OK) return st;
     f->meta_bytes = want;
     return MPQ_OK;
@@ -221,7 +225,8 @@ static mpq_status mpq__gname(mpq__gcur *c, char **out, uint64_t max, const char 
     uint64_t off, len;
     mpq_status st = mpq__gstr(c, &off, &len, what);
     if (st != MPQ_OK) return st;
-    if (len == 0 || len > max) return mpq__gfail(c, "%s of %llu bytes (1 to %llu)", what, (unsigned long long)len, (unsigned long long)max);
+    if (len == 0 || len > max)
+        return mpq__gfail(c, "%s of %llu bytes (1 to %llu)", what, (unsigned long long)len, (unsigned long long)max);
     const uint8_t *s = c->f->meta + off;
     const size_t bad = mpq__io_utf8_check(s, (size_t)len);
     if (bad != len) return mpq__gfail(c, "%s is not UTF-8 text without NUL (byte %zu)", what, bad);
@@ -273,7 +278,8 @@ static mpq_status mpq__gkv(mpq__gcur *c, mpq__kv *kv)
     kv->off = c->pos;
     const uint64_t left = f->in.bytes - c->pos;
     if (e == MPQ_GGUF_STRING) {
-        if (n > left / 8) return mpq__gfail(c, "an array of %llu strings is longer than the file", (unsigned long long)n);
+        if (n > left / 8)
+            return mpq__gfail(c, "an array of %llu strings is longer than the file", (unsigned long long)n);
         kv->soff = (uint64_t *)malloc(sizeof(uint64_t) * (size_t)(n ? n : 1));
         if (!kv->soff) return mpq__io_fail(c->err, MPQ_ERR_NOMEM, f->in.path, NULL, "out of memory");
         for (uint64_t k = 0; k < n; k++) {
@@ -304,7 +310,8 @@ static mpq_status mpq__gtensor(mpq__gcur *c, mpq_gguf_tensor *t)
     for (int k = 0; k < MPQ_GGUF_MAX_DIMS; k++) t->ne[k] = 1;
     for (uint32_t k = 0; k < nd; k++) {
         if ((st = mpq__gu64(c, &t->ne[k], "a tensor's dimensions")) != MPQ_OK) return st;
-        if (t->ne[k] > (uint64_t)INT64_MAX) return mpq__gfail(c, "dimension %u is %llu (negative as int64)", k, (unsigned long long)t->ne[k]);
+        if (t->ne[k] > (uint64_t)INT64_MAX)
+            return mpq__gfail(c, "dimension %u is %llu (negative as int64)", k, (unsigned long long)t->ne[k]);
         if (t->ne[k] && numel > (uint64_t)INT64_MAX / t->ne[k]) return mpq__gfail(c, "element count overflows");
         numel *= t->ne[k];
     }
@@ -314,8 +321,8 @@ static mpq_status mpq__gtensor(mpq__gcur *c, mpq_gguf_tensor *t)
     t->type = type;
     const mpq__ggml_type *g = &mpq__ggml[type];
     if (t->ne[0] % g->block)
-        return mpq__gfail(c, "first dimension %llu is not a multiple of the %s block (%u)", (unsigned long long)t->ne[0],
-                          g->name, g->block);
+        return mpq__gfail(c, "first dimension %llu is not a multiple of the %s block (%u)",
+                          (unsigned long long)t->ne[0], g->name, g->block);
     const uint64_t blocks = numel / g->block;
     if (blocks > (uint64_t)INT64_MAX / g->size) return mpq__gfail(c, "byte count overflows");
     t->bytes = blocks * g->size;
@@ -391,19 +398,21 @@ static mpq_status mpq__glayout(mpq__gcur *c)
     for (int i = 0; i < f->nt && st == MPQ_OK; i++) {
         const mpq_gguf_tensor *t = &f->t[i];
         if (t->offset % f->alignment)
-            st = mpq__io_fail(c->err, MPQ_ERR_FORMAT, f->in.path, t->name, "offset %llu is not a multiple of the alignment %llu",
-                              (unsigned long long)t->offset, (unsigned long long)f->alignment);
+            st = mpq__io_fail(c->err, MPQ_ERR_FORMAT, f->in.path, t->name,
+                              "offset %llu is not a multiple of the alignment %llu", (unsigned long long)t->offset,
+                              (unsigned long long)f->alignment);
         else if (t->offset > data_bytes || t->bytes > data_bytes - t->offset)
             st = mpq__io_fail(c->err, MPQ_ERR_FORMAT, f->in.path, t->name,
                               "%llu bytes at offset %llu lie past the end of the file (%llu data bytes)",
-                              (unsigned long long)t->bytes, (unsigned long long)t->offset, (unsigned long long)data_bytes);
+                              (unsigned long long)t->bytes, (unsigned long long)t->offset,
+                              (unsigned long long)data_bytes);
     }
     if (st == MPQ_OK) {
         qsort(sp, (size_t)f->nt, sizeof *sp, mpq__cmp_span);
         for (int i = 1; i < f->nt && st == MPQ_OK; i++)
             if (sp[i].begin < sp[i - 1].end)
-                st = mpq__io_fail(c->err, MPQ_ERR_FORMAT, f->in.path, f->t[sp[i].i].name, "data overlaps tensor '%.200s'",
-                                  f->t[sp[i - 1].i].name);
+                st = mpq__io_fail(c->err, MPQ_ERR_FORMAT, f->in.path, f->t[sp[i].i].name,
+                                  "data overlaps tensor '%.200s'", f->t[sp[i - 1].i].name);
     }
     free(sp);
     return st;
@@ -414,7 +423,8 @@ static mpq_status mpq__gparse(mpq_gguf_file *f, mpq_io_err *err)
     mpq__gcur c = {f, 0, err, NULL, 0};
     mpq_status st = mpq__gneed(&c, 24, "the header");
     if (st != MPQ_OK) return st;
-    if (memcmp(f->meta, "GGUF", 4) != 0) return mpq__io_fail(err, MPQ_ERR_FORMAT, f->in.path, NULL, "not a GGUF file (no magic)");
+    if (memcmp(f->meta, "GGUF", 4) != 0)
+        return mpq__io_fail(err, MPQ_ERR_FORMAT, f->in.path, NULL, "not a GGUF file (no magic)");
     f->version = mpq__u32_at(f->meta + 4);
     if (f->version == 0x03000000u || f->version == 0x02000000u)
         return mpq__io_fail(err, MPQ_ERR_FORMAT, f->in.path, NULL, "a big-endian GGUF file (not supported)");
@@ -493,10 +503,7 @@ uint32_t mpq_gguf_version(const mpq_gguf_file *f) { return f ? f->version : 0; }
 int mpq_gguf_count(const mpq_gguf_file *f) { return f ? f->nt : 0; }
 int mpq_gguf_kv_count(const mpq_gguf_file *f) { return f ? f->nkv : 0; }
 
-const mpq_gguf_tensor *mpq_gguf_at(const mpq_gguf_file *f, int i)
-{
-    return f && i >= 0 && i < f->nt ? &f->t[i] : NULL;
-}
+const mpq_gguf_tensor *mpq_gguf_at(const mpq_gguf_file *f, int i) { return f && i >= 0 && i < f->nt ? &f->t[i] : NULL; }
 
 const mpq_gguf_kv *mpq_gguf_kv_at(const mpq_gguf_file *f, int i)
 {
@@ -509,8 +516,10 @@ static int mpq__bsearch(const mpq__sorted *s, int n, const char *name)
     while (lo <= hi) {
         const int mid = lo + (hi - lo) / 2, c = strcmp(name, s[mid].name);
         if (c == 0) return s[mid].i;
-        if (c < 0) hi = mid - 1;
-        else lo = mid + 1;
+        if (c < 0)
+            hi = mid - 1;
+        else
+            lo = mid + 1;
     }
     return -1;
 }
@@ -553,13 +562,34 @@ mpq_status mpq_gguf_get_int(const mpq_gguf_file *f, const mpq_gguf_kv *kv, uint6
     if (!out || !mpq__kv_value(f, kv, i, &t, &off)) return MPQ_ERR_ARG;
     const uint8_t *p = f->meta + off;
     switch (t) {
-    case MPQ_GGUF_U8: case MPQ_GGUF_BOOL: *out = p[0]; return MPQ_OK;
+    case MPQ_GGUF_U8:
+    case MPQ_GGUF_BOOL: *out = p[0]; return MPQ_OK;
     case MPQ_GGUF_I8: *out = (int8_t)p[0]; return MPQ_OK;
-    case MPQ_GGUF_U16: { uint16_t v; memcpy(&v, p, 2); *out = v; return MPQ_OK; }
-    case MPQ_GGUF_I16: { int16_t v; memcpy(&v, p, 2); *out = v; return MPQ_OK; }
+    case MPQ_GGUF_U16: {
+        uint16_t v;
+        memcpy(&v, p, 2);
+        *out = v;
+        return MPQ_OK;
+    }
+    case MPQ_GGUF_I16: {
+        int16_t v;
+        memcpy(&v, p, 2);
+        *out = v;
+        return MPQ_OK;
+    }
     case MPQ_GGUF_U32: *out = mpq__u32_at(p); return MPQ_OK;
-    case MPQ_GGUF_I32: { int32_t v; memcpy(&v, p, 4); *out = v; return MPQ_OK; }
-    case MPQ_GGUF_I64: { int64_t v; memcpy(&v, p, 8); *out = v; return MPQ_OK; }
+    case MPQ_GGUF_I32: {
+        int32_t v;
+        memcpy(&v, p, 4);
+        *out = v;
+        return MPQ_OK;
+    }
+    case MPQ_GGUF_I64: {
+        int64_t v;
+        memcpy(&v, p, 8);
+        *out = v;
+        return MPQ_OK;
+    }
     case MPQ_GGUF_U64: {
         const uint64_t v = mpq__u64_at(p);
         if (v > (uint64_t)INT64_MAX) return MPQ_ERR_RANGE;
@@ -686,8 +716,7 @@ static void mpq__gdecode(uint32_t type, const uint8_t *src, size_t nb, float *y)
         }
         break;
     }
-    default:
-        break;
+    default: break;
     }
 }
 

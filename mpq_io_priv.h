@@ -27,10 +27,10 @@ size_t mpq__io_utf8_check(const uint8_t *s, size_t n);
 /* What a reader reads from: a regular file through positioned reads, or a
    caller's bytes in memory. */
 typedef struct mpq__io_in {
-    char *path;          /* the file's name, or "(memory)" */
-    int fd;              /* -1 for memory */
+    char *path; /* the file's name, or "(memory)" */
+    int fd;     /* -1 for memory */
     const uint8_t *mem;
-    uint64_t bytes;      /* size of the file or of the buffer */
+    uint64_t bytes; /* size of the file or of the buffer */
 } mpq__io_in;
 
 mpq_status mpq__io_in_file(mpq__io_in *in, const char *path, mpq_io_err *err);

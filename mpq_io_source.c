@@ -14,9 +14,9 @@
 
 typedef struct mpq__stensor {
     mpq_source_tensor pub;
-    int file;                    /* safetensors: index into files */
-    const mpq_st_tensor *st;     /* safetensors: the entry */
-    const mpq_gguf_tensor *gg;   /* GGUF: the entry */
+    int file;                  /* safetensors: index into files */
+    const mpq_st_tensor *st;   /* safetensors: the entry */
+    const mpq_gguf_tensor *gg; /* GGUF: the entry */
 } mpq__stensor;
 
 typedef struct mpq__sname {
@@ -27,7 +27,7 @@ typedef struct mpq__sname {
 struct mpq_source {
     mpq_source_kind kind;
     char *path;
-    char *dir;                   /* where description files are looked for; NULL for GGUF */
+    char *dir; /* where description files are looked for; NULL for GGUF */
     mpq_gguf_file *gguf;
     mpq_st_file **files;
     int nfiles;
@@ -89,7 +89,8 @@ static mpq_status mpq__slurp(const char *path, char **text, size_t *len, mpq_io_
     mpq__io_in in;
     mpq_status st = mpq__io_in_file(&in, path, err);
     if (st == MPQ_OK && in.bytes > MPQ_SOURCE_MAX_TEXT)
-        st = mpq__io_fail(err, MPQ_ERR_FORMAT, path, NULL, "%llu bytes: larger than the limit of %u for a description file",
+        st = mpq__io_fail(err, MPQ_ERR_FORMAT, path, NULL,
+                          "%llu bytes: larger than the limit of %u for a description file",
                           (unsigned long long)in.bytes, MPQ_SOURCE_MAX_TEXT);
     char *b = NULL;
     if (st == MPQ_OK && !(b = (char *)malloc((size_t)in.bytes + 1)))
@@ -148,9 +149,11 @@ static mpq_status mpq__collect(mpq_source *s, mpq_io_err *err)
             for (int d = 0; d < e->ndim; d++) t->pub.shape[d] = e->shape[d];
             t->pub.numel = e->numel, t->pub.bytes = e->end - e->begin;
             t->pub.packed = e->packed;
-            t->pub.type = e->packed == MPQ_FORMAT_MXINT ? "mpq mxint" : e->packed ? "mpq bitplane" : mpq_dtype_name(e->dtype);
-            t->pub.is_float = !e->packed && (e->dtype == MPQ_DT_F32 || e->dtype == MPQ_DT_F16 ||
-                                             e->dtype == MPQ_DT_BF16 || e->dtype == MPQ_DT_F64);
+            t->pub.type = e->packed == MPQ_FORMAT_MXINT ? "mpq mxint"
+                : e->packed                             ? "mpq bitplane"
+                                                        : mpq_dtype_name(e->dtype);
+            t->pub.is_float = !e->packed &&
+                (e->dtype == MPQ_DT_F32 || e->dtype == MPQ_DT_F16 || e->dtype == MPQ_DT_BF16 || e->dtype == MPQ_DT_F64);
         }
     for (int i = 0; i < s->nt; i++) s->sorted[i].name = s->t[i].pub.name, s->sorted[i].i = i;
     qsort(s->sorted, (size_t)s->nt, sizeof *s->sorted, mpq__cmp_sname);
@@ -201,7 +204,8 @@ static mpq_status mpq__open_dir(mpq_source *s, mpq_io_err *err)
     root = cJSON_Parse(text);
     const cJSON *map = root ? cJSON_GetObjectItemCaseSensitive(root, "weight_map") : NULL;
     if (!cJSON_IsObject(map)) {
-        st = mpq__io_fail(err, MPQ_ERR_FORMAT, index, NULL, root ? "has no \"weight_map\" object" : "is not valid JSON");
+        st =
+            mpq__io_fail(err, MPQ_ERR_FORMAT, index, NULL, root ? "has no \"weight_map\" object" : "is not valid JSON");
         goto done;
     }
     const int n = cJSON_GetArraySize(map);
@@ -231,7 +235,8 @@ static mpq_status mpq__open_dir(mpq_source *s, mpq_io_err *err)
         int found = 0;
         for (int f = 0; f < s->nfiles && !found; f++) {
             const char *fp = mpq_st_path(s->files[f]), *slash = strrchr(fp, '/');
-            if (strcmp(slash ? slash + 1 : fp, e->valuestring) == 0) found = mpq_st_find(s->files[f], e->string) != NULL;
+            if (strcmp(slash ? slash + 1 : fp, e->valuestring) == 0)
+                found = mpq_st_find(s->files[f], e->string) != NULL;
         }
         if (!found)
             st = mpq__io_fail(err, MPQ_ERR_FORMAT, index, e->string, "listed in shard %.200s, which does not hold it",
@@ -273,7 +278,8 @@ mpq_status mpq_source_open(const char *path, mpq_source **out, mpq_io_err *err)
         } else {
             s->kind = MPQ_SOURCE_SAFETENSORS;
             s->dir = mpq__dirname(path);
-            st = s->dir ? mpq__add_st_file(s, path, err) : mpq__io_fail(err, MPQ_ERR_NOMEM, path, NULL, "out of memory");
+            st =
+                s->dir ? mpq__add_st_file(s, path, err) : mpq__io_fail(err, MPQ_ERR_NOMEM, path, NULL, "out of memory");
         }
     }
     if (st == MPQ_OK) st = mpq__collect(s, err);
@@ -302,15 +308,18 @@ const mpq_source_tensor *mpq_source_find(const mpq_source *s, const char *name)
     while (lo <= hi) {
         const int mid = lo + (hi - lo) / 2, c = strcmp(name, s->sorted[mid].name);
         if (c == 0) return &s->t[s->sorted[mid].i].pub;
-        if (c < 0) hi = mid - 1;
-        else lo = mid + 1;
+        if (c < 0)
+            hi = mid - 1;
+        else
+            lo = mid + 1;
     }
     return NULL;
 }
 
 static const mpq__stensor *mpq__own(const mpq_source *s, const mpq_source_tensor *t)
 {
-    if (!s || !t || (const void *)t < (const void *)s->t || (const void *)t >= (const void *)(s->t + s->nt)) return NULL;
+    if (!s || !t || (const void *)t < (const void *)s->t || (const void *)t >= (const void *)(s->t + s->nt))
+        return NULL;
     return (const mpq__stensor *)(const void *)t;
 }
 

@@ -41,33 +41,40 @@ double mpq__now(void)
 /* 2. Models                                                                  */
 /* ========================================================================== */
 
-static const char *const mpq__gguf_lin[MPQ_LIN_COUNT] = {"attn_q", "attn_k", "attn_v", "attn_output",
+static const char *const mpq__gguf_lin[MPQ_LIN_COUNT] = {"attn_q",   "attn_k", "attn_v",  "attn_output",
                                                          "ffn_gate", "ffn_up", "ffn_down"};
 static const char *const mpq__hf_lin[MPQ_LIN_COUNT] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
-                                                       "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj",
+                                                       "self_attn.o_proj", "mlp.gate_proj",    "mlp.up_proj",
                                                        "mlp.down_proj"};
 
 const char *mpq_llm_linear_name(int gguf_names, int layer, int lin, int bias, char *buf, size_t cap)
 {
     if (lin < 0 || lin >= MPQ_LIN_COUNT || !buf || !cap) return NULL;
-    if (gguf_names) snprintf(buf, cap, "blk.%d.%s.%s", layer, mpq__gguf_lin[lin], bias ? "bias" : "weight");
-    else snprintf(buf, cap, "model.layers.%d.%s.%s", layer, mpq__hf_lin[lin], bias ? "bias" : "weight");
+    if (gguf_names)
+        snprintf(buf, cap, "blk.%d.%s.%s", layer, mpq__gguf_lin[lin], bias ? "bias" : "weight");
+    else
+        snprintf(buf, cap, "model.layers.%d.%s.%s", layer, mpq__hf_lin[lin], bias ? "bias" : "weight");
     return buf;
 }
 
 const char *mpq_llm_tensor_name(int gguf_names, const char *role, int layer, char *buf, size_t cap)
 {
     if (!role || !buf || !cap) return NULL;
-    if (!strcmp(role, "embed")) snprintf(buf, cap, "%s", gguf_names ? "token_embd.weight" : "model.embed_tokens.weight");
-    else if (!strcmp(role, "out_norm")) snprintf(buf, cap, "%s", gguf_names ? "output_norm.weight" : "model.norm.weight");
-    else if (!strcmp(role, "head")) snprintf(buf, cap, "%s", gguf_names ? "output.weight" : "lm_head.weight");
+    if (!strcmp(role, "embed"))
+        snprintf(buf, cap, "%s", gguf_names ? "token_embd.weight" : "model.embed_tokens.weight");
+    else if (!strcmp(role, "out_norm"))
+        snprintf(buf, cap, "%s", gguf_names ? "output_norm.weight" : "model.norm.weight");
+    else if (!strcmp(role, "head"))
+        snprintf(buf, cap, "%s", gguf_names ? "output.weight" : "lm_head.weight");
     else if (!strcmp(role, "attn_norm"))
         snprintf(buf, cap, gguf_names ? "blk.%d.attn_norm.weight" : "model.layers.%d.input_layernorm.weight", layer);
     else if (!strcmp(role, "ffn_norm"))
         snprintf(buf, cap, gguf_names ? "blk.%d.ffn_norm.weight" : "model.layers.%d.post_attention_layernorm.weight",
                  layer);
-    else if (!strcmp(role, "rope_freqs") && gguf_names) snprintf(buf, cap, "rope_freqs.weight");
-    else return NULL;
+    else if (!strcmp(role, "rope_freqs") && gguf_names)
+        snprintf(buf, cap, "rope_freqs.weight");
+    else
+        return NULL;
     return buf;
 }
 
@@ -169,8 +176,10 @@ static mpq_status mpq__config_gguf(mpq_source *s, mpq_llm_config *c, mpq_io_err 
         return mpq__mfail(err, MPQ_ERR_UNSUPPORTED, O, "%s.attention.value_length differs from the key size %d",
                           c->arch, c->head_dim);
     if ((r = mpq__gint(f, c->arch, "rope.dimension_count", &v)) != 0 && (r < 0 || v != c->head_dim))
-        return mpq__mfail(err, MPQ_ERR_UNSUPPORTED, O, "%s.rope.dimension_count differs from the head size %d "
-                          "(partial rotary is not supported)", c->arch, c->head_dim);
+        return mpq__mfail(err, MPQ_ERR_UNSUPPORTED, O,
+                          "%s.rope.dimension_count differs from the head size %d "
+                          "(partial rotary is not supported)",
+                          c->arch, c->head_dim);
     c->ctx = 4096;
     if ((r = mpq__gint(f, c->arch, "context_length", &v)) == 1 && v >= 1 && v <= (1 << 24)) c->ctx = (int)v;
     c->rope_theta = 10000.0;
@@ -190,8 +199,10 @@ static mpq_status mpq__config_gguf(mpq_source *s, mpq_llm_config *c, mpq_io_err 
             if (mpq__gfloat(f, c->arch, "rope.scaling.factor", &c->rope_factor) != 1 || !(c->rope_factor > 0))
                 return mpq__mfail(err, MPQ_ERR_FORMAT, O, "%s.rope.scaling.factor is missing or not positive", c->arch);
         } else if (!(al == 4 && !memcmp(a, "none", 4))) {
-            return mpq__mfail(err, MPQ_ERR_UNSUPPORTED, O, "rotary scaling '%.*s' (mpq knows none and linear, and "
-                              "rope_freqs tensors)", (int)(al < 40 ? al : 40), a);
+            return mpq__mfail(err, MPQ_ERR_UNSUPPORTED, O,
+                              "rotary scaling '%.*s' (mpq knows none and linear, and "
+                              "rope_freqs tensors)",
+                              (int)(al < 40 ? al : 40), a);
         }
     }
     c->rope_style = strcmp(c->arch, "llama") == 0 ? MPQ_ROPE_ADJACENT : MPQ_ROPE_HALF;
@@ -249,8 +260,12 @@ static mpq_status mpq__config_json(mpq_source *s, const char *text, mpq_llm_conf
     else if (arch ? !strcmp(arch, "Qwen2ForCausalLM") : mt && !strcmp(mt, "qwen2"))
         snprintf(c->arch, sizeof c->arch, "qwen2");
     else {
-        st = mpq__mfail(err, MPQ_ERR_UNSUPPORTED, O, "architecture '%.60s': mpq runs LlamaForCausalLM, "
-                        "MistralForCausalLM and Qwen2ForCausalLM", arch ? arch : mt ? mt : "(none)");
+        st = mpq__mfail(err, MPQ_ERR_UNSUPPORTED, O,
+                        "architecture '%.60s': mpq runs LlamaForCausalLM, "
+                        "MistralForCausalLM and Qwen2ForCausalLM",
+                        arch     ? arch
+                            : mt ? mt
+                                 : "(none)");
         goto done;
     }
     static const char *const req[] = {"hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads"};
@@ -270,7 +285,8 @@ static mpq_status mpq__config_json(mpq_source *s, const char *text, mpq_llm_conf
         mpq__jint(j, "max_position_embeddings", &c->ctx, 1, 1 << 24) < 0 ||
         mpq__jint(j, "vocab_size", &c->vocab, 1, MPQ__MAX_DIM * 4) < 0 ||
         mpq__jnum(j, "rope_theta", &c->rope_theta) < 0 || mpq__jnum(j, "rms_norm_eps", &c->norm_eps) < 0) {
-        st = mpq__mfail(err, MPQ_ERR_FORMAT, O, "num_key_value_heads, head_dim, max_position_embeddings, vocab_size, "
+        st = mpq__mfail(err, MPQ_ERR_FORMAT, O,
+                        "num_key_value_heads, head_dim, max_position_embeddings, vocab_size, "
                         "rope_theta or rms_norm_eps has a wrong value");
         goto done;
     }
@@ -336,7 +352,8 @@ mpq_status mpq_llm_config_read(mpq_source *s, mpq_llm_config *c, mpq_io_err *err
         char *text = NULL;
         if ((st = mpq_source_text(s, "config.json", &text, NULL, err)) != MPQ_OK) return st;
         if (!text)
-            return mpq__mfail(err, MPQ_ERR_FORMAT, mpq_source_path(s), "no config.json (beside the weights or in the "
+            return mpq__mfail(err, MPQ_ERR_FORMAT, mpq_source_path(s),
+                              "no config.json (beside the weights or in the "
                               "file's metadata): the model cannot be described");
         st = mpq__config_json(s, text, &t, err);
         free(text);
@@ -355,7 +372,8 @@ mpq_status mpq_tokenizer_read(mpq_source *s, mpq_tokenizer **t, mpq_io_err *err)
     mpq_status st = mpq_source_text(s, "tokenizer.json", &json, &len, err);
     if (st == MPQ_OK) st = mpq_source_text(s, "tokenizer_config.json", &cfg, NULL, err);
     if (st == MPQ_OK && !json)
-        st = mpq__mfail(err, MPQ_ERR_FORMAT, mpq_source_path(s), "no tokenizer.json (beside the weights or in the "
+        st = mpq__mfail(err, MPQ_ERR_FORMAT, mpq_source_path(s),
+                        "no tokenizer.json (beside the weights or in the "
                         "file's metadata)");
     if (st == MPQ_OK) {
         char origin[600];
@@ -441,7 +459,8 @@ static mpq_status mpq__read_floats(mpq_source *s, const mpq_source_tensor *t, fl
 {
     const char *O = mpq_source_path(s);
     if (!t->is_float)
-        return mpq__mfail(err, MPQ_ERR_UNSUPPORTED, O, "tensor '%s': type %s cannot be read as float", t->name, t->type);
+        return mpq__mfail(err, MPQ_ERR_UNSUPPORTED, O, "tensor '%s': type %s cannot be read as float", t->name,
+                          t->type);
     float *v = (float *)malloc(sizeof(float) * (size_t)t->numel + 1);
     if (!v) return mpq__mfail(err, MPQ_ERR_NOMEM, O, "tensor '%s': out of memory", t->name);
     mpq_status st = mpq_source_read_f32(s, t, v, (size_t)t->numel, err);
@@ -524,8 +543,8 @@ static mpq_status mpq__rope_freqs(mpq_llm *m, mpq_source *s, mpq_io_err *err)
             if (wavelen > lo) {
                 f /= c->rope_factor;
             } else if (wavelen >= hi) {
-                const double smooth = (c->rope_orig_ctx / wavelen - c->rope_low_freq) /
-                                      (c->rope_high_freq - c->rope_low_freq);
+                const double smooth =
+                    (c->rope_orig_ctx / wavelen - c->rope_low_freq) / (c->rope_high_freq - c->rope_low_freq);
                 f = (1.0 - smooth) * f / c->rope_factor + smooth * f;
             }
         }
@@ -553,7 +572,8 @@ mpq_status mpq_llm_load(const char *path, mpq_llm **out, mpq_io_err *err)
     if ((st = mpq_llm_config_read(s, c, err)) != MPQ_OK) goto done;
     if ((st = mpq_tokenizer_read(s, &m->tok, err)) != MPQ_OK) goto done;
     /* the embedding gives the vocabulary */
-    const mpq_source_tensor *e = mpq__need(s, mpq_llm_tensor_name(c->gguf_names, "embed", 0, name, sizeof name), err, &st);
+    const mpq_source_tensor *e =
+        mpq__need(s, mpq_llm_tensor_name(c->gguf_names, "embed", 0, name, sizeof name), err, &st);
     if (!e) goto done;
     const uint64_t rows = e->packed ? 0 : e->ndim == 2 ? e->shape[0] : 0;
     int vocab = c->vocab;
@@ -591,7 +611,7 @@ mpq_status mpq_llm_load(const char *path, mpq_llm **out, mpq_io_err *err)
         goto done;
     }
     const int qd = c->heads * c->head_dim, kvd = c->kv_heads * c->head_dim;
-    const int shape[MPQ_LIN_COUNT][2] = {{qd, c->dim}, {kvd, c->dim}, {kvd, c->dim}, {c->dim, qd},
+    const int shape[MPQ_LIN_COUNT][2] = {{qd, c->dim},     {kvd, c->dim},    {kvd, c->dim},   {c->dim, qd},
                                          {c->ffn, c->dim}, {c->ffn, c->dim}, {c->dim, c->ffn}};
     for (int l = 0; l < c->layers && st == MPQ_OK; l++) {
         mpq_llm_layer *L = &m->layer[l];
@@ -1020,8 +1040,10 @@ static void mpq__swiglu_task(void *ctx, int task)
 static void mpq__swiglu(mpq_llm_state *s, size_t n)
 {
     mpq__swiglu_job J = {s->g, s->u, n, n < 65536 ? 1 : s->nthreads};
-    if (J.tasks == 1) mpq__swiglu_task(&J, 0);
-    else mpq_parallel(J.tasks, s->nthreads, mpq__swiglu_task, &J);
+    if (J.tasks == 1)
+        mpq__swiglu_task(&J, 0);
+    else
+        mpq_parallel(J.tasks, s->nthreads, mpq__swiglu_task, &J);
 }
 
 /* One piece of at most s->batch tokens; logits of tokens lo.. (may be NULL).
@@ -1037,8 +1059,10 @@ static mpq_status mpq__piece(const mpq_llm *m, mpq_llm_state *s, mpq_llm_state *
     mpq_status st = MPQ_OK;
     for (int t = 0; t < T && st == MPQ_OK; t++) {
         float *x = s->x + (size_t)t * D;
-        if (m->embed.A.buf) st = mpq_packed_dequantize_row(&m->embed.A, 0, tok[t], x);
-        else memcpy(x, m->embed.W + (size_t)tok[t] * D, sizeof(float) * (size_t)D);
+        if (m->embed.A.buf)
+            st = mpq_packed_dequantize_row(&m->embed.A, 0, tok[t], x);
+        else
+            memcpy(x, m->embed.W + (size_t)tok[t] * D, sizeof(float) * (size_t)D);
     }
     if (!seq) mpq__rope_table(m, pos, T, s->rope);
     for (int t = 0; seq && t < T; t++) mpq__rope_table(m, seq[t]->pos, 1, s->rope + (size_t)t * hd);

@@ -81,8 +81,8 @@ typedef enum mpq_pretok {
     MPQ_PRETOK_QWEN2 = 4
 } mpq_pretok;
 
-#define MPQ_TOK_SPECIAL 1u /* tokenize: control tokens' text in the input is that token */
-#define MPQ_TOK_BOS 2u     /* tokenize: begin with BOS when the vocabulary asks for it */
+#define MPQ_TOK_SPECIAL      1u /* tokenize: control tokens' text in the input is that token */
+#define MPQ_TOK_BOS          2u /* tokenize: begin with BOS when the vocabulary asks for it */
 #define MPQ_TOK_SKIP_SPECIAL 4u /* detokenize: leave special tokens out */
 
 /* From GGUF metadata (tokenizer.ggml.*). */
@@ -174,8 +174,8 @@ mpq_status mpq_tokenizer_config_json(const mpq_tokenizer *t, char **json);
    the file and tensor of anything wrong. */
 
 typedef enum mpq_rope_style {
-    MPQ_ROPE_HALF = 0,      /* pairs (i, i + head_dim/2): Hugging Face, GGUF qwen2 */
-    MPQ_ROPE_ADJACENT = 1   /* pairs (2i, 2i + 1): GGUF llama */
+    MPQ_ROPE_HALF = 0,    /* pairs (i, i + head_dim/2): Hugging Face, GGUF qwen2 */
+    MPQ_ROPE_ADJACENT = 1 /* pairs (2i, 2i + 1): GGUF llama */
 } mpq_rope_style;
 
 typedef enum mpq_rope_scaling {
@@ -185,18 +185,18 @@ typedef enum mpq_rope_scaling {
 } mpq_rope_scaling;
 
 typedef struct mpq_llm_config {
-    char arch[32];          /* "llama" or "qwen2" (Mistral is "llama") */
-    int vocab;              /* embedding rows */
+    char arch[32]; /* "llama" or "qwen2" (Mistral is "llama") */
+    int vocab;     /* embedding rows */
     int dim, layers, heads, kv_heads, head_dim, ffn;
-    int ctx;                /* the context the model was trained for */
+    int ctx; /* the context the model was trained for */
     double rope_theta, norm_eps;
     mpq_rope_style rope_style;
     mpq_rope_scaling rope_scaling;
     double rope_factor, rope_low_freq, rope_high_freq; /* scaling parameters */
-    int rope_orig_ctx;      /* llama3 scaling: original_max_position_embeddings */
-    int tied;               /* the head is the token embedding */
-    int qkv_bias;           /* q, k and v have biases (Qwen2) */
-    int gguf_names;         /* tensors are named as in GGUF */
+    int rope_orig_ctx;                                 /* llama3 scaling: original_max_position_embeddings */
+    int tied;                                          /* the head is the token embedding */
+    int qkv_bias;                                      /* q, k and v have biases (Qwen2) */
+    int gguf_names;                                    /* tensors are named as in GGUF */
 } mpq_llm_config;
 
 /* The linear maps of a layer, in this order everywhere. */
@@ -206,27 +206,27 @@ enum { MPQ_LIN_Q, MPQ_LIN_K, MPQ_LIN_V, MPQ_LIN_O, MPQ_LIN_GATE, MPQ_LIN_UP, MPQ
    matrix, or both: products use the packed matrix when there is one. */
 typedef struct mpq_linear {
     int rows, cols;
-    float *W;               /* float weights (the reference), or NULL */
-    mpq_packed A;           /* packed weights (A.buf NULL when none) */
-    float *bias;            /* rows, or NULL */
-    void *handle;           /* A on the model's backend (not the CPU's), or NULL */
+    float *W;     /* float weights (the reference), or NULL */
+    mpq_packed A; /* packed weights (A.buf NULL when none) */
+    float *bias;  /* rows, or NULL */
+    void *handle; /* A on the model's backend (not the CPU's), or NULL */
 } mpq_linear;
 
 typedef struct mpq_llm_layer {
-    float *attn_norm, *ffn_norm;    /* dim */
+    float *attn_norm, *ffn_norm; /* dim */
     mpq_linear lin[MPQ_LIN_COUNT];
 } mpq_llm_layer;
 
 typedef struct mpq_llm {
     mpq_llm_config c;
     mpq_tokenizer *tok;
-    mpq_llm_layer *layer;           /* c.layers */
-    mpq_linear embed;               /* vocab x dim; lookups dequantize a row when packed */
-    mpq_linear head;                /* vocab x dim; tied: a copy of embed's pointers, not owned */
-    float *out_norm;                /* dim */
-    float *rope_freq;               /* head_dim / 2 frequencies, scaling applied */
-    const mpq_backend *backend;     /* NULL: mpq_gemv on this CPU */
-    char *path;                     /* what it was loaded from */
+    mpq_llm_layer *layer;       /* c.layers */
+    mpq_linear embed;           /* vocab x dim; lookups dequantize a row when packed */
+    mpq_linear head;            /* vocab x dim; tied: a copy of embed's pointers, not owned */
+    float *out_norm;            /* dim */
+    float *rope_freq;           /* head_dim / 2 frequencies, scaling applied */
+    const mpq_backend *backend; /* NULL: mpq_gemv on this CPU */
+    char *path;                 /* what it was loaded from */
     /* Called (when set) with the input of every linear map of the layers
        just before its product: x is tokens x cols. Calibration statistics
        (diag(X^T X), AWQ's activations) are gathered this way. */
@@ -282,11 +282,11 @@ uint64_t mpq_llm_weight_bytes(const mpq_llm *m);
    `batch` tokens at a time (longer calls are cut into pieces of `batch`). */
 typedef struct mpq_llm_state {
     int ctx, batch;
-    int pos;                /* positions in the cache */
-    float *kc, *vc;         /* layers x ctx x kv_heads * head_dim */
-    float *mem;             /* the scratch below, one allocation */
+    int pos;        /* positions in the cache */
+    float *kc, *vc; /* layers x ctx x kv_heads * head_dim */
+    float *mem;     /* the scratch below, one allocation */
     float *x, *h, *q, *k, *v, *a, *g, *u, *scores, *rope;
-    void *work;             /* mpq_gemv tables */
+    void *work; /* mpq_gemv tables */
     size_t work_bytes;
     int nthreads;
 } mpq_llm_state;
@@ -330,19 +330,19 @@ mpq_status mpq_llm_decode(const mpq_llm *m, mpq_llm_state *const *seqs, int n, c
    mpq_pmpd_skip_at(schedule, t), as generation would run it: the scored
    tokens are read at the decode precisions of the schedule. */
 typedef struct mpq_ppl_opts {
-    int ctx;                /* 0 -> 512 */
-    int chunks;             /* at most this many chunks; 0 -> all */
-    int skip_planes;        /* for every packed linear map (without a schedule) */
+    int ctx;                           /* 0 -> 512 */
+    int chunks;                        /* at most this many chunks; 0 -> all */
+    int skip_planes;                   /* for every packed linear map (without a schedule) */
     const mpq_pmpd_schedule *schedule; /* may be NULL */
-    int batch;              /* tokens per forward piece; 0 -> 64 */
+    int batch;                         /* tokens per forward piece; 0 -> 64 */
     /* called after each chunk (may be NULL) */
     void (*progress)(void *user, int done, int total, double ppl_so_far, double seconds);
     void *user;
 } mpq_ppl_opts;
 
 typedef struct mpq_ppl_result {
-    double ppl, ppl_err, nll;   /* nll: mean nats per scored token */
-    long count;                 /* tokens scored */
+    double ppl, ppl_err, nll; /* nll: mean nats per scored token */
+    long count;               /* tokens scored */
     int chunks;
     double seconds, tokens_per_second; /* all tokens of the chunks run */
 } mpq_ppl_result;
@@ -364,22 +364,22 @@ mpq_status mpq_llm_perplexity(const mpq_llm *m, const int32_t *tokens, size_t n,
    tokens whose probabilities sum to top_p, drawn with a seeded generator. A
    token that ends a generation (mpq_token_is_end) stops it and is kept. */
 typedef struct mpq_gen_opts {
-    int max_tokens;                        /* 0 -> until an end token or a full cache */
-    float temperature;                     /* 0 -> greedy */
-    float top_p;                           /* 0 -> 1 */
+    int max_tokens;    /* 0 -> until an end token or a full cache */
+    float temperature; /* 0 -> greedy */
+    float top_p;       /* 0 -> 1 */
     uint64_t seed;
     int skip_planes;
-    const mpq_pmpd_schedule *schedule;     /* may be NULL */
+    const mpq_pmpd_schedule *schedule; /* may be NULL */
     /* called with every new token (may be NULL); nonzero stops */
     int (*on_token)(void *user, int32_t token);
     void *user;
 } mpq_gen_opts;
 
 typedef struct mpq_gen_result {
-    int prompt_tokens, tokens;             /* tokens generated (out) */
-    int ended;                             /* stopped by an end token */
+    int prompt_tokens, tokens; /* tokens generated (out) */
+    int ended;                 /* stopped by an end token */
     double prefill_seconds, decode_seconds;
-    int tokens_at_skip[MPQ_MAX_BITS];      /* decode passes per skip level */
+    int tokens_at_skip[MPQ_MAX_BITS]; /* decode passes per skip level */
     double seconds_at_skip[MPQ_MAX_BITS];
 } mpq_gen_result;
 
@@ -416,9 +416,8 @@ void mpq_llm_train_free(mpq_llm_train *t); /* NULL is accepted */
 typedef void (*mpq_grad_cb)(void *user, int layer, int lin, const float *G, int rows, int cols);
 typedef void (*mpq_observe_cb)(void *user, int layer, int lin, const float *x, int tokens, int cols);
 
-mpq_status mpq_llm_backward(const mpq_llm *m, mpq_llm_train *t, const int32_t *tokens, int n,
-                            const float *const *W, mpq_observe_cb observe, mpq_grad_cb on_grad, void *user,
-                            double *loss);
+mpq_status mpq_llm_backward(const mpq_llm *m, mpq_llm_train *t, const int32_t *tokens, int n, const float *const *W,
+                            mpq_observe_cb observe, mpq_grad_cb on_grad, void *user, double *loss);
 
 /* STATISTICS, over `windows` windows of `length` tokens taken evenly from
    the text (window i starts at token floor(i * (n / length) / windows) *
@@ -458,24 +457,24 @@ mpq_status mpq_llm_backward(const mpq_llm *m, mpq_llm_train *t, const int32_t *t
    the result as flat vectors, and mpq_pqi's sums), 4 for each per-weight
    statistic returned; it does not grow with the number of windows.
    Deterministic for any thread count. */
-#define MPQ_CALIB_FISHER 0x01u
-#define MPQ_CALIB_MIXLLM 0x02u
-#define MPQ_CALIB_ACTS 0x04u       /* xtx_diag, mean_abs, awq */
-#define MPQ_CALIB_PQI 0x08u
+#define MPQ_CALIB_FISHER     0x01u
+#define MPQ_CALIB_MIXLLM     0x02u
+#define MPQ_CALIB_ACTS       0x04u /* xtx_diag, mean_abs, awq */
+#define MPQ_CALIB_PQI        0x08u
 #define MPQ_CALIB_LAYER_SENS 0x10u
-#define MPQ_CALIB_XTX 0x20u
-#define MPQ_CALIB_ALL 0x1Fu        /* everything but the full X^T X */
+#define MPQ_CALIB_XTX        0x20u
+#define MPQ_CALIB_ALL        0x1Fu /* everything but the full X^T X */
 
 typedef struct mpq_calib_opts {
-    unsigned what;          /* MPQ_CALIB_*; 0 -> MPQ_CALIB_ALL */
-    int windows;            /* 0 -> 16 */
-    int length;             /* tokens per window; 0 -> 512 */
-    int awq_tokens;         /* 0 -> 128 */
-    int mixllm_bits;        /* the low width of MixLLM's delta; 0 -> 4 */
-    int pqi_bits;           /* 0 -> 3 */
-    int pqi_steps;          /* 0 -> 4 */
-    int pqi_windows;        /* 0 -> 4 (at most windows) */
-    int sens_tokens;        /* 0 -> 256 (at most length) */
+    unsigned what;   /* MPQ_CALIB_*; 0 -> MPQ_CALIB_ALL */
+    int windows;     /* 0 -> 16 */
+    int length;      /* tokens per window; 0 -> 512 */
+    int awq_tokens;  /* 0 -> 128 */
+    int mixllm_bits; /* the low width of MixLLM's delta; 0 -> 4 */
+    int pqi_bits;    /* 0 -> 3 */
+    int pqi_steps;   /* 0 -> 4 */
+    int pqi_windows; /* 0 -> 4 (at most windows) */
+    int sens_tokens; /* 0 -> 256 (at most length) */
     /* called during the passes (may be NULL): phase "windows", "pqi" or
        "sensitivity", steps done of total, seconds since the start */
     void (*progress)(void *user, const char *phase, int done, int total, double seconds);
@@ -483,13 +482,13 @@ typedef struct mpq_calib_opts {
 } mpq_calib_opts;
 
 typedef struct mpq_calib_stats {
-    int nlin;               /* layers x MPQ_LIN_COUNT */
+    int nlin; /* layers x MPQ_LIN_COUNT */
     int windows, length, awq_tokens, mixllm_bits, pqi_bits, pqi_steps, pqi_windows, sens_tokens;
     unsigned what;
-    double loss;            /* mean loss over the windows (nats per token) */
-    long act_tokens;        /* tokens in the activation statistics */
+    double loss;     /* mean loss over the windows (nats per token) */
+    long act_tokens; /* tokens in the activation statistics */
     float **fisher, **mixllm, **xtx_diag, **mean_abs, **awq, **xtx, **pqi; /* nlin each, or NULL arrays */
-    float *layer_sens;      /* nlin, or NULL */
+    float *layer_sens;                                                     /* nlin, or NULL */
 } mpq_calib_stats;
 
 /* A text of fewer than `length` tokens is MPQ_ERR_SIZE (err says so); with
@@ -511,10 +510,10 @@ uint64_t mpq_text_hash(const char *s, size_t n);
    significant weights are detached in one step with that v (algorithm 2
    without refreshes). Memory: 8 bytes per weight of all maps at once. */
 typedef struct mpq_rq_map {
-    const float *W;         /* rows x cols */
-    const float *pqi;       /* rows x cols, finite and >= 0 */
-    mpq_bitplane_desc d;    /* the dense part (d.sparse ignored; AWQ's col_scale and clip allowed) */
-    uint8_t *mask;          /* out: rows x cols (the caller's), 1 where the weight goes to the sparse part */
+    const float *W;      /* rows x cols */
+    const float *pqi;    /* rows x cols, finite and >= 0 */
+    mpq_bitplane_desc d; /* the dense part (d.sparse ignored; AWQ's col_scale and clip allowed) */
+    uint8_t *mask;       /* out: rows x cols (the caller's), 1 where the weight goes to the sparse part */
 } mpq_rq_map;
 
 /* outliers and significant: fractions of all the maps' weights (eq. 9's r_o

@@ -21,18 +21,18 @@
 enum { MPQ__TK_NORMAL = 0, MPQ__TK_CONTROL = 1, MPQ__TK_USER = 2, MPQ__TK_UNUSED = 3 };
 
 struct mpq_tokenizer {
-    int n;                  /* vocabulary size */
-    char *bytes;            /* token i: bytes[off[i] .. off[i+1]) */
+    int n;       /* vocabulary size */
+    char *bytes; /* token i: bytes[off[i] .. off[i+1]) */
     size_t *off;
-    char *spell;            /* the vocabulary's own spelling of token i */
+    char *spell; /* the vocabulary's own spelling of token i */
     size_t *spell_off;
-    uint8_t *kind;          /* MPQ__TK_* */
-    uint8_t *end;           /* ends a generation */
-    int32_t byte_tok[256];  /* the token of each single byte */
+    uint8_t *kind;         /* MPQ__TK_* */
+    uint8_t *end;          /* ends a generation */
+    int32_t byte_tok[256]; /* the token of each single byte */
     /* merges: (left, right) -> index into rank order */
     int nmerges;
     int32_t *m_left, *m_right, *m_result;
-    uint64_t *mkey;         /* open addressing; 0 = empty, else key + 1 */
+    uint64_t *mkey; /* open addressing; 0 = empty, else key + 1 */
     int32_t *mval;
     size_t mcap;
     /* the bytes of normal tokens -> id (ignore_merges, lookups by text) */
@@ -112,10 +112,14 @@ static size_t mpq__utf8_next(const uint8_t *s, size_t n, size_t i, uint32_t *cp)
     }
     size_t len;
     uint32_t v, min;
-    if ((c & 0xE0) == 0xC0) len = 2, v = c & 0x1Fu, min = 0x80;
-    else if ((c & 0xF0) == 0xE0) len = 3, v = c & 0x0Fu, min = 0x800;
-    else if ((c & 0xF8) == 0xF0) len = 4, v = c & 0x07u, min = 0x10000;
-    else return 0;
+    if ((c & 0xE0) == 0xC0)
+        len = 2, v = c & 0x1Fu, min = 0x80;
+    else if ((c & 0xF0) == 0xE0)
+        len = 3, v = c & 0x0Fu, min = 0x800;
+    else if ((c & 0xF8) == 0xF0)
+        len = 4, v = c & 0x07u, min = 0x10000;
+    else
+        return 0;
     if (n - i < len) return 0;
     for (size_t k = 1; k < len; k++) {
         if ((s[i + k] & 0xC0) != 0x80) return 0;
@@ -142,9 +146,12 @@ static int mpq__in_ranges(const uint32_t (*r)[2], size_t n, uint32_t cp)
     size_t lo = 0, hi = n;
     while (lo < hi) {
         const size_t mid = (lo + hi) / 2;
-        if (cp < r[mid][0]) hi = mid;
-        else if (cp > r[mid][1]) lo = mid + 1;
-        else return 1;
+        if (cp < r[mid][0])
+            hi = mid;
+        else if (cp > r[mid][1])
+            lo = mid + 1;
+        else
+            return 1;
     }
     return 0;
 }
@@ -287,7 +294,7 @@ typedef struct mpq__tb {
     size_t *splen;
     uint8_t *kind;
     int nmerges;
-    const char **ma, **mb;  /* left and right spellings of each merge */
+    const char **ma, **mb; /* left and right spellings of each merge */
     size_t *mal, *mbl;
     const char *origin;
     mpq_io_err *err;
@@ -390,7 +397,8 @@ static mpq_status mpq__build(const mpq__tb *b, mpq_tokenizer *t)
         if (b->kind[i] == MPQ__TK_NORMAL) {
             const long k = mpq__unspell(b->sp[i], b->splen[i], cp_byte, t->bytes + o);
             if (k <= 0) {
-                st = mpq__tfail(err, MPQ_ERR_FORMAT, O, "token %d '%.60s' is not spelled in the byte alphabet of "
+                st = mpq__tfail(err, MPQ_ERR_FORMAT, O,
+                                "token %d '%.60s' is not spelled in the byte alphabet of "
                                 "byte-level BPE (a SentencePiece vocabulary? mpq does not read those)",
                                 i, b->sp[i]);
                 goto done;
@@ -449,7 +457,8 @@ static mpq_status mpq__build(const mpq__tb *b, mpq_tokenizer *t)
         goto done;
     }
     for (int r = 0; r < b->nmerges; r++) {
-        const int32_t a = mpq__spell_find(t, &sm, b->ma[r], b->mal[r]), c = mpq__spell_find(t, &sm, b->mb[r], b->mbl[r]);
+        const int32_t a = mpq__spell_find(t, &sm, b->ma[r], b->mal[r]),
+                      c = mpq__spell_find(t, &sm, b->mb[r], b->mbl[r]);
         if (a < 0 || c < 0 || t->kind[a] != MPQ__TK_NORMAL || t->kind[c] != MPQ__TK_NORMAL) {
             st = mpq__tfail(err, MPQ_ERR_FORMAT, O, "merge %d '%.40s %.40s': a part is not a normal token", r, b->ma[r],
                             b->mb[r]);
@@ -495,13 +504,14 @@ static mpq_status mpq__build(const mpq__tb *b, mpq_tokenizer *t)
             t->spec[j] = t->spec[j - 1], t->spec[j - 1] = x;
         }
     /* tokens that end a generation, by their text */
-    static const char *const ends[] = {"<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<|endoftext|>", "<|end|>",
-                                       "<end_of_turn>", "<|eom_id|>"};
+    static const char *const ends[] = {"<|im_end|>", "<|eot_id|>",    "<|end_of_text|>", "<|endoftext|>",
+                                       "<|end|>",    "<end_of_turn>", "<|eom_id|>"};
     for (int i = 0; i < t->nspec; i++) {
         const int32_t id = t->spec[i];
         if (t->kind[id] != MPQ__TK_CONTROL) continue;
         for (size_t e = 0; e < sizeof ends / sizeof ends[0]; e++)
-            if (t->off[id + 1] - t->off[id] == strlen(ends[e]) && !memcmp(t->bytes + t->off[id], ends[e], strlen(ends[e])))
+            if (t->off[id + 1] - t->off[id] == strlen(ends[e]) &&
+                !memcmp(t->bytes + t->off[id], ends[e], strlen(ends[e])))
                 t->end[id] = 1;
     }
 done:
@@ -584,8 +594,10 @@ mpq_status mpq_tokenizer_from_gguf(const mpq_gguf_file *f, mpq_tokenizer **out, 
     if (!model || mpq_gguf_get_str(f, model, 0, &s, &len) != MPQ_OK)
         return mpq__tfail(err, MPQ_ERR_FORMAT, O, "no tokenizer (tokenizer.ggml.model is missing or not a string)");
     if (len != 4 || memcmp(s, "gpt2", 4) != 0)
-        return mpq__tfail(err, MPQ_ERR_UNSUPPORTED, O, "tokenizer.ggml.model '%.*s': mpq reads byte-level BPE ('gpt2') "
-                          "vocabularies only", (int)(len < 40 ? len : 40), s);
+        return mpq__tfail(err, MPQ_ERR_UNSUPPORTED, O,
+                          "tokenizer.ggml.model '%.*s': mpq reads byte-level BPE ('gpt2') "
+                          "vocabularies only",
+                          (int)(len < 40 ? len : 40), s);
     mpq_pretok pre = 0;
     int ignore_merges = 0, add_bos = 0;
     const mpq_gguf_kv *prek = mpq__gkv(f, "tokenizer.ggml.pre", MPQ_GGUF_STRING, 0);
@@ -596,22 +608,27 @@ mpq_status mpq_tokenizer_from_gguf(const mpq_gguf_file *f, mpq_tokenizer **out, 
         static const struct {
             const char *name;
             mpq_pretok pre;
-        } names[] = {{"gpt-2", MPQ_PRETOK_GPT2},      {"phi-2", MPQ_PRETOK_GPT2},     {"smollm", MPQ_PRETOK_SMOLLM},
-                     {"starcoder", MPQ_PRETOK_SMOLLM}, {"refact", MPQ_PRETOK_SMOLLM},  {"llama-bpe", MPQ_PRETOK_LLAMA3},
-                     {"llama3", MPQ_PRETOK_LLAMA3},    {"llama-v3", MPQ_PRETOK_LLAMA3}, {"qwen2", MPQ_PRETOK_QWEN2},
-                     {"deepseek-r1-qwen", MPQ_PRETOK_QWEN2}};
+        } names[] = {{"gpt-2", MPQ_PRETOK_GPT2},    {"phi-2", MPQ_PRETOK_GPT2},
+                     {"smollm", MPQ_PRETOK_SMOLLM}, {"starcoder", MPQ_PRETOK_SMOLLM},
+                     {"refact", MPQ_PRETOK_SMOLLM}, {"llama-bpe", MPQ_PRETOK_LLAMA3},
+                     {"llama3", MPQ_PRETOK_LLAMA3}, {"llama-v3", MPQ_PRETOK_LLAMA3},
+                     {"qwen2", MPQ_PRETOK_QWEN2},   {"deepseek-r1-qwen", MPQ_PRETOK_QWEN2}};
         for (size_t k = 0; k < sizeof names / sizeof names[0]; k++)
             if (strcmp(pname, names[k].name) == 0) pre = names[k].pre;
     }
     if (!pre)
-        return mpq__tfail(err, MPQ_ERR_UNSUPPORTED, O, "tokenizer.ggml.pre '%s': mpq knows gpt-2, smollm, starcoder, "
-                          "llama-bpe and qwen2", pname);
+        return mpq__tfail(err, MPQ_ERR_UNSUPPORTED, O,
+                          "tokenizer.ggml.pre '%s': mpq knows gpt-2, smollm, starcoder, "
+                          "llama-bpe and qwen2",
+                          pname);
     if (pre == MPQ_PRETOK_LLAMA3) ignore_merges = 1, add_bos = 1;
     const mpq_gguf_kv *toks = mpq__gkv(f, "tokenizer.ggml.tokens", MPQ_GGUF_STRING, 1);
     const mpq_gguf_kv *types = mpq_gguf_kv_find(f, "tokenizer.ggml.token_type");
     const mpq_gguf_kv *merges = mpq__gkv(f, "tokenizer.ggml.merges", MPQ_GGUF_STRING, 1);
-    if (!toks || !merges) return mpq__tfail(err, MPQ_ERR_FORMAT, O, "tokenizer.ggml.tokens or .merges is missing or "
-                                            "not an array of strings");
+    if (!toks || !merges)
+        return mpq__tfail(err, MPQ_ERR_FORMAT, O,
+                          "tokenizer.ggml.tokens or .merges is missing or "
+                          "not an array of strings");
     if (toks->count > (1u << 26) || merges->count > (1u << 26))
         return mpq__tfail(err, MPQ_ERR_FORMAT, O, "%llu tokens and %llu merges: too many",
                           (unsigned long long)toks->count, (unsigned long long)merges->count);
@@ -669,9 +686,9 @@ mpq_status mpq_tokenizer_from_gguf(const mpq_gguf_file *f, mpq_tokenizer **out, 
 /* -------------------------------------------------------------------------- */
 
 /* The exact regular expressions HF's tokenizer.json holds for these rules. */
-static const char *const mpq__re_llama3 =
-    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|"
-    "\\s+(?!\\S)|\\s+";
+static const char *const mpq__re_llama3 = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| "
+                                          "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|"
+                                          "\\s+(?!\\S)|\\s+";
 static const char *const mpq__re_qwen2 =
     "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|"
     "\\s+(?!\\S)|\\s+";
@@ -702,7 +719,8 @@ static mpq_pretok mpq__jpretok(const cJSON *p)
     const cJSON *seq = cJSON_GetObjectItemCaseSensitive(p, "pretokenizers");
     if (!cJSON_IsArray(seq) || cJSON_GetArraySize(seq) != 2) return 0;
     const cJSON *a = cJSON_GetArrayItem(seq, 0), *b = cJSON_GetArrayItem(seq, 1);
-    if (mpq__jtype(a, "Digits") && mpq__jtrue(a, "individual_digits") && mpq__jbytelevel(b, 1)) return MPQ_PRETOK_SMOLLM;
+    if (mpq__jtype(a, "Digits") && mpq__jtrue(a, "individual_digits") && mpq__jbytelevel(b, 1))
+        return MPQ_PRETOK_SMOLLM;
     if (!mpq__jtype(a, "Split") || !mpq__jbytelevel(b, 0)) return 0;
     const cJSON *pat = cJSON_GetObjectItemCaseSensitive(a, "pattern");
     const cJSON *re = cJSON_GetObjectItemCaseSensitive(pat, "Regex");
@@ -781,7 +799,8 @@ mpq_status mpq_tokenizer_from_json(const char *json, size_t len, const char *tok
         goto done;
     }
     if (mpq__jtrue(model, "byte_fallback")) {
-        st = mpq__tfail(err, MPQ_ERR_UNSUPPORTED, O, "a BPE with byte_fallback (SentencePiece style, as Llama 2 and "
+        st = mpq__tfail(err, MPQ_ERR_UNSUPPORTED, O,
+                        "a BPE with byte_fallback (SentencePiece style, as Llama 2 and "
                         "Mistral 7B): mpq reads byte-level BPE only");
         goto done;
     }
@@ -797,7 +816,8 @@ mpq_status mpq_tokenizer_from_json(const char *json, size_t len, const char *tok
     t->nfc = norm && mpq__jtype(norm, "NFC");
     t->pre = mpq__jpretok(cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer"));
     if (!t->pre) {
-        st = mpq__tfail(err, MPQ_ERR_UNSUPPORTED, O, "pre_tokenizer is none of GPT-2's, SmolLM's, Llama 3's or Qwen2's");
+        st =
+            mpq__tfail(err, MPQ_ERR_UNSUPPORTED, O, "pre_tokenizer is none of GPT-2's, SmolLM's, Llama 3's or Qwen2's");
         goto done;
     }
     t->ignore_merges = mpq__jtrue(model, "ignore_merges");
@@ -896,10 +916,7 @@ int32_t mpq_tokenizer_bos(const mpq_tokenizer *t) { return t ? t->bos : -1; }
 int32_t mpq_tokenizer_eos(const mpq_tokenizer *t) { return t ? t->eos : -1; }
 int mpq_tokenizer_adds_bos(const mpq_tokenizer *t) { return t ? t->add_bos : 0; }
 
-int mpq_token_is_end(const mpq_tokenizer *t, int32_t id)
-{
-    return t && id >= 0 && id < t->n && t->end[id];
-}
+int mpq_token_is_end(const mpq_tokenizer *t, int32_t id) { return t && id >= 0 && id < t->n && t->end[id]; }
 
 int mpq_token_is_special(const mpq_tokenizer *t, int32_t id)
 {
@@ -945,9 +962,9 @@ static int mpq__push(mpq__tokbuf *o, int32_t id)
 
 /* Work space of the merges, reused across pieces. */
 typedef struct mpq__bpe {
-    int32_t *id;           /* token of symbol k (-1: merged away) */
+    int32_t *id; /* token of symbol k (-1: merged away) */
     int *next, *prev;
-    uint64_t *heap;        /* (rank << 32) | position */
+    uint64_t *heap; /* (rank << 32) | position */
     size_t cap, hn;
 } mpq__bpe;
 
@@ -1105,8 +1122,10 @@ mpq_status mpq_tokenize(const mpq_tokenizer *t, const char *text, size_t len, un
         }
         if (t->nfc && cp[ncp] >= 0x300 &&
             mpq__in_ranges(mpq__uc_nfc_unsafe, MPQ__NRANGES(mpq__uc_nfc_unsafe), cp[ncp])) {
-            st = mpq__tfail(err, MPQ_ERR_UNSUPPORTED, NULL, "the text has U+%04X at byte %zu, which the tokenizer's "
-                            "NFC normalization may change (mpq does not normalize)", (unsigned)cp[ncp], i);
+            st = mpq__tfail(err, MPQ_ERR_UNSUPPORTED, NULL,
+                            "the text has U+%04X at byte %zu, which the tokenizer's "
+                            "NFC normalization may change (mpq does not normalize)",
+                            (unsigned)cp[ncp], i);
             goto done;
         }
         boff[ncp++] = i;
@@ -1126,8 +1145,10 @@ mpq_status mpq_tokenize(const mpq_tokenizer *t, const char *text, size_t len, un
         st = mpq__stretch(t, &w, s, cp + start, boff + start, i - start, &o, &bad);
         if (st == MPQ_ERR_NOMEM) goto nomem;
         if (st != MPQ_OK) {
-            st = mpq__tfail(err, st, NULL, "the text has byte 0x%02X (at byte %zu), which the vocabulary has no token "
-                            "for", s[bad], bad);
+            st = mpq__tfail(err, st, NULL,
+                            "the text has byte 0x%02X (at byte %zu), which the vocabulary has no token "
+                            "for",
+                            s[bad], bad);
             goto done;
         }
         if (sp < 0) break;
@@ -1353,8 +1374,11 @@ mpq_status mpq_tokenizer_config_json(const mpq_tokenizer *t, char **json)
     const int32_t ids[2] = {t->bos, t->eos};
     const char *keys[2] = {"bos_token", "eos_token"};
     for (int k = 0; k < 2; k++) {
-        if (ids[k] < 0) cJSON_AddNullToObject(j, keys[k]);
-        else cJSON_AddItemToObject(j, keys[k], mpq__jstr(t->bytes + t->off[ids[k]], t->off[ids[k] + 1] - t->off[ids[k]]));
+        if (ids[k] < 0)
+            cJSON_AddNullToObject(j, keys[k]);
+        else
+            cJSON_AddItemToObject(j, keys[k],
+                                  mpq__jstr(t->bytes + t->off[ids[k]], t->off[ids[k] + 1] - t->off[ids[k]]));
     }
     char *s = cJSON_Print(j);
     cJSON_Delete(j);

@@ -92,8 +92,7 @@ int main(int argc, char **argv)
             for (int p = MPQ_PATH_SCALAR; p <= MPQ_PATH_NEON; p++)
                 if (mpq_path_available((mpq_path)p)) printf("%s\n", mpq_path_name((mpq_path)p));
             return 0;
-        }
-        else if (!strcmp(argv[a], "--threads") && a + 1 < argc)
+        } else if (!strcmp(argv[a], "--threads") && a + 1 < argc)
             only_threads = atoi(argv[++a]);
         else if (!strcmp(argv[a], "--batch") && a + 1 < argc && (g_batch = atoi(argv[a + 1])) >= 1 && g_batch <= 64)
             a++;
@@ -110,8 +109,7 @@ int main(int argc, char **argv)
                 fprintf(stderr, "path %s is not available in this build\n", name);
                 return 2;
             }
-        }
-        else if (!(!strcmp(argv[a], "--shape") && a + 1 < argc && sscanf(argv[++a], "%dx%d", &sm, &sn) == 2)) {
+        } else if (!(!strcmp(argv[a], "--shape") && a + 1 < argc && sscanf(argv[++a], "%dx%d", &sm, &sn) == 2)) {
             fprintf(stderr,
                     "usage: %s [--quick] [--threads N] [--shape MxN] [--block-rows R] [--path NAME]"
                     " [--batch B | --batches B1,B2,...] | --list-paths\n",
@@ -149,10 +147,10 @@ int main(int argc, char **argv)
             nvec = g_batches[k] > nvec ? g_batches[k] : nvec;
         }
         printf(" (each against batch %d, timed in turn)\n", g_batches[0]);
-    }
-    else
+    } else
         printf("mpq bench/gemv: group %d, block_rows %d, kernel path %s, batch %d%s\n", group, block_rows,
-               mpq_path_name(path), g_batch, g_batch > 1 ? " (speedup: against batch float32 GEMVs of one vector)" : "");
+               mpq_path_name(path), g_batch,
+               g_batch > 1 ? " (speedup: against batch float32 GEMVs of one vector)" : "");
     /* The bandwidth is measured again after every shape and the highest
        figure is the one reported and used: on a shared machine a lower one
        only means a neighbour was busy, and the highest keeps ratios honest. */
@@ -212,8 +210,8 @@ int main(int argc, char **argv)
                 double us[MAX_BATCHES];
                 time_batches(&A, x, y, g_batches, g_nbatches, thr[ti], rotate, reps, us);
                 for (int k = 0; k < g_nbatches; k++)
-                    printf("%5dx%-6d %5.2f %3d %5d %10.1f %7.2fx %10.1f %7.0f%%\n", m, n, mpq_packed_bpw(&A, 0), thr[ti],
-                           g_batches[k], us[k], us[k] / us[0], us[k] / g_batches[k],
+                    printf("%5dx%-6d %5.2f %3d %5d %10.1f %7.2fx %10.1f %7.0f%%\n", m, n, mpq_packed_bpw(&A, 0),
+                           thr[ti], g_batches[k], us[k], us[k] / us[0], us[k] / g_batches[k],
                            100.0 * (double)A.bytes / (us[k] * 1e-6) / bw[ti]);
             }
             for (int ti = 0; ti < nthr && !g_nbatches; ti++) {
@@ -244,10 +242,12 @@ int main(int argc, char **argv)
         printf("highest read bandwidth seen, %d thread(s): %.1f GB/s\n", thr[ti], bw[ti] / 1e9);
     bench_verdict(load0, bench_load_now(), worst_f32);
 
-    if (!only_threads && !g_nbatches && (sm == 0 || (sm == 4096 && sn == 4096))) { /* AWQ next to RTN, 4096 x 4096 at 3 bits */
+    if (!only_threads && !g_nbatches &&
+        (sm == 0 || (sm == 4096 && sn == 4096))) { /* AWQ next to RTN, 4096 x 4096 at 3 bits */
         const int m = 4096, n = 4096, T = 64, H = 16;
         float *W = (float *)mpq_aligned_alloc(sizeof(float) * (size_t)m * n);
-        float *Xc = (float *)malloc(sizeof(float) * (size_t)T * n), *Xh = (float *)malloc(sizeof(float) * (size_t)H * n);
+        float *Xc = (float *)malloc(sizeof(float) * (size_t)T * n),
+              *Xh = (float *)malloc(sizeof(float) * (size_t)H * n);
         float *Y = (float *)malloc(sizeof(float) * (size_t)H * m), *cs = (float *)malloc(sizeof(float) * n);
         float *clip = (float *)malloc(sizeof(float) * (size_t)m * (n / 128));
         double *Yr = (double *)malloc(sizeof(double) * (size_t)H * m);
@@ -263,8 +263,8 @@ int main(int argc, char **argv)
         mpq_bitplane_desc d;
         memset(&d, 0, sizeof d);
         d.rows = m, d.cols = n, d.uniform_bits = 3;
-        printf("\nAWQ next to RTN, %dx%d at 3 bits, group 128, %d threads (error: relative, %d held-out tokens)\n", m, n,
-               thr[nthr - 1], H);
+        printf("\nAWQ next to RTN, %dx%d at 3 bits, group 128, %d threads (error: relative, %d held-out tokens)\n", m,
+               n, thr[nthr - 1], H);
         printf("%-5s %10s %12s %10s\n", "", "prepare s", "output err", "gemv us");
         mpq_packed P[2];
         double prep[2], err[2], us[2] = {1e300, 1e300};

@@ -160,9 +160,9 @@ static void call_blas(void *u, int k)
 {
     blas_calls *c = (blas_calls *)u;
     const float one = 1.0f, zero = 0.0f;
-    cublasStatus_t s = cublasGemmEx(c->h, CUBLAS_OP_T, CUBLAS_OP_N, c->m, c->batch, c->n, &one, c->W[k % c->copies],
-                                    CUDA_R_16F, c->n, c->x, CUDA_R_16F, c->n, &zero, c->y, CUDA_R_32F, c->m,
-                                    CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    cublasStatus_t s =
+        cublasGemmEx(c->h, CUBLAS_OP_T, CUBLAS_OP_N, c->m, c->batch, c->n, &one, c->W[k % c->copies], CUDA_R_16F, c->n,
+                     c->x, CUDA_R_16F, c->n, &zero, c->y, CUDA_R_32F, c->m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
     if (s != CUBLAS_STATUS_SUCCESS) {
         fprintf(stderr, "cublas: %d\n", (int)s);
         exit(1);
@@ -200,8 +200,8 @@ int main(int argc, char **argv)
                 list[nlist++] = (int)v;
                 q = *end ? end + 1 : end;
             }
-        }
-        else if (!strcmp(argv[a], "--shape") && a + 1 < argc && sscanf(argv[a + 1], "%dx%d", &shapes[0][0], &shapes[0][1]) == 2)
+        } else if (!strcmp(argv[a], "--shape") && a + 1 < argc &&
+                   sscanf(argv[a + 1], "%dx%d", &shapes[0][0], &shapes[0][1]) == 2)
             nshapes = 1, shape_given = 1, a++;
         else if (!strcmp(argv[a], "--reps") && a + 1 < argc && atoi(argv[a + 1]) >= 1)
             reps = atoi(argv[++a]);
@@ -210,10 +210,11 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[a], "--batch") && a + 1 < argc && atoi(argv[a + 1]) >= 1)
             only_batch = atoi(argv[++a]);
         else {
-            fprintf(stderr,
-                    "usage: %s [--quick] [--reorder] [--prefill | --sweep | --batches N1,N2,...] [--floors] [--shape MxN]"
-                    " [--bits B] [--batch N] [--reps R]\n",
-                    argv[0]);
+            fprintf(
+                stderr,
+                "usage: %s [--quick] [--reorder] [--prefill | --sweep | --batches N1,N2,...] [--floors] [--shape MxN]"
+                " [--bits B] [--batch N] [--reps R]\n",
+                argv[0]);
             return 2;
         }
     }
@@ -305,7 +306,8 @@ int main(int argc, char **argv)
             float *cscale = NULL;
             if (reorder) { /* scales in [0.5, 2) */
                 synth_rng pr = {rnd()};
-                prow = malloc(sizeof(uint32_t) * m), pcol = malloc(sizeof(uint32_t) * n), cscale = malloc(sizeof(float) * n);
+                prow = malloc(sizeof(uint32_t) * m), pcol = malloc(sizeof(uint32_t) * n),
+                cscale = malloc(sizeof(float) * n);
                 if (!prow || !pcol || !cscale) return 1;
                 synth_perm(&pr, prow, m);
                 synth_perm(&pr, pcol, n);
@@ -341,9 +343,10 @@ int main(int argc, char **argv)
                     double f[4];
                     for (int k = 0; k < 4; k++)
                         if ((f[k] = floor_seconds(A.bytes, m, n, k + 1, reps)) < 0) return 1;
-                    printf("%-12s   floors: wait first %.2f us, first loads before the wait %.2f us, and the parts' sum "
-                           "%.2f us (%.0f%% of the product's time); atomics instead %.2f us\n",
-                           "", f[0] * 1e6, f[1] * 1e6, f[2] * 1e6, 100.0 * f[2] / t, f[3] * 1e6);
+                    printf(
+                        "%-12s   floors: wait first %.2f us, first loads before the wait %.2f us, and the parts' sum "
+                        "%.2f us (%.0f%% of the product's time); atomics instead %.2f us\n",
+                        "", f[0] * 1e6, f[1] * 1e6, f[2] * 1e6, 100.0 * f[2] / t, f[3] * 1e6);
                 }
                 fflush(stdout);
             }

@@ -75,15 +75,18 @@ static int write_text(const char *dir, const char *name, const char *text)
 static int write_tokenizer(const char *dir)
 {
     char *j = malloc(1 << 16), *p = j;
-    p += sprintf(p, "{\"version\":\"1.0\",\"added_tokens\":[],\"normalizer\":null,"
-                    "\"pre_tokenizer\":{\"type\":\"ByteLevel\",\"add_prefix_space\":false,\"use_regex\":true},"
-                    "\"post_processor\":null,\"decoder\":{\"type\":\"ByteLevel\"},"
-                    "\"model\":{\"type\":\"BPE\",\"vocab\":{");
+    p += sprintf(p,
+                 "{\"version\":\"1.0\",\"added_tokens\":[],\"normalizer\":null,"
+                 "\"pre_tokenizer\":{\"type\":\"ByteLevel\",\"add_prefix_space\":false,\"use_regex\":true},"
+                 "\"post_processor\":null,\"decoder\":{\"type\":\"ByteLevel\"},"
+                 "\"model\":{\"type\":\"BPE\",\"vocab\":{");
     for (int b = 0; b < 256; b++) {
         const unsigned cp = byte_cp(b);
         char u[8] = {0};
-        if (cp < 0x80) u[0] = (char)cp;
-        else u[0] = (char)(0xC0 | cp >> 6), u[1] = (char)(0x80 | (cp & 63));
+        if (cp < 0x80)
+            u[0] = (char)cp;
+        else
+            u[0] = (char)(0xC0 | cp >> 6), u[1] = (char)(0x80 | (cp & 63));
         p += sprintf(p, "%s\"%s%s\":%d", b ? "," : "", cp == '"' || cp == '\\' ? "\\" : "", u, b);
     }
     sprintf(p, "},\"merges\":[]}}");
@@ -118,16 +121,18 @@ int main(int argc, char **argv)
             if (!arg_int(names[k], i + 1 < argc ? argv[i + 1] : NULL, k == 6 ? 0 : 1, 1 << 20, vals[k])) return 1;
             i++;
         } else if (argv[i][0] == '-' || dir) {
-            fprintf(stderr, "usage: bench_random_llm [--dim N --ffn N --heads N --kv-heads N --layers N --vocab N "
-                            "--seed N] DIR\n");
+            fprintf(stderr,
+                    "usage: bench_random_llm [--dim N --ffn N --heads N --kv-heads N --layers N --vocab N "
+                    "--seed N] DIR\n");
             return 1;
         } else {
             dir = argv[i];
         }
     }
     if (!dir || dim % heads || heads % kv_heads || (dim / heads) % 2 || vocab < 256) {
-        fprintf(stderr, "bench_random_llm: needs DIR, heads dividing dim (an even head size), kv-heads dividing "
-                        "heads, a vocabulary of at least 256\n");
+        fprintf(stderr,
+                "bench_random_llm: needs DIR, heads dividing dim (an even head size), kv-heads dividing "
+                "heads, a vocabulary of at least 256\n");
         return 1;
     }
     if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
@@ -154,8 +159,8 @@ int main(int argc, char **argv)
     const int hd = dim / heads;
     const int rows[7] = {dim, kv_heads * hd, kv_heads * hd, dim, ffn, ffn, dim};
     const int cols[7] = {dim, dim, dim, dim, dim, dim, ffn};
-    static const char *const lin[7] = {"self_attn.q_proj",  "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-                                       "mlp.gate_proj", "mlp.up_proj",      "mlp.down_proj"};
+    static const char *const lin[7] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                                       "mlp.gate_proj",    "mlp.up_proj",      "mlp.down_proj"};
     const size_t most = (size_t)(ffn > vocab ? ffn : vocab) * (size_t)dim; /* the largest tensor */
     float *W = malloc(sizeof(float) * most), *ones = malloc(sizeof(float) * (size_t)dim);
     if (!W || !ones) {
@@ -171,16 +176,20 @@ int main(int argc, char **argv)
         /* -2: embedding, -1: head and final norm, then per layer 2 norms and 7 maps */
         const int l = t < 0 ? -1 : t / 9, k = t < 0 ? 0 : t % 9;
         if (t >= 0 && k < 2) {
-            snprintf(name, sizeof name, "model.layers.%d.%s.weight", l, k ? "post_attention_layernorm" : "input_layernorm");
+            snprintf(name, sizeof name, "model.layers.%d.%s.weight", l,
+                     k ? "post_attention_layernorm" : "input_layernorm");
             st = mpq_st_write_f32(w, name, MPQ_DT_F32, 1, d1, ones, &e);
             continue;
         }
         const int m = t < 0 ? vocab : rows[k - 2], n = t < 0 ? dim : cols[k - 2];
         fill(W, m, n, synth_u64(&r));
         const uint64_t sh[2] = {(uint64_t)m, (uint64_t)n};
-        if (t == -2) snprintf(name, sizeof name, "model.embed_tokens.weight");
-        else if (t == -1) snprintf(name, sizeof name, "lm_head.weight");
-        else snprintf(name, sizeof name, "model.layers.%d.%s.weight", l, lin[k - 2]);
+        if (t == -2)
+            snprintf(name, sizeof name, "model.embed_tokens.weight");
+        else if (t == -1)
+            snprintf(name, sizeof name, "lm_head.weight");
+        else
+            snprintf(name, sizeof name, "model.layers.%d.%s.weight", l, lin[k - 2]);
         st = mpq_st_write_f32(w, name, MPQ_DT_F16, 2, sh, W, &e);
         if (st == MPQ_OK && t == -1) st = mpq_st_write_f32(w, "model.norm.weight", MPQ_DT_F32, 1, d1, ones, &e);
         if (t >= 0 && k == 8) fprintf(stderr, "\rbench_random_llm: layer %d of %d", l + 1, layers);

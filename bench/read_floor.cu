@@ -22,7 +22,8 @@
 
 #include <algorithm>
 
-namespace {
+namespace
+{
 
 __global__ void __launch_bounds__(256) read_all(const uint4 *__restrict__ p, size_t n16, unsigned *sink)
 {
@@ -55,9 +56,9 @@ __global__ void __launch_bounds__(256) read_all(const uint4 *__restrict__ p, siz
 // of 4), as the LUT kernel's at batch 1; the blocks share the bytes as
 // read_all's do.
 template <int MODE>
-__global__ void __launch_bounds__(256) read_dep(const uint4 *__restrict__ p, size_t n16, const float *__restrict__ x,
-                                                int cols, int rows, int rpb, float *part, unsigned *counters, float *y,
-                                                unsigned *sink, unsigned epoch)
+__global__ void __launch_bounds__(256)
+    read_dep(const uint4 *__restrict__ p, size_t n16, const float *__restrict__ x, int cols, int rows, int rpb,
+             float *part, unsigned *counters, float *y, unsigned *sink, unsigned epoch)
 {
     const int tid = threadIdx.x;
     const size_t stride = (size_t)gridDim.x * gridDim.y * 256;
@@ -107,8 +108,7 @@ __global__ void __launch_bounds__(256) read_dep(const uint4 *__restrict__ p, siz
     if (MODE == 4) { // every block adds its rows' sums to y once part 0 has cleared them
         if (tid == 0) {
             unsigned f;
-            do
-                asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(f) : "l"(counters + blockIdx.y) : "memory");
+            do asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(f) : "l"(counters + blockIdx.y) : "memory");
             while (f != epoch);
         }
         __syncthreads();
@@ -163,11 +163,11 @@ extern "C" double floor_seconds(size_t bytes, int rows, int cols, int mode, int 
     cudaEvent_t e0 = nullptr, e1 = nullptr;
     double result = -1.0;
     bool ok = buf && t && mode >= 0 && mode <= 4 && cudaGetDevice(&dev) == cudaSuccess &&
-              cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess &&
-              cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, read_all, 256, 0) == cudaSuccess &&
-              cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess &&
-              cudaEventCreate(&e0) == cudaSuccess && cudaEventCreate(&e1) == cudaSuccess &&
-              cudaMalloc(&sink, sizeof(unsigned) * (size_t)sms * (size_t)per_sm) == cudaSuccess;
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess &&
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, read_all, 256, 0) == cudaSuccess &&
+        cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess && cudaEventCreate(&e0) == cudaSuccess &&
+        cudaEventCreate(&e1) == cudaSuccess &&
+        cudaMalloc(&sink, sizeof(unsigned) * (size_t)sms * (size_t)per_sm) == cudaSuccess;
     // as many blocks as the LUT kernel's wave: two per multiprocessor, 512
     // columns per part, row blocks of a multiple of 8 tiles where there are
     // enough (launch_lut at batch 1)
@@ -181,11 +181,11 @@ extern "C" double floor_seconds(size_t bytes, int rows, int cols, int mode, int 
         if (tpb > 8) tpb = (tpb + 7) / 8 * 8;
         nrb = (ntiles + tpb - 1) / tpb, rpb = 16 * tpb;
         ok = ok && rows > 0 && cols > 0 && cudaMalloc(&x, sizeof(float) * (size_t)cols) == cudaSuccess &&
-             cudaMemset(x, 0, sizeof(float) * (size_t)cols) == cudaSuccess &&
-             cudaMalloc(&y, sizeof(float) * (size_t)rows) == cudaSuccess &&
-             cudaMalloc(&part, sizeof(float) * (size_t)nparts * nrb * rpb) == cudaSuccess &&
-             cudaMalloc(&counters, sizeof(unsigned) * (size_t)nrb) == cudaSuccess &&
-             cudaMemset(counters, 0, sizeof(unsigned) * (size_t)nrb) == cudaSuccess;
+            cudaMemset(x, 0, sizeof(float) * (size_t)cols) == cudaSuccess &&
+            cudaMalloc(&y, sizeof(float) * (size_t)rows) == cudaSuccess &&
+            cudaMalloc(&part, sizeof(float) * (size_t)nparts * nrb * rpb) == cudaSuccess &&
+            cudaMalloc(&counters, sizeof(unsigned) * (size_t)nrb) == cudaSuccess &&
+            cudaMemset(counters, 0, sizeof(unsigned) * (size_t)nrb) == cudaSuccess;
     }
     for (int c = 0; ok && c < copies; c++)
         ok = cudaMalloc(&buf[c], bytes) == cudaSuccess && cudaMemset(buf[c], c, bytes) == cudaSuccess;
@@ -204,10 +204,7 @@ extern "C" double floor_seconds(size_t bytes, int rows, int cols, int mode, int 
         auto launch = [&](const uint4 *p) {
             epoch++;
             const float *xc = x;
-            auto dep = mode == 1   ? read_dep<1>
-                       : mode == 2 ? read_dep<2>
-                       : mode == 3 ? read_dep<3>
-                                   : read_dep<4>;
+            auto dep = mode == 1 ? read_dep<1> : mode == 2 ? read_dep<2> : mode == 3 ? read_dep<3> : read_dep<4>;
             if (mode == 0) return cudaLaunchKernelEx(&cfg, read_all, p, n16, sink);
             return cudaLaunchKernelEx(&cfg, dep, p, n16, xc, cols, rows, rpb, part, counters, y, sink, epoch);
         };
@@ -217,7 +214,7 @@ extern "C" double floor_seconds(size_t bytes, int rows, int cols, int mode, int 
             for (int k = 0; ok && k < 20; k++, call++) ok = launch(buf[call % copies]) == cudaSuccess;
             float ms = 0.0f;
             ok = ok && cudaEventRecord(e1, s) == cudaSuccess && cudaEventSynchronize(e1) == cudaSuccess &&
-                 cudaEventElapsedTime(&ms, e0, e1) == cudaSuccess;
+                cudaEventElapsedTime(&ms, e0, e1) == cudaSuccess;
             if (r >= 0) t[r] = ms * 1e-3 / 20;
         }
         if (ok) {

@@ -52,7 +52,8 @@ static void sfmp_plan(const demo *D, double bpw, mpq_plan *plan, mpq_bitplane_de
     float *S = malloc(sizeof(float) * mn);
     double *x2 = calloc((size_t)D->n, sizeof(double));
     for (int t = 0; t < CALIB; t++)
-        for (int j = 0; j < D->n; j++) x2[j] += (double)D->Xc[(size_t)t * D->n + j] * D->Xc[(size_t)t * D->n + j] / CALIB;
+        for (int j = 0; j < D->n; j++)
+            x2[j] += (double)D->Xc[(size_t)t * D->n + j] * D->Xc[(size_t)t * D->n + j] / CALIB;
     for (size_t k = 0; k < mn; k++) S[k] = (float)((double)D->W[k] * D->W[k] * x2[k % (size_t)D->n]);
     mpq_sfmp_layer L = {S, D->m, D->n};
     mpq_sfmp_desc sd;
@@ -210,8 +211,8 @@ int main(int argc, char **argv)
         mpq_plan_free(&plan);
         double oe, we, us;
         evaluate(&D, &A, &oe, &we, &us);
-        printf("%6.2f %7.2f %10zu %11.5f %11.5f %9.1f %7.2fx\n", mpq_packed_bpw(&A, 0), mpq_packed_bpw(&A, 1), A.bytes, we,
-               oe, us, D.t32 / us);
+        printf("%6.2f %7.2f %10zu %11.5f %11.5f %9.1f %7.2fx\n", mpq_packed_bpw(&A, 0), mpq_packed_bpw(&A, 1), A.bytes,
+               we, oe, us, D.t32 / us);
         mpq_packed_free(&A);
     }
 
@@ -222,8 +223,10 @@ int main(int argc, char **argv)
         const char *name;
         int format;
         double bpw;
-    } cfg[] = {{"bitplane 3", MPQ_FORMAT_BITPLANE, 3.0}, {"bitplane 3.25", MPQ_FORMAT_BITPLANE, 3.25},
-               {"bitplane 4", MPQ_FORMAT_BITPLANE, 4.0}, {"MXINT4", MPQ_FORMAT_MXINT, 4.0}};
+    } cfg[] = {{"bitplane 3", MPQ_FORMAT_BITPLANE, 3.0},
+               {"bitplane 3.25", MPQ_FORMAT_BITPLANE, 3.25},
+               {"bitplane 4", MPQ_FORMAT_BITPLANE, 4.0},
+               {"MXINT4", MPQ_FORMAT_MXINT, 4.0}};
     for (size_t k = 0; k < sizeof cfg / sizeof cfg[0]; k++) {
         mpq_bitplane_desc d;
         mpq_plan plan;

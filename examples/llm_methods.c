@@ -74,12 +74,12 @@ static void die(const char *what, mpq_status st)
 
 typedef struct ctx {
     mpq_llm *m;
-    int nl;                       /* linear maps: layers x 7 */
-    int32_t *eval, *calib;        /* tokenized as llama-perplexity reads a file */
+    int nl;                /* linear maps: layers x 7 */
+    int32_t *eval, *calib; /* tokenized as llama-perplexity reads a file */
     size_t neval, ncalib;
     int chunks;
-    mpq_calib_stats S;            /* what mpq calibrate wrote */
-    mpq_calib_stats Hs;           /* X^T X of every map (mpq calibrate --stats xtx) */
+    mpq_calib_stats S;  /* what mpq calibrate wrote */
+    mpq_calib_stats Hs; /* X^T X of every map (mpq calibrate --stats xtx) */
 } ctx;
 
 static mpq_linear *lin_at(ctx *C, int i) { return &C->m->layer[i / MPQ_LIN_COUNT].lin[i % MPQ_LIN_COUNT]; }
@@ -306,9 +306,9 @@ static void run_sfmp(ctx *C, double bpw, int group, int how)
     snprintf(name, sizeof name, "SFMP %.2f g%d%s%s%s", bpw, group, how & Q_AWQ ? " + AWQ" : "",
              how & Q_GPTQ ? " + GPTQ" : "", how & Q_ACT ? " (act-order)" : "");
     const char *family = (how & (Q_AWQ | Q_GPTQ)) == (Q_AWQ | Q_GPTQ) ? "SFMP+AWQ+GPTQ"
-                         : how & Q_GPTQ                              ? "SFMP+GPTQ"
-                         : how & Q_AWQ                               ? "SFMP+AWQ"
-                                                                     : "SFMP";
+        : how & Q_GPTQ                                                ? "SFMP+GPTQ"
+        : how & Q_AWQ                                                 ? "SFMP+AWQ"
+                                                                      : "SFMP";
     measure(C, family, name, NULL, NULL, now() - t0);
     unpack_all(C);
 }
@@ -374,7 +374,8 @@ static void run_requant(ctx *C, const mpq_plan *plan, int awq, const char *name)
 {
     const double t0 = now();
     mpq_rq_map *M = (mpq_rq_map *)calloc((size_t)C->nl, sizeof *M);
-    float **cs = (float **)calloc((size_t)C->nl, sizeof(float *)), **clip = (float **)calloc((size_t)C->nl, sizeof(float *));
+    float **cs = (float **)calloc((size_t)C->nl, sizeof(float *)),
+          **clip = (float **)calloc((size_t)C->nl, sizeof(float *));
     for (int i = 0; i < C->nl; i++) {
         const mpq_linear *L = lin_at(C, i);
         M[i].W = L->W, M[i].pqi = C->S.pqi[i];
@@ -446,9 +447,10 @@ static void run_awq4_pmpd(ctx *C)
     if (st == MPQ_OK) st = mpq_pmpd_static_search(&d, sched_quality, C, &s, &q, &evaluated);
     if (st != MPQ_OK) die("pmpd search", st);
     char note[160];
-    snprintf(note, sizeof note, "static search on calibration text: switch at decoded token %ld (ppl %.2f there, "
-             "4 bits throughout %.2f; %d schedules tried, %.0f s)", s.nlevels > 1 ? s.start[1] : 0L, -q, -qref,
-             evaluated, now() - t0);
+    snprintf(note, sizeof note,
+             "static search on calibration text: switch at decoded token %ld (ppl %.2f there, "
+             "4 bits throughout %.2f; %d schedules tried, %.0f s)",
+             s.nlevels > 1 ? s.start[1] : 0L, -q, -qref, evaluated, now() - t0);
     measure(C, "PMPD", "PMPD (AWQ 4): static search, 4 -> 3", &s, note, 0);
     s.nlevels = 3, s.skip[0] = 0, s.skip[1] = 1, s.skip[2] = 2, s.start[0] = 0, s.start[1] = 16, s.start[2] = 40;
     measure(C, "PMPD", "PMPD (AWQ 4): 4 -> 3 -> 2 at 16, 40", &s, NULL, 0);
@@ -472,26 +474,30 @@ static void write_results(const char *dir, const char *model, const ctx *C, doub
 {
     char p[1024];
     FILE *f = open_output(dir, "results.md", p, sizeof p);
-    fprintf(f, "| method | bpw | weights MB | perplexity | +/- | vs fp32 | decode tokens/s |\n"
-               "| --- | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+    fprintf(f,
+            "| method | bpw | weights MB | perplexity | +/- | vs fp32 | decode tokens/s |\n"
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: |\n");
     for (int i = 0; i < nrows; i++) {
         const row *r = &rows[i];
         const double x = r->ppl / rows[0].ppl;
         char vs[32];
-        if (x < 10) snprintf(vs, sizeof vs, "%+.1f %%", 100.0 * (x - 1.0));
-        else snprintf(vs, sizeof vs, "x %.3g", x);
+        if (x < 10)
+            snprintf(vs, sizeof vs, "%+.1f %%", 100.0 * (x - 1.0));
+        else
+            snprintf(vs, sizeof vs, "x %.3g", x);
         fprintf(f, "| %s | %.3f | %.1f | %.4g | %.3g | %s | %.1f |\n", r->name, r->bpw, r->mb, r->ppl, r->ppl_err, vs,
                 r->decode);
     }
-    fprintf(f, "\nModel `%s` (%d layers, dim %d; its linear maps are stored as Q4_1 in the GGUF: the fp32 reference "
-               "is that 4-bit grid dequantized). Perplexity as llama-perplexity computes it: %d chunks of 512 tokens "
-               "of the evaluation text (%zu tokens in all), the second half of each scored. bpw: every byte of the "
-               "packed buffers of the 210 linear maps of the layers (scales, zeros, bits maps, permutations, column "
-               "scales, sparse parts, headers) per weight; PMPD: the average read per decoded token. Every quantized "
-               "model also packs the embedding (= the output head) at 8 bits, counted in the weights' MB. Decode: "
-               "%d tokens after a %d-token prompt, greedy. Statistics from mpq calibrate: %d windows of %d tokens of "
-               "the calibration text; GPTQ's X^T X (position 0 included) from %d windows of %d tokens. %.0f s in all "
-               "(statistics read, not computed).\n",
+    fprintf(f,
+            "\nModel `%s` (%d layers, dim %d; its linear maps are stored as Q4_1 in the GGUF: the fp32 reference "
+            "is that 4-bit grid dequantized). Perplexity as llama-perplexity computes it: %d chunks of 512 tokens "
+            "of the evaluation text (%zu tokens in all), the second half of each scored. bpw: every byte of the "
+            "packed buffers of the 210 linear maps of the layers (scales, zeros, bits maps, permutations, column "
+            "scales, sparse parts, headers) per weight; PMPD: the average read per decoded token. Every quantized "
+            "model also packs the embedding (= the output head) at 8 bits, counted in the weights' MB. Decode: "
+            "%d tokens after a %d-token prompt, greedy. Statistics from mpq calibrate: %d windows of %d tokens of "
+            "the calibration text; GPTQ's X^T X (position 0 included) from %d windows of %d tokens. %.0f s in all "
+            "(statistics read, not computed).\n",
             model, C->m->c.layers, C->m->c.dim, C->chunks, C->neval, DECODE, PROMPT, C->S.windows, C->S.length,
             C->Hs.windows, C->Hs.length, total);
     for (int i = 0; i < nrows; i++)
@@ -585,15 +591,24 @@ int main(int argc, char **argv)
     C.chunks = 8;
     int quick = 0;
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--model") && i + 1 < argc) model = argv[++i];
-        else if (!strcmp(argv[i], "--eval") && i + 1 < argc) eval = argv[++i];
-        else if (!strcmp(argv[i], "--calib") && i + 1 < argc) calib = argv[++i];
-        else if (!strcmp(argv[i], "--stats") && i + 1 < argc) stats = argv[++i];
-        else if (!strcmp(argv[i], "--hessian") && i + 1 < argc) hessian = argv[++i];
-        else if (!strcmp(argv[i], "--out") && i + 1 < argc) out = argv[++i];
-        else if (!strcmp(argv[i], "--chunks") && i + 1 < argc) C.chunks = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--full")) C.chunks = 1 << 20;
-        else if (!strcmp(argv[i], "--quick")) quick = 1, C.chunks = 2;
+        if (!strcmp(argv[i], "--model") && i + 1 < argc)
+            model = argv[++i];
+        else if (!strcmp(argv[i], "--eval") && i + 1 < argc)
+            eval = argv[++i];
+        else if (!strcmp(argv[i], "--calib") && i + 1 < argc)
+            calib = argv[++i];
+        else if (!strcmp(argv[i], "--stats") && i + 1 < argc)
+            stats = argv[++i];
+        else if (!strcmp(argv[i], "--hessian") && i + 1 < argc)
+            hessian = argv[++i];
+        else if (!strcmp(argv[i], "--out") && i + 1 < argc)
+            out = argv[++i];
+        else if (!strcmp(argv[i], "--chunks") && i + 1 < argc)
+            C.chunks = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--full"))
+            C.chunks = 1 << 20;
+        else if (!strcmp(argv[i], "--quick"))
+            quick = 1, C.chunks = 2;
         else if (!strcmp(argv[i], "--threads") && i + 1 < argc) {
 #ifdef _OPENMP
             omp_set_num_threads(atoi(argv[i + 1]));
@@ -632,8 +647,10 @@ int main(int argc, char **argv)
     const int have = (int)(C.neval / 512);
     if (C.chunks > have) C.chunks = have;
     if (C.chunks < 1 || C.ncalib < (size_t)512 * SCHED_CHUNKS) {
-        fprintf(stderr, "llm_methods: the texts are too short (one chunk of 512 tokens to evaluate, %d to calibrate "
-                        "a schedule)\n", SCHED_CHUNKS);
+        fprintf(stderr,
+                "llm_methods: the texts are too short (one chunk of 512 tokens to evaluate, %d to calibrate "
+                "a schedule)\n",
+                SCHED_CHUNKS);
         return 1;
     }
     int threads = 1;

@@ -221,7 +221,8 @@ static void pl_sfmp(const pl_model *M, double bpw, int reorder, mpq_plan *P)
         const int m = Ly->rows, n = Ly->cols;
         S[l] = malloc(sizeof(float) * m * n);
         for (int i = 0; i < m; i++) /* the Hessian diagonal of F */
-            for (int j = 0; j < n; j++) S[l][(size_t)i * n + j] = (float)(2.0 * Ly->lambda * Ly->rho[i] * Ly->C[(size_t)j * n + j]);
+            for (int j = 0; j < n; j++)
+                S[l][(size_t)i * n + j] = (float)(2.0 * Ly->lambda * Ly->rho[i] * Ly->C[(size_t)j * n + j]);
         in[l] = (mpq_sfmp_layer){S[l], m, n};
     }
     mpq_sfmp_desc d;
@@ -248,7 +249,8 @@ static void pl_mixllm(const pl_model *M, double fraction, mpq_plan *P)
             double s = 0;
             for (int t = 0; t < PL_CALIB; t++) {
                 double e = 0;
-                for (int j = 0; j < n; j++) e += ((double)Wh[(size_t)i * n + j] - Ly->W[(size_t)i * n + j]) * Ly->Xc[(size_t)t * n + j];
+                for (int j = 0; j < n; j++)
+                    e += ((double)Wh[(size_t)i * n + j] - Ly->W[(size_t)i * n + j]) * Ly->Xc[(size_t)t * n + j];
                 s += e * e;
             }
             sal[l][i] = (float)(Ly->lambda * Ly->rho[i] * s / PL_CALIB);
@@ -279,8 +281,8 @@ static void pl_mxsens(const pl_model *M, double bpw, mpq_plan *P)
         free(Wh);
         mpq_stat st;
         cs[l] = malloc(sizeof(float) * Ly->cols);
-        if (mpq_stat_init(&st, (size_t)Ly->cols) != MPQ_OK || mpq_hessian_diag_add(&st, Ly->Xc, PL_CALIB, Ly->cols) != MPQ_OK ||
-            mpq_stat_sum(&st, cs[l]) != MPQ_OK)
+        if (mpq_stat_init(&st, (size_t)Ly->cols) != MPQ_OK ||
+            mpq_hessian_diag_add(&st, Ly->Xc, PL_CALIB, Ly->cols) != MPQ_OK || mpq_stat_sum(&st, cs[l]) != MPQ_OK)
             pl_die("mxsens statistics", MPQ_ERR_NOMEM);
         mpq_stat_free(&st);
     }
@@ -426,12 +428,14 @@ static void demo_planners(uint64_t seed, int d)
     pl_build(&M, seed, d);
     double nw = 0;
     for (int l = 0; l < PL_LAYERS; l++) nw += (double)M.L[l].rows * M.L[l].cols;
-    printf("\nplanners on a synthetic model: 2 blocks x (qkv %dx%d, o %dx%d, gate_up %dx%d, down %dx%d), %.2fM weights\n", 3 * d,
-           d, d, d, 4 * d, d, d, 2 * d, nw / 1e6);
-    printf("planted loss F = sum_l lambda_l mean_t sum_i rho_i ((W^-W) x_t)_i^2, lambda = 3 1.5 2 2 | 1 .5 .8 .8,\n"
-           "rho = 16 on 2%% of the rows (\"salient\"); F on %d held-out tokens; \"high%%\": weights at the high width\n"
-           "per layer; \"sal.\": the salient rows' weights at the high width. bpw counts metadata and sparse parts.\n\n",
-           PL_HELD);
+    printf(
+        "\nplanners on a synthetic model: 2 blocks x (qkv %dx%d, o %dx%d, gate_up %dx%d, down %dx%d), %.2fM weights\n",
+        3 * d, d, d, d, 4 * d, d, d, 2 * d, nw / 1e6);
+    printf(
+        "planted loss F = sum_l lambda_l mean_t sum_i rho_i ((W^-W) x_t)_i^2, lambda = 3 1.5 2 2 | 1 .5 .8 .8,\n"
+        "rho = 16 on 2%% of the rows (\"salient\"); F on %d held-out tokens; \"high%%\": weights at the high width\n"
+        "per layer; \"sal.\": the salient rows' weights at the high width. bpw counts metadata and sparse parts.\n\n",
+        PL_HELD);
     printf("  %-26s %6s %11s %8s    %-31s   %s\n", "method", "bpw", "F", "F/RTN3", "high% per layer", "sal.");
     mpq_plan P;
     pl_result r3, r;
@@ -443,7 +447,9 @@ static void demo_planners(uint64_t seed, int d)
     static const struct {
         const char *name;
         int reorder;
-    } sf[] = {{"SFMP 3.5", MPQ_REORDER_NONE}, {"SFMP 3.5, rows reordered", MPQ_REORDER_ROWS}, {"SFMP 3.5, rows+cols", MPQ_REORDER_BOTH}};
+    } sf[] = {{"SFMP 3.5", MPQ_REORDER_NONE},
+              {"SFMP 3.5, rows reordered", MPQ_REORDER_ROWS},
+              {"SFMP 3.5, rows+cols", MPQ_REORDER_BOTH}};
     for (int k = 0; k < 3; k++) {
         pl_sfmp(&M, 3.5, sf[k].reorder, &P);
         pl_eval_plan(&M, &P, 4, &r);

@@ -32,10 +32,12 @@ static inline void plot_ppl_vs_bpw(FILE *f, const plot_point *p, int n, const ch
     if (x1 <= x0) x1 = x0 + 0.5;
     const double ly0 = log(y0) - 0.02, ly1 = log(y1) + 0.02;
     const int W = 720, H = 460, L = 70, R = 190, T = 20, Bm = 50;
-#define PX(x) (L + ((x) - x0) / (x1 - x0) * (W - L - R))
+#define PX(x) (L + ((x)-x0) / (x1 - x0) * (W - L - R))
 #define PY(y) (H - Bm - (log(fmin(y, cap)) - ly0) / (ly1 - ly0) * (H - T - Bm))
-    fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" font-family=\"sans-serif\" "
-               "font-size=\"12\">\n<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n", W, H);
+    fprintf(f,
+            "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%d\" height=\"%d\" font-family=\"sans-serif\" "
+            "font-size=\"12\">\n<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n",
+            W, H);
     fprintf(f, "<line x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\" stroke=\"black\"/>\n", L, H - Bm, W - R, H - Bm);
     fprintf(f, "<line x1=\"%d\" y1=\"%d\" x2=\"%d\" y2=\"%d\" stroke=\"black\"/>\n", L, T, L, H - Bm);
     for (double x = x0; x <= x1 + 1e-9; x += 0.5)
@@ -67,7 +69,8 @@ static inline void plot_ppl_vs_bpw(FILE *f, const plot_point *p, int n, const ch
         for (int i = 1; i < n; i++) {
             if (strcmp(p[i].family, fams[k])) continue;
             if (p[i].ppl <= cap) {
-                fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3.5\" fill=\"%s\"/>\n", PX(p[i].bpw), PY(p[i].ppl), col);
+                fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3.5\" fill=\"%s\"/>\n", PX(p[i].bpw), PY(p[i].ppl),
+                        col);
             } else {
                 const double x = PX(p[i].bpw), y = PY(cap);
                 fprintf(f, "<polygon points=\"%.1f,%.1f %.1f,%.1f %.1f,%.1f\" fill=\"%s\"/>\n", x - 5, y + 4, x + 5,

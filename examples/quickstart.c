@@ -26,7 +26,7 @@ int main(void)
     }
     mpq_gemv_opts o = {0}; /* o.skip_planes = 1: the same bytes at one bit less */
     mpq_path path;
-    mpq_gemv_path(&A, &o, &path); /* the kernel this CPU runs */
+    mpq_gemv_path(&A, &o, &path);            /* the kernel this CPU runs */
     st = mpq_gemv(&A, x, y, 1, &o, NULL, 0); /* y = W x; pass a workspace in hot loops */
     if (st != MPQ_OK) {
         fprintf(stderr, "gemv: %s\n", mpq_status_str(st));
@@ -39,8 +39,8 @@ int main(void)
         e += (y[i] - r) * (y[i] - r);
         r2 += r * r;
     }
-    printf("%d x %d at %.2f bits per weight (%zu bytes), path %s: relative error %.4f\n", M, N,
-           mpq_packed_bpw(&A, 1), A.bytes, mpq_path_name(path), sqrt(e / r2));
+    printf("%d x %d at %.2f bits per weight (%zu bytes), path %s: relative error %.4f\n", M, N, mpq_packed_bpw(&A, 1),
+           A.bytes, mpq_path_name(path), sqrt(e / r2));
     mpq_packed_free(&A);
     free(W);
     return 0;

@@ -24,7 +24,10 @@ static inline uint64_t tc_u64(const uint8_t *p)
     for (int k = 7; k >= 0; k--) v = v << 8 | p[k];
     return v;
 }
-static inline uint32_t tc_u32(const uint8_t *p) { return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24; }
+static inline uint32_t tc_u32(const uint8_t *p)
+{
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
 static inline uint16_t tc_u16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
 
 /* binary16 -> double by the definition (sign, exponent, fraction). */
@@ -38,12 +41,12 @@ static inline double tc_half(uint16_t h)
 /* A decoded bit-plane matrix in packed coordinates. */
 typedef struct tc_mat {
     int format, rows, cols, group, block_rows, ngroups;
-    uint8_t *code;     /* rows x cols */
-    uint8_t *width;    /* rows x ngroups */
-    double *sh, *zh;   /* rows x ngroups */
+    uint8_t *code;   /* rows x cols */
+    uint8_t *width;  /* rows x ngroups */
+    double *sh, *zh; /* rows x ngroups */
     uint32_t *prow, *pcol;
     float *cscale;
-    size_t sp_nnz;     /* sparse part (original coordinates), 0 when absent */
+    size_t sp_nnz; /* sparse part (original coordinates), 0 when absent */
     int *sp_row, *sp_col;
     double *sp_val;
 } tc_mat;
@@ -106,7 +109,9 @@ static inline void tc_decode(const uint8_t *buf, tc_mat *M)
                     for (int j = 0; j < gw; j++) {
                         int q = 0;
                         for (int p = 0; p < w; p++)
-                            q |= ((buf[pos + meta + (uint64_t)p * nch * 16 + tc_slab_off(j / 8, r, nch)] >> (j % 8)) & 1) << p;
+                            q |=
+                                ((buf[pos + meta + (uint64_t)p * nch * 16 + tc_slab_off(j / 8, r, nch)] >> (j % 8)) & 1)
+                                << p;
                         M->code[(size_t)i * cols + g * group + j] = (uint8_t)q;
                     }
                 }
@@ -161,7 +166,8 @@ static inline void tc_gemv(const tc_mat *M, const float *x, int batch, int skip,
                 int g = j / M->group, w = M->width[i * M->ngroups + g];
                 double xt = (double)x[(size_t)v * M->cols + M->pcol[j]] * M->cscale[j];
                 s += tc_weight(M, i, j, skip) * xt;
-                a += (fabs(M->sh[i * M->ngroups + g]) * (ldexp(1.0, w) - 1) + fabs(M->zh[i * M->ngroups + g])) * fabs(xt);
+                a += (fabs(M->sh[i * M->ngroups + g]) * (ldexp(1.0, w) - 1) + fabs(M->zh[i * M->ngroups + g])) *
+                    fabs(xt);
             }
             y[(size_t)v * M->rows + M->prow[i]] = s;
             if (mag) mag[(size_t)v * M->rows + M->prow[i]] = a;
@@ -217,8 +223,8 @@ static inline int tc_int16_path(mpq_path p)
 /* Compares y from `path` with the reference, row by row: float32 rounding
    bounded by gamma * (sum of term magnitudes), plus the documented bound of
    the quantized tables on that path. */
-static inline void tc_check_gemv(const mpq_packed *A, const tc_mat *M, const float *x, int batch, int skip, mpq_path path,
-                                 const float *y, const double *ref, const double *mag)
+static inline void tc_check_gemv(const mpq_packed *A, const tc_mat *M, const float *x, int batch, int skip,
+                                 mpq_path path, const float *y, const double *ref, const double *mag)
 {
     const int cpg = A->group / 8;
     const double gamma = 2.0 * (2 * cpg + A->ngroups + 32) * ldexp(1.0, -24);
@@ -226,12 +232,12 @@ static inline void tc_check_gemv(const mpq_packed *A, const tc_mat *M, const flo
         for (int i = 0; i < A->rows; i++) { /* i: packed row */
             size_t o = (size_t)v * A->rows + M->prow[i];
             double tol = gamma * mag[o] + 1e-30;
-            if (tc_int16_path(path))
-                tol += tc_q16_bound(M, x + (size_t)v * A->cols, i, skip) * (1 + 1e-6);
+            if (tc_int16_path(path)) tol += tc_q16_bound(M, x + (size_t)v * A->cols, i, skip) * (1 + 1e-6);
             cr_assert(isfinite(y[o]), "%s: y[%zu] not written", mpq_path_name(path), o);
-            cr_assert_leq(fabs(y[o] - ref[o]), tol, "%s %dx%d G%d br%d skip %d batch %d: row %d: %.9g vs %.9g (tol %.3g)",
-                          mpq_path_name(path), A->rows, A->cols, A->group, A->block_rows, skip, batch, M->prow[i],
-                          (double)y[o], ref[o], tol);
+            cr_assert_leq(fabs(y[o] - ref[o]), tol,
+                          "%s %dx%d G%d br%d skip %d batch %d: row %d: %.9g vs %.9g (tol %.3g)", mpq_path_name(path),
+                          A->rows, A->cols, A->group, A->block_rows, skip, batch, M->prow[i], (double)y[o], ref[o],
+                          tol);
         }
 }
 
@@ -242,8 +248,8 @@ static inline void tc_poison(float *y, size_t n)
 
 /* mpq_gemv on every path this build has, y (batch x rows) poisoned first,
    each result checked against the reference ref/mag of tc_gemv. */
-static inline void tc_gemv_every_path(const mpq_packed *A, const tc_mat *M, const float *x, int batch, int skip, float *y,
-                                      const double *ref, const double *mag)
+static inline void tc_gemv_every_path(const mpq_packed *A, const tc_mat *M, const float *x, int batch, int skip,
+                                      float *y, const double *ref, const double *mag)
 {
     for (int p = 0; p < TC_NPATHS; p++) {
         if (!mpq_path_available(tc_paths[p])) continue;

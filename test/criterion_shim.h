@@ -53,7 +53,7 @@ static inline void shim_add(const char *suite, const char *name, int line, void 
 
 #define Test(suite, name, ...)                                                                                         \
     static void suite##_##name##_fn(void);                                                                             \
-    static const struct shim_extra suite##_##name##_extra = {0, __VA_ARGS__};                                         \
+    static const struct shim_extra suite##_##name##_extra = {0, __VA_ARGS__};                                          \
     __attribute__((constructor)) static void suite##_##name##_reg(void)                                                \
     {                                                                                                                  \
         shim_add(#suite, #name, __LINE__, suite##_##name##_fn, &suite##_##name##_extra);                               \
@@ -61,8 +61,8 @@ static inline void shim_add(const char *suite, const char *name, int line, void 
     static void suite##_##name##_fn(void)
 
 /* fmt starts with a space, then the caller's format, if any. */
-__attribute__((format(printf, 4, 5), noreturn)) static inline void shim_fail(const char *file, int line, const char *expr,
-                                                                             const char *fmt, ...)
+__attribute__((format(printf, 4, 5), noreturn)) static inline void shim_fail(const char *file, int line,
+                                                                             const char *expr, const char *fmt, ...)
 {
     fprintf(stderr, "%s:%d: assertion failed: %s", file, line, expr);
     if (fmt[1]) {
@@ -91,25 +91,25 @@ __attribute__((format(printf, 1, 2), noreturn)) static inline void shim_skip(con
 
 /* The message is optional: " " __VA_ARGS__ is a format of one space without one. */
 #define cr_assert(cond, ...) ((cond) ? (void)0 : shim_fail(__FILE__, __LINE__, #cond, " " __VA_ARGS__))
-#define cr_assert_fail(...) shim_fail(__FILE__, __LINE__, "cr_assert_fail", " " __VA_ARGS__)
+#define cr_assert_fail(...)  shim_fail(__FILE__, __LINE__, "cr_assert_fail", " " __VA_ARGS__)
 #define SHIM_CMP(a, op, b, ...)                                                                                        \
     (((a)op(b)) ? (void)0 : shim_fail(__FILE__, __LINE__, #a " " #op " " #b, " " __VA_ARGS__))
-#define cr_assert_eq(a, b, ...) SHIM_CMP(a, ==, b, __VA_ARGS__)
-#define cr_assert_neq(a, b, ...) SHIM_CMP(a, !=, b, __VA_ARGS__)
-#define cr_assert_lt(a, b, ...) SHIM_CMP(a, <, b, __VA_ARGS__)
-#define cr_assert_leq(a, b, ...) SHIM_CMP(a, <=, b, __VA_ARGS__)
-#define cr_assert_gt(a, b, ...) SHIM_CMP(a, >, b, __VA_ARGS__)
-#define cr_assert_geq(a, b, ...) SHIM_CMP(a, >=, b, __VA_ARGS__)
-#define cr_assert_null(p, ...) SHIM_CMP((const void *)(p), ==, NULL, __VA_ARGS__)
-#define cr_assert_not_null(p, ...) SHIM_CMP((const void *)(p), !=, NULL, __VA_ARGS__)
-#define cr_assert_str_eq(a, b, ...) SHIM_CMP(strcmp((a), (b)), ==, 0, __VA_ARGS__)
-#define cr_assert_str_neq(a, b, ...) SHIM_CMP(strcmp((a), (b)), !=, 0, __VA_ARGS__)
+#define cr_assert_eq(a, b, ...)           SHIM_CMP(a, ==, b, __VA_ARGS__)
+#define cr_assert_neq(a, b, ...)          SHIM_CMP(a, !=, b, __VA_ARGS__)
+#define cr_assert_lt(a, b, ...)           SHIM_CMP(a, <, b, __VA_ARGS__)
+#define cr_assert_leq(a, b, ...)          SHIM_CMP(a, <=, b, __VA_ARGS__)
+#define cr_assert_gt(a, b, ...)           SHIM_CMP(a, >, b, __VA_ARGS__)
+#define cr_assert_geq(a, b, ...)          SHIM_CMP(a, >=, b, __VA_ARGS__)
+#define cr_assert_null(p, ...)            SHIM_CMP((const void *)(p), ==, NULL, __VA_ARGS__)
+#define cr_assert_not_null(p, ...)        SHIM_CMP((const void *)(p), !=, NULL, __VA_ARGS__)
+#define cr_assert_str_eq(a, b, ...)       SHIM_CMP(strcmp((a), (b)), ==, 0, __VA_ARGS__)
+#define cr_assert_str_neq(a, b, ...)      SHIM_CMP(strcmp((a), (b)), !=, 0, __VA_ARGS__)
 #define cr_assert_arr_eq(a, b, size, ...) SHIM_CMP(memcmp((a), (b), (size)), ==, 0, __VA_ARGS__)
 /* Criterion's definition: both differences at most eps (false for NaN) */
 #define cr_assert_float_eq(a, b, eps, ...)                                                                             \
     cr_assert((double)(b) - (double)(a) <= (double)(eps) && (double)(a) - (double)(b) <= (double)(eps), __VA_ARGS__)
 #define cr_skip_test(...) shim_skip(" " __VA_ARGS__)
-#define cr_log_info(...) (fprintf(stderr, __VA_ARGS__), fputc('\n', stderr), (void)0)
+#define cr_log_info(...)  (fprintf(stderr, __VA_ARGS__), fputc('\n', stderr), (void)0)
 
 static inline int shim_by_line(const void *a, const void *b)
 {

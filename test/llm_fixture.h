@@ -27,14 +27,14 @@ typedef struct tl_model {
     int vocab_rows, dim, layers, heads, kv_heads, head_dim, ffn;
     int qwen, tied, bias;
     double theta, eps;
-    int scaling;               /* 0 none, 1 linear, 2 llama3 */
+    int scaling; /* 0 none, 1 linear, 2 llama3 */
     double factor, low, high;
     int orig_ctx;
-    vocab *v;                  /* the tokenizer's vocabulary (vocab_rows >= its size) */
+    vocab *v; /* the tokenizer's vocabulary (vocab_rows >= its size) */
     float *embed, *head, *out_norm;
     float *attn_norm[TL_MAXL], *ffn_norm[TL_MAXL];
-    float *w[TL_MAXL][7];      /* HF row order; q, k, v, o, gate, up, down */
-    float *b[TL_MAXL][3];      /* q, k, v biases */
+    float *w[TL_MAXL][7]; /* HF row order; q, k, v, o, gate, up, down */
+    float *b[TL_MAXL][3]; /* q, k, v biases */
 } tl_model;
 
 static inline int tl_rows(const tl_model *m, int k)
@@ -144,7 +144,8 @@ static inline void tl_reference_ex(const tl_model *m, float *const (*W)[7], cons
     const int D = m->dim, hd = m->head_dim, H = m->heads, KV = m->kv_heads, F = m->ffn;
     const int qd = H * hd, kvd = KV * hd;
     double *x = (double *)calloc((size_t)n * D, sizeof(double)), *h = (double *)malloc(sizeof(double) * D);
-    double *q = (double *)malloc(sizeof(double) * (size_t)n * qd), *k = (double *)malloc(sizeof(double) * (size_t)n * kvd);
+    double *q = (double *)malloc(sizeof(double) * (size_t)n * qd),
+           *k = (double *)malloc(sizeof(double) * (size_t)n * kvd);
     double *v = (double *)malloc(sizeof(double) * (size_t)n * kvd), *a = (double *)malloc(sizeof(double) * qd);
     double *o = (double *)malloc(sizeof(double) * D), *g = (double *)malloc(sizeof(double) * F);
     double *u = (double *)malloc(sizeof(double) * F), *s = (double *)malloc(sizeof(double) * n);
@@ -160,7 +161,8 @@ static inline void tl_reference_ex(const tl_model *m, float *const (*W)[7], cons
             tl_matvec(w[1], m->b[l][1], h, kvd, D, k + (size_t)t * kvd);
             tl_matvec(w[2], m->b[l][2], h, kvd, D, v + (size_t)t * kvd);
             for (int hh = 0; hh < H + KV; hh++) { /* rotate each head of q, then of k: pairs (i, i + hd/2) */
-                double *vec = hh < H ? q + (size_t)t * qd + (size_t)hh * hd : k + (size_t)t * kvd + (size_t)(hh - H) * hd;
+                double *vec =
+                    hh < H ? q + (size_t)t * qd + (size_t)hh * hd : k + (size_t)t * kvd + (size_t)(hh - H) * hd;
                 for (int i = 0; i < hd / 2; i++) {
                     const double ang = t * tl_freq(m, i), c = cos(ang), sn = sin(ang);
                     const double x0 = vec[i], x1 = vec[i + hd / 2];
@@ -175,7 +177,8 @@ static inline void tl_reference_ex(const tl_model *m, float *const (*W)[7], cons
                 double mx = -INFINITY, sum = 0;
                 for (int j = 0; j <= t; j++) {
                     double d = 0;
-                    for (int e = 0; e < hd; e++) d += q[(size_t)t * qd + hh * hd + e] * k[(size_t)j * kvd + gkv * hd + e];
+                    for (int e = 0; e < hd; e++)
+                        d += q[(size_t)t * qd + hh * hd + e] * k[(size_t)j * kvd + gkv * hd + e];
                     s[j] = d / sqrt((double)hd);
                     mx = s[j] > mx ? s[j] : mx;
                 }
@@ -217,9 +220,10 @@ static inline void tl_reference(const tl_model *m, float *const (*W)[7], const i
 
 /* ---- the two file forms ------------------------------------------------------ */
 
-static const char *const tl_gguf_lin[7] = {"attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"};
+static const char *const tl_gguf_lin[7] = {"attn_q",   "attn_k", "attn_v",  "attn_output",
+                                           "ffn_gate", "ffn_up", "ffn_down"};
 static const char *const tl_hf_lin[7] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-                                         "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"};
+                                         "mlp.gate_proj",    "mlp.up_proj",      "mlp.down_proj"};
 
 static inline void tl_spit(const char *path, const char *text)
 {
@@ -238,17 +242,18 @@ static inline void tl_config_json(const tl_model *m, char *out, size_t cap)
     if (m->bias && !m->qwen) snprintf(hd + strlen(hd), sizeof hd - strlen(hd), "\"attention_bias\": true, ");
     if (m->scaling == 1) snprintf(rs, sizeof rs, "{\"type\": \"linear\", \"factor\": %.17g}", m->factor);
     if (m->scaling == 2)
-        snprintf(rs, sizeof rs,
-                 "{\"rope_type\": \"llama3\", \"factor\": %.17g, \"low_freq_factor\": %.17g, \"high_freq_factor\": %.17g, "
-                 "\"original_max_position_embeddings\": %d}",
-                 m->factor, m->low, m->high, m->orig_ctx);
+        snprintf(
+            rs, sizeof rs,
+            "{\"rope_type\": \"llama3\", \"factor\": %.17g, \"low_freq_factor\": %.17g, \"high_freq_factor\": %.17g, "
+            "\"original_max_position_embeddings\": %d}",
+            m->factor, m->low, m->high, m->orig_ctx);
     snprintf(out, cap,
              "{\"architectures\": [\"%s\"], \"hidden_size\": %d, \"intermediate_size\": %d, \"num_hidden_layers\": %d, "
              "\"num_attention_heads\": %d, \"num_key_value_heads\": %d, \"max_position_embeddings\": 256, "
              "\"rms_norm_eps\": %.17g, \"rope_theta\": %.17g, \"tie_word_embeddings\": %s, \"vocab_size\": %d, "
              "\"rope_scaling\": %s, %s\"torch_dtype\": \"bfloat16\"}",
-             m->qwen ? "Qwen2ForCausalLM" : "LlamaForCausalLM", m->dim, m->ffn, m->layers, m->heads, m->kv_heads, m->eps,
-             m->theta, m->tied ? "true" : "false", m->vocab_rows, rs, hd);
+             m->qwen ? "Qwen2ForCausalLM" : "LlamaForCausalLM", m->dim, m->ffn, m->layers, m->heads, m->kv_heads,
+             m->eps, m->theta, m->tied ? "true" : "false", m->vocab_rows, rs, hd);
 }
 
 /* dir/config.json, dir/model.safetensors (linear maps as `dt`, the rest F32),

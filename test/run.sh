@@ -8,6 +8,7 @@
 #   aarch64   the header-only tests cross-compiled for AArch64 (NEON path) and
 #             run under qemu-user (test/aarch64.sh, test/criterion_shim.h)
 # It also compiles mpq.h alone with clang (C11, C++17, -Wall -Wextra -Werror),
+# checks every source against .clang-format (test/format_check.sh),
 # builds the README's program as a user would (test/readme_check.sh), checks
 # the allocator macros (test/alloc_check.c), installs mpq and builds a
 # program against it (test/install_check.sh),
@@ -22,7 +23,7 @@ root=$(pwd)
 
 need=()
 for p in meson ninja-build pkg-config gcc g++ libcriterion-dev libstb-dev libcjson-dev clang libclang-rt-14-dev \
-    python3 python3-venv gcc-aarch64-linux-gnu g++-aarch64-linux-gnu qemu-user; do
+    clang-format-14 python3 python3-venv gcc-aarch64-linux-gnu g++-aarch64-linux-gnu qemu-user; do
     dpkg -s "$p" >/dev/null 2>&1 || need+=("$p")
 done
 if [ ${#need[@]} -gt 0 ]; then
@@ -106,6 +107,8 @@ if command -v clang >/dev/null 2>&1; then
     check clang-io-c11 io_c11
     check clang-io-cxx17 clang++ -std=c++17 -Wall -Wextra -Werror -I. -c build/io-alone.cpp -o build/io-alone-cpp.o
 fi
+# every source laid out as .clang-format says
+check clang-format bash test/format_check.sh
 # the README's program as a user builds it; the allocator macros
 check readme-quickstart bash test/readme_check.sh build/readme
 alloc_check() {

@@ -46,13 +46,13 @@ static int cmd_write(const char *path)
     v[0] = 1e-7f, v[1] = -0.0f, v[2] = 70000.0f, v[3] = 3.0e38f, v[4] = -1.5f;
     const uint64_t s57[2] = {5, 7}, s311[2] = {3, 11}, s13 = 13, s4 = 4;
     int bad = mpq_st_write_f32(w, "f32 tensor", MPQ_DT_F32, 2, s57, v, &e) ||
-              mpq_st_write_f32(w, "h\xc3\xa4lf", MPQ_DT_F16, 2, s311, v, &e) ||
-              mpq_st_write_f32(w, "brain", MPQ_DT_BF16, 1, &s13, v, &e);
+        mpq_st_write_f32(w, "h\xc3\xa4lf", MPQ_DT_F16, 2, s311, v, &e) ||
+        mpq_st_write_f32(w, "brain", MPQ_DT_BF16, 1, &s13, v, &e);
     const int32_t ints[4] = {-7, 0, 1 << 30, 42};
     const float one = 0.125f;
     bad = bad || mpq_st_write(w, "ints", MPQ_DT_I32, 1, &s4, ints, sizeof ints, &e) ||
-          mpq_st_write(w, "scalar", MPQ_DT_F32, 0, NULL, &one, 4, &e) ||
-          mpq_st_write_meta(w, "source", "st_tool \xe2\x9c\x93 \"quoted\" \\ tab\there", &e);
+        mpq_st_write(w, "scalar", MPQ_DT_F32, 0, NULL, &one, 4, &e) ||
+        mpq_st_write_meta(w, "source", "st_tool \xe2\x9c\x93 \"quoted\" \\ tab\there", &e);
     /* packed: a mixed-width bit-plane matrix with everything, and MXINT */
     for (int k = 0; k < 2 && !bad; k++) {
         const int m = 37, n = 150;
@@ -76,7 +76,7 @@ static int cmd_write(const char *path)
         mpq_packed A;
         memset(&A, 0, sizeof A);
         bad = mpq_sparse_from_mask(W, D, mask, m, n, &S) != MPQ_OK || mpq_pack_alloc(&d, W, &A) != MPQ_OK ||
-              mpq_st_write_packed(w, k ? "layers.1.mx" : "layers.0.bp", &A, &e) != MPQ_OK;
+            mpq_st_write_packed(w, k ? "layers.1.mx" : "layers.0.bp", &A, &e) != MPQ_OK;
         mpq_packed_free(&A);
         mpq_sparse_free(&S);
         free(W), free(cs), free(D), free(pr), free(pc), free(mask);
@@ -124,15 +124,18 @@ static int cmd_dump(const char *path, const char *dir)
         }
         if (!rc && t->packed) { /* must validate, metadata included */
             mpq_packed A;
-            if (mpq_st_read_packed(f, t->name, &A, &e) != MPQ_OK) rc = die("read_packed", e.msg);
-            else mpq_packed_free(&A);
+            if (mpq_st_read_packed(f, t->name, &A, &e) != MPQ_OK)
+                rc = die("read_packed", e.msg);
+            else
+                mpq_packed_free(&A);
         }
     }
     char *s = cJSON_Print(root);
     char p[4096];
     snprintf(p, sizeof p, "%s/dump.json", dir);
     FILE *out = fopen(p, "wb");
-    if (!out || !s) rc = die(p, "cannot write");
+    if (!out || !s)
+        rc = die(p, "cannot write");
     else {
         fputs(s, out);
         fclose(out);

@@ -12,7 +12,8 @@ static double objective(const mpq_packed *A, const float *W, const float *X, int
     for (int t = 0; t < tokens; t++)
         for (int i = 0; i < m; i++) {
             double e = 0;
-            for (int j = 0; j < n; j++) e += ((double)Wd[(size_t)i * n + j] - W[(size_t)i * n + j]) * X[(size_t)t * n + j];
+            for (int j = 0; j < n; j++)
+                e += ((double)Wd[(size_t)i * n + j] - W[(size_t)i * n + j]) * X[(size_t)t * n + j];
             tot += e * e;
         }
     free(Wd);
@@ -54,7 +55,8 @@ static void make_layer(synth_rng *r, layer *L, int m, int n, int format, int wit
     L->pc = malloc(4u * n);
     synth_perm(r, L->pr, m);
     synth_perm(r, L->pc, n);
-    L->d.format = format, L->d.rows = m, L->d.cols = n, L->d.group = L->group, L->d.block_rows = L->br, L->d.bits = L->bits;
+    L->d.format = format, L->d.rows = m, L->d.cols = n, L->d.group = L->group, L->d.block_rows = L->br,
+    L->d.bits = L->bits;
     if (with_perm) L->d.p_row = L->pr, L->d.p_col = L->pc;
 }
 
@@ -90,8 +92,10 @@ Test(awq, never_worse_than_rtn_and_the_reported_losses_are_the_objective)
             double final = objective(&A, L.W, L.X, L.tokens);
             mpq_packed_free(&A);
             cr_assert_leq(fabs(rtn - res.loss_rtn), 1e-3 * rtn, "RTN objective %g vs %g", rtn, res.loss_rtn);
-            cr_assert_leq(fabs(scaled - res.loss_scaled), 1e-3 * scaled, "scaled objective %g vs %g", scaled, res.loss_scaled);
-            cr_assert_leq(fabs(final - res.loss_final), 1e-3 * final, "final objective %g vs %g", final, res.loss_final);
+            cr_assert_leq(fabs(scaled - res.loss_scaled), 1e-3 * scaled, "scaled objective %g vs %g", scaled,
+                          res.loss_scaled);
+            cr_assert_leq(fabs(final - res.loss_final), 1e-3 * final, "final objective %g vs %g", final,
+                          res.loss_final);
             cr_assert_leq(scaled, rtn * (1 + 1e-6));
             free(cs), free(clip);
             free_layer(&L);
@@ -116,7 +120,8 @@ Test(awq, planted_salient_channels_cut_the_held_out_error)
         d.col_scale = cs, d.clip = clip;
         cr_assert_eq(mpq_pack_alloc(&d, L.W, &B), MPQ_OK);
         double rtn = objective(&A, L.W, L.Xh, L.tokens), awq = objective(&B, L.W, L.Xh, L.tokens);
-        cr_assert_lt(awq, 0.7 * rtn, "format %d: held-out error AWQ %g vs RTN %g (alpha %.2f)", fmt, awq, rtn, res.alpha);
+        cr_assert_lt(awq, 0.7 * rtn, "format %d: held-out error AWQ %g vs RTN %g (alpha %.2f)", fmt, awq, rtn,
+                     res.alpha);
         cr_assert_gt(res.alpha, 0.0f);
         mpq_packed_free(&A);
         mpq_packed_free(&B);
@@ -156,7 +161,7 @@ Test(awq, clipping_never_increases_a_groups_error)
                     double e = 0;
                     for (int k = 0; k < 64; k++)
                         e += (mpq_dequant_value(q[k], b, 0, tc_half(hs), tc_half(hz)) - v[k]) * cs[g * 64 + k] *
-                             L.X[(size_t)t * L.n + L.pc[g * 64 + k]];
+                            L.X[(size_t)t * L.n + L.pc[g * 64 + k]];
                     err[pass] += e * e;
                 }
             }

@@ -386,7 +386,8 @@ Test(calib, gradient_statistics_match_finite_differences)
                 for (size_t j = 0; j < (size_t)tl_rows(&t, k) * tl_cols(&t, k); j++)
                     ws.w[l][k][j] = t.w[l][k][j] + (float)step / 3.0f * (Qw[l][k][j] - t.w[l][k][j]);
         for (int q = 0; q < 4; q++) {
-            const double g = (fd(&t, &ws, pl[q], pk[q], pj[q], win[0], LEN) + fd(&t, &ws, pl[q], pk[q], pj[q], win[1], LEN)) / 2;
+            const double g =
+                (fd(&t, &ws, pl[q], pk[q], pj[q], win[0], LEN) + fd(&t, &ws, pl[q], pk[q], pj[q], win[1], LEN)) / 2;
             want[q] += fabs(g) / 3;
         }
     }
@@ -461,8 +462,10 @@ static int same_arrays(float **a, float **b, const mpq_calib_stats *s, const mpq
     if (!a || !b) return a == b;
     for (int i = 0; i < s->nlin; i++) {
         const mpq_linear *L = &m->layer[i / 7].lin[i % 7];
-        const size_t n = kind == 0 ? (size_t)L->rows * L->cols : kind == 1 ? (size_t)L->rows
-                       : kind == 2 ? (size_t)L->cols : (size_t)s->awq_tokens * L->cols;
+        const size_t n = kind == 0 ? (size_t)L->rows * L->cols
+            : kind == 1            ? (size_t)L->rows
+            : kind == 2            ? (size_t)L->cols
+                                   : (size_t)s->awq_tokens * L->cols;
         if (memcmp(a[i], b[i], sizeof(float) * n)) return 0;
     }
     return 1;
@@ -471,10 +474,9 @@ static int same_arrays(float **a, float **b, const mpq_calib_stats *s, const mpq
 static int same_stats(const mpq_calib_stats *a, const mpq_calib_stats *b, const mpq_llm *m)
 {
     return a->what == b->what && a->windows == b->windows && same_arrays(a->fisher, b->fisher, a, m, 0) &&
-           same_arrays(a->pqi, b->pqi, a, m, 0) && same_arrays(a->mixllm, b->mixllm, a, m, 1) &&
-           same_arrays(a->xtx_diag, b->xtx_diag, a, m, 2) && same_arrays(a->mean_abs, b->mean_abs, a, m, 2) &&
-           same_arrays(a->awq, b->awq, a, m, 3) &&
-           !memcmp(a->layer_sens, b->layer_sens, sizeof(float) * (size_t)a->nlin);
+        same_arrays(a->pqi, b->pqi, a, m, 0) && same_arrays(a->mixllm, b->mixllm, a, m, 1) &&
+        same_arrays(a->xtx_diag, b->xtx_diag, a, m, 2) && same_arrays(a->mean_abs, b->mean_abs, a, m, 2) &&
+        same_arrays(a->awq, b->awq, a, m, 3) && !memcmp(a->layer_sens, b->layer_sens, sizeof(float) * (size_t)a->nlin);
 }
 
 Test(calib, deterministic_for_any_thread_count_and_the_file_round_trips)
@@ -531,8 +533,10 @@ static void bad_file(const mpq_llm *m, const mpq_calib_stats *s, const char *p, 
     mpq_st_writer *w = NULL;
     cr_assert_eq(mpq_st_writer_open(p, &w, &e), MPQ_OK);
     char meta[256];
-    snprintf(meta, sizeof meta, "{\"windows\":%d,\"length\":%d,\"awq_tokens\":%d,\"mixllm_bits\":4,\"pqi_bits\":3,"
-             "\"pqi_steps\":3,\"pqi_windows\":2,\"sens_tokens\":8,\"loss\":1}", s->windows, s->length, s->awq_tokens);
+    snprintf(meta, sizeof meta,
+             "{\"windows\":%d,\"length\":%d,\"awq_tokens\":%d,\"mixllm_bits\":4,\"pqi_bits\":3,"
+             "\"pqi_steps\":3,\"pqi_windows\":2,\"sens_tokens\":8,\"loss\":1}",
+             s->windows, s->length, s->awq_tokens);
     cr_assert_eq(mpq_st_write_meta(w, "mpq_calib", meta, &e), MPQ_OK);
     char name[256];
     for (int i = 0; i < s->nlin; i++) {

@@ -280,10 +280,7 @@ static void method_case(const char *method, const char *args, const char *group)
     cr_assert_not_null(strstr(text("out.txt"), "model.embed.weight"));
 }
 
-Test(cli, rtn_matches_the_library, .init = setup, .fini = teardown)
-{
-    method_case("rtn", "--bits 3 --group 32", "32");
-}
+Test(cli, rtn_matches_the_library, .init = setup, .fini = teardown) { method_case("rtn", "--bits 3 --group 32", "32"); }
 
 Test(cli, awq_matches_the_library, .init = setup, .fini = teardown)
 {
@@ -299,8 +296,10 @@ Test(cli, gptq_matches_the_library, .init = setup, .fini = teardown)
 Test(cli, sfmp_with_gptq_matches_the_library, .init = setup, .fini = teardown)
 {
     direct_gptq = 1;
-    method_case("sfmp", "--bpw 3.3 --reorder both --salience fisher.safetensors --quantizer gptq "
-                "--hessian hessian.safetensors", NULL);
+    method_case("sfmp",
+                "--bpw 3.3 --reorder both --salience fisher.safetensors --quantizer gptq "
+                "--hessian hessian.safetensors",
+                NULL);
 }
 
 Test(cli, gptq_errors, .init = setup, .fini = teardown)
@@ -310,21 +309,25 @@ Test(cli, gptq_errors, .init = setup, .fini = teardown)
     cr_assert(strstr(text("err.txt"), "--hessian"), "%s", text("err.txt"));
     cr_assert_eq(run("quantize --act-order model.safetensors o.safetensors"), 1, "act-order is GPTQ's");
     cr_assert_eq(run("quantize --method requant --quantizer gptq --salience fisher.safetensors model.safetensors "
-                     "o.safetensors"), 1);
+                     "o.safetensors"),
+                 1);
     /* a Hessian file without the weight's X^T X: exit 2, naming file and tensor */
     cr_assert_eq(run("quantize --method gptq --hessian cols.safetensors --exclude '*embed*' model.safetensors "
-                     "o.safetensors"), 2);
+                     "o.safetensors"),
+                 2);
     const char *e = text("err.txt");
     cr_assert(strstr(e, "cols.safetensors") && strstr(e, "model.layers.0.proj.weight"), "%s", e);
     /* act-order under a plan whose widths vary along the columns */
     cr_assert_eq(run("quantize --method sfmp --bpw 3.3 --salience fisher.safetensors --quantizer gptq --act-order "
-                     "--hessian hessian.safetensors --exclude '*embed*' model.safetensors o.safetensors"), 1);
+                     "--hessian hessian.safetensors --exclude '*embed*' model.safetensors o.safetensors"),
+                 1);
     cr_assert(strstr(text("err.txt"), "--act-order"), "%s", text("err.txt"));
     /* X^T X of too few tokens without dampening: not positive definite, exit 4 and no output */
     char p[600];
     path_of("o.safetensors", p, sizeof p);
     cr_assert_eq(run("quantize --method gptq --damp 0 --hessian fisher.safetensors --exclude '*embed*' "
-                     "model.safetensors o.safetensors"), 2, "the Fisher file's tensors are rows x cols");
+                     "model.safetensors o.safetensors"),
+                 2, "the Fisher file's tensors are rows x cols");
     {
         char name[64], key[96], hp[600];
         mpq_io_err er;
@@ -338,19 +341,22 @@ Test(cli, gptq_errors, .init = setup, .fini = teardown)
                 for (int j = 0; j < cols; j++) H[i * cols + j] = (float)((1 + i % 5) * (1 + j % 5));
             layer_name(l, name, sizeof name);
             snprintf(key, sizeof key, "%s.xtx", name);
-            cr_assert_eq(mpq_st_write_f32(w, key, MPQ_DT_F32, 2, (const uint64_t[]){(uint64_t)cols, (uint64_t)cols}, H,
-                                          &er), MPQ_OK);
+            cr_assert_eq(
+                mpq_st_write_f32(w, key, MPQ_DT_F32, 2, (const uint64_t[]){(uint64_t)cols, (uint64_t)cols}, H, &er),
+                MPQ_OK);
             free(H);
         }
         cr_assert_eq(mpq_st_writer_close(w, &er), MPQ_OK);
     }
     cr_assert_eq(run("quantize --method gptq --damp 0 --hessian rank1.safetensors --exclude '*embed*' "
-                     "model.safetensors o.safetensors"), 4);
+                     "model.safetensors o.safetensors"),
+                 4);
     e = text("err.txt");
     cr_assert(strstr(e, "model.layers.0.proj.weight") && strstr(e, "--damp"), "%s", e);
     cr_assert_eq(access(p, F_OK), -1);
     cr_assert_eq(run("quantize --method gptq --hessian rank1.safetensors --exclude '*embed*' model.safetensors "
-                     "o.safetensors"), 0, "the default dampening makes it definite: %s", text("err.txt"));
+                     "o.safetensors"),
+                 0, "the default dampening makes it definite: %s", text("err.txt"));
 }
 
 Test(cli, sfmp_matches_the_library, .init = setup, .fini = teardown)
@@ -408,9 +414,12 @@ Test(cli, errors_have_exit_codes_and_name_what_is_wrong, .init = setup, .fini = 
     /* input problems: exit 2, naming file and tensor */
     cr_assert_eq(run("quantize missing.safetensors o.safetensors"), 2);
     cr_assert_not_null(strstr(text("err.txt"), "missing.safetensors"));
-    cr_assert_eq(run("quantize --method mixllm --salience fisher.safetensors --exclude '*embed*' model.safetensors o.safetensors"), 2);
+    cr_assert_eq(run("quantize --method mixllm --salience fisher.safetensors --exclude '*embed*' model.safetensors "
+                     "o.safetensors"),
+                 2);
     const char *e = text("err.txt");
-    cr_assert(strstr(e, "fisher.safetensors") && strstr(e, "model.layers.0.proj.weight") && strstr(e, "shape"), "%s", e);
+    cr_assert(strstr(e, "fisher.safetensors") && strstr(e, "model.layers.0.proj.weight") && strstr(e, "shape"), "%s",
+              e);
     cr_assert_eq(run("quantize --method awq --calib cols.safetensors model.safetensors o.safetensors"), 2);
     cr_assert(strstr(text("err.txt"), "activations"), "%s", text("err.txt"));
     cr_assert_eq(run("inspect fisher.safetensors"), 0);
@@ -425,7 +434,9 @@ Test(cli, errors_have_exit_codes_and_name_what_is_wrong, .init = setup, .fini = 
     cr_assert(strstr(text("err.txt"), "junk.safetensors"), "%s", text("err.txt"));
     /* a budget no plan meets: exit 1, the lowest one the tensors allow and the
        tensor that needs the most, and no output file */
-    cr_assert_eq(run("quantize --method sfmp --bpw 0.5 --salience fisher.safetensors --exclude '*embed*' model.safetensors o.safetensors"), 1);
+    cr_assert_eq(run("quantize --method sfmp --bpw 0.5 --salience fisher.safetensors --exclude '*embed*' "
+                     "model.safetensors o.safetensors"),
+                 1);
     e = text("err.txt");
     /* 1 + 32 / 128 on layers 0..2 (whole groups), 1 + 32 / 72 on layer 3 (one partial group) */
     cr_assert(strstr(e, "lowest budget") && strstr(e, "model.layers.3.proj.weight") && strstr(e, "1.4444"), "%s", e);
@@ -441,11 +452,14 @@ Test(cli, errors_have_exit_codes_and_name_what_is_wrong, .init = setup, .fini = 
 Test(cli, messages_say_what_to_change, .init = setup, .fini = teardown)
 {
     write_inputs();
-    cr_assert_eq(run("quantize --bits 3 --group 100 model.safetensors o.safetensors"), 1, "a group not of whole chunks");
-    cr_assert(strstr(text("err.txt"), "--group 100") && strstr(text("err.txt"), "multiple of 8"), "%s", text("err.txt"));
-    cr_assert_eq(run("quantize --method sfmp --bpw 20 --salience fisher.safetensors --exclude '*embed*' model.safetensors "
-                     "o.safetensors"),
-                 0);
+    cr_assert_eq(run("quantize --bits 3 --group 100 model.safetensors o.safetensors"), 1,
+                 "a group not of whole chunks");
+    cr_assert(strstr(text("err.txt"), "--group 100") && strstr(text("err.txt"), "multiple of 8"), "%s",
+              text("err.txt"));
+    cr_assert_eq(
+        run("quantize --method sfmp --bpw 20 --salience fisher.safetensors --exclude '*embed*' model.safetensors "
+            "o.safetensors"),
+        0);
     cr_assert(strstr(text("err.txt"), "--bpw 20: capped at"), "%s", text("err.txt"));
     char p[600];
     path_of("notes.safetensors", p, sizeof p);
@@ -471,12 +485,13 @@ Test(cli, messages_say_what_to_change, .init = setup, .fini = teardown)
         free(S);
     }
     cr_assert_eq(mpq_st_writer_close(w, &e), MPQ_OK);
-    cr_assert_eq(run("quantize --method sfmp --bpw 3 --salience negative.safetensors --exclude '*embed*' model.safetensors "
-                     "o.safetensors"),
-                 2);
+    cr_assert_eq(
+        run("quantize --method sfmp --bpw 3 --salience negative.safetensors --exclude '*embed*' model.safetensors "
+            "o.safetensors"),
+        2);
     const char *m = text("err.txt");
-    cr_assert(strstr(m, "negative.safetensors") && strstr(m, "model.layers.2.proj.weight") && strstr(m, "negative"), "%s",
-              m);
+    cr_assert(strstr(m, "negative.safetensors") && strstr(m, "model.layers.2.proj.weight") && strstr(m, "negative"),
+              "%s", m);
 }
 
 /* x rounded to bfloat16 (nearest, ties to even; finite x). */

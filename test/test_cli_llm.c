@@ -190,7 +190,8 @@ Test(cli_llm, eval_quantize_and_run_on_gguf_and_hf, .init = setup, .fini = teard
 
     /* quantize both forms: the matrices are the library's packing of the
        same floats, the embedding (= head) at --embed-bits */
-    cr_assert_eq(run("quantize --quiet --bits 4 --embed-bits 8 m.gguf qg.safetensors"), 0, "%s", slurp("err.txt", NULL));
+    cr_assert_eq(run("quantize --quiet --bits 4 --embed-bits 8 m.gguf qg.safetensors"), 0, "%s",
+                 slurp("err.txt", NULL));
     cr_assert_eq(run("quantize --quiet --bits 3 --embed-bits 6 hf qh.safetensors"), 0, "%s", slurp("err.txt", NULL));
     mpq_llm *qg = load("qg.safetensors"), *qh = load("qh.safetensors");
     const mpq_llm *from[2] = {g, h}, *to[2] = {qg, qh};
@@ -339,10 +340,11 @@ Test(cli_llm, calibrate_then_every_method_and_a_schedule, .init = setup, .fini =
     /* sfmp (RTN and AWQ underneath) and mixllm: the library's plans from the file's statistics */
     cr_assert_eq(run("quantize --quiet --method sfmp --bpw 3.5 --stats s.safetensors hf q1.safetensors"), 0, "%s",
                  slurp("err.txt", NULL));
-    cr_assert_eq(run("quantize --quiet --method sfmp --bpw 3.5 --quantizer awq --stats s.safetensors hf q2.safetensors"),
-                 0, "%s", slurp("err.txt", NULL));
-    cr_assert_eq(run("quantize --quiet --method mixllm --fraction 0.2 --stats s.safetensors hf q3.safetensors"), 0, "%s",
-                 slurp("err.txt", NULL));
+    cr_assert_eq(
+        run("quantize --quiet --method sfmp --bpw 3.5 --quantizer awq --stats s.safetensors hf q2.safetensors"), 0,
+        "%s", slurp("err.txt", NULL));
+    cr_assert_eq(run("quantize --quiet --method mixllm --fraction 0.2 --stats s.safetensors hf q3.safetensors"), 0,
+                 "%s", slurp("err.txt", NULL));
     mpq_sfmp_layer SL[14];
     mpq_mixllm_layer ML[14];
     for (int i = 0; i < 14; i++) {
@@ -363,7 +365,8 @@ Test(cli_llm, calibrate_then_every_method_and_a_schedule, .init = setup, .fini =
     for (int i = 0; i < 14; i++) {
         const mpq_linear *F = &h->layer[i / 7].lin[i % 7];
         cr_assert(same_as_plan(F, &q1->layer[i / 7].lin[i % 7], &ps, i, NULL, 0), "sfmp, map %d", i);
-        cr_assert(same_as_plan(F, &q2->layer[i / 7].lin[i % 7], &ps, i, s.awq[i], s.awq_tokens), "sfmp + awq, map %d", i);
+        cr_assert(same_as_plan(F, &q2->layer[i / 7].lin[i % 7], &ps, i, s.awq[i], s.awq_tokens), "sfmp + awq, map %d",
+                  i);
         cr_assert(same_as_plan(F, &q3->layer[i / 7].lin[i % 7], &pm, i, NULL, 0), "mixllm, map %d", i);
     }
     mpq_plan_free(&ps), mpq_plan_free(&pm);

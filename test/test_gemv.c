@@ -2,16 +2,16 @@
    built from an independent reading of the packed bytes. */
 #include "common.h"
 
-#define paths tc_paths
+#define paths  tc_paths
 #define NPATHS TC_NPATHS
 
 typedef struct shape {
     int m, n, G, br;
 } shape;
 
-static const shape shapes[] = {{1, 8, 8, 16},     {7, 24, 8, 1},       {33, 200, 64, 3},  {48, 40, 24, 5},
-                                {50, 300, 40, 32}, {100, 130, 16, 1},   {17, 1000, 128, 16}, {64, 96, 32, 48},
-                                {20, 136, 136, 2}, {3, 57, 56, 7},      {129, 257, 128, 256}, {16, 64, 64, 16}};
+static const shape shapes[] = {{1, 8, 8, 16},     {7, 24, 8, 1},     {33, 200, 64, 3},     {48, 40, 24, 5},
+                               {50, 300, 40, 32}, {100, 130, 16, 1}, {17, 1000, 128, 16},  {64, 96, 32, 48},
+                               {20, 136, 136, 2}, {3, 57, 56, 7},    {129, 257, 128, 256}, {16, 64, 64, 16}};
 
 /* Packs W (m x n) with a random mixed bits map; perms and column scale when asked. */
 static mpq_packed pack_random(synth_rng *r, const shape *s, int with_perm, int bmin, int bmax, const float *W)
@@ -178,8 +178,8 @@ Test(gemv, path_query_says_what_auto_runs)
 {
     synth_rng r = {0x9a7d};
     const int m = 37, groups[] = {128, 2048};
-    const mpq_path order[] = {MPQ_PATH_AVX512_VNNI, MPQ_PATH_AVX2_INT, MPQ_PATH_NEON, MPQ_PATH_AVX512, MPQ_PATH_AVX2,
-                              MPQ_PATH_SCALAR};
+    const mpq_path order[] = {MPQ_PATH_AVX512_VNNI, MPQ_PATH_AVX2_INT, MPQ_PATH_NEON,
+                              MPQ_PATH_AVX512,      MPQ_PATH_AVX2,     MPQ_PATH_SCALAR};
     for (int gi = 0; gi < 2; gi++) {
         const int n = groups[gi] + 96; /* a partial last group */
         float *W = malloc(sizeof(float) * m * n), *x = malloc(sizeof(float) * n), y0[37], y1[37];
@@ -343,10 +343,7 @@ typedef struct counts {
     int *hits;
 } counts;
 
-static void count_task(void *ctx, int t)
-{
-    __atomic_add_fetch(&((counts *)ctx)->hits[t], 1, __ATOMIC_RELAXED);
-}
+static void count_task(void *ctx, int t) { __atomic_add_fetch(&((counts *)ctx)->hits[t], 1, __ATOMIC_RELAXED); }
 
 Test(gemv, parallel_runs_every_task_once)
 {
@@ -376,7 +373,7 @@ Test(gemv, proc_stat_busy_time_is_parsed)
                  6576682LL + 295633 + 286266 + 0 + 871 + 13084);
     cr_assert_eq(mpq__proc_stat_busy("cpu  10 20 30 4000 50 6 7\n"), 10 + 20 + 30 + 6 + 7); /* no steal field */
     cr_assert_eq(mpq__proc_stat_busy("cpu  10 20 30 4000 50 6 7 8"), 10 + 20 + 30 + 6 + 7 + 8);
-    cr_assert_eq(mpq__proc_stat_busy("cpu  10 20 30 4000 50 6\n"), -1);  /* too few fields */
+    cr_assert_eq(mpq__proc_stat_busy("cpu  10 20 30 4000 50 6\n"), -1);   /* too few fields */
     cr_assert_eq(mpq__proc_stat_busy("cpu0 10 20 30 4000 50 6 7\n"), -1); /* a single core's line */
     cr_assert_eq(mpq__proc_stat_busy("intr 1 2 3 4 5 6 7 8\n"), -1);
     cr_assert_eq(mpq__proc_stat_busy("cpu  10 20 30 4000 50 6 7x\n"), -1);
@@ -389,11 +386,11 @@ Test(gemv, proc_stat_busy_time_is_parsed)
 Test(gemv, threads_follow_the_free_cores)
 {
     cr_assert_eq(mpq__load_team(2, 2 * 256), 2);
-    cr_assert_eq(mpq__load_team(2, 1 * 256), 1);   /* two busy loops took one of two cores from us */
-    cr_assert_eq(mpq__load_team(2, 384), 2);       /* 1.5 rounds up */
+    cr_assert_eq(mpq__load_team(2, 1 * 256), 1); /* two busy loops took one of two cores from us */
+    cr_assert_eq(mpq__load_team(2, 384), 2);     /* 1.5 rounds up */
     cr_assert_eq(mpq__load_team(2, 383), 1);
-    cr_assert_eq(mpq__load_team(8, 1), 1);         /* nothing free: the caller alone */
-    cr_assert_eq(mpq__load_team(4, 64 * 256), 4);  /* never more than asked */
+    cr_assert_eq(mpq__load_team(8, 1), 1);        /* nothing free: the caller alone */
+    cr_assert_eq(mpq__load_team(4, 64 * 256), 4); /* never more than asked */
     cr_assert_eq(mpq__load_team(16, 10 * 256 + 100), 10);
 }
 
@@ -429,11 +426,11 @@ Test(gemv, bad_inputs_are_errors_and_write_nothing)
     size_t wb = mpq_gemv_work_bytes(&A, 2);
     uint8_t *w = tc_alloc(wb + 64);
     mpq_gemv_opts o = {0};
-#define EXPECT(call, st)                                                                                                   \
-    do {                                                                                                                   \
-        for (int k = 0; k < 80; k++) y[k] = 12345.0f;                                                                     \
-        cr_assert_eq((call), (st), #call);                                                                                 \
-        for (int k = 0; k < 80; k++) cr_assert_eq(y[k], 12345.0f, "y written by " #call);                               \
+#define EXPECT(call, st)                                                                                               \
+    do {                                                                                                               \
+        for (int k = 0; k < 80; k++) y[k] = 12345.0f;                                                                  \
+        cr_assert_eq((call), (st), #call);                                                                             \
+        for (int k = 0; k < 80; k++) cr_assert_eq(y[k], 12345.0f, "y written by " #call);                              \
     } while (0)
     x[70] = NAN;
     EXPECT(mpq_gemv(&A, x, y, 2, &o, w, wb), MPQ_ERR_NONFINITE);

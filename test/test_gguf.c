@@ -51,8 +51,8 @@ typedef struct ttype {
 } ttype;
 
 static const ttype types[] = {
-    {0, "F32", 1, 4},     {1, "F16", 1, 2},     {30, "BF16", 1, 2},   {28, "F64", 1, 8},   {8, "Q8_0", 32, 34},
-    {2, "Q4_0", 32, 18},  {3, "Q4_1", 32, 20},  {6, "Q5_0", 32, 22},  {7, "Q5_1", 32, 24},
+    {0, "F32", 1, 4},    {1, "F16", 1, 2},    {30, "BF16", 1, 2},  {28, "F64", 1, 8},   {8, "Q8_0", 32, 34},
+    {2, "Q4_0", 32, 18}, {3, "Q4_1", 32, 20}, {6, "Q5_0", 32, 22}, {7, "Q5_1", 32, 24},
 };
 
 /* A finite half of moderate size for scales (never NaN or Inf). */
@@ -77,7 +77,8 @@ static uint8_t *make_data(const ttype *t, size_t n, synth_rng *r, size_t *bytes)
         }
     } else if (t->id == 1 || t->id == 30) {
         for (size_t i = 0; i < n; i++) {
-            uint16_t h = t->id == 1 ? rand_half(r) : (uint16_t)(0x3c00 + synth_int(r, 2048) - 1024 + synth_int(r, 2) * 0x8000);
+            uint16_t h =
+                t->id == 1 ? rand_half(r) : (uint16_t)(0x3c00 + synth_int(r, 2048) - 1024 + synth_int(r, 2) * 0x8000);
             memcpy(b + 2 * i, &h, 2);
         }
     } else { /* d (and m) first in every block */
@@ -158,8 +159,10 @@ Test(gguf, every_float_type_reads_as_its_blocks_define, .init = make_tmpdir, .fi
     for (int from_file = 0; from_file < 2; from_file++) {
         mpq_gguf_file *f;
         mpq_io_err e;
-        if (from_file) cr_assert_eq(mpq_gguf_open(path, &f, &e), MPQ_OK, "%s", e.msg);
-        else cr_assert_eq(mpq_gguf_open_memory(file, n, &f, &e), MPQ_OK, "%s", e.msg);
+        if (from_file)
+            cr_assert_eq(mpq_gguf_open(path, &f, &e), MPQ_OK, "%s", e.msg);
+        else
+            cr_assert_eq(mpq_gguf_open_memory(file, n, &f, &e), MPQ_OK, "%s", e.msg);
         cr_assert_eq(mpq_gguf_version(f), 3);
         cr_assert_eq(mpq_gguf_count(f), nt);
         for (int k = 0; k < nt; k++) {
@@ -227,8 +230,15 @@ Test(gguf, metadata_of_every_value_type)
     static const struct {
         const char *key;
         int64_t want;
-    } ints_want[] = {{"u8", 254}, {"i8", -2}, {"u16", 65535}, {"i16", -1}, {"u32", 4000000000ll},
-                     {"i32", -5}, {"bool", 1}, {"u64ok", 123456789012345ll}, {"i64", -7}};
+    } ints_want[] = {{"u8", 254},
+                     {"i8", -2},
+                     {"u16", 65535},
+                     {"i16", -1},
+                     {"u32", 4000000000ll},
+                     {"i32", -5},
+                     {"bool", 1},
+                     {"u64ok", 123456789012345ll},
+                     {"i64", -7}};
     for (size_t k = 0; k < sizeof ints_want / sizeof ints_want[0]; k++) {
         const mpq_gguf_kv *kv = mpq_gguf_kv_find(f, ints_want[k].key);
         cr_assert_not_null(kv, "%s", ints_want[k].key);

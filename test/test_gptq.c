@@ -127,7 +127,7 @@ static int ref_chol_upper(const double *A, int n, double *U)
 typedef struct ref_grid {
     int mx, b;
     double s, z; /* bit-plane pair */
-    int e8m0; /* MXINT */
+    int e8m0;    /* MXINT */
 } ref_grid;
 
 static ref_grid ref_grid_of(const double *v, int len, int b, int sym, int mx, double clip)

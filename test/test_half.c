@@ -26,7 +26,10 @@ static uint16_t ref_to_half(float f)
     int lo = 0, hi = 0x7BFF; /* largest h with value(h) <= a */
     while (lo < hi) {
         int mid = (lo + hi + 1) / 2;
-        if (tc_half((uint16_t)mid) <= a) lo = mid; else hi = mid - 1;
+        if (tc_half((uint16_t)mid) <= a)
+            lo = mid;
+        else
+            hi = mid - 1;
     }
     if (lo == 0x7BFF) return sign | 0x7BFF; /* 65504 <= a < 65520 */
     double d0 = a - tc_half((uint16_t)lo), d1 = tc_half((uint16_t)(lo + 1)) - a;
@@ -77,11 +80,30 @@ static void check_to_half(float f)
 
 Test(half, float_to_half_edge_cases)
 {
-    const float edge[] = {0.0f, -0.0f, 1.0f, -1.0f, 65504.0f, 65519.99f, 65520.0f, -65520.0f, 65536.0f,
-                          INFINITY, -INFINITY, 5.9604645e-8f /* 2^-24 */, 2.9802322e-8f /* 2^-25: tie -> 0 */,
-                          2.9802326e-8f, 8.940697e-8f /* 1.5 * 2^-24: tie -> 2^-23 */, 6.1035156e-5f /* 2^-14 */,
-                          6.1004636e-5f, 1.17549435e-38f, 3.4028235e38f, 1e-45f, 0.1f, 1.0009765625f /* 1 + 2^-10 */,
-                          1.00048828125f /* 1 + 2^-11: tie to even -> 1 */, 1.00146484375f /* tie -> 1 + 2^-9 */};
+    const float edge[] = {0.0f,
+                          -0.0f,
+                          1.0f,
+                          -1.0f,
+                          65504.0f,
+                          65519.99f,
+                          65520.0f,
+                          -65520.0f,
+                          65536.0f,
+                          INFINITY,
+                          -INFINITY,
+                          5.9604645e-8f /* 2^-24 */,
+                          2.9802322e-8f /* 2^-25: tie -> 0 */,
+                          2.9802326e-8f,
+                          8.940697e-8f /* 1.5 * 2^-24: tie -> 2^-23 */,
+                          6.1035156e-5f /* 2^-14 */,
+                          6.1004636e-5f,
+                          1.17549435e-38f,
+                          3.4028235e38f,
+                          1e-45f,
+                          0.1f,
+                          1.0009765625f /* 1 + 2^-10 */,
+                          1.00048828125f /* 1 + 2^-11: tie to even -> 1 */,
+                          1.00146484375f /* tie -> 1 + 2^-9 */};
     for (size_t k = 0; k < sizeof edge / sizeof edge[0]; k++) check_to_half(edge[k]);
     cr_assert_eq(mpq_f32_to_f16_soft(2.9802322e-8f), 0);
     cr_assert_eq(mpq_f32_to_f16_soft(8.940697e-8f), 2);

@@ -122,7 +122,8 @@ static void pk_make(pk *P, int m, int n, int format, int mixed, int perms, int s
     if (mixed) {
         const int nb = (m + 15) / 16 * ((n + d.group - 1) / d.group);
         P->bits = malloc((size_t)nb);
-        for (int k = 0; k < nb; k++) P->bits[k] = (uint8_t)(format == MPQ_FORMAT_MXINT ? 2 + synth_int(&r, 7) : 1 + synth_int(&r, 8));
+        for (int k = 0; k < nb; k++)
+            P->bits[k] = (uint8_t)(format == MPQ_FORMAT_MXINT ? 2 + synth_int(&r, 7) : 1 + synth_int(&r, 8));
         d.bits = P->bits;
     }
     if (perms) {
@@ -175,8 +176,8 @@ static void same_products(const mpq_packed *A, const mpq_packed *B)
 
 Test(io, dtype_table)
 {
-    const char *names[] = {"BOOL", "U8", "I8", "F8_E5M2", "F8_E4M3", "I16", "U16", "F16",
-                           "BF16", "I32", "U32", "F32", "F64", "I64", "U64"};
+    const char *names[] = {"BOOL", "U8",  "I8",  "F8_E5M2", "F8_E4M3", "I16", "U16", "F16",
+                           "BF16", "I32", "U32", "F32",     "F64",     "I64", "U64"};
     const size_t sizes[] = {1, 1, 1, 1, 1, 2, 2, 2, 2, 4, 4, 4, 8, 8, 8};
     for (int i = 0; i < MPQ_DT_COUNT; i++) {
         cr_assert_str_eq(mpq_dtype_name((mpq_dtype)i), names[i]);
@@ -200,9 +201,9 @@ Test(io, bf16_rounds_to_nearest_even)
         cr_assert_eq(mpq_f32_to_bf16(f), ref_bf16(f), "%a", (double)f);
     }
     cr_assert_eq(mpq_f32_to_bf16(1.0f), 0x3F80);
-    cr_assert_eq(mpq_f32_to_bf16(1.0f + 0x1p-8f), 0x3F80);          /* tie: to even */
-    cr_assert_eq(mpq_f32_to_bf16(1.0f + 3 * 0x1p-8f), 0x3F82);      /* tie: to even (up) */
-    cr_assert_eq(mpq_f32_to_bf16(3.4028235e38f), 0x7F80);           /* FLT_MAX rounds to Inf */
+    cr_assert_eq(mpq_f32_to_bf16(1.0f + 0x1p-8f), 0x3F80);     /* tie: to even */
+    cr_assert_eq(mpq_f32_to_bf16(1.0f + 3 * 0x1p-8f), 0x3F82); /* tie: to even (up) */
+    cr_assert_eq(mpq_f32_to_bf16(3.4028235e38f), 0x7F80);      /* FLT_MAX rounds to Inf */
     cr_assert_eq(mpq_bf16_to_f32(0xC000), -2.0f);
 }
 
@@ -216,7 +217,7 @@ Test(io, float_tensors_round_trip, .init = make_tmpdir, .fini = remove_tmpdir)
     synth_weights(&r, x, m, n);
     x[0] = 70000.0f; /* beyond F16: Inf there, exact in F32, rounded in BF16 */
     x[1] = -0.0f;
-    x[2] = 1e-8f;    /* F16 subnormal range */
+    x[2] = 1e-8f; /* F16 subnormal range */
     mpq_io_err e;
     mpq_st_writer *w;
     cr_assert_eq(mpq_st_writer_open(path, &w, &e), MPQ_OK, "%s", e.msg);
@@ -312,9 +313,9 @@ Test(io, packed_matrices_round_trip_bit_exact, .init = make_tmpdir, .fini = remo
     /* every format and optional section, at awkward sizes */
     static const int cfg[][8] = {
         /* m, n, format, mixed, perms, scales, sparse */
-        {16, 64, MPQ_FORMAT_BITPLANE, 0, 0, 0, 0},  {37, 200, MPQ_FORMAT_BITPLANE, 1, 0, 0, 0},
-        {50, 130, MPQ_FORMAT_BITPLANE, 1, 1, 1, 0}, {33, 96, MPQ_FORMAT_BITPLANE, 1, 1, 1, 1},
-        {20, 70, MPQ_FORMAT_MXINT, 0, 0, 0, 0},     {45, 161, MPQ_FORMAT_MXINT, 1, 1, 1, 1},
+        {16, 64, MPQ_FORMAT_BITPLANE, 0, 0, 0, 0},   {37, 200, MPQ_FORMAT_BITPLANE, 1, 0, 0, 0},
+        {50, 130, MPQ_FORMAT_BITPLANE, 1, 1, 1, 0},  {33, 96, MPQ_FORMAT_BITPLANE, 1, 1, 1, 1},
+        {20, 70, MPQ_FORMAT_MXINT, 0, 0, 0, 0},      {45, 161, MPQ_FORMAT_MXINT, 1, 1, 1, 1},
         {3, 65600, MPQ_FORMAT_BITPLANE, 0, 0, 0, 1}, /* 32-bit sparse column indices */
     };
     const int nc = sizeof cfg / sizeof cfg[0];
@@ -500,7 +501,8 @@ Test(io, hostile_headers_are_rejected_with_a_reason, .init = make_tmpdir, .fini 
     /* text */
     reject_json("{\"a\xff\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", 8, "UTF-8", "invalid byte");
     reject_json("{\"a\xc0\xaf\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", 8, "UTF-8", "overlong");
-    reject_json("{\"a\xed\xa0\x80\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", 8, "UTF-8", "surrogate");
+    reject_json("{\"a\xed\xa0\x80\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", 8, "UTF-8",
+                "surrogate");
     reject_json("{\"a\xe2\x82\":{}}", 8, "UTF-8", "truncated sequence");
     b = craft("{" T1 "}", UINT64_MAX, "01234567", 8, &n);
     b[8 + 2] = 0; /* a raw NUL inside the name */
@@ -534,21 +536,27 @@ Test(io, hostile_headers_are_rejected_with_a_reason, .init = make_tmpdir, .fini 
     reject_json("{\"a\":{\"shape\":[2],\"data_offsets\":[0,8]}}", 8, "missing field 'dtype'", "no dtype");
     reject_json("{\"a\":{\"dtype\":\"F32\",\"data_offsets\":[0,8]}}", 8, "missing field 'shape'", "no shape");
     reject_json("{\"a\":{\"dtype\":\"F32\",\"shape\":[2]}}", 8, "missing field 'data_offsets'", "no offsets");
-    reject_json("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8],\"x\":1}}", 8, "unknown field", "extra field");
-    reject_json("{\"a\":{\"dtype\":\"F32\",\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", 8, "twice", "field twice");
+    reject_json("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8],\"x\":1}}", 8, "unknown field",
+                "extra field");
+    reject_json("{\"a\":{\"dtype\":\"F32\",\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", 8, "twice",
+                "field twice");
     reject_json("{\"a\":{\"dtype\":\"F32\",\"shape\":2,\"data_offsets\":[0,8]}}", 8, "not an array", "shape number");
     reject_json("{\"a\":{\"dtype\":\"F32\",\"shape\":[-2],\"data_offsets\":[0,8]}}", 8, "dimension 0", "negative dim");
-    reject_json("{\"a\":{\"dtype\":\"F32\",\"shape\":[2.5],\"data_offsets\":[0,10]}}", 10, "dimension 0", "fractional dim");
+    reject_json("{\"a\":{\"dtype\":\"F32\",\"shape\":[2.5],\"data_offsets\":[0,10]}}", 10, "dimension 0",
+                "fractional dim");
     reject_json("{\"a\":{\"dtype\":\"F32\",\"shape\":[\"2\"],\"data_offsets\":[0,8]}}", 8, "dimension 0", "string dim");
     reject_json("{\"a\":{\"dtype\":\"F32\",\"shape\":[1e300],\"data_offsets\":[0,8]}}", 8, "dimension 0", "dim 1e300");
-    reject_json("{\"a\":{\"dtype\":\"U8\",\"shape\":[9007199254740993],\"data_offsets\":[0,8]}}", 8, "dimension 0", "dim 2^53+1");
-    reject_json("{\"a\":{\"dtype\":\"F32\",\"shape\":[1,1,1,1,1,1,1,1,2],\"data_offsets\":[0,8]}}", 8, "dimensions", "9 dims");
-    reject_json("{\"a\":{\"dtype\":\"F32\",\"shape\":[4294967296,4294967296],\"data_offsets\":[0,8]}}", 8,
-                "overflows", "element count overflow");
-    reject_json("{\"a\":{\"dtype\":\"F64\",\"shape\":[2147483648,2147483648],\"data_offsets\":[0,8]}}", 8,
-                "overflows", "byte count overflow");
+    reject_json("{\"a\":{\"dtype\":\"U8\",\"shape\":[9007199254740993],\"data_offsets\":[0,8]}}", 8, "dimension 0",
+                "dim 2^53+1");
+    reject_json("{\"a\":{\"dtype\":\"F32\",\"shape\":[1,1,1,1,1,1,1,1,2],\"data_offsets\":[0,8]}}", 8, "dimensions",
+                "9 dims");
+    reject_json("{\"a\":{\"dtype\":\"F32\",\"shape\":[4294967296,4294967296],\"data_offsets\":[0,8]}}", 8, "overflows",
+                "element count overflow");
+    reject_json("{\"a\":{\"dtype\":\"F64\",\"shape\":[2147483648,2147483648],\"data_offsets\":[0,8]}}", 8, "overflows",
+                "byte count overflow");
     reject_json("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0]}}", 8, "data_offsets", "one offset");
-    reject_json("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8,9]}}", 8, "data_offsets", "three offsets");
+    reject_json("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8,9]}}", 8, "data_offsets",
+                "three offsets");
     reject_json("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[8,0]}}", 8, "before begin", "end < begin");
     reject_json("{\"a\":{\"dtype\":\"F32\",\"shape\":[3],\"data_offsets\":[0,8]}}", 8, "need 12", "bytes vs shape");
     reject_json("{\"a\":{\"dtype\":\"F16\",\"shape\":[2],\"data_offsets\":[0,8]}}", 8, "need 4", "bytes vs dtype");
@@ -560,10 +568,12 @@ Test(io, hostile_headers_are_rejected_with_a_reason, .init = make_tmpdir, .fini 
     reject_json("{" T1 ",\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", 8, "overlap", "same range");
     reject_json("{" T1 ",\"b\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[12,16]}}", 16, "gap", "gap between");
     /* packed-file metadata */
-    reject_json("{\"__metadata__\":{\"mpq.b.format\":\"bitplane\"}," T1 "}", 8, "no such tensor", "mark without tensor");
+    reject_json("{\"__metadata__\":{\"mpq.b.format\":\"bitplane\"}," T1 "}", 8, "no such tensor",
+                "mark without tensor");
     reject_json("{\"__metadata__\":{\"mpq.a.format\":\"bitplane\"}," T1 "}", 8, "needs U8", "mark on F32");
-    reject_json("{\"__metadata__\":{\"mpq.a.format\":\"int3\"},\"a\":{\"dtype\":\"U8\",\"shape\":[8],\"data_offsets\":[0,8]}}",
-                8, "unknown packed format", "unknown format");
+    reject_json(
+        "{\"__metadata__\":{\"mpq.a.format\":\"int3\"},\"a\":{\"dtype\":\"U8\",\"shape\":[8],\"data_offsets\":[0,8]}}",
+        8, "unknown packed format", "unknown format");
     reject_json("{\"__metadata__\":{\"mpq.version\":\"2\"}," T1 "}", 8, "mpq.version", "future version");
 
     /* the good one opens, with zero-size tensors anywhere in the order */

@@ -128,8 +128,8 @@ static void both_forms_match_reference(tl_model *tm, uint64_t seed)
     float *za = logits_of(a, tok, N, 7, 0), *zb = logits_of(b, tok, N, 64, 0);
     const double da = rel_diff(za, ref, (size_t)N * 320), db = rel_diff(zb, ref, (size_t)N * 320);
     cr_assert(da < 2e-5, "Hugging Face form against the float64 reference: %.3g", da);
-    cr_assert(db < 2e-5, "GGUF form (%s pairs) against the float64 reference: %.3g",
-              tm->qwen ? "half" : "adjacent", db);
+    cr_assert(db < 2e-5, "GGUF form (%s pairs) against the float64 reference: %.3g", tm->qwen ? "half" : "adjacent",
+              db);
     free(za), free(zb), free(ref);
     mpq_llm_free(a), mpq_llm_free(b);
 }
@@ -365,7 +365,7 @@ Test(model, packed_linear_maps_equal_their_dequantized_floats, .init = make_tmpd
 /* ---- perplexity ---------------------------------------------------------------------- */
 
 /* llama-perplexity's computation written out over the reference forward;
-   *err: its uncertainty, ppl * sqrt((mean(nll^2) - mean(nll)^2) / (count - 1)). */
+ *err: its uncertainty, ppl * sqrt((mean(nll^2) - mean(nll)^2) / (count - 1)). */
 static double ref_ppl(const tl_model *tm, const int32_t *tok, size_t n, int ctx, int bos, long *count, double *err)
 {
     double nll = 0, nll2 = 0;
@@ -468,7 +468,8 @@ Test(model, perplexity_as_llama_perplexity_computes_it, .init = make_tmpdir, .fi
     }
     mpq_llm_state_free(&s);
     cr_assert_eq(res.count, cnt);
-    cr_assert(fabs(res.ppl / exp(nll / cnt) - 1) < 1e-6, "scheduled %.9g, token by token %.9g", res.ppl, exp(nll / cnt));
+    cr_assert(fabs(res.ppl / exp(nll / cnt) - 1) < 1e-6, "scheduled %.9g, token by token %.9g", res.ppl,
+              exp(nll / cnt));
     sc.skip[1] = 0; /* not increasing */
     cr_assert_eq(mpq_llm_perplexity(m, tok, N, &o, &res), MPQ_ERR_ARG);
     mpq_llm_free(m);
@@ -545,7 +546,8 @@ Test(model, generation_greedy_sampled_and_with_schedules, .init = make_tmpdir, .
         cr_assert_eq(mpq_linear_set_packed(m, L, &A), MPQ_OK);
     }
     mpq_pmpd_schedule sc = {0};
-    sc.prefill_skip = 0, sc.nlevels = 3, sc.skip[0] = 0, sc.skip[1] = 1, sc.skip[2] = 2, sc.start[1] = 4, sc.start[2] = 10;
+    sc.prefill_skip = 0, sc.nlevels = 3, sc.skip[0] = 0, sc.skip[1] = 1, sc.skip[2] = 2, sc.start[1] = 4,
+    sc.start[2] = 10;
     memset(&o, 0, sizeof o);
     o.schedule = &sc;
     cr_assert_eq(mpq_llm_generate(m, &s, prompt, 5, &o, out, 16, &res), MPQ_OK);
@@ -610,11 +612,13 @@ Test(model, wrong_models_are_refused_with_a_reason, .init = make_tmpdir, .fini =
         const char *from, *to, *needle;
         mpq_status st;
     } cfg[] = {
-        {"\"num_key_value_heads\": 2", "\"num_key_value_heads\": 4", "not a multiple of 4 key-value heads", MPQ_ERR_FORMAT},
+        {"\"num_key_value_heads\": 2", "\"num_key_value_heads\": 4", "not a multiple of 4 key-value heads",
+         MPQ_ERR_FORMAT},
         {"\"hidden_size\": 48", "\"hidden_size\": 50", "shape is not", MPQ_ERR_FORMAT},
         {"LlamaForCausalLM", "GPT2LMHeadModel", "architecture 'GPT2LMHeadModel'", MPQ_ERR_UNSUPPORTED},
         {"\"intermediate_size\": 80", "\"intermediate_size\": -1", "intermediate_size", MPQ_ERR_FORMAT},
-        {"\"rope_scaling\": null", "\"rope_scaling\": {\"type\": \"yarn\", \"factor\": 4}", "yarn", MPQ_ERR_UNSUPPORTED},
+        {"\"rope_scaling\": null", "\"rope_scaling\": {\"type\": \"yarn\", \"factor\": 4}", "yarn",
+         MPQ_ERR_UNSUPPORTED},
         {"\"vocab_size\": 320", "\"vocab_size\": 300", "300", MPQ_ERR_FORMAT},
         {"\"rope_theta\": 10000", "\"rope_theta\": -1", "not positive", MPQ_ERR_FORMAT},
         {"{\"architectures\"", "[\"architectures\"", "not a JSON object", MPQ_ERR_FORMAT},

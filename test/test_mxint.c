@@ -122,7 +122,8 @@ Test(mxint, every_width_follows_the_rules)
             for (int i = 0; i < len; i++) {
                 cr_assert_eq(m[i], mref[i], "k=%d v=%a: %d vs %d", k, (double)v[i], m[i], mref[i]);
                 double step = ldexp(1.0, X - k + 2), w = mpq_mxint_value(m[i], k, e);
-                if (fabs((double)v[i]) <= ldexp(1.0, X + 1) - 1.5 * step && ldexp(fabs((double)v[i]), k - 2 - X) <= ldexp(1.0, k - 1) - 1)
+                if (fabs((double)v[i]) <= ldexp(1.0, X + 1) - 1.5 * step &&
+                    ldexp(fabs((double)v[i]), k - 2 - X) <= ldexp(1.0, k - 1) - 1)
                     cr_assert_leq(fabs(w - v[i]), step / 2, "k=%d: error beyond half a step", k);
             }
         }
@@ -167,13 +168,15 @@ Test(mxint, packed_matrix_reads_back_and_dequantizes)
                 cr_assert_eq(M.sh[i * ng + g], ldexp(1.0, e - 127 - k + 1));
                 for (int q = 0; q < len; q++) {
                     cr_assert_eq(M.code[(size_t)i * n + 32 * g + q], mant[q] + (1 << (k - 1)));
-                    cr_assert_eq(tc_weight(&M, i, 32 * g + q, 0), mpq_mxint_value(mant[q], k, e), "mirror form = MXINT value");
+                    cr_assert_eq(tc_weight(&M, i, 32 * g + q, 0), mpq_mxint_value(mant[q], k, e),
+                                 "mirror form = MXINT value");
                 }
             }
         }
         cr_assert_eq(mpq_packed_dequantize(&A, 0, Wd), MPQ_OK);
         for (int i = 0; i < m; i++)
-            for (int j = 0; j < n; j++) cr_assert_eq(Wd[(size_t)pr[i] * n + pc[j]], (float)(tc_weight(&M, i, j, 0) * cs[j]));
+            for (int j = 0; j < n; j++)
+                cr_assert_eq(Wd[(size_t)pr[i] * n + pc[j]], (float)(tc_weight(&M, i, j, 0) * cs[j]));
         tc_free(&M);
         mpq_packed_free(&A);
         free(W), free(Wd);
@@ -203,7 +206,8 @@ Test(mxint, gemv_on_every_path_matches_the_reference)
         for (int mi = 0; mi < 2; mi++) {
             const int m = shapes[si][0], n = shapes[si][1], br = shapes[si][2], ng = (n + 31) / 32;
             const int nb = ((m + br - 1) / br) * ng, batch = 1 + si % 3;
-            float *W = malloc(sizeof(float) * m * n), *x = malloc(sizeof(float) * n * batch), *y = malloc(sizeof(float) * m * batch);
+            float *W = malloc(sizeof(float) * m * n), *x = malloc(sizeof(float) * n * batch),
+                  *y = malloc(sizeof(float) * m * batch);
             double *ref = malloc(sizeof(double) * m * batch), *mag = malloc(sizeof(double) * m * batch);
             uint8_t *bits = malloc((size_t)nb);
             const uint8_t trio[] = {4, 4, 4, 6, 6, 8};
@@ -241,7 +245,7 @@ Test(mxint, gemv_exact_on_representable_weights)
         for (int g = 0; g < ng; g++) {
             int k = bits[(i / 16) * ng + g], X = synth_int(&r, 5) - 2, len = n - 32 * g < 32 ? n - 32 * g : 32;
             for (int q = 0; q < len; q++) {
-                int mant = synth_int(&r, 1 << (k - 1)) - (1 << (k - 2)); /* never -2^(k-1): keeps X */
+                int mant = synth_int(&r, 1 << (k - 1)) - (1 << (k - 2));                /* never -2^(k-1): keeps X */
                 if (q == 0) mant = synth_int(&r, 2) ? (1 << (k - 2)) : -(1 << (k - 2)); /* |max| in [2^X, 2^(X+1)) */
                 W[i * n + 32 * g + q] = (float)ldexp(mant, X - k + 2);
             }

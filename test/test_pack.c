@@ -7,9 +7,9 @@ typedef struct shape {
     int m, n, G, br;
 } shape;
 
-static const shape shapes[] = {{1, 8, 8, 16},   {7, 24, 8, 1},     {33, 200, 64, 3},  {48, 40, 24, 5},
-                                {50, 300, 40, 32}, {100, 130, 16, 1}, {17, 1000, 128, 16}, {64, 96, 32, 48},
-                                {20, 136, 136, 2}, {3, 57, 56, 7}};
+static const shape shapes[] = {{1, 8, 8, 16},     {7, 24, 8, 1},     {33, 200, 64, 3},    {48, 40, 24, 5},
+                               {50, 300, 40, 32}, {100, 130, 16, 1}, {17, 1000, 128, 16}, {64, 96, 32, 48},
+                               {20, 136, 136, 2}, {3, 57, 56, 7}};
 
 /* A random problem: bits map, optional permutations and column scale. */
 typedef struct problem {
@@ -141,8 +141,8 @@ Test(pack, records_are_where_the_layout_puts_them)
                             unsigned q = 0;
                             for (int p = 0; p < M.width[i * ng + g]; p++)
                                 q |= ((rec[meta + p * nch * 16 + tc_slab_off(j / 8, rr, nch)] >> (j % 8)) & 1u) << p;
-                            cr_assert_eq(q, M.code[(size_t)i * sh.n + g * A.group + j], "row %d column %d",
-                                         i, g * A.group + j);
+                            cr_assert_eq(q, M.code[(size_t)i * sh.n + g * A.group + j], "row %d column %d", i,
+                                         g * A.group + j);
                         }
                     }
                 }
@@ -244,10 +244,10 @@ Test(pack, bad_inputs_are_errors_and_write_nothing)
     memset(buf, 0x5A, bytes + 16);
     memcpy(ref, buf, bytes + 16);
     mpq_packed A;
-#define EXPECT(call, st)                                                                                                   \
-    do {                                                                                                                   \
-        cr_assert_eq((call), (st), #call);                                                                                 \
-        cr_assert_eq(memcmp(buf, ref, bytes + 16), 0, "buffer touched by " #call);                                         \
+#define EXPECT(call, st)                                                                                               \
+    do {                                                                                                               \
+        cr_assert_eq((call), (st), #call);                                                                             \
+        cr_assert_eq(memcmp(buf, ref, bytes + 16), 0, "buffer touched by " #call);                                     \
     } while (0)
     mpq_bitplane_desc e = d;
     e.rows = 0;

@@ -205,7 +205,8 @@ Test(plan, reordering_gathers_salience_into_the_promoted_blocks)
             int c = L->cols, ng = c / 128;
             for (int i = 0; i < L->rows; i++)
                 for (int j = 0; j < c; j++) {
-                    double s = M.L[l].S[(L->p_row ? L->p_row[i] : (uint32_t)i) * c + (L->p_col ? L->p_col[j] : (uint32_t)j)];
+                    double s =
+                        M.L[l].S[(L->p_row ? L->p_row[i] : (uint32_t)i) * c + (L->p_col ? L->p_col[j] : (uint32_t)j)];
                     all += s;
                     if (L->bits[(i / 16) * ng + j / 128] == 3) got += s;
                 }
@@ -365,7 +366,8 @@ Test(plan, mixllm_global_channels_at_8_bits_contiguous)
     mpq_mixllm_layer L[3];
     for (int l = 0; l < 3; l++) {
         sal[l] = malloc(sizeof(float) * rows[l]);
-        for (int i = 0; i < rows[l]; i++) sal[l][i] = fabsf(synth_student4(&r)) * (l == 1 ? 5.0f : 1.0f); /* layer 1 matters more */
+        for (int i = 0; i < rows[l]; i++)
+            sal[l][i] = fabsf(synth_student4(&r)) * (l == 1 ? 5.0f : 1.0f); /* layer 1 matters more */
         L[l].salience = sal[l], L[l].rows = rows[l], L[l].cols = cols[l];
     }
     mpq_mixllm_desc d = {0};
@@ -388,8 +390,10 @@ Test(plan, mixllm_global_channels_at_8_bits_contiguous)
             int b = P->bits[i * ng];
             for (int g = 1; g < ng; g++) cr_assert_eq(P->bits[i * ng + g], b, "per-row widths");
             cr_assert(b == 8 || b == 4);
-            if (b == 4) seen_low = 1;
-            else cr_assert(!seen_low, "layer %d: 8-bit rows are contiguous and first", l);
+            if (b == 4)
+                seen_low = 1;
+            else
+                cr_assert(!seen_low, "layer %d: 8-bit rows are contiguous and first", l);
             float s = sal[l][P->p_row[i]];
             if (b == 8) {
                 cr_assert_geq(s, thr);
@@ -400,7 +404,8 @@ Test(plan, mixllm_global_channels_at_8_bits_contiguous)
         }
     }
     cr_assert_eq(chosen, 20);
-    cr_assert_gt(per_layer[1], per_layer[2], "the globally salient layer gets more: %d vs %d", per_layer[1], per_layer[2]);
+    cr_assert_gt(per_layer[1], per_layer[2], "the globally salient layer gets more: %d vs %d", per_layer[1],
+                 per_layer[2]);
     /* the plan packs with symmetric 8-bit rows */
     float *W = malloc(sizeof(float) * 37 * 200);
     synth_weights(&r, W, 37, 200);

@@ -210,8 +210,8 @@ Test(pmpd, phase_allocation_picks_the_cheapest_pair)
             continue;
         }
         cr_assert_eq(st, MPQ_OK);
-        cr_assert(out.prefill_skip == bp && out.skip[0] == bd && out.nlevels == 1, "target %g: (%d, %d) vs (%d, %d)", target,
-                  out.prefill_skip, out.skip[0], bp, bd);
+        cr_assert(out.prefill_skip == bp && out.skip[0] == bd && out.nlevels == 1, "target %g: (%d, %d) vs (%d, %d)",
+                  target, out.prefill_skip, out.skip[0], bp, bd);
     }
     cr_assert_eq(mpq_pmpd_phase_allocate(skips, 0, bits, 0, qfn, &m, &out), MPQ_ERR_SIZE);
     const int bad[2] = {0, 9};

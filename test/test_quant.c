@@ -28,7 +28,8 @@ static void check_group(const float *v, int len, int b, int sym, const uint8_t *
         double z = floor(-mn / s + 0.5);
         z = z < 0 ? 0 : (z > qmax ? qmax : z);
         double zref = s * (qmax / 2.0 - z);
-        cr_assert_leq(fabs(zh - zref), fmax(fabs(zref) * ldexp(1.0, -10), ldexp(1.0, -24)) + s * 1e-6, "z^ %g vs %g", zh, zref);
+        cr_assert_leq(fabs(zh - zref), fmax(fabs(zref) * ldexp(1.0, -10), ldexp(1.0, -24)) + s * 1e-6, "z^ %g vs %g",
+                      zh, zref);
     }
     const double lo = w_hat(0, b, sh, zh) - sh, hi = w_hat(qmax, b, sh, zh) + sh;
     for (int k = 0; k < len; k++) {
@@ -196,7 +197,8 @@ Test(quant, skipping_planes_gives_the_midpoint_of_the_coarser_bucket)
                 int base = q >> skip << skip;
                 for (int k = 0; k < (1 << skip); k++) mean += w_hat(base + k, b, sh, zh);
                 mean /= 1 << skip;
-                cr_assert_eq((double)mpq_dequant_value((uint8_t)q, b, skip, sh, zh), mean, "b=%d skip=%d q=%d", b, skip, q);
+                cr_assert_eq((double)mpq_dequant_value((uint8_t)q, b, skip, sh, zh), mean, "b=%d skip=%d q=%d", b, skip,
+                             q);
             }
     /* at least one plane always remains */
     cr_assert_eq(mpq_dequant_value(5, 3, 7, sh, zh), mpq_dequant_value(5, 3, 2, sh, zh));

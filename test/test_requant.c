@@ -354,7 +354,8 @@ Test(requant, the_pipeline_lowers_the_loss_and_the_packed_matrix_computes_it)
         quad part = {h[l], W[l], 0};
         cr_assert_eq(mpq_pqi(W[l], Wh[l], n, 16, quad_grad, &part, v[l]), MPQ_OK);
         double layer;
-        cr_assert_eq(mpq_pqi_delta(v[l], W[l], Wh[l], P.rows[l], P.cols[l], 16, 64, NULL, NULL, NULL, NULL, &layer), MPQ_OK);
+        cr_assert_eq(mpq_pqi_delta(v[l], W[l], Wh[l], P.rows[l], P.cols[l], 16, 64, NULL, NULL, NULL, NULL, &layer),
+                     MPQ_OK);
         dF[l] = layer / (double)n;
     }
     /* 2. outlier counts by the temperature search (a plan of the two layers) */

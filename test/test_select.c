@@ -69,7 +69,8 @@ Test(select, quantile_matches_the_sorted_reference)
         for (size_t i = 0; i < n; i++)
             v[i] = pat == 0 ? (float)i : pat == 1 ? (float)(n - i) : pat == 2 ? (float)(i < n / 2 ? i : n - i) : 3.0f;
         cr_assert_eq(mpq_quantile(v, n, 0.5, &out), MPQ_OK);
-        cr_assert_eq(out, pat == 3 ? 3.0f : (pat == 2 ? 2500.0f : (pat == 0 ? 5000.0f : 5001.0f)), "pattern %d: %g", pat, (double)out);
+        cr_assert_eq(out, pat == 3 ? 3.0f : (pat == 2 ? 2500.0f : (pat == 0 ? 5000.0f : 5001.0f)), "pattern %d: %g",
+                     pat, (double)out);
     }
     free(v);
     float one = 1;

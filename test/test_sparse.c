@@ -7,9 +7,9 @@ typedef struct sp_case {
     int m, n, G, br, format, perm;
 } sp_case;
 
-static const sp_case cases[] = {{1, 8, 8, 16, 1, 0},      {7, 24, 8, 1, 1, 1},     {33, 200, 64, 3, 1, 1},
-                                {50, 300, 40, 32, 1, 0},  {17, 1000, 128, 16, 1, 1}, {20, 136, 136, 2, 1, 1},
-                                {40, 96, 32, 16, 2, 0},   {19, 77, 32, 5, 2, 1}};
+static const sp_case cases[] = {{1, 8, 8, 16, 1, 0},     {7, 24, 8, 1, 1, 1},       {33, 200, 64, 3, 1, 1},
+                                {50, 300, 40, 32, 1, 0}, {17, 1000, 128, 16, 1, 1}, {20, 136, 136, 2, 1, 1},
+                                {40, 96, 32, 16, 2, 0},  {19, 77, 32, 5, 2, 1}};
 
 /* A random mask: about 1 % of the weights, one full row and the largest |w|. */
 static uint8_t *make_mask(synth_rng *r, const float *W, int m, int n)
@@ -40,7 +40,8 @@ Test(sparse, dense_plus_sparse_reads_back_multiplies_and_dequantizes)
         for (int j = 0; j < c->n; j++) cs[j] = 0.5f + (float)synth_unif(&r);
         int ng = (c->n + c->G - 1) / c->G, nb = ((c->m + c->br - 1) / c->br) * ng;
         uint8_t *bits = malloc((size_t)nb);
-        for (int k = 0; k < nb; k++) bits[k] = (uint8_t)((c->format == 2 ? 2 : 1) + synth_int(&r, c->format == 2 ? 7 : 8));
+        for (int k = 0; k < nb; k++)
+            bits[k] = (uint8_t)((c->format == 2 ? 2 : 1) + synth_int(&r, c->format == 2 ? 7 : 8));
         mpq_bitplane_desc d = {0};
         d.rows = c->m, d.cols = c->n, d.group = c->G, d.block_rows = c->br, d.bits = bits, d.format = c->format;
         if (c->perm) d.p_row = prow, d.p_col = pcol, d.col_scale = cs;
@@ -90,7 +91,8 @@ Test(sparse, dense_plus_sparse_reads_back_multiplies_and_dequantizes)
         for (int batch = 1; batch <= 3; batch += 2)
             for (int skip = 0; skip <= 1; skip++) {
                 float *x = malloc(4u * batch * c->n), *y = malloc(4u * batch * c->m);
-                double *ref = malloc(8u * batch * c->m), *mag = malloc(8u * batch * c->m), *yr = malloc(8u * batch * c->m);
+                double *ref = malloc(8u * batch * c->m), *mag = malloc(8u * batch * c->m),
+                       *yr = malloc(8u * batch * c->m);
                 for (int v = 0; v < batch; v++) synth_activations(&r, x + (size_t)v * c->n, c->n);
                 tc_gemv(&M, x, batch, skip, ref, mag);
                 cr_assert_eq(mpq_gemv_ref(&A, x, yr, batch, skip), MPQ_OK);
@@ -234,7 +236,7 @@ Test(sparse, bad_parts_are_errors_and_leave_the_buffer_untouched)
         mpq_sparse T = S;                                                                                              \
         uint32_t rp2[5], col2[3];                                                                                      \
         float val2[3];                                                                                                 \
-        memcpy(rp2, rp, sizeof rp2), memcpy(col2, col, sizeof col2), memcpy(val2, val, sizeof val2);                  \
+        memcpy(rp2, rp, sizeof rp2), memcpy(col2, col, sizeof col2), memcpy(val2, val, sizeof val2);                   \
         T.row_ptr = rp2, T.col = col2, T.val = val2;                                                                   \
         body;                                                                                                          \
         d.sparse = &T;                                                                                                 \
@@ -246,13 +248,13 @@ Test(sparse, bad_parts_are_errors_and_leave_the_buffer_untouched)
     BAD(T.rows = 5, MPQ_ERR_SIZE);
     BAD(T.cols = 15, MPQ_ERR_SIZE);
     BAD(rp2[0] = 1, MPQ_ERR_ARG);
-    BAD(rp2[2] = 0, MPQ_ERR_ARG);            /* decreasing */
-    BAD(rp2[4] = 2, MPQ_ERR_ARG);            /* last != nnz */
-    BAD(rp2[1] = 1000000, MPQ_ERR_ARG);      /* past nnz before the end */
-    BAD(col2[0] = 16, MPQ_ERR_ARG);          /* out of range */
-    BAD(col2[2] = 0, MPQ_ERR_ARG);           /* repeated column in a row */
+    BAD(rp2[2] = 0, MPQ_ERR_ARG);       /* decreasing */
+    BAD(rp2[4] = 2, MPQ_ERR_ARG);       /* last != nnz */
+    BAD(rp2[1] = 1000000, MPQ_ERR_ARG); /* past nnz before the end */
+    BAD(col2[0] = 16, MPQ_ERR_ARG);     /* out of range */
+    BAD(col2[2] = 0, MPQ_ERR_ARG);      /* repeated column in a row */
     BAD(val2[1] = NAN, MPQ_ERR_NONFINITE);
-    BAD(val2[1] = 70000.0f, MPQ_ERR_RANGE);  /* beyond fp16 */
+    BAD(val2[1] = 70000.0f, MPQ_ERR_RANGE); /* beyond fp16 */
     BAD(T.row_ptr = NULL, MPQ_ERR_ARG);
     cr_assert_eq(nbad, 11);
     d.sparse = &S;
@@ -313,19 +315,19 @@ Test(sparse, hostile_sparse_sections_are_rejected)
         stmt;                                                                                                          \
         cr_assert_eq(mpq_packed_open(b, bytes, &V), MPQ_ERR_FORMAT, "%s", #stmt);                                      \
     } while (0)
-    CORRUPT(put_u32(b + 40, tc_u32(b + 40) & ~8u));           /* flag cleared */
-    CORRUPT(put_u64(b + 120, nnz + 1));                        /* entries */
-    CORRUPT(put_u64(b + 120, ~0ull));                          /* overflowing entries */
-    CORRUPT(put_u64(b + 112, off + 64));                       /* offset */
+    CORRUPT(put_u32(b + 40, tc_u32(b + 40) & ~8u)); /* flag cleared */
+    CORRUPT(put_u64(b + 120, nnz + 1));             /* entries */
+    CORRUPT(put_u64(b + 120, ~0ull));               /* overflowing entries */
+    CORRUPT(put_u64(b + 112, off + 64));            /* offset */
     CORRUPT(put_u64(b + 112, 0));
-    CORRUPT(put_u32(b + rp, 1));                               /* row_ptr[0] */
-    CORRUPT(put_u32(b + rp + 4 * (row + 1), k0 - 1));          /* decreasing */
-    CORRUPT(put_u32(b + rp + 4 * m, (uint32_t)nnz - 1));       /* last */
-    CORRUPT(put_u32(b + rp + 4 * (row + 1), 0x7FFFFFF0u));     /* far past nnz, then falling */
-    CORRUPT(memcpy(b + cp + 2 * k0, &(uint16_t){120}, 2));     /* column out of range */
+    CORRUPT(put_u32(b + rp, 1));                                /* row_ptr[0] */
+    CORRUPT(put_u32(b + rp + 4 * (row + 1), k0 - 1));           /* decreasing */
+    CORRUPT(put_u32(b + rp + 4 * m, (uint32_t)nnz - 1));        /* last */
+    CORRUPT(put_u32(b + rp + 4 * (row + 1), 0x7FFFFFF0u));      /* far past nnz, then falling */
+    CORRUPT(memcpy(b + cp + 2 * k0, &(uint16_t){120}, 2));      /* column out of range */
     CORRUPT(memcpy(b + cp + 2 * (k0 + 1), b + cp + 2 * k0, 2)); /* repeated column */
-    CORRUPT(memcpy(b + vp + 2 * k0, &(uint16_t){0x7E00}, 2));  /* NaN */
-    CORRUPT(memcpy(b + vp + 2 * k0, &(uint16_t){0x7C00}, 2));  /* Inf */
+    CORRUPT(memcpy(b + vp + 2 * k0, &(uint16_t){0x7E00}, 2));   /* NaN */
+    CORRUPT(memcpy(b + vp + 2 * k0, &(uint16_t){0x7C00}, 2));   /* Inf */
     /* a buffer without the flag but with sparse fields set */
     memcpy(b, A0.buf, A0.bytes);
     put_u64(b + 120, 1);

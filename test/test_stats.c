@@ -126,7 +126,8 @@ Test(stats, pqi_on_a_quadratic_loss)
             double riemann = 0; /* eq. 7 written out: right endpoints k/N */
             for (int k = 1; k <= N; k++) riemann += fabs(g0 + (double)k / N * (g1 - g0));
             riemann /= N;
-            cr_assert_leq(fabs(v[i] - riemann), 1e-5 * (fabs(g0) + fabs(g1)), "N=%d i=%d: %g vs %g", N, i, (double)v[i], riemann);
+            cr_assert_leq(fabs(v[i] - riemann), 1e-5 * (fabs(g0) + fabs(g1)), "N=%d i=%d: %g vs %g", N, i, (double)v[i],
+                          riemann);
             /* and it tends to the exact integral of |g| over [0, 1] */
             double exact;
             if (g0 * g1 >= 0)
@@ -135,7 +136,8 @@ Test(stats, pqi_on_a_quadratic_loss)
                 double t0 = g0 / (g0 - g1);
                 exact = fabs(g0) * t0 / 2 + fabs(g1) * (1 - t0) / 2;
             }
-            cr_assert_leq(fabs(v[i] - exact), (fabs(g1 - g0) / N) + 1e-5, "N=%d i=%d: %g vs integral %g", N, i, (double)v[i], exact);
+            cr_assert_leq(fabs(v[i] - exact), (fabs(g1 - g0) / N) + 1e-5, "N=%d i=%d: %g vs integral %g", N, i,
+                          (double)v[i], exact);
             if (N == 1) cr_assert_float_eq(v[i], fabs(g1), 1e-5, "N = 1: the gradient at the quantized point");
         }
     }
@@ -160,7 +162,8 @@ Test(stats, pqi_delta_sums_agree)
     const int m = 37, n = 70, br = 8, G = 16, ng = 5, nbr = 5;
     float *v = malloc(4 * m * n), *w = malloc(4 * m * n), *wq = malloc(4 * m * n), *pw = malloc(4 * m * n);
     double row[37], col[70], blk[25], layer;
-    for (int k = 0; k < m * n; k++) v[k] = fabsf(synth_gauss(&r)), w[k] = synth_gauss(&r), wq[k] = w[k] + 0.1f * synth_gauss(&r);
+    for (int k = 0; k < m * n; k++)
+        v[k] = fabsf(synth_gauss(&r)), w[k] = synth_gauss(&r), wq[k] = w[k] + 0.1f * synth_gauss(&r);
     cr_assert_eq(mpq_pqi_delta(v, w, wq, m, n, br, G, pw, row, col, blk, &layer), MPQ_OK);
     double srow = 0, scol = 0, sblk = 0;
     for (int i = 0; i < m; i++) srow += row[i];
@@ -173,7 +176,8 @@ Test(stats, pqi_delta_sums_agree)
         for (int bj = 0; bj < ng; bj++) {
             double s = 0;
             for (int i = bi * br; i < m && i < (bi + 1) * br; i++)
-                for (int j = bj * G; j < n && j < (bj + 1) * G; j++) s += (double)v[i * n + j] * fabs((double)wq[i * n + j] - w[i * n + j]);
+                for (int j = bj * G; j < n && j < (bj + 1) * G; j++)
+                    s += (double)v[i * n + j] * fabs((double)wq[i * n + j] - w[i * n + j]);
             cr_assert_float_eq(blk[bi * ng + bj], s, 1e-12 * (s + 1));
         }
     cr_assert_eq(pw[5], (float)((double)v[5] * fabs((double)wq[5] - w[5])));

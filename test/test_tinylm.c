@@ -43,7 +43,8 @@ static void quantize_all(const tlm_model *m, tlm_qmodel *q, uint64_t seed)
                 d.bits = bits;
                 pr = malloc(4 * rows), pc = malloc(4 * cols), cs = malloc(4 * cols);
                 for (int i = 0; i < rows; i++) pr[i] = (uint32_t)((i * 7 + 3) % rows);
-                for (int j = 0; j < cols; j++) pc[j] = (uint32_t)((j * 5 + 1) % cols), cs[j] = 0.75f + 0.5f * (float)tlm_unif(&s);
+                for (int j = 0; j < cols; j++)
+                    pc[j] = (uint32_t)((j * 5 + 1) % cols), cs[j] = 0.75f + 0.5f * (float)tlm_unif(&s);
                 d.p_row = pr, d.p_col = pc, d.col_scale = cs;
             } else if (kind == 2) {
                 d.format = MPQ_FORMAT_MXINT, d.uniform_bits = 4;

@@ -56,7 +56,10 @@ Test(tokenizer, pretokenizers_cut_as_their_rules_say)
         {MPQ_PRETOK_GPT2, "na\xc3\xafve caf\xc3\xa9", "na\xc3\xafve| caf\xc3\xa9"},
         {MPQ_PRETOK_GPT2, "\xe6\x97\xa5\xe6\x9c\xac\xe8\xaa\x9e", "\xe6\x97\xa5\xe6\x9c\xac\xe8\xaa\x9e"},
         {MPQ_PRETOK_GPT2, "\xf0\x9f\x99\x82\xf0\x9f\x99\x82 ok", "\xf0\x9f\x99\x82\xf0\x9f\x99\x82| ok"},
-        {MPQ_PRETOK_GPT2, "a\xc2\xa0" "b", "a|\xc2\xa0|b"},          /* no-break space is white space */
+        {MPQ_PRETOK_GPT2,
+         "a\xc2\xa0"
+         "b",
+         "a|\xc2\xa0|b"},                                             /* no-break space is white space */
         {MPQ_PRETOK_GPT2, "\xd9\xa3\xd9\xa4x", "\xd9\xa3\xd9\xa4|x"}, /* Arabic-Indic digits are numbers */
         {MPQ_PRETOK_GPT2, " \xe2\x85\xa0", " \xe2\x85\xa0"},          /* Roman numeral one: a number (Nl) */
         {MPQ_PRETOK_SMOLLM, "abc 123 def", "abc| |1|2|3| def"},
@@ -160,16 +163,21 @@ Test(tokenizer, merges_match_a_plain_reference)
 
 static size_t random_utf8(synth_rng *r, char *out, int ncp)
 {
-    static const unsigned pool[] = {' ', ' ', '\n', '\t', '\r', 'a', 'b', 'Z', '0', '7', '\'', '!', '.', 0xA0, 0xE9,
-                                    0x300, 0x0663, 0x2160, 0x3000, 0x65E5, 0xFF10, 0x1F642, 0x10FFFF, 0x7F, 0x1};
+    static const unsigned pool[] = {' ',    ' ',    '\n',   '\t',    '\r',     'a',  'b',   'Z',    '0',
+                                    '7',    '\'',   '!',    '.',     0xA0,     0xE9, 0x300, 0x0663, 0x2160,
+                                    0x3000, 0x65E5, 0xFF10, 0x1F642, 0x10FFFF, 0x7F, 0x1};
     size_t k = 0;
     for (int i = 0; i < ncp; i++) {
         unsigned cp;
         const int pick = synth_int(r, 4);
-        if (pick == 0) cp = 0x20 + (unsigned)synth_int(r, 0x5F);
-        else if (pick == 1) cp = 0x80 + (unsigned)synth_int(r, 0xD800 - 0x80);
-        else if (pick == 2) cp = 0xE000 + (unsigned)synth_int(r, 0x110000 - 0xE000);
-        else cp = pool[synth_int(r, (int)(sizeof pool / sizeof pool[0]))];
+        if (pick == 0)
+            cp = 0x20 + (unsigned)synth_int(r, 0x5F);
+        else if (pick == 1)
+            cp = 0x80 + (unsigned)synth_int(r, 0xD800 - 0x80);
+        else if (pick == 2)
+            cp = 0xE000 + (unsigned)synth_int(r, 0x110000 - 0xE000);
+        else
+            cp = pool[synth_int(r, (int)(sizeof pool / sizeof pool[0]))];
         k += put_utf8(cp, out + k);
     }
     return k;
@@ -181,17 +189,21 @@ Test(tokenizer, text_comes_back_byte_for_byte)
     vocab *v = malloc(sizeof *v);
     random_vocab(v, &r, 200);
     static const char *const pres[4] = {
-        NULL, NULL, "{\"type\":\"Sequence\",\"pretokenizers\":[{\"type\":\"Split\",\"pattern\":{\"Regex\":"
-                    "\"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\\\r\\\\n\\\\p{L}\\\\p{N}]?\\\\p{L}+|\\\\p{N}{1,3}| "
-                    "?[^\\\\s\\\\p{L}\\\\p{N}]+[\\\\r\\\\n]*|\\\\s*[\\\\r\\\\n]+|\\\\s+(?!\\\\S)|\\\\s+\"},"
-                    "\"behavior\":\"Isolated\",\"invert\":false},{\"type\":\"ByteLevel\",\"add_prefix_space\":false,"
-                    "\"use_regex\":false}]}",
+        NULL, NULL,
+        "{\"type\":\"Sequence\",\"pretokenizers\":[{\"type\":\"Split\",\"pattern\":{\"Regex\":"
+        "\"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\\\r\\\\n\\\\p{L}\\\\p{N}]?\\\\p{L}+|\\\\p{N}{1,3}| "
+        "?[^\\\\s\\\\p{L}\\\\p{N}]+[\\\\r\\\\n]*|\\\\s*[\\\\r\\\\n]+|\\\\s+(?!\\\\S)|\\\\s+\"},"
+        "\"behavior\":\"Isolated\",\"invert\":false},{\"type\":\"ByteLevel\",\"add_prefix_space\":false,"
+        "\"use_regex\":false}]}",
         NULL};
     const char *pre[4] = {PRE_GPT2, PRE_SMOLLM, pres[2], NULL};
     char text[8192];
     for (int p = 0; p < 3; p++) {
         mpq_tokenizer *t = vtok(v, pre[p], p == 2, NULL);
-        cr_assert_eq(mpq_tokenizer_pretok(t), p == 0 ? MPQ_PRETOK_GPT2 : p == 1 ? MPQ_PRETOK_SMOLLM : MPQ_PRETOK_LLAMA3);
+        cr_assert_eq(mpq_tokenizer_pretok(t),
+                     p == 0       ? MPQ_PRETOK_GPT2
+                         : p == 1 ? MPQ_PRETOK_SMOLLM
+                                  : MPQ_PRETOK_LLAMA3);
         for (int it = 0; it < 300; it++) {
             const size_t n = random_utf8(&r, text, 1 + synth_int(&r, it < 290 ? 60 : 1500));
             int32_t *tok;
@@ -231,9 +243,11 @@ Test(tokenizer, special_and_added_tokens)
     vocab *v = malloc(sizeof *v);
     synth_rng r = {5};
     random_vocab(v, &r, 50);
-    const int bos = vspecial(v, "<|begin|>", 1), im_s = vspecial(v, "<|im_start|>", 1), im_e = vspecial(v, "<|im_end|>", 1);
+    const int bos = vspecial(v, "<|begin|>", 1), im_s = vspecial(v, "<|im_start|>", 1),
+              im_e = vspecial(v, "<|im_end|>", 1);
     const int im = vspecial(v, "<|im", 1), added = vspecial(v, "[x]", 2);
-    const char *cfg = "{\"add_bos_token\": true, \"bos_token\": \"<|begin|>\", \"eos_token\": {\"content\": \"<|im_end|>\"}}";
+    const char *cfg =
+        "{\"add_bos_token\": true, \"bos_token\": \"<|begin|>\", \"eos_token\": {\"content\": \"<|im_end|>\"}}";
     mpq_tokenizer *t = vtok(v, PRE_GPT2, 0, cfg);
     cr_assert_eq(mpq_tokenizer_bos(t), bos);
     cr_assert_eq(mpq_tokenizer_eos(t), im_e);
@@ -379,20 +393,25 @@ Test(tokenizer, bad_input_is_refused_with_a_reason)
     cr_assert_eq(mpq_tokenizer_from_json(jw, strlen(jw), NULL, "w", &tw, &e), MPQ_OK, "%s", e.msg);
     cr_assert_eq(mpq_tokenize(tw, "ab", 2, 0, &tok, &n, &e), MPQ_OK);
     free(tok);
-    cr_assert_eq(mpq_tokenize(tw, "a\x07" "b", 3, 0, &tok, &n, &e), MPQ_ERR_UNSUPPORTED);
+    cr_assert_eq(mpq_tokenize(tw,
+                              "a\x07"
+                              "b",
+                              3, 0, &tok, &n, &e),
+                 MPQ_ERR_UNSUPPORTED);
     cr_assert(strstr(e.msg, "byte 0x07") && strstr(e.msg, "at byte 1"), "%s", e.msg);
     mpq_tokenizer_free(tw);
     free(jw);
     /* tokenizer.json */
     json_rejects("[]", MPQ_ERR_FORMAT, "not a JSON object");
     json_rejects("{\"model\":{\"type\":\"Unigram\"}}", MPQ_ERR_UNSUPPORTED, "not BPE");
-    json_rejects("{\"model\":{\"type\":\"BPE\",\"byte_fallback\":true,\"vocab\":{},\"merges\":[]}}", MPQ_ERR_UNSUPPORTED,
-                 "byte_fallback");
+    json_rejects("{\"model\":{\"type\":\"BPE\",\"byte_fallback\":true,\"vocab\":{},\"merges\":[]}}",
+                 MPQ_ERR_UNSUPPORTED, "byte_fallback");
     json_rejects("{\"model\":{\"type\":\"BPE\",\"vocab\":[],\"merges\":[]}}", MPQ_ERR_FORMAT, "wrong JSON type");
     json_rejects("{\"normalizer\":{\"type\":\"Lowercase\"},\"model\":{\"type\":\"BPE\",\"vocab\":{},\"merges\":[]}}",
                  MPQ_ERR_UNSUPPORTED, "normalizer");
-    json_rejects("{\"pre_tokenizer\":{\"type\":\"Whitespace\"},\"model\":{\"type\":\"BPE\",\"vocab\":{},\"merges\":[]}}",
-                 MPQ_ERR_UNSUPPORTED, "pre_tokenizer");
+    json_rejects(
+        "{\"pre_tokenizer\":{\"type\":\"Whitespace\"},\"model\":{\"type\":\"BPE\",\"vocab\":{},\"merges\":[]}}",
+        MPQ_ERR_UNSUPPORTED, "pre_tokenizer");
     char *bad = malloc(strlen(good) + 64);
     /* a merge whose result the vocabulary lacks, and one with a part it lacks */
     strcpy(bad, good);

@@ -15,7 +15,10 @@
 
 /* ---- GPT-2's byte alphabet, written out here ------------------------------ */
 
-static inline int printable(int b) { return (b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF); }
+static inline int printable(int b)
+{
+    return (b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+}
 
 /* The code point that spells byte b. */
 static inline unsigned spell_cp(int b)
@@ -31,7 +34,8 @@ static inline size_t put_utf8(unsigned cp, char *out)
     if (cp < 0x80) return out[0] = (char)cp, 1;
     if (cp < 0x800) return out[0] = (char)(0xC0 | cp >> 6), out[1] = (char)(0x80 | (cp & 63)), 2;
     if (cp < 0x10000)
-        return out[0] = (char)(0xE0 | cp >> 12), out[1] = (char)(0x80 | (cp >> 6 & 63)), out[2] = (char)(0x80 | (cp & 63)), 3;
+        return out[0] = (char)(0xE0 | cp >> 12), out[1] = (char)(0x80 | (cp >> 6 & 63)),
+               out[2] = (char)(0x80 | (cp & 63)), 3;
     out[0] = (char)(0xF0 | cp >> 18), out[1] = (char)(0x80 | (cp >> 12 & 63)), out[2] = (char)(0x80 | (cp >> 6 & 63));
     out[3] = (char)(0x80 | (cp & 63));
     return 4;
@@ -50,9 +54,9 @@ static inline void spell(const char *bytes, size_t n, char *out)
 #define MAXV 1024
 typedef struct vocab {
     int n, nmerges;
-    char tok[MAXV][48];            /* bytes, NUL-terminated (no NUL inside here) */
-    int special[MAXV];             /* 0 normal, 1 control, 2 added (not special) */
-    int ml[MAXV], mr[MAXV];        /* merges: left and right token ids */
+    char tok[MAXV][48];     /* bytes, NUL-terminated (no NUL inside here) */
+    int special[MAXV];      /* 0 normal, 1 control, 2 added (not special) */
+    int ml[MAXV], mr[MAXV]; /* merges: left and right token ids */
 } vocab;
 
 static inline int vfind(const vocab *v, const char *s)
@@ -95,9 +99,12 @@ static inline void jesc(const char *s, char *out)
     size_t k = 0;
     for (; *s; s++) {
         const unsigned char c = (unsigned char)*s;
-        if (c == '"' || c == '\\') out[k++] = '\\', out[k++] = (char)c;
-        else if (c < 0x20) k += (size_t)sprintf(out + k, "\\u%04x", c);
-        else out[k++] = (char)c;
+        if (c == '"' || c == '\\')
+            out[k++] = '\\', out[k++] = (char)c;
+        else if (c < 0x20)
+            k += (size_t)sprintf(out + k, "\\u%04x", c);
+        else
+            out[k++] = (char)c;
     }
     out[k] = 0;
 }
@@ -117,15 +124,19 @@ static inline char *vjson_omit(const vocab *v, const char *pre, int ignore_merge
                                  v->special[i] == 1 ? "true" : "false");
             first = 0;
         }
-    k += (size_t)sprintf(j + k, "],\"normalizer\":null,\"pre_tokenizer\":%s,\"post_processor\":null,"
-                                "\"decoder\":{\"type\":\"ByteLevel\"},\"model\":{\"type\":\"BPE\",\"ignore_merges\":%s,"
-                                "\"vocab\":{",
+    k += (size_t)sprintf(j + k,
+                         "],\"normalizer\":null,\"pre_tokenizer\":%s,\"post_processor\":null,"
+                         "\"decoder\":{\"type\":\"ByteLevel\"},\"model\":{\"type\":\"BPE\",\"ignore_merges\":%s,"
+                         "\"vocab\":{",
                          pre, ignore_merges ? "true" : "false");
     for (int i = 0, first_v = 1; i < v->n; i++) {
         if (i == omit) continue;
-        if (v->special[i]) jesc(v->tok[i], esc);
-        else if (i == byte_id(0)) spell("", 1, sp), jesc(sp, esc);
-        else spell(v->tok[i], strlen(v->tok[i]), sp), jesc(sp, esc);
+        if (v->special[i])
+            jesc(v->tok[i], esc);
+        else if (i == byte_id(0))
+            spell("", 1, sp), jesc(sp, esc);
+        else
+            spell(v->tok[i], strlen(v->tok[i]), sp), jesc(sp, esc);
         k += (size_t)sprintf(j + k, "%s\"%s\":%d", first_v ? "" : ",", esc, i);
         first_v = 0;
     }
@@ -142,7 +153,10 @@ static inline char *vjson_omit(const vocab *v, const char *pre, int ignore_merge
     return j;
 }
 
-static inline char *vjson(const vocab *v, const char *pre, int ignore_merges) { return vjson_omit(v, pre, ignore_merges, -1); }
+static inline char *vjson(const vocab *v, const char *pre, int ignore_merges)
+{
+    return vjson_omit(v, pre, ignore_merges, -1);
+}
 
 static const char *const PRE_GPT2 = "{\"type\":\"ByteLevel\",\"add_prefix_space\":false,\"use_regex\":true}";
 static const char *const PRE_SMOLLM =
@@ -183,9 +197,12 @@ static inline void vgguf_keys(tg_gguf *g, const vocab *v, const char *model, con
     int32_t *types = malloc(sizeof(int32_t) * (size_t)v->n);
     char(*sp)[256] = malloc(256 * (size_t)v->n), (*ms)[512] = malloc(512 * (size_t)(v->nmerges + 1));
     for (int i = 0; i < v->n; i++) {
-        if (v->special[i]) snprintf(sp[i], 256, "%s", v->tok[i]);
-        else if (i == byte_id(0)) spell("", 1, sp[i]);
-        else spell(v->tok[i], strlen(v->tok[i]), sp[i]);
+        if (v->special[i])
+            snprintf(sp[i], 256, "%s", v->tok[i]);
+        else if (i == byte_id(0))
+            spell("", 1, sp[i]);
+        else
+            spell(v->tok[i], strlen(v->tok[i]), sp[i]);
         tokens[i] = sp[i];
         types[i] = v->special[i] == 1 ? 3 : v->special[i] == 2 ? 4 : 1;
     }

@@ -37,7 +37,7 @@
 
 typedef struct llm_opts {
     int threads, quiet;
-    const char *device;     /* "cpu", "cuda" or "cuda-fp16" */
+    const char *device; /* "cpu", "cuda" or "cuda-fp16" */
 } llm_opts;
 
 /* Options every model command takes; 1 when argv[a->i] was one of them. */
@@ -61,10 +61,10 @@ static int common_opt(args *a, llm_opts *o, int *bad)
     return 0;
 }
 
-#define COMMON_HELP \
-    "  --threads T        CPU threads (default all)\n" \
-    "  --device D         cpu | cuda: where the packed matrices are multiplied (default cpu);\n" \
-    "                     cuda-fp16: on the GPU as float16 weights through cuBLAS (the baseline)\n" \
+#define COMMON_HELP                                                                                                    \
+    "  --threads T        CPU threads (default all)\n"                                                                 \
+    "  --device D         cpu | cuda: where the packed matrices are multiplied (default cpu);\n"                       \
+    "                     cuda-fp16: on the GPU as float16 weights through cuBLAS (the baseline)\n"                    \
     "  --quiet            no progress\n"
 
 typedef struct loaded {
@@ -114,10 +114,13 @@ static int load(const char *path, const llm_opts *o, loaded *L)
         const mpq_llm_config *c = &L->m->c;
         const double bpw = mpq_llm_bpw(L->m, 2, -1);
         char lin[64];
-        if (bpw > 0) snprintf(lin, sizeof lin, "linear maps packed, %.3f bpw", bpw);
-        else snprintf(lin, sizeof lin, "float weights");
-        fprintf(stderr, "mpq: %s: %s, %d layers, dim %d, %d/%d heads, vocab %d; %s; %.1f MB of weights; loaded in "
-                        "%.1f s\n",
+        if (bpw > 0)
+            snprintf(lin, sizeof lin, "linear maps packed, %.3f bpw", bpw);
+        else
+            snprintf(lin, sizeof lin, "float weights");
+        fprintf(stderr,
+                "mpq: %s: %s, %d layers, dim %d, %d/%d heads, vocab %d; %s; %.1f MB of weights; loaded in "
+                "%.1f s\n",
                 path, c->arch, c->layers, c->dim, c->heads, c->kv_heads, c->vocab, lin,
                 (double)mpq_llm_weight_bytes(L->m) / 1e6, cli_now() - t0);
     }
@@ -162,9 +165,12 @@ static int read_text(const char *path, char **text, size_t *n)
 static void model_text_arg(args *a, const char **pos, int *npos, int *bad)
 {
     const char *v = a->argv[a->i];
-    if (v[0] == '-' && v[1]) *bad = fail(EXIT_USAGE, "%s: unknown option '%s' (see mpq %s --help)", a->cmd, v, a->cmd);
-    else if (*npos < 2) pos[(*npos)++] = v;
-    else *bad = fail(EXIT_USAGE, "%s: more than MODEL and TEXT given", a->cmd);
+    if (v[0] == '-' && v[1])
+        *bad = fail(EXIT_USAGE, "%s: unknown option '%s' (see mpq %s --help)", a->cmd, v, a->cmd);
+    else if (*npos < 2)
+        pos[(*npos)++] = v;
+    else
+        *bad = fail(EXIT_USAGE, "%s: more than MODEL and TEXT given", a->cmd);
 }
 
 /* ---------------------------------------------------------------------------
@@ -240,7 +246,8 @@ int cmd_eval(int argc, char **argv)
     size_t nt = 0;
     const double t0 = cli_now();
     mpq_status st = mpq_tokenize(L.m->tok, text, len, MPQ_TOK_BOS, &tok, &nt, &e);
-    if (st != MPQ_OK) rc = fail(EXIT_INPUT, "%s: %s", pos[1], e.msg);
+    if (st != MPQ_OK)
+        rc = fail(EXIT_INPUT, "%s: %s", pos[1], e.msg);
     else if (nt < (size_t)po.ctx)
         rc = fail(EXIT_INPUT, "%s: %zu tokens, fewer than one chunk of %d", pos[1], nt, po.ctx);
     if (!rc) {
@@ -291,8 +298,10 @@ static int parse_schedule(const char *v, mpq_pmpd_schedule *s)
         if (end == q || t < 0) return 0;
         s->skip[s->nlevels] = (int)k, s->start[s->nlevels] = t, s->nlevels++;
         q = end;
-        if (*q == ',') q++;
-        else if (*q) return 0;
+        if (*q == ',')
+            q++;
+        else if (*q)
+            return 0;
     }
     return s->nlevels > 0 && mpq_pmpd_validate(s) == MPQ_OK;
 }
@@ -427,8 +436,10 @@ int cmd_run(int argc, char **argv)
             bad = bad || !parse_int("run", "--skip-planes", v, 0, 7, &g.skip_planes);
         } else if (opt(&a, "--schedule", &v, &bad)) {
             if (!bad && !read_schedule(v, &sched))
-                bad = fail(EXIT_USAGE, "run --schedule: '%s' is not P:S@T,S@T,... with S and T increasing, nor a file "
-                           "holding one", v);
+                bad = fail(EXIT_USAGE,
+                           "run --schedule: '%s' is not P:S@T,S@T,... with S and T increasing, nor a file "
+                           "holding one",
+                           v);
             have_sched = 1;
         } else if (argv[a.i][0] == '-' && argv[a.i][1]) {
             bad = fail(EXIT_USAGE, "run: unknown option '%s' (see mpq run --help)", argv[a.i]);
@@ -456,16 +467,16 @@ int cmd_run(int argc, char **argv)
     const char *what = prompt_file ? prompt_file : "--prompt";
     if (chat) {
         char *c = memchr(ptext, 0, plen) ? NULL : chat_prompt(L.m->tok, system, ptext);
-        if (!c) rc = fail(EXIT_INPUT, "%s: --chat: the vocabulary has no chat tokens mpq knows (ChatML, Llama 3)",
-                          model);
+        if (!c)
+            rc = fail(EXIT_INPUT, "%s: --chat: the vocabulary has no chat tokens mpq knows (ChatML, Llama 3)", model);
         free(ptext);
         ptext = c, plen = c ? strlen(c) : 0;
     }
     mpq_io_err e;
     int32_t *tok = NULL, *out = NULL;
     size_t nt = 0;
-    if (!rc && mpq_tokenize(L.m->tok, ptext, plen, MPQ_TOK_BOS | (special ? MPQ_TOK_SPECIAL : 0), &tok, &nt, &e) !=
-                   MPQ_OK)
+    if (!rc &&
+        mpq_tokenize(L.m->tok, ptext, plen, MPQ_TOK_BOS | (special ? MPQ_TOK_SPECIAL : 0), &tok, &nt, &e) != MPQ_OK)
         rc = fail(EXIT_INPUT, "%s: %s", what, e.msg);
     if (!rc && nt == 0) rc = fail(EXIT_INPUT, "%s: the prompt is empty", what);
     const int model_ctx = L.m->c.ctx;
@@ -491,8 +502,9 @@ int cmd_run(int argc, char **argv)
             rc = fail(EXIT_QUANT, "run: %s", mpq_status_str(st));
         } else if (!lo.quiet) {
             const int dec = r.tokens > 0 ? r.tokens - 1 : 0; /* the first token comes from the prompt's pass */
-            fprintf(stderr, "mpq: prompt: %d tokens in %.3f s (%.1f tokens/s); decode: %d tokens in %.3f s (%.1f "
-                            "tokens/s)%s\n",
+            fprintf(stderr,
+                    "mpq: prompt: %d tokens in %.3f s (%.1f tokens/s); decode: %d tokens in %.3f s (%.1f "
+                    "tokens/s)%s\n",
                     r.prompt_tokens, r.prefill_seconds, r.prompt_tokens / r.prefill_seconds, dec, r.decode_seconds,
                     r.decode_seconds > 0 ? dec / r.decode_seconds : 0.0, r.ended ? "; stopped at an end token" : "");
             for (int k = 0; k < MPQ_MAX_BITS && L.m->layer[0].lin[0].A.buf; k++) /* packed models only */
@@ -617,7 +629,8 @@ int cmd_speed(int argc, char **argv)
             threads = omp_get_max_threads();
 #endif
             const double bpw = mpq_llm_bpw(L.m, 2, -1);
-            printf("| model | linear bpw | MB | threads | test | tokens/s |\n| --- | ---: | ---: | ---: | --- | ---: |\n");
+            printf(
+                "| model | linear bpw | MB | threads | test | tokens/s |\n| --- | ---: | ---: | ---: | --- | ---: |\n");
             double m, sd;
             if (np) {
                 mean_sd(pp, reps, &m, &sd);
@@ -627,8 +640,10 @@ int cmd_speed(int argc, char **argv)
             if (ng) {
                 mean_sd(tg, reps, &m, &sd);
                 char test[48];
-                if (nb > 1) snprintf(test, sizeof test, "tg%d x %d sequences", ng, nb);
-                else snprintf(test, sizeof test, "tg%d", ng);
+                if (nb > 1)
+                    snprintf(test, sizeof test, "tg%d x %d sequences", ng, nb);
+                else
+                    snprintf(test, sizeof test, "tg%d", ng);
                 printf("| %s | %.3f | %.1f | %d | %s | %.2f +/- %.2f |\n", model, bpw,
                        (double)mpq_llm_weight_bytes(L.m) / 1e6, threads, test, m, sd);
             }
@@ -668,8 +683,8 @@ static void calib_step(void *user, const char *phase, int done, int total, doubl
 static unsigned parse_stats(const char *v)
 {
     static const char *const names[] = {"fisher", "mixllm", "acts", "pqi", "sensitivity", "xtx", "all"};
-    static const unsigned flags[] = {MPQ_CALIB_FISHER, MPQ_CALIB_MIXLLM, MPQ_CALIB_ACTS, MPQ_CALIB_PQI,
-                                     MPQ_CALIB_LAYER_SENS, MPQ_CALIB_XTX, MPQ_CALIB_ALL};
+    static const unsigned flags[] = {MPQ_CALIB_FISHER,     MPQ_CALIB_MIXLLM, MPQ_CALIB_ACTS, MPQ_CALIB_PQI,
+                                     MPQ_CALIB_LAYER_SENS, MPQ_CALIB_XTX,    MPQ_CALIB_ALL};
     unsigned f = 0;
     while (*v) {
         const char *e = strchr(v, ',');
@@ -745,8 +760,10 @@ int cmd_calibrate(int argc, char **argv)
             bad = bad || !parse_int("calibrate", "--sens-tokens", v, 2, 1 << 16, &co.sens_tokens);
         } else if (opt(&a, "--stats", &v, &bad)) {
             if (!bad && !(co.what = parse_stats(v)))
-                bad = fail(EXIT_USAGE, "calibrate --stats: '%s' is not a list of fisher, mixllm, acts, pqi, "
-                           "sensitivity, xtx, all", v);
+                bad = fail(EXIT_USAGE,
+                           "calibrate --stats: '%s' is not a list of fisher, mixllm, acts, pqi, "
+                           "sensitivity, xtx, all",
+                           v);
         } else {
             model_text_arg(&a, pos, &npos, &bad);
         }
@@ -788,10 +805,10 @@ int cmd_calibrate(int argc, char **argv)
         const double t0 = cli_now();
         st = mpq_llm_calibrate(L.m, tok, nt, &co, &s, &e);
         progress_end(&cp.p);
-        if (st != MPQ_OK) rc = fail(st == MPQ_ERR_NOMEM ? EXIT_QUANT : EXIT_INPUT, "%s", e.msg);
+        if (st != MPQ_OK)
+            rc = fail(st == MPQ_ERR_NOMEM ? EXIT_QUANT : EXIT_INPUT, "%s", e.msg);
         else if (!lo.quiet)
-            fprintf(stderr, "mpq: calibration loss %.4f over %d windows (%.1f s)\n", s.loss, s.windows,
-                    cli_now() - t0);
+            fprintf(stderr, "mpq: calibration loss %.4f over %d windows (%.1f s)\n", s.loss, s.windows, cli_now() - t0);
     }
     if (!rc) {
         char extra[2048];
@@ -806,8 +823,7 @@ int cmd_calibrate(int argc, char **argv)
         if (!j || (st = mpq_calib_write(L.m, &s, j, out, &e)) != MPQ_OK)
             rc = fail(EXIT_OUTPUT, "%s", j ? e.msg : "out of memory");
         else if (!lo.quiet)
-            printf("%s: statistics of %d linear maps from %d windows of %d tokens\n", out, s.nlin, s.windows,
-                   s.length);
+            printf("%s: statistics of %d linear maps from %d windows of %d tokens\n", out, s.nlin, s.windows, s.length);
         free(j);
     }
     mpq_calib_stats_free(&s);
@@ -860,8 +876,10 @@ static int parse_levels(const char *v, int *skip)
         if (end == v || k < 0 || k > 7 || n == MPQ_PMPD_MAX_LEVELS || (n && k <= skip[n - 1])) return 0;
         skip[n++] = (int)k;
         v = end;
-        if (*v == ',') v++;
-        else if (*v) return 0;
+        if (*v == ',')
+            v++;
+        else if (*v)
+            return 0;
     }
     return n;
 }
@@ -952,12 +970,15 @@ int cmd_schedule(int argc, char **argv)
     double qref = 0, q = 0;
     int evaluated = 0;
     mpq_status st = MPQ_OK;
-    if (!rc && (st = sched_quality(&C, &ref, &qref)) != MPQ_OK) rc = fail(EXIT_QUANT, "schedule: %s", mpq_status_str(st));
+    if (!rc && (st = sched_quality(&C, &ref, &qref)) != MPQ_OK)
+        rc = fail(EXIT_QUANT, "schedule: %s", mpq_status_str(st));
     if (!rc) {
         d.target = qref * (1 + max_increase); /* qualities are -ppl */
         st = mpq_pmpd_static_search(&d, sched_quality, &C, &best, &q, &evaluated);
-        if (st == MPQ_ERR_RANGE) rc = fail(EXIT_QUANT, "schedule: no schedule meets perplexity %.4f", -d.target);
-        else if (st != MPQ_OK) rc = fail(EXIT_QUANT, "schedule: %s", mpq_status_str(st));
+        if (st == MPQ_ERR_RANGE)
+            rc = fail(EXIT_QUANT, "schedule: no schedule meets perplexity %.4f", -d.target);
+        else if (st != MPQ_OK)
+            rc = fail(EXIT_QUANT, "schedule: %s", mpq_status_str(st));
     }
     if (!rc) {
         double avg = 0;
@@ -968,8 +989,9 @@ int cmd_schedule(int argc, char **argv)
         if (!f) {
             rc = fail(EXIT_OUTPUT, "%s: cannot open: %s", out, strerror(errno));
         } else {
-            fprintf(f, "%s # PMPD static schedule: %.3f bits per weight per decoded token over %ld tokens, ppl %.4f "
-                       "(first level %.4f, target %.4f) on %s\n",
+            fprintf(f,
+                    "%s # PMPD static schedule: %.3f bits per weight per decoded token over %ld tokens, ppl %.4f "
+                    "(first level %.4f, target %.4f) on %s\n",
                     t, avg, d.length, -q, -qref, -d.target, pos[1]);
             if (fclose(f) != 0) rc = fail(EXIT_OUTPUT, "%s: write failed", out);
         }

@@ -54,8 +54,8 @@ static const char *const method_names[] = {"rtn", "awq", "sfmp", "mixllm", "mxse
 
 typedef struct qopts {
     int method, bits, group, block_rows, reorder, symmetric, format, threads, quiet, embed_bits;
-    int awq_quantizer;  /* AWQ's scales and clips first (--method awq, --quantizer awq or awq+gptq) */
-    int gptq;           /* GPTQ quantizes (--method gptq, --quantizer gptq or awq+gptq) */
+    int awq_quantizer; /* AWQ's scales and clips first (--method awq, --quantizer awq or awq+gptq) */
+    int gptq;          /* GPTQ quantizes (--method gptq, --quantizer gptq or awq+gptq) */
     int act_order, static_groups;
     double bpw, fraction, outliers, significant, damp;
     const char *salience, *calib, *hessian, *in, *out;
@@ -63,21 +63,21 @@ typedef struct qopts {
 } qopts;
 
 typedef struct job {
-    int index;          /* in the input */
+    int index; /* in the input */
     const char *name;
     int rows, cols;
-    int plan_index;     /* layer of the plan (planner methods); -1: an embedding or
-                           head, quantized with round-to-nearest at --embed-bits */
-    float *stat;        /* salience or column sensitivity (planners) */
+    int plan_index; /* layer of the plan (planner methods); -1: an embedding or
+                       head, quantized with round-to-nearest at --embed-bits */
+    float *stat;    /* salience or column sensitivity (planners) */
     float layer_sens;
-    uint8_t *mask;      /* requant: the weights of the sparse part */
-    float *cs, *clip;   /* requant on AWQ: the scales and clips of the dense part */
+    uint8_t *mask;    /* requant: the weights of the sparse part */
+    float *cs, *clip; /* requant on AWQ: the scales and clips of the dense part */
 } job;
 
-typedef struct row {    /* one line of the summary table */
+typedef struct row { /* one line of the summary table */
     const char *name;
     char shape[48], kind[80];
-    double bpw;         /* -1 for tensors kept as they are */
+    double bpw; /* -1 for tensors kept as they are */
     uint64_t bytes_in, bytes_out, weights;
 } row;
 
@@ -198,8 +198,8 @@ static int read_stat(mpq_st_file *f, const char *name, const char *suffix, int n
         if (ndim == 2)
             return fail(EXIT_INPUT, "%s: tensor '%s': shape does not match the weight (need %llu x %llu)",
                         mpq_st_path(f), name, (unsigned long long)d0, (unsigned long long)d1);
-        return fail(EXIT_INPUT, "%s: tensor '%s': shape does not match the weight (need [%llu])", mpq_st_path(f),
-                    name, (unsigned long long)d0);
+        return fail(EXIT_INPUT, "%s: tensor '%s': shape does not match the weight (need [%llu])", mpq_st_path(f), name,
+                    (unsigned long long)d0);
     }
     float *v = (float *)malloc(sizeof(float) * (size_t)t->numel + 1);
     if (!v) return fail(EXIT_INPUT, "out of memory");
@@ -250,8 +250,10 @@ static void widths_text(const mpq_packed *A, char *s, size_t cap)
     for (int k = 1; k <= MPQ_MAX_BITS; k++)
         if (w[k] > 0) {
             size_t n = strlen(s);
-            if (w[k] == total) snprintf(s + n, cap - n, "%s%d", n ? " " : "", k);
-            else snprintf(s + n, cap - n, "%s%d:%.0f%%", n ? " " : "", k, 100.0 * w[k] / total);
+            if (w[k] == total)
+                snprintf(s + n, cap - n, "%s%d", n ? " " : "", k);
+            else
+                snprintf(s + n, cap - n, "%s%d:%.0f%%", n ? " " : "", k, 100.0 * w[k] / total);
         }
 }
 
@@ -278,8 +280,10 @@ static void print_rows(const row *rows, int quantized)
     for (ptrdiff_t i = 0; i < arrlen(rows); i++) {
         const row *r = &rows[i];
         char bpw[16];
-        if (r->bpw >= 0) snprintf(bpw, sizeof bpw, "%.3f", r->bpw);
-        else snprintf(bpw, sizeof bpw, "-");
+        if (r->bpw >= 0)
+            snprintf(bpw, sizeof bpw, "%.3f", r->bpw);
+        else
+            snprintf(bpw, sizeof bpw, "-");
         printf("%-40.40s %-13s %-24.24s %8s", r->name, r->shape, r->kind, bpw);
         if (quantized) printf(" %12llu", (unsigned long long)r->bytes_in);
         printf(" %12llu\n", (unsigned long long)r->bytes_out);
@@ -386,7 +390,8 @@ static int load_stats(const qopts *o, job *jobs)
         if (J->plan_index < 0) continue;
         if (o->method == M_SFMP)
             rc = read_stat(S, J->name, "fisher", 1, (uint64_t)J->rows, (uint64_t)J->cols, 2, &J->stat);
-        else if (o->method == M_MIXLLM) rc = read_stat(S, J->name, "mixllm", 1, (uint64_t)J->rows, 0, 1, &J->stat);
+        else if (o->method == M_MIXLLM)
+            rc = read_stat(S, J->name, "mixllm", 1, (uint64_t)J->rows, 0, 1, &J->stat);
         else if (o->method == M_REQUANT)
             rc = read_stat(S, J->name, "pqi", 1, (uint64_t)J->rows, (uint64_t)J->cols, 2, &J->stat);
         else if (o->method == M_MXSENS) {
@@ -412,7 +417,8 @@ static int load_stats(const qopts *o, job *jobs)
                     mpq_status st = mpq_hessian_diag_add(&h, X, tokens, J->cols);
                     J->stat = (float *)malloc(sizeof(float) * (size_t)J->cols);
                     if (st == MPQ_OK && J->stat) st = mpq_stat_sum(&h, J->stat);
-                    if (st != MPQ_OK) rc = fail(EXIT_INPUT, "%s: tensor '%s': %s", o->calib, J->name, mpq_status_str(st));
+                    if (st != MPQ_OK)
+                        rc = fail(EXIT_INPUT, "%s: tensor '%s': %s", o->calib, J->name, mpq_status_str(st));
                     mpq_stat_free(&h);
                 }
                 free(X);
@@ -471,7 +477,8 @@ static int requant_prepare(const qopts *o, mpq_source *in, job *jobs)
         float *W = (float *)malloc(sizeof(float) * nw);
         Jb->mask = (uint8_t *)calloc(nw, 1);
         M[i].W = W, M[i].pqi = Jb->stat, M[i].mask = Jb->mask;
-        if (!W || !Jb->mask) rc = fail(EXIT_QUANT, "out of memory");
+        if (!W || !Jb->mask)
+            rc = fail(EXIT_QUANT, "out of memory");
         else if (mpq_source_read_f32(in, mpq_source_at(in, Jb->index), W, nw, &e) != MPQ_OK)
             rc = fail(EXIT_INPUT, "%s", e.msg);
         if (!rc && o->awq_quantizer) {
@@ -549,8 +556,10 @@ static int quantize_one(const qopts *o, const job *J, const mpq_plan *plan, mpq_
     if (o->gptq && o->act_order) { /* GPTQ's act-order as the packed column order */
         if (d.p_col || !widths_uniform_along_columns(&d)) {
             free(H);
-            return fail(EXIT_USAGE, "%s: --act-order needs widths that do not vary along the columns and no column "
-                        "permutation of the plan (uniform widths or mixllm)", J->name);
+            return fail(EXIT_USAGE,
+                        "%s: --act-order needs widths that do not vary along the columns and no column "
+                        "permutation of the plan (uniform widths or mixllm)",
+                        J->name);
         }
         order = (uint32_t *)malloc(sizeof(uint32_t) * (size_t)J->cols);
         st = order ? mpq_gptq_act_order(H, J->cols, order) : MPQ_ERR_NOMEM;
@@ -579,8 +588,10 @@ static int quantize_one(const qopts *o, const job *J, const mpq_plan *plan, mpq_
         g.H = H, g.static_groups = o->static_groups;
         g.damp = o->damp < 0 ? 0.0 : (o->damp == 0 ? -1.0 : o->damp); /* the library: 0 default, negative none */
         if ((st = mpq_gptq_alloc(&d, W, &g, A, NULL)) != MPQ_OK)
-            rc = quant_fail(J->name, st, st == MPQ_ERR_NOTPD ? "GPTQ (its X^T X plus the dampening is not positive "
-                                                              "definite: raise --damp)" : "GPTQ");
+            rc = quant_fail(J->name, st,
+                            st == MPQ_ERR_NOTPD ? "GPTQ (its X^T X plus the dampening is not positive "
+                                                  "definite: raise --damp)"
+                                                : "GPTQ");
     } else if (!rc && (st = mpq_pack_alloc(&d, W, A)) != MPQ_OK)
         rc = quant_fail(J->name, st, "pack");
     free(cs);
@@ -608,8 +619,9 @@ static int model_meta(const qopts *o, mpq_source *in, const mpq_llm_config *cfg,
         char *tj = NULL, *tc = NULL;
         if (mpq_tokenizer_to_json(tok, &tj) != MPQ_OK || mpq_tokenizer_config_json(tok, &tc) != MPQ_OK)
             rc = fail(EXIT_OUTPUT, "out of memory");
-        if (!rc && (mpq_st_write_meta(w, "tokenizer.json", tj, &e) != MPQ_OK ||
-                    mpq_st_write_meta(w, "tokenizer_config.json", tc, &e) != MPQ_OK))
+        if (!rc &&
+            (mpq_st_write_meta(w, "tokenizer.json", tj, &e) != MPQ_OK ||
+             mpq_st_write_meta(w, "tokenizer_config.json", tc, &e) != MPQ_OK))
             rc = fail(EXIT_OUTPUT, "%s", e.msg);
         free(tj);
         free(tc);
@@ -644,8 +656,10 @@ static int copy_tensor(mpq_source *in, const mpq_source_tensor *t, mpq_st_writer
     if (f) {
         const size_t bytes = (size_t)(st->end - st->begin);
         void *buf = malloc(bytes + 1);
-        if (!buf) rc = fail(EXIT_INPUT, "%s: tensor '%s': out of memory", mpq_source_path(in), t->name);
-        else if (mpq_st_read(f, st, buf, bytes, &e) != MPQ_OK) rc = fail(EXIT_INPUT, "%s", e.msg);
+        if (!buf)
+            rc = fail(EXIT_INPUT, "%s: tensor '%s': out of memory", mpq_source_path(in), t->name);
+        else if (mpq_st_read(f, st, buf, bytes, &e) != MPQ_OK)
+            rc = fail(EXIT_INPUT, "%s", e.msg);
         else if (mpq_st_write(w, t->name, st->dtype, st->ndim, st->shape, buf, bytes, &e) != MPQ_OK)
             rc = fail(EXIT_OUTPUT, "%s", e.msg);
         free(buf);
@@ -654,13 +668,18 @@ static int copy_tensor(mpq_source *in, const mpq_source_tensor *t, mpq_st_writer
         return rc;
     }
     if (!t->is_float)
-        return fail(EXIT_INPUT, "%s: tensor '%s': type %s cannot be read (mpq converts F32, F16, BF16, F64, Q8_0, "
-                    "Q4_0, Q4_1, Q5_0 and Q5_1)", mpq_source_path(in), t->name, t->type);
+        return fail(EXIT_INPUT,
+                    "%s: tensor '%s': type %s cannot be read (mpq converts F32, F16, BF16, F64, Q8_0, "
+                    "Q4_0, Q4_1, Q5_0 and Q5_1)",
+                    mpq_source_path(in), t->name, t->type);
     const mpq_dtype dt = !strcmp(t->type, "F16") ? MPQ_DT_F16 : !strcmp(t->type, "BF16") ? MPQ_DT_BF16 : MPQ_DT_F32;
     float *v = (float *)malloc(sizeof(float) * (size_t)t->numel + 1);
-    if (!v) rc = fail(EXIT_INPUT, "%s: tensor '%s': out of memory", mpq_source_path(in), t->name);
-    else if (mpq_source_read_f32(in, t, v, (size_t)t->numel, &e) != MPQ_OK) rc = fail(EXIT_INPUT, "%s", e.msg);
-    else if (mpq_st_write_f32(w, t->name, dt, t->ndim, t->shape, v, &e) != MPQ_OK) rc = fail(EXIT_OUTPUT, "%s", e.msg);
+    if (!v)
+        rc = fail(EXIT_INPUT, "%s: tensor '%s': out of memory", mpq_source_path(in), t->name);
+    else if (mpq_source_read_f32(in, t, v, (size_t)t->numel, &e) != MPQ_OK)
+        rc = fail(EXIT_INPUT, "%s", e.msg);
+    else if (mpq_st_write_f32(w, t->name, dt, t->ndim, t->shape, v, &e) != MPQ_OK)
+        rc = fail(EXIT_OUTPUT, "%s", e.msg);
     free(v);
     snprintf(r->kind, sizeof r->kind, "%s (from %s)", mpq_dtype_name(dt), t->type);
     r->bytes_out = t->numel * mpq_dtype_size(dt);
@@ -738,8 +757,8 @@ static int quantize_run(const qopts *o)
     if (!rc) rc = select_jobs(o, in, model, &jobs);
     int nplanned = 0;
     for (ptrdiff_t i = 0; i < arrlen(jobs); i++) nplanned += jobs[i].plan_index >= 0;
-    if (!rc && nplanned == 0 && !o->quiet) fprintf(stderr, "mpq: %s: no tensor selected for %s\n", o->in,
-                                                  method_names[o->method]);
+    if (!rc && nplanned == 0 && !o->quiet)
+        fprintf(stderr, "mpq: %s: no tensor selected for %s\n", o->in, method_names[o->method]);
     if (!rc && nplanned) rc = load_stats(o, jobs);
     if (!rc && nplanned && o->method == M_REQUANT) rc = requant_prepare(o, in, jobs);
     if (!rc && nplanned && o->method >= M_SFMP && o->method <= M_MXSENS) {
@@ -762,8 +781,9 @@ static int quantize_run(const qopts *o)
         for (int i = 0; !rc && f && i < mpq_st_meta_count(f); i++) {
             const char *k, *v;
             mpq_st_meta_at(f, i, &k, &v);
-            if (!strncmp(k, "mpq.", 4) || (model && (!strcmp(k, "config.json") || !strcmp(k, "tokenizer.json") ||
-                                                     !strcmp(k, "tokenizer_config.json"))))
+            if (!strncmp(k, "mpq.", 4) ||
+                (model &&
+                 (!strcmp(k, "config.json") || !strcmp(k, "tokenizer.json") || !strcmp(k, "tokenizer_config.json"))))
                 continue;
             if (mpq_st_write_meta(w, k, v, &e) != MPQ_OK) rc = fail(EXIT_OUTPUT, "%s", e.msg);
         }
@@ -783,8 +803,10 @@ static int quantize_run(const qopts *o)
             float *W = (float *)malloc(sizeof(float) * (size_t)t->numel);
             mpq_packed A;
             memset(&A, 0, sizeof A);
-            if (!W) rc = fail(EXIT_INPUT, "%s: tensor '%s': out of memory", o->in, t->name);
-            else if (mpq_source_read_f32(in, t, W, (size_t)t->numel, &e) != MPQ_OK) rc = fail(EXIT_INPUT, "%s", e.msg);
+            if (!W)
+                rc = fail(EXIT_INPUT, "%s: tensor '%s': out of memory", o->in, t->name);
+            else if (mpq_source_read_f32(in, t, W, (size_t)t->numel, &e) != MPQ_OK)
+                rc = fail(EXIT_INPUT, "%s", e.msg);
             if (!rc) rc = quantize_one(o, J, have_plan ? &plan : NULL, C, Hf, W, &A);
             if (!rc && mpq_st_write_packed(w, t->name, &A, &e) != MPQ_OK) rc = fail(EXIT_OUTPUT, "%s", e.msg);
             if (!rc) row_packed(&r, &A, J->plan_index < 0 ? " (embedding)" : "");
@@ -793,7 +815,8 @@ static int quantize_run(const qopts *o)
             ji++;
         } else if (t->packed) { /* already packed: validated, then carried with its metadata */
             mpq_packed A;
-            if (mpq_source_read_packed(in, t, &A, &e) != MPQ_OK) rc = fail(EXIT_INPUT, "%s", e.msg);
+            if (mpq_source_read_packed(in, t, &A, &e) != MPQ_OK)
+                rc = fail(EXIT_INPUT, "%s", e.msg);
             else {
                 if (mpq_st_write_packed(w, t->name, &A, &e) != MPQ_OK) rc = fail(EXIT_OUTPUT, "%s", e.msg);
                 row_packed(&r, &A, " (kept)");
@@ -806,14 +829,17 @@ static int quantize_run(const qopts *o)
     }
     progress_end(&p);
     if (w) {
-        if (rc) mpq_st_writer_abort(w);
-        else if (mpq_st_writer_close(w, &e) != MPQ_OK) rc = fail(EXIT_OUTPUT, "%s", e.msg);
+        if (rc)
+            mpq_st_writer_abort(w);
+        else if (mpq_st_writer_close(w, &e) != MPQ_OK)
+            rc = fail(EXIT_OUTPUT, "%s", e.msg);
     }
     if (!rc && !o->quiet) {
         printf("%s -> %s (%s)\n", o->in, o->out, method_names[o->method]);
         print_rows(rows, 1);
     }
-    for (ptrdiff_t i = 0; i < arrlen(jobs); i++) free(jobs[i].stat), free(jobs[i].mask), free(jobs[i].cs), free(jobs[i].clip);
+    for (ptrdiff_t i = 0; i < arrlen(jobs); i++)
+        free(jobs[i].stat), free(jobs[i].mask), free(jobs[i].cs), free(jobs[i].clip);
     arrfree(jobs);
     arrfree(rows);
     if (have_plan) mpq_plan_free(&plan);
@@ -853,9 +879,12 @@ static int cmd_quantize(int argc, char **argv)
             bad = bad || !parse_int("quantize", "--bits", v, 1, 8, &o.bits);
         } else if (opt(&a, "--format", &v, &bad)) {
             if (bad) break;
-            if (strcmp(v, "bitplane") == 0) o.format = MPQ_FORMAT_BITPLANE;
-            else if (strcmp(v, "mxint") == 0) o.format = MPQ_FORMAT_MXINT;
-            else bad = fail(EXIT_USAGE, "quantize --format: '%s' is not bitplane or mxint", v);
+            if (strcmp(v, "bitplane") == 0)
+                o.format = MPQ_FORMAT_BITPLANE;
+            else if (strcmp(v, "mxint") == 0)
+                o.format = MPQ_FORMAT_MXINT;
+            else
+                bad = fail(EXIT_USAGE, "quantize --format: '%s' is not bitplane or mxint", v);
         } else if (opt(&a, "--symmetric", NULL, &bad)) {
             o.symmetric = 1;
         } else if (opt(&a, "--bpw", &v, &bad)) {
@@ -865,8 +894,8 @@ static int cmd_quantize(int argc, char **argv)
         } else if (opt(&a, "--group", &v, &bad)) {
             bad = bad || !parse_int("quantize", "--group", v, 8, 1 << 20, &o.group);
             if (!bad && o.group % 8)
-                bad = fail(EXIT_USAGE, "quantize --group %d: a group is a multiple of 8 columns (%d or %d, say)", o.group,
-                           o.group / 8 * 8, o.group / 8 * 8 + 8);
+                bad = fail(EXIT_USAGE, "quantize --group %d: a group is a multiple of 8 columns (%d or %d, say)",
+                           o.group, o.group / 8 * 8, o.group / 8 * 8 + 8);
         } else if (opt(&a, "--block-rows", &v, &bad)) {
             bad = bad || !parse_int("quantize", "--block-rows", v, 1, 1 << 20, &o.block_rows);
         } else if (opt(&a, "--reorder", &v, &bad)) {
@@ -884,7 +913,8 @@ static int cmd_quantize(int argc, char **argv)
             if (bad) break;
             if (!strcmp(v, "rtn") || !strcmp(v, "awq") || !strcmp(v, "gptq") || !strcmp(v, "awq+gptq"))
                 quantizer = v;
-            else bad = fail(EXIT_USAGE, "quantize --quantizer: '%s' is not rtn, awq, gptq or awq+gptq", v);
+            else
+                bad = fail(EXIT_USAGE, "quantize --quantizer: '%s' is not rtn, awq, gptq or awq+gptq", v);
         } else if (opt(&a, "--hessian", &v, &bad)) {
             o.hessian = v;
         } else if (opt(&a, "--act-order", NULL, &bad)) {
@@ -938,10 +968,12 @@ static int cmd_quantize(int argc, char **argv)
     if (quantizer) {
         const int planner = o.method == M_SFMP || o.method == M_MIXLLM || o.method == M_MXSENS;
         const int ok = planner || (o.method == M_REQUANT && (!strcmp(quantizer, "rtn") || !strcmp(quantizer, "awq"))) ||
-                       (o.method == M_GPTQ && strstr(quantizer, "gptq"));
+            (o.method == M_GPTQ && strstr(quantizer, "gptq"));
         if (!ok) {
-            rc = fail(EXIT_USAGE, "quantize --quantizer %s: not for --method %s (sfmp, mixllm, mxsens: rtn, awq, gptq "
-                      "or awq+gptq; requant: rtn or awq; gptq: gptq or awq+gptq)", quantizer, method_names[o.method]);
+            rc = fail(EXIT_USAGE,
+                      "quantize --quantizer %s: not for --method %s (sfmp, mixllm, mxsens: rtn, awq, gptq "
+                      "or awq+gptq; requant: rtn or awq; gptq: gptq or awq+gptq)",
+                      quantizer, method_names[o.method]);
             goto out;
         }
         o.awq_quantizer = !strncmp(quantizer, "awq", 3);
@@ -954,7 +986,8 @@ static int cmd_quantize(int argc, char **argv)
         goto out;
     }
     if ((o.act_order || o.static_groups || o.damp >= 0) && !o.gptq) {
-        rc = fail(EXIT_USAGE, "quantize: --act-order, --static-groups and --damp are for GPTQ (--method gptq or "
+        rc = fail(EXIT_USAGE,
+                  "quantize: --act-order, --static-groups and --damp are for GPTQ (--method gptq or "
                   "--quantizer gptq)");
         goto out;
     }
@@ -972,7 +1005,8 @@ static int cmd_quantize(int argc, char **argv)
     }
     if (o.method == M_MXSENS || o.format == MPQ_FORMAT_MXINT) {
         if (o.group && o.group != MPQ_MX_BLOCK) {
-            rc = fail(EXIT_USAGE, "quantize: MXINT blocks are %d columns; --group %d does not apply", MPQ_MX_BLOCK, o.group);
+            rc = fail(EXIT_USAGE, "quantize: MXINT blocks are %d columns; --group %d does not apply", MPQ_MX_BLOCK,
+                      o.group);
             goto out;
         }
     }
@@ -1068,10 +1102,14 @@ static int cmd_dequantize(int argc, char **argv)
             return 0;
         } else if (opt(&a, "--dtype", &v, &bad)) {
             if (bad) break;
-            if (!strcmp(v, "f32")) dt = MPQ_DT_F32;
-            else if (!strcmp(v, "f16")) dt = MPQ_DT_F16;
-            else if (!strcmp(v, "bf16")) dt = MPQ_DT_BF16;
-            else bad = fail(EXIT_USAGE, "dequantize --dtype: '%s' is not f32, f16 or bf16", v);
+            if (!strcmp(v, "f32"))
+                dt = MPQ_DT_F32;
+            else if (!strcmp(v, "f16"))
+                dt = MPQ_DT_F16;
+            else if (!strcmp(v, "bf16"))
+                dt = MPQ_DT_BF16;
+            else
+                bad = fail(EXIT_USAGE, "dequantize --dtype: '%s' is not f32, f16 or bf16", v);
         } else if (opt(&a, "--skip-planes", &v, &bad)) {
             bad = bad || !parse_int("dequantize", "--skip-planes", v, 0, 7, &skip);
         } else if (opt(&a, "--quiet", NULL, &bad)) {
@@ -1097,7 +1135,8 @@ static int cmd_dequantize(int argc, char **argv)
     for (int i = 0; !rc && i < mpq_st_meta_count(f); i++) {
         const char *k, *val;
         mpq_st_meta_at(f, i, &k, &val);
-        if (strncmp(k, "mpq.", 4) != 0 && mpq_st_write_meta(w, k, val, &e) != MPQ_OK) rc = fail(EXIT_OUTPUT, "%s", e.msg);
+        if (strncmp(k, "mpq.", 4) != 0 && mpq_st_write_meta(w, k, val, &e) != MPQ_OK)
+            rc = fail(EXIT_OUTPUT, "%s", e.msg);
     }
     row *rows = NULL;
     for (int i = 0; !rc && i < mpq_st_count(f); i++) {
@@ -1114,8 +1153,10 @@ static int cmd_dequantize(int argc, char **argv)
             const uint64_t sh[2] = {(uint64_t)A.rows, (uint64_t)A.cols};
             float *W = (float *)malloc(sizeof(float) * (size_t)A.rows * (size_t)A.cols);
             mpq_status st = W ? mpq_packed_dequantize(&A, skip, W) : MPQ_ERR_NOMEM;
-            if (st != MPQ_OK) rc = fail(EXIT_INPUT, "%s: tensor '%s': dequantize: %s", in, t->name, mpq_status_str(st));
-            else if (mpq_st_write_f32(w, t->name, dt, 2, sh, W, &e) != MPQ_OK) rc = fail(EXIT_OUTPUT, "%s", e.msg);
+            if (st != MPQ_OK)
+                rc = fail(EXIT_INPUT, "%s: tensor '%s': dequantize: %s", in, t->name, mpq_status_str(st));
+            else if (mpq_st_write_f32(w, t->name, dt, 2, sh, W, &e) != MPQ_OK)
+                rc = fail(EXIT_OUTPUT, "%s", e.msg);
             char wt[32];
             widths_text(&A, wt, sizeof wt);
             snprintf(r.kind, sizeof r.kind, "%s (from %s %s)", mpq_dtype_name(dt),
@@ -1128,8 +1169,10 @@ static int cmd_dequantize(int argc, char **argv)
         } else {
             const size_t bytes = (size_t)(t->end - t->begin);
             void *buf = malloc(bytes + 1);
-            if (!buf) rc = fail(EXIT_INPUT, "%s: tensor '%s': out of memory", in, t->name);
-            else if (mpq_st_read(f, t, buf, bytes, &e) != MPQ_OK) rc = fail(EXIT_INPUT, "%s", e.msg);
+            if (!buf)
+                rc = fail(EXIT_INPUT, "%s: tensor '%s': out of memory", in, t->name);
+            else if (mpq_st_read(f, t, buf, bytes, &e) != MPQ_OK)
+                rc = fail(EXIT_INPUT, "%s", e.msg);
             else if (mpq_st_write(w, t->name, t->dtype, t->ndim, t->shape, buf, bytes, &e) != MPQ_OK)
                 rc = fail(EXIT_OUTPUT, "%s", e.msg);
             free(buf);
@@ -1139,8 +1182,10 @@ static int cmd_dequantize(int argc, char **argv)
         }
         arrput(rows, r);
     }
-    if (!rc && mpq_st_writer_close(w, &e) != MPQ_OK) rc = fail(EXIT_OUTPUT, "%s", e.msg);
-    else if (rc) mpq_st_writer_abort(w);
+    if (!rc && mpq_st_writer_close(w, &e) != MPQ_OK)
+        rc = fail(EXIT_OUTPUT, "%s", e.msg);
+    else if (rc)
+        mpq_st_writer_abort(w);
     if (!rc && !quiet) {
         printf("%s -> %s (dequantized%s)\n", in, out, skip ? ", lowest planes skipped" : "");
         print_rows(rows, 1);
@@ -1168,7 +1213,8 @@ static double gpu_us(const mpq_packed *A, const float *x, int batch, int reps)
     cudaEvent_t e0 = NULL, e1 = NULL;
     cudaStream_t s = (cudaStream_t)mpq_cuda_stream(&be);
     double *ts = (double *)malloc(sizeof(double) * (size_t)reps);
-    if (ts && be.upload(be.ctx, A, &h) == MPQ_OK && cudaMalloc(&dx, sizeof(float) * (size_t)batch * A->cols) == cudaSuccess &&
+    if (ts && be.upload(be.ctx, A, &h) == MPQ_OK &&
+        cudaMalloc(&dx, sizeof(float) * (size_t)batch * A->cols) == cudaSuccess &&
         cudaMalloc(&dy, sizeof(float) * (size_t)batch * A->rows) == cudaSuccess &&
         cudaMemcpy(dx, x, sizeof(float) * (size_t)batch * A->cols, cudaMemcpyHostToDevice) == cudaSuccess &&
         cudaEventCreate(&e0) == cudaSuccess && cudaEventCreate(&e1) == cudaSuccess) {
@@ -1258,8 +1304,8 @@ static int cmd_bench(int argc, char **argv)
     double worst_f32 = 0.0; /* the float32 GEMV's read rate over the bandwidth, matrices far beyond the caches */
     const double bw = bench_read_bandwidth(threads, 1);
     printf("%s: batch %d, %d threads, %d reps; read bandwidth %.1f GB/s\n", path, batch, threads, reps, bw * 1e-9);
-    printf("%-36s %-11s %6s %10s %9s %8s %6s %9s %7s %9s\n", "tensor", "shape", "bpw", "bytes", "mpq us", "GB/s",
-           "%bw", "f32 us", "f32/mpq", "gpu us");
+    printf("%-36s %-11s %6s %10s %9s %8s %6s %9s %7s %9s\n", "tensor", "shape", "bpw", "bytes", "mpq us", "GB/s", "%bw",
+           "f32 us", "f32/mpq", "gpu us");
     int rc = 0, count = 0;
     for (int i = 0; i < mpq_st_count(f) && !rc; i++) {
         const mpq_st_tensor *t = mpq_st_at(f, i);
@@ -1290,8 +1336,10 @@ static int cmd_bench(int argc, char **argv)
 #endif
             char shape[32], gs[32];
             snprintf(shape, sizeof shape, "%dx%d", A.rows, A.cols);
-            if (g >= 0) snprintf(gs, sizeof gs, "%.1f", g);
-            else snprintf(gs, sizeof gs, "-");
+            if (g >= 0)
+                snprintf(gs, sizeof gs, "%.1f", g);
+            else
+                snprintf(gs, sizeof gs, "-");
             const double gbs = (double)A.bytes / (us * 1e-6) * 1e-9;
             const double f32_of_bw = 4.0 * A.rows * (double)A.cols * batch / (f32 * 1e-6) / bw;
             if (4.0 * A.rows * (double)A.cols >= 64e6 && (worst_f32 == 0.0 || f32_of_bw < worst_f32))
@@ -1355,7 +1403,8 @@ int main(int argc, char **argv)
     if (strcmp(argv[1], "speed") == 0) return cmd_speed(argc - 1, argv + 1);
     if (strcmp(argv[1], "calibrate") == 0) return cmd_calibrate(argc - 1, argv + 1);
     if (strcmp(argv[1], "schedule") == 0) return cmd_schedule(argc - 1, argv + 1);
-    return fail(EXIT_USAGE, "unknown command '%s' (quantize, calibrate, schedule, eval, run, speed, inspect, bench, "
+    return fail(EXIT_USAGE,
+                "unknown command '%s' (quantize, calibrate, schedule, eval, run, speed, inspect, bench, "
                 "dequantize; "
                 "see mpq --help)",
                 argv[1]);

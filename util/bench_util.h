@@ -193,14 +193,15 @@ static inline bench_load bench_load_now(void)
 #if defined(__linux__)
     FILE *f = fopen("/proc/stat", "r");
     unsigned long long v[8] = {0};
-    if (f && fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu", &v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6],
-                    &v[7]) == 8) {
+    if (f &&
+        fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu", &v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6],
+               &v[7]) == 8) {
         const double tick = (double)sysconf(_SC_CLK_TCK);
         struct rusage ru;
         getrusage(RUSAGE_SELF, &ru);
         l.busy = (double)(v[0] + v[1] + v[2] + v[5] + v[6] + v[7]) / tick; /* all but idle and iowait */
         l.self = (double)ru.ru_utime.tv_sec + 1e-6 * (double)ru.ru_utime.tv_usec + (double)ru.ru_stime.tv_sec +
-                 1e-6 * (double)ru.ru_stime.tv_usec;
+            1e-6 * (double)ru.ru_stime.tv_usec;
         l.ok = tick > 0;
     }
     if (f) fclose(f);

@@ -25,7 +25,10 @@ static inline uint64_t synth_u64(synth_rng *r) /* splitmix64 */
     return z ^ (z >> 31);
 }
 
-static inline double synth_unif(synth_rng *r) { return ((double)(synth_u64(r) >> 11) + 0.5) * (1.0 / 9007199254740992.0); }
+static inline double synth_unif(synth_rng *r)
+{
+    return ((double)(synth_u64(r) >> 11) + 0.5) * (1.0 / 9007199254740992.0);
+}
 static inline int synth_int(synth_rng *r, int n) { return (int)(synth_u64(r) % (uint64_t)n); }
 
 static inline float synth_gauss(synth_rng *r)

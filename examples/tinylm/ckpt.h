@@ -10,16 +10,21 @@
 #include <stdio.h>
 
 static inline void tlm_param_name(const tlm_config *c, int i, char *s, size_t cap, real **ptr, const tlm_params *p,
-                           uint64_t shape[2], int *ndim)
+                                  uint64_t shape[2], int *ndim)
 {
     /* i enumerates: emb, norm_f, head, then per layer norm1, norm2, 7 linears */
-    if (i == 0) snprintf(s, cap, "tok_emb"), *ptr = p->emb, shape[0] = TLM_VOCAB, shape[1] = (uint64_t)c->dim, *ndim = 2;
-    else if (i == 1) snprintf(s, cap, "norm_f"), *ptr = p->norm_f, shape[0] = (uint64_t)c->dim, *ndim = 1;
-    else if (i == 2) snprintf(s, cap, "lm_head"), *ptr = p->head, shape[0] = TLM_VOCAB, shape[1] = (uint64_t)c->dim, *ndim = 2;
+    if (i == 0)
+        snprintf(s, cap, "tok_emb"), *ptr = p->emb, shape[0] = TLM_VOCAB, shape[1] = (uint64_t)c->dim, *ndim = 2;
+    else if (i == 1)
+        snprintf(s, cap, "norm_f"), *ptr = p->norm_f, shape[0] = (uint64_t)c->dim, *ndim = 1;
+    else if (i == 2)
+        snprintf(s, cap, "lm_head"), *ptr = p->head, shape[0] = TLM_VOCAB, shape[1] = (uint64_t)c->dim, *ndim = 2;
     else {
         const int l = (i - 3) / (TLM_NLIN + 2), k = (i - 3) % (TLM_NLIN + 2);
-        if (k == 0) snprintf(s, cap, "layers.%d.norm1", l), *ptr = p->norm1[l], shape[0] = (uint64_t)c->dim, *ndim = 1;
-        else if (k == 1) snprintf(s, cap, "layers.%d.norm2", l), *ptr = p->norm2[l], shape[0] = (uint64_t)c->dim, *ndim = 1;
+        if (k == 0)
+            snprintf(s, cap, "layers.%d.norm1", l), *ptr = p->norm1[l], shape[0] = (uint64_t)c->dim, *ndim = 1;
+        else if (k == 1)
+            snprintf(s, cap, "layers.%d.norm2", l), *ptr = p->norm2[l], shape[0] = (uint64_t)c->dim, *ndim = 1;
         else {
             snprintf(s, cap, "layers.%d.%s", l, tlm_lin_name[k - 2]);
             *ptr = p->w[l][k - 2];
@@ -45,7 +50,8 @@ static inline int tlm_save(const tlm_model *m, const char *path, const char *con
         snprintf(val, sizeof val, "%d", cfg[i]);
         bad = mpq_st_write_meta(w, names[i], val, &e) != MPQ_OK;
     }
-    for (int i = 0; i + 1 < 2 * nmeta && !bad; i += 2) bad = mpq_st_write_meta(w, meta_kv[i], meta_kv[i + 1], &e) != MPQ_OK;
+    for (int i = 0; i + 1 < 2 * nmeta && !bad; i += 2)
+        bad = mpq_st_write_meta(w, meta_kv[i], meta_kv[i + 1], &e) != MPQ_OK;
     for (int i = 0; i < tlm_param_count(&m->c) && !bad; i++) {
         real *ptr;
         uint64_t shape[2];

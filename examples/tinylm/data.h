@@ -18,10 +18,10 @@
 #include <stdio.h>
 #include <string.h>
 
-static const char *const tlm_nouns[][2] = {{"cat", "cats"},         {"dog", "dogs"},       {"bird", "birds"},
-                                           {"child", "children"},   {"man", "men"},        {"woman", "women"},
-                                           {"fox", "foxes"},        {"teacher", "teachers"}, {"farmer", "farmers"},
-                                           {"king", "kings"},       {"mouse", "mice"},     {"horse", "horses"}};
+static const char *const tlm_nouns[][2] = {{"cat", "cats"},       {"dog", "dogs"},         {"bird", "birds"},
+                                           {"child", "children"}, {"man", "men"},          {"woman", "women"},
+                                           {"fox", "foxes"},      {"teacher", "teachers"}, {"farmer", "farmers"},
+                                           {"king", "kings"},     {"mouse", "mice"},       {"horse", "horses"}};
 static const char *const tlm_vint[][2] = {{"runs", "run"},   {"sleeps", "sleep"}, {"sings", "sing"},
                                           {"waits", "wait"}, {"jumps", "jump"},   {"laughs", "laugh"}};
 static const char *const tlm_vtr[][2] = {{"sees", "see"},   {"likes", "like"}, {"chases", "chase"},
@@ -110,8 +110,10 @@ static inline int tlm_line(uint64_t *r, char *s)
     const int kind = (int)(tlm_rand(r) % 10);
     char p[128], a[16];
     if (kind < 4) return tlm_sentence(r, s);
-    if (kind < 8) tlm_arith(r, p, a);
-    else tlm_recall(r, p, a);
+    if (kind < 8)
+        tlm_arith(r, p, a);
+    else
+        tlm_recall(r, p, a);
     return sprintf(s, "%s%s\n", p, a);
 }
 

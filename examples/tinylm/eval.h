@@ -105,22 +105,24 @@ static inline void tlm_hook(void *user, const tlm_model *m, int l, int w, const 
 /* ---- the measurements ---------------------------------------------------- */
 
 typedef struct tlm_task {
-    int n;            /* prompts */
-    int narith;       /* the first narith are arithmetic, the rest recall */
+    int n;      /* prompts */
+    int narith; /* the first narith are arithmetic, the rest recall */
     char (*prompt)[64], (*answer)[16];
-    int maxlen;       /* longest prompt (with its leading newline) */
+    int maxlen; /* longest prompt (with its leading newline) */
 } tlm_task;
 
 static inline void tlm_task_make(tlm_task *k, uint64_t seed, int narith, int nrecall)
 {
     k->n = narith + nrecall, k->narith = narith, k->maxlen = 0;
-    k->prompt = (char (*)[64])calloc((size_t)k->n, 64);
-    k->answer = (char (*)[16])calloc((size_t)k->n, 16);
+    k->prompt = (char(*)[64])calloc((size_t)k->n, 64);
+    k->answer = (char(*)[16])calloc((size_t)k->n, 16);
     uint64_t r = seed;
     for (int i = 0; i < k->n; i++) {
         char p[64];
-        if (i < narith) tlm_arith(&r, p, k->answer[i]);
-        else tlm_recall(&r, p, k->answer[i]);
+        if (i < narith)
+            tlm_arith(&r, p, k->answer[i]);
+        else
+            tlm_recall(&r, p, k->answer[i]);
         const int len = snprintf(k->prompt[i], 64, "\n%s", p);
         k->maxlen = len > k->maxlen ? len : k->maxlen;
     }
@@ -133,8 +135,8 @@ static inline void tlm_task_free(tlm_task *k)
 }
 
 typedef struct tlm_result {
-    double nll;        /* nats per byte on the held-out windows */
-    double ppl;        /* exp(nll) */
+    double nll;           /* nats per byte on the held-out windows */
+    double ppl;           /* exp(nll) */
     double arith, recall; /* exact-match accuracy */
 } tlm_result;
 
@@ -151,7 +153,7 @@ static inline void tlm_task_run(const tlm_model *m0, tlm_run *run, const tlm_tas
     tlm_acts a;
     uint8_t *tok = (uint8_t *)calloc((size_t)B * T, 1);
     int *len = (int *)malloc(sizeof(int) * B), *done = (int *)calloc((size_t)B, sizeof(int));
-    char (*out)[TLM_ANSWER_MAX + 1] = (char (*)[TLM_ANSWER_MAX + 1])calloc((size_t)B, TLM_ANSWER_MAX + 1);
+    char(*out)[TLM_ANSWER_MAX + 1] = (char(*)[TLM_ANSWER_MAX + 1]) calloc((size_t)B, TLM_ANSWER_MAX + 1);
     if (tlm_acts_alloc(&m.c, B, &a) || !tok || !len || !done || !out) abort();
     for (int b = 0; b < B; b++) {
         len[b] = (int)strlen(k->prompt[b]);
@@ -170,15 +172,19 @@ static inline void tlm_task_run(const tlm_model *m0, tlm_run *run, const tlm_tas
             int best = 0;
             for (int v = 1; v < TLM_VOCAB; v++) best = z[v] > z[best] ? v : best;
             tok[(size_t)b * T + pos + 1] = (uint8_t)best;
-            if (best == '\n') done[b] = 1;
-            else out[b][step] = (char)best;
+            if (best == '\n')
+                done[b] = 1;
+            else
+                out[b][step] = (char)best;
         }
     }
     int ok_a = 0, ok_r = 0;
     for (int b = 0; b < B; b++) {
         const int ok = done[b] && strcmp(out[b], k->answer[b]) == 0;
-        if (b < k->narith) ok_a += ok;
-        else ok_r += ok;
+        if (b < k->narith)
+            ok_a += ok;
+        else
+            ok_r += ok;
     }
     *arith = k->narith ? (double)ok_a / k->narith : 0;
     *recall = B > k->narith ? (double)ok_r / (B - k->narith) : 0;
@@ -207,7 +213,7 @@ static inline double tlm_nll(const tlm_model *m0, tlm_run *run, const uint8_t *t
 
 /* Everything for one model: q NULL runs the model's own weights. */
 static inline tlm_result tlm_evaluate(const tlm_model *m0, const tlm_qmodel *q, const mpq_pmpd_schedule *sched,
-                               int use_packed, const uint8_t *tok, const int *tgt, int B, const tlm_task *k)
+                                      int use_packed, const uint8_t *tok, const int *tgt, int B, const tlm_task *k)
 {
     tlm_model m = *m0;
     tlm_run run;

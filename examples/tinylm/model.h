@@ -32,8 +32,8 @@
 typedef TLM_REAL real;
 
 #define TLM_MAX_LAYERS 16
-#define TLM_MAX_SEQ 1024
-#define TLM_VOCAB 256
+#define TLM_MAX_SEQ    1024
+#define TLM_VOCAB      256
 
 typedef struct tlm_config {
     int dim, layers, heads, ffn, seq;
@@ -41,13 +41,10 @@ typedef struct tlm_config {
 
 /* The linear maps of a block, in this order everywhere (files, statistics). */
 enum { TLM_WQ, TLM_WK, TLM_WV, TLM_WO, TLM_WG, TLM_WU, TLM_WD, TLM_NLIN };
-static const char *const tlm_lin_name[TLM_NLIN] = {"attn.wq", "attn.wk", "attn.wv", "attn.wo",
+static const char *const tlm_lin_name[TLM_NLIN] = {"attn.wq",    "attn.wk",  "attn.wv",   "attn.wo",
                                                    "mlp.w_gate", "mlp.w_up", "mlp.w_down"};
 
-static inline int tlm_lin_rows(const tlm_config *c, int w)
-{
-    return w == TLM_WG || w == TLM_WU ? c->ffn : c->dim;
-}
+static inline int tlm_lin_rows(const tlm_config *c, int w) { return w == TLM_WG || w == TLM_WU ? c->ffn : c->dim; }
 static inline int tlm_lin_cols(const tlm_config *c, int w) { return w == TLM_WD ? c->ffn : c->dim; }
 
 /* All parameters (or gradients) in one array, with views into it. */
@@ -233,10 +230,10 @@ typedef struct tlm_acts { /* what the backward pass needs, for B sequences */
 typedef struct tlm_model {
     tlm_config c;
     tlm_params p;
-    real *cosb, *sinb;   /* rotary tables, seq x hd/2 */
-    int T;               /* tokens per sequence in this pass, 1..seq (tlm_model_init: seq);
-                            shorter passes serve generation from short prompts */
-    tlm_linear_fn hook;  /* NULL: the dense weights in p */
+    real *cosb, *sinb;  /* rotary tables, seq x hd/2 */
+    int T;              /* tokens per sequence in this pass, 1..seq (tlm_model_init: seq);
+                           shorter passes serve generation from short prompts */
+    tlm_linear_fn hook; /* NULL: the dense weights in p */
     void *hook_user;
 } tlm_model;
 
@@ -310,8 +307,10 @@ static inline void tlm_acts_free(tlm_acts *a)
 
 static inline void tlm_linear(const tlm_model *m, int l, int w, const real *x, real *y, int M)
 {
-    if (m->hook) m->hook(m->hook_user, m, l, w, x, y, M);
-    else tlm_mm(x, m->p.w[l][w], y, M, tlm_lin_rows(&m->c, w), tlm_lin_cols(&m->c, w), 0);
+    if (m->hook)
+        m->hook(m->hook_user, m, l, w, x, y, M);
+    else
+        tlm_mm(x, m->p.w[l][w], y, M, tlm_lin_rows(&m->c, w), tlm_lin_cols(&m->c, w), 0);
 }
 
 static inline void tlm_rmsnorm(const real *x, const real *g, real *y, real *r, int M, int D)
@@ -350,7 +349,8 @@ static inline void tlm_rope(const tlm_model *m, real *x, int M, int dir)
     }
 }
 
-static inline void tlm_attention(const tlm_model *m, const real *q, const real *k, const real *v, real *P, real *o, int B)
+static inline void tlm_attention(const tlm_model *m, const real *q, const real *k, const real *v, real *P, real *o,
+                                 int B)
 {
     const int D = m->c.dim, H = m->c.heads, hd = D / H, T = m->T;
     const real scale = (real)(1.0 / sqrt((double)hd));
@@ -475,8 +475,8 @@ static inline void tlm_dinput(const real *dY, const real *W, real *dX, int M, in
     tlm_mm(dY, t1, dX, M, K, N, acc);
 }
 
-static inline void tlm_rmsnorm_back(const real *x, const real *g, const real *r, const real *dy, real *dx, real *dg, int M,
-                             int D)
+static inline void tlm_rmsnorm_back(const real *x, const real *g, const real *r, const real *dy, real *dx, real *dg,
+                                    int M, int D)
 {
 #ifdef _OPENMP
 #pragma omp parallel for schedule(static)
@@ -496,7 +496,7 @@ static inline void tlm_rmsnorm_back(const real *x, const real *g, const real *r,
 }
 
 static inline void tlm_attention_back(const tlm_model *m, const tlm_acts *a, int l, const real *dao, real *dq, real *dk,
-                               real *dv, int B)
+                                      real *dv, int B)
 {
     const int D = m->c.dim, H = m->c.heads, hd = D / H, T = m->T;
     const real scale = (real)(1.0 / sqrt((double)hd));
@@ -542,7 +542,7 @@ static inline void tlm_attention_back(const tlm_model *m, const tlm_acts *a, int
    (zero it first for a fresh gradient). Needs the activations of the
    forward pass that preceded it, with the dense weights (no hook). */
 static inline void tlm_backward(const tlm_model *m, const uint8_t *tokens, const int *targets, const tlm_acts *a,
-                         tlm_params *g, tlm_grad_work *w, int B)
+                                tlm_params *g, tlm_grad_work *w, int B)
 {
     const tlm_config *c = &m->c;
     const int M = B * m->T, D = c->dim, F = c->ffn;

@@ -53,7 +53,7 @@ static void check(mpq_status st, const char *what)
 typedef struct ctx {
     tlm_model m;
     const tlm_config *c;
-    int nl;                        /* linear maps: layers x 7 */
+    int nl; /* linear maps: layers x 7 */
     /* calibration and held-out data */
     uint8_t *ctok;
     int *ctgt;
@@ -64,7 +64,7 @@ typedef struct ctx {
     float *fisher[NLIN_ALL], *rowsal[NLIN_ALL], *colsens[NLIN_ALL], *X[NLIN_ALL];
     float layer_sens[NLIN_ALL];
     int xtok;
-    float *W0[NLIN_ALL];           /* the trained weights of each linear map */
+    float *W0[NLIN_ALL]; /* the trained weights of each linear map */
 } ctx;
 
 static int rows_of(const ctx *C, int i) { return tlm_lin_rows(C->c, i % TLM_NLIN); }
@@ -92,10 +92,7 @@ static void capture_hook(void *user, const tlm_model *m, int l, int w, const rea
 }
 
 /* The loss of the model as it is now on B calibration windows. */
-static double calib_loss(ctx *C, int B, tlm_acts *a)
-{
-    return tlm_forward(&C->m, C->ctok, C->ctgt, a, B);
-}
+static double calib_loss(ctx *C, int B, tlm_acts *a) { return tlm_forward(&C->m, C->ctok, C->ctgt, a, B); }
 
 static mpq_packed rtn(const ctx *C, int i, const float *W, int bits, int format)
 {
@@ -462,7 +459,8 @@ static void run_requant(ctx *C, int awq)
     rq R;
     memset(&R, 0, sizeof R);
     R.C = C, R.awq = awq, R.B = 8;
-    if (tlm_acts_alloc(C->c, R.B, &R.a) || tlm_grad_work_alloc(C->c, R.B, &R.gw) || tlm_params_alloc(C->c, &R.g)) exit(1);
+    if (tlm_acts_alloc(C->c, R.B, &R.a) || tlm_grad_work_alloc(C->c, R.B, &R.gw) || tlm_params_alloc(C->c, &R.g))
+        exit(1);
     for (int i = 0; i < C->nl; i++) {
         R.offs[i + 1] = R.offs[i] + n_of(C, i);
         if (awq) awq_scales(C, i, 3, &R.cs[i], &R.clip[i]);
@@ -578,15 +576,18 @@ static void write_table(const char *dir, const char *model)
 {
     char p[1024];
     FILE *f = open_output(dir, "results.md", p, sizeof p);
-    fprintf(f, "| method | bpw | held-out ppl | bits/byte | arithmetic | recall |\n| --- | ---: | ---: | ---: | ---: | ---: |\n");
+    fprintf(f,
+            "| method | bpw | held-out ppl | bits/byte | arithmetic | recall |\n| --- | ---: | ---: | ---: | ---: | "
+            "---: |\n");
     for (int i = 0; i < nrows; i++) {
         const row *r = &rows[i];
-        fprintf(f, "| %s | %.3f | %.4f | %.4f | %.1f %% | %.1f %% |\n", r->name, r->bpw, r->r.ppl,
-                r->r.nll / log(2.0), 100 * r->r.arith, 100 * r->r.recall);
+        fprintf(f, "| %s | %.3f | %.4f | %.4f | %.1f %% | %.1f %% |\n", r->name, r->bpw, r->r.ppl, r->r.nll / log(2.0),
+                100 * r->r.arith, 100 * r->r.recall);
     }
-    fprintf(f, "\nModel `%s`; bpw over the 28 linear maps (scales, sparse parts included; PMPD: the "
-               "average over decoded tokens); perplexity per byte on the second half of %d held-out windows "
-               "of 128 bytes; exact match on %d arithmetic and %d recall prompts.\n",
+    fprintf(f,
+            "\nModel `%s`; bpw over the 28 linear maps (scales, sparse parts included; PMPD: the "
+            "average over decoded tokens); perplexity per byte on the second half of %d held-out windows "
+            "of 128 bytes; exact match on %d arithmetic and %d recall prompts.\n",
             model, NHELD, NARITH, NRECALL);
     fclose(f);
     printf("wrote %s\n", p);
@@ -598,7 +599,8 @@ static void write_plot(const char *dir)
     char p[1024];
     FILE *f = open_output(dir, "ppl_vs_bpw.svg", p, sizeof p);
     plot_point pts[64];
-    for (int i = 0; i < nrows; i++) pts[i].family = rows[i].family, pts[i].bpw = rows[i].bpw, pts[i].ppl = rows[i].r.ppl;
+    for (int i = 0; i < nrows; i++)
+        pts[i].family = rows[i].family, pts[i].bpw = rows[i].bpw, pts[i].ppl = rows[i].r.ppl;
     plot_ppl_vs_bpw(f, pts, nrows, "bits per weight (linear maps)", "held-out perplexity per byte (log scale)",
                     "fp16 weights");
     fclose(f);
@@ -609,8 +611,10 @@ int main(int argc, char **argv)
 {
     const char *model = "examples/tinylm/tinylm.safetensors", *out = "build/tinylm";
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--model") && i + 1 < argc) model = argv[++i];
-        else if (!strcmp(argv[i], "--out") && i + 1 < argc) out = argv[++i];
+        if (!strcmp(argv[i], "--model") && i + 1 < argc)
+            model = argv[++i];
+        else if (!strcmp(argv[i], "--out") && i + 1 < argc)
+            out = argv[++i];
         else if (!strcmp(argv[i], "--threads") && i + 1 < argc) {
 #ifdef _OPENMP
             omp_set_num_threads(atoi(argv[i + 1]));

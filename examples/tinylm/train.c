@@ -44,15 +44,15 @@ static int state_file(const char *prefix, int k, const char *mode, FILE **f)
     return (*f = fopen(p, mode)) == NULL;
 }
 
-static int write_state(const char *prefix, int next, uint64_t r, double avg, const tlm_params *p,
-                       const tlm_params *mom, const tlm_params *var)
+static int write_state(const char *prefix, int next, uint64_t r, double avg, const tlm_params *p, const tlm_params *mom,
+                       const tlm_params *var)
 {
     const tlm_params *parts[3] = {p, mom, var};
     for (int k = 0; k < 3; k++) {
         FILE *f;
         if (state_file(prefix, k, "wb", &f)) return -1;
         int ok = !k ? fwrite(&next, sizeof next, 1, f) == 1 && fwrite(&r, sizeof r, 1, f) == 1 &&
-                          fwrite(&avg, sizeof avg, 1, f) == 1
+                fwrite(&avg, sizeof avg, 1, f) == 1
                     : 1;
         ok = ok && fwrite(parts[k]->data, sizeof(real), parts[k]->n, f) == parts[k]->n;
         if (fclose(f) != 0 || !ok) return -1;
@@ -68,7 +68,7 @@ static int read_state(const char *prefix, int *next, uint64_t *r, double *avg, t
         FILE *f;
         if (state_file(prefix, k, "rb", &f)) return -1;
         int ok = !k ? fread(next, sizeof *next, 1, f) == 1 && fread(r, sizeof *r, 1, f) == 1 &&
-                          fread(avg, sizeof *avg, 1, f) == 1
+                fread(avg, sizeof *avg, 1, f) == 1
                     : 1;
         ok = ok && fread(parts[k]->data, sizeof(real), parts[k]->n, f) == parts[k]->n;
         fclose(f);
@@ -87,26 +87,40 @@ int main(int argc, char **argv)
     int stop_at = 0;
     for (int i = 1; i < argc; i++) {
         const char *v = i + 1 < argc ? argv[i + 1] : "";
-        if (!strcmp(argv[i], "--steps")) steps = atoi(v), i++;
-        else if (!strcmp(argv[i], "--batch")) B = atoi(v), i++;
-        else if (!strcmp(argv[i], "--lr")) lr = atof(v), i++;
-        else if (!strcmp(argv[i], "--seed")) seed = strtoull(v, NULL, 10), i++;
-        else if (!strcmp(argv[i], "--out")) out = v, i++;
-        else if (!strcmp(argv[i], "--stop-at")) stop_at = atoi(v), i++;
-        else if (!strcmp(argv[i], "--save-state")) save_state = v, i++;
-        else if (!strcmp(argv[i], "--resume")) resume = v, i++;
-        else if (!strcmp(argv[i], "--dim")) c.dim = atoi(v), i++;
-        else if (!strcmp(argv[i], "--layers")) c.layers = atoi(v), i++;
-        else if (!strcmp(argv[i], "--heads")) c.heads = atoi(v), i++;
-        else if (!strcmp(argv[i], "--ffn")) c.ffn = atoi(v), i++;
+        if (!strcmp(argv[i], "--steps"))
+            steps = atoi(v), i++;
+        else if (!strcmp(argv[i], "--batch"))
+            B = atoi(v), i++;
+        else if (!strcmp(argv[i], "--lr"))
+            lr = atof(v), i++;
+        else if (!strcmp(argv[i], "--seed"))
+            seed = strtoull(v, NULL, 10), i++;
+        else if (!strcmp(argv[i], "--out"))
+            out = v, i++;
+        else if (!strcmp(argv[i], "--stop-at"))
+            stop_at = atoi(v), i++;
+        else if (!strcmp(argv[i], "--save-state"))
+            save_state = v, i++;
+        else if (!strcmp(argv[i], "--resume"))
+            resume = v, i++;
+        else if (!strcmp(argv[i], "--dim"))
+            c.dim = atoi(v), i++;
+        else if (!strcmp(argv[i], "--layers"))
+            c.layers = atoi(v), i++;
+        else if (!strcmp(argv[i], "--heads"))
+            c.heads = atoi(v), i++;
+        else if (!strcmp(argv[i], "--ffn"))
+            c.ffn = atoi(v), i++;
         else if (!strcmp(argv[i], "--threads")) {
 #ifdef _OPENMP
             omp_set_num_threads(atoi(v));
 #endif
             i++;
         } else {
-            fprintf(stderr, "usage: %s [--steps N] [--batch B] [--lr X] [--seed S] [--threads T] [--out FILE] "
-                            "[--dim D] [--layers L] [--heads H] [--ffn F]\n", argv[0]);
+            fprintf(stderr,
+                    "usage: %s [--steps N] [--batch B] [--lr X] [--seed S] [--threads T] [--out FILE] "
+                    "[--dim D] [--layers L] [--heads H] [--ffn F]\n",
+                    argv[0]);
             return 1;
         }
     }
@@ -121,7 +135,8 @@ int main(int argc, char **argv)
         return fprintf(stderr, "out of memory\n"), 1;
     /* which parameters decay: the matrices */
     uint8_t *decay = calloc(m.p.n, 1);
-    for (size_t i = 0; i < (size_t)TLM_VOCAB * c.dim; i++) decay[(m.p.emb - m.p.data) + i] = decay[(m.p.head - m.p.data) + i] = 1;
+    for (size_t i = 0; i < (size_t)TLM_VOCAB * c.dim; i++)
+        decay[(m.p.emb - m.p.data) + i] = decay[(m.p.head - m.p.data) + i] = 1;
     for (int l = 0; l < c.layers; l++)
         for (int w = 0; w < TLM_NLIN; w++)
             memset(decay + (m.p.w[l][w] - m.p.data), 1, (size_t)tlm_lin_rows(&c, w) * tlm_lin_cols(&c, w));

@@ -30,8 +30,8 @@ int main(int argc, char **argv)
         return 1;
     }
     const int same = mpq_gemv(&B, x, y1, 1, NULL, NULL, 0) == MPQ_OK && memcmp(y0, y1, sizeof y0) == 0;
-    printf("mpq %d.%d.%d: %d x %d packed in %zu bytes, read back from %s: %s\n", MPQ_VERSION_MAJOR, MPQ_VERSION_MINOR, MPQ_VERSION_PATCH, M, N, A.bytes, path,
-           same ? "same product" : "DIFFERENT product");
+    printf("mpq %d.%d.%d: %d x %d packed in %zu bytes, read back from %s: %s\n", MPQ_VERSION_MAJOR, MPQ_VERSION_MINOR,
+           MPQ_VERSION_PATCH, M, N, A.bytes, path, same ? "same product" : "DIFFERENT product");
     mpq_st_close(f);
     mpq_packed_free(&A);
     mpq_packed_free(&B);

@@ -47,7 +47,8 @@ static void round_trip(const mpq_tokenizer *t, const char *text, size_t len)
     free(back), free(tok);
 }
 
-static const char sample[] = "Hello, world! It's 2024: caf\xc3\xa9 na\xc3\xafve  \t\n\n  x123 \xe6\x97\xa5\xe6\x9c\xac <|im_end|>";
+static const char sample[] =
+    "Hello, world! It's 2024: caf\xc3\xa9 na\xc3\xafve  \t\n\n  x123 \xe6\x97\xa5\xe6\x9c\xac <|im_end|>";
 
 static void gguf_input(const uint8_t *data, size_t size)
 {
@@ -227,9 +228,13 @@ static void stats_input(const uint8_t *data, size_t size)
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    if (size >= 4 && !memcmp(data, "STAT", 4)) stats_input(data + 4, size - 4);
-    else if (size >= 4 && !memcmp(data, "GGUF", 4)) gguf_input(data, size);
-    else if (size >= 1 && data[0] == '{') json_input(data, size);
-    else text_input(data, size);
+    if (size >= 4 && !memcmp(data, "STAT", 4))
+        stats_input(data + 4, size - 4);
+    else if (size >= 4 && !memcmp(data, "GGUF", 4))
+        gguf_input(data, size);
+    else if (size >= 1 && data[0] == '{')
+        json_input(data, size);
+    else
+        text_input(data, size);
     return 0;
 }

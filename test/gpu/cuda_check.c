@@ -60,19 +60,23 @@ typedef struct cas {
    several tiles each with a ragged end. The last case gives each warp of
    the MMA kernel dozens of records, many times its ring. */
 static const cas cases[] = {
-    {16, 32, 32, 16, 1, 0, 0, 0},       {37, 96, 32, 3, 1, 8, 1, 1},      {300, 520, 40, 16, 1, 8, 1, 0},
-    {129, 1000, 128, 16, 1, 8, 1, 1},   {512, 4096, 128, 16, 1, 8, 0, 0}, {257, 2048, 256, 32, 1, 8, 1, 1},
-    {200, 768, 64, 5, 1, 8, 1, 0},      {1024, 1024, 128, 16, 1, 0, 1, 1}, {96, 640, 32, 16, 2, 8, 1, 1},
-    {33, 100, 32, 16, 2, 8, 0, 0},      {4096, 4096, 128, 16, 1, 8, 0, 0}, {2048, 1536, 32, 16, 2, 8, 1, 0},
-    {3000, 2080, 32, 16, 1, 4, 1, 1},   {5000, 1056, 64, 48, 1, 4, 0, 0}, {1003, 2080, 96, 7, 1, 4, 1, 0},
-    {2500, 1536, 32, 16, 2, 4, 1, 1},   {4100, 2048, 128, 16, 1, 2, 0, 1}, {560, 1056, 32, 16, 1, 4, 1, 1},
-    {3000, 1024, 128, 16, 1, 6, 1, 0},  {400, 1536, 32, 9, 2, 6, 0, 1},
+    {16, 32, 32, 16, 1, 0, 0, 0},      {37, 96, 32, 3, 1, 8, 1, 1},
+    {300, 520, 40, 16, 1, 8, 1, 0},    {129, 1000, 128, 16, 1, 8, 1, 1},
+    {512, 4096, 128, 16, 1, 8, 0, 0},  {257, 2048, 256, 32, 1, 8, 1, 1},
+    {200, 768, 64, 5, 1, 8, 1, 0},     {1024, 1024, 128, 16, 1, 0, 1, 1},
+    {96, 640, 32, 16, 2, 8, 1, 1},     {33, 100, 32, 16, 2, 8, 0, 0},
+    {4096, 4096, 128, 16, 1, 8, 0, 0}, {2048, 1536, 32, 16, 2, 8, 1, 0},
+    {3000, 2080, 32, 16, 1, 4, 1, 1},  {5000, 1056, 64, 48, 1, 4, 0, 0},
+    {1003, 2080, 96, 7, 1, 4, 1, 0},   {2500, 1536, 32, 16, 2, 4, 1, 1},
+    {4100, 2048, 128, 16, 1, 2, 0, 1}, {560, 1056, 32, 16, 1, 4, 1, 1},
+    {3000, 1024, 128, 16, 1, 6, 1, 0}, {400, 1536, 32, 9, 2, 6, 0, 1},
     {18000, 4096, 32, 16, 1, 4, 0, 0}, /* MMA kernel: dozens of records per warp */
 };
 
 /* per output: sum |w x| (wx) and 3 max |w| sum |x c| (row), from the
    dequantized matrix (original coordinates) */
-static void magnitude(const float *Wd, const float *x, const float *cs, int m, int n, int batch, double *wx, double *row)
+static void magnitude(const float *Wd, const float *x, const float *cs, int m, int n, int batch, double *wx,
+                      double *row)
 {
     for (int v = 0; v < batch; v++)
         for (int i = 0; i < m; i++) {
@@ -96,7 +100,8 @@ static int run_case(mpq_backend *be, const cas *c, synth_rng *r, int fp16)
     uint8_t *bits = malloc((size_t)nb), *mask = calloc((size_t)m * n, 1);
     uint32_t *prow = malloc(4u * m), *pcol = malloc(4u * n);
     synth_weights(r, W, m, n);
-    for (int k = 0; k < nb; k++) bits[k] = (uint8_t)(c->maxb ? minb + synth_int(r, c->maxb + 1 - minb) : 3 + (c->format == 2));
+    for (int k = 0; k < nb; k++)
+        bits[k] = (uint8_t)(c->maxb ? minb + synth_int(r, c->maxb + 1 - minb) : 3 + (c->format == 2));
     synth_perm(r, prow, m);
     synth_perm(r, pcol, n);
     for (int j = 0; j < n; j++) cs[j] = 0.5f + (float)synth_unif(r);
@@ -132,7 +137,8 @@ static int run_case(mpq_backend *be, const cas *c, synth_rng *r, int fp16)
             if (fp16 && batch != 1 && batch != 5 && batch != 17 && batch != 64) continue;
             if (skip && batch == 33) continue;
             if (batch > 17 && (double)m * n * batch > (batch > 300 ? 6e8 : 7e8)) continue; /* the reference's time */
-            float *x = malloc(sizeof(float) * batch * n), *y = malloc(sizeof(float) * batch * m), *y2 = malloc(sizeof(float) * batch * m);
+            float *x = malloc(sizeof(float) * batch * n), *y = malloc(sizeof(float) * batch * m),
+                  *y2 = malloc(sizeof(float) * batch * m);
             double *ref = malloc(sizeof(double) * batch * m), *mag = malloc(sizeof(double) * batch * m),
                    *magr = malloc(sizeof(double) * batch * m);
             for (int v = 0; v < batch; v++) synth_activations(r, x + (size_t)v * n, n);
@@ -164,11 +170,13 @@ static int run_case(mpq_backend *be, const cas *c, synth_rng *r, int fp16)
                 if (e / (mag[k] + 1e-30) > worst) worst = e / (mag[k] + 1e-30);
                 if (memcmp(&y[k], &y2[k], 4)) same = 0;
             }
-            report(g1 == MPQ_OK && sy == MPQ_OK && bad < 0, "%s%s %dx%d G%d br%d%s%s skip %d batch %d: worst |err|/sum|wx| %.2e%s",
-                   fp16 ? "fp16 weights: " : "", c->format == 2 ? "mxint" : "bitplane", m, n, c->G, c->br, c->perm ? " perm+scale" : "",
+            report(g1 == MPQ_OK && sy == MPQ_OK && bad < 0,
+                   "%s%s %dx%d G%d br%d%s%s skip %d batch %d: worst |err|/sum|wx| %.2e%s", fp16 ? "fp16 weights: " : "",
+                   c->format == 2 ? "mxint" : "bitplane", m, n, c->G, c->br, c->perm ? " perm+scale" : "",
                    c->sparse ? " sparse" : "", skip, batch, worst, bad < 0 ? "" : " (FAILED)");
             if (bad >= 0)
-                printf("# first bad output %d: %.9g vs %.9g (sum |wx| %.3g)\n", bad, (double)y[bad], ref[bad], mag[bad]);
+                printf("# first bad output %d: %.9g vs %.9g (sum |wx| %.3g)\n", bad, (double)y[bad], ref[bad],
+                       mag[bad]);
             report(g2 == MPQ_OK && same, "  host pointers give the same bits");
             cudaFree(dx), cudaFree(dy);
             free(x), free(y), free(y2), free(ref), free(mag), free(magr);
@@ -178,7 +186,8 @@ static int run_case(mpq_backend *be, const cas *c, synth_rng *r, int fp16)
         float *x = calloc((size_t)n, sizeof(float)), *y = malloc(sizeof(float) * m);
         mpq_gemv_opts o = {0};
         o.skip_planes = 1;
-        report(be->gemv(be->ctx, h, x, y, 1, &o) == MPQ_ERR_UNSUPPORTED, "  fp16 weights, skip_planes 1: MPQ_ERR_UNSUPPORTED");
+        report(be->gemv(be->ctx, h, x, y, 1, &o) == MPQ_ERR_UNSUPPORTED,
+               "  fp16 weights, skip_planes 1: MPQ_ERR_UNSUPPORTED");
         free(x), free(y);
     }
     if (st == MPQ_OK) be->release(be->ctx, h);
@@ -206,7 +215,8 @@ int main(int argc, char **argv)
         printf("1..%d\n", ntest);
         return 1;
     }
-    report((be.caps & MPQ_CAP_BITPLANE) && (be.caps & MPQ_CAP_HOST_MEMORY), "caps: bit-plane GEMV, host and device pointers");
+    report((be.caps & MPQ_CAP_BITPLANE) && (be.caps & MPQ_CAP_HOST_MEMORY),
+           "caps: bit-plane GEMV, host and device pointers");
     mpq_backend other;
     report(mpq_cuda_backend(ndev, &other) == MPQ_ERR_NODEVICE, "device index past the count: MPQ_ERR_NODEVICE");
     synth_rng r = {20261122};
@@ -216,7 +226,8 @@ int main(int argc, char **argv)
     }
     /* the fp16-weights baseline of end-to-end timings, on every fifth case */
     mpq_backend be16 = {0};
-    report(mpq_cuda_backend_fp16(0, &be16) == MPQ_OK && !strcmp(be16.name, "cuda-fp16"), "fp16-weights backend on device 0");
+    report(mpq_cuda_backend_fp16(0, &be16) == MPQ_OK && !strcmp(be16.name, "cuda-fp16"),
+           "fp16-weights backend on device 0");
     for (size_t k = 0; be16.ctx && k < sizeof cases / sizeof cases[0]; k += 5) {
         if (quick && (size_t)cases[k].m * cases[k].n > 600000) continue;
         run_case(&be16, &cases[k], &r, 1);
