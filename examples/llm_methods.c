@@ -45,6 +45,7 @@
 #include "mpq.h"
 #include "mpq_model.h"
 #include "plot.h"
+#include "progress.h"
 
 #include <errno.h>
 #include <math.h>
@@ -59,12 +60,7 @@
 
 enum { DECODE = 64, PROMPT = 32, SCHED_CHUNKS = 4 };
 
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
+static double now(void) { return progress_now(); }
 
 static void die(const char *what, mpq_status st)
 {
@@ -80,11 +76,24 @@ typedef struct ctx {
     int chunks;
     mpq_calib_stats S;  /* what mpq calibrate wrote */
     mpq_calib_stats Hs; /* X^T X of every map (mpq calibrate --stats xtx) */
+    int quiet;          /* no progress lines (--quiet) */
+    progress P;         /* the step under way: packing maps, perplexity chunks */
+    char step[64];      /* what P shows beside its count */
 } ctx;
 
 static mpq_linear *lin_at(ctx *C, int i) { return &C->m->layer[i / MPQ_LIN_COUNT].lin[i % MPQ_LIN_COUNT]; }
 
 /* ---- methods --------------------------------------------------------------- */
+
+/* Progress of a perplexity run, one step per chunk (mpq_ppl_opts.progress). */
+static void ppl_step(void *user, int done, int total, double ppl, double seconds)
+{
+    ctx *C = (ctx *)user;
+    char what[128];
+    snprintf(what, sizeof what, "%s: ppl %.4f, %.0f s", C->step, ppl, seconds);
+    (void)total;
+    progress_show(&C->P, done, what);
+}
 
 typedef struct row {
     char name[64], family[24], note[160];
@@ -163,9 +172,13 @@ static void measure(ctx *C, const char *family, const char *name, const mpq_pmpd
     snprintf(r->note, sizeof r->note, "%s", note ? note : "");
     mpq_ppl_opts o;
     memset(&o, 0, sizeof o);
-    o.chunks = C->chunks, o.schedule = sched;
+    o.chunks = C->chunks, o.schedule = sched, o.progress = ppl_step, o.user = C;
     mpq_ppl_result res;
+    snprintf(C->step, sizeof C->step, "%s", name);
+    progress_start(&C->P, "llm_methods", !C->quiet, C->chunks);
+    progress_show(&C->P, 0, C->step);
     mpq_status st = mpq_llm_perplexity(C->m, C->eval, C->neval, &o, &res);
+    progress_end(&C->P);
     if (st != MPQ_OK) die(name, st);
     r->ppl = res.ppl, r->ppl_err = res.ppl_err;
     r->bpw = C->m->layer[0].lin[0].A.buf ? bpw_all_bytes(C) : 32.0;
@@ -231,7 +244,12 @@ static mpq_bitplane_desc desc_of(ctx *C, int i, const mpq_plan *plan, int bits, 
 static void pack_all(ctx *C, const mpq_plan *plan, int bits, int group, int format, int how)
 {
     mpq_status st = MPQ_OK;
+    progress_start(&C->P, "llm_methods", !C->quiet, C->nl);
     for (int i = 0; i < C->nl && st == MPQ_OK; i++) {
+        char what[80], tname[64];
+        snprintf(what, sizeof what, "quantizing %s",
+                 mpq_llm_linear_name(0, i / MPQ_LIN_COUNT, i % MPQ_LIN_COUNT, 0, tname, sizeof tname));
+        progress_show(&C->P, i, what);
         mpq_linear *L = lin_at(C, i);
         mpq_bitplane_desc d = desc_of(C, i, plan, bits, group, format);
         float *cs = NULL, *clip = NULL;
@@ -254,6 +272,7 @@ static void pack_all(ctx *C, const mpq_plan *plan, int bits, int group, int form
         if (st == MPQ_OK) st = mpq_linear_set_packed(C->m, L, &A);
         free(cs), free(clip), free(order);
     }
+    progress_end(&C->P);
     if (st != MPQ_OK) die("pack", st);
     pack_embedding(C);
 }
@@ -411,9 +430,13 @@ static mpq_status sched_quality(void *user, const mpq_pmpd_schedule *s, double *
     ctx *C = (ctx *)user;
     mpq_ppl_opts o;
     memset(&o, 0, sizeof o);
-    o.chunks = SCHED_CHUNKS, o.schedule = s;
+    o.chunks = SCHED_CHUNKS, o.schedule = s, o.progress = ppl_step, o.user = C;
     mpq_ppl_result r;
+    snprintf(C->step, sizeof C->step, "PMPD's search, a schedule on calibration text");
+    progress_start(&C->P, "llm_methods", !C->quiet, SCHED_CHUNKS);
+    progress_show(&C->P, 0, C->step);
     mpq_status st = mpq_llm_perplexity(C->m, C->calib, C->ncalib, &o, &r);
+    progress_end(&C->P);
     if (st == MPQ_OK) *q = -r.ppl;
     return st;
 }
@@ -609,6 +632,8 @@ int main(int argc, char **argv)
             C.chunks = 1 << 20;
         else if (!strcmp(argv[i], "--quick"))
             quick = 1, C.chunks = 2;
+        else if (!strcmp(argv[i], "--quiet"))
+            C.quiet = 1;
         else if (!strcmp(argv[i], "--threads") && i + 1 < argc) {
 #ifdef _OPENMP
             omp_set_num_threads(atoi(argv[i + 1]));
@@ -618,13 +643,14 @@ int main(int argc, char **argv)
             const int help = !strcmp(argv[i], "--help") || !strcmp(argv[i], "-h");
             fprintf(help ? stdout : stderr,
                     "usage: %s [--model PATH] [--eval TEXT] [--calib TEXT] [--stats FILE] [--hessian FILE]\n"
-                    "          [--out DIR] [--chunks N] [--full] [--quick] [--threads T]\n"
+                    "          [--out DIR] [--chunks N] [--full] [--quick] [--threads T] [--quiet]\n"
                     "Every method of mpq on a real model: perplexity (as llama-perplexity), bits per weight and\n"
                     "decode tokens/s; writes DIR/results.md and DIR/ppl_vs_bpw.svg. Statistics: FILE, written by\n"
                     "`mpq calibrate MODEL CALIB -o FILE`, and GPTQ's X^T X, written by `mpq calibrate --stats xtx\n"
                     "--windows 64 MODEL CALIB -o FILE` (examples/run.sh runs both once and reuses them). Defaults:\n"
                     "the files examples/run.sh fetches and writes into build/, 8 evaluation chunks of 512 tokens\n"
-                    "(--full: every chunk; --quick: 2 chunks, four methods).\n",
+                    "(--full: every chunk; --quick: 2 chunks, four methods). Each row is printed when it is done;\n"
+                    "while it runs, a progress line on stderr names the step (--quiet: none).\n",
                     argv[0]);
             return help ? 0 : 1;
         }

@@ -6,6 +6,7 @@
 #define _XOPEN_SOURCE 700
 #include "common.h"
 #include "mpq_io.h"
+#include "progress.h"
 #include "tmpdir.h"
 
 #include <stdio.h>
@@ -564,4 +565,57 @@ Test(cli, dequantize_gives_the_library_floats, .init = setup, .fini = teardown)
     cr_assert_eq(run("dequantize q.safetensors"), 1);
     cr_assert_eq(run("dequantize missing.safetensors x.safetensors"), 2);
     cr_assert(strstr(text("err.txt"), "missing.safetensors"), "%s", text("err.txt"));
+}
+
+/* The progress line the tool (and the main job) print during long runs
+   (util/progress.h), written to a file instead of stderr. */
+static const char *progress_text(FILE *f)
+{
+    static char buf[512];
+    fflush(f);
+    rewind(f);
+    const size_t got = fread(buf, 1, sizeof buf - 1, f);
+    buf[got] = 0;
+    fseek(f, 0, SEEK_END);
+    return buf;
+}
+
+Test(cli, progress_lines)
+{
+    FILE *f = tmpfile();
+    cr_assert_not_null(f);
+    progress p;
+    /* in a log: nothing during the first 15 s, then one line, then nothing for 15 s more */
+    progress_start(&p, "who", 1, 10);
+    p.out = f, p.tty = 0;
+    progress_show(&p, 3, "early");
+    cr_assert_str_eq(progress_text(f), "");
+    p.t0 -= 16, p.last -= 16;
+    progress_show(&p, 4, "quantizing blk.3.attn_q.weight");
+    cr_assert_str_eq(progress_text(f), "who: 4/10 after 16 s, 0:24 left quantizing blk.3.attn_q.weight\n");
+    progress_show(&p, 5, "again");
+    p.last -= 16;
+    progress_show(&p, 10, "done: no line");
+    cr_assert_str_eq(progress_text(f), "who: 4/10 after 16 s, 0:24 left quantizing blk.3.attn_q.weight\n");
+    fclose(f);
+
+    /* on a terminal: a bar redrawn in place, erased at the end */
+    f = tmpfile();
+    progress_start(&p, "who", 1, 10);
+    p.out = f, p.tty = 1, p.t0 -= 100;
+    progress_show(&p, 5, "a step whose description is longer than fifty characters in all");
+    progress_end(&p);
+    cr_assert_str_eq(progress_text(f),
+                     "\r\033[K[###############...............] 5/10, 1:40 left a step whose description "
+                     "is longer than fifty char\r\033[K");
+    fclose(f);
+
+    /* off: nothing at all */
+    f = tmpfile();
+    progress_start(&p, "who", 0, 10);
+    p.out = f, p.tty = 1, p.t0 -= 100, p.last -= 100;
+    progress_show(&p, 5, "x");
+    progress_end(&p);
+    cr_assert_str_eq(progress_text(f), "");
+    fclose(f);
 }

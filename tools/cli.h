@@ -1,11 +1,12 @@
 /* tools/cli.h - what the commands of the mpq tool share: exit codes, error
-   messages, option parsing, the progress line. Included by tools/mpq_tool.c
-   (quantize, inspect, bench, main) and tools/mpq_llm.c (eval, run, speed, calibrate,
-   schedule). */
+   messages, option parsing, and the progress line of util/progress.h.
+   Included by tools/mpq_tool.c (quantize, inspect, bench, main) and
+   tools/mpq_llm.c (eval, run, speed, calibrate, schedule). */
 #ifndef MPQ_CLI_H
 #define MPQ_CLI_H
 
 #include "mpq.h"
+#include "progress.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -41,12 +42,7 @@ static inline int quant_fail(const char *name, mpq_status st, const char *what)
     return fail(EXIT_QUANT, "tensor '%s': %s: %s", name, what, mpq_status_str(st));
 }
 
-static inline double cli_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
+static inline double cli_now(void) { return progress_now(); }
 
 /* ---------------------------------------------------------------------------
    option parsing: --name value or --name=value
@@ -97,48 +93,6 @@ static inline int parse_double(const char *cmd, const char *name, const char *v,
         return fail(EXIT_USAGE, "%s %s: '%s' is not a number in %g..%g", cmd, name, v, lo, hi), 0;
     *out = x;
     return 1;
-}
-
-/* ---------------------------------------------------------------------------
-   progress: a bar with the time left on a terminal; elsewhere (logs, pipes)
-   a plain line at most every 15 seconds. Nothing at all when off.
-   ------------------------------------------------------------------------ */
-
-typedef struct progress {
-    int on, tty, total;
-    double t0, last;
-} progress;
-
-static inline void progress_start(progress *p, int on, int total)
-{
-    p->on = on, p->tty = isatty(2), p->total = total;
-    p->t0 = p->last = cli_now();
-}
-
-static inline void progress_show(progress *p, int done, const char *what)
-{
-    if (!p->on) return;
-    const double now = cli_now(), el = now - p->t0;
-    char eta[32] = "";
-    if (done > 0 && done < p->total) {
-        const double left = el / done * (p->total - done);
-        snprintf(eta, sizeof eta, ", %d:%02d left", (int)(left / 60), (int)fmod(left, 60));
-    }
-    if (p->tty) {
-        const int w = 30, fill = p->total ? done * w / p->total : w;
-        fprintf(stderr, "\r\033[K[");
-        for (int k = 0; k < w; k++) fputc(k < fill ? '#' : '.', stderr);
-        fprintf(stderr, "] %d/%d%s %.50s", done, p->total, eta, what ? what : "");
-        fflush(stderr);
-    } else if (now - p->last >= 15.0 && done < p->total) {
-        fprintf(stderr, "mpq: %d/%d after %.0f s%s %.50s\n", done, p->total, el, eta, what ? what : "");
-        p->last = now;
-    }
-}
-
-static inline void progress_end(progress *p)
-{
-    if (p->on && p->tty) fprintf(stderr, "\r\033[K");
 }
 
 /* The commands of tools/mpq_llm.c. */

@@ -257,7 +257,7 @@ int cmd_eval(int argc, char **argv)
             fprintf(stderr, "mpq: %s: %zu bytes, %zu tokens (%.2f s); %d of %zu chunks of %d\n", pos[1], len, nt,
                     cli_now() - t0, run, chunks, po.ctx);
         eval_progress ep;
-        progress_start(&ep.p, !lo.quiet, run);
+        progress_start(&ep.p, "mpq", !lo.quiet, run);
         po.progress = eval_step, po.user = &ep;
         mpq_ppl_result r;
         st = mpq_llm_perplexity(L.m, tok, nt, &po, &r);
@@ -604,7 +604,12 @@ int cmd_speed(int argc, char **argv)
             r = r * 6364136223846793005ull + 1442695040888963407ull;
             tok[i] = (int32_t)((r >> 33) % (uint64_t)mpq_tokenizer_size(L.m->tok));
         }
+        progress pr;
+        progress_start(&pr, "mpq", !lo.quiet, reps + 1);
         for (int rep = -1; rep < reps && st == MPQ_OK; rep++) { /* rep -1: warm-up */
+            char what[48];
+            snprintf(what, sizeof what, rep < 0 ? "speed: warm-up" : "speed: repetition %d", rep + 1);
+            progress_show(&pr, rep + 1, what);
             if (np) {
                 mpq_llm_state_reset(&s);
                 const double t0 = cli_now();
@@ -621,6 +626,7 @@ int cmd_speed(int argc, char **argv)
                 if (rep >= 0) tg[rep] = (double)ng * nb / (cli_now() - t0);
             }
         }
+        progress_end(&pr);
         if (st != MPQ_OK) {
             rc = fail(EXIT_QUANT, "speed: %s", mpq_status_str(st));
         } else {
@@ -671,7 +677,7 @@ static void calib_step(void *user, const char *phase, int done, int total, doubl
     calib_progress *cp = (calib_progress *)user;
     if (!cp->phase || strcmp(cp->phase, phase)) { /* a new phase: its own bar and time left */
         progress_end(&cp->p);
-        progress_start(&cp->p, cp->p.on, total);
+        progress_start(&cp->p, "mpq", cp->p.on, total);
         cp->phase = phase;
     }
     char what[64];
@@ -844,7 +850,17 @@ typedef struct sched_ctx {
     mpq_ppl_opts po;
     int quiet, calls;
     mpq_status st;
+    progress p; /* over the chunks of one schedule's perplexity */
 } sched_ctx;
+
+static void sched_chunk(void *user, int done, int total, double ppl, double seconds)
+{
+    sched_ctx *C = (sched_ctx *)user;
+    char what[80];
+    snprintf(what, sizeof what, "schedule %d: ppl %.4f, %.0f s", C->calls + 1, ppl, seconds);
+    (void)total;
+    progress_show(&C->p, done, what);
+}
 
 /* PMPD's quality of a schedule: minus the perplexity of the text with the
    second half of every chunk read at the schedule's decode precisions. */
@@ -852,9 +868,12 @@ static mpq_status sched_quality(void *user, const mpq_pmpd_schedule *s, double *
 {
     sched_ctx *C = (sched_ctx *)user;
     mpq_ppl_opts po = C->po;
-    po.schedule = s;
+    po.schedule = s, po.progress = sched_chunk, po.user = C;
     mpq_ppl_result r;
+    const int have = (int)(C->n / (size_t)po.ctx);
+    progress_start(&C->p, "mpq", !C->quiet, po.chunks < have ? po.chunks : have);
     mpq_status st = mpq_llm_perplexity(C->m, C->tok, C->n, &po, &r);
+    progress_end(&C->p);
     if (st != MPQ_OK) return st;
     *q = -r.ppl;
     C->calls++;

@@ -469,7 +469,7 @@ static int requant_prepare(const qopts *o, mpq_source *in, job *jobs)
     if (!J || !M) rc = fail(EXIT_QUANT, "out of memory");
     if (!rc && o->awq_quantizer && mpq_st_open(o->calib, &C, &e) != MPQ_OK) rc = fail(EXIT_INPUT, "%s", e.msg);
     progress pr;
-    progress_start(&pr, !o->quiet, n);
+    progress_start(&pr, "mpq", !o->quiet, n);
     for (int i = 0; i < n && !rc; i++) {
         job *Jb = J[i];
         const size_t nw = (size_t)Jb->rows * (size_t)Jb->cols;
@@ -789,7 +789,7 @@ static int quantize_run(const qopts *o)
         }
     }
     progress p;
-    progress_start(&p, !o->quiet, mpq_source_count(in));
+    progress_start(&p, "mpq", !o->quiet, mpq_source_count(in));
     ptrdiff_t ji = 0;
     for (int i = 0; !rc && i < mpq_source_count(in); i++) {
         const mpq_source_tensor *t = mpq_source_at(in, i);
