@@ -979,8 +979,9 @@ MPQ_DEF mpq_status mpq_plan_mixllm(const mpq_mixllm_layer *layers, int nlayers, 
    - where R * S_layer would give more 6-bit columns than a layer has, the
      layer is capped and R is solved again over the other layers;
    - a layer of 32 columns or fewer is one block at 8 bits; when those fixed
-     costs alone exceed the budget, or the budget is below 4.25, the result
-     is MPQ_ERR_RANGE. */
+     costs (each layer's first block at 8 bits, the rest at 4, the E8M0
+     bytes) exceed the budget, the result is MPQ_ERR_RANGE:
+     mpq_mxsens_bpw_min gives the lowest budget that is met. */
 typedef struct mpq_mxsens_layer {
     const float *col_sens; /* cols values, diag(X^T X) (finite, >= 0) */
     float layer_sens;      /* S_layer in [0, 1] (mpq_mxsens_layer_sensitivity) */
@@ -990,6 +991,11 @@ typedef struct mpq_mxsens_layer {
 /* *R_out (may be NULL) receives the final R. */
 MPQ_DEF mpq_status mpq_plan_mxsens(const mpq_mxsens_layer *layers, int nlayers, double bpw, mpq_plan *out,
                                    double *R_out);
+/* *lo = the lowest budget mpq_plan_mxsens meets for these layers (the plan
+   of no 6-bit columns: 8.25 bits per weight in each layer's first block, 4.25
+   in the others); less is MPQ_ERR_RANGE. Validates the layers as the
+   planner does. */
+MPQ_DEF mpq_status mpq_mxsens_bpw_min(const mpq_mxsens_layer *layers, int nlayers, double *lo);
 
 /* ReQuant (PQI/ReQuant section 6): a dense-and-sparse split on top of any
    dense plan, W^ = Q(W - W_o) + W_o + W_s (eq. 8). Its pipeline, with the
@@ -5990,12 +5996,13 @@ MPQ_DEF mpq_status mpq_plan_mixllm(const mpq_mixllm_layer *layers, int nlayers, 
     return mpq__plan_finish(&P, st, out);
 }
 
-MPQ_DEF mpq_status mpq_plan_mxsens(const mpq_mxsens_layer *layers, int nlayers, double bpw, mpq_plan *out,
-                                   double *R_out)
+/* The layers' checks, and the budget's terms: nw weights, *meta bits of
+   E8M0 bytes and *fixed mantissa bits of the plan without 6-bit columns. */
+static mpq_status mpq__mxsens_sizes(const mpq_mxsens_layer *layers, int nlayers, double *nw, double *meta,
+                                    double *fixed)
 {
-    if (!layers || !out) return MPQ_ERR_ARG;
+    if (!layers) return MPQ_ERR_ARG;
     if (nlayers < 1) return MPQ_ERR_SIZE;
-    if (!(bpw - bpw == 0.0)) return MPQ_ERR_ARG;
     for (int l = 0; l < nlayers; l++) {
         const mpq_mxsens_layer *Ly = &layers[l];
         if (!Ly->col_sens) return MPQ_ERR_ARG;
@@ -6007,16 +6014,43 @@ MPQ_DEF mpq_status mpq_plan_mxsens(const mpq_mxsens_layer *layers, int nlayers, 
         for (int j = 0; j < Ly->cols; j++)
             if (Ly->col_sens[j] < 0.0f) return MPQ_ERR_RANGE;
     }
-    /* Mantissa bits available: the budget less the E8M0 byte of every block. */
-    double nw = 0.0, avail = 0.0, fixed = 0.0;
+    *nw = *meta = *fixed = 0.0;
     for (int l = 0; l < nlayers; l++) {
         const double r = layers[l].rows, d = layers[l].cols, nb = (double)((layers[l].cols + 31) / 32);
-        nw += r * d;
-        avail -= 8.0 * r * nb;
+        *nw += r * d;
+        *meta += 8.0 * r * nb;
         const double d8 = d < 32 ? d : 32; /* the 8-bit block; the rest starts at 4 bits */
-        fixed += r * (8.0 * d8 + 4.0 * (d - d8));
+        *fixed += r * (8.0 * d8 + 4.0 * (d - d8));
     }
-    avail += bpw * nw;
+    return MPQ_OK;
+}
+
+MPQ_DEF mpq_status mpq_mxsens_bpw_min(const mpq_mxsens_layer *layers, int nlayers, double *lo)
+{
+    if (!lo) return MPQ_ERR_ARG;
+    double nw, meta, fixed;
+    const mpq_status st = mpq__mxsens_sizes(layers, nlayers, &nw, &meta, &fixed);
+    if (st != MPQ_OK) return st;
+    /* the smallest double that passes mpq_plan_mxsens's own test, rounded as
+       it rounds */
+    double v = (fixed + meta) / nw;
+    while (v * nw - meta < fixed) v = nextafter(v, HUGE_VAL);
+    while (nextafter(v, 0.0) * nw - meta >= fixed) v = nextafter(v, 0.0);
+    *lo = v;
+    return MPQ_OK;
+}
+
+MPQ_DEF mpq_status mpq_plan_mxsens(const mpq_mxsens_layer *layers, int nlayers, double bpw, mpq_plan *out,
+                                   double *R_out)
+{
+    if (!layers || !out) return MPQ_ERR_ARG;
+    if (nlayers < 1) return MPQ_ERR_SIZE;
+    if (!(bpw - bpw == 0.0)) return MPQ_ERR_ARG;
+    double nw, meta, fixed;
+    const mpq_status sz = mpq__mxsens_sizes(layers, nlayers, &nw, &meta, &fixed);
+    if (sz != MPQ_OK) return sz;
+    /* Mantissa bits available: the budget less the E8M0 byte of every block. */
+    const double avail = bpw * nw - meta;
     if (avail < fixed) return MPQ_ERR_RANGE;
     /* R over the layers not yet capped: sum over them of 2 r S (d - 32) R
        equals what is left (theorem A.1 with rows as weights); capped layers
@@ -6473,7 +6507,7 @@ MPQ_DEF mpq_status mpq_pmpd_phase_allocate(const int *skips, int n, const double
             which); threads that yield to busy cores; AWQ and GPTQ (act-order,
             static groups); selection, salience statistics (Fisher, diag(X^T X),
             MixLLM, PQI, MXSens) and the SFMP, MixLLM, MXSens and ReQuant
-            planners; PMPD precision schedules (static and phase-aware); the
+            planners, with the budgets SFMP and MXSens can meet; PMPD precision schedules (static and phase-aware); the
             CPU backend of the dispatch table (mpq_cuda.h adds the GPU one).
 
    LICENSE (MIT)

@@ -373,6 +373,22 @@ Test(cli, mixllm_matches_the_library, .init = setup, .fini = teardown)
 Test(cli, mxsens_matches_the_library, .init = setup, .fini = teardown)
 {
     method_case("mxsens", "--bpw 6.0 --salience cols.safetensors", NULL);
+    /* a budget below the plan without 6-bit columns: exit 1, the lowest
+       budget and the tensor that needs the most, no output. Per tensor,
+       (8 * 32 + 4 * (cols - 32) + 8 * ceil(cols / 32)) / cols bits; over all
+       four 115576 / 21576 = 5.35669; layer 3 (72 columns) alone 6.1111 */
+    cr_assert_eq(run("quantize --method mxsens --bpw 5.3 --salience cols.safetensors model.safetensors o.safetensors"),
+                 1);
+    const char *e = text("err.txt");
+    cr_assert(strstr(e, "lowest budget") && strstr(e, "5.3567") && strstr(e, "model.layers.3.proj.weight") &&
+                  strstr(e, "6.1111"),
+              "%s", e);
+    char p[600];
+    path_of("o.safetensors", p, sizeof p);
+    cr_assert_eq(access(p, F_OK), -1);
+    cr_assert_eq(run("quantize --method mxsens --bpw 5.3567 --salience cols.safetensors model.safetensors "
+                     "o.safetensors"),
+                 0, "%s", text("err.txt"));
 }
 
 Test(cli, inspect_and_bench_read_what_quantize_wrote, .init = setup, .fini = teardown)

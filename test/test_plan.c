@@ -345,8 +345,27 @@ Test(plan, mxsens_open_cases_keep_the_budget)
     }
     mpq_plan p;
     cr_assert_eq(mpq_plan_mxsens(M.L, 3, 4.2, &p, NULL), MPQ_ERR_RANGE, "below 4-bit mantissas plus exponents");
+    /* the lowest budget: every layer's first block at 8 bits, the rest at 4,
+       one exponent byte per block of 32 (the 20-column layer: one block) */
+    double num = 0, nw = 0, lo = 0;
+    for (int l = 0; l < 3; l++) {
+        const double rows = shape[l][0], cols = shape[l][1], c8 = cols < 32 ? cols : 32;
+        num += rows * (8 * c8 + 4 * (cols - c8) + 8 * ceil(cols / 32));
+        nw += rows * cols;
+    }
+    cr_assert_eq(mpq_mxsens_bpw_min(M.L, 3, &lo), MPQ_OK);
+    cr_assert_float_eq(lo, num / nw, 1e-12);
+    cr_assert_eq(mpq_plan_mxsens(M.L, 3, lo, &p, NULL), MPQ_OK, "budget %.17g", lo);
+    for (int l = 0; l < 3; l++)
+        for (int b = 0; b < (shape[l][1] + 31) / 32; b++) cr_assert_eq(p.layers[l].bits[b], b ? 4 : 8);
+    cr_assert_float_eq(p.bpw, lo, 1e-12);
+    mpq_plan_free(&p);
+    cr_assert_eq(mpq_plan_mxsens(M.L, 3, nextafter(lo, 0.0), &p, NULL), MPQ_ERR_RANGE, "the bound is tight");
+    cr_assert_eq(mpq_mxsens_bpw_min(M.L, 3, NULL), MPQ_ERR_ARG);
+    cr_assert_eq(mpq_mxsens_bpw_min(M.L, 0, &lo), MPQ_ERR_SIZE);
     M.L[1].layer_sens = 1.5f;
     cr_assert_eq(mpq_plan_mxsens(M.L, 3, 5.0, &p, NULL), MPQ_ERR_RANGE);
+    cr_assert_eq(mpq_mxsens_bpw_min(M.L, 3, &lo), MPQ_ERR_RANGE, "the planner's checks");
     M.L[1].layer_sens = NAN;
     cr_assert_eq(mpq_plan_mxsens(M.L, 3, 5.0, &p, NULL), MPQ_ERR_NONFINITE);
     M.L[1].layer_sens = 0.5f;

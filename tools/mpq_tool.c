@@ -13,9 +13,9 @@
    Exit codes (for scripts): 0 success; 1 usage (unknown option, missing or
    bad value); 2 an input file is missing, malformed or does not fit (the
    message names the file and the tensor); 3 the output could not be
-   written; 4 quantization failed (non-finite weights, a budget the MXSens
-   planner cannot meet, ...; an SFMP budget below what the tensors allow is a
-   usage error and names the lowest one). */
+   written; 4 quantization failed (non-finite weights, ...; an SFMP or
+   MXSens budget below what the tensors allow is a usage error and names the
+   lowest one). */
 #define _XOPEN_SOURCE 700
 #define MPQ_IMPLEMENTATION
 #include "mpq.h"
@@ -365,7 +365,23 @@ static int make_plan(const qopts *o, job *jobs, mpq_plan *plan)
         for (int i = 0; L && i < n; i++)
             L[i].col_sens = J[i]->stat, L[i].layer_sens = J[i]->layer_sens, L[i].rows = J[i]->rows,
             L[i].cols = J[i]->cols;
-        st = L ? mpq_plan_mxsens(L, n, o->bpw, plan, NULL) : MPQ_ERR_NOMEM;
+        double lo = 0;
+        st = L ? mpq_mxsens_bpw_min(L, n, &lo) : MPQ_ERR_NOMEM;
+        if (st == MPQ_OK && o->bpw < lo) { /* name the tensor whose fixed blocks cost the most */
+            int worst = 0;
+            double wlo = 0, l1;
+            for (int i = 0; i < n; i++)
+                if (mpq_mxsens_bpw_min(&L[i], 1, &l1) == MPQ_OK && l1 > wlo) wlo = l1, worst = i;
+            const int rc = fail(EXIT_USAGE,
+                                "quantize --bpw %g: the lowest budget MXSens meets for these %d tensors is %.4f bits "
+                                "per weight (each one's 32 most sensitive columns at 8 bits, the rest at 4, and the "
+                                "exponents); tensor '%s' alone needs %.4f",
+                                o->bpw, n, lo, J[worst]->name, wlo);
+            free(L);
+            free(J);
+            return rc;
+        }
+        if (st == MPQ_OK) st = mpq_plan_mxsens(L, n, o->bpw, plan, NULL);
         free(L);
     }
     free(J);
