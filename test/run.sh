@@ -10,6 +10,8 @@
 # It also compiles mpq.h alone with clang (C11, C++17, -Wall -Wextra -Werror),
 # checks every source against .clang-format (test/format_check.sh),
 # builds the README's program as a user would (test/readme_check.sh), checks
+# that the README's figures are those of bench/results/NOTES.md and
+# examples/llm/results.md (test/quote_check.sh), checks
 # the allocator macros (test/alloc_check.c), installs mpq and builds a
 # program against it (test/install_check.sh),
 # runs the examples, fuzzes the safetensors reader and packed-file loader, and
@@ -111,6 +113,7 @@ fi
 check clang-format bash test/format_check.sh
 # the README's program as a user builds it; the allocator macros
 check readme-quickstart bash test/readme_check.sh build/readme
+check readme-quotes bash test/quote_check.sh build/quote-check
 alloc_check() {
     gcc -O1 -Wall -Wextra -Werror -I. test/alloc_check.c -o build/alloc_check -lm && build/alloc_check &&
         ! gcc -I. -DMPQ_HALF_ALLOCATOR -c test/alloc_check.c -o build/alloc_half.o
