@@ -90,8 +90,8 @@ static void ppl_step(void *user, int done, int total, double ppl, double seconds
 {
     ctx *C = (ctx *)user;
     char what[128];
-    snprintf(what, sizeof what, "%s: ppl %.4f, %.0f s", C->step, ppl, seconds);
-    (void)total;
+    snprintf(what, sizeof what, "ppl %.2f so far, %s", ppl, C->step); /* the shown part: 50 characters */
+    (void)total, (void)seconds;
     progress_show(&C->P, done, what);
 }
 
