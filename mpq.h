@@ -69,7 +69,8 @@
 
      1. Basics ............ version, linkage, mpq_status, aligned memory, threads
      2. Half precision .... float <-> fp16, round-to-nearest-even
-     3. Group quantization  uniform asymmetric / symmetric, 1..8 bits; MXINT blocks
+     3. Group quantization  uniform asymmetric / symmetric, 1..8 bits; 8-bit
+                            activations (MixLLM); MXINT blocks
      4. Bit-plane matrices  mpq_bitplane_desc, byte layout, MXINT, pack, open;
                             implementation: 4.1 header and layout, 4.2 checks
                             and the sparse part, 4.3 packing, 4.4 opening,
@@ -258,6 +259,20 @@ MPQ_DEF mpq_status mpq_quantize(const struct mpq_bitplane_desc *d, const float *
 /* Inverse of mpq_quantize: W (rows*cols floats) from codes and the pairs. */
 MPQ_DEF mpq_status mpq_dequantize(const struct mpq_bitplane_desc *d, const uint8_t *codes, const uint16_t *s_hat,
                                   const uint16_t *z_hat, float *W);
+
+/* 8-bit activations (MixLLM, its sections 3.1 and 4): x (n values) in
+   groups of `group` consecutive values (the last may be shorter), each
+   symmetric int8 with one fp16 scale (scale has ceil(n / group) entries):
+     s^ = fp16(amax / 127),  q = clamp(rne(x / s^), -127, 127),  x ~ q s^,
+   so |x - q s^| <= s^ / 2 except where fp16 rounded s^ down (then the
+   largest |x| is clamped, off by less than 127 s^ 2^-11). A group whose
+   amax / 127 rounds to zero in fp16 gets s^ = 0 and q = 0. NaN or Inf is
+   MPQ_ERR_NONFINITE, amax / 127 beyond fp16 MPQ_ERR_RANGE; nothing is
+   written then. MixLLM's configuration is group = 128, the reduction
+   dimension's groups. */
+MPQ_DEF mpq_status mpq_quantize_act8(const float *x, int n, int group, int8_t *q, uint16_t *scale);
+/* x[k] = q[k] s^ of its group. Scales must be finite. */
+MPQ_DEF mpq_status mpq_dequantize_act8(const int8_t *q, const uint16_t *scale, int n, int group, float *x);
 
 /* One MXINT block (the rules: section 4, "MXINT"): mant[k] = P, *e8m0 = X +
    127. */
@@ -1403,7 +1418,8 @@ MPQ_DEF mpq_status mpq_parallel(int ntasks, int threads, mpq_task_fn fn, void *c
 }
 
 static size_t mpq__align64(size_t x) { return (x + 63u) & ~(size_t)63u; }
-static int mpq__finite(float f) { return f - f == 0.0f; } /* false for NaN and Inf */
+static int mpq__finite(float f) { return f - f == 0.0f; }                    /* false for NaN and Inf */
+static int mpq__half_finite(uint16_t h) { return (h & 0x7C00u) != 0x7C00u; } /* fp16 bits */
 
 /* ========================================================================== */
 /* 2. Half precision                                                          */
@@ -1595,6 +1611,49 @@ MPQ_DEF mpq_status mpq_quantize_group(const float *v, int len, int bits, int sym
     return MPQ_OK;
 }
 
+MPQ_DEF mpq_status mpq_quantize_act8(const float *x, int n, int group, int8_t *q, uint16_t *scale)
+{
+    if (!x || !q || !scale) return MPQ_ERR_ARG;
+    if (n < 1 || group < 1) return MPQ_ERR_SIZE;
+    /* everything checked before anything is written */
+    for (int g0 = 0; g0 < n; g0 += group) {
+        const int len = n - g0 < group ? n - g0 : group;
+        float amax = 0.0f;
+        for (int k = 0; k < len; k++) {
+            if (!mpq__finite(x[g0 + k])) return MPQ_ERR_NONFINITE;
+            amax = fabsf(x[g0 + k]) > amax ? fabsf(x[g0 + k]) : amax;
+        }
+        if (!mpq__half_finite(mpq_f32_to_f16(amax / 127.0f))) return MPQ_ERR_RANGE;
+        if (n - g0 <= group) break; /* g0 + group would overflow for the largest n */
+    }
+    for (int g0 = 0, g = 0;; g0 += group, g++) {
+        const int len = n - g0 < group ? n - g0 : group;
+        float amax = 0.0f;
+        for (int k = 0; k < len; k++) amax = fabsf(x[g0 + k]) > amax ? fabsf(x[g0 + k]) : amax;
+        const uint16_t hs = mpq_f32_to_f16(amax / 127.0f);
+        const float sh = mpq_f16_to_f32(hs);
+        scale[g] = hs;
+        for (int k = 0; k < len; k++) {
+            float r = sh > 0.0f ? mpq__rne(x[g0 + k] / sh) : 0.0f;
+            r = r > 127.0f ? 127.0f : (r < -127.0f ? -127.0f : r);
+            q[g0 + k] = (int8_t)r;
+        }
+        if (n - g0 <= group) break;
+    }
+    return MPQ_OK;
+}
+
+MPQ_DEF mpq_status mpq_dequantize_act8(const int8_t *q, const uint16_t *scale, int n, int group, float *x)
+{
+    if (!q || !scale || !x) return MPQ_ERR_ARG;
+    if (n < 1 || group < 1) return MPQ_ERR_SIZE;
+    const int ng = (n - 1) / group + 1;
+    for (int g = 0; g < ng; g++)
+        if (!mpq__half_finite(scale[g])) return MPQ_ERR_NONFINITE;
+    for (int k = 0; k < n; k++) x[k] = (float)q[k] * mpq_f16_to_f32(scale[k / group]);
+    return MPQ_OK;
+}
+
 /* sum_{i>=skip} 2^i sigma_i = 2 (q with the low `skip` bits cleared) - (2^b - 2^skip) */
 static int mpq__mirror_sum(unsigned q, int bits, int skip)
 {
@@ -1778,8 +1837,6 @@ MPQ_DEF mpq_status mpq_quantize(const mpq_bitplane_desc *d, const float *W, uint
         }
     return MPQ_OK;
 }
-
-static int mpq__half_finite(uint16_t h) { return (h & 0x7C00u) != 0x7C00u; }
 
 /* Codes that fit their block's width, pairs that are finite halves. */
 static mpq_status mpq__check_quantized(const mpq__shape *s, const uint8_t *codes, const uint16_t *s_hat,
@@ -6502,6 +6559,8 @@ MPQ_DEF mpq_status mpq_pmpd_phase_allocate(const int *skips, int n, const double
      0.1.0  bit-plane packed matrices (mixed widths 1..8 per block, row and
             column permutations, column scales, a sparse part) and MXINT with
             2..8-bit mantissas in the same layout; group quantization and fp16;
+            MixLLM's group-wise int8 activations (the quantizer; no product
+            takes them yet);
             the LUT GEMV for any batch on scalar, AVX2, AVX-512, AVX-512 VNNI,
             AVX2 int16 and NEON paths, chosen at run time (mpq_gemv_path says
             which); threads that yield to busy cores; AWQ and GPTQ (act-order,

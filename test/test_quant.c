@@ -1,5 +1,5 @@
-/* Section 3: group quantization, the mirror form, nested precision, the
-   lookup tables and SFMP's worked example. */
+/* Section 3: group quantization, 8-bit activations, the mirror form, nested
+   precision, the lookup tables and SFMP's worked example. */
 #include "common.h"
 
 static double w_hat(int q, int b, double sh, double zh) { return sh * (2.0 * q - (ldexp(1.0, b) - 1)) + zh; }
@@ -225,4 +225,104 @@ Test(quant, lookup_tables_and_the_mirror_identity)
         }
         for (int p = 0; p < 16; p++) cr_assert_eq(L[p ^ 15], -L[p]);
     }
+}
+
+/* ---- 8-bit activations (MixLLM) ---- */
+
+/* One vector against the rules, in float64: s^ is amax / 127 rounded to
+   fp16 (zero below fp16's range), q = clamp(rne(x / s^), +-127). */
+static void check_act8(const float *x, int n, int group, const int8_t *q, const uint16_t *scale)
+{
+    for (int g0 = 0, g = 0; g0 < n; g0 += group, g++) {
+        const int len = n - g0 < group ? n - g0 : group;
+        double amax = 0;
+        for (int k = 0; k < len; k++) amax = fmax(amax, fabs(x[g0 + k]));
+        const double s = amax / 127, sh = tc_half(scale[g]);
+        cr_assert_leq(fabs(sh - s), fmax(s * ldexp(1.0, -11), ldexp(1.0, -25)), "group %d: s^ %g, amax/127 %g", g, sh,
+                      s);
+        cr_assert(sh > 0 || s <= ldexp(1.0, -25), "group %d: s^ = 0 for amax/127 = %g", g, s);
+        for (int k = 0; k < len; k++) {
+            if (sh == 0) {
+                cr_assert_eq(q[g0 + k], 0);
+                continue;
+            }
+            const double t = x[g0 + k] / sh, f = floor(t);
+            double r = t - f == 0.5 ? (fmod(f, 2) == 0 ? f : f + 1) : floor(t + 0.5);
+            r = r > 127 ? 127 : (r < -127 ? -127 : r);
+            /* within float rounding of a tie either neighbour is right */
+            if (fabs(fabs(t - f) - 0.5) < 1e-5)
+                cr_assert_leq(fabs(q[g0 + k] - r), 1.0);
+            else
+                cr_assert_eq(q[g0 + k], (int)r, "x %g, s^ %g: q %d, reference %g", x[g0 + k], sh, q[g0 + k], r);
+            /* the error: half a step, or the clamp of the largest values when fp16 rounded s^ down */
+            const double e = fabs(x[g0 + k] - q[g0 + k] * sh);
+            cr_assert_leq(e, fmax(0.5 * sh * (1 + 1e-5), amax - 127 * sh + 1e-12 * amax));
+        }
+    }
+}
+
+Test(quant, act8_groups_against_float64)
+{
+    synth_rng r = {77};
+    static const int lens[] = {1, 7, 127, 128, 129, 1000, 4099};
+    static const int groups[] = {128, 32, 100, 1, 4096};
+    for (size_t a = 0; a < sizeof lens / sizeof *lens; a++)
+        for (size_t b = 0; b < sizeof groups / sizeof *groups; b++) {
+            const int n = lens[a], group = groups[b], ng = (n + group - 1) / group;
+            float *x = malloc(sizeof(float) * n), *back = malloc(sizeof(float) * n);
+            int8_t *q = malloc((size_t)n);
+            uint16_t *sc = malloc(sizeof(uint16_t) * ng);
+            synth_activations(&r, x, n); /* a few channels 10..50x the rest */
+            if (n > 3) x[1] = 0.0f, x[2] = -x[0];
+            cr_assert_eq(mpq_quantize_act8(x, n, group, q, sc), MPQ_OK);
+            check_act8(x, n, group, q, sc);
+            cr_assert_eq(mpq_dequantize_act8(q, sc, n, group, back), MPQ_OK);
+            for (int k = 0; k < n; k++) cr_assert_eq(back[k], (float)(q[k] * tc_half(sc[k / group])));
+            free(x), free(back), free(q), free(sc);
+        }
+}
+
+Test(quant, act8_edges)
+{
+    /* a group of zeros and one below fp16's range: s^ = 0, q = 0; a group
+       whose amax is exactly 127 steps: q = +-127 at the ends, s^ = 1 */
+    float x[3 * 8] = {0};
+    for (int k = 8; k < 16; k++) x[k] = 1e-9f * (float)(k - 11);
+    for (int k = 16; k < 24; k++) x[k] = (float)(k - 20) * 127.0f / 4.0f;
+    int8_t q[24];
+    uint16_t sc[3];
+    cr_assert_eq(mpq_quantize_act8(x, 24, 8, q, sc), MPQ_OK);
+    cr_assert_eq(sc[0], 0);
+    cr_assert_eq(sc[1], 0);
+    cr_assert_eq(tc_half(sc[2]), 1.0);
+    for (int k = 0; k < 16; k++) cr_assert_eq(q[k], 0);
+    cr_assert_eq(q[16], -127);
+    cr_assert_eq(q[18], -64); /* -63.5: to even */
+    cr_assert_eq(q[22], 64);  /* 63.5: to even */
+    check_act8(x, 24, 8, q, sc);
+    /* the largest activations whose scale fp16 holds, and one beyond */
+    float big[2] = {65504.0f * 127.0f, 1.0f};
+    cr_assert_eq(mpq_quantize_act8(big, 2, 2, q, sc), MPQ_OK);
+    cr_assert_eq(q[0], 127);
+    cr_assert_eq(tc_half(sc[0]), 65504.0);
+    /* bad input: nothing written */
+    int8_t q0[4] = {9, 9, 9, 9};
+    uint16_t s0[2] = {7, 7};
+    float bad[4] = {1, 2, NAN, 4};
+    cr_assert_eq(mpq_quantize_act8(bad, 4, 2, q0, s0), MPQ_ERR_NONFINITE);
+    bad[2] = INFINITY;
+    cr_assert_eq(mpq_quantize_act8(bad, 4, 2, q0, s0), MPQ_ERR_NONFINITE);
+    bad[2] = 1e7f * 127.0f;
+    cr_assert_eq(mpq_quantize_act8(bad, 4, 2, q0, s0), MPQ_ERR_RANGE);
+    for (int k = 0; k < 4; k++) cr_assert_eq(q0[k], 9);
+    cr_assert(s0[0] == 7 && s0[1] == 7);
+    bad[2] = 3;
+    cr_assert_eq(mpq_quantize_act8(bad, 0, 2, q0, s0), MPQ_ERR_SIZE);
+    cr_assert_eq(mpq_quantize_act8(bad, 4, 0, q0, s0), MPQ_ERR_SIZE);
+    cr_assert_eq(mpq_quantize_act8(NULL, 4, 2, q0, s0), MPQ_ERR_ARG);
+    cr_assert_eq(mpq_quantize_act8(bad, 4, 2, q0, NULL), MPQ_ERR_ARG);
+    s0[1] = 0x7C00; /* an infinite scale */
+    float out[4];
+    cr_assert_eq(mpq_dequantize_act8(q0, s0, 4, 2, out), MPQ_ERR_NONFINITE);
+    cr_assert_eq(mpq_dequantize_act8(q0, s0, 0, 2, out), MPQ_ERR_SIZE);
 }
