@@ -6560,14 +6560,14 @@ MPQ_DEF mpq_status mpq_pmpd_phase_allocate(const int *skips, int n, const double
             column permutations, column scales, a sparse part) and MXINT with
             2..8-bit mantissas in the same layout; group quantization and fp16;
             MixLLM's group-wise int8 activations (the quantizer; no product
-            takes them yet);
-            the LUT GEMV for any batch on scalar, AVX2, AVX-512, AVX-512 VNNI,
-            AVX2 int16 and NEON paths, chosen at run time (mpq_gemv_path says
-            which); threads that yield to busy cores; AWQ and GPTQ (act-order,
-            static groups); selection, salience statistics (Fisher, diag(X^T X),
-            MixLLM, PQI, MXSens) and the SFMP, MixLLM, MXSens and ReQuant
-            planners, with the budgets SFMP and MXSens can meet; PMPD precision schedules (static and phase-aware); the
-            CPU backend of the dispatch table (mpq_cuda.h adds the GPU one).
+            takes them yet); the LUT GEMV for any batch on scalar, AVX2,
+            AVX-512, AVX-512 VNNI, AVX2 int16 and NEON paths, chosen at run time
+            (mpq_gemv_path says which); threads that yield to busy cores; AWQ
+            and GPTQ (act-order, static groups); selection, salience statistics
+            (Fisher, diag(X^T X), MixLLM, PQI, MXSens) and the SFMP, MixLLM,
+            MXSens and ReQuant planners, with the lowest budgets SFMP and
+            MXSens can meet; PMPD precision schedules (static and phase-aware);
+            the CPU backend of the dispatch table (mpq_cuda.h adds the GPU one).
 
    LICENSE (MIT)
    Copyright (c) 2026 the mpq authors.
