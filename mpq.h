@@ -532,7 +532,18 @@ typedef enum mpq_path {
    the group's largest table entry per lookup, finer than rounding the
    activations to fp16 unless the group holds an activation outlier. AUTO
    takes an int16 path where the CPU has one; the float paths (SCALAR, AVX2,
-   AVX512) stay available for exact tables. */
+   AVX512) stay available for exact tables.
+
+   8-BIT ACTIVATIONS (mpq_gemv_opts.a8, MixLLM's W*A8). Each vector's x~ is
+   quantized as mpq_quantize_act8 does, in the matrix's groups (MixLLM runs
+   group 128 for both), before the tables are built: the dense part
+   multiplies x~ = q s^_a (the sparse part still multiplies x). The tables
+   of a group are then s^_a times integers of at most 8 x 127 = 1016, so the
+   int16 paths take s^_a as the group's table scale instead of 2^e and their
+   tables are exact: on every path the result is the product of the
+   dequantized weights and the dequantized activations up to float32
+   rounding, and the quantized-table bound above does not apply. An x~ whose
+   amax / 127 is beyond fp16 saturates (s^_a = 65504, codes clamped). */
 
 typedef struct mpq_gemv_opts {
     int skip_planes; /* drop the lowest planes of every group (nested
@@ -542,6 +553,8 @@ typedef struct mpq_gemv_opts {
                         processes keep cores busy: mpq_parallel); 0 ->
                         the OpenMP default */
     mpq_path path;   /* 0 -> MPQ_PATH_AUTO */
+    int a8;          /* 1: activations in int8 per group (see "8-BIT
+                        ACTIVATIONS" above); 0 -> float activations */
 } mpq_gemv_opts;
 
 /* Is `path` compiled into this build and supported by the CPU running it
@@ -1611,6 +1624,20 @@ MPQ_DEF mpq_status mpq_quantize_group(const float *v, int len, int bits, int sym
     return MPQ_OK;
 }
 
+/* 8-bit activations: the fp16 scale of a group (saturating at 65504; the
+   public function refuses that case first) and one code. */
+static uint16_t mpq__act8_scale(float amax)
+{
+    const uint16_t h = mpq_f32_to_f16(amax / 127.0f);
+    return mpq__half_finite(h) ? h : (uint16_t)0x7BFFu;
+}
+
+static float mpq__act8_code(float x, float sh)
+{
+    const float r = sh > 0.0f ? mpq__rne(x / sh) : 0.0f;
+    return r > 127.0f ? 127.0f : (r < -127.0f ? -127.0f : r);
+}
+
 MPQ_DEF mpq_status mpq_quantize_act8(const float *x, int n, int group, int8_t *q, uint16_t *scale)
 {
     if (!x || !q || !scale) return MPQ_ERR_ARG;
@@ -1630,14 +1657,10 @@ MPQ_DEF mpq_status mpq_quantize_act8(const float *x, int n, int group, int8_t *q
         const int len = n - g0 < group ? n - g0 : group;
         float amax = 0.0f;
         for (int k = 0; k < len; k++) amax = fabsf(x[g0 + k]) > amax ? fabsf(x[g0 + k]) : amax;
-        const uint16_t hs = mpq_f32_to_f16(amax / 127.0f);
+        const uint16_t hs = mpq__act8_scale(amax);
         const float sh = mpq_f16_to_f32(hs);
         scale[g] = hs;
-        for (int k = 0; k < len; k++) {
-            float r = sh > 0.0f ? mpq__rne(x[g0 + k] / sh) : 0.0f;
-            r = r > 127.0f ? 127.0f : (r < -127.0f ? -127.0f : r);
-            q[g0 + k] = (int8_t)r;
-        }
+        for (int k = 0; k < len; k++) q[g0 + k] = (int8_t)mpq__act8_code(x[g0 + k], sh);
         if (n - g0 <= group) break;
     }
     return MPQ_OK;
@@ -3072,20 +3095,26 @@ MPQ__T_AVX2 static void mpq__build_q16_avx2(const float *xt, int nch, float inv,
 
 /* Tables for one vector. x~ and the group sums first, then the tables of
    `path`. */
-static void mpq__build_tables(const mpq_packed *A, const float *x, mpq_path path, uint8_t *w)
+static void mpq__build_tables(const mpq_packed *A, const float *x, mpq_path path, int a8, uint8_t *w)
 {
     const mpq__vecwork L = mpq__vec_layout(A);
     const int nchunks = (A->cols + 7) / 8, cpg = A->group / 8;
     float *xt = (float *)(void *)(w + L.xt), *gsum = (float *)(void *)(w + L.gsum);
     float *gscale = (float *)(void *)(w + L.gscale);
     for (int g = 0; g < A->ngroups; g++) gsum[g] = 0.0f;
-    for (int c = 0; c < nchunks; c++) {
-        float *x8 = xt + 8 * c;
-        for (int k = 0; k < 8; k++) {
-            int j = 8 * c + k;
-            x8[k] =
-                j < A->cols ? x[A->p_col ? A->p_col[j] : (uint32_t)j] * (A->col_scale ? A->col_scale[j] : 1.0f) : 0.0f;
+    for (int j = 0; j < 8 * nchunks; j++)
+        xt[j] = j < A->cols ? x[A->p_col ? A->p_col[j] : (uint32_t)j] * (A->col_scale ? A->col_scale[j] : 1.0f) : 0.0f;
+    if (a8) /* x~ = q s^_a per group; s^_a is the group's table scale on the int16 paths */
+        for (int g = 0; g < A->ngroups; g++) {
+            const int j0 = g * A->group, j1 = j0 + A->group < 8 * nchunks ? j0 + A->group : 8 * nchunks;
+            float amax = 0.0f;
+            for (int j = j0; j < j1; j++) amax = fabsf(xt[j]) > amax ? fabsf(xt[j]) : amax;
+            const float sh = mpq_f16_to_f32(mpq__act8_scale(amax));
+            for (int j = j0; j < j1; j++) xt[j] = mpq__act8_code(xt[j], sh) * sh;
+            gscale[g] = sh;
         }
+    for (int c = 0; c < nchunks; c++) {
+        const float *x8 = xt + 8 * c;
         gsum[c / cpg] += ((x8[0] + x8[1]) + (x8[2] + x8[3])) + ((x8[4] + x8[5]) + (x8[6] + x8[7]));
     }
     float *tab = (float *)(void *)(w + L.tab);
@@ -3103,22 +3132,26 @@ static void mpq__build_tables(const mpq_packed *A, const float *x, mpq_path path
         const int ufull = mpq__units(cpg), avx2 = path != MPQ_PATH_AVX512_VNNI; /* the AVX2 layout */
         for (int g = 0; g < A->ngroups; g++) {
             const int c0 = g * cpg, nch = (A->cols - g * A->group < A->group ? (A->cols - g * A->group + 7) / 8 : cpg);
-            /* the power-of-two scale: smallest e with max|Q| / 2^e <= 32767 */
-            float mx = 0.0f;
-            for (int c = c0; c < c0 + nch; c++)
-                for (int h = 0; h < 2; h++) {
-                    const float *a = xt + 8 * c + 4 * h;
-                    float sabs = ((fabsf(a[0]) + fabsf(a[1])) + fabsf(a[2])) + fabsf(a[3]);
-                    mx = sabs > mx ? sabs : mx;
+            float inv;
+            if (a8) /* the tables are s^_a times integers: Q / s^_a rounds to them exactly */
+                inv = gscale[g] > 0.0f ? 1.0f / gscale[g] : 0.0f;
+            else { /* the power-of-two scale: smallest e with max|Q| / 2^e <= 32767 */
+                float mx = 0.0f;
+                for (int c = c0; c < c0 + nch; c++)
+                    for (int h = 0; h < 2; h++) {
+                        const float *a = xt + 8 * c + 4 * h;
+                        float sabs = ((fabsf(a[0]) + fabsf(a[1])) + fabsf(a[2])) + fabsf(a[3]);
+                        mx = sabs > mx ? sabs : mx;
+                    }
+                int e = 0;
+                if (mx > 0.0f) {
+                    frexpf(mx, &e);
+                    e -= 15;
+                    if (ldexpf(mx, -e) > MPQ__Q16_MAX) e++;
                 }
-            int e = 0;
-            if (mx > 0.0f) {
-                frexpf(mx, &e);
-                e -= 15;
-                if (ldexpf(mx, -e) > MPQ__Q16_MAX) e++;
+                gscale[g] = mx > 0.0f ? ldexpf(1.0f, e) : 0.0f;
+                inv = mx > 0.0f ? ldexpf(1.0f, -e) : 0.0f;
             }
-            gscale[g] = mx > 0.0f ? ldexpf(1.0f, e) : 0.0f;
-            const float inv = mx > 0.0f ? ldexpf(1.0f, -e) : 0.0f;
             uint8_t *T = w + L.tab + (size_t)g * (size_t)ufull * 256u;
             const int nq = nch / 4, nu = mpq__units(nch);
 #ifdef MPQ__HAVE_VNNI
@@ -4140,7 +4173,7 @@ static mpq_status mpq__bp_gemv(const mpq_packed *A, const float *x, float *y, in
     mpq_gemv_opts o;
     memset(&o, 0, sizeof o);
     if (opts) o = *opts;
-    if (o.skip_planes < 0 || o.threads < 0) return MPQ_ERR_ARG;
+    if (o.skip_planes < 0 || o.threads < 0 || o.a8 < 0 || o.a8 > 1) return MPQ_ERR_ARG;
     mpq_path path;
     const mpq_status ps = mpq_gemv_path(A, &o, &path);
     if (ps != MPQ_OK) return ps;
@@ -4156,7 +4189,7 @@ static mpq_status mpq__bp_gemv(const mpq_packed *A, const float *x, float *y, in
     mpq__shape_of(A, &s);
     const size_t vstride = mpq__vec_layout(A).bytes;
     for (int v = 0; v < batch; v++)
-        mpq__build_tables(A, x + (size_t)v * (size_t)A->cols, path, w + (size_t)v * vstride);
+        mpq__build_tables(A, x + (size_t)v * (size_t)A->cols, path, o.a8, w + (size_t)v * vstride);
     const int ntiles = s.ntiles, nth = o.threads ? o.threads : mpq__max_threads();
     mpq__gemv_job J = {&s, A, y, w, vstride, batch, o.skip_planes, path};
     int ntasks = ntiles; /* tiles, or blocks of tiles */

@@ -1664,6 +1664,7 @@ mpq_status gemv(void *ctx, void *handle, const float *x, float *y, int batch, co
     if (batch < 1) return MPQ_ERR_SIZE;
     const int skip = opts ? opts->skip_planes : 0;
     if (skip < 0) return MPQ_ERR_ARG;
+    if (opts && opts->a8) return MPQ_ERR_UNSUPPORTED; // 8-bit activations: on the CPU only, so far
     const uintptr_t xa = reinterpret_cast<uintptr_t>(x), ya = reinterpret_cast<uintptr_t>(y);
     if (xa < ya + sizeof(float) * batch * (size_t)h->m.rows && ya < xa + sizeof(float) * batch * (size_t)h->m.cols)
         return MPQ_ERR_ARG; // y overlaps x: some blocks may still read x while others write y

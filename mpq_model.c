@@ -903,7 +903,7 @@ static mpq_status mpq__linear(const mpq_llm *m, mpq_llm_state *s, const mpq_line
     if (L->A.buf) {
         mpq_gemv_opts o;
         memset(&o, 0, sizeof o);
-        o.skip_planes = skip;
+        o.skip_planes = skip, o.a8 = m->a8;
         if (L->handle) {
             st = m->backend->gemv(m->backend->ctx, L->handle, x, y, T, &o);
         } else {

@@ -62,8 +62,10 @@ Test(gemv, every_path_matches_the_float64_reference)
         }
 }
 
-/* Small integers everywhere: every path must be exact, bit for bit. */
-static void exact_case(synth_rng *r, int m, int n, int G, int br, int bmax, int batch)
+/* Small integers everywhere: every path must be exact, bit for bit. a8:
+   also with 8-bit activations, every group of x~ holding a +-127 so that its
+   scale is 1 and its codes are x~ itself (no column scales then). */
+static void exact_case(synth_rng *r, int m, int n, int G, int br, int bmax, int batch, int a8)
 {
     const int ng = (n + G - 1) / G, nb = ((m + br - 1) / br) * ng;
     uint8_t *bits = malloc((size_t)nb), *codes = malloc((size_t)m * n);
@@ -81,8 +83,10 @@ static void exact_case(synth_rng *r, int m, int n, int G, int br, int bmax, int 
     }
     synth_perm(r, pr, m);
     synth_perm(r, pc, n);
-    for (int j = 0; j < n; j++) cs[j] = synth_int(r, 2) ? 1.0f : 2.0f;
+    for (int j = 0; j < n; j++) cs[j] = a8 || synth_int(r, 2) ? 1.0f : 2.0f;
     for (int k = 0; k < n * batch; k++) x[k] = (float)(synth_int(r, 5) - 2);
+    for (int v = 0; v < batch && a8; v++)
+        for (int j = 0; j < n; j += G) x[(size_t)v * n + pc[j]] = synth_int(r, 2) ? 127.0f : -127.0f;
     mpq_bitplane_desc d = {0};
     d.rows = m, d.cols = n, d.group = G, d.block_rows = br, d.bits = bits, d.p_row = pr, d.p_col = pc, d.col_scale = cs;
     size_t bytes = 0;
@@ -97,12 +101,12 @@ static void exact_case(synth_rng *r, int m, int n, int G, int br, int bmax, int 
         for (int p = 0; p < NPATHS; p++) {
             if (!mpq_path_available(paths[p])) continue;
             mpq_gemv_opts o = {0};
-            o.path = paths[p], o.skip_planes = skip;
+            o.path = paths[p], o.skip_planes = skip, o.a8 = a8;
             tc_poison(y, (size_t)m * batch);
             cr_assert_eq(mpq_gemv(&A, x, y, batch, &o, NULL, 0), MPQ_OK);
             for (int k = 0; k < m * batch; k++)
-                cr_assert_eq((double)y[k], ref[k], "%s %dx%d G%d br%d skip %d: y[%d] = %.9g, exact %.9g",
-                             mpq_path_name(paths[p]), m, n, G, br, skip, k, (double)y[k], ref[k]);
+                cr_assert_eq((double)y[k], ref[k], "%s%s %dx%d G%d br%d skip %d: y[%d] = %.9g, exact %.9g",
+                             mpq_path_name(paths[p]), a8 ? " a8" : "", m, n, G, br, skip, k, (double)y[k], ref[k]);
         }
     }
     tc_free(&M);
@@ -114,13 +118,108 @@ Test(gemv, exact_on_small_integers_at_odd_sizes)
 {
     synth_rng r = {32};
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
-        exact_case(&r, shapes[si].m, shapes[si].n, shapes[si].G, shapes[si].br, 8, si % 2 ? 9 : 1);
+        for (int a8 = 0; a8 < 2; a8++)
+            exact_case(&r, shapes[si].m, shapes[si].n, shapes[si].G, shapes[si].br, 8, si % 2 ? 9 : 1, a8);
 }
 
 Test(gemv, exact_on_small_integers_4096x4096)
 {
     synth_rng r = {33};
-    exact_case(&r, 4096, 4096, 128, 16, 6, 1);
+    exact_case(&r, 4096, 4096, 128, 16, 6, 1, 0);
+}
+
+/* The float64 reference of the product with 8-bit activations: x~ (packed
+   order, column scales applied, as float32 products) quantized per group as
+   the header states (s^ = fp16(amax / 127), q = rne of the float32 quotient,
+   clamped to +-127), times the dequantized weights; the sparse part with x. */
+static void ref_a8(const tc_mat *M, const float *x, int batch, int skip, double *y, double *mag)
+{
+    float *xt = malloc(sizeof(float) * M->cols);
+    for (int v = 0; v < batch; v++) {
+        const float *xv = x + (size_t)v * M->cols;
+        for (int j = 0; j < M->cols; j++) xt[j] = (float)((double)xv[M->pcol[j]] * M->cscale[j]);
+        for (int j0 = 0; j0 < M->cols; j0 += M->group) {
+            const int j1 = j0 + M->group < M->cols ? j0 + M->group : M->cols;
+            double amax = 0;
+            for (int j = j0; j < j1; j++) amax = fmax(amax, fabs(xt[j]));
+            const float sh = (float)tc_half(mpq_f32_to_f16((float)(amax / 127)));
+            for (int j = j0; j < j1; j++) {
+                double q = sh > 0 ? nearbyint(xt[j] / sh) : 0; /* the default rounding: to even */
+                q = q > 127 ? 127 : (q < -127 ? -127 : q);
+                xt[j] = (float)(q * sh);
+            }
+        }
+        for (int i = 0; i < M->rows; i++) {
+            double s = 0, a = 0;
+            for (int j = 0; j < M->cols; j++) {
+                const int g = j / M->group, w = M->width[i * M->ngroups + g];
+                s += tc_weight(M, i, j, skip) * xt[j];
+                a += (fabs(M->sh[i * M->ngroups + g]) * (ldexp(1.0, w) - 1) + fabs(M->zh[i * M->ngroups + g])) *
+                    fabs(xt[j]);
+            }
+            y[(size_t)v * M->rows + M->prow[i]] = s, mag[(size_t)v * M->rows + M->prow[i]] = a;
+        }
+        for (size_t k = 0; k < M->sp_nnz; k++) {
+            const double t = M->sp_val[k] * (double)xv[M->sp_col[k]];
+            y[(size_t)v * M->rows + M->sp_row[k]] += t, mag[(size_t)v * M->rows + M->sp_row[k]] += fabs(t);
+        }
+    }
+    free(xt);
+}
+
+/* 8-bit activations: every path, the int16 ones included, within float32
+   rounding of the product of the dequantized weights and activations (no
+   quantized-table bound: their tables are exact); and a8 does change the
+   result where activations have outliers. */
+Test(gemv, a8_activations_on_every_path)
+{
+    synth_rng r = {35};
+    int changed = 0;
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
+        for (int wp = 0; wp < 2; wp++) {
+            const shape *s = &shapes[si];
+            const int batch = si % 3 ? 1 : 3;
+            float *W = malloc(sizeof(float) * s->m * s->n);
+            synth_weights(&r, W, s->m, s->n);
+            mpq_packed A = pack_random(&r, s, wp, 1, 8, W);
+            tc_mat M;
+            tc_decode(A.buf, &M);
+            float *x = malloc(sizeof(float) * batch * s->n), *y = malloc(sizeof(float) * batch * s->m);
+            double *ref = malloc(sizeof(double) * batch * s->m), *mag = malloc(sizeof(double) * batch * s->m);
+            double *ref32 = malloc(sizeof(double) * batch * s->m);
+            for (int v = 0; v < batch; v++) synth_activations(&r, x + (size_t)v * s->n, s->n);
+            for (int skip = 0; skip < 3; skip += 2) {
+                ref_a8(&M, x, batch, skip, ref, mag);
+                tc_gemv(&M, x, batch, skip, ref32, NULL);
+                for (int k = 0; k < batch * s->m; k++) changed += fabs(ref[k] - ref32[k]) > 1e-3 * mag[k];
+                for (int p = 0; p < NPATHS; p++) {
+                    if (!mpq_path_available(paths[p])) continue;
+                    if (tc_int16_path(paths[p]) && s->G > 1024) continue;
+                    mpq_gemv_opts o = {0};
+                    o.path = paths[p], o.skip_planes = skip, o.a8 = 1;
+                    tc_poison(y, (size_t)batch * s->m);
+                    cr_assert_eq(mpq_gemv(&A, x, y, batch, &o, NULL, 0), MPQ_OK);
+                    const double gamma = 2.0 * (2 * (s->G / 8) + A.ngroups + 32) * ldexp(1.0, -24);
+                    for (int k = 0; k < batch * s->m; k++)
+                        cr_assert_leq(fabs(y[k] - ref[k]), gamma * mag[k] + 1e-30,
+                                      "%s a8 %dx%d G%d skip %d: y[%d] %.9g vs %.9g (tol %.3g)", mpq_path_name(paths[p]),
+                                      s->m, s->n, s->G, skip, k, (double)y[k], ref[k], gamma * mag[k]);
+                }
+            }
+            free(x), free(y), free(ref), free(mag), free(ref32);
+            tc_free(&M);
+            mpq_packed_free(&A);
+            free(W);
+        }
+    cr_assert_gt(changed, 0, "8-bit activations never changed a result");
+    /* a8 outside 0..1 is refused */
+    shape s1 = {4, 16, 8, 4};
+    float W1[64] = {0}, x1[16] = {0}, y1[4];
+    mpq_packed A1 = pack_random(&r, &s1, 0, 2, 2, W1);
+    mpq_gemv_opts o = {0};
+    o.a8 = 2;
+    cr_assert_eq(mpq_gemv(&A1, x1, y1, 1, &o, NULL, 0), MPQ_ERR_ARG);
+    mpq_packed_free(&A1);
 }
 
 /* The int16-table paths sum a group in int32: every code at its largest,

@@ -38,6 +38,7 @@
 typedef struct llm_opts {
     int threads, quiet;
     const char *device; /* "cpu", "cuda" or "cuda-fp16" */
+    int a8;             /* packed maps multiply 8-bit activations */
 } llm_opts;
 
 /* Options every model command takes; 1 when argv[a->i] was one of them. */
@@ -58,6 +59,10 @@ static int common_opt(args *a, llm_opts *o, int *bad)
         o->quiet = 1;
         return 1;
     }
+    if (opt(a, "--a8", NULL, bad)) {
+        o->a8 = 1;
+        return 1;
+    }
     return 0;
 }
 
@@ -65,7 +70,9 @@ static int common_opt(args *a, llm_opts *o, int *bad)
     "  --threads T        CPU threads (default all)\n"                                                                 \
     "  --device D         cpu | cuda: where the packed matrices are multiplied (default cpu);\n"                       \
     "                     cuda-fp16: on the GPU as float16 weights through cuBLAS (the baseline)\n"                    \
-    "  --quiet            no progress\n"
+    "  --quiet            no progress\n"                                                                               \
+    "  --a8               packed linear maps multiply activations quantized to int8 per group\n"                       \
+    "                     (MixLLM's W*A8; on the CPU)\n"
 
 typedef struct loaded {
     mpq_llm *m;
@@ -93,6 +100,11 @@ static int load(const char *path, const llm_opts *o, loaded *L)
     const double t0 = cli_now();
     mpq_status st = mpq_llm_load(path, &L->m, &e);
     if (st != MPQ_OK) return fail(EXIT_INPUT, "%s", e.msg);
+    if (o->a8 && o->device && strcmp(o->device, "cpu")) {
+        unload(L);
+        return fail(EXIT_USAGE, "--a8: 8-bit activations run on the CPU only (not --device %s)", o->device);
+    }
+    L->m->a8 = o->a8;
     if (o->device && strcmp(o->device, "cpu")) {
 #ifdef MPQ_HAVE_CUDA
         st = strcmp(o->device, "cuda") ? mpq_cuda_backend_fp16(0, &L->be) : mpq_cuda_backend(0, &L->be);
@@ -193,7 +205,7 @@ static void eval_step(void *user, int done, int total, double ppl, double second
 int cmd_eval(int argc, char **argv)
 {
     args a = {argc, 0, argv, "eval"};
-    llm_opts lo = {0, 0, "cpu"};
+    llm_opts lo = {0, 0, "cpu", 0};
     mpq_ppl_opts po;
     memset(&po, 0, sizeof po);
     po.ctx = 512;
@@ -374,7 +386,7 @@ static int print_token(void *user, int32_t tok)
 int cmd_run(int argc, char **argv)
 {
     args a = {argc, 0, argv, "run"};
-    llm_opts lo = {0, 0, "cpu"};
+    llm_opts lo = {0, 0, "cpu", 0};
     mpq_gen_opts g;
     memset(&g, 0, sizeof g);
     g.seed = 1;
@@ -538,7 +550,7 @@ static void mean_sd(const double *v, int n, double *mean, double *sd)
 int cmd_speed(int argc, char **argv)
 {
     args a = {argc, 0, argv, "speed"};
-    llm_opts lo = {0, 0, "cpu"};
+    llm_opts lo = {0, 0, "cpu", 0};
     int np = 128, ng = 64, nb = 1, reps = 5, skip = 0, bad = 0;
     const char *model = NULL;
     for (a.i = 1; a.i < argc && !bad; a.i++) {
@@ -707,7 +719,7 @@ static unsigned parse_stats(const char *v)
 int cmd_calibrate(int argc, char **argv)
 {
     args a = {argc, 0, argv, "calibrate"};
-    llm_opts lo = {0, 0, "cpu"};
+    llm_opts lo = {0, 0, "cpu", 0};
     mpq_calib_opts co;
     memset(&co, 0, sizeof co);
     const char *pos[2] = {0}, *out = NULL;
@@ -775,6 +787,7 @@ int cmd_calibrate(int argc, char **argv)
         }
     }
     if (bad) return EXIT_USAGE;
+    if (lo.a8) return fail(EXIT_USAGE, "calibrate --a8: the statistics are gathered with float activations");
     if (npos != 2 || !out) return fail(EXIT_USAGE, "calibrate: needs MODEL TEXT -o FILE (see mpq calibrate --help)");
     if (lo.device && strcmp(lo.device, "cpu"))
         return fail(EXIT_USAGE, "calibrate: runs on the CPU only (--device cpu)");
@@ -906,7 +919,7 @@ static int parse_levels(const char *v, int *skip)
 int cmd_schedule(int argc, char **argv)
 {
     args a = {argc, 0, argv, "schedule"};
-    llm_opts lo = {0, 0, "cpu"};
+    llm_opts lo = {0, 0, "cpu", 0};
     mpq_pmpd_search d;
     memset(&d, 0, sizeof d);
     d.nlevels = 2, d.skip[0] = 0, d.skip[1] = 1, d.candidates = 5;
