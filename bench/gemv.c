@@ -3,7 +3,7 @@
 
    usage: gemv [--quick] [--threads N] [--shape MxN] [--block-rows R]
                [--path auto|scalar|avx2|avx512|avx512-vnni|avx2-int|neon]
-               [--batch B | --batches B1,B2,...]
+               [--batch B | --batches B1,B2,... [--a8]]
           gemv --list-paths
 
    For every shape and bits-per-weight point it prints the median time of one
@@ -18,7 +18,10 @@
    --batches B1,B2,... times products of B1, B2, ... vectors instead, one
    product of each in turn on the same rotating copies (so that a slow
    moment of the machine costs every batch alike), and prints each median
-   against the first batch's: the cost of a batch relative to batch B1. */
+   against the first batch's: the cost of a batch relative to batch B1.
+   With --a8 every batch is timed with 8-bit activations (mpq_gemv_opts.a8)
+   right after the same batches with float activations, and the last
+   column is the ratio of the two. */
 #define MPQ_IMPLEMENTATION
 #include "mpq.h"
 #include "bench_util.h"
@@ -43,15 +46,17 @@ static mpq_path g_path = MPQ_PATH_AUTO; /* --path */
 static int g_batch = 1;                 /* --batch: vectors per product in the main table */
 #define MAX_BATCHES 8
 static int g_batches[MAX_BATCHES], g_nbatches = 0; /* --batches */
+static int g_a8 = 0;                               /* --a8 (with --batches) */
 
 /* bench_gemv_us at the --path of the command line; a failure ends the run. */
 static void time_batches(const mpq_packed *A, const float *x, float *y, const int *batches, int nb, int threads,
-                         size_t rotate_bytes, int reps, double *us)
+                         size_t rotate_bytes, int reps, int a8, double *us)
 {
     mpq_gemv_opts o;
     memset(&o, 0, sizeof o);
     o.threads = threads;
     o.path = g_path;
+    o.a8 = a8;
     const mpq_status st = bench_gemv_us(A, x, y, batches, nb, &o, rotate_bytes, reps, us);
     if (st != MPQ_OK) {
         fprintf(stderr, "bench_gemv: %s\n", mpq_status_str(st));
@@ -64,7 +69,7 @@ static double time_gemv(const mpq_packed *A, const float *x, float *y, int batch
                         int reps)
 {
     double us;
-    time_batches(A, x, y, &batch, 1, threads, rotate_bytes, reps, &us);
+    time_batches(A, x, y, &batch, 1, threads, rotate_bytes, reps, 0, &us);
     return us;
 }
 
@@ -98,6 +103,8 @@ int main(int argc, char **argv)
             a++;
         else if (!strcmp(argv[a], "--batches") && a + 1 < argc && parse_batches(argv[a + 1]))
             a++;
+        else if (!strcmp(argv[a], "--a8"))
+            g_a8 = 1;
         else if (!strcmp(argv[a], "--block-rows") && a + 1 < argc)
             block_rows = atoi(argv[++a]);
         else if (!strcmp(argv[a], "--path") && a + 1 < argc) {
@@ -112,10 +119,14 @@ int main(int argc, char **argv)
         } else if (!(!strcmp(argv[a], "--shape") && a + 1 < argc && sscanf(argv[++a], "%dx%d", &sm, &sn) == 2)) {
             fprintf(stderr,
                     "usage: %s [--quick] [--threads N] [--shape MxN] [--block-rows R] [--path NAME]"
-                    " [--batch B | --batches B1,B2,...] | --list-paths\n",
+                    " [--batch B | --batches B1,B2,... [--a8]] | --list-paths\n",
                     argv[0]);
             return 2;
         }
+    }
+    if (g_a8 && !g_nbatches) {
+        fprintf(stderr, "%s: --a8 goes with --batches\n", argv[0]);
+        return 2;
     }
     int shapes[3][2] = {{4096, 4096}, {14336, 4096}, {4096, 14336}}, nshapes = 3;
     if (sm > 0 && sn > 0) {
@@ -160,8 +171,8 @@ int main(int argc, char **argv)
         printf("read bandwidth, %d thread(s): %.1f GB/s\n", thr[ti], bw[ti] / 1e9);
     }
     if (g_nbatches)
-        printf("\n%-12s %5s %3s %5s %10s %8s %10s %8s\n", "shape", "bpw", "thr", "batch", "us", "x first", "us/vector",
-               "of bw");
+        printf("\n%-12s %5s %3s %5s %10s %8s %10s %8s%s\n", "shape", "bpw", "thr", "batch", "us", "x first",
+               "us/vector", "of bw", g_a8 ? "    float us  a8/float" : "");
     else
         printf("\n%-12s %5s %3s %10s %8s %6s %10s %8s\n", "shape", "bpw", "thr", "us", "GB/s", "of bw", "fp32 us",
                "speedup");
@@ -207,12 +218,16 @@ int main(int argc, char **argv)
                 return 1;
             }
             for (int ti = 0; ti < nthr && g_nbatches; ti++) {
-                double us[MAX_BATCHES];
-                time_batches(&A, x, y, g_batches, g_nbatches, thr[ti], rotate, reps, us);
-                for (int k = 0; k < g_nbatches; k++)
-                    printf("%5dx%-6d %5.2f %3d %5d %10.1f %7.2fx %10.1f %7.0f%%\n", m, n, mpq_packed_bpw(&A, 0),
-                           thr[ti], g_batches[k], us[k], us[k] / us[0], us[k] / g_batches[k],
+                double us[MAX_BATCHES], usf[MAX_BATCHES];
+                if (g_a8) time_batches(&A, x, y, g_batches, g_nbatches, thr[ti], rotate, reps, 0, usf);
+                time_batches(&A, x, y, g_batches, g_nbatches, thr[ti], rotate, reps, g_a8, us);
+                for (int k = 0; k < g_nbatches; k++) {
+                    printf("%5dx%-6d %5.2f %3d %5d %10.1f %7.2fx %10.1f %7.0f%%", m, n, mpq_packed_bpw(&A, 0), thr[ti],
+                           g_batches[k], us[k], us[k] / us[0], us[k] / g_batches[k],
                            100.0 * (double)A.bytes / (us[k] * 1e-6) / bw[ti]);
+                    if (g_a8) printf(" %11.1f %8.2fx", usf[k], us[k] / usf[k]);
+                    printf("\n");
+                }
             }
             for (int ti = 0; ti < nthr && !g_nbatches; ti++) {
                 double us = time_gemv(&A, x, y, g_batch, thr[ti], rotate, reps);
