@@ -167,7 +167,9 @@ static void measure(ctx *C, const char *family, const char *name, const mpq_pmpd
 {
     const double t0 = now();
     row *r = &rows[nrows++];
-    snprintf(r->name, sizeof r->name, "%s", name);
+    const int a8 = C->m->a8 && C->m->layer[0].lin[0].A.buf; /* 8-bit activations reach packed maps only */
+    snprintf(r->name, sizeof r->name, "%s%s", name, a8 ? ", A8" : "");
+    name = r->name;
     snprintf(r->family, sizeof r->family, "%s", family);
     snprintf(r->note, sizeof r->note, "%s", note ? note : "");
     mpq_ppl_opts o;
@@ -222,7 +224,7 @@ static void awq_scales(ctx *C, int i, const mpq_bitplane_desc *d, float **cs, fl
 /* How pack_all quantizes: round-to-nearest, or with AWQ's scales and clips
    first, GPTQ's error feedback, act-order (GPTQ; widths constant along the
    columns). */
-enum { Q_AWQ = 1, Q_GPTQ = 2, Q_ACT = 4 };
+enum { Q_AWQ = 1, Q_GPTQ = 2, Q_ACT = 4, Q_A8 = 8 }; /* Q_A8: measured again with 8-bit activations */
 
 /* The description of map i: from a plan, or uniform bits at a group. */
 static mpq_bitplane_desc desc_of(ctx *C, int i, const mpq_plan *plan, int bits, int group, int format)
@@ -277,11 +279,22 @@ static void pack_all(ctx *C, const mpq_plan *plan, int bits, int group, int form
     pack_embedding(C);
 }
 
+/* The row just measured, again with 8-bit activations (MixLLM's A8) when
+   how has Q_A8 and the run's activations are float. */
+static void measure_a8(ctx *C, const char *family, const char *name, int how)
+{
+    if (!(how & Q_A8) || C->m->a8) return;
+    C->m->a8 = 1;
+    measure(C, family, name, NULL, NULL, 0);
+    C->m->a8 = 0;
+}
+
 static void run_uniform(ctx *C, const char *family, const char *name, int bits, int format, int how)
 {
     const double t0 = now();
     pack_all(C, NULL, bits, 0, format, how);
     measure(C, family, name, NULL, NULL, now() - t0);
+    measure_a8(C, family, name, how);
     unpack_all(C);
 }
 
@@ -352,6 +365,7 @@ static void run_mixllm(ctx *C, int low, int how)
     char name[64];
     snprintf(name, sizeof name, "MixLLM 8/%d (10 %% at 8 bits)%s", low, how & Q_GPTQ ? " + GPTQ" : "");
     measure(C, how & Q_GPTQ ? "MixLLM+GPTQ" : "MixLLM", name, NULL, NULL, now() - t0);
+    measure_a8(C, how & Q_GPTQ ? "MixLLM+GPTQ" : "MixLLM", name, how);
     unpack_all(C);
 }
 
@@ -612,7 +626,7 @@ int main(int argc, char **argv)
     ctx C;
     memset(&C, 0, sizeof C);
     C.chunks = 8;
-    int quick = 0;
+    int quick = 0, a8 = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--model") && i + 1 < argc)
             model = argv[++i];
@@ -634,6 +648,8 @@ int main(int argc, char **argv)
             quick = 1, C.chunks = 2;
         else if (!strcmp(argv[i], "--quiet"))
             C.quiet = 1;
+        else if (!strcmp(argv[i], "--a8"))
+            a8 = 1;
         else if (!strcmp(argv[i], "--threads") && i + 1 < argc) {
 #ifdef _OPENMP
             omp_set_num_threads(atoi(argv[i + 1]));
@@ -643,14 +659,16 @@ int main(int argc, char **argv)
             const int help = !strcmp(argv[i], "--help") || !strcmp(argv[i], "-h");
             fprintf(help ? stdout : stderr,
                     "usage: %s [--model PATH] [--eval TEXT] [--calib TEXT] [--stats FILE] [--hessian FILE]\n"
-                    "          [--out DIR] [--chunks N] [--full] [--quick] [--threads T] [--quiet]\n"
+                    "          [--out DIR] [--chunks N] [--full] [--quick] [--threads T] [--quiet] [--a8]\n"
                     "Every method of mpq on a real model: perplexity (as llama-perplexity), bits per weight and\n"
                     "decode tokens/s; writes DIR/results.md and DIR/ppl_vs_bpw.svg. Statistics: FILE, written by\n"
                     "`mpq calibrate MODEL CALIB -o FILE`, and GPTQ's X^T X, written by `mpq calibrate --stats xtx\n"
                     "--windows 64 MODEL CALIB -o FILE` (examples/run.sh runs both once and reuses them). Defaults:\n"
                     "the files examples/run.sh fetches and writes into build/, 8 evaluation chunks of 512 tokens\n"
-                    "(--full: every chunk; --quick: 2 chunks, four methods). Each row is printed when it is done;\n"
-                    "while it runs, a progress line on stderr names the step (--quiet: none).\n",
+                    "(--full: every chunk; --quick: 2 chunks, four methods). --a8: every quantized row with 8-bit\n"
+                    "activations (MixLLM's A8; by default only GPTQ 4-bit and MixLLM 8/4 + GPTQ get an A8 row).\n"
+                    "Each row is printed when it is done; while it runs, a progress line on stderr names the\n"
+                    "step (--quiet: none).\n",
                     argv[0]);
             return help ? 0 : 1;
         }
@@ -667,6 +685,7 @@ int main(int argc, char **argv)
     }
     const mpq_llm_config *c = &C.m->c;
     C.nl = c->layers * MPQ_LIN_COUNT;
+    C.m->a8 = a8;
     uint64_t calib_hash = 0;
     C.eval = tokenize_file(C.m, eval, &C.neval, NULL);
     C.calib = tokenize_file(C.m, calib, &C.ncalib, &calib_hash);
@@ -704,7 +723,7 @@ int main(int argc, char **argv)
     measure(&C, "fp32", "fp32 reference (dequantized Q4_1)", NULL, NULL, 0);
     if (quick) {
         run_uniform(&C, "RTN", "RTN 4-bit g128", 4, MPQ_FORMAT_BITPLANE, 0);
-        run_uniform(&C, "GPTQ", "GPTQ 4-bit g128 (act-order)", 4, MPQ_FORMAT_BITPLANE, Q_GPTQ | Q_ACT);
+        run_uniform(&C, "GPTQ", "GPTQ 4-bit g128 (act-order)", 4, MPQ_FORMAT_BITPLANE, Q_GPTQ | Q_ACT | Q_A8);
         run_sfmp(&C, 3.5, 128, 0);
     } else {
         for (int b = 2; b <= 4; b++) {
@@ -717,7 +736,8 @@ int main(int argc, char **argv)
         for (int b = 2; b <= 4; b++) {
             char name[48];
             snprintf(name, sizeof name, "GPTQ %d-bit g128 (act-order)", b);
-            run_uniform(&C, "GPTQ", name, b, MPQ_FORMAT_BITPLANE, Q_GPTQ | Q_ACT);
+            /* at 4 bits also MixLLM's W4A8 (its p0: uniform 4-bit weights, GPTQ) */
+            run_uniform(&C, "GPTQ", name, b, MPQ_FORMAT_BITPLANE, Q_GPTQ | Q_ACT | (b == 4 ? Q_A8 : 0));
         }
         run_uniform(&C, "GPTQ", "GPTQ 3-bit g128", 3, MPQ_FORMAT_BITPLANE, Q_GPTQ);
         for (int b = 3; b <= 4; b++) {
@@ -736,7 +756,7 @@ int main(int argc, char **argv)
         run_sfmp(&C, 4.0, 128, Q_AWQ | Q_GPTQ | Q_ACT);
         run_mixllm(&C, 4, 0);
         run_mixllm(&C, 3, 0);
-        run_mixllm(&C, 4, Q_GPTQ | Q_ACT);
+        run_mixllm(&C, 4, Q_GPTQ | Q_ACT | Q_A8); /* and MixLLM's W4.4A8 */
         run_mxsens(&C);
         run_requant(&C, NULL, 0, "ReQuant on RTN 3-bit");
         run_requant(&C, NULL, 1, "ReQuant on AWQ 3-bit");
