@@ -2986,7 +2986,7 @@ MPQ_DEF mpq_status mpq_gemv_path(const mpq_packed *A, const mpq_gemv_opts *opts,
             tables (256 bytes per unit of up to 4 chunks)
      xt     x~: x gathered through p_col, times col_scale, zero past cols
      gsum   sum of x~ over each group (the z^ term)
-     gscale the power-of-two table scale of each group (int16 tables) */
+     gscale the table scale of each group (int16 tables): a power of two, or s^_a with 8-bit activations */
 typedef struct mpq__vecwork {
     size_t tab, xt, gsum, gscale, bytes;
 } mpq__vecwork;
