@@ -32,7 +32,9 @@
       outliers + 0.25 % significant weights), and on SFMP's plans at 3.25
       and 4.0 with AWQ (the three composed); PMPD on the AWQ 4-bit model
       (the prompt at 4 bits, the decode lowered, and the static scheduler's
-      choice on calibration text). Every model is measured on the
+      choice on calibration text); MixLLM's W4A8 (GPTQ 4-bit) and W4.4A8
+      (MixLLM 8/4 + GPTQ) again with 8-bit activations (", A8" rows;
+      --a8: every quantized row). Every model is measured on the
       evaluation text (the tutorial and the FAQ, never calibrated on):
       perplexity over the first --chunks chunks of 512 tokens, the second
       half of each scored; bits per weight of the linear maps (scales,
