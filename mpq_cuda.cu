@@ -56,6 +56,24 @@
 // the activations through p_col
 // into fp16, and multiply with cuBLAS (fp32 accumulate).
 //
+// 8-BIT ACTIVATIONS (mpq_gemv_opts.a8): the activations quantized as
+// mpq_quantize_act8 does, in the matrix's groups (x~ = x[p_col] col_scale,
+// s^_a = fp16(max |x~| / 127), q = rne(x~ / s^_a) clamped to +-127), as the
+// CPU's a8 product does. Batches from MPQ_CUDA_MMA_BATCH up on a matrix
+// with the code copy: the MMA kernel on int8 (mma.sync m16n8k32, u8 codes
+// times s8 activations, int32 sums), one k32 product per quad where float
+// activations take four k16 ones (two k steps, hi and lo); a group's int32
+// sum is scaled once by s^ s^_a (MixLLM's two-step dequantization), and
+// where a group's sums stay below 2^22 the accumulator starts at the bits
+// of 1.5 * 2^23, so that its bits read as a float are 1.5 * 2^23 plus the
+// sum (one FADD instead of a conversion); batches up to MPQ_CUDA_MMA_MAX in
+// one launch, pieces of 32 vectors along grid z. Other batches and matrices
+// (batch 1 and 2: the LUT kernel; past MPQ_CUDA_MMA_MAX: fp16 + cuBLAS,
+// faster there than this kernel, see bench/results/NOTES.md) multiply the
+// dequantized activations s^_a q on the float kernels (gemv_a8_float): each
+// is exact in float, and so is each table entry built from 8 of them, so
+// the LUT kernel keeps its float tables.
+//
 // FP16 BASELINE (mpq_cuda_backend_fp16): upload dequantizes the matrix once
 // into a resident fp16 copy (w16) and drops the code copy; every product is
 // gemm_f16 on it, as an engine with fp16 weights would run it.
@@ -124,6 +142,8 @@ struct cuda_ctx {
     // device copies of host x and y (see gemv)
     float *stage;
     size_t stage_bytes;
+    float *a8x; // 8-bit activations, dequantized, for the kernels that read float ones (gemv_a8_float)
+    size_t a8x_bytes;
     int fp16_weights; // mpq_cuda_backend_fp16: every matrix as resident fp16 weights
 };
 
@@ -671,6 +691,16 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4],
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// 8-bit activations: codes (u8, 4 per register) times int8 activations,
+// int32 accumulate.
+__device__ __forceinline__ void mma_16832(int (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1)
+{
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
 // a * b + c for half2 words (in code_frags every result is an exact integer).
 __device__ __forceinline__ uint32_t hfma2_bits(uint32_t a, uint32_t b, uint32_t c)
 {
@@ -732,6 +762,24 @@ template <int CB> __device__ __forceinline__ void code_frags(const char *p, cons
     }
 }
 
+// With 8-bit activations: the u8 A fragment of one quad (k32) from the
+// lane's code words at p, fields masked to u' (keep[rr]: the kept bits of
+// row 2m + rr in every byte): register 0 row 2m, step 0; 1 row 2m + 1, step
+// 0; 2 and 3 the same for step 1. Byte j holds (h, e) = (j % 2, j / 2) of
+// 4-bit fields (nibble rr + 2 h + 4 e of word S), (j / 2, j % 2) of 8-bit
+// ones (byte 2 h + e of word 2 S + rr); mma_prep orders the activations so.
+template <int CB>
+__device__ __forceinline__ void code_frags8(const char *p, const uint32_t (&keep)[2], uint32_t (&a)[4])
+{
+    if (CB == 4) {
+        const uint2 w = *reinterpret_cast<const uint2 *>(p);
+        a[0] = w.x & keep[0], a[1] = (w.x >> 4) & keep[1], a[2] = w.y & keep[0], a[3] = (w.y >> 4) & keep[1];
+    } else {
+        const uint4 w = *reinterpret_cast<const uint4 *>(p);
+        a[0] = w.x & keep[0], a[1] = w.y & keep[1], a[2] = w.z & keep[0], a[3] = w.w & keep[1];
+    }
+}
+
 // Builds the CODE LAYOUT copy `out` from the planes: one thread per (tile,
 // quad of the matrix, lane), the first lane of a record's first quad also
 // writing its header.
@@ -775,15 +823,18 @@ template <int CB> __global__ void transcode(dmat M, uint8_t *__restrict__ out)
 // The activations of the MMA kernel, prepared once per product by
 // mma_prep and copied whole into each block's shared memory. Per column
 // part of `gpp` groups (nv = 8 NT vectors, those past the batch zero): x
-// fragments [2 quads per group, gpp groups][nv][4] (uint4: hi of (h, e) =
-// (0, 0), (0, 1), then (1, 0), (1, 1); then lo the same), the groups' sums
-// [gpp][nv], then their scales 2^E [gpp][nv]; `bytes` per part, a multiple
-// of 16.
+// fragments, the groups' sums [gpp][nv], then their scales [gpp][nv];
+// `bytes` per part, a multiple of 16. Float activations (vb = 4 bytes per
+// value): fragments [2 quads per group, gpp groups][nv][4] (uint4: hi of
+// (h, e) = (0, 0), (0, 1), then (1, 0), (1, 1); then lo the same), sums of
+// x, scales 2^E. 8-bit activations (vb = 1): fragments [quads per group,
+// gpp groups][nv][4] (uint2: the int8 codes of k steps 0 and 1, see
+// gemv_mma), sums of the codes (integers, exact in float), scales s^_a.
 struct mma_part {
     int gsum, xscale, bytes;
-    __host__ __device__ mma_part(int gpp, int group, int nv)
+    __host__ __device__ mma_part(int gpp, int group, int nv, int vb)
     {
-        gsum = 2 * (gpp * group / 32) * nv * 64;
+        gsum = gpp * group * nv * vb;
         xscale = gsum + 4 * gpp * nv;
         bytes = (xscale + 4 * gpp * nv + 15) / 16 * 16;
     }
@@ -805,30 +856,49 @@ struct mma_smem {
     }
 };
 
-// One block per group: its activations (gathered through p_col, times
+// 8-bit activations (mpq_quantize_act8 of mpq.h): the fp16 scale s^_a of a
+// group whose largest |x~| is amax (65504 where amax / 127 is past fp16),
+// and the code of x~ under it.
+__device__ __forceinline__ float act8_scale(float amax)
+{
+    const float s = __half2float(__float2half_rn(amax / 127.0f));
+    return s <= 65504.0f ? s : 65504.0f;
+}
+__device__ __forceinline__ float act8_code(float x, float s)
+{
+    return s > 0.0f ? fminf(fmaxf(rintf(x / s), -127.0f), 127.0f) : 0.0f;
+}
+
+// One block per group and piece of nv vectors (grid y; 8-bit activations
+// only, else one piece): its activations (gathered through p_col, times
 // col_scale) as items k = (vector n, quad q, step S, c), each columns c + 4
 // (2 S + h) + 16 e of quad q for (h, e) = (0, 0), (0, 1), (1, 0), (1, 1),
 // first as floats in shared memory (their loads all out before any is
 // used), then their quad sums (added in order into the group sums) and each
-// vector's max |x| over the group, which sets its scale: x = 2^E (hi + lo),
-// max |x| / 2^E in [2^14, 2^15), 2^E a normal float; then split into fp16
-// hi + lo and written out (mma_part).
-template <int NT>
+// vector's max |x| over the group, which sets its scale. Float activations:
+// x = 2^E (hi + lo), max |x| / 2^E in [2^14, 2^15), 2^E a normal float;
+// then split into fp16 hi + lo and written out (mma_part). A8: s^_a and the
+// int8 codes, 4 per word in the byte order of the code fields (cb: 4 or 8
+// bits, see gemv_mma), and the codes' sum.
+template <int NT, bool A8>
 __global__ void __launch_bounds__(kMmaThreads)
-    mma_prep(dmat M, const float *__restrict__ x, int batch, int gpp, uint8_t *__restrict__ out)
+    mma_prep(dmat M, const float *__restrict__ x, int batch, int gpp, int cb, uint8_t *__restrict__ out)
 {
     constexpr int nv = 8 * NT;
     extern __shared__ uint4 smem4[];
     __shared__ float xscale[nv];
     __shared__ unsigned xmax[nv];
+    __shared__ int csum[nv];
     const int tid = threadIdx.x, g = blockIdx.x, gl = g % gpp;
     const int c0 = g * M.group, qpg = min(M.group, M.cols - c0) / 32;
-    const mma_part P(gpp, M.group, nv);
+    const mma_part P(gpp, M.group, nv, A8 ? 1 : 4);
+    x += (size_t)blockIdx.y * nv * M.cols, batch -= blockIdx.y * nv;
+    out += (size_t)blockIdx.y * ((M.ngroups + gpp - 1) / gpp) * P.bytes;
     uint4 *frag = smem4;
     float *qsum = reinterpret_cast<float *>(smem4 + 2 * qpg * nv * 4); // [qpg][nv]
     asm volatile("griddepcontrol.launch_dependents;");
     asm volatile("griddepcontrol.wait;" ::: "memory");
-    if (tid < nv) xmax[tid] = 0u;
+    if (tid < nv) xmax[tid] = 0u, csum[tid] = 0;
     const int nitems = nv * qpg * 8;
     // A thread's items share (c, S) = (ic, is) = (tid % 4, tid / 4 % 2).
     const int ic = tid & 3, is = (tid >> 2) & 1;
@@ -869,14 +939,36 @@ __global__ void __launch_bounds__(kMmaThreads)
     uint8_t *o = out + (size_t)(g / gpp) * P.bytes;
     if (tid < nv) {
         const float amax = __uint_as_float(xmax[tid]);
-        const int e = amax > 0.0f && amax <= FLT_MAX ? max(ilogbf(amax) - 14, -126) : 0;
-        float sum = 0.0f;
-        for (int q = 0; q < qpg; q++) sum += qsum[q * nv + tid];
-        xscale[tid] = ldexpf(1.0f, e);
+        if (A8) {
+            xscale[tid] = act8_scale(amax);
+        } else {
+            const int e = amax > 0.0f && amax <= FLT_MAX ? max(ilogbf(amax) - 14, -126) : 0;
+            float sum = 0.0f;
+            for (int q = 0; q < qpg; q++) sum += qsum[q * nv + tid];
+            xscale[tid] = ldexpf(1.0f, e);
+            reinterpret_cast<float *>(o + P.gsum)[gl * nv + tid] = sum;
+        }
         reinterpret_cast<float *>(o + P.xscale)[gl * nv + tid] = xscale[tid];
-        reinterpret_cast<float *>(o + P.gsum)[gl * nv + tid] = sum;
     }
     __syncthreads();
+    if (A8) { // item k = ((2 q + S) nv + n) 4 + c: word S of uint2 (q, n, c)
+        uint32_t *ow = reinterpret_cast<uint32_t *>(o) + (size_t)gl * (M.group / 32) * nv * 8;
+        for (int k = tid; k < nitems; k += kMmaThreads) {
+            const int n = (k >> 2) % nv, qs = (k >> 2) / nv;
+            const float s = xscale[n];
+            const uint4 f = frag[k]; // (h, e) = (0, 0), (0, 1), (1, 0), (1, 1)
+            const int q0 = (int)act8_code(__uint_as_float(f.x), s), q1 = (int)act8_code(__uint_as_float(f.y), s);
+            const int q2 = (int)act8_code(__uint_as_float(f.z), s), q3 = (int)act8_code(__uint_as_float(f.w), s);
+            // byte j: (h, e) = (j / 2, j % 2) for 8-bit fields, (j % 2, j / 2) for 4-bit ones
+            const uint32_t w = cb == 8 ? (q0 & 255) | (q1 & 255) << 8 | (q2 & 255) << 16 | (uint32_t)(q3 & 255) << 24
+                                       : (q0 & 255) | (q2 & 255) << 8 | (q1 & 255) << 16 | (uint32_t)(q3 & 255) << 24;
+            ow[(((qs >> 1) * nv + n) * 4 + (k & 3)) * 2 + (qs & 1)] = w;
+            atomicAdd(&csum[n], q0 + q1 + q2 + q3);
+        }
+        __syncthreads();
+        if (tid < nv) reinterpret_cast<float *>(o + P.gsum)[gl * nv + tid] = (float)csum[tid];
+        return;
+    }
     uint4 *of = reinterpret_cast<uint4 *>(o) + (size_t)gl * (M.group / 16) * nv * 4;
     for (int k = tid; k < nitems; k += kMmaThreads) {   // hi + lo, written out in the same order
         const float inv = 1.0f / xscale[(k >> 2) % nv]; // a power of two: exact
@@ -925,9 +1017,10 @@ __device__ __forceinline__ void mma_rows(const dmat &M, const char *rec, bool li
 // tiles w, w + 8, ... with all the part's groups; with fewer the wpt warps
 // of a pair share its groups and add up in shared memory. CB: bits of a
 // code field (CODE LAYOUT). NT: blocks of 8 vectors (mma column tiles; 2
-// for batches 9..16), each code fragment multiplied by all of them. xprep:
-// the parts' activations from mma_prep. slot: bytes of a record's copy.
-template <int CB, int NT>
+// for batches 9..16), each code fragment multiplied by all of them. A8:
+// 8-bit activations (grid z: pieces of nv vectors). xprep: the parts'
+// activations from mma_prep. slot: bytes of a record's copy.
+template <int CB, int NT, bool A8>
 __global__ void __launch_bounds__(kMmaThreads, NT == 1 ? kMmaBlocks1 : 2)
     gemv_mma(dmat M, const float *__restrict__ x, int batch, int skip, int tpb, int gpp, int slot,
              const uint8_t *__restrict__ xprep, float *__restrict__ part, unsigned *__restrict__ counters,
@@ -940,7 +1033,16 @@ __global__ void __launch_bounds__(kMmaThreads, NT == 1 ? kMmaBlocks1 : 2)
     const int G = M.group, g0 = blockIdx.x * gpp, ng = min(gpp, M.ngroups - g0);
     const int t_first = blockIdx.y * tpb, t_end = min(M.ntiles, t_first + tpb), nt = t_end - t_first;
     const int hdr = M.meta + kTile, wpt = mma_wpt(tpb);
-    const mma_part P(gpp, G, nv);
+    const mma_part P(gpp, G, nv, A8 ? 1 : 4);
+    if (A8) { // the piece of vectors of grid z: its activations, outputs, sums and counters
+        const size_t z = blockIdx.z;
+        x += z * nv * M.cols, y += z * nv * M.rows, batch = min(nv, batch - (int)z * nv);
+        xprep += z * gridDim.x * P.bytes, part += z * gridDim.x * nv * (size_t)M.ntiles * kTile;
+        counters += z * gridDim.y;
+    }
+    // A8: int32 sums whose magnitude stays below 2^22 convert to float as
+    // the bits of 1.5 * 2^23 plus the sum (the accumulator starts there)
+    const bool magic = A8 && ((1 << CB) - 1) * 127 * G < (1 << 22);
     const mma_smem L(P.bytes, nv, wpt);
     char *const sbase = reinterpret_cast<char *>(smem4);
     const uint4 *frag = smem4;
@@ -1018,34 +1120,76 @@ __global__ void __launch_bounds__(kMmaThreads, NT == 1 ? kMmaBlocks1 : 2)
         mma_rows(M, rec, true, m, rtab, R[0], s[0], z[0]);
         mma_rows(M, rec + slot, two, m, rtab, R[1], s[1], z[1]);
         float d[kMmaPair][NT][2][4] = {}; // k steps 0 and 1: short chains, hi and lo into the same one
+        int di[kMmaPair][NT][4];          // A8: sum u' q per (tile, vector block)
+        float cq[kMmaPair][2];            // A8: C - C % 2 of the lane's rows
         // a lone tile decodes its own words again with the constants of width 0
         const char *cw0 = rec + hdr + 2 * CB * lane, *cw1 = cw0 + (two ? slot : 0);
-        const uint4 *fr = frag + ((g - g0) * G / 16 * nv + m) * 4 + c;
-        for (int q = 0; q < gw / 32; q++, cw0 += 64 * CB, cw1 += 64 * CB) {
-            uint32_t a0[2][4], a1[2][4];
-            code_frags<CB>(cw0, R[0], a0);
-            code_frags<CB>(cw1, R[1], a1);
+        if (A8) {
+            uint32_t keep[kMmaPair][2];
 #pragma unroll
-            for (int S = 0; S < 2; S++)
+            for (int k = 0; k < kMmaPair; k++)
+#pragma unroll
+                for (int rr = 0; rr < 2; rr++) {
+                    const int b = k == 0 || two ? (uint8_t)rec[k * slot + M.meta + 2 * m + rr] : 0;
+                    const int lo = b ? mpq_first_plane(b, skip) : 0, C = b ? (1 << b) - (1 << lo) : 0;
+                    keep[k][rr] = b ? (((1u << CB) - 1u) << lo & ((1u << CB) - 1u)) * 0x01010101u : 0u;
+                    cq[k][rr] = (float)(C - (C & 1));
+                }
+#pragma unroll
+            for (int k = 0; k < kMmaPair; k++)
+#pragma unroll
+                for (int j = 0; j < NT; j++)
+#pragma unroll
+                    for (int f = 0; f < 4; f++) di[k][j][f] = magic ? 0x4B400000 : 0;
+            const uint2 *fr8 = reinterpret_cast<const uint2 *>(sbase) + ((g - g0) * (G / 32) * nv + m) * 4 + c;
+            for (int q = 0; q < gw / 32; q++, cw0 += 64 * CB, cw1 += 64 * CB) {
+                uint32_t a0[4], a1[4];
+                code_frags8<CB>(cw0, keep[0], a0);
+                code_frags8<CB>(cw1, keep[1], a1);
 #pragma unroll
                 for (int j = 0; j < NT; j++) {
-                    const uint4 bf = fr[(2 * q + S) * nv * 4 + 32 * j];
-                    mma_16816(d[0][j][S], a0[S], bf.x, bf.y);
-                    mma_16816(d[1][j][S], a1[S], bf.x, bf.y);
-                    mma_16816(d[0][j][S], a0[S], bf.z, bf.w);
-                    mma_16816(d[1][j][S], a1[S], bf.z, bf.w);
+                    const uint2 bf = fr8[(q * nv + 8 * j) * 4];
+                    mma_16832(di[0][j], a0, bf.x, bf.y);
+                    mma_16832(di[1][j], a1, bf.x, bf.y);
                 }
+            }
+        } else {
+            const uint4 *fr = frag + ((g - g0) * G / 16 * nv + m) * 4 + c;
+            for (int q = 0; q < gw / 32; q++, cw0 += 64 * CB, cw1 += 64 * CB) {
+                uint32_t a0[2][4], a1[2][4];
+                code_frags<CB>(cw0, R[0], a0);
+                code_frags<CB>(cw1, R[1], a1);
+#pragma unroll
+                for (int S = 0; S < 2; S++)
+#pragma unroll
+                    for (int j = 0; j < NT; j++) {
+                        const uint4 bf = fr[(2 * q + S) * nv * 4 + 32 * j];
+                        mma_16816(d[0][j][S], a0[S], bf.x, bf.y);
+                        mma_16816(d[1][j][S], a1[S], bf.x, bf.y);
+                        mma_16816(d[0][j][S], a0[S], bf.z, bf.w);
+                        mma_16816(d[1][j][S], a1[S], bf.z, bf.w);
+                    }
+            }
         }
 #pragma unroll
         for (int k = 0; k < kMmaPair; k++)
 #pragma unroll
             for (int j = 0; j < NT; j++) {
                 float e[4];
+                if (!A8)
 #pragma unroll
-                for (int f = 0; f < 4; f++) e[f] = d[k][j][0][f] + d[k][j][1][f];
+                    for (int f = 0; f < 4; f++) e[f] = d[k][j][0][f] + d[k][j][1][f];
                 const int n0 = 8 * j + 2 * c;
-                const float2 xg = *reinterpret_cast<const float2 *>(gsum + (g - g0) * nv + n0);
+                float2 xg = *reinterpret_cast<const float2 *>(gsum + (g - g0) * nv + n0);
                 const float2 sc = *reinterpret_cast<const float2 *>(xsc + (g - g0) * nv + n0);
+                if (A8) { // sum Q q = 2 sum u' q - C sum q (the odd part of C is in z^), exact below 2^24
+#pragma unroll
+                    for (int f = 0; f < 4; f++) {
+                        const float u = magic ? __int_as_float(di[k][j][f]) - 12582912.0f : (float)di[k][j][f];
+                        e[f] = fmaf(2.0f, u, -cq[k][f >> 1] * ((f & 1) ? xg.y : xg.x));
+                    }
+                    xg = make_float2(sc.x * xg.x, sc.y * xg.y); // the sum of x~ = s^_a q
+                }
                 acc[k][j][0] += s[k][0] * (sc.x * e[0]) + z[k][0] * xg.x;
                 acc[k][j][1] += s[k][0] * (sc.y * e[1]) + z[k][0] * xg.y;
                 acc[k][j][2] += s[k][1] * (sc.x * e[2]) + z[k][1] * xg.x;
@@ -1085,11 +1229,16 @@ __global__ void __launch_bounds__(kMmaThreads, NT == 1 ? kMmaBlocks1 : 2)
     sum_parts(M, x, batch, part, counters, y, t_first * kTile, nt * kTile);
 }
 
-// [vector blocks - 1][code bits 4, 8]
-constexpr void (*kMma[2][2])(dmat, const float *, int, int, int, int, int, const uint8_t *, float *, unsigned *,
-                             float *) = {{gemv_mma<4, 1>, gemv_mma<8, 1>}, {gemv_mma<4, 2>, gemv_mma<8, 2>}};
-// [vector blocks - 1]
-constexpr void (*kPrep[2])(dmat, const float *, int, int, uint8_t *) = {mma_prep<1>, mma_prep<2>};
+typedef void (*mma_kernel)(dmat, const float *, int, int, int, int, int, const uint8_t *, float *, unsigned *, float *);
+typedef void (*prep_kernel)(dmat, const float *, int, int, int, uint8_t *);
+// [activations: float, 8-bit][vector blocks 1, 2, 4][code bits 4, 8]; no float kernel for 4 blocks
+constexpr mma_kernel kMma[2][3][2] = {
+    {{gemv_mma<4, 1, false>, gemv_mma<8, 1, false>}, {gemv_mma<4, 2, false>, gemv_mma<8, 2, false>}, {}},
+    {{gemv_mma<4, 1, true>, gemv_mma<8, 1, true>},
+     {gemv_mma<4, 2, true>, gemv_mma<8, 2, true>},
+     {gemv_mma<4, 4, true>, gemv_mma<8, 4, true>}}};
+constexpr prep_kernel kPrep[2][3] = {{mma_prep<1, false>, mma_prep<2, false>, nullptr},
+                                     {mma_prep<1, true>, mma_prep<2, true>, mma_prep<4, true>}};
 
 // Decodes row `row`, columns col0 .. col0 + N - 1 of the packed matrix
 // (packed coordinates) with `skip` planes dropped, without the column
@@ -1308,6 +1457,45 @@ __global__ void __launch_bounds__(kTile *kDqQuads) dequant_codes(dmat M, int ski
         *reinterpret_cast<uint4 *>(W + (size_t)orow * M.cols + col0 + 8 * seg) =
             *reinterpret_cast<const uint4 *>(&st[rr * kRow + 8 * seg]);
     }
+}
+
+// 8-bit activations for the kernels that read float ones (LUT, plain, fp16
+// + cuBLAS): xh[v][j] = q s^_a of x~_j = x[v][p_col[j]] col_scale[j], in
+// packed column order, as mpq_quantize_act8 makes them; one block per group
+// and vector (grid y strides over the batch).
+constexpr int kA8Threads = 128;
+__global__ void __launch_bounds__(kA8Threads)
+    act8_dequant(dmat M, const float *__restrict__ x, int batch, float *__restrict__ xh)
+{
+    __shared__ unsigned wmax[kA8Threads / 32];
+    const int tid = threadIdx.x, j0 = blockIdx.x * M.group, j1 = min(M.cols, j0 + M.group);
+    asm volatile("griddepcontrol.launch_dependents;"); // the product's kernel waits for all of this grid
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    for (int v = blockIdx.y; v < batch; v += gridDim.y) {
+        const float *xv = x + (size_t)v * M.cols;
+        auto xt = [&](int j) { return xv[M.p_col ? (int)M.p_col[j] : j] * (M.cscale ? M.cscale[j] : 1.0f); };
+        unsigned a = 0u; // |x~| >= 0: ordered as its bits
+        for (int j = j0 + tid; j < j1; j += kA8Threads) a = max(a, __float_as_uint(fabsf(xt(j))));
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) a = max(a, __shfl_xor_sync(0xffffffffu, a, o));
+        if ((tid & 31) == 0) wmax[tid >> 5] = a;
+        __syncthreads();
+        for (int w = 0; w < kA8Threads / 32; w++) a = max(a, wmax[w]);
+        __syncthreads(); // wmax is free for the next vector
+        const float s = act8_scale(__uint_as_float(a));
+        for (int j = j0 + tid; j < j1; j += kA8Threads) xh[(size_t)v * M.cols + j] = act8_code(xt(j), s) * s;
+    }
+}
+
+// y[v][orow] += row orow of the sparse part times x[v] (after a product of
+// the dense part alone).
+__global__ void add_sparse(dmat M, const float *__restrict__ x, int batch, float *__restrict__ y)
+{
+    const size_t k = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (k >= (size_t)batch * M.rows) return;
+    const int orow = (int)(k % M.rows);
+    const size_t v = k / M.rows;
+    y[k] += sparse_dot(M, orow, x + v * M.cols);
 }
 
 // out[v][j] = x[v][p_col[j]] in fp16, for `batch` vectors: the activations
@@ -1564,8 +1752,9 @@ mpq_status launch_lut(cuda_ctx *c, const cuda_handle *h, const float *x, float *
 }
 
 // The MMA kernel for a batch of 1..16 (matrices with a code copy), after
-// mma_prep.
-mpq_status launch_mma(cuda_ctx *c, const cuda_handle *h, const float *x, float *y, int batch, int skip)
+// mma_prep; with 8-bit activations (a8) larger batches too, in pieces of up
+// to 32 vectors along grid z.
+mpq_status launch_mma(cuda_ctx *c, const cuda_handle *h, const float *x, float *y, int batch, int skip, bool a8)
 {
     const dmat &M = h->m;
     if (!M.codes) return MPQ_ERR_UNSUPPORTED;
@@ -1576,14 +1765,16 @@ mpq_status launch_mma(cuda_ctx *c, const cuda_handle *h, const float *x, float *
     // Batches up to 8 take parts of at most 32 KB of fragments (3 blocks per
     // multiprocessor) unless that makes more than 8 parts: the partial sums
     // of more parts cost more than the third block gains (bench/results).
-    const int nt_ = batch > 8 ? 2 : 1, nv = 8 * nt_;
-    int gmax = kMmaFragBytes / 2 / (4 * nv * M.group);
-    if (nt_ == 2 || gmax < 1 || (M.ngroups + gmax - 1) / gmax > 8) gmax = kMmaFragBytes / (4 * nv * M.group);
+    const int ti = batch > 16 && a8 ? 2 : batch > 8 ? 1 : 0, nt_ = 1 << ti, nv = 8 * nt_, vb = a8 ? 1 : 4;
+    const int nz = (batch + nv - 1) / nv; // pieces of nv vectors (one without a8: batch <= 16)
+    if (4 * nv * M.group > kMmaFragBytes) return MPQ_ERR_UNSUPPORTED; // mma_prep stages a group's floats
+    int gmax = kMmaFragBytes / 2 / (vb * nv * M.group);
+    if (nt_ > 1 || gmax < 1 || (M.ngroups + gmax - 1) / gmax > 8) gmax = kMmaFragBytes / (vb * nv * M.group);
     if (gmax < 1) return MPQ_ERR_UNSUPPORTED;
     const int slot = M.crec; // a multiple of 16
     const int ng0 = gmax < M.ngroups ? gmax : M.ngroups;
     const int ring = kMmaWarps * kMmaRing * kMmaPair * slot;
-    const int smem = mma_smem(mma_part(ng0, M.group, nv).bytes, nv, 1).ring + ring;
+    const int smem = mma_smem(mma_part(ng0, M.group, nv, vb).bytes, nv, 1).ring + ring;
     if (smem > c->mma_dmax) return MPQ_ERR_UNSUPPORTED;
     int occ = c->smem_sm / (smem + c->mma_static + c->smem_reserved);
     const int omax = nt_ == 1 ? kMmaBlocks1 : 2;
@@ -1593,25 +1784,26 @@ mpq_status launch_mma(cuda_ctx *c, const cuda_handle *h, const float *x, float *
     double best = 0.0;
     for (int p = pmin; p <= 2 * pmin && p <= M.ngroups; p++) {
         const int gp = (M.ngroups + p - 1) / p, np_ = (M.ngroups + gp - 1) / gp;
-        const int nrb0 = want / np_ < 1 ? 1 : want / np_;
+        const int nrb0 = want / (np_ * nz) < 1 ? 1 : want / (np_ * nz);
         int tp = (M.ntiles + nrb0 - 1) / nrb0;
         tp = tp > 4 ? (tp + kMmaWarps - 1) / kMmaWarps * kMmaWarps : tp > 2 ? 4 : 2;
-        const int nr = (M.ntiles + tp - 1) / tp, blocks = np_ * nr, waves = (blocks + want - 1) / want;
+        const int nr = (M.ntiles + tp - 1) / tp, blocks = np_ * nr * nz, waves = (blocks + want - 1) / want;
         const double fill = (double)blocks / ((double)waves * want);
         if (fill > best + 1e-9) best = fill, nparts = np_, gpp = gp, tpb = tp, nrb = nr;
     }
-    const mma_part P(gpp, M.group, nv);
+    const mma_part P(gpp, M.group, nv, vb);
     const int smem_used = mma_smem(P.bytes, nv, mma_wpt(tpb)).ring + ring;
     if (smem_used > c->mma_dmax) return MPQ_ERR_UNSUPPORTED;
-    const size_t part_bytes = (sizeof(float) * (size_t)nparts * batch * M.ntiles * kTile + 255) / 256 * 256;
-    mpq_status st = grow(c, part_bytes + (size_t)nparts * P.bytes, (size_t)nrb);
+    const size_t part_bytes = (sizeof(float) * (size_t)nparts * nz * nv * M.ntiles * kTile + 255) / 256 * 256;
+    mpq_status st = grow(c, part_bytes + (size_t)nz * nparts * P.bytes, (size_t)nz * nrb);
     if (st != MPQ_OK) return st;
     uint8_t *xprep = static_cast<uint8_t *>(c->scratch) + part_bytes;
-    st = launch_pdl(c, kPrep[nt_ - 1], dim3(M.ngroups), kMmaThreads, 4 * M.group * nv + M.group / 32 * nv * 4, M, x,
-                    batch, gpp, xprep);
+    st = launch_pdl(c, kPrep[a8][ti], dim3(M.ngroups, nz), kMmaThreads, 4 * M.group * nv + M.group / 32 * nv * 4, M, x,
+                    batch, gpp, h->cb, xprep);
     if (st != MPQ_OK) return st;
-    return launch_pdl(c, kMma[nt_ - 1][h->cb == 8], dim3(nparts, nrb), kMmaThreads, smem_used, M, x, batch, skip, tpb,
-                      gpp, slot, static_cast<const uint8_t *>(xprep), static_cast<float *>(c->scratch), c->counters, y);
+    return launch_pdl(c, kMma[a8][ti][h->cb == 8], dim3(nparts, nrb, nz), kMmaThreads, smem_used, M, x, batch, skip,
+                      tpb, gpp, slot, static_cast<const uint8_t *>(xprep), static_cast<float *>(c->scratch),
+                      c->counters, y);
 }
 
 // y = W16 x through cuBLAS (fp16 in, fp32 accumulate), the activations
@@ -1642,7 +1834,36 @@ mpq_status gemv_batched(cuda_ctx *c, const cuda_handle *h, const float *x, float
     return e != cudaSuccess ? map_error(e) : gemm_f16(c, M, W16, X16, x, y, batch);
 }
 
-mpq_status gemv_device(cuda_ctx *c, const cuda_handle *h, const float *x, float *y, int batch, int skip);
+mpq_status gemv_device(cuda_ctx *c, const cuda_handle *h, const float *x, float *y, int batch, int skip, bool a8);
+
+// 8-bit activations on the kernels that read float ones: the activations
+// quantized and dequantized in packed column order (act8_dequant), the
+// dense part multiplied by them as a matrix without p_col, col_scale and
+// sparse part, then the sparse part times x added. Every value s^_a q is
+// exact in float, so the LUT and MMA kernels multiply exactly the 8-bit
+// activations; the fp16 path rounds them to fp16 as it rounds x.
+mpq_status gemv_a8_float(cuda_ctx *c, const cuda_handle *h, const float *x, float *y, int batch, int skip)
+{
+    const size_t xn = (size_t)batch * h->m.cols;
+    if (xn * sizeof(float) > c->a8x_bytes) {
+        cudaFree(c->a8x);
+        c->a8x = nullptr;
+        c->a8x_bytes = 0;
+        cudaError_t e = cudaMalloc(&c->a8x, xn * sizeof(float));
+        if (e != cudaSuccess) return map_error(e);
+        c->a8x_bytes = xn * sizeof(float);
+    }
+    mpq_status st =
+        launch_pdl(c, act8_dequant, dim3(h->m.ngroups, min(batch, 65535)), kA8Threads, 0, h->m, x, batch, c->a8x);
+    if (st != MPQ_OK) return st;
+    cuda_handle dense = *h;
+    dense.m.p_col = nullptr, dense.m.cscale = nullptr, dense.m.sp_row_ptr = nullptr;
+    st = gemv_device(c, &dense, c->a8x, y, batch, skip, false);
+    if (st != MPQ_OK || !h->m.sp_row_ptr) return st;
+    const size_t n = (size_t)batch * h->m.rows;
+    add_sparse<<<(unsigned)((n + 255) / 256), 256, 0, c->stream>>>(h->m, x, batch, y);
+    return map_error(cudaGetLastError());
+}
 
 bool on_device(const void *p)
 {
@@ -1664,7 +1885,8 @@ mpq_status gemv(void *ctx, void *handle, const float *x, float *y, int batch, co
     if (batch < 1) return MPQ_ERR_SIZE;
     const int skip = opts ? opts->skip_planes : 0;
     if (skip < 0) return MPQ_ERR_ARG;
-    if (opts && opts->a8) return MPQ_ERR_UNSUPPORTED; // 8-bit activations: on the CPU only, so far
+    const bool a8 = opts && opts->a8;
+    if (opts && (opts->a8 < 0 || opts->a8 > 1)) return MPQ_ERR_ARG;
     const uintptr_t xa = reinterpret_cast<uintptr_t>(x), ya = reinterpret_cast<uintptr_t>(y);
     if (xa < ya + sizeof(float) * batch * (size_t)h->m.rows && ya < xa + sizeof(float) * batch * (size_t)h->m.cols)
         return MPQ_ERR_ARG; // y overlaps x: some blocks may still read x while others write y
@@ -1672,7 +1894,7 @@ mpq_status gemv(void *ctx, void *handle, const float *x, float *y, int batch, co
     cudaError_t e = cudaGetDevice(&cur);
     if (e == cudaSuccess && cur != c->device) e = cudaSetDevice(c->device);
     if (e != cudaSuccess) return map_error(e);
-    if (on_device(x) && on_device(y)) return gemv_device(c, h, x, y, batch, skip);
+    if (on_device(x) && on_device(y)) return gemv_device(c, h, x, y, batch, skip, a8);
     const size_t xn = (size_t)batch * h->m.cols, yn = (size_t)batch * h->m.rows;
     if ((xn + yn) * sizeof(float) > c->stage_bytes) {
         cudaFree(c->stage);
@@ -1684,31 +1906,38 @@ mpq_status gemv(void *ctx, void *handle, const float *x, float *y, int batch, co
     float *dx = c->stage, *dy = c->stage + xn;
     e = cudaMemcpyAsync(dx, x, xn * sizeof(float), cudaMemcpyHostToDevice, c->stream);
     if (e != cudaSuccess) return map_error(e);
-    mpq_status st = gemv_device(c, h, dx, dy, batch, skip);
+    mpq_status st = gemv_device(c, h, dx, dy, batch, skip, a8);
     if (st != MPQ_OK) return st;
     e = cudaMemcpyAsync(y, dy, yn * sizeof(float), cudaMemcpyDeviceToHost, c->stream);
     if (e == cudaSuccess) e = cudaStreamSynchronize(c->stream);
     return map_error(e);
 }
 
-mpq_status gemv_device(cuda_ctx *c, const cuda_handle *h, const float *x, float *y, int batch, int skip)
+mpq_status gemv_device(cuda_ctx *c, const cuda_handle *h, const float *x, float *y, int batch, int skip, bool a8)
 {
-    if (h->w16) { // the fp16 baseline
-        if (skip > 0) return MPQ_ERR_UNSUPPORTED;
+    if (h->w16) {                                       // the fp16 baseline
+        if (skip > 0 || a8) return MPQ_ERR_UNSUPPORTED; // col_scale and the sparse part are inside its weights
         mpq_status st = grow(c, sizeof(__half) * (size_t)batch * h->m.cols, 1);
         return st != MPQ_OK ? st : gemm_f16(c, h->m, h->w16, static_cast<__half *>(c->scratch), x, y, batch);
+    }
+    if (a8) { // the 8-bit MMA kernel from MPQ_CUDA_MMA_BATCH to MPQ_CUDA_MMA_MAX where it applies
+        mpq_status st = MPQ_ERR_UNSUPPORTED;
+        if (h->fast && batch >= MPQ_CUDA_MMA_BATCH && batch <= MPQ_CUDA_MMA_MAX)
+            st = launch_mma(c, h, x, y, batch, skip, true);
+        return st != MPQ_ERR_UNSUPPORTED ? st : gemv_a8_float(c, h, x, y, batch, skip);
     }
     if (batch > 16 && h->m.codes && batch <= MPQ_CUDA_MMA_MAX) {
         // pieces of 16 vectors (the rest last) as products of their own: the
         // MMA kernel, or the LUT kernel for a rest below MPQ_CUDA_MMA_BATCH
         mpq_status st = MPQ_OK;
         for (int v = 0; v < batch && st == MPQ_OK; v += 16)
-            st = gemv_device(c, h, x + (size_t)v * h->m.cols, y + (size_t)v * h->m.rows, min(16, batch - v), skip);
+            st = gemv_device(c, h, x + (size_t)v * h->m.cols, y + (size_t)v * h->m.rows, min(16, batch - v), skip,
+                             false);
         return st;
     }
     if (batch > 16) return gemv_batched(c, h, x, y, batch, skip);
     mpq_status st = MPQ_ERR_UNSUPPORTED;
-    if (h->fast && batch >= MPQ_CUDA_MMA_BATCH) st = launch_mma(c, h, x, y, batch, skip);
+    if (h->fast && batch >= MPQ_CUDA_MMA_BATCH) st = launch_mma(c, h, x, y, batch, skip, false);
     if (batch > 8 && st == MPQ_ERR_UNSUPPORTED) return gemv_batched(c, h, x, y, batch, skip);
     if (h->fast && st == MPQ_ERR_UNSUPPORTED) st = launch_lut(c, h, x, y, batch, skip);
     if (st != MPQ_ERR_UNSUPPORTED) return st;
@@ -1767,17 +1996,21 @@ extern "C" mpq_status mpq_cuda_backend(int device, mpq_backend *b)
     if (e == cudaSuccess)
         e = cudaDeviceGetAttribute(&c->smem_reserved, cudaDevAttrReservedSharedMemoryPerBlock, device);
     c->mma_static = 0;
-    for (int k = 0; k < 4 && e == cudaSuccess; k++) { // the most static memory of the four
+    for (int k = 0; k < 12 && e == cudaSuccess; k++) { // the most static memory of them all
         cudaFuncAttributes fa;
-        e = cudaFuncGetAttributes(&fa, kMma[k / 2][k % 2]);
-        if (e == cudaSuccess && (int)fa.sharedSizeBytes > c->mma_static) c->mma_static = (int)fa.sharedSizeBytes;
+        if (kMma[k / 6][k / 2 % 3][k % 2]) e = cudaFuncGetAttributes(&fa, kMma[k / 6][k / 2 % 3][k % 2]);
+        if (e == cudaSuccess && kMma[k / 6][k / 2 % 3][k % 2] && (int)fa.sharedSizeBytes > c->mma_static)
+            c->mma_static = (int)fa.sharedSizeBytes;
     }
     c->mma_dmax = per_block - c->mma_static;
-    for (int k = 0; k < 4 && e == cudaSuccess; k++)
-        e = cudaFuncSetAttribute(kMma[k / 2][k % 2], cudaFuncAttributeMaxDynamicSharedMemorySize, c->mma_dmax);
-    for (int k = 0; k < 2 && e == cudaSuccess; k++) // a group's activations (at most kMmaFragBytes) and quad sums
-        e = cudaFuncSetAttribute(kPrep[k], cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 kMmaFragBytes + kMmaFragBytes / 32);
+    for (int k = 0; k < 12 && e == cudaSuccess; k++)
+        if (kMma[k / 6][k / 2 % 3][k % 2])
+            e = cudaFuncSetAttribute(kMma[k / 6][k / 2 % 3][k % 2], cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     c->mma_dmax);
+    for (int k = 0; k < 6 && e == cudaSuccess; k++) // a group's activations (at most kMmaFragBytes) and quad sums
+        if (kPrep[k / 3][k % 3])
+            e = cudaFuncSetAttribute(kPrep[k / 3][k % 3], cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     kMmaFragBytes + kMmaFragBytes / 32);
     if (e != cudaSuccess) {
         cudaStreamDestroy(c->stream);
         free(c);
@@ -1818,6 +2051,7 @@ extern "C" void mpq_cuda_backend_destroy(mpq_backend *b)
     cudaFree(c->scratch);
     cudaFree(c->counters);
     cudaFree(c->stage);
+    cudaFree(c->a8x);
     cublasDestroy(c->blas);
     cudaStreamDestroy(c->stream);
     free(c);

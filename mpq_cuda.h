@@ -25,6 +25,12 @@
      the code copy exists; larger batches, and batches 9..16 that the MMA
      kernel does not take, dequantize to fp16 and multiply with cuBLAS (fp32
      accumulation);
+   - mpq_gemv_opts.a8 (8-bit activations, as mpq.h defines them): the
+     tensor-core kernel on int8 activations (int8 MMA, one float scale per
+     group) at batches MPQ_CUDA_MMA_BATCH to MPQ_CUDA_MMA_MAX where the code
+     copy exists, else the activations quantized and dequantized first and
+     the kernels above (the fp16 path then rounds them to fp16);
+     MPQ_ERR_UNSUPPORTED on the fp16-weights backend below;
    - x and y may be device pointers (the call is then asynchronous on the
      backend's stream: synchronize before reading y) or host pointers (staged
      through device buffers; the call returns with y written); they must

@@ -227,7 +227,8 @@ typedef struct mpq_llm {
     float *rope_freq;           /* head_dim / 2 frequencies, scaling applied */
     const mpq_backend *backend; /* NULL: mpq_gemv on this CPU */
     int a8;                     /* 1: packed linear maps multiply 8-bit activations
-                                   (mpq_gemv_opts.a8; the CPU only); 0 -> float */
+                                   (mpq_gemv_opts.a8; the CPU and the "cuda" backend,
+                                   not "cuda-fp16"); 0 -> float */
     char *path;                 /* what it was loaded from */
     /* Called (when set) with the input of every linear map of the layers
        just before its product: x is tokens x cols. Calibration statistics

@@ -2,7 +2,7 @@
    batches 3 to 16) on the shapes and widths of LLM layers, against the copy
    bandwidth and cuBLAS fp16 measured in the same run.
 
-   usage: bench_gemv_cuda [--quick] [--reorder] [--prefill | --sweep | --batches N1,N2,...] [--floors]
+   usage: bench_gemv_cuda [--quick] [--reorder] [--prefill | --sweep | --batches N1,N2,...] [--floors] [--a8]
                           [--shape MxN] [--bits B] [--batch N] [--reps R]
 
    --shape, --bits and --batch keep one shape, width or batch (any batch
@@ -19,7 +19,9 @@
    batch-1 line, the dependent floors of bench/read_floor.cu: what a launch
    that reads as many bytes costs when it also waits for the launch before
    it, and when it also ends with the LUT kernel's sum of column parts, or
-   float atomics instead of it.
+   float atomics instead of it; --a8 also times every product with 8-bit
+   activations (mpq_gemv_opts.a8) and gives its time, its speedup over
+   cuBLAS fp16 and over the same product with float activations.
 
    For every shape, weight width b (2, 2.5, 3, 3.25, 4, 4.25 bits; fractional
    widths mix floor(b) and ceil(b) over random 16 x 128 blocks, plus 0.25 bpw
@@ -136,12 +138,13 @@ typedef struct mpq_calls {
     int copies, batch;
     const float *x;
     float *y;
+    const mpq_gemv_opts *opts;
 } mpq_calls;
 
 static void call_mpq(void *u, int k)
 {
     mpq_calls *c = (mpq_calls *)u;
-    mpq_status st = c->be->gemv(c->be->ctx, c->h[k % c->copies], c->x, c->y, c->batch, NULL);
+    mpq_status st = c->be->gemv(c->be->ctx, c->h[k % c->copies], c->x, c->y, c->batch, c->opts);
     if (st != MPQ_OK) {
         fprintf(stderr, "gemv: %s\n", mpq_status_str(st));
         exit(1);
@@ -171,7 +174,7 @@ static void call_blas(void *u, int k)
 
 int main(int argc, char **argv)
 {
-    int quick = 0, reorder = 0, prefill = 0, floors = 0, reps = 15, only_batch = 0, sweep = 0, shape_given = 0;
+    int quick = 0, reorder = 0, prefill = 0, floors = 0, a8 = 0, reps = 15, only_batch = 0, sweep = 0, shape_given = 0;
     double only_bits = 0;
     int shapes[6][2] = {{4096, 4096}, {14336, 4096}, {4096, 14336}, {8192, 8192}, {28672, 8192}, {8192, 28672}};
     int nshapes = 6;
@@ -183,6 +186,8 @@ int main(int argc, char **argv)
             reorder = 1;
         else if (!strcmp(argv[a], "--prefill"))
             prefill = 1;
+        else if (!strcmp(argv[a], "--a8"))
+            a8 = 1;
         else if (!strcmp(argv[a], "--floors"))
             floors = 1;
         else if (!strcmp(argv[a], "--sweep"))
@@ -210,11 +215,11 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[a], "--batch") && a + 1 < argc && atoi(argv[a + 1]) >= 1)
             only_batch = atoi(argv[++a]);
         else {
-            fprintf(
-                stderr,
-                "usage: %s [--quick] [--reorder] [--prefill | --sweep | --batches N1,N2,...] [--floors] [--shape MxN]"
-                " [--bits B] [--batch N] [--reps R]\n",
-                argv[0]);
+            fprintf(stderr,
+                    "usage: %s [--quick] [--reorder] [--prefill | --sweep | --batches N1,N2,...] [--floors] [--a8] "
+                    "[--shape MxN]"
+                    " [--bits B] [--batch N] [--reps R]\n",
+                    argv[0]);
             return 2;
         }
     }
@@ -241,8 +246,9 @@ int main(int argc, char **argv)
     const double bw = copy_bandwidth();
     printf("%s, %d SMs, L2 %d MB; copy bandwidth (read + write) %.0f GB/s%s\n", prop.name, prop.multiProcessorCount,
            prop.l2CacheSize >> 20, bw / 1e9, reorder ? "; permuted rows and columns, column scales" : "");
-    printf("%-12s %5s %5s %5s %9s %9s %6s %8s %6s %10s %8s %6s\n", "shape", "bits", "+meta", "batch", "mpq us", "GB/s",
-           "%copy", "read us", "%read", "cuBLAS us", "speedup", "x b1");
+    printf("%-12s %5s %5s %5s %9s %9s %6s %8s %6s %10s %8s %6s%s\n", "shape", "bits", "+meta", "batch", "mpq us",
+           "GB/s", "%copy", "read us", "%read", "cuBLAS us", "speedup", "x b1",
+           a8 ? "    a8 us a8 speedup a8/float" : "");
     cublasHandle_t blas;
     if (cublasCreate(&blas) != CUBLAS_STATUS_SUCCESS) return 1;
     cudaStream_t bstream;
@@ -328,17 +334,25 @@ int main(int argc, char **argv)
                 if (be.upload(be.ctx, &A, &h[c]) != MPQ_OK) return 1;
             double t1 = 0.0; /* batch 1's time, when it comes first */
             for (int bi = 0; bi < nb; bi++) {
-                mpq_calls mc = {&be, h, copies, batches[bi], x, y};
+                mpq_calls mc = {&be, h, copies, batches[bi], x, y, NULL};
                 const double t = time_calls(stream, call_mpq, &mc, reps, 20);
+                double t8 = 0.0;
+                if (a8) {
+                    mpq_gemv_opts o8 = {0};
+                    o8.a8 = 1, mc.opts = &o8;
+                    t8 = time_calls(stream, call_mpq, &mc, reps, 20);
+                }
                 if (bi == 0 && batches[0] == 1) t1 = t;
                 char rel[16] = "-";
                 if (t1 > 0.0) snprintf(rel, sizeof rel, "%.2fx", t / t1);
                 const double gbs = (double)A.bytes / t;
                 char sh[32];
                 snprintf(sh, sizeof sh, "%dx%d", m, n);
-                printf("%-12s %5.2f %5.2f %5d %9.2f %9.0f %5.0f%% %8.2f %5.0f%% %10.2f %7.2fx %6s\n", sh,
+                printf("%-12s %5.2f %5.2f %5d %9.2f %9.0f %5.0f%% %8.2f %5.0f%% %10.2f %7.2fx %6s", sh,
                        mpq_packed_bpw(&A, 0), mpq_packed_bpw(&A, 1), batches[bi], t * 1e6, gbs / 1e9, 100.0 * gbs / bw,
                        tr * 1e6, 100.0 * tr / t, tb[bi] * 1e6, tb[bi] / t, rel);
+                if (a8) printf(" %9.2f %9.2fx %7.2fx", t8 * 1e6, tb[bi] / t8, t / t8);
+                printf("\n");
                 if (floors && batches[bi] == 1) {
                     double f[4];
                     for (int k = 0; k < 4; k++)

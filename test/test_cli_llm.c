@@ -208,8 +208,8 @@ Test(cli_llm, eval_quantize_and_run_on_gguf_and_hf, .init = setup, .fini = teard
     eval_matches("qg.safetensors", qg, text, len);
     eval_matches("qh.safetensors", qh, text, len);
     /* --a8: the packed maps multiply 8-bit activations, as the library does
-       with m->a8 (which changes the perplexity); on the CPU only; not for
-       calibrate */
+       with m->a8 (which changes the perplexity); not on the fp16-weights
+       device, not for calibrate */
     {
         const double ppl16 = library_ppl(qg, text, len);
         qg->a8 = 1;
@@ -221,8 +221,8 @@ Test(cli_llm, eval_quantize_and_run_on_gguf_and_hf, .init = setup, .fini = teard
         cr_assert_eq(run(args), 0, "%s", slurp("err.txt", NULL));
         snprintf(want, sizeof want, "perplexity: %.4f ", ppl8);
         cr_assert(strstr(slurp("out.txt", NULL), want), "%s: %s", want, slurp("out.txt", NULL));
-        cr_assert_eq(run("eval --a8 --device cuda qg.safetensors text.txt"), 1);
-        cr_assert(strstr(slurp("err.txt", NULL), "CPU only"), "%s", slurp("err.txt", NULL));
+        cr_assert_eq(run("eval --a8 --device cuda-fp16 qg.safetensors text.txt"), 1);
+        cr_assert(strstr(slurp("err.txt", NULL), "cpu or cuda (cuda-fp16"), "%s", slurp("err.txt", NULL));
         cr_assert_eq(run("calibrate --a8 hf text.txt -o s.safetensors"), 1);
         cr_assert(strstr(slurp("err.txt", NULL), "float activations"), "%s", slurp("err.txt", NULL));
     }

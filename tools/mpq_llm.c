@@ -100,9 +100,10 @@ static int load(const char *path, const llm_opts *o, loaded *L)
     const double t0 = cli_now();
     mpq_status st = mpq_llm_load(path, &L->m, &e);
     if (st != MPQ_OK) return fail(EXIT_INPUT, "%s", e.msg);
-    if (o->a8 && o->device && strcmp(o->device, "cpu")) {
+    if (o->a8 && o->device && !strcmp(o->device, "cuda-fp16")) {
         unload(L);
-        return fail(EXIT_USAGE, "--a8: 8-bit activations run on the CPU only (not --device %s)", o->device);
+        return fail(EXIT_USAGE,
+                    "--a8: 8-bit activations run on --device cpu or cuda (cuda-fp16 holds float16 weights)");
     }
     L->m->a8 = o->a8;
     if (o->device && strcmp(o->device, "cpu")) {

@@ -3,8 +3,9 @@
    "not ok N - what", and on a machine without a GPU one line that reports
    the whole program skipped. Exit status 1 on any failure.
 
-   Cases: both formats; groups 32, 64, 128, 256 (the LUT kernel) and 40 and a
-   partial last group (the plain kernel); mixed widths with block_rows 16 and
+   Cases (with 8-bit activations too, run_a8): both formats; groups 32, 64,
+   128, 256 (the LUT kernel) and 40 and a partial last group (the plain
+   kernel); mixed widths with block_rows 16 and
    3; permutations, column scales, a sparse part; skip_planes 0..2; every
    batch 1..17 and 33 (LUT kernel up to 2, MMA kernel 3..16 where every
    group is whole quads, and in pieces of 16 up to MPQ_CUDA_MMA_MAX, a rest
@@ -88,6 +89,102 @@ static void magnitude(const float *Wd, const float *x, const float *cs, int m, i
             wx[(size_t)v * m + i] = s;
             row[(size_t)v * m + i] = 3.0 * mx * sx;
         }
+}
+
+/* 8-bit activations (mpq_gemv_opts.a8): x~ = x[p_col] col_scale in packed
+   order, quantized per group as mpq_quantize_act8 says, written the plain
+   way (xh: batch x n, packed order). */
+static void act8_ref(const mpq_packed *A, const float *x, int batch, float *xh)
+{
+    const int n = A->cols, G = A->group;
+    for (int v = 0; v < batch; v++) {
+        float *xt = xh + (size_t)v * n;
+        for (int j = 0; j < n; j++)
+            xt[j] = x[(size_t)v * n + (A->p_col ? (int)A->p_col[j] : j)] * (A->col_scale ? A->col_scale[j] : 1.0f);
+        for (int j0 = 0; j0 < n; j0 += G) {
+            const int j1 = j0 + G < n ? j0 + G : n;
+            double amax = 0;
+            for (int j = j0; j < j1; j++) amax = fmax(amax, fabs(xt[j]));
+            const float sh = mpq_f16_to_f32(mpq_f32_to_f16((float)(amax / 127)));
+            for (int j = j0; j < j1; j++) {
+                double q = sh > 0 ? nearbyint(xt[j] / sh) : 0; /* to even */
+                q = q > 127 ? 127 : (q < -127 ? -127 : q);
+                xt[j] = (float)(q * sh);
+            }
+        }
+    }
+}
+
+/* The product with 8-bit activations against the float64 reference: the
+   dense part (mpq_gemv_ref on a view without p_col, col_scale and sparse
+   part) times act8_ref's activations, plus the sparse part times x. The
+   8-bit MMA kernel (batches 3 to MPQ_CUDA_MMA_MAX where every group is
+   whole quads) and the LUT and plain kernels within float32 rounding, the
+   fp16 path within fp16 rounding; host and device pointers give the same
+   bits. */
+static void run_a8(mpq_backend *be, void *h, const mpq_packed *A, const float *Wd, int mma, int skip, synth_rng *r,
+                   const char *what)
+{
+    static const int batches[] = {1, 2, 3, 5, 8, 9, 16, 17, 33, 64, 300};
+    const int m = A->rows, n = A->cols;
+    mpq_packed D = *A; /* the dense part in packed column order */
+    D.p_col = NULL, D.col_scale = NULL, D.sp_nnz = 0, D.sp_row_ptr = NULL, D.sp_col16 = NULL, D.sp_col32 = NULL,
+    D.sp_val = NULL;
+    double *wmax = malloc(sizeof(double) * m);
+    for (int i = 0; i < m; i++) {
+        wmax[i] = 0;
+        for (int j = 0; j < n; j++) wmax[i] = fmax(wmax[i], fabs((double)Wd[(size_t)i * n + j]));
+    }
+    for (size_t bi = 0; bi < sizeof batches / sizeof batches[0]; bi++) {
+        const int batch = batches[bi];
+        if ((double)m * n * batch > 3e8) continue; /* the reference's time */
+        float *x = malloc(sizeof(float) * batch * n), *xh = malloc(sizeof(float) * batch * n),
+              *y = malloc(sizeof(float) * batch * m), *y2 = malloc(sizeof(float) * batch * m);
+        double *ref = malloc(sizeof(double) * batch * m);
+        for (int v = 0; v < batch; v++) synth_activations(r, x + (size_t)v * n, n);
+        act8_ref(A, x, batch, xh);
+        mpq_gemv_ref(&D, xh, ref, batch, skip);
+        for (int i = 0; A->sp_row_ptr && i < m; i++)
+            for (uint32_t e = A->sp_row_ptr[i]; e < A->sp_row_ptr[i + 1]; e++) {
+                const uint32_t col = A->sp_col16 ? A->sp_col16[e] : A->sp_col32[e];
+                for (int v = 0; v < batch; v++)
+                    ref[(size_t)v * m + i] += (double)mpq_f16_to_f32(A->sp_val[e]) * x[(size_t)v * n + col];
+            }
+        float *dx, *dy;
+        cudaMalloc((void **)&dx, sizeof(float) * batch * n);
+        cudaMalloc((void **)&dy, sizeof(float) * batch * m);
+        cudaMemcpy(dx, x, sizeof(float) * batch * n, cudaMemcpyHostToDevice);
+        for (int k = 0; k < batch * m; k++) y[k] = y2[k] = NAN;
+        cudaMemcpy(dy, y, sizeof(float) * batch * m, cudaMemcpyHostToDevice);
+        mpq_gemv_opts o = {0};
+        o.skip_planes = skip, o.a8 = 1;
+        mpq_status g1 = be->gemv(be->ctx, h, dx, dy, batch, &o), sy = be->synchronize(be->ctx);
+        cudaMemcpy(y, dy, sizeof(float) * batch * m, cudaMemcpyDeviceToHost);
+        mpq_status g2 = be->gemv(be->ctx, h, x, y2, batch, &o);
+        /* dequantized to fp16, cuBLAS: without a code copy past 8, else past MPQ_CUDA_MMA_MAX */
+        const int f16 = (!mma && batch > 8) || batch > MPQ_CUDA_MMA_MAX;
+        double worst = 0;
+        int bad = -1, same = 1;
+        double *sx = calloc((size_t)batch, sizeof(double)); /* sum |x^| + sum |x| (the sparse part's) */
+        for (int v = 0; v < batch; v++)
+            for (int j = 0; j < n; j++) sx[v] += fabs(xh[(size_t)v * n + j]) + fabs(x[(size_t)v * n + j]);
+        for (int k = 0; k < batch * m; k++) {
+            /* times max |w| of the row, twice where col_scale (0.5 .. 1.5) divides it */
+            const double mag = wmax[k % m] * sx[k / m] * (A->col_scale ? 2.0 : 1.0);
+            const double tol = (f16 ? ldexp(mag, -9) : (n + 64) * ldexp(3 * mag, -23)) + 1e-30;
+            const double e = fabs((double)y[k] - ref[k]);
+            if (!(e <= tol) && bad < 0) bad = k;
+            if (e / (mag + 1e-30) > worst) worst = e / (mag + 1e-30);
+            if (memcmp(&y[k], &y2[k], 4)) same = 0;
+        }
+        report(g1 == MPQ_OK && sy == MPQ_OK && bad < 0, "%s skip %d batch %d, a8: worst |err|/(max|w| sum|x|) %.2e%s",
+               what, skip, batch, worst, bad < 0 ? "" : " (FAILED)");
+        if (bad >= 0) printf("# first bad output %d: %.9g vs %.9g\n", bad, (double)y[bad], ref[bad]);
+        report(g2 == MPQ_OK && same, "  a8: host pointers give the same bits");
+        cudaFree(dx), cudaFree(dy);
+        free(x), free(xh), free(y), free(y2), free(ref), free(sx);
+    }
+    free(wmax);
 }
 
 /* fp16: be is mpq_cuda_backend_fp16's (fp16 weights, cuBLAS at every batch;
@@ -182,12 +279,21 @@ static int run_case(mpq_backend *be, const cas *c, synth_rng *r, int fp16)
             free(x), free(y), free(y2), free(ref), free(mag), free(magr);
         }
     }
+    for (int skip = 0; skip <= 1 && !fp16 && st == MPQ_OK; skip++) {
+        char what[96];
+        snprintf(what, sizeof what, "%s %dx%d G%d br%d%s%s", c->format == 2 ? "mxint" : "bitplane", m, n, c->G, c->br,
+                 c->perm ? " perm+scale" : "", c->sparse ? " sparse" : "");
+        mpq_packed_dequantize(&A, skip, Wd);
+        run_a8(be, h, &A, Wd, mma, skip, r, what);
+    }
     if (st == MPQ_OK && fp16) {
         float *x = calloc((size_t)n, sizeof(float)), *y = malloc(sizeof(float) * m);
         mpq_gemv_opts o = {0};
         o.skip_planes = 1;
         report(be->gemv(be->ctx, h, x, y, 1, &o) == MPQ_ERR_UNSUPPORTED,
                "  fp16 weights, skip_planes 1: MPQ_ERR_UNSUPPORTED");
+        o.skip_planes = 0, o.a8 = 1;
+        report(be->gemv(be->ctx, h, x, y, 1, &o) == MPQ_ERR_UNSUPPORTED, "  fp16 weights, a8: MPQ_ERR_UNSUPPORTED");
         free(x), free(y);
     }
     if (st == MPQ_OK) be->release(be->ctx, h);
@@ -250,6 +356,8 @@ int main(int argc, char **argv)
         report(be.gemv(be.ctx, h, x, y, 0, &o) == MPQ_ERR_SIZE, "batch 0: MPQ_ERR_SIZE");
         o.skip_planes = -1;
         report(be.gemv(be.ctx, h, x, y, 1, &o) == MPQ_ERR_ARG, "skip_planes -1: MPQ_ERR_ARG");
+        o.skip_planes = 0, o.a8 = 2;
+        report(be.gemv(be.ctx, h, x, y, 1, &o) == MPQ_ERR_ARG, "a8 2: MPQ_ERR_ARG");
         report(be.gemv(be.ctx, NULL, x, y, 1, NULL) == MPQ_ERR_ARG, "no handle: MPQ_ERR_ARG");
         float *dxy = NULL;
         cudaMalloc((void **)&dxy, sizeof(float) * 96); /* x: 32, y: 64, overlapping by 16 */
