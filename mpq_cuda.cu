@@ -59,20 +59,20 @@
 // 8-BIT ACTIVATIONS (mpq_gemv_opts.a8): the activations quantized as
 // mpq_quantize_act8 does, in the matrix's groups (x~ = x[p_col] col_scale,
 // s^_a = fp16(max |x~| / 127), q = rne(x~ / s^_a) clamped to +-127), as the
-// CPU's a8 product does. Batches from MPQ_CUDA_MMA_BATCH up on a matrix
-// with the code copy: the MMA kernel on int8 (mma.sync m16n8k32, u8 codes
-// times s8 activations, int32 sums), one k32 product per quad where float
-// activations take four k16 ones (two k steps, hi and lo); a group's int32
-// sum is scaled once by s^ s^_a (MixLLM's two-step dequantization), and
-// where a group's sums stay below 2^22 the accumulator starts at the bits
-// of 1.5 * 2^23, so that its bits read as a float are 1.5 * 2^23 plus the
-// sum (one FADD instead of a conversion); batches up to MPQ_CUDA_MMA_MAX in
-// one launch, pieces of 32 vectors along grid z. Other batches and matrices
-// (batch 1 and 2: the LUT kernel; past MPQ_CUDA_MMA_MAX: fp16 + cuBLAS,
-// faster there than this kernel, see bench/results/NOTES.md) multiply the
-// dequantized activations s^_a q on the float kernels (gemv_a8_float): each
-// is exact in float, and so is each table entry built from 8 of them, so
-// the LUT kernel keeps its float tables.
+// CPU's a8 product does. Batches MPQ_CUDA_MMA_BATCH to MPQ_CUDA_MMA_MAX on
+// a matrix with the code copy: the MMA kernel on int8 (mma.sync m16n8k32,
+// u8 codes times s8 activations, int32 sums), one k32 product per quad
+// where float activations take four k16 ones (two k steps, hi and lo); a
+// group's int32 sum is scaled once by s^ s^_a (MixLLM's two-step
+// dequantization), and where a group's sums stay below 2^22 the
+// accumulator starts at the bits of 1.5 * 2^23, so that its bits read as a
+// float are 1.5 * 2^23 plus the sum (one FADD instead of a conversion); a
+// batch in one launch, pieces of 32 vectors along grid z. Other batches
+// and matrices (batch 1 and 2: the LUT kernel; past MPQ_CUDA_MMA_MAX: fp16
+// + cuBLAS, faster there than this kernel, see bench/results/NOTES.md)
+// multiply the dequantized activations s^_a q on the float kernels
+// (gemv_a8_float): each is exact in float, and so is each table entry
+// built from 8 of them, so the LUT kernel keeps its float tables.
 //
 // FP16 BASELINE (mpq_cuda_backend_fp16): upload dequantizes the matrix once
 // into a resident fp16 copy (w16) and drops the code copy; every product is
