@@ -1765,11 +1765,15 @@ mpq_status launch_mma(cuda_ctx *c, const cuda_handle *h, const float *x, float *
     // Batches up to 8 take parts of at most 32 KB of fragments (3 blocks per
     // multiprocessor) unless that makes more than 8 parts: the partial sums
     // of more parts cost more than the third block gains (bench/results).
+    // So do batches of 8-bit activations in one piece: with parts of 64 KB
+    // and the warps' sums of 32 vectors only one block fitted per
+    // multiprocessor (bench/results/NOTES.md, "8-bit activations on the GPU").
     const int ti = batch > 16 && a8 ? 2 : batch > 8 ? 1 : 0, nt_ = 1 << ti, nv = 8 * nt_, vb = a8 ? 1 : 4;
     const int nz = (batch + nv - 1) / nv; // pieces of nv vectors (one without a8: batch <= 16)
     if (4 * nv * M.group > kMmaFragBytes) return MPQ_ERR_UNSUPPORTED; // mma_prep stages a group's floats
     int gmax = kMmaFragBytes / 2 / (vb * nv * M.group);
-    if (nt_ > 1 || gmax < 1 || (M.ngroups + gmax - 1) / gmax > 8) gmax = kMmaFragBytes / (vb * nv * M.group);
+    if ((nt_ > 1 && !(a8 && nz == 1)) || gmax < 1 || (M.ngroups + gmax - 1) / gmax > 8)
+        gmax = kMmaFragBytes / (vb * nv * M.group);
     if (gmax < 1) return MPQ_ERR_UNSUPPORTED;
     const int slot = M.crec; // a multiple of 16
     const int ng0 = gmax < M.ngroups ? gmax : M.ngroups;
