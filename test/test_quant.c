@@ -326,3 +326,36 @@ Test(quant, act8_edges)
     cr_assert_eq(mpq_dequantize_act8(q0, s0, 4, 2, out), MPQ_ERR_NONFINITE);
     cr_assert_eq(mpq_dequantize_act8(q0, s0, 0, 2, out), MPQ_ERR_SIZE);
 }
+
+/* The rounding every quantizer uses (mpq__rne) against a float64 rule
+   written the plain way: ties (k + 1/2) go to the even neighbour. Every
+   half-integer and its two float neighbours up to 2^12, both signs, the
+   boundary near 2^23 and 2^24, and random floats of every exponent. */
+static double rne_ref(double x)
+{
+    const double f = floor(x), d = x - f;
+    if (d > 0.5) return f + 1;
+    if (d < 0.5) return f;
+    return fmod(f, 2.0) == 0 ? f : f + 1;
+}
+
+static void check_rne(float x)
+{
+    const float r = mpq__rne(x);
+    cr_assert(r == (float)rne_ref(x), "mpq__rne(%.9g) = %.9g, not %.9g", (double)x, (double)r, rne_ref(x));
+}
+
+Test(quant, rne_rounds_ties_to_even)
+{
+    for (int k = -8192; k <= 8192; k++) {
+        const float h = (float)k + 0.5f;
+        check_rne(h), check_rne(nextafterf(h, -INFINITY)), check_rne(nextafterf(h, INFINITY)), check_rne((float)k);
+    }
+    const float big[] = {8388607.5f, 8388608.0f, 8388609.0f, 16777215.0f, 16777216.0f, 4194303.5f, 4194304.5f};
+    for (size_t k = 0; k < sizeof big / sizeof big[0]; k++) check_rne(big[k]), check_rne(-big[k]);
+    synth_rng r = {20261126};
+    for (int k = 0; k < 200000; k++) {
+        const float x = ldexpf((float)synth_unif(&r) - 0.5f, synth_int(&r, 60) - 30);
+        check_rne(x);
+    }
+}
