@@ -94,7 +94,9 @@
     11. Plans ............. mpq_plan (data), the SFMP, MixLLM and MXSens
                             planners, ReQuant's dense-and-sparse split
     12. Schedules ......... PMPD: precision over the tokens of a generation
-                            (skip_planes), static and phase-aware search
+                            (skip_planes), static and phase-aware search,
+                            the learned scheduler (attention over a
+                            prompt's KV cache, an MLP; training)
 
    NOTATION (see docs/DESIGN.md, the design notes, for the math)
 
@@ -1172,6 +1174,83 @@ MPQ_DEF mpq_status mpq_pmpd_static_search(const mpq_pmpd_search *d, mpq_pmpd_qua
    MPQ_ERR_RANGE when no pair meets the target. */
 MPQ_DEF mpq_status mpq_pmpd_phase_allocate(const int *skips, int n, const double *bits, double target,
                                            mpq_pmpd_quality_fn q, void *user, mpq_pmpd_schedule *out);
+
+/* PMPD's LEARNED SCHEDULER (section 4.2, appendix A.1): a schedule for each
+   prompt from the KV cache the prompt's pass left in one layer of the model,
+   K (T x dk) and V (T x dv), T the prompt's tokens:
+
+     a = softmax(q K^T / sqrt(dk))       T weights; q is a learned query
+     o = (a V - mean) * inv_sd           dv features, normalised by constants
+     h = relu(W1 o + b1)                 hidden
+     p = softmax(W2 h + b2)              classes
+
+   Two precisions: class c decodes the first round(c * length / (classes - 1))
+   tokens at skip_high and the rest at skip_low (the static scheduler's
+   candidate switch points, so class 0 is all low and the last class keeps
+   skip_high for `length` tokens); the prediction is the most probable class
+   (the lowest among equal ones). Training (appendix A.1.2) minimises the
+   mean cross-entropy of labelled samples plus l2/2 |W1|^2 + l2/2 |W2|^2 with
+   Adam over the whole set at every step; mean and inv_sd are set first from
+   the samples' mean-pooled values (a uniform), and stay. The caller makes
+   the samples: the label of a prompt is the fewest high-precision tokens
+   whose quality meets the static criterion (mpq_model.h,
+   mpq_llm_pmpd_sample). */
+typedef struct mpq_pmpd_learned {
+    int layer;                             /* the layer whose cache it reads (the caller's meaning) */
+    int prefill_skip, skip_high, skip_low; /* 0 <= skip_high < skip_low < MPQ_MAX_BITS */
+    long length;                           /* decoded tokens the switch points divide */
+    int dk, dv, hidden, classes;           /* classes 2 .. MPQ_PMPD_MAX_CLASSES */
+    float *q;                              /* dk: the learned query */
+    float *w1, *b1;                        /* hidden x dv, hidden */
+    float *w2, *b2;                        /* classes x hidden, classes */
+    float *mean, *inv_sd;                  /* dv each: the input normalisation (not trained) */
+    float *mem;                            /* the one allocation behind the arrays */
+} mpq_pmpd_learned;
+#define MPQ_PMPD_MAX_CLASSES 64
+
+/* Allocates the arrays for these sizes (dk, dv, hidden 1 .. 65536) and
+   initialises them: q = 0 (attention starts as the mean over positions),
+   W1 and W2 uniform in +-sqrt(6 / fan_in) from seed, biases 0, mean 0,
+   inv_sd 1. The schedule fields are zero: set them before use. */
+MPQ_DEF mpq_status mpq_pmpd_learned_init(mpq_pmpd_learned *n, int dk, int dv, int hidden, int classes, uint64_t seed);
+MPQ_DEF void mpq_pmpd_learned_free(mpq_pmpd_learned *n); /* the arrays; NULL is accepted */
+/* Sizes, schedule fields, and that every array is finite (inv_sd > 0). */
+MPQ_DEF mpq_status mpq_pmpd_learned_validate(const mpq_pmpd_learned *n);
+/* The trainable parameters in the order of a gradient: q, W1, b1, W2, b2. */
+MPQ_DEF long mpq_pmpd_learned_params(const mpq_pmpd_learned *n);
+
+/* p (classes) for one prompt's K (T x dk) and V (T x dv), rows contiguous;
+   T >= 1; non-finite K or V is MPQ_ERR_NONFINITE. */
+MPQ_DEF mpq_status mpq_pmpd_learned_forward(const mpq_pmpd_learned *n, const float *K, const float *V, int T,
+                                            double *p);
+/* The schedule of class c. */
+MPQ_DEF mpq_status mpq_pmpd_learned_class_schedule(const mpq_pmpd_learned *n, int c, mpq_pmpd_schedule *out);
+/* The predicted class (*cls, may be NULL) and its schedule. */
+MPQ_DEF mpq_status mpq_pmpd_learned_predict(const mpq_pmpd_learned *n, const float *K, const float *V, int T,
+                                            mpq_pmpd_schedule *out, int *cls);
+
+typedef struct mpq_pmpd_sample {
+    const float *K, *V; /* T x dk, T x dv */
+    int T;
+    int label; /* 0 .. classes - 1 */
+} mpq_pmpd_sample;
+
+/* The training objective over ns samples and, when grad is not NULL, its
+   gradient (mpq_pmpd_learned_params doubles, in that order). */
+MPQ_DEF mpq_status mpq_pmpd_learned_loss(const mpq_pmpd_learned *n, const mpq_pmpd_sample *s, int ns, double l2,
+                                         double *loss, double *grad);
+
+typedef struct mpq_pmpd_train_opts {
+    int steps; /* Adam steps over the whole set; 0 -> 500 */
+    double lr; /* 0 -> 0.01 */
+    double l2; /* 0 -> none; < 0 is an error */
+} mpq_pmpd_train_opts;
+
+/* Sets mean and inv_sd from the samples, then trains from n's parameters.
+   *loss (may be NULL): the objective at the end. On an error n is
+   unchanged. */
+MPQ_DEF mpq_status mpq_pmpd_learned_train(mpq_pmpd_learned *n, const mpq_pmpd_sample *s, int ns,
+                                          const mpq_pmpd_train_opts *o, double *loss);
 
 #ifdef __cplusplus
 }
@@ -6577,6 +6656,339 @@ MPQ_DEF mpq_status mpq_pmpd_phase_allocate(const int *skips, int n, const double
         }
     }
     return MPQ_ERR_RANGE;
+}
+
+/* --- the learned scheduler ------------------------------------------------ */
+
+static uint64_t mpq__splitmix(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static int mpq__pl_sizes_ok(int dk, int dv, int hidden, int classes)
+{
+    return dk >= 1 && dk <= 65536 && dv >= 1 && dv <= 65536 && hidden >= 1 && hidden <= 65536 && classes >= 2 &&
+        classes <= MPQ_PMPD_MAX_CLASSES;
+}
+
+MPQ_DEF long mpq_pmpd_learned_params(const mpq_pmpd_learned *n)
+{
+    if (!n || !mpq__pl_sizes_ok(n->dk, n->dv, n->hidden, n->classes)) return 0;
+    return (long)n->dk + (long)n->hidden * n->dv + n->hidden + (long)n->classes * n->hidden + n->classes;
+}
+
+MPQ_DEF mpq_status mpq_pmpd_learned_init(mpq_pmpd_learned *n, int dk, int dv, int hidden, int classes, uint64_t seed)
+{
+    if (!n) return MPQ_ERR_ARG;
+    if (!mpq__pl_sizes_ok(dk, dv, hidden, classes)) return MPQ_ERR_SIZE;
+    mpq_pmpd_learned t;
+    memset(&t, 0, sizeof t);
+    t.dk = dk, t.dv = dv, t.hidden = hidden, t.classes = classes;
+    const size_t total = (size_t)mpq_pmpd_learned_params(&t) + 2u * (size_t)dv;
+    if (!(t.mem = (float *)MPQ_MALLOC(sizeof(float) * total))) return MPQ_ERR_NOMEM;
+    memset(t.mem, 0, sizeof(float) * total);
+    t.q = t.mem; /* the trainable parameters first, in gradient order */
+    t.w1 = t.q + dk;
+    t.b1 = t.w1 + (size_t)hidden * dv;
+    t.w2 = t.b1 + hidden;
+    t.b2 = t.w2 + (size_t)classes * hidden;
+    t.mean = t.b2 + classes;
+    t.inv_sd = t.mean + dv;
+    uint64_t r = seed;
+    const double a1 = sqrt(6.0 / dv), a2 = sqrt(6.0 / hidden);
+    for (size_t i = 0; i < (size_t)hidden * dv; i++)
+        t.w1[i] = (float)(a1 * (2.0 * (double)(mpq__splitmix(&r) >> 11) / 9007199254740992.0 - 1.0));
+    for (size_t i = 0; i < (size_t)classes * hidden; i++)
+        t.w2[i] = (float)(a2 * (2.0 * (double)(mpq__splitmix(&r) >> 11) / 9007199254740992.0 - 1.0));
+    for (int i = 0; i < dv; i++) t.inv_sd[i] = 1.0f;
+    *n = t;
+    return MPQ_OK;
+}
+
+MPQ_DEF void mpq_pmpd_learned_free(mpq_pmpd_learned *n)
+{
+    if (!n) return;
+    MPQ_FREE(n->mem);
+    memset(n, 0, sizeof *n);
+}
+
+MPQ_DEF mpq_status mpq_pmpd_learned_validate(const mpq_pmpd_learned *n)
+{
+    if (!n || !n->q || !n->w1 || !n->b1 || !n->w2 || !n->b2 || !n->mean || !n->inv_sd) return MPQ_ERR_ARG;
+    if (!mpq__pl_sizes_ok(n->dk, n->dv, n->hidden, n->classes)) return MPQ_ERR_SIZE;
+    if (n->layer < 0 || n->prefill_skip < 0 || n->prefill_skip >= MPQ_MAX_BITS || n->skip_high < 0 ||
+        n->skip_low <= n->skip_high || n->skip_low >= MPQ_MAX_BITS || n->length < 1)
+        return MPQ_ERR_RANGE;
+    const float *arr[7] = {n->q, n->w1, n->b1, n->w2, n->b2, n->mean, n->inv_sd};
+    const size_t len[7] = {(size_t)n->dk,      (size_t)n->hidden * n->dv,
+                           (size_t)n->hidden,  (size_t)n->classes * n->hidden,
+                           (size_t)n->classes, (size_t)n->dv,
+                           (size_t)n->dv};
+    for (int k = 0; k < 7; k++)
+        for (size_t i = 0; i < len[k]; i++)
+            if (!isfinite(arr[k][i]) || (k == 6 && !(arr[k][i] > 0.0f))) return MPQ_ERR_NONFINITE;
+    return MPQ_OK;
+}
+
+MPQ_DEF mpq_status mpq_pmpd_learned_class_schedule(const mpq_pmpd_learned *n, int c, mpq_pmpd_schedule *out)
+{
+    mpq_status st = mpq_pmpd_learned_validate(n);
+    if (st != MPQ_OK) return st;
+    if (!out) return MPQ_ERR_ARG;
+    if (c < 0 || c >= n->classes) return MPQ_ERR_RANGE;
+    memset(out, 0, sizeof *out);
+    out->prefill_skip = n->prefill_skip;
+    out->nlevels = 2;
+    out->skip[0] = n->skip_high, out->skip[1] = n->skip_low;
+    out->start[1] = (long)floor((double)c * (double)n->length / (n->classes - 1) + 0.5);
+    return MPQ_OK;
+}
+
+/* Scratch of one sample's forward and backward pass, in doubles. */
+typedef struct mpq__pl_work {
+    double *a, *da, *u, *o, *z1, *h, *p, *dz, *dh, *du;
+} mpq__pl_work;
+
+static double *mpq__pl_work_init(const mpq_pmpd_learned *n, int T, mpq__pl_work *w)
+{
+    const size_t sz = 2u * (size_t)T + 3u * (size_t)n->dv + 3u * (size_t)n->hidden + 2u * (size_t)n->classes;
+    double *m = (double *)MPQ_MALLOC(sizeof(double) * sz);
+    if (!m) return NULL;
+    w->a = m, w->da = w->a + T, w->u = w->da + T, w->o = w->u + n->dv, w->du = w->o + n->dv;
+    w->z1 = w->du + n->dv, w->h = w->z1 + n->hidden, w->dh = w->h + n->hidden;
+    w->p = w->dh + n->hidden, w->dz = w->p + n->classes;
+    return m;
+}
+
+/* Forward pass into w (w->p the probabilities); 0 when K or V is not finite. */
+static int mpq__pl_forward(const mpq_pmpd_learned *n, const float *K, const float *V, int T, mpq__pl_work *w)
+{
+    const int dk = n->dk, dv = n->dv, H = n->hidden, C = n->classes;
+    const double rs = 1.0 / sqrt((double)dk);
+    double mx = -HUGE_VAL;
+    for (int t = 0; t < T; t++) {
+        double s = 0.0;
+        for (int j = 0; j < dk; j++) s += (double)n->q[j] * K[(size_t)t * dk + j];
+        w->a[t] = s * rs;
+        if (!isfinite(w->a[t])) return 0;
+        mx = w->a[t] > mx ? w->a[t] : mx;
+    }
+    double sum = 0.0;
+    for (int t = 0; t < T; t++) sum += (w->a[t] = exp(w->a[t] - mx));
+    for (int t = 0; t < T; t++) w->a[t] /= sum;
+    for (int j = 0; j < dv; j++) w->u[j] = 0.0;
+    for (int t = 0; t < T; t++)
+        for (int j = 0; j < dv; j++) w->u[j] += w->a[t] * V[(size_t)t * dv + j];
+    for (int j = 0; j < dv; j++) {
+        if (!isfinite(w->u[j])) return 0;
+        w->o[j] = (w->u[j] - n->mean[j]) * n->inv_sd[j];
+    }
+    for (int i = 0; i < H; i++) {
+        double s = n->b1[i];
+        for (int j = 0; j < dv; j++) s += (double)n->w1[(size_t)i * dv + j] * w->o[j];
+        w->z1[i] = s;
+        w->h[i] = s > 0.0 ? s : 0.0;
+    }
+    mx = -HUGE_VAL;
+    for (int c = 0; c < C; c++) {
+        double s = n->b2[c];
+        for (int i = 0; i < H; i++) s += (double)n->w2[(size_t)c * H + i] * w->h[i];
+        w->p[c] = s;
+        mx = s > mx ? s : mx;
+    }
+    sum = 0.0;
+    for (int c = 0; c < C; c++) sum += (w->p[c] = exp(w->p[c] - mx));
+    for (int c = 0; c < C; c++) w->p[c] /= sum;
+    return 1;
+}
+
+MPQ_DEF mpq_status mpq_pmpd_learned_forward(const mpq_pmpd_learned *n, const float *K, const float *V, int T, double *p)
+{
+    mpq_status st = mpq_pmpd_learned_validate(n);
+    if (st != MPQ_OK) return st;
+    if (!K || !V || !p) return MPQ_ERR_ARG;
+    if (T < 1) return MPQ_ERR_SIZE;
+    mpq__pl_work w;
+    double *m = mpq__pl_work_init(n, T, &w);
+    if (!m) return MPQ_ERR_NOMEM;
+    const int ok = mpq__pl_forward(n, K, V, T, &w);
+    if (ok) memcpy(p, w.p, sizeof(double) * (size_t)n->classes);
+    MPQ_FREE(m);
+    return ok ? MPQ_OK : MPQ_ERR_NONFINITE;
+}
+
+MPQ_DEF mpq_status mpq_pmpd_learned_predict(const mpq_pmpd_learned *n, const float *K, const float *V, int T,
+                                            mpq_pmpd_schedule *out, int *cls)
+{
+    double p[MPQ_PMPD_MAX_CLASSES];
+    if (!out) return MPQ_ERR_ARG;
+    mpq_status st = mpq_pmpd_learned_forward(n, K, V, T, p);
+    if (st != MPQ_OK) return st;
+    int best = 0;
+    for (int c = 1; c < n->classes; c++) best = p[c] > p[best] ? c : best;
+    if (cls) *cls = best;
+    return mpq_pmpd_learned_class_schedule(n, best, out);
+}
+
+static mpq_status mpq__pl_samples_check(const mpq_pmpd_learned *n, const mpq_pmpd_sample *s, int ns)
+{
+    if (!s) return MPQ_ERR_ARG;
+    if (ns < 1) return MPQ_ERR_SIZE;
+    for (int i = 0; i < ns; i++) {
+        if (!s[i].K || !s[i].V) return MPQ_ERR_ARG;
+        if (s[i].T < 1) return MPQ_ERR_SIZE;
+        if (s[i].label < 0 || s[i].label >= n->classes) return MPQ_ERR_RANGE;
+    }
+    return MPQ_OK;
+}
+
+MPQ_DEF mpq_status mpq_pmpd_learned_loss(const mpq_pmpd_learned *n, const mpq_pmpd_sample *s, int ns, double l2,
+                                         double *loss, double *grad)
+{
+    mpq_status st = mpq_pmpd_learned_validate(n);
+    if (st != MPQ_OK) return st;
+    if (!loss) return MPQ_ERR_ARG;
+    if (!(l2 >= 0.0) || !isfinite(l2)) return MPQ_ERR_RANGE;
+    if ((st = mpq__pl_samples_check(n, s, ns)) != MPQ_OK) return st;
+    const int dk = n->dk, dv = n->dv, H = n->hidden, C = n->classes;
+    int Tmax = 1;
+    for (int i = 0; i < ns; i++) Tmax = s[i].T > Tmax ? s[i].T : Tmax;
+    mpq__pl_work w;
+    double *m = mpq__pl_work_init(n, Tmax, &w);
+    if (!m) return MPQ_ERR_NOMEM;
+    const long P = mpq_pmpd_learned_params(n);
+    if (grad) memset(grad, 0, sizeof(double) * (size_t)P);
+    double *gq = grad, *gw1 = grad ? gq + dk : NULL, *gb1 = grad ? gw1 + (size_t)H * dv : NULL;
+    double *gw2 = grad ? gb1 + H : NULL, *gb2 = grad ? gw2 + (size_t)C * H : NULL;
+    double total = 0.0;
+    const double rs = 1.0 / sqrt((double)dk), inv = 1.0 / ns;
+    for (int i = 0; i < ns && st == MPQ_OK; i++) {
+        const float *K = s[i].K, *V = s[i].V;
+        const int T = s[i].T;
+        if (!mpq__pl_forward(n, K, V, T, &w)) {
+            st = MPQ_ERR_NONFINITE;
+            break;
+        }
+        total -= log(w.p[s[i].label] > 1e-300 ? w.p[s[i].label] : 1e-300);
+        if (!grad) continue;
+        for (int c = 0; c < C; c++) w.dz[c] = (w.p[c] - (c == s[i].label)) * inv;
+        for (int c = 0; c < C; c++) {
+            gb2[c] += w.dz[c];
+            for (int h = 0; h < H; h++) gw2[(size_t)c * H + h] += w.dz[c] * w.h[h];
+        }
+        for (int h = 0; h < H; h++) {
+            double d = 0.0;
+            for (int c = 0; c < C; c++) d += (double)n->w2[(size_t)c * H + h] * w.dz[c];
+            w.dh[h] = w.z1[h] > 0.0 ? d : 0.0;
+        }
+        for (int j = 0; j < dv; j++) w.du[j] = 0.0;
+        for (int h = 0; h < H; h++) {
+            if (w.dh[h] == 0.0) continue;
+            gb1[h] += w.dh[h];
+            for (int j = 0; j < dv; j++) {
+                gw1[(size_t)h * dv + j] += w.dh[h] * w.o[j];
+                w.du[j] += (double)n->w1[(size_t)h * dv + j] * w.dh[h];
+            }
+        }
+        for (int j = 0; j < dv; j++) w.du[j] *= n->inv_sd[j];
+        /* through the attention: da_t = V_t . du, ds_t = a_t (da_t - sum a da) */
+        double abar = 0.0;
+        for (int t = 0; t < T; t++) {
+            double d = 0.0;
+            for (int j = 0; j < dv; j++) d += (double)V[(size_t)t * dv + j] * w.du[j];
+            w.da[t] = d;
+            abar += w.a[t] * d;
+        }
+        for (int t = 0; t < T; t++) {
+            const double ds = w.a[t] * (w.da[t] - abar) * rs;
+            for (int j = 0; j < dk; j++) gq[j] += ds * K[(size_t)t * dk + j];
+        }
+    }
+    MPQ_FREE(m);
+    if (st != MPQ_OK) return st;
+    double reg = 0.0;
+    for (size_t k = 0; k < (size_t)H * dv; k++) reg += (double)n->w1[k] * n->w1[k];
+    for (size_t k = 0; k < (size_t)C * H; k++) reg += (double)n->w2[k] * n->w2[k];
+    if (grad && l2 > 0.0) {
+        for (size_t k = 0; k < (size_t)H * dv; k++) gw1[k] += l2 * n->w1[k];
+        for (size_t k = 0; k < (size_t)C * H; k++) gw2[k] += l2 * n->w2[k];
+    }
+    *loss = total * inv + 0.5 * l2 * reg;
+    return MPQ_OK;
+}
+
+MPQ_DEF mpq_status mpq_pmpd_learned_train(mpq_pmpd_learned *n, const mpq_pmpd_sample *s, int ns,
+                                          const mpq_pmpd_train_opts *o, double *loss)
+{
+    mpq_status st = mpq_pmpd_learned_validate(n);
+    if (st != MPQ_OK) return st;
+    if ((st = mpq__pl_samples_check(n, s, ns)) != MPQ_OK) return st;
+    mpq_pmpd_train_opts d;
+    memset(&d, 0, sizeof d);
+    if (o) d = *o;
+    const int steps = d.steps ? d.steps : 500;
+    const double lr = d.lr != 0.0 ? d.lr : 0.01, l2 = d.l2;
+    if (steps < 1 || !(lr > 0.0) || !isfinite(lr) || !(l2 >= 0.0) || !isfinite(l2)) return MPQ_ERR_RANGE;
+    const int dk = n->dk, dv = n->dv;
+    const size_t P = (size_t)mpq_pmpd_learned_params(n), all = P + 2u * (size_t)dv;
+    /* a copy to train, so that n changes only on success */
+    mpq_pmpd_learned t = *n;
+    t.mem = (float *)MPQ_MALLOC(sizeof(float) * all);
+    double *buf = (double *)MPQ_MALLOC(sizeof(double) * 4u * P);
+    if (!t.mem || !buf) {
+        MPQ_FREE(t.mem), MPQ_FREE(buf);
+        return MPQ_ERR_NOMEM;
+    }
+    t.q = t.mem, t.w1 = t.q + dk, t.b1 = t.w1 + (size_t)n->hidden * dv, t.w2 = t.b1 + n->hidden;
+    t.b2 = t.w2 + (size_t)n->classes * n->hidden, t.mean = t.b2 + n->classes, t.inv_sd = t.mean + dv;
+    float *const dst[5] = {t.q, t.w1, t.b1, t.w2, t.b2}, *const src[5] = {n->q, n->w1, n->b1, n->w2, n->b2};
+    const size_t len[5] = {(size_t)dk, (size_t)n->hidden * dv, (size_t)n->hidden, (size_t)n->classes * n->hidden,
+                           (size_t)n->classes};
+    for (int k = 0; k < 5; k++) memcpy(dst[k], src[k], sizeof(float) * len[k]);
+    /* the normalisation: mean and standard deviation over the samples of
+       their mean-pooled V */
+    double *g = buf, *m1 = buf + P, *m2 = buf + 2 * P, *th = buf + 3 * P;
+    double *mu = m1, *sq = m2; /* dv each, before Adam needs them */
+    for (int j = 0; j < dv; j++) mu[j] = sq[j] = 0.0;
+    for (int i = 0; i < ns && st == MPQ_OK; i++)
+        for (int j = 0; j < dv; j++) {
+            double u = 0.0;
+            for (int tt = 0; tt < s[i].T; tt++) u += s[i].V[(size_t)tt * dv + j];
+            u /= s[i].T;
+            if (!isfinite(u)) st = MPQ_ERR_NONFINITE;
+            mu[j] += u, sq[j] += u * u;
+        }
+    for (int j = 0; j < dv && st == MPQ_OK; j++) {
+        const double mean = mu[j] / ns, var = sq[j] / ns - mean * mean;
+        t.mean[j] = (float)mean;
+        t.inv_sd[j] = (float)(var > 1e-12 * (1.0 + mean * mean) ? 1.0 / sqrt(var) : 1.0);
+        if (!isfinite(t.inv_sd[j]) || !(t.inv_sd[j] > 0.0f)) t.inv_sd[j] = 1.0f;
+    }
+    for (size_t k = 0; k < P; k++) th[k] = t.mem[k], m1[k] = m2[k] = 0.0;
+    double f = 0.0, b1t = 1.0, b2t = 1.0;
+    for (int it = 0; it < steps && st == MPQ_OK; it++) {
+        if ((st = mpq_pmpd_learned_loss(&t, s, ns, l2, &f, g)) != MPQ_OK) break;
+        b1t *= 0.9, b2t *= 0.999;
+        for (size_t k = 0; k < P; k++) {
+            m1[k] = 0.9 * m1[k] + 0.1 * g[k];
+            m2[k] = 0.999 * m2[k] + 0.001 * g[k] * g[k];
+            th[k] -= lr * (m1[k] / (1.0 - b1t)) / (sqrt(m2[k] / (1.0 - b2t)) + 1e-8);
+            t.mem[k] = (float)th[k];
+        }
+    }
+    if (st == MPQ_OK) st = mpq_pmpd_learned_loss(&t, s, ns, l2, &f, NULL);
+    if (st == MPQ_OK && !isfinite(f)) st = MPQ_ERR_NONFINITE;
+    if (st == MPQ_OK) {
+        for (int k = 0; k < 5; k++) memcpy(src[k], dst[k], sizeof(float) * len[k]);
+        memcpy(n->mean, t.mean, sizeof(float) * (size_t)dv);
+        memcpy(n->inv_sd, t.inv_sd, sizeof(float) * (size_t)dv);
+        if (loss) *loss = f;
+    }
+    MPQ_FREE(t.mem), MPQ_FREE(buf);
+    return st;
 }
 
 #ifdef __cplusplus

@@ -258,3 +258,313 @@ Test(pmpd, bits_read_at_each_skip)
     mpq_packed_free(&A);
     free(W), free(bits);
 }
+
+/* --- the learned scheduler ------------------------------------------------ */
+
+/* The network written the simple way, in float64 over a flat parameter
+   vector th (q, W1, b1, W2, b2) and the constants mean, inv_sd. */
+typedef struct ref_net {
+    int dk, dv, H, C;
+    const double *th, *mean, *inv_sd;
+} ref_net;
+
+static void ref_probs(const ref_net *r, const float *K, const float *V, int T, double *p)
+{
+    const double *q = r->th, *W1 = q + r->dk, *b1 = W1 + r->H * r->dv, *W2 = b1 + r->H, *b2 = W2 + r->C * r->H;
+    double s[64], o[64], h[64], mx = -1e300, z = 0;
+    cr_assert_leq(T, 64);
+    for (int t = 0; t < T; t++) {
+        s[t] = 0;
+        for (int j = 0; j < r->dk; j++) s[t] += q[j] * K[t * r->dk + j];
+        s[t] /= sqrt((double)r->dk);
+        if (s[t] > mx) mx = s[t];
+    }
+    for (int t = 0; t < T; t++) z += exp(s[t] - mx);
+    for (int j = 0; j < r->dv; j++) {
+        double u = 0;
+        for (int t = 0; t < T; t++) u += exp(s[t] - mx) / z * V[t * r->dv + j];
+        o[j] = (u - r->mean[j]) * r->inv_sd[j];
+    }
+    for (int i = 0; i < r->H; i++) {
+        double a = b1[i];
+        for (int j = 0; j < r->dv; j++) a += W1[i * r->dv + j] * o[j];
+        h[i] = a > 0 ? a : 0;
+    }
+    mx = -1e300, z = 0;
+    for (int c = 0; c < r->C; c++) {
+        p[c] = b2[c];
+        for (int i = 0; i < r->H; i++) p[c] += W2[c * r->H + i] * h[i];
+        if (p[c] > mx) mx = p[c];
+    }
+    for (int c = 0; c < r->C; c++) z += exp(p[c] - mx);
+    for (int c = 0; c < r->C; c++) p[c] = exp(p[c] - mx) / z;
+}
+
+static double ref_loss(const ref_net *r, const mpq_pmpd_sample *s, int ns, double l2)
+{
+    double p[MPQ_PMPD_MAX_CLASSES], loss = 0, reg = 0;
+    for (int i = 0; i < ns; i++) {
+        ref_probs(r, s[i].K, s[i].V, s[i].T, p);
+        loss -= log(p[s[i].label]);
+    }
+    const double *W1 = r->th + r->dk, *W2 = W1 + r->H * r->dv + r->H;
+    for (int k = 0; k < r->H * r->dv; k++) reg += W1[k] * W1[k];
+    for (int k = 0; k < r->C * r->H; k++) reg += W2[k] * W2[k];
+    return loss / ns + 0.5 * l2 * reg;
+}
+
+/* A network of these sizes with every parameter random (not the init's
+   zeros), and the flat float64 copy the reference reads. */
+static void random_net(mpq_pmpd_learned *n, synth_rng *r, int dk, int dv, int H, int C, double *th, double *mean,
+                       double *inv_sd)
+{
+    cr_assert_eq(mpq_pmpd_learned_init(n, dk, dv, H, C, synth_u64(r)), MPQ_OK);
+    n->layer = 0, n->prefill_skip = 0, n->skip_high = 0, n->skip_low = 1, n->length = 100;
+    float *arr[5] = {n->q, n->w1, n->b1, n->w2, n->b2};
+    const int len[5] = {dk, H * dv, H, C * H, C};
+    int k = 0;
+    for (int a = 0; a < 5; a++)
+        for (int i = 0; i < len[a]; i++) {
+            if (a == 0 || a == 2 || a == 4) arr[a][i] = 0.3f * synth_gauss(r);
+            th[k++] = arr[a][i];
+        }
+    for (int j = 0; j < dv; j++) {
+        n->mean[j] = 0.2f * synth_gauss(r), n->inv_sd[j] = (float)(0.5 + synth_unif(r));
+        mean[j] = n->mean[j], inv_sd[j] = n->inv_sd[j];
+    }
+}
+
+/* K and V of a prompt: Gaussian, with a few channels 10-50x (the massive
+   channels of real caches) */
+static float *random_cache(synth_rng *r, int T, int d)
+{
+    float *x = (float *)malloc(sizeof(float) * (size_t)T * d);
+    synth_tokens(r, x, T, d, 77);
+    for (int i = 0; i < T * d; i++) x[i] *= 0.1f;
+    return x;
+}
+
+Test(pmpd, learned_forward_matches_a_float64_reference)
+{
+    synth_rng r = {4242};
+    const int dk = 24, dv = 20, H = 13, C = 5;
+    mpq_pmpd_learned n;
+    double th[24 + 13 * 20 + 13 + 5 * 13 + 5], mean[20], isd[20];
+    random_net(&n, &r, dk, dv, H, C, th, mean, isd);
+    cr_assert_eq(mpq_pmpd_learned_params(&n), (long)(sizeof th / sizeof th[0]));
+    const ref_net rn = {dk, dv, H, C, th, mean, isd};
+    const int Ts[4] = {1, 2, 7, 37};
+    for (int k = 0; k < 4; k++) {
+        float *K = random_cache(&r, Ts[k], dk), *V = random_cache(&r, Ts[k], dv);
+        double p[5], want[5];
+        cr_assert_eq(mpq_pmpd_learned_forward(&n, K, V, Ts[k], p), MPQ_OK);
+        ref_probs(&rn, K, V, Ts[k], want);
+        int best = 0;
+        for (int c = 0; c < C; c++) {
+            cr_assert_float_eq(p[c], want[c], 1e-12 + 1e-11 * want[c], "T %d class %d: %.17g vs %.17g", Ts[k], c, p[c],
+                               want[c]);
+            if (want[c] > want[best]) best = c;
+        }
+        mpq_pmpd_schedule s;
+        int cls = -1;
+        cr_assert_eq(mpq_pmpd_learned_predict(&n, K, V, Ts[k], &s, &cls), MPQ_OK);
+        cr_assert_eq(cls, best);
+        cr_assert_eq(s.nlevels, 2);
+        cr_assert_eq(s.start[1], (long)floor(best * 100.0 / 4 + 0.5));
+        free(K), free(V);
+    }
+    mpq_pmpd_learned_free(&n);
+}
+
+Test(pmpd, learned_gradient_matches_finite_differences)
+{
+    synth_rng r = {777};
+    const int dk = 12, dv = 9, H = 7, C = 4, ns = 5;
+    enum { P = 12 + 7 * 9 + 7 + 4 * 7 + 4 };
+    mpq_pmpd_learned n;
+    double th[P], mean[9], isd[9], g[P];
+    random_net(&n, &r, dk, dv, H, C, th, mean, isd);
+    for (int k = 0; k < dk; k++) n.q[k] *= 8, th[k] = n.q[k]; /* attention far from uniform */
+    mpq_pmpd_sample s[5];
+    float *mem[10];
+    for (int i = 0; i < ns; i++) {
+        s[i].T = 3 + 4 * i;
+        s[i].K = mem[2 * i] = random_cache(&r, s[i].T, dk);
+        s[i].V = mem[2 * i + 1] = random_cache(&r, s[i].T, dv);
+        s[i].label = synth_int(&r, C);
+    }
+    const double l2 = 0.03;
+    double loss;
+    cr_assert_eq(mpq_pmpd_learned_loss(&n, s, ns, l2, &loss, g), MPQ_OK);
+    ref_net rn = {dk, dv, H, C, th, mean, isd};
+    cr_assert_float_eq(loss, ref_loss(&rn, s, ns, l2), 1e-11);
+    double gmax = 0;
+    for (int k = 0; k < P; k++) gmax = fabs(g[k]) > gmax ? fabs(g[k]) : gmax;
+    cr_assert_gt(gmax, 1e-3);
+    for (int k = 0; k < P; k++) {
+        const double h = 1e-6, keep = th[k];
+        th[k] = keep + h;
+        const double fp = ref_loss(&rn, s, ns, l2);
+        th[k] = keep - h;
+        const double fm = ref_loss(&rn, s, ns, l2);
+        th[k] = keep;
+        const double fd = (fp - fm) / (2 * h);
+        cr_assert_float_eq(g[k], fd, 1e-7 + 1e-5 * fabs(fd), "parameter %d: %.10g vs finite difference %.10g", k, g[k],
+                           fd);
+    }
+    double loss2; /* without the gradient, the same value */
+    cr_assert_eq(mpq_pmpd_learned_loss(&n, s, ns, l2, &loss2, NULL), MPQ_OK);
+    cr_assert_eq(loss, loss2);
+    for (int i = 0; i < 2 * ns; i++) free(mem[i]);
+    mpq_pmpd_learned_free(&n);
+}
+
+/* Prompts whose class is written in the value of one marked position (its
+   key has a large channel 0): mean pooling dilutes it by 1/T under the
+   noise of the other positions, so only a learned query finds it. */
+static void marked_samples(synth_rng *r, mpq_pmpd_sample *s, int ns, int dk, int dv, float **mem)
+{
+    for (int i = 0; i < ns; i++) {
+        const int T = 8 + synth_int(r, 33), m = synth_int(r, T);
+        float *K = (float *)malloc(sizeof(float) * (size_t)T * dk),
+              *V = (float *)malloc(sizeof(float) * (size_t)T * dv);
+        for (int k = 0; k < T * dk; k++) K[k] = synth_gauss(r);
+        for (int k = 0; k < T * dv; k++) V[k] = synth_gauss(r);
+        K[m * dk] = 8.0f;
+        const int label = synth_int(r, 3);
+        V[m * dv] = label == 0 ? -3.0f : label == 1 ? 0.0f : 3.0f;
+        s[i].K = K, s[i].V = V, s[i].T = T, s[i].label = label;
+        mem[2 * i] = K, mem[2 * i + 1] = V;
+    }
+}
+
+Test(pmpd, learned_training_finds_the_marked_position)
+{
+    synth_rng r = {31337};
+    const int dk = 6, dv = 5, ntrain = 240, ntest = 120;
+    mpq_pmpd_sample *s = (mpq_pmpd_sample *)malloc(sizeof *s * (ntrain + ntest));
+    float **mem = (float **)malloc(sizeof(float *) * 2 * (ntrain + ntest));
+    marked_samples(&r, s, ntrain + ntest, dk, dv, mem);
+    mpq_pmpd_learned n;
+    cr_assert_eq(mpq_pmpd_learned_init(&n, dk, dv, 16, 3, 5), MPQ_OK);
+    n.skip_high = 0, n.skip_low = 1, n.length = 64;
+    double before, after;
+    cr_assert_eq(mpq_pmpd_learned_loss(&n, s, ntrain, 0, &before, NULL), MPQ_OK);
+    mpq_pmpd_train_opts o = {400, 0.03, 1e-4};
+    cr_assert_eq(mpq_pmpd_learned_train(&n, s, ntrain, &o, &after), MPQ_OK);
+    cr_assert_lt(after, 0.5 * before, "loss %g -> %g", before, after);
+    int right = 0;
+    for (int i = ntrain; i < ntrain + ntest; i++) {
+        mpq_pmpd_schedule sc;
+        int c = -1;
+        cr_assert_eq(mpq_pmpd_learned_predict(&n, s[i].K, s[i].V, s[i].T, &sc, &c), MPQ_OK);
+        right += c == s[i].label;
+    }
+    cr_assert_geq(right, 0.9 * ntest, "held-out accuracy %d of %d", right, ntest);
+    /* the same training with the query held at 0 (mean pooling) cannot */
+    mpq_pmpd_learned m0;
+    cr_assert_eq(mpq_pmpd_learned_init(&m0, dk, dv, 16, 3, 5), MPQ_OK);
+    m0.skip_high = 0, m0.skip_low = 1, m0.length = 64;
+    cr_assert_eq(mpq_pmpd_learned_train(&m0, s, ntrain, &o, NULL), MPQ_OK);
+    for (int k = 0; k < dk; k++) m0.q[k] = 0;
+    int right0 = 0;
+    for (int i = ntrain; i < ntrain + ntest; i++) {
+        mpq_pmpd_schedule sc;
+        int c = -1;
+        cr_assert_eq(mpq_pmpd_learned_predict(&m0, s[i].K, s[i].V, s[i].T, &sc, &c), MPQ_OK);
+        right0 += c == s[i].label;
+    }
+    cr_assert_lt(right0, right - ntest / 5, "mean pooling %d, learned query %d", right0, right);
+    for (int i = 0; i < 2 * (ntrain + ntest); i++) free(mem[i]);
+    free(mem), free(s);
+    mpq_pmpd_learned_free(&n), mpq_pmpd_learned_free(&m0);
+}
+
+Test(pmpd, learned_class_schedules_are_the_static_candidates)
+{
+    mpq_pmpd_learned n;
+    cr_assert_eq(mpq_pmpd_learned_init(&n, 2, 2, 2, 5, 1), MPQ_OK);
+    n.prefill_skip = 0, n.skip_high = 1, n.skip_low = 3, n.length = 130;
+    const long want[5] = {0, 33, 65, 98, 130}; /* round(c * 130 / 4): 32.5 and 97.5 round up */
+    const double bits[4] = {5.25, 4.25, 3.25, 2.25};
+    for (int c = 0; c < 5; c++) {
+        mpq_pmpd_schedule s;
+        cr_assert_eq(mpq_pmpd_learned_class_schedule(&n, c, &s), MPQ_OK);
+        cr_assert_eq(s.prefill_skip, 0);
+        cr_assert_eq(s.nlevels, 2);
+        cr_assert_eq(s.skip[0], 1);
+        cr_assert_eq(s.skip[1], 3);
+        cr_assert_eq(s.start[1], want[c]);
+        double avg;
+        cr_assert_eq(mpq_pmpd_average_bits(&s, bits, 130, &avg), MPQ_OK);
+        cr_assert_float_eq(avg, (want[c] * 4.25 + (130 - want[c]) * 2.25) / 130, 1e-12);
+    }
+    mpq_pmpd_schedule s;
+    cr_assert_eq(mpq_pmpd_learned_class_schedule(&n, 5, &s), MPQ_ERR_RANGE);
+    cr_assert_eq(mpq_pmpd_learned_class_schedule(&n, -1, &s), MPQ_ERR_RANGE);
+    mpq_pmpd_learned_free(&n);
+}
+
+Test(pmpd, learned_errors_change_nothing)
+{
+    mpq_pmpd_learned n;
+    cr_assert_eq(mpq_pmpd_learned_init(&n, 0, 4, 4, 3, 1), MPQ_ERR_SIZE);
+    cr_assert_eq(mpq_pmpd_learned_init(&n, 4, 4, 4, 1, 1), MPQ_ERR_SIZE);
+    cr_assert_eq(mpq_pmpd_learned_init(&n, 4, 4, 4, MPQ_PMPD_MAX_CLASSES + 1, 1), MPQ_ERR_SIZE);
+    cr_assert_eq(mpq_pmpd_learned_init(NULL, 4, 4, 4, 3, 1), MPQ_ERR_ARG);
+    cr_assert_eq(mpq_pmpd_learned_init(&n, 4, 3, 5, 3, 9), MPQ_OK);
+    double p[3];
+    float K[8] = {0}, V[6] = {0};
+    cr_assert_eq(mpq_pmpd_learned_forward(&n, K, V, 2, p), MPQ_ERR_RANGE); /* the schedule fields unset */
+    n.skip_high = 1, n.skip_low = 2, n.length = 10;
+    cr_assert_eq(mpq_pmpd_learned_forward(&n, K, V, 2, p), MPQ_OK);
+    for (int c = 0; c < 3; c++) cr_assert_float_eq(p[c], 1.0 / 3, 1e-12); /* zero inputs, zero biases */
+    cr_assert_eq(mpq_pmpd_learned_forward(&n, K, V, 0, p), MPQ_ERR_SIZE);
+    cr_assert_eq(mpq_pmpd_learned_forward(&n, NULL, V, 2, p), MPQ_ERR_ARG);
+    K[5] = NAN;
+    cr_assert_eq(mpq_pmpd_learned_forward(&n, K, V, 2, p), MPQ_ERR_NONFINITE);
+    K[5] = 0, V[4] = INFINITY;
+    cr_assert_eq(mpq_pmpd_learned_forward(&n, K, V, 2, p), MPQ_ERR_NONFINITE);
+    V[4] = 1;
+    n.skip_low = 1; /* not lower than skip_high */
+    cr_assert_eq(mpq_pmpd_learned_validate(&n), MPQ_ERR_RANGE);
+    n.skip_low = MPQ_MAX_BITS;
+    cr_assert_eq(mpq_pmpd_learned_validate(&n), MPQ_ERR_RANGE);
+    n.skip_low = 2, n.length = 0;
+    cr_assert_eq(mpq_pmpd_learned_validate(&n), MPQ_ERR_RANGE);
+    n.length = 10, n.inv_sd[1] = 0;
+    cr_assert_eq(mpq_pmpd_learned_validate(&n), MPQ_ERR_NONFINITE);
+    n.inv_sd[1] = 1, n.w2[3] = NAN;
+    cr_assert_eq(mpq_pmpd_learned_validate(&n), MPQ_ERR_NONFINITE);
+    n.w2[3] = 0.5f;
+    cr_assert_eq(mpq_pmpd_learned_validate(&n), MPQ_OK);
+    /* bad samples or options: an error, and the network as it was */
+    const size_t bytes = sizeof(float) * (size_t)(mpq_pmpd_learned_params(&n) + 2 * 3);
+    float *keep = (float *)malloc(bytes);
+    memcpy(keep, n.mem, bytes);
+    float K2[8] = {1, 2, 3, 4, 5, 6, 7, 8}, V2[6] = {1, -1, 2, 0.5f, 3, 1};
+    mpq_pmpd_sample s[2] = {{K2, V2, 2, 1}, {K2, V2, 2, 3}};
+    mpq_pmpd_train_opts o = {5, 0.01, 0};
+    double loss = -1;
+    cr_assert_eq(mpq_pmpd_learned_train(&n, s, 2, &o, &loss), MPQ_ERR_RANGE); /* label 3 of 3 classes */
+    s[1].label = 2, s[1].T = 0;
+    cr_assert_eq(mpq_pmpd_learned_train(&n, s, 2, &o, &loss), MPQ_ERR_SIZE);
+    s[1].T = 2;
+    cr_assert_eq(mpq_pmpd_learned_train(&n, s, 0, &o, &loss), MPQ_ERR_SIZE);
+    o.l2 = -1;
+    cr_assert_eq(mpq_pmpd_learned_train(&n, s, 2, &o, &loss), MPQ_ERR_RANGE);
+    o.l2 = 0, o.lr = NAN;
+    cr_assert_eq(mpq_pmpd_learned_train(&n, s, 2, &o, &loss), MPQ_ERR_RANGE);
+    o.lr = 0.01;
+    V2[3] = NAN;
+    cr_assert_eq(mpq_pmpd_learned_train(&n, s, 2, &o, &loss), MPQ_ERR_NONFINITE);
+    cr_assert_eq(mpq_pmpd_learned_loss(&n, s, 2, 0, &loss, NULL), MPQ_ERR_NONFINITE);
+    cr_assert_eq(loss, -1);
+    cr_assert(memcmp(keep, n.mem, bytes) == 0);
+    V2[3] = 0.5f;
+    cr_assert_eq(mpq_pmpd_learned_train(&n, s, 2, &o, &loss), MPQ_OK);
+    cr_assert(memcmp(keep, n.mem, bytes) != 0);
+    free(keep);
+    mpq_pmpd_learned_free(&n);
+    mpq_pmpd_learned_free(NULL);
+}
