@@ -1220,7 +1220,8 @@ MPQ_DEF mpq_status mpq_pmpd_learned_validate(const mpq_pmpd_learned *n);
 MPQ_DEF long mpq_pmpd_learned_params(const mpq_pmpd_learned *n);
 
 /* p (classes) for one prompt's K (T x dk) and V (T x dv), rows contiguous;
-   T >= 1; non-finite K or V is MPQ_ERR_NONFINITE. */
+   T >= 1; non-finite K or V (or a logit that overflows) is
+   MPQ_ERR_NONFINITE. */
 MPQ_DEF mpq_status mpq_pmpd_learned_forward(const mpq_pmpd_learned *n, const float *K, const float *V, int T,
                                             double *p);
 /* The schedule of class c. */
@@ -6763,7 +6764,8 @@ static double *mpq__pl_work_init(const mpq_pmpd_learned *n, int T, mpq__pl_work 
     return m;
 }
 
-/* Forward pass into w (w->p the probabilities); 0 when K or V is not finite. */
+/* Forward pass into w (w->p the probabilities); 0 when K or V is not
+   finite, or a value overflows. */
 static int mpq__pl_forward(const mpq_pmpd_learned *n, const float *K, const float *V, int T, mpq__pl_work *w)
 {
     const int dk = n->dk, dv = n->dv, H = n->hidden, C = n->classes;
@@ -6796,6 +6798,7 @@ static int mpq__pl_forward(const mpq_pmpd_learned *n, const float *K, const floa
     for (int c = 0; c < C; c++) {
         double s = n->b2[c];
         for (int i = 0; i < H; i++) s += (double)n->w2[(size_t)c * H + i] * w->h[i];
+        if (!isfinite(s)) return 0; /* weights large enough to overflow */
         w->p[c] = s;
         mx = s > mx ? s : mx;
     }

@@ -1273,7 +1273,12 @@ mpq_status mpq_llm_generate(const mpq_llm *m, mpq_llm_state *s, const int32_t *p
     memset(&d, 0, sizeof d);
     if (o) d = *o;
     if (d.schedule && mpq_pmpd_validate(d.schedule) != MPQ_OK) return MPQ_ERR_ARG;
-    if (d.skip_planes < 0) return MPQ_ERR_ARG;
+    if (d.skip_planes < 0 || (d.schedule && d.learned)) return MPQ_ERR_ARG;
+    const int kvd = m->c.kv_heads * m->c.head_dim;
+    if (d.learned &&
+        (mpq_pmpd_learned_validate(d.learned) != MPQ_OK || d.learned->layer >= m->c.layers || d.learned->dk != kvd ||
+         d.learned->dv != kvd))
+        return MPQ_ERR_ARG;
     if (n >= s->ctx) return MPQ_ERR_RANGE;
     const int V = m->c.vocab;
     float *z = (float *)malloc(sizeof(float) * (size_t)V);
@@ -1285,11 +1290,24 @@ mpq_status mpq_llm_generate(const mpq_llm *m, mpq_llm_state *s, const int32_t *p
     }
     memset(r, 0, sizeof *r);
     r->prompt_tokens = n;
+    r->learned_class = -1;
     mpq_llm_state_reset(s);
     uint64_t rng = d.seed;
+    const int prefill = d.schedule ? d.schedule->prefill_skip : d.learned ? d.learned->prefill_skip : d.skip_planes;
     double t0 = mpq__now();
-    mpq_status st = mpq_llm_forward(m, s, prompt, n, d.schedule ? d.schedule->prefill_skip : d.skip_planes, z, n - 1);
+    mpq_status st = mpq_llm_forward(m, s, prompt, n, prefill, z, n - 1);
     r->prefill_seconds = mpq__now() - t0;
+    if (st == MPQ_OK && d.learned) { /* the schedule of this prompt, from its cache */
+        const size_t at = (size_t)d.learned->layer * s->ctx * kvd;
+        t0 = mpq__now();
+        st = mpq_pmpd_learned_predict(d.learned, s->kc + at, s->vc + at, n, &r->schedule, &r->learned_class);
+        r->schedule_seconds = mpq__now() - t0;
+        d.schedule = &r->schedule;
+    } else if (d.schedule) {
+        r->schedule = *d.schedule;
+    } else {
+        r->schedule.prefill_skip = d.skip_planes, r->schedule.nlevels = 1, r->schedule.skip[0] = d.skip_planes;
+    }
     const int limit = d.max_tokens > 0 && d.max_tokens < max_out ? d.max_tokens : max_out;
     for (int t = 0; st == MPQ_OK && t < limit; t++) {
         const int32_t tok = mpq__pick(z, V, d.temperature, d.top_p, &rng, cand);
@@ -1310,4 +1328,173 @@ mpq_status mpq_llm_generate(const mpq_llm *m, mpq_llm_state *s, const int32_t *p
     free(z);
     free(cand);
     return st;
+}
+
+mpq_status mpq_llm_pmpd_sample(const mpq_llm *m, mpq_llm_state *s, const int32_t *tokens, int prompt,
+                               const mpq_pmpd_learned *n, double *nll, float *K, float *V)
+{
+    if (!m || !s || !tokens || !nll) return MPQ_ERR_ARG;
+    mpq_status st = mpq_pmpd_learned_validate(n);
+    if (st != MPQ_OK) return st;
+    const int kvd = m->c.kv_heads * m->c.head_dim, Vv = m->c.vocab;
+    if (n->layer >= m->c.layers || n->dk != kvd || n->dv != kvd) return MPQ_ERR_ARG;
+    if (prompt < 1 || n->length > (long)s->ctx - prompt) return MPQ_ERR_SIZE;
+    const int L = (int)n->length, C = n->classes, total = prompt + L + 1;
+    for (int i = 0; i < total; i++)
+        if (tokens[i] < 0 || tokens[i] >= Vv) return MPQ_ERR_ARG;
+    int32_t *w = (int32_t *)malloc(sizeof(int32_t) * (size_t)total);
+    float *z = (float *)malloc(sizeof(float) * (size_t)L * Vv);
+    double *hi = (double *)malloc(sizeof(double) * (size_t)L);
+    if (!w || !z || !hi) {
+        free(w), free(z), free(hi);
+        return MPQ_ERR_NOMEM;
+    }
+    memcpy(w, tokens, sizeof(int32_t) * (size_t)total);
+    if (mpq_tokenizer_adds_bos(m->tok) && mpq_tokenizer_bos(m->tok) >= 0) w[0] = mpq_tokenizer_bos(m->tok);
+    mpq_llm_state_reset(s);
+    st = mpq_llm_forward(m, s, w, prompt, n->prefill_skip, NULL, prompt);
+    if (st == MPQ_OK && (K || V)) {
+        const size_t at = (size_t)n->layer * s->ctx * kvd, bytes = sizeof(float) * (size_t)prompt * kvd;
+        if (K) memcpy(K, s->kc + at, bytes);
+        if (V) memcpy(V, s->vc + at, bytes);
+    }
+    /* every decoded token at the high precision, then each class's low tail
+       from its switch point over the cache the high run left before it: the
+       latest switch first, so that no tail overwrites a position a later
+       class still reads at the high precision */
+    if (st == MPQ_OK) st = mpq_llm_forward(m, s, w + prompt, L, n->skip_high, z, 0);
+    for (int t = 0; st == MPQ_OK && t < L; t++) hi[t] = mpq__nll(z + (size_t)t * Vv, Vv, w[prompt + t + 1]);
+    for (int c = C - 1; st == MPQ_OK && c >= 0; c--) {
+        mpq_pmpd_schedule sc;
+        if ((st = mpq_pmpd_learned_class_schedule(n, c, &sc)) != MPQ_OK) break;
+        const int h = sc.start[1] < L ? (int)sc.start[1] : L;
+        double sum = 0;
+        for (int t = 0; t < h; t++) sum += hi[t];
+        if (h < L) {
+            s->pos = prompt + h;
+            st = mpq_llm_forward(m, s, w + prompt + h, L - h, n->skip_low, z, 0);
+            for (int t = h; st == MPQ_OK && t < L; t++)
+                sum += mpq__nll(z + (size_t)(t - h) * Vv, Vv, w[prompt + t + 1]);
+        }
+        nll[c] = sum / L;
+    }
+    free(w), free(z), free(hi);
+    return st;
+}
+
+/* The file of the learned scheduler: its arrays in this order. */
+static const char *const mpq__pl_names[7] = {"pmpd.q",  "pmpd.w1",   "pmpd.b1",    "pmpd.w2",
+                                             "pmpd.b2", "pmpd.mean", "pmpd.inv_sd"};
+
+static void mpq__pl_arrays(const mpq_pmpd_learned *n, float **a, int *ndim, uint64_t (*dims)[2])
+{
+    float *v[7] = {n->q, n->w1, n->b1, n->w2, n->b2, n->mean, n->inv_sd};
+    const uint64_t d0[7] = {(uint64_t)n->dk,      (uint64_t)n->hidden, (uint64_t)n->hidden, (uint64_t)n->classes,
+                            (uint64_t)n->classes, (uint64_t)n->dv,     (uint64_t)n->dv};
+    const uint64_t d1[7] = {1, (uint64_t)n->dv, 1, (uint64_t)n->hidden, 1, 1, 1};
+    for (int k = 0; k < 7; k++) a[k] = v[k], ndim[k] = k == 1 || k == 3 ? 2 : 1, dims[k][0] = d0[k], dims[k][1] = d1[k];
+}
+
+mpq_status mpq_pmpd_learned_write(const mpq_pmpd_learned *n, const char *extra_json, const char *path, mpq_io_err *err)
+{
+    if (!path) return MPQ_ERR_ARG;
+    mpq_status st = mpq_pmpd_learned_validate(n);
+    if (st != MPQ_OK) return mpq__mfail(err, st, path, "the scheduler is not valid: %s", mpq_status_str(st));
+    cJSON *o = cJSON_CreateObject(), *extra = extra_json ? cJSON_Parse(extra_json) : NULL;
+    if (!o || (extra_json && !extra)) {
+        cJSON_Delete(o), cJSON_Delete(extra);
+        return mpq__mfail(err, extra_json ? MPQ_ERR_ARG : MPQ_ERR_NOMEM, path, "the extra metadata is not JSON");
+    }
+    cJSON_AddNumberToObject(o, "layer", n->layer);
+    cJSON_AddNumberToObject(o, "prefill_skip", n->prefill_skip);
+    cJSON_AddNumberToObject(o, "skip_high", n->skip_high);
+    cJSON_AddNumberToObject(o, "skip_low", n->skip_low);
+    cJSON_AddNumberToObject(o, "length", (double)n->length);
+    if (extra) cJSON_AddItemToObject(o, "source", extra);
+    char *meta = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    if (!meta) return mpq__mfail(err, MPQ_ERR_NOMEM, path, "out of memory");
+    mpq_st_writer *w = NULL;
+    st = mpq_st_writer_open(path, &w, err);
+    if (st == MPQ_OK) st = mpq_st_write_meta(w, "mpq_pmpd_learned", meta, err);
+    free(meta);
+    float *a[7];
+    int nd[7];
+    uint64_t dims[7][2];
+    mpq__pl_arrays(n, a, nd, dims);
+    for (int k = 0; k < 7 && st == MPQ_OK; k++)
+        st = mpq_st_write_f32(w, mpq__pl_names[k], MPQ_DT_F32, nd[k], dims[k], a[k], err);
+    if (st == MPQ_OK) return mpq_st_writer_close(w, err);
+    mpq_st_writer_abort(w);
+    return st;
+}
+
+mpq_status mpq_pmpd_learned_read(const mpq_llm *m, const char *path, mpq_pmpd_learned *out, mpq_io_err *err)
+{
+    if (!path || !out) return MPQ_ERR_ARG;
+    mpq_st_file *f = NULL;
+    mpq_status st = mpq_st_open(path, &f, err);
+    if (st != MPQ_OK) return st;
+    const char *meta = mpq_st_meta(f, "mpq_pmpd_learned");
+    cJSON *o = meta ? cJSON_Parse(meta) : NULL;
+    int fld[5] = {0};
+    if (!o) st = mpq__mfail(err, MPQ_ERR_FORMAT, path, "no mpq_pmpd_learned metadata: not a learned scheduler");
+    static const char *const keys[5] = {"layer", "prefill_skip", "skip_high", "skip_low", "length"};
+    for (int k = 0; k < 5 && st == MPQ_OK; k++)
+        if (mpq__jint(o, keys[k], &fld[k], 0, k == 0 || k == 4 ? 1 << 24 : MPQ_MAX_BITS - 1) != 1)
+            st = mpq__mfail(err, MPQ_ERR_FORMAT, path, "mpq_pmpd_learned: '%s' is missing or out of range", keys[k]);
+    cJSON_Delete(o);
+    const mpq_st_tensor *t[7] = {0};
+    for (int k = 0; k < 7 && st == MPQ_OK; k++)
+        if (!(t[k] = mpq_st_find(f, mpq__pl_names[k])))
+            st = mpq__mfail(err, MPQ_ERR_FORMAT, path, "tensor '%s': not found", mpq__pl_names[k]);
+    /* the sizes from q, W1 and W2; every shape must agree with them */
+    mpq_pmpd_learned n;
+    memset(&n, 0, sizeof n);
+    if (st == MPQ_OK &&
+        (t[0]->ndim != 1 || t[1]->ndim != 2 || t[3]->ndim != 2 || t[0]->shape[0] > 65536 || t[1]->shape[0] > 65536 ||
+         t[1]->shape[1] > 65536 || t[3]->shape[0] > 65536))
+        st = mpq__mfail(err, MPQ_ERR_SIZE, path,
+                        "tensors pmpd.q, pmpd.w1, pmpd.w2: not a vector and two matrices of "
+                        "at most 65536 x 65536");
+    if (st == MPQ_OK &&
+        (st = mpq_pmpd_learned_init(&n, (int)t[0]->shape[0], (int)t[1]->shape[1], (int)t[1]->shape[0],
+                                    (int)t[3]->shape[0], 0)) != MPQ_OK)
+        st = mpq__mfail(err, st, path, "sizes dk %llu, dv %llu, hidden %llu, classes %llu: %s",
+                        (unsigned long long)t[0]->shape[0], (unsigned long long)t[1]->shape[1],
+                        (unsigned long long)t[1]->shape[0], (unsigned long long)t[3]->shape[0],
+                        st == MPQ_ERR_SIZE ? "out of range" : mpq_status_str(st));
+    float *a[7];
+    int nd[7];
+    uint64_t dims[7][2];
+    if (st == MPQ_OK) mpq__pl_arrays(&n, a, nd, dims);
+    for (int k = 0; k < 7 && st == MPQ_OK; k++) {
+        if (t[k]->ndim != nd[k] || t[k]->shape[0] != dims[k][0] || (nd[k] == 2 && t[k]->shape[1] != dims[k][1])) {
+            st = mpq__mfail(err, MPQ_ERR_SIZE, path, "tensor '%s': shape does not match pmpd.q, pmpd.w1, pmpd.w2",
+                            mpq__pl_names[k]);
+            break;
+        }
+        st = mpq_st_read_f32(f, t[k], a[k], (size_t)t[k]->numel, err);
+    }
+    if (st == MPQ_OK) {
+        n.layer = fld[0], n.prefill_skip = fld[1], n.skip_high = fld[2], n.skip_low = fld[3], n.length = fld[4];
+        if ((st = mpq_pmpd_learned_validate(&n)) != MPQ_OK)
+            st = mpq__mfail(err, st, path, "%s",
+                            st == MPQ_ERR_NONFINITE ? "a value is not finite (or pmpd.inv_sd not positive)"
+                                                    : "skip_low must exceed skip_high, and length be at least 1");
+    }
+    if (st == MPQ_OK && m) {
+        const int kvd = m->c.kv_heads * m->c.head_dim;
+        if (n.layer >= m->c.layers || n.dk != kvd || n.dv != kvd)
+            st = mpq__mfail(err, MPQ_ERR_SIZE, path,
+                            "layer %d, keys %d and values %d: the model has %d layers of keys and values of %d",
+                            n.layer, n.dk, n.dv, m->c.layers, kvd);
+    }
+    mpq_st_close(f);
+    if (st != MPQ_OK) {
+        mpq_pmpd_learned_free(&n);
+        return st;
+    }
+    *out = n;
+    return MPQ_OK;
 }

@@ -365,7 +365,12 @@ mpq_status mpq_llm_perplexity(const mpq_llm *m, const int32_t *tokens, size_t n,
    skip_planes. Sampling: temperature 0 is greedy (the lowest id among equal
    logits); otherwise softmax(logits / temperature), cut to the most likely
    tokens whose probabilities sum to top_p, drawn with a seeded generator. A
-   token that ends a generation (mpq_token_is_end) stops it and is kept. */
+   token that ends a generation (mpq_token_is_end) stops it and is kept.
+   PMPD's learned scheduler (mpq.h section 12): with `learned` the prompt
+   runs at its prefill_skip, the network reads the keys and values the
+   prompt left in the cache of its layer (positions 0 .. n-1, every kv head
+   side by side: dk = dv = kv_heads x head_dim) and its schedule runs the
+   decoding, as a given schedule would. */
 typedef struct mpq_gen_opts {
     int max_tokens;    /* 0 -> until an end token or a full cache */
     float temperature; /* 0 -> greedy */
@@ -373,6 +378,7 @@ typedef struct mpq_gen_opts {
     uint64_t seed;
     int skip_planes;
     const mpq_pmpd_schedule *schedule; /* may be NULL */
+    const mpq_pmpd_learned *learned;   /* may be NULL; not with schedule */
     /* called with every new token (may be NULL); nonzero stops */
     int (*on_token)(void *user, int32_t token);
     void *user;
@@ -384,12 +390,42 @@ typedef struct mpq_gen_result {
     double prefill_seconds, decode_seconds;
     int tokens_at_skip[MPQ_MAX_BITS]; /* decode passes per skip level */
     double seconds_at_skip[MPQ_MAX_BITS];
+    mpq_pmpd_schedule schedule; /* the schedule that ran (learned: the predicted one) */
+    int learned_class;          /* learned: the predicted class; else -1 */
+    double schedule_seconds;    /* learned: the prediction's time */
 } mpq_gen_result;
 
 /* Generates into out (capacity max_out tokens) after clearing s. The
    prompt must fit the cache with one free position (MPQ_ERR_RANGE). */
 mpq_status mpq_llm_generate(const mpq_llm *m, mpq_llm_state *s, const int32_t *prompt, int n, const mpq_gen_opts *o,
                             int32_t *out, int max_out, mpq_gen_result *r);
+
+/* TRAINING DATA FOR THE LEARNED SCHEDULER (PMPD appendix A.1.2, with the
+   static scheduler's criterion in place of ROUGE-L). A window of prompt +
+   length + 1 tokens (its first token replaced by BOS when the tokenizer adds
+   BOS, as in mpq_llm_perplexity): the first `prompt` tokens run at
+   n->prefill_skip; then, teacher-forced, the pass of decoded token t
+   (t = 0 .. length-1, token prompt + t) predicts token prompt + t + 1, at
+   the precision class c's schedule gives token t (mpq_pmpd_learned_class_
+   schedule). nll[c] (n->classes): the mean negative log-likelihood of the
+   `length` predicted tokens under class c, n->length = length. K and V (may
+   be NULL; prompt x kv_heads * head_dim each): the cache of n->layer after
+   the prompt, the scheduler's input. The classes share their common
+   prefix: prompt + length + about (classes - 1) length / 2 tokens run.
+   s: a state with ctx >= prompt + length; its cache is overwritten. */
+mpq_status mpq_llm_pmpd_sample(const mpq_llm *m, mpq_llm_state *s, const int32_t *tokens, int prompt,
+                               const mpq_pmpd_learned *n, double *nll, float *K, float *V);
+
+/* THE LEARNED SCHEDULER'S FILE (safetensors, F32): tensors pmpd.q (dk),
+   pmpd.w1 (hidden x dv), pmpd.b1 (hidden), pmpd.w2 (classes x hidden),
+   pmpd.b2 (classes), pmpd.mean and pmpd.inv_sd (dv), and in __metadata__
+   "mpq_pmpd_learned", a JSON object with layer, prefill_skip, skip_high,
+   skip_low, length and `source` (extra_json, may be NULL). Reading checks
+   every shape, value (mpq_pmpd_learned_validate) and, with m (may be
+   NULL), that the layer exists and dk = dv = kv_heads x head_dim; n is
+   allocated as by mpq_pmpd_learned_init. */
+mpq_status mpq_pmpd_learned_write(const mpq_pmpd_learned *n, const char *extra_json, const char *path, mpq_io_err *err);
+mpq_status mpq_pmpd_learned_read(const mpq_llm *m, const char *path, mpq_pmpd_learned *n, mpq_io_err *err);
 
 
 /* ========================================================================== */

@@ -48,7 +48,8 @@ static mpq_llm *load(const char *path)
 }
 
 /* With MPQ_FUZZ_CORPUS set to a directory, the model files written here
-   are also saved there (seeds of test/fuzz/fuzz_model.c). */
+   are also saved there (seeds of test/fuzz/fuzz_model.c; a learned
+   scheduler's file, ext "pmpd", behind "PMPD" as that target reads it). */
 static void corpus_save(const char *from, const char *ext)
 {
     static int seq;
@@ -57,6 +58,7 @@ static void corpus_save(const char *from, const char *ext)
     char p[512];
     snprintf(p, sizeof p, "%s/model-%ld-%03d.%s", dir, (long)getpid(), seq++, ext);
     FILE *in = fopen(from, "rb"), *out = fopen(p, "wb");
+    if (out && !strcmp(ext, "pmpd")) fputs("PMPD", out);
     char buf[65536];
     size_t n;
     while (in && out && (n = fread(buf, 1, sizeof buf, in)) > 0) fwrite(buf, 1, n, out);
@@ -568,6 +570,190 @@ Test(model, generation_greedy_sampled_and_with_schedules, .init = make_tmpdir, .
     int32_t longp[64] = {0};
     cr_assert_eq(mpq_llm_generate(m, &s, longp, 64, &o, out, 4, &res), MPQ_ERR_RANGE);
     mpq_llm_state_free(&s);
+    mpq_llm_free(m);
+    tl_free(&tm);
+}
+
+/* ---- PMPD's learned scheduler ------------------------------------------------------------ */
+
+static void pack_all(mpq_llm *m, int bits)
+{
+    for (int i = 0; i < m->c.layers * MPQ_LIN_COUNT; i++) {
+        mpq_linear *L = &m->layer[i / MPQ_LIN_COUNT].lin[i % MPQ_LIN_COUNT];
+        mpq_bitplane_desc d = {0};
+        d.rows = L->rows, d.cols = L->cols, d.uniform_bits = bits, d.group = 16;
+        mpq_packed A;
+        cr_assert_eq(mpq_pack_alloc(&d, L->W, &A), MPQ_OK);
+        cr_assert_eq(mpq_linear_set_packed(m, L, &A), MPQ_OK);
+    }
+}
+
+/* mean -log softmax(z)[target], in float64 */
+static double nll_of(const float *z, int V, int target)
+{
+    double mx = z[0], sum = 0;
+    for (int v = 1; v < V; v++) mx = fmax(mx, z[v]);
+    for (int v = 0; v < V; v++) sum += exp(z[v] - mx);
+    return log(sum) + mx - z[target];
+}
+
+/* A learned scheduler for model m with random parameters (so that the
+   attention is far from uniform and the classes differ). */
+static void random_scheduler(const mpq_llm *m, mpq_pmpd_learned *n, uint64_t seed)
+{
+    const int kvd = m->c.kv_heads * m->c.head_dim;
+    cr_assert_eq(mpq_pmpd_learned_init(n, kvd, kvd, 6, 4, seed), MPQ_OK);
+    synth_rng r = {seed};
+    for (int j = 0; j < kvd; j++) n->q[j] = 2.0f * synth_gauss(&r);
+    for (int c = 0; c < 4; c++) n->b2[c] = synth_gauss(&r);
+    n->layer = m->c.layers - 1, n->prefill_skip = 0, n->skip_high = 1, n->skip_low = 2, n->length = 8;
+}
+
+Test(model, learned_scheduler_generation_samples_and_file, .init = make_tmpdir, .fini = remove_tmpdir)
+{
+    tl_model tm;
+    shape(&tm, 0, 0, 0);
+    char hf[600], gguf[600];
+    paths(hf, gguf);
+    tl_make(&tm, 67);
+    tl_write_gguf(&tm, gguf);
+    mpq_llm *m = load(gguf);
+    pack_all(m, 4);
+    const int kvd = m->c.kv_heads * m->c.head_dim, V = m->c.vocab, P = 6;
+    mpq_pmpd_learned n;
+    random_scheduler(m, &n, 91);
+    const int32_t prompt[6] = {3, 77, 120, 9, 200, 41};
+    /* generation: the class the network gives for the cache the prompt
+       leaves, computed here from a cache filled by hand, then that schedule */
+    mpq_llm_state s, h;
+    cr_assert_eq(mpq_llm_state_init(m, 64, 8, &s), MPQ_OK);
+    cr_assert_eq(mpq_llm_state_init(m, 64, 8, &h), MPQ_OK);
+    cr_assert_eq(mpq_llm_forward(m, &h, prompt, P, 0, NULL, P), MPQ_OK);
+    const size_t at = (size_t)n.layer * h.ctx * kvd;
+    mpq_pmpd_schedule want;
+    int cls = -1;
+    cr_assert_eq(mpq_pmpd_learned_predict(&n, h.kc + at, h.vc + at, P, &want, &cls), MPQ_OK);
+    mpq_gen_opts o = {0};
+    o.learned = &n;
+    mpq_gen_result res;
+    int32_t out[20], out2[20];
+    cr_assert_eq(mpq_llm_generate(m, &s, prompt, P, &o, out, 20, &res), MPQ_OK);
+    cr_assert_eq(res.learned_class, cls);
+    cr_assert(!memcmp(&res.schedule, &want, sizeof want));
+    const long h1 = want.start[1];
+    cr_assert_eq(res.tokens_at_skip[1], h1 < 19 ? h1 : 19);
+    cr_assert_eq(res.tokens_at_skip[2], 19 - (h1 < 19 ? h1 : 19));
+    o.learned = NULL, o.schedule = &want;
+    mpq_gen_result res2;
+    cr_assert_eq(mpq_llm_generate(m, &s, prompt, P, &o, out2, 20, &res2), MPQ_OK);
+    cr_assert(!memcmp(out, out2, sizeof out));
+    cr_assert_eq(res2.learned_class, -1);
+    o.learned = &n; /* both: an error */
+    cr_assert_eq(mpq_llm_generate(m, &s, prompt, P, &o, out2, 20, &res2), MPQ_ERR_ARG);
+    o.schedule = NULL, n.layer = m->c.layers;
+    cr_assert_eq(mpq_llm_generate(m, &s, prompt, P, &o, out2, 20, &res2), MPQ_ERR_ARG);
+    n.layer = m->c.layers - 1;
+
+    /* training samples: every class's mean NLL as a token-by-token run of
+       its schedule computes it, and the prompt's cache */
+    enum { W = 6 + 8 + 1 };
+    int32_t win[W];
+    synth_rng r = {5};
+    random_tokens(&r, win, W, tm.v->n);
+    double nll[4];
+    float *K = malloc(sizeof(float) * P * kvd), *Vc = malloc(sizeof(float) * P * kvd);
+    cr_assert_eq(mpq_llm_pmpd_sample(m, &s, win, P, &n, nll, K, Vc), MPQ_OK);
+    mpq_llm_state_reset(&h);
+    cr_assert_eq(mpq_llm_forward(m, &h, win, P, 0, NULL, P), MPQ_OK);
+    for (int i = 0; i < P * kvd; i++) {
+        cr_assert_float_eq(K[i], h.kc[at + (size_t)i], 1e-6f * (1 + fabsf(K[i])));
+        cr_assert_float_eq(Vc[i], h.vc[at + (size_t)i], 1e-6f * (1 + fabsf(Vc[i])));
+    }
+    float *z = malloc(sizeof(float) * V);
+    for (int c = 0; c < 4; c++) {
+        mpq_pmpd_schedule sc;
+        cr_assert_eq(mpq_pmpd_learned_class_schedule(&n, c, &sc), MPQ_OK);
+        mpq_llm_state_reset(&h);
+        cr_assert_eq(mpq_llm_forward(m, &h, win, P, 0, NULL, P), MPQ_OK);
+        double sum = 0;
+        for (int t = 0; t < 8; t++) {
+            cr_assert_eq(mpq_llm_forward(m, &h, &win[P + t], 1, mpq_pmpd_skip_at(&sc, t), z, 0), MPQ_OK);
+            sum += nll_of(z, V, win[P + t + 1]);
+        }
+        cr_assert_float_eq(nll[c], sum / 8, 1e-5 * (sum / 8), "class %d: %.9g, token by token %.9g", c, nll[c],
+                           sum / 8);
+    }
+    cr_assert(nll[0] != nll[3], "the classes must differ for this test to mean anything");
+    cr_assert_eq(mpq_llm_pmpd_sample(m, &s, win, 60, &n, nll, NULL, NULL), MPQ_ERR_SIZE, "beyond the cache");
+    win[9] = V;
+    cr_assert_eq(mpq_llm_pmpd_sample(m, &s, win, P, &n, nll, NULL, NULL), MPQ_ERR_ARG, "a token past the vocabulary");
+    free(K), free(Vc), free(z);
+
+    /* the file: back bit for bit; wrong files refused with a reason */
+    char path[700], bad[700];
+    snprintf(path, sizeof path, "%s/sched.safetensors", tmpdir);
+    snprintf(bad, sizeof bad, "%s/bad.safetensors", tmpdir);
+    mpq_io_err e;
+    cr_assert_eq(mpq_pmpd_learned_write(&n, "{\"model\":\"tiny\"}", path, &e), MPQ_OK, "%s", e.msg);
+    corpus_save(path, "pmpd");
+    mpq_pmpd_learned b;
+    cr_assert_eq(mpq_pmpd_learned_read(m, path, &b, &e), MPQ_OK, "%s", e.msg);
+    cr_assert(b.dk == n.dk && b.dv == n.dv && b.hidden == n.hidden && b.classes == n.classes);
+    cr_assert(b.layer == n.layer && b.prefill_skip == 0 && b.skip_high == 1 && b.skip_low == 2 && b.length == 8);
+    const size_t bytes = sizeof(float) * (size_t)(mpq_pmpd_learned_params(&n) + 2 * kvd);
+    cr_assert(!memcmp(b.mem, n.mem, bytes));
+    mpq_pmpd_learned_free(&b);
+    mpq_st_file *f;
+    cr_assert_eq(mpq_st_open(path, &f, &e), MPQ_OK);
+    cr_assert(strstr(mpq_st_meta(f, "mpq_pmpd_learned"), "\"source\":{\"model\":\"tiny\"}"));
+    mpq_st_close(f);
+    n.layer = 5; /* a layer the model lacks: fine alone, not for this model */
+    cr_assert_eq(mpq_pmpd_learned_write(&n, NULL, bad, &e), MPQ_OK);
+    cr_assert_eq(mpq_pmpd_learned_read(NULL, bad, &b, &e), MPQ_OK);
+    mpq_pmpd_learned_free(&b);
+    memset(&b, 0x5a, sizeof b);
+    mpq_pmpd_learned keep = b;
+    cr_assert_eq(mpq_pmpd_learned_read(m, bad, &b, &e), MPQ_ERR_SIZE);
+    cr_assert(strstr(e.msg, "bad.safetensors") && strstr(e.msg, "layer 5"), "%s", e.msg);
+    cr_assert(!memcmp(&b, &keep, sizeof b), "a failed read leaves the output alone");
+    n.layer = 1, n.b1[2] = NAN;
+    cr_assert_eq(mpq_pmpd_learned_write(&n, NULL, bad, &e), MPQ_ERR_NONFINITE);
+    n.b1[2] = 0;
+    /* hand-made files: a tensor missing, a shape off, inv_sd zero, no metadata */
+    const uint64_t dq = (uint64_t)kvd, d1[2] = {6, (uint64_t)kvd}, d6 = 6, d2[2] = {4, 6}, d4 = 4;
+    float *zeros = calloc((size_t)6 * kvd + 64, sizeof(float));
+    for (int v = 0; v < 5; v++) {
+        mpq_st_writer *w;
+        cr_assert_eq(mpq_st_writer_open(bad, &w, &e), MPQ_OK);
+        if (v != 4)
+            cr_assert_eq(
+                mpq_st_write_meta(w, "mpq_pmpd_learned",
+                                  "{\"layer\":1,\"prefill_skip\":0,\"skip_high\":0,\"skip_low\":1,\"length\":9}", &e),
+                MPQ_OK);
+        const uint64_t wrong = 5;
+        cr_assert_eq(mpq_st_write_f32(w, "pmpd.q", MPQ_DT_F32, 1, &dq, zeros, &e), MPQ_OK);
+        cr_assert_eq(mpq_st_write_f32(w, "pmpd.w1", MPQ_DT_F32, 2, d1, zeros, &e), MPQ_OK);
+        cr_assert_eq(mpq_st_write_f32(w, "pmpd.b1", MPQ_DT_F32, 1, v == 1 ? &wrong : &d6, zeros, &e), MPQ_OK);
+        cr_assert_eq(mpq_st_write_f32(w, "pmpd.w2", MPQ_DT_F32, 2, d2, zeros, &e), MPQ_OK);
+        if (v != 0) cr_assert_eq(mpq_st_write_f32(w, "pmpd.b2", MPQ_DT_F32, 1, &d4, zeros, &e), MPQ_OK);
+        cr_assert_eq(mpq_st_write_f32(w, "pmpd.mean", MPQ_DT_F32, 1, &dq, zeros, &e), MPQ_OK);
+        float *isd = zeros + (size_t)6 * kvd;
+        for (int j = 0; j < 32 && j < kvd; j++) isd[j] = v == 2 ? 0.0f : 1.0f;
+        cr_assert_eq(mpq_st_write_f32(w, "pmpd.inv_sd", MPQ_DT_F32, 1, &dq, isd, &e), MPQ_OK);
+        cr_assert_eq(mpq_st_writer_close(w, &e), MPQ_OK);
+        const mpq_status st = mpq_pmpd_learned_read(m, bad, &b, &e);
+        const mpq_status want_st[5] = {MPQ_ERR_FORMAT, MPQ_ERR_SIZE, MPQ_ERR_NONFINITE, MPQ_OK, MPQ_ERR_FORMAT};
+        const char *needle[5] = {"pmpd.b2", "pmpd.b1", "not finite", "", "no mpq_pmpd_learned"};
+        cr_assert_eq(st, want_st[v], "file %d: %d (%s)", v, st, e.msg);
+        if (st == MPQ_OK)
+            mpq_pmpd_learned_free(&b);
+        else
+            cr_assert(strstr(e.msg, needle[v]) && strstr(e.msg, "bad.safetensors"), "file %d: %s", v, e.msg);
+        corpus_save(bad, "pmpd");
+    }
+    free(zeros);
+    mpq_pmpd_learned_free(&n);
+    mpq_llm_state_free(&s), mpq_llm_state_free(&h);
     mpq_llm_free(m);
     tl_free(&tm);
 }

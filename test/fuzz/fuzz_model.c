@@ -9,6 +9,9 @@
              for a fixed two-layer model of the shape test_calib uses
              (dim 40, 6/2 heads of 8, ffn 72): every value it returns
              must obey the reader's rules;
+     "PMPD"  a learned scheduler's file (mpq_pmpd_learned_read), alone and
+             for that model: one that reads is valid and predicts a valid
+             schedule from a small cache;
      else    text: cut by each pre-tokenizer (the pieces must cover it, in
              order, none empty) and tokenized by two fixed vocabularies.
    Every tokenizer that loads must give a text back byte for byte from its
@@ -189,7 +192,8 @@ static void text_input(const uint8_t *data, size_t size)
     }
 }
 
-static void stats_input(const uint8_t *data, size_t size)
+/* The fixed two-layer model the statistics and scheduler files are read for. */
+static const mpq_llm *fixed_model(void)
 {
     static mpq_llm m;
     static mpq_llm_layer layers[2];
@@ -200,6 +204,12 @@ static void stats_input(const uint8_t *data, size_t size)
             for (int k = 0; k < 7; k++) layers[l].lin[k].rows = rows[k], layers[l].lin[k].cols = cols[k];
         m.layer = layers;
     }
+    return &m;
+}
+
+static void stats_input(const uint8_t *data, size_t size)
+{
+    const mpq_llm *mp = fixed_model(), m = *mp;
     char path[64];
     snprintf(path, sizeof path, "/tmp/mpq-fuzz-%ld.stats", (long)getpid());
     FILE *f = fopen(path, "wb");
@@ -226,10 +236,49 @@ static void stats_input(const uint8_t *data, size_t size)
     unlink(path);
 }
 
+/* A learned scheduler's file, read alone and for the fixed model; one that
+   reads must be valid and run on a cache of its sizes. */
+static void pmpd_input(const uint8_t *data, size_t size)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/tmp/mpq-fuzz-%ld.pmpd", (long)getpid());
+    FILE *f = fopen(path, "wb");
+    if (!f) return;
+    const int ok = fwrite(data, 1, size, f) == size;
+    fclose(f);
+    for (int with = 0; with < 2 && ok; with++) {
+        mpq_pmpd_learned n;
+        mpq_io_err e;
+        e.msg[0] = 0;
+        if (mpq_pmpd_learned_read(with ? fixed_model() : NULL, path, &n, &e) != MPQ_OK) {
+            if (!e.msg[0]) abort();
+            continue;
+        }
+        if (mpq_pmpd_learned_validate(&n) != MPQ_OK) abort();
+        if ((size_t)n.dk * 3 <= 1u << 20 && (size_t)n.dv * 3 <= 1u << 20) {
+            float *K = (float *)calloc((size_t)n.dk * 3, sizeof(float)),
+                  *V = (float *)calloc((size_t)n.dv * 3, sizeof(float));
+            mpq_pmpd_schedule s;
+            int c = -1;
+            if (!K || !V) abort();
+            for (int i = 0; i < n.dk * 3; i++) K[i] = (float)(i % 7) - 3.0f;
+            for (int i = 0; i < n.dv * 3; i++) V[i] = (float)(i % 5) - 2.0f;
+            const mpq_status st = mpq_pmpd_learned_predict(&n, K, V, 3, &s, &c);
+            if (st != MPQ_OK && st != MPQ_ERR_NONFINITE) abort(); /* huge weights can overflow to Inf */
+            if (st == MPQ_OK && (c < 0 || c >= n.classes || mpq_pmpd_validate(&s) != MPQ_OK)) abort();
+            free(K), free(V);
+        }
+        mpq_pmpd_learned_free(&n);
+    }
+    unlink(path);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (size >= 4 && !memcmp(data, "STAT", 4))
         stats_input(data + 4, size - 4);
+    else if (size >= 4 && !memcmp(data, "PMPD", 4))
+        pmpd_input(data + 4, size - 4);
     else if (size >= 4 && !memcmp(data, "GGUF", 4))
         gguf_input(data, size);
     else if (size >= 1 && data[0] == '{')
