@@ -447,6 +447,104 @@ Test(cli_llm, calibrate_then_every_method_and_a_schedule, .init = setup, .fini =
     tl_free(&tm);
 }
 
+/* PMPD's learned scheduler from the tool: trained on the text (with a loose
+   target every window's label is class 0, all decoded tokens low), run by
+   `mpq run`, and `mpq gen-eval`'s figures against the library's own
+   generation and the reference's likelihood. */
+Test(cli_llm, learned_scheduler_and_gen_eval, .init = setup, .fini = teardown, .timeout = 600)
+{
+    tl_model tm;
+    char text[700];
+    size_t len;
+    make_model(&tm, text, &len);
+    cr_assert_eq(run("quantize --quiet --bits 4 hf q.safetensors"), 0, "%s", slurp("err.txt", NULL));
+    cr_assert_eq(run("schedule --learned --quiet --ctx 16 --windows 6 --levels 0,1 --max-increase 1000 --steps 50 "
+                     "q.safetensors text.txt -o l.safetensors"),
+                 0, "%s", slurp("err.txt", NULL));
+    const char *o = slurp("out.txt", NULL);
+    cr_assert(strstr(o, "learned scheduler on layer 1 (5 classes") && strstr(o, "labels per class 6,0,0,0,0") &&
+                  strstr(o, "training accuracy 1.000"),
+              "%s", o);
+    mpq_llm *q = load("q.safetensors"), *ref = load("hf");
+    char p[600];
+    path_of("l.safetensors", p, sizeof p);
+    mpq_pmpd_learned n;
+    mpq_io_err e;
+    cr_assert_eq(mpq_pmpd_learned_read(q, p, &n, &e), MPQ_OK, "%s", e.msg);
+    cr_assert(n.layer == 1 && n.length == 7 && n.skip_high == 0 && n.skip_low == 1 && n.classes == 5 && n.hidden == 32);
+    mpq_pmpd_learned_free(&n);
+    cr_assert_eq(run("run q.safetensors -n 6 --prompt 'abc' --schedule learned:l.safetensors"), 0, "%s",
+                 slurp("err.txt", NULL));
+    cr_assert(strstr(slurp("err.txt", NULL), "learned schedule 0:0@0,1@0 (class 0 of 5"), "%s", slurp("err.txt", NULL));
+    char first[4096];
+    snprintf(first, sizeof first, "%s", slurp("out.txt", NULL));
+    cr_assert_eq(run("run q.safetensors -n 6 --prompt 'abc' --schedule 0:0@0,1@0"), 0);
+    cr_assert_str_eq(slurp("out.txt", NULL), first);
+
+    /* gen-eval: 3 prompts of 6 tokens, 5 generated */
+    cr_assert_eq(run("gen-eval --quiet q.safetensors text.txt --reference hf --schedule 0:0@0 --schedule "
+                     "learned:l.safetensors --prompts 3 --prompt-tokens 6 -n 5"),
+                 0, "%s", slurp("err.txt", NULL));
+    char out[8192];
+    snprintf(out, sizeof out, "%s", slurp("out.txt", NULL));
+    int32_t *tok;
+    size_t nt;
+    cr_assert_eq(mpq_tokenize(q->tok, text, len, 0, &tok, &nt, NULL), MPQ_OK);
+    const size_t avail = nt / 6;
+    const int V = q->c.vocab;
+    mpq_llm_state s;
+    cr_assert_eq(mpq_llm_state_init(q, 11, 8, &s), MPQ_OK);
+    double nll[2] = {0, 0};
+    long cnt[2] = {0, 0};
+    for (int i = 0; i < 3; i++) {
+        int32_t seq[11];
+        memcpy(seq, tok + (size_t)((double)i * (avail - 1) / 2 + 0.5) * 6, sizeof(int32_t) * 6);
+        if (mpq_tokenizer_adds_bos(q->tok)) seq[0] = mpq_tokenizer_bos(q->tok);
+        for (int k = 0; k < 2; k++) {
+            mpq_pmpd_schedule sc = {0};
+            sc.nlevels = 1, sc.skip[0] = k; /* the learned one runs every decoded token at skip 1 */
+            mpq_gen_opts g = {0};
+            g.schedule = &sc;
+            mpq_gen_result r;
+            cr_assert_eq(mpq_llm_generate(q, &s, seq, 6, &g, seq + 6, 5, &r), MPQ_OK);
+            float *z = malloc(sizeof(float) * 11 * V);
+            mpq_llm_state rs;
+            cr_assert_eq(mpq_llm_state_init(ref, 11, 11, &rs), MPQ_OK);
+            cr_assert_eq(mpq_llm_forward(ref, &rs, seq, 6 + r.tokens - 1, 0, z, 5), MPQ_OK);
+            for (int t = 0; t < r.tokens; t++) {
+                const float *zt = z + (size_t)t * V;
+                double mx = zt[0], sum = 0;
+                for (int v = 1; v < V; v++) mx = fmax(mx, zt[v]);
+                for (int v = 0; v < V; v++) sum += exp(zt[v] - mx);
+                nll[k] += log(sum) + mx - zt[seq[6 + t]], cnt[k]++;
+            }
+            mpq_llm_state_free(&rs);
+            free(z);
+        }
+    }
+    char want[2][160];
+    snprintf(want[0], sizeof want[0], "| 0:0@0 | %.3f | %.4f | +0.00 %% | 100.0 %% | ", mpq_llm_bpw(q, 1, 0),
+             exp(nll[0] / cnt[0]));
+    snprintf(want[1], sizeof want[1], "| learned:l.safetensors | %.3f | %.4f | ", mpq_llm_bpw(q, 1, 1),
+             exp(nll[1] / cnt[1]));
+    cr_assert(strstr(out, want[0]), "wanted '%s' in\n%s", want[0], out);
+    cr_assert(strstr(out, want[1]), "wanted '%s' in\n%s", want[1], out);
+    cr_assert(strstr(out, " | 3,0,0,0,0 ("), "every prompt class 0:\n%s", out);
+    mpq_llm_state_free(&s);
+    free(tok);
+
+    /* mistakes */
+    cr_assert_eq(run("run q.safetensors -n 2 --prompt 'abc' --schedule learned:none.safetensors"), 2);
+    cr_assert(strstr(slurp("err.txt", NULL), "none.safetensors"), "%s", slurp("err.txt", NULL));
+    cr_assert_eq(run("schedule --learned --levels 0,1,2 q.safetensors text.txt -o x.safetensors"), 1);
+    cr_assert(strstr(slurp("err.txt", NULL), "two levels"), "%s", slurp("err.txt", NULL));
+    cr_assert_eq(run("gen-eval q.safetensors text.txt --schedule 0:0@0"), 1);
+    cr_assert_eq(run("gen-eval --quiet q.safetensors text.txt --reference hf --schedule 0:0@0 --prompts 1000"), 2);
+    cr_assert(strstr(slurp("err.txt", NULL), "text.txt"), "%s", slurp("err.txt", NULL));
+    mpq_llm_free(q), mpq_llm_free(ref);
+    tl_free(&tm);
+}
+
 /* A statistic file that is wrong in one tensor: exit 2 naming the file, the
    tensor and the rule; no output. */
 Test(cli_llm, bad_statistics_exit_2, .init = setup, .fini = teardown)

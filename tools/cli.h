@@ -101,5 +101,6 @@ int cmd_run(int argc, char **argv);
 int cmd_speed(int argc, char **argv);
 int cmd_calibrate(int argc, char **argv);
 int cmd_schedule(int argc, char **argv);
+int cmd_gen_eval(int argc, char **argv);
 
 #endif

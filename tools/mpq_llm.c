@@ -1,11 +1,12 @@
 /* mpq_llm.c - the model commands of the mpq tool: eval, run, speed,
-   calibrate, schedule.
+   calibrate, schedule, gen-eval.
 
      mpq eval [options] MODEL TEXT
      mpq run [options] MODEL --prompt TEXT
      mpq speed [options] MODEL
      mpq calibrate [options] MODEL TEXT -o STATS
      mpq schedule [options] MODEL TEXT -o SCHEDULE
+     mpq gen-eval [options] MODEL TEXT --reference REF --schedule SPEC...
 
    MODEL is a GGUF file, a Hugging Face checkpoint directory or a
    safetensors file (one `mpq quantize` wrote, or a checkpoint with its
@@ -395,7 +396,10 @@ int cmd_run(int argc, char **argv)
     double temp = 0, top_p = 1;
     const char *model = NULL, *prompt = NULL, *prompt_file = NULL, *system = NULL;
     mpq_pmpd_schedule sched;
+    mpq_pmpd_learned learned;
+    memset(&learned, 0, sizeof learned);
     int have_sched = 0;
+    const char *learned_path = NULL;
     for (a.i = 1; a.i < argc && !bad; a.i++) {
         const char *v = NULL;
         if (opt(&a, "--help", NULL, &bad) || opt(&a, "-h", NULL, &bad)) {
@@ -418,6 +422,8 @@ int cmd_run(int argc, char **argv)
                  "                       T and S increasing (e.g. 0:0@0,1@32,2@96); the stderr report\n"
                  "                       gives the decode time per token at each level; or a file\n"
                  "                       whose first line is one (what `mpq schedule` writes)\n"
+                 "  --schedule learned:FILE  PMPD's learned scheduler (`mpq schedule --learned`): the\n"
+                 "                       schedule of this prompt from the cache its pass leaves\n"
                  "  --show-special       print control tokens too\n" COMMON_HELP);
             return 0;
         } else if (common_opt(&a, &lo, &bad)) {
@@ -448,12 +454,14 @@ int cmd_run(int argc, char **argv)
         } else if (opt(&a, "--skip-planes", &v, &bad)) {
             bad = bad || !parse_int("run", "--skip-planes", v, 0, 7, &g.skip_planes);
         } else if (opt(&a, "--schedule", &v, &bad)) {
-            if (!bad && !read_schedule(v, &sched))
+            if (!bad && !strncmp(v, "learned:", 8))
+                learned_path = v + 8;
+            else if (!bad && !read_schedule(v, &sched))
                 bad = fail(EXIT_USAGE,
                            "run --schedule: '%s' is not P:S@T,S@T,... with S and T increasing, nor a file "
-                           "holding one",
+                           "holding one, nor learned:FILE",
                            v);
-            have_sched = 1;
+            have_sched = learned_path == NULL;
         } else if (argv[a.i][0] == '-' && argv[a.i][1]) {
             bad = fail(EXIT_USAGE, "run: unknown option '%s' (see mpq run --help)", argv[a.i]);
         } else if (!model) {
@@ -478,7 +486,10 @@ int cmd_run(int argc, char **argv)
         return rc;
     }
     const char *what = prompt_file ? prompt_file : "--prompt";
-    if (chat) {
+    mpq_io_err le;
+    if (learned_path && mpq_pmpd_learned_read(L.m, learned_path, &learned, &le) != MPQ_OK)
+        rc = fail(EXIT_INPUT, "%s", le.msg);
+    if (!rc && chat) {
         char *c = memchr(ptext, 0, plen) ? NULL : chat_prompt(L.m->tok, system, ptext);
         if (!c)
             rc = fail(EXIT_INPUT, "%s: --chat: the vocabulary has no chat tokens mpq knows (ChatML, Llama 3)", model);
@@ -507,6 +518,7 @@ int cmd_run(int argc, char **argv)
         stream sm = {L.m->tok, show_special};
         g.max_tokens = ntok, g.temperature = (float)temp, g.top_p = (float)top_p;
         g.schedule = have_sched ? &sched : NULL;
+        g.learned = learned_path ? &learned : NULL;
         g.on_token = print_token, g.user = &sm;
         mpq_gen_result r;
         st = mpq_llm_generate(L.m, &s, tok, (int)nt, &g, out, ntok, &r);
@@ -520,6 +532,12 @@ int cmd_run(int argc, char **argv)
                     "tokens/s)%s\n",
                     r.prompt_tokens, r.prefill_seconds, r.prompt_tokens / r.prefill_seconds, dec, r.decode_seconds,
                     r.decode_seconds > 0 ? dec / r.decode_seconds : 0.0, r.ended ? "; stopped at an end token" : "");
+            if (learned_path) {
+                char t[128];
+                schedule_text(&r.schedule, t, sizeof t);
+                fprintf(stderr, "mpq: learned schedule %s (class %d of %d, predicted in %.2f ms)\n", t, r.learned_class,
+                        learned.classes, 1e3 * r.schedule_seconds);
+            }
             for (int k = 0; k < MPQ_MAX_BITS && L.m->layer[0].lin[0].A.buf; k++) /* packed models only */
                 if (r.tokens_at_skip[k])
                     fprintf(stderr, "mpq:   skip %d (%.3f bpw read): %d tokens, %.2f ms per token\n", k,
@@ -528,6 +546,7 @@ int cmd_run(int argc, char **argv)
         }
     }
     mpq_llm_state_free(&s);
+    mpq_pmpd_learned_free(&learned);
     free(out);
     free(tok);
     free(ptext);
@@ -917,6 +936,116 @@ static int parse_levels(const char *v, int *skip)
     return n;
 }
 
+/* The learned scheduler's options (mpq schedule --learned). */
+typedef struct learn_opts {
+    int windows, layer, hidden, seed;
+    mpq_pmpd_train_opts train;
+} learn_opts;
+
+/* PMPD's learned scheduler, trained on windows of the calibration text:
+   each window's label is the fewest high-precision tokens whose
+   teacher-forced perplexity is within max_increase of all high precision. */
+static int schedule_learned(const mpq_llm *m, const char *model, const char *text_path, const int32_t *tok, size_t nt,
+                            const mpq_pmpd_search *d, double max_increase, int ctx, const learn_opts *lo, int quiet,
+                            const char *out)
+{
+    const int kvd = m->c.kv_heads * m->c.head_dim, P = ctx / 2, length = ctx - P - 1;
+    if (d->nlevels != 2)
+        return fail(EXIT_USAGE, "schedule --learned: two levels (--levels HIGH,LOW), not %d", d->nlevels);
+    if (length < 1) return fail(EXIT_USAGE, "schedule --learned: --ctx %d leaves no decoded token", ctx);
+    const int layer = lo->layer < 0 ? m->c.layers - 1 : lo->layer;
+    if (layer >= m->c.layers)
+        return fail(EXIT_USAGE, "schedule --layer: %d, but %s has %d layers", layer, model, m->c.layers);
+    const size_t avail = nt / (size_t)ctx;
+    if (avail < 2) return fail(EXIT_INPUT, "%s: %zu tokens, fewer than two windows of %d", text_path, nt, ctx);
+    const int W = (size_t)lo->windows < avail ? lo->windows : (int)avail;
+    mpq_pmpd_learned n;
+    mpq_status st = mpq_pmpd_learned_init(&n, kvd, kvd, lo->hidden, d->candidates, (uint64_t)lo->seed);
+    if (st != MPQ_OK) return fail(EXIT_QUANT, "schedule --learned: %s", mpq_status_str(st));
+    n.layer = layer, n.prefill_skip = d->prefill_skip, n.skip_high = d->skip[0], n.skip_low = d->skip[1];
+    n.length = length;
+    const int C = n.classes;
+    float *K = (float *)malloc(sizeof(float) * (size_t)W * P * kvd),
+          *V = (float *)malloc(sizeof(float) * (size_t)W * P * kvd);
+    mpq_pmpd_sample *smp = (mpq_pmpd_sample *)calloc((size_t)W, sizeof *smp);
+    double *nll = (double *)malloc(sizeof(double) * (size_t)W * C);
+    mpq_llm_state s;
+    memset(&s, 0, sizeof s);
+    int rc = 0;
+    if (!K || !V || !smp || !nll || (st = mpq_llm_state_init(m, ctx, 64, &s)) != MPQ_OK)
+        rc = fail(EXIT_QUANT, "schedule --learned: %s", st != MPQ_OK ? mpq_status_str(st) : "out of memory");
+    int hist[MPQ_PMPD_MAX_CLASSES] = {0};
+    const double t0 = cli_now();
+    progress pr;
+    progress_start(&pr, "mpq", !quiet, W);
+    for (int i = 0; i < W && !rc; i++) { /* windows evenly over the text */
+        const size_t at = (size_t)((double)i * (double)(avail - 1) / (W > 1 ? W - 1 : 1) + 0.5) * (size_t)ctx;
+        double *v = nll + (size_t)i * C;
+        st = mpq_llm_pmpd_sample(m, &s, tok + at, P, &n, v, K + (size_t)i * P * kvd, V + (size_t)i * P * kvd);
+        if (st != MPQ_OK) {
+            rc = fail(EXIT_QUANT, "schedule --learned: window %d: %s", i, mpq_status_str(st));
+            break;
+        }
+        int label = C - 1;
+        for (int c = 0; c < C; c++)
+            if (v[c] <= v[C - 1] + log1p(max_increase)) {
+                label = c;
+                break;
+            }
+        hist[label]++;
+        smp[i].K = K + (size_t)i * P * kvd, smp[i].V = V + (size_t)i * P * kvd, smp[i].T = P, smp[i].label = label;
+        char what[64];
+        snprintf(what, sizeof what, " windows, %.0f s", cli_now() - t0);
+        progress_show(&pr, i + 1, what);
+    }
+    progress_end(&pr);
+    double loss0 = 0, loss = 0;
+    if (!rc) mpq_pmpd_learned_loss(&n, smp, W, lo->train.l2, &loss0, NULL);
+    if (!rc && (st = mpq_pmpd_learned_train(&n, smp, W, &lo->train, &loss)) != MPQ_OK)
+        rc = fail(EXIT_QUANT, "schedule --learned: training: %s", mpq_status_str(st));
+    int right = 0, predicted[MPQ_PMPD_MAX_CLASSES] = {0};
+    for (int i = 0; i < W && !rc; i++) {
+        mpq_pmpd_schedule sc;
+        int c = 0;
+        if (mpq_pmpd_learned_predict(&n, smp[i].K, smp[i].V, P, &sc, &c) == MPQ_OK)
+            right += c == smp[i].label, predicted[c]++;
+    }
+    if (!rc) {
+        char hs[512], ps[512], extra[1024];
+        int k = 0, q = 0;
+        for (int c = 0; c < C; c++) {
+            k += snprintf(hs + k, sizeof hs - (size_t)k, "%s%d", c ? "," : "", hist[c]);
+            q += snprintf(ps + q, sizeof ps - (size_t)q, "%s%d", c ? "," : "", predicted[c]);
+        }
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "model", model);
+        cJSON_AddStringToObject(o, "text", text_path);
+        cJSON_AddNumberToObject(o, "windows", W);
+        cJSON_AddNumberToObject(o, "ctx", ctx);
+        cJSON_AddNumberToObject(o, "max_increase", max_increase);
+        cJSON_AddStringToObject(o, "labels", hs);
+        cJSON_AddNumberToObject(o, "train_accuracy", (double)right / W);
+        cJSON_AddNumberToObject(o, "loss", loss);
+        char *j = cJSON_PrintUnformatted(o);
+        cJSON_Delete(o);
+        snprintf(extra, sizeof extra, "%s", j ? j : "{}");
+        free(j);
+        mpq_io_err e;
+        if ((st = mpq_pmpd_learned_write(&n, extra, out, &e)) != MPQ_OK)
+            rc = fail(EXIT_OUTPUT, "%s", e.msg);
+        else
+            printf("%s: learned scheduler on layer %d (%d classes: first round(c x %d / %d) decoded tokens at skip %d, "
+                   "then %d); %d windows of %s, labels per class %s; loss %.4f -> %.4f, training accuracy %.3f "
+                   "(predicted %s); %.0f s\n",
+                   out, layer, C, length, C - 1, n.skip_high, n.skip_low, W, text_path, hs, loss0, loss,
+                   (double)right / W, ps, cli_now() - t0);
+    }
+    mpq_llm_state_free(&s);
+    free(K), free(V), free(smp), free(nll);
+    mpq_pmpd_learned_free(&n);
+    return rc;
+}
+
 int cmd_schedule(int argc, char **argv)
 {
     args a = {argc, 0, argv, "schedule"};
@@ -925,7 +1054,8 @@ int cmd_schedule(int argc, char **argv)
     memset(&d, 0, sizeof d);
     d.nlevels = 2, d.skip[0] = 0, d.skip[1] = 1, d.candidates = 5;
     double max_increase = 0.10;
-    int ctx = 512, chunks = 4;
+    int ctx = 512, chunks = 4, learned = 0;
+    learn_opts lrn = {64, -1, 32, 1, {500, 0.01, 1e-3}};
     const char *pos[2] = {0}, *out = NULL;
     int npos = 0, bad = 0;
     for (a.i = 1; a.i < argc && !bad; a.i++) {
@@ -949,7 +1079,23 @@ int cmd_schedule(int argc, char **argv)
                  "  --max-increase X   allowed perplexity increase over the first level (default 0.10)\n"
                  "  --candidates N     switch points, 0 and L included (default 5)\n"
                  "  --ctx N            tokens per chunk (default 512; L = N - N/2 decoded tokens)\n"
-                 "  --chunks N         chunks of TEXT per quality (default 4)\n" COMMON_HELP);
+                 "  --chunks N         chunks of TEXT per quality (default 4)\n"
+                 "\n"
+                 "--learned trains PMPD's learned scheduler instead (section 4.2, appendix A.1): for\n"
+                 "each of --windows windows of --ctx tokens of TEXT, the first half the prompt, the\n"
+                 "label is the fewest decoded tokens at the first level (of the N candidates) whose\n"
+                 "perplexity of the rest of the window, teacher-forced, is within --max-increase of\n"
+                 "all tokens at the first level; the network (attention of a learned query over the\n"
+                 "prompt's keys and values in one layer, then an MLP) learns the label from the\n"
+                 "cache. Writes a safetensors file that `mpq run --schedule learned:FILE` reads.\n"
+                 "  --learned          train the learned scheduler (two levels; -o FILE.safetensors)\n"
+                 "  --windows N        training windows (default 64)\n"
+                 "  --layer K          the layer whose cache it reads (default the last)\n"
+                 "  --hidden H         hidden units of the MLP (default 32)\n"
+                 "  --steps N          Adam steps over all windows (default 500)\n"
+                 "  --lr X             learning rate (default 0.01)\n"
+                 "  --l2 X             weight decay of the MLP's matrices (default 0.001)\n"
+                 "  --seed S           initialisation (default 1)\n" COMMON_HELP);
             return 0;
         } else if (common_opt(&a, &lo, &bad)) {
         } else if (opt(&a, "-o", &v, &bad) || opt(&a, "--output", &v, &bad)) {
@@ -967,12 +1113,30 @@ int cmd_schedule(int argc, char **argv)
             bad = bad || !parse_int("schedule", "--ctx", v, 4, 1 << 20, &ctx);
         } else if (opt(&a, "--chunks", &v, &bad)) {
             bad = bad || !parse_int("schedule", "--chunks", v, 1, 1 << 20, &chunks);
+        } else if (opt(&a, "--learned", NULL, &bad)) {
+            learned = 1;
+        } else if (opt(&a, "--windows", &v, &bad)) {
+            bad = bad || !parse_int("schedule", "--windows", v, 2, 1 << 20, &lrn.windows);
+        } else if (opt(&a, "--layer", &v, &bad)) {
+            bad = bad || !parse_int("schedule", "--layer", v, 0, 1 << 20, &lrn.layer);
+        } else if (opt(&a, "--hidden", &v, &bad)) {
+            bad = bad || !parse_int("schedule", "--hidden", v, 1, 4096, &lrn.hidden);
+        } else if (opt(&a, "--steps", &v, &bad)) {
+            bad = bad || !parse_int("schedule", "--steps", v, 1, 1 << 20, &lrn.train.steps);
+        } else if (opt(&a, "--lr", &v, &bad)) {
+            bad = bad || !parse_double("schedule", "--lr", v, 1e-9, 10, &lrn.train.lr);
+        } else if (opt(&a, "--l2", &v, &bad)) {
+            bad = bad || !parse_double("schedule", "--l2", v, 0, 100, &lrn.train.l2);
+        } else if (opt(&a, "--seed", &v, &bad)) {
+            bad = bad || !parse_int("schedule", "--seed", v, 0, INT32_MAX, &lrn.seed);
         } else {
             model_text_arg(&a, pos, &npos, &bad);
         }
     }
     if (bad) return EXIT_USAGE;
     if (npos != 2 || !out) return fail(EXIT_USAGE, "schedule: needs MODEL TEXT -o FILE (see mpq schedule --help)");
+    if (learned && d.nlevels != 2)
+        return fail(EXIT_USAGE, "schedule --learned: two levels (--levels HIGH,LOW), not %d", d.nlevels);
     char *text = NULL;
     size_t len = 0;
     int rc = read_text(pos[1], &text, &len);
@@ -995,6 +1159,13 @@ int cmd_schedule(int argc, char **argv)
         rc = fail(EXIT_INPUT, "%s: %s", pos[1], e.msg);
     if (!rc && C.n < (size_t)ctx) rc = fail(EXIT_INPUT, "%s: %zu tokens, fewer than one chunk of %d", pos[1], C.n, ctx);
     C.tok = tok;
+    if (!rc && learned) {
+        rc = schedule_learned(L.m, pos[0], pos[1], tok, C.n, &d, max_increase, ctx, &lrn, lo.quiet, out);
+        free(tok);
+        free(text);
+        unload(&L);
+        return rc;
+    }
     for (int k = 0; k <= d.skip[d.nlevels - 1] && k <= MPQ_MAX_BITS; k++) bits[k] = mpq_llm_bpw(L.m, 1, k);
     d.bits = bits, d.length = ctx - ctx / 2;
     mpq_pmpd_schedule ref, best;
@@ -1036,5 +1207,218 @@ int cmd_schedule(int argc, char **argv)
     free(tok);
     free(text);
     unload(&L);
+    return rc;
+}
+
+/* ---------------------------------------------------------------------------
+   gen-eval
+   ------------------------------------------------------------------------ */
+
+#define GE_MAX_SPECS 8
+
+/* -log softmax(z)[target], in double */
+static double nll_of(const float *z, int n, int target)
+{
+    double mx = z[0], sum = 0;
+    for (int i = 1; i < n; i++) mx = z[i] > mx ? z[i] : mx;
+    for (int i = 0; i < n; i++) sum += exp((double)z[i] - mx);
+    return log(sum) + mx - z[target];
+}
+
+typedef struct ge_spec {
+    const char *text;
+    int learned;
+    mpq_pmpd_schedule s;
+    mpq_pmpd_learned n;
+    /* sums over the prompts */
+    double bits, nll, decode_s, predict_s;
+    long tokens, passes, scored, same, prefix;
+    int classes[MPQ_PMPD_MAX_CLASSES];
+} ge_spec;
+
+int cmd_gen_eval(int argc, char **argv)
+{
+    args a = {argc, 0, argv, "gen-eval"};
+    llm_opts lo = {0, 0, "cpu", 0};
+    const char *pos[2] = {0}, *ref_path = NULL;
+    int npos = 0, bad = 0, nspec = 0, nprompts = 16, P = 128, L = 128;
+    ge_spec *sp = (ge_spec *)calloc(GE_MAX_SPECS, sizeof *sp);
+    if (!sp) return fail(EXIT_QUANT, "out of memory");
+    for (a.i = 1; a.i < argc && !bad; a.i++) {
+        const char *v = NULL;
+        if (opt(&a, "--help", NULL, &bad) || opt(&a, "-h", NULL, &bad)) {
+            puts("usage: mpq gen-eval [options] MODEL TEXT --reference REF --schedule SPEC [--schedule SPEC]...\n"
+                 "\n"
+                 "Generation under PMPD precision schedules, measured as PMPD's evaluation does: --prompts\n"
+                 "prompts of --prompt-tokens tokens taken evenly from TEXT (evaluation text, never the\n"
+                 "text a scheduler was made on), each continued greedily for up to -n tokens under\n"
+                 "every SPEC. Per SPEC: the bits per weight read per decoded token (averaged over all\n"
+                 "decoded tokens), the perplexity of the continuations under REF (the reference model,\n"
+                 "each continuation after its prompt), how many tokens equal the first SPEC's at the\n"
+                 "same position and how long the common start is, and the decode rate.\n"
+                 "\n"
+                 "  --reference REF      the model that scores the continuations (float weights)\n"
+                 "  --schedule SPEC      P:S@T,... (or a file whose first line is one), or\n"
+                 "                       learned:FILE (`mpq schedule --learned`); up to 8, the first\n"
+                 "                       is the baseline the others are compared with\n"
+                 "  --prompts N          prompts (default 16)\n"
+                 "  --prompt-tokens N    tokens per prompt (default 128)\n"
+                 "  -n, --tokens N       tokens to generate per prompt (default 128)\n" COMMON_HELP);
+            free(sp);
+            return 0;
+        } else if (common_opt(&a, &lo, &bad)) {
+        } else if (opt(&a, "--reference", &v, &bad)) {
+            ref_path = v;
+        } else if (opt(&a, "--schedule", &v, &bad)) {
+            if (bad) break;
+            if (nspec == GE_MAX_SPECS) {
+                bad = fail(EXIT_USAGE, "gen-eval: at most %d --schedule", GE_MAX_SPECS);
+                break;
+            }
+            sp[nspec].text = v;
+            sp[nspec].learned = !strncmp(v, "learned:", 8);
+            if (!sp[nspec].learned && !read_schedule(v, &sp[nspec].s))
+                bad = fail(EXIT_USAGE,
+                           "gen-eval --schedule: '%s' is not P:S@T,S@T,... with S and T increasing, nor a file "
+                           "holding one, nor learned:FILE",
+                           v);
+            nspec++;
+        } else if (opt(&a, "--prompts", &v, &bad)) {
+            bad = bad || !parse_int("gen-eval", "--prompts", v, 1, 1 << 20, &nprompts);
+        } else if (opt(&a, "--prompt-tokens", &v, &bad)) {
+            bad = bad || !parse_int("gen-eval", "--prompt-tokens", v, 1, 1 << 20, &P);
+        } else if (opt(&a, "--tokens", &v, &bad) || opt(&a, "-n", &v, &bad)) {
+            bad = bad || !parse_int("gen-eval", "--tokens", v, 1, 1 << 20, &L);
+        } else {
+            model_text_arg(&a, pos, &npos, &bad);
+        }
+    }
+    if (!bad && (npos != 2 || !ref_path || !nspec))
+        bad = fail(EXIT_USAGE, "gen-eval: needs MODEL TEXT --reference REF --schedule SPEC (see mpq gen-eval --help)");
+    if (bad) {
+        free(sp);
+        return EXIT_USAGE;
+    }
+    char *text = NULL;
+    size_t len = 0;
+    int rc = read_text(pos[1], &text, &len);
+    loaded M, R;
+    memset(&M, 0, sizeof M), memset(&R, 0, sizeof R);
+    llm_opts ro = lo;
+    ro.device = "cpu", ro.a8 = 0;
+    if (!rc) rc = load(pos[0], &lo, &M);
+    if (!rc) rc = load(ref_path, &ro, &R);
+    if (!rc && mpq_llm_bpw(M.m, 1, -1) <= 0) rc = fail(EXIT_INPUT, "%s: no packed linear maps to schedule", pos[0]);
+    if (!rc && R.m->c.vocab != M.m->c.vocab)
+        rc = fail(EXIT_INPUT, "%s: vocabulary of %d, %s has %d", ref_path, R.m->c.vocab, pos[0], M.m->c.vocab);
+    for (int j = 0; j < nspec && !rc; j++) {
+        mpq_io_err e;
+        if (sp[j].learned && mpq_pmpd_learned_read(M.m, sp[j].text + 8, &sp[j].n, &e) != MPQ_OK)
+            rc = fail(EXIT_INPUT, "%s", e.msg);
+    }
+    int32_t *tok = NULL, *prompt = NULL, *outs = NULL;
+    size_t nt = 0;
+    mpq_io_err e;
+    if (!rc && mpq_tokenize(M.m->tok, text, len, 0, &tok, &nt, &e) != MPQ_OK)
+        rc = fail(EXIT_INPUT, "%s: %s", pos[1], e.msg);
+    const size_t avail = nt / (size_t)P;
+    if (!rc && avail < (size_t)nprompts)
+        rc = fail(EXIT_INPUT, "%s: %zu tokens: fewer than %d prompts of %d", pos[1], nt, nprompts, P);
+    const int V = M.m ? M.m->c.vocab : 0, ctx = P + L;
+    mpq_llm_state s, rs;
+    memset(&s, 0, sizeof s), memset(&rs, 0, sizeof rs);
+    float *z0 = NULL, *z = NULL;
+    mpq_status st = MPQ_OK;
+    if (!rc &&
+        ((st = mpq_llm_state_init(M.m, ctx, 64, &s)) != MPQ_OK ||
+         (st = mpq_llm_state_init(R.m, ctx, 64, &rs)) != MPQ_OK))
+        rc = fail(EXIT_QUANT, "gen-eval: a cache of %d positions: %s", ctx, mpq_status_str(st));
+    if (!rc &&
+        (!(prompt = (int32_t *)malloc(sizeof(int32_t) * (size_t)P)) ||
+         !(outs = (int32_t *)malloc(sizeof(int32_t) * (size_t)nspec * L)) ||
+         !(z0 = (float *)malloc(sizeof(float) * (size_t)V)) || !(z = (float *)malloc(sizeof(float) * (size_t)L * V))))
+        rc = fail(EXIT_QUANT, "out of memory");
+    double bits[MPQ_MAX_BITS];
+    for (int k = 0; k < MPQ_MAX_BITS && !rc; k++) bits[k] = mpq_llm_bpw(M.m, 1, k);
+    int ntok[GE_MAX_SPECS] = {0};
+    progress pr;
+    progress_start(&pr, "mpq", !lo.quiet, nprompts);
+    const double t0 = cli_now();
+    for (int i = 0; i < nprompts && !rc; i++) {
+        const size_t at = (size_t)((double)i * (double)(avail - 1) / (nprompts > 1 ? nprompts - 1 : 1) + 0.5) * P;
+        memcpy(prompt, tok + at, sizeof(int32_t) * (size_t)P);
+        if (mpq_tokenizer_adds_bos(M.m->tok) && mpq_tokenizer_bos(M.m->tok) >= 0)
+            prompt[0] = mpq_tokenizer_bos(M.m->tok);
+        for (int j = 0; j < nspec && !rc; j++) {
+            mpq_gen_opts g;
+            memset(&g, 0, sizeof g);
+            g.max_tokens = L;
+            g.schedule = sp[j].learned ? NULL : &sp[j].s;
+            g.learned = sp[j].learned ? &sp[j].n : NULL;
+            mpq_gen_result r;
+            int32_t *o = outs + (size_t)j * L;
+            if ((st = mpq_llm_generate(M.m, &s, prompt, P, &g, o, L, &r)) != MPQ_OK) {
+                rc = fail(EXIT_QUANT, "gen-eval: prompt %d, schedule %s: %s", i, sp[j].text, mpq_status_str(st));
+                break;
+            }
+            ntok[j] = r.tokens;
+            double avg = 0;
+            if (r.tokens > 0 && mpq_pmpd_average_bits(&r.schedule, bits, r.tokens, &avg) == MPQ_OK)
+                sp[j].bits += avg * r.tokens;
+            sp[j].tokens += r.tokens;
+            sp[j].passes += r.tokens > 0 ? r.tokens - 1 : 0;
+            sp[j].decode_s += r.decode_seconds, sp[j].predict_s += r.schedule_seconds;
+            if (r.learned_class >= 0) sp[j].classes[r.learned_class]++;
+            int pre = 0;
+            while (pre < ntok[j] && pre < ntok[0] && o[pre] == outs[pre]) pre++;
+            sp[j].prefix += pre;
+            for (int t = 0; t < ntok[j] && t < ntok[0]; t++) sp[j].same += o[t] == outs[t];
+        }
+        /* the continuations under the reference, after the prompt's one pass */
+        mpq_llm_state_reset(&rs);
+        if (!rc && (st = mpq_llm_forward(R.m, &rs, prompt, P, 0, z0, P - 1)) != MPQ_OK)
+            rc = fail(EXIT_QUANT, "gen-eval: the reference: %s", mpq_status_str(st));
+        for (int j = 0; j < nspec && !rc; j++) {
+            const int32_t *o = outs + (size_t)j * L;
+            const int n = ntok[j];
+            if (n == 0) continue;
+            rs.pos = P;
+            if (n > 1 && (st = mpq_llm_forward(R.m, &rs, o, n - 1, 0, z, 0)) != MPQ_OK) {
+                rc = fail(EXIT_QUANT, "gen-eval: the reference: %s", mpq_status_str(st));
+                break;
+            }
+            sp[j].nll += nll_of(z0, V, o[0]);
+            for (int t = 1; t < n; t++) sp[j].nll += nll_of(z + (size_t)(t - 1) * V, V, o[t]);
+            sp[j].scored += n;
+        }
+        char what[64];
+        snprintf(what, sizeof what, " prompts, %.0f s", cli_now() - t0);
+        progress_show(&pr, i + 1, what);
+    }
+    progress_end(&pr);
+    if (!rc) {
+        printf("%d prompts of %d tokens from %s, up to %d tokens each, greedy; continuations scored by %s\n\n",
+               nprompts, P, pos[1], L, ref_path);
+        printf("| schedule | bits per decoded token | ppl under the reference | vs first | same tokens as first | "
+               "common start | decode tokens/s | classes |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n");
+        const double ppl0 = exp(sp[0].nll / (double)sp[0].scored);
+        for (int j = 0; j < nspec; j++) {
+            const double ppl = exp(sp[j].nll / (double)sp[j].scored);
+            char cls[256] = "";
+            int k = 0;
+            for (int c = 0; sp[j].learned && c < sp[j].n.classes; c++)
+                k += snprintf(cls + k, sizeof cls - (size_t)k, "%s%d", c ? "," : "", sp[j].classes[c]);
+            if (sp[j].learned)
+                snprintf(cls + k, sizeof cls - (size_t)k, " (%.2f ms each)", 1e3 * sp[j].predict_s / nprompts);
+            printf("| %s | %.3f | %.4f | %+.2f %% | %.1f %% | %.1f | %.1f | %s |\n", sp[j].text,
+                   sp[j].bits / (double)sp[j].tokens, ppl, 100 * (ppl / ppl0 - 1),
+                   100.0 * (double)sp[j].same / (double)sp[0].tokens, (double)sp[j].prefix / nprompts,
+                   sp[j].decode_s > 0 ? (double)sp[j].passes / sp[j].decode_s : 0.0, cls);
+        }
+    }
+    for (int j = 0; j < nspec; j++) mpq_pmpd_learned_free(&sp[j].n);
+    mpq_llm_state_free(&s), mpq_llm_state_free(&rs);
+    free(sp), free(tok), free(prompt), free(outs), free(z0), free(z), free(text);
+    unload(&M), unload(&R);
     return rc;
 }

@@ -4,7 +4,7 @@
      mpq eval [options] MODEL TEXT                  (tools/mpq_llm.c)
      mpq run [options] MODEL --prompt TEXT          (tools/mpq_llm.c)
      mpq speed [options] MODEL                      (tools/mpq_llm.c)
-     mpq calibrate, mpq schedule [options] ...      (tools/mpq_llm.c)
+     mpq calibrate, schedule, gen-eval [options] ... (tools/mpq_llm.c)
      mpq inspect FILE.safetensors
      mpq bench [options] FILE.safetensors
      mpq dequantize [options] IN OUT.safetensors
@@ -1389,7 +1389,8 @@ static void main_help(void)
            "  calibrate  statistics for the methods from a model's forward and backward passes\n"
            "  eval       perplexity of a model on a text file, as llama-perplexity computes it\n"
            "  run        generate text from a prompt (greedy or sampled; PMPD schedules)\n"
-           "  schedule   PMPD's static schedule search for a packed model, on calibration text\n"
+           "  schedule   PMPD's static schedule search, or its learned scheduler, on calibration text\n"
+           "  gen-eval   generation under PMPD schedules: bits per token, quality under a reference\n"
            "  speed      prompt and decode tokens per second, as llama-bench measures them\n"
            "  inspect    list a file's tensors: format, widths, bits per weight, bytes\n"
            "  bench      time the packed matrices of a file (CPU, and GPU when present)\n"
@@ -1419,8 +1420,9 @@ int main(int argc, char **argv)
     if (strcmp(argv[1], "speed") == 0) return cmd_speed(argc - 1, argv + 1);
     if (strcmp(argv[1], "calibrate") == 0) return cmd_calibrate(argc - 1, argv + 1);
     if (strcmp(argv[1], "schedule") == 0) return cmd_schedule(argc - 1, argv + 1);
+    if (strcmp(argv[1], "gen-eval") == 0) return cmd_gen_eval(argc - 1, argv + 1);
     return fail(EXIT_USAGE,
-                "unknown command '%s' (quantize, calibrate, schedule, eval, run, speed, inspect, bench, "
+                "unknown command '%s' (quantize, calibrate, schedule, gen-eval, eval, run, speed, inspect, bench, "
                 "dequantize; "
                 "see mpq --help)",
                 argv[1]);
