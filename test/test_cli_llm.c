@@ -463,7 +463,10 @@ Test(cli_llm, learned_scheduler_and_gen_eval, .init = setup, .fini = teardown, .
                  0, "%s", slurp("err.txt", NULL));
     const char *o = slurp("out.txt", NULL);
     cr_assert(strstr(o, "learned scheduler on layer 1 (5 classes") && strstr(o, "labels per class 6,0,0,0,0") &&
-                  strstr(o, "training accuracy 1.000"),
+                  strstr(o, "training accuracy 1.000") &&
+                  strstr(o,
+                         "held out 2 windows: accuracy 1.000 (0 predicted fewer high-precision tokens than their "
+                         "label, 0 more), the most frequent label 1.000"),
               "%s", o);
     mpq_llm *q = load("q.safetensors"), *ref = load("hf");
     char p[600];
@@ -490,15 +493,16 @@ Test(cli_llm, learned_scheduler_and_gen_eval, .init = setup, .fini = teardown, .
     int32_t *tok;
     size_t nt;
     cr_assert_eq(mpq_tokenize(q->tok, text, len, 0, &tok, &nt, NULL), MPQ_OK);
-    const size_t avail = nt / 6;
+    const size_t avail = nt / 12; /* windows of a prompt and the text's next 5 + 1 tokens */
     const int V = q->c.vocab;
     mpq_llm_state s;
     cr_assert_eq(mpq_llm_state_init(q, 11, 8, &s), MPQ_OK);
-    double nll[2] = {0, 0};
+    double nll[2] = {0, 0}, tf[2] = {0, 0};
     long cnt[2] = {0, 0};
     for (int i = 0; i < 3; i++) {
         int32_t seq[11];
-        memcpy(seq, tok + (size_t)((double)i * (avail - 1) / 2 + 0.5) * 6, sizeof(int32_t) * 6);
+        const int32_t *w = tok + (size_t)((double)i * (avail - 1) / 2 + 0.5) * 12;
+        memcpy(seq, w, sizeof(int32_t) * 6);
         if (mpq_tokenizer_adds_bos(q->tok)) seq[0] = mpq_tokenizer_bos(q->tok);
         for (int k = 0; k < 2; k++) {
             mpq_pmpd_schedule sc = {0};
@@ -518,15 +522,28 @@ Test(cli_llm, learned_scheduler_and_gen_eval, .init = setup, .fini = teardown, .
                 for (int v = 0; v < V; v++) sum += exp(zt[v] - mx);
                 nll[k] += log(sum) + mx - zt[seq[6 + t]], cnt[k]++;
             }
+            /* the text's next tokens, teacher-forced: the prompt at skip 0, then
+               w[6..10] at skip k predicting w[7..11] */
+            mpq_llm_state_reset(&s);
+            cr_assert_eq(mpq_llm_forward(q, &s, seq, 6, 0, NULL, 6), MPQ_OK);
+            cr_assert_eq(mpq_llm_forward(q, &s, w + 6, 5, k, z, 0), MPQ_OK);
+            for (int t = 0; t < 5; t++) {
+                const float *zt = z + (size_t)t * V;
+                double mx = zt[0], sum = 0;
+                for (int v = 1; v < V; v++) mx = fmax(mx, zt[v]);
+                for (int v = 0; v < V; v++) sum += exp(zt[v] - mx);
+                tf[k] += log(sum) + mx - zt[w[7 + t]];
+            }
             mpq_llm_state_free(&rs);
             free(z);
         }
     }
     char want[2][160];
-    snprintf(want[0], sizeof want[0], "| 0:0@0 | %.3f | %.4f | +0.00 %% | 100.0 %% | ", mpq_llm_bpw(q, 1, 0),
-             exp(nll[0] / cnt[0]));
-    snprintf(want[1], sizeof want[1], "| learned:l.safetensors | %.3f | %.4f | ", mpq_llm_bpw(q, 1, 1),
-             exp(nll[1] / cnt[1]));
+    snprintf(want[0], sizeof want[0], "| 0:0@0 | %.3f | %.4f | +0.00 %% | %.4f | +0.00 %% | 100.0 %% | ",
+             mpq_llm_bpw(q, 1, 0), exp(nll[0] / cnt[0]), exp(tf[0] / 15));
+    snprintf(want[1], sizeof want[1], "| learned:l.safetensors | %.3f | %.4f | %+.2f %% | %.4f | ",
+             mpq_llm_bpw(q, 1, 1), exp(nll[1] / cnt[1]), 100 * (exp(nll[1] / cnt[1]) / exp(nll[0] / cnt[0]) - 1),
+             exp(tf[1] / 15));
     cr_assert(strstr(out, want[0]), "wanted '%s' in\n%s", want[0], out);
     cr_assert(strstr(out, want[1]), "wanted '%s' in\n%s", want[1], out);
     cr_assert(strstr(out, " | 3,0,0,0,0 ("), "every prompt class 0:\n%s", out);

@@ -939,6 +939,7 @@ static int parse_levels(const char *v, int *skip)
 /* The learned scheduler's options (mpq schedule --learned). */
 typedef struct learn_opts {
     int windows, layer, hidden, seed;
+    double holdout; /* fraction of the windows held out for a first, checking training */
     mpq_pmpd_train_opts train;
 } learn_opts;
 
@@ -999,6 +1000,47 @@ static int schedule_learned(const mpq_llm *m, const char *model, const char *tex
         progress_show(&pr, i + 1, what);
     }
     progress_end(&pr);
+    /* held-out windows first (every k-th): how well a network trained
+       without them predicts them, against always the most frequent label */
+    char heldout[512] = "";
+    const int nho = (int)(lo->holdout * W + 0.5);
+    if (!rc && nho >= 1 && nho < W) {
+        mpq_pmpd_sample *tr = (mpq_pmpd_sample *)malloc(sizeof *tr * (size_t)W), *ho = tr + (W - nho);
+        mpq_pmpd_learned h;
+        memset(&h, 0, sizeof h);
+        if (!tr || mpq_pmpd_learned_init(&h, kvd, kvd, lo->hidden, C, (uint64_t)lo->seed) != MPQ_OK) {
+            rc = fail(EXIT_QUANT, "out of memory");
+        } else {
+            h.layer = n.layer, h.prefill_skip = n.prefill_skip, h.skip_high = n.skip_high, h.skip_low = n.skip_low;
+            h.length = n.length;
+            int ntr = 0, k = 0, trh[MPQ_PMPD_MAX_CLASSES] = {0};
+            for (int i = 0; i < W; i++) { /* window i is held out when floor((i+1) nho / W) steps */
+                const int out_here = (int)((long)(i + 1) * nho / W) > (int)((long)i * nho / W);
+                if (out_here && k < nho)
+                    ho[k++] = smp[i];
+                else
+                    tr[ntr++] = smp[i], trh[smp[i].label]++;
+            }
+            if ((st = mpq_pmpd_learned_train(&h, tr, ntr, &lo->train, NULL)) != MPQ_OK)
+                rc = fail(EXIT_QUANT, "schedule --learned: training without the held-out windows: %s",
+                          mpq_status_str(st));
+            int major = 0, right = 0, prior = 0, below = 0, above = 0;
+            for (int c = 1; c < C; c++) major = trh[c] > trh[major] ? c : major;
+            for (int i = 0; i < k && !rc; i++) {
+                mpq_pmpd_schedule sc;
+                int c = 0;
+                mpq_pmpd_learned_predict(&h, ho[i].K, ho[i].V, ho[i].T, &sc, &c);
+                right += c == ho[i].label, below += c<ho[i].label, above += c> ho[i].label;
+                prior += major == ho[i].label;
+            }
+            snprintf(heldout, sizeof heldout,
+                     "; held out %d windows: accuracy %.3f (%d predicted fewer high-precision tokens than their "
+                     "label, %d more), the most frequent label %.3f",
+                     k, (double)right / k, below, above, (double)prior / k);
+        }
+        mpq_pmpd_learned_free(&h);
+        free(tr);
+    }
     double loss0 = 0, loss = 0;
     if (!rc) mpq_pmpd_learned_loss(&n, smp, W, lo->train.l2, &loss0, NULL);
     if (!rc && (st = mpq_pmpd_learned_train(&n, smp, W, &lo->train, &loss)) != MPQ_OK)
@@ -1036,9 +1078,9 @@ static int schedule_learned(const mpq_llm *m, const char *model, const char *tex
         else
             printf("%s: learned scheduler on layer %d (%d classes: first round(c x %d / %d) decoded tokens at skip %d, "
                    "then %d); %d windows of %s, labels per class %s; loss %.4f -> %.4f, training accuracy %.3f "
-                   "(predicted %s); %.0f s\n",
+                   "(predicted %s)%s; %.0f s\n",
                    out, layer, C, length, C - 1, n.skip_high, n.skip_low, W, text_path, hs, loss0, loss,
-                   (double)right / W, ps, cli_now() - t0);
+                   (double)right / W, ps, heldout, cli_now() - t0);
     }
     mpq_llm_state_free(&s);
     free(K), free(V), free(smp), free(nll);
@@ -1055,7 +1097,7 @@ int cmd_schedule(int argc, char **argv)
     d.nlevels = 2, d.skip[0] = 0, d.skip[1] = 1, d.candidates = 5;
     double max_increase = 0.10;
     int ctx = 512, chunks = 4, learned = 0;
-    learn_opts lrn = {64, -1, 32, 1, {500, 0.01, 1e-3}};
+    learn_opts lrn = {64, -1, 32, 1, 0.25, {500, 0.01, 1e-3}};
     const char *pos[2] = {0}, *out = NULL;
     int npos = 0, bad = 0;
     for (a.i = 1; a.i < argc && !bad; a.i++) {
@@ -1095,7 +1137,9 @@ int cmd_schedule(int argc, char **argv)
                  "  --steps N          Adam steps over all windows (default 500)\n"
                  "  --lr X             learning rate (default 0.01)\n"
                  "  --l2 X             weight decay of the MLP's matrices (default 0.001)\n"
-                 "  --seed S           initialisation (default 1)\n" COMMON_HELP);
+                 "  --seed S           initialisation (default 1)\n"
+                 "  --holdout F        first train without a fraction F of the windows and report how\n"
+                 "                     well it predicts them (default 0.25; 0: skip); then train on all\n" COMMON_HELP);
             return 0;
         } else if (common_opt(&a, &lo, &bad)) {
         } else if (opt(&a, "-o", &v, &bad) || opt(&a, "--output", &v, &bad)) {
@@ -1129,6 +1173,8 @@ int cmd_schedule(int argc, char **argv)
             bad = bad || !parse_double("schedule", "--l2", v, 0, 100, &lrn.train.l2);
         } else if (opt(&a, "--seed", &v, &bad)) {
             bad = bad || !parse_int("schedule", "--seed", v, 0, INT32_MAX, &lrn.seed);
+        } else if (opt(&a, "--holdout", &v, &bad)) {
+            bad = bad || !parse_double("schedule", "--holdout", v, 0, 0.9, &lrn.holdout);
         } else {
             model_text_arg(&a, pos, &npos, &bad);
         }
@@ -1231,8 +1277,8 @@ typedef struct ge_spec {
     mpq_pmpd_schedule s;
     mpq_pmpd_learned n;
     /* sums over the prompts */
-    double bits, nll, decode_s, predict_s;
-    long tokens, passes, scored, same, prefix;
+    double bits, nll, tf_nll, decode_s, predict_s;
+    long tokens, passes, scored, tf_scored, same, prefix;
     int classes[MPQ_PMPD_MAX_CLASSES];
 } ge_spec;
 
@@ -1254,8 +1300,10 @@ int cmd_gen_eval(int argc, char **argv)
                  "text a scheduler was made on), each continued greedily for up to -n tokens under\n"
                  "every SPEC. Per SPEC: the bits per weight read per decoded token (averaged over all\n"
                  "decoded tokens), the perplexity of the continuations under REF (the reference model,\n"
-                 "each continuation after its prompt), how many tokens equal the first SPEC's at the\n"
-                 "same position and how long the common start is, and the decode rate.\n"
+                 "each continuation after its prompt), the perplexity of TEXT's own next -n tokens\n"
+                 "read under the SPEC's schedule for that prompt (teacher-forced, as `mpq schedule`\n"
+                 "measures quality), how many tokens equal the first SPEC's at the same position and\n"
+                 "how long the common start is, and the decode rate.\n"
                  "\n"
                  "  --reference REF      the model that scores the continuations (float weights)\n"
                  "  --schedule SPEC      P:S@T,... (or a file whose first line is one), or\n"
@@ -1321,17 +1369,19 @@ int cmd_gen_eval(int argc, char **argv)
     mpq_io_err e;
     if (!rc && mpq_tokenize(M.m->tok, text, len, 0, &tok, &nt, &e) != MPQ_OK)
         rc = fail(EXIT_INPUT, "%s: %s", pos[1], e.msg);
-    const size_t avail = nt / (size_t)P;
+    const size_t win = (size_t)P + (size_t)L + 1, avail = nt / win; /* a prompt, its own next L + 1 tokens */
     if (!rc && avail < (size_t)nprompts)
-        rc = fail(EXIT_INPUT, "%s: %zu tokens: fewer than %d prompts of %d", pos[1], nt, nprompts, P);
+        rc = fail(EXIT_INPUT, "%s: %zu tokens: fewer than %d windows of %d prompt and %d + 1 following tokens", pos[1],
+                  nt, nprompts, P, L);
     const int V = M.m ? M.m->c.vocab : 0, ctx = P + L;
-    mpq_llm_state s, rs;
-    memset(&s, 0, sizeof s), memset(&rs, 0, sizeof rs);
+    mpq_llm_state s, rs, ts;
+    memset(&s, 0, sizeof s), memset(&rs, 0, sizeof rs), memset(&ts, 0, sizeof ts);
     float *z0 = NULL, *z = NULL;
     mpq_status st = MPQ_OK;
     if (!rc &&
         ((st = mpq_llm_state_init(M.m, ctx, 64, &s)) != MPQ_OK ||
-         (st = mpq_llm_state_init(R.m, ctx, 64, &rs)) != MPQ_OK))
+         (st = mpq_llm_state_init(R.m, ctx, 64, &rs)) != MPQ_OK ||
+         (st = mpq_llm_state_init(M.m, ctx, 64, &ts)) != MPQ_OK))
         rc = fail(EXIT_QUANT, "gen-eval: a cache of %d positions: %s", ctx, mpq_status_str(st));
     if (!rc &&
         (!(prompt = (int32_t *)malloc(sizeof(int32_t) * (size_t)P)) ||
@@ -1345,7 +1395,9 @@ int cmd_gen_eval(int argc, char **argv)
     progress_start(&pr, "mpq", !lo.quiet, nprompts);
     const double t0 = cli_now();
     for (int i = 0; i < nprompts && !rc; i++) {
-        const size_t at = (size_t)((double)i * (double)(avail - 1) / (nprompts > 1 ? nprompts - 1 : 1) + 0.5) * P;
+        const size_t at = (size_t)((double)i * (double)(avail - 1) / (nprompts > 1 ? nprompts - 1 : 1) + 0.5) * win;
+        const int32_t *truth = tok + at + P;
+        int tf_prefill = -1; /* the prefill skip whose prompt pass ts holds */
         memcpy(prompt, tok + at, sizeof(int32_t) * (size_t)P);
         if (mpq_tokenizer_adds_bos(M.m->tok) && mpq_tokenizer_bos(M.m->tok) >= 0)
             prompt[0] = mpq_tokenizer_bos(M.m->tok);
@@ -1373,7 +1425,26 @@ int cmd_gen_eval(int argc, char **argv)
             while (pre < ntok[j] && pre < ntok[0] && o[pre] == outs[pre]) pre++;
             sp[j].prefix += pre;
             for (int t = 0; t < ntok[j] && t < ntok[0]; t++) sp[j].same += o[t] == outs[t];
+            /* the text's own continuation under this prompt's schedule: pass t
+               (token truth[t]) at the schedule's skip for t predicts truth[t + 1] */
+            if (r.schedule.prefill_skip != tf_prefill) {
+                mpq_llm_state_reset(&ts);
+                if ((st = mpq_llm_forward(M.m, &ts, prompt, P, r.schedule.prefill_skip, NULL, P)) != MPQ_OK) break;
+                tf_prefill = r.schedule.prefill_skip;
+            }
+            ts.pos = P;
+            for (int p = 0; p < L && st == MPQ_OK;) {
+                const int k = mpq_pmpd_skip_at(&r.schedule, p);
+                int q = p + 1;
+                while (q < L && mpq_pmpd_skip_at(&r.schedule, q) == k) q++;
+                st = mpq_llm_forward(M.m, &ts, truth + p, q - p, k, z + (size_t)p * V, 0);
+                p = q;
+            }
+            for (int t = 0; t < L && st == MPQ_OK; t++) sp[j].tf_nll += nll_of(z + (size_t)t * V, V, truth[t + 1]);
+            sp[j].tf_scored += L;
         }
+        if (!rc && st != MPQ_OK)
+            rc = fail(EXIT_QUANT, "gen-eval: prompt %d, the text's continuation: %s", i, mpq_status_str(st));
         /* the continuations under the reference, after the prompt's one pass */
         mpq_llm_state_reset(&rs);
         if (!rc && (st = mpq_llm_forward(R.m, &rs, prompt, P, 0, z0, P - 1)) != MPQ_OK)
@@ -1399,9 +1470,10 @@ int cmd_gen_eval(int argc, char **argv)
     if (!rc) {
         printf("%d prompts of %d tokens from %s, up to %d tokens each, greedy; continuations scored by %s\n\n",
                nprompts, P, pos[1], L, ref_path);
-        printf("| schedule | bits per decoded token | ppl under the reference | vs first | same tokens as first | "
-               "common start | decode tokens/s | classes |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n");
-        const double ppl0 = exp(sp[0].nll / (double)sp[0].scored);
+        printf("| schedule | bits per decoded token | generated: ppl under the reference | vs first | text: ppl "
+               "(teacher-forced) | vs first | same tokens as first | common start | decode tokens/s | classes |\n"
+               "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |\n");
+        const double ppl0 = exp(sp[0].nll / (double)sp[0].scored), tf0 = exp(sp[0].tf_nll / (double)sp[0].tf_scored);
         for (int j = 0; j < nspec; j++) {
             const double ppl = exp(sp[j].nll / (double)sp[j].scored);
             char cls[256] = "";
@@ -1410,14 +1482,15 @@ int cmd_gen_eval(int argc, char **argv)
                 k += snprintf(cls + k, sizeof cls - (size_t)k, "%s%d", c ? "," : "", sp[j].classes[c]);
             if (sp[j].learned)
                 snprintf(cls + k, sizeof cls - (size_t)k, " (%.2f ms each)", 1e3 * sp[j].predict_s / nprompts);
-            printf("| %s | %.3f | %.4f | %+.2f %% | %.1f %% | %.1f | %.1f | %s |\n", sp[j].text,
-                   sp[j].bits / (double)sp[j].tokens, ppl, 100 * (ppl / ppl0 - 1),
+            const double tf = exp(sp[j].tf_nll / (double)sp[j].tf_scored);
+            printf("| %s | %.3f | %.4f | %+.2f %% | %.4f | %+.2f %% | %.1f %% | %.1f | %.1f | %s |\n", sp[j].text,
+                   sp[j].bits / (double)sp[j].tokens, ppl, 100 * (ppl / ppl0 - 1), tf, 100 * (tf / tf0 - 1),
                    100.0 * (double)sp[j].same / (double)sp[0].tokens, (double)sp[j].prefix / nprompts,
                    sp[j].decode_s > 0 ? (double)sp[j].passes / sp[j].decode_s : 0.0, cls);
         }
     }
     for (int j = 0; j < nspec; j++) mpq_pmpd_learned_free(&sp[j].n);
-    mpq_llm_state_free(&s), mpq_llm_state_free(&rs);
+    mpq_llm_state_free(&s), mpq_llm_state_free(&rs), mpq_llm_state_free(&ts);
     free(sp), free(tok), free(prompt), free(outs), free(z0), free(z), free(text);
     unload(&M), unload(&R);
     return rc;
