@@ -7014,7 +7014,8 @@ MPQ_DEF mpq_status mpq_pmpd_learned_train(mpq_pmpd_learned *n, const mpq_pmpd_sa
             and GPTQ (act-order, static groups); selection, salience statistics
             (Fisher, diag(X^T X), MixLLM, PQI, MXSens) and the SFMP, MixLLM,
             MXSens and ReQuant planners, with the lowest budgets SFMP and
-            MXSens can meet; PMPD precision schedules (static and phase-aware);
+            MXSens can meet; PMPD precision schedules (static, phase-aware and
+            the learned scheduler with its training);
             the CPU backend of the dispatch table (mpq_cuda.h adds the GPU one).
 
    LICENSE (MIT)

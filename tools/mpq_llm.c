@@ -918,6 +918,24 @@ static mpq_status sched_quality(void *user, const mpq_pmpd_schedule *s, double *
     return MPQ_OK;
 }
 
+/* "0.1,1,10" -> up to cap numbers in [0, 1000]; their count, 0 when malformed. */
+static int parse_list(const char *v, double *x, int cap)
+{
+    int n = 0;
+    while (*v) {
+        char *end;
+        const double d = strtod(v, &end);
+        if (end == v || !(d >= 0 && d <= 1000) || n == cap) return 0;
+        x[n++] = d;
+        v = end;
+        if (*v == ',')
+            v++;
+        else if (*v)
+            return 0;
+    }
+    return n;
+}
+
 /* "0,1,2" -> skips (strictly increasing); their count, 0 when malformed. */
 static int parse_levels(const char *v, int *skip)
 {
@@ -941,7 +959,78 @@ typedef struct learn_opts {
     int windows, layer, hidden, seed;
     double holdout; /* fraction of the windows held out for a first, checking training */
     mpq_pmpd_train_opts train;
+    int nl2; /* weight decays to choose from by cross-validation */
+    double l2[8];
 } learn_opts;
+
+/* A network of like's sizes and schedule trained on s[0..ns), from the
+   same initialisation every time. With several weight decays, the one of
+   the lowest mean cross-entropy on held-out folds (4 folds, every 4th
+   sample) is chosen first; *l2 says which, cv (may be NULL) the figures. */
+static mpq_status train_cv(const mpq_pmpd_learned *like, const mpq_pmpd_sample *s, int ns, const learn_opts *lo,
+                           mpq_pmpd_learned *out, double *l2, char *cv, size_t cap)
+{
+    enum { FOLDS = 4 };
+    double ce[8] = {0};
+    mpq_status st = MPQ_OK;
+    int best = 0;
+    if (lo->nl2 > 1 && ns >= 2 * FOLDS) {
+#pragma omp parallel for schedule(dynamic, 1)
+        for (int task = 0; task < lo->nl2 * FOLDS; task++) {
+            const int k = task / FOLDS, f = task % FOLDS;
+            mpq_pmpd_sample *tr = (mpq_pmpd_sample *)malloc(sizeof *tr * (size_t)ns), *te = NULL;
+            mpq_pmpd_learned n;
+            memset(&n, 0, sizeof n);
+            mpq_status e = tr
+                ? mpq_pmpd_learned_init(&n, like->dk, like->dv, like->hidden, like->classes, (uint64_t)lo->seed)
+                : MPQ_ERR_NOMEM;
+            int ntr = 0, nte = 0;
+            if (e == MPQ_OK) {
+                n.layer = like->layer, n.prefill_skip = like->prefill_skip, n.skip_high = like->skip_high;
+                n.skip_low = like->skip_low, n.length = like->length;
+                te = tr + (ns - (ns - f + FOLDS - 1) / FOLDS); /* the fold's samples at the end */
+                for (int i = 0; i < ns; i++)
+                    if (i % FOLDS == f)
+                        te[nte++] = s[i];
+                    else
+                        tr[ntr++] = s[i];
+                mpq_pmpd_train_opts o = lo->train;
+                o.l2 = lo->l2[k];
+                e = mpq_pmpd_learned_train(&n, tr, ntr, &o, NULL);
+            }
+            double v = 0;
+            if (e == MPQ_OK) e = mpq_pmpd_learned_loss(&n, te, nte, 0, &v, NULL);
+#pragma omp critical
+            {
+                if (e != MPQ_OK) st = e;
+                ce[k] += v * nte / ns;
+            }
+            mpq_pmpd_learned_free(&n);
+            free(tr);
+        }
+        for (int k = 1; k < lo->nl2; k++) best = ce[k] < ce[best] ? k : best;
+    }
+    if (st != MPQ_OK) return st;
+    if (cv) {
+        int w = snprintf(cv, cap, "weight decay");
+        for (int k = 0; k < lo->nl2 && lo->nl2 > 1 && w > 0 && (size_t)w < cap; k++)
+            w += snprintf(cv + w, cap - (size_t)w, "%s %g: %.4f", k ? "," : "", lo->l2[k], ce[k]);
+        if (lo->nl2 > 1 && w > 0 && (size_t)w < cap)
+            snprintf(cv + w, cap - (size_t)w, " (held-out cross-entropy over %d folds), chose %g", FOLDS, lo->l2[best]);
+        else if (w > 0 && (size_t)w < cap)
+            snprintf(cv + w, cap - (size_t)w, " %g", lo->l2[best]);
+    }
+    if ((st = mpq_pmpd_learned_init(out, like->dk, like->dv, like->hidden, like->classes, (uint64_t)lo->seed)) !=
+        MPQ_OK)
+        return st;
+    out->layer = like->layer, out->prefill_skip = like->prefill_skip, out->skip_high = like->skip_high;
+    out->skip_low = like->skip_low, out->length = like->length;
+    mpq_pmpd_train_opts o = lo->train;
+    o.l2 = lo->l2[best];
+    *l2 = o.l2;
+    if ((st = mpq_pmpd_learned_train(out, s, ns, &o, NULL)) != MPQ_OK) mpq_pmpd_learned_free(out);
+    return st;
+}
 
 /* PMPD's learned scheduler, trained on windows of the calibration text:
    each window's label is the fewest high-precision tokens whose
@@ -1001,50 +1090,61 @@ static int schedule_learned(const mpq_llm *m, const char *model, const char *tex
     }
     progress_end(&pr);
     /* held-out windows first (every k-th): how well a network trained
-       without them predicts them, against always the most frequent label */
-    char heldout[512] = "";
+       without them (weight decay chosen without them too) predicts them,
+       against the label frequencies of the others */
+    char heldout[768] = "", cv[512] = "";
     const int nho = (int)(lo->holdout * W + 0.5);
     if (!rc && nho >= 1 && nho < W) {
-        mpq_pmpd_sample *tr = (mpq_pmpd_sample *)malloc(sizeof *tr * (size_t)W), *ho = tr + (W - nho);
+        mpq_pmpd_sample *tr = (mpq_pmpd_sample *)malloc(sizeof *tr * (size_t)W), *ho = tr ? tr + (W - nho) : NULL;
         mpq_pmpd_learned h;
         memset(&h, 0, sizeof h);
-        if (!tr || mpq_pmpd_learned_init(&h, kvd, kvd, lo->hidden, C, (uint64_t)lo->seed) != MPQ_OK) {
-            rc = fail(EXIT_QUANT, "out of memory");
-        } else {
-            h.layer = n.layer, h.prefill_skip = n.prefill_skip, h.skip_high = n.skip_high, h.skip_low = n.skip_low;
-            h.length = n.length;
-            int ntr = 0, k = 0, trh[MPQ_PMPD_MAX_CLASSES] = {0};
-            for (int i = 0; i < W; i++) { /* window i is held out when floor((i+1) nho / W) steps */
-                const int out_here = (int)((long)(i + 1) * nho / W) > (int)((long)i * nho / W);
-                if (out_here && k < nho)
-                    ho[k++] = smp[i];
-                else
-                    tr[ntr++] = smp[i], trh[smp[i].label]++;
-            }
-            if ((st = mpq_pmpd_learned_train(&h, tr, ntr, &lo->train, NULL)) != MPQ_OK)
-                rc = fail(EXIT_QUANT, "schedule --learned: training without the held-out windows: %s",
-                          mpq_status_str(st));
-            int major = 0, right = 0, prior = 0, below = 0, above = 0;
-            for (int c = 1; c < C; c++) major = trh[c] > trh[major] ? c : major;
-            for (int i = 0; i < k && !rc; i++) {
-                mpq_pmpd_schedule sc;
-                int c = 0;
-                mpq_pmpd_learned_predict(&h, ho[i].K, ho[i].V, ho[i].T, &sc, &c);
-                right += c == ho[i].label, below += c<ho[i].label, above += c> ho[i].label;
-                prior += major == ho[i].label;
-            }
-            snprintf(heldout, sizeof heldout,
-                     "; held out %d windows: accuracy %.3f (%d predicted fewer high-precision tokens than their "
-                     "label, %d more), the most frequent label %.3f",
-                     k, (double)right / k, below, above, (double)prior / k);
+        int ntr = 0, k = 0, trh[MPQ_PMPD_MAX_CLASSES] = {0};
+        double l2 = 0;
+        for (int i = 0; i < W && tr; i++) { /* window i is held out when floor((i+1) nho / W) steps */
+            const int out_here = (int)((long)(i + 1) * nho / W) > (int)((long)i * nho / W);
+            if (out_here && k < nho)
+                ho[k++] = smp[i];
+            else
+                tr[ntr++] = smp[i], trh[smp[i].label]++;
         }
+        if (!tr)
+            rc = fail(EXIT_QUANT, "out of memory");
+        else if ((st = train_cv(&n, tr, ntr, lo, &h, &l2, NULL, 0)) != MPQ_OK)
+            rc = fail(EXIT_QUANT, "schedule --learned: training without the held-out windows: %s", mpq_status_str(st));
+        int major = 0, right = 0, prior = 0, below = 0, above = 0;
+        double ce = 0, ce_prior = 0;
+        for (int c = 1; c < C; c++) major = trh[c] > trh[major] ? c : major;
+        for (int i = 0; i < k && !rc; i++) {
+            mpq_pmpd_schedule sc;
+            double p[MPQ_PMPD_MAX_CLASSES];
+            int c = 0;
+            mpq_pmpd_learned_predict(&h, ho[i].K, ho[i].V, ho[i].T, &sc, &c);
+            mpq_pmpd_learned_forward(&h, ho[i].K, ho[i].V, ho[i].T, p);
+            ce -= log(p[ho[i].label] > 1e-300 ? p[ho[i].label] : 1e-300) / k;
+            ce_prior -= log((trh[ho[i].label] + 1.0) / (ntr + C)) / k;
+            right += c == ho[i].label, below += c<ho[i].label, above += c> ho[i].label;
+            prior += major == ho[i].label;
+        }
+        if (!rc)
+            snprintf(heldout, sizeof heldout,
+                     "; held out %d windows (weight decay %g): accuracy %.3f (%d predicted fewer high-precision tokens "
+                     "than their label, %d more), cross-entropy %.4f; the label frequencies of the others: accuracy "
+                     "%.3f, cross-entropy %.4f",
+                     k, l2, (double)right / k, below, above, ce, (double)prior / k, ce_prior);
         mpq_pmpd_learned_free(&h);
         free(tr);
     }
-    double loss0 = 0, loss = 0;
-    if (!rc) mpq_pmpd_learned_loss(&n, smp, W, lo->train.l2, &loss0, NULL);
-    if (!rc && (st = mpq_pmpd_learned_train(&n, smp, W, &lo->train, &loss)) != MPQ_OK)
+    double loss0 = 0, loss = 0, l2 = 0;
+    mpq_pmpd_learned fin;
+    memset(&fin, 0, sizeof fin);
+    if (!rc) mpq_pmpd_learned_loss(&n, smp, W, 0, &loss0, NULL);
+    if (!rc && (st = train_cv(&n, smp, W, lo, &fin, &l2, cv, sizeof cv)) != MPQ_OK)
         rc = fail(EXIT_QUANT, "schedule --learned: training: %s", mpq_status_str(st));
+    if (!rc) {
+        mpq_pmpd_learned_free(&n);
+        n = fin;
+        mpq_pmpd_learned_loss(&n, smp, W, 0, &loss, NULL);
+    }
     int right = 0, predicted[MPQ_PMPD_MAX_CLASSES] = {0};
     for (int i = 0; i < W && !rc; i++) {
         mpq_pmpd_schedule sc;
@@ -1078,9 +1178,9 @@ static int schedule_learned(const mpq_llm *m, const char *model, const char *tex
         else
             printf("%s: learned scheduler on layer %d (%d classes: first round(c x %d / %d) decoded tokens at skip %d, "
                    "then %d); %d windows of %s, labels per class %s; loss %.4f -> %.4f, training accuracy %.3f "
-                   "(predicted %s)%s; %.0f s\n",
+                   "(predicted %s); %s%s; %.0f s\n",
                    out, layer, C, length, C - 1, n.skip_high, n.skip_low, W, text_path, hs, loss0, loss,
-                   (double)right / W, ps, heldout, cli_now() - t0);
+                   (double)right / W, ps, cv, heldout, cli_now() - t0);
     }
     mpq_llm_state_free(&s);
     free(K), free(V), free(smp), free(nll);
@@ -1097,7 +1197,7 @@ int cmd_schedule(int argc, char **argv)
     d.nlevels = 2, d.skip[0] = 0, d.skip[1] = 1, d.candidates = 5;
     double max_increase = 0.10;
     int ctx = 512, chunks = 4, learned = 0;
-    learn_opts lrn = {64, -1, 32, 1, 0.25, {500, 0.01, 1e-3}};
+    learn_opts lrn = {64, -1, 32, 1, 0.25, {300, 0.01, 0}, 5, {1e-3, 1e-2, 1e-1, 1, 10}};
     const char *pos[2] = {0}, *out = NULL;
     int npos = 0, bad = 0;
     for (a.i = 1; a.i < argc && !bad; a.i++) {
@@ -1134,9 +1234,10 @@ int cmd_schedule(int argc, char **argv)
                  "  --windows N        training windows (default 64)\n"
                  "  --layer K          the layer whose cache it reads (default the last)\n"
                  "  --hidden H         hidden units of the MLP (default 32)\n"
-                 "  --steps N          Adam steps over all windows (default 500)\n"
+                 "  --steps N          Adam steps over all windows (default 300)\n"
                  "  --lr X             learning rate (default 0.01)\n"
-                 "  --l2 X             weight decay of the MLP's matrices (default 0.001)\n"
+                 "  --l2 LIST          weight decays of the MLP's matrices to choose from by 4-fold\n"
+                 "                     cross-validation (default 0.001,0.01,0.1,1,10)\n"
                  "  --seed S           initialisation (default 1)\n"
                  "  --holdout F        first train without a fraction F of the windows and report how\n"
                  "                     well it predicts them (default 0.25; 0: skip); then train on all\n" COMMON_HELP);
@@ -1170,7 +1271,8 @@ int cmd_schedule(int argc, char **argv)
         } else if (opt(&a, "--lr", &v, &bad)) {
             bad = bad || !parse_double("schedule", "--lr", v, 1e-9, 10, &lrn.train.lr);
         } else if (opt(&a, "--l2", &v, &bad)) {
-            bad = bad || !parse_double("schedule", "--l2", v, 0, 100, &lrn.train.l2);
+            if (!bad && !(lrn.nl2 = parse_list(v, lrn.l2, 8)))
+                bad = fail(EXIT_USAGE, "schedule --l2: '%s' is not a list of at most 8 numbers in [0, 1000]", v);
         } else if (opt(&a, "--seed", &v, &bad)) {
             bad = bad || !parse_int("schedule", "--seed", v, 0, INT32_MAX, &lrn.seed);
         } else if (opt(&a, "--holdout", &v, &bad)) {
