@@ -412,7 +412,9 @@ mpq_status mpq_llm_generate(const mpq_llm *m, mpq_llm_state *s, const int32_t *p
    be NULL; prompt x kv_heads * head_dim each): the cache of n->layer after
    the prompt, the scheduler's input. The classes share their common
    prefix: prompt + length + about (classes - 1) length / 2 tokens run.
-   s: a state with ctx >= prompt + length; its cache is overwritten. */
+   s: a state with ctx >= prompt + length; its cache is overwritten, and
+   afterwards positions 0 .. prompt-1 of every layer hold the prompt's keys
+   and values (other layers' scheduler inputs). */
 mpq_status mpq_llm_pmpd_sample(const mpq_llm *m, mpq_llm_state *s, const int32_t *tokens, int prompt,
                                const mpq_pmpd_learned *n, double *nll, float *K, float *V);
 

@@ -12,10 +12,13 @@
 #     --max-increase above 5 bits throughout;
 #   - the learned scheduler: `mpq schedule --learned` on --windows windows of
 #     256 tokens of the calibration text, each labelled by the same
-#     criterion, reading the cache of the last layer;
+#     criterion, the layer (0, 10, 20 or 29) and the weight decay chosen by
+#     cross-validation; and once more with a fixed small weight decay (0.001,
+#     500 steps, the cache of the last layer), the network that fits its
+#     training windows;
 #   - `mpq gen-eval` on --prompts prompts of 128 tokens of the evaluation
 #     text, 128 tokens generated greedily under: all 5-bit, all 4-bit after
-#     the prompt, the static schedule, the learned one; the continuations
+#     the prompt, the static schedule, the two learned ones; the continuations
 #     scored by the GGUF's float weights, and the text's own continuation
 #     teacher-forced under each prompt's schedule.
 #
@@ -66,14 +69,18 @@ model=build/pmpd/awq5.safetensors
     $mpq schedule --quiet --threads "$threads" --levels 0,1 --ctx 256 --chunks 16 --max-increase "$max_increase" \
         "$model" "$calib" -o build/pmpd/static.txt
     echo
-    echo "\$ mpq schedule --learned --levels 0,1 --ctx 256 --windows $windows --max-increase $max_increase"
+    echo "\$ mpq schedule --learned --levels 0,1 --ctx 256 --windows $windows --layer 0,10,20,29 --max-increase $max_increase"
     $mpq schedule --learned --quiet --threads "$threads" --levels 0,1 --ctx 256 --windows "$windows" \
-        --max-increase "$max_increase" "$model" "$calib" -o build/pmpd/learned.safetensors
+        --layer 0,10,20,29 --max-increase "$max_increase" "$model" "$calib" -o build/pmpd/learned-cv.safetensors
+    echo
+    echo "\$ mpq schedule --learned --levels 0,1 --ctx 256 --windows $windows --max-increase $max_increase --l2 0.001 --steps 500"
+    $mpq schedule --learned --quiet --threads "$threads" --levels 0,1 --ctx 256 --windows "$windows" \
+        --l2 0.001 --steps 500 --max-increase "$max_increase" "$model" "$calib" -o build/pmpd/learned-l2-0.001.safetensors
     echo
     echo "\$ mpq gen-eval --prompts $prompts --prompt-tokens 128 -n 128"
     $mpq gen-eval --quiet --threads "$threads" --prompts "$prompts" --prompt-tokens 128 -n 128 "$model" "$eval_text" \
         --reference "$gguf" --schedule 0:0@0 --schedule 0:1@0 --schedule build/pmpd/static.txt \
-        --schedule learned:build/pmpd/learned.safetensors
+        --schedule learned:build/pmpd/learned-cv.safetensors --schedule learned:build/pmpd/learned-l2-0.001.safetensors
     echo
     echo "# $(( $(date +%s) - start )) s in all"
 } 2>&1 | tee "$out"

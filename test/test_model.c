@@ -668,6 +668,9 @@ Test(model, learned_scheduler_generation_samples_and_file, .init = make_tmpdir, 
     for (int i = 0; i < P * kvd; i++) {
         cr_assert_float_eq(K[i], h.kc[at + (size_t)i], 1e-6f * (1 + fabsf(K[i])));
         cr_assert_float_eq(Vc[i], h.vc[at + (size_t)i], 1e-6f * (1 + fabsf(Vc[i])));
+        /* and the prompt's positions of layer 0 as the prompt left them */
+        cr_assert_float_eq(s.kc[i], h.kc[i], 1e-6f * (1 + fabsf(h.kc[i])));
+        cr_assert_float_eq(s.vc[i], h.vc[i], 1e-6f * (1 + fabsf(h.vc[i])));
     }
     float *z = malloc(sizeof(float) * V);
     for (int c = 0; c < 4; c++) {

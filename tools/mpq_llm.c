@@ -956,8 +956,9 @@ static int parse_levels(const char *v, int *skip)
 
 /* The learned scheduler's options (mpq schedule --learned). */
 typedef struct learn_opts {
-    int windows, layer, hidden, seed;
-    double holdout; /* fraction of the windows held out for a first, checking training */
+    int windows, hidden, seed;
+    int nlayers, layers[8]; /* layers whose caches to compare; none: the last */
+    double holdout;         /* fraction of the windows held out for a first, checking training */
     mpq_pmpd_train_opts train;
     int nl2; /* weight decays to choose from by cross-validation */
     double l2[8];
@@ -966,9 +967,10 @@ typedef struct learn_opts {
 /* A network of like's sizes and schedule trained on s[0..ns), from the
    same initialisation every time. With several weight decays, the one of
    the lowest mean cross-entropy on held-out folds (4 folds, every 4th
-   sample) is chosen first; *l2 says which, cv (may be NULL) the figures. */
+   sample) is chosen first; *l2 says which, cv (may be NULL) the figures,
+   *cv_ce (may be NULL) its cross-validated cross-entropy. */
 static mpq_status train_cv(const mpq_pmpd_learned *like, const mpq_pmpd_sample *s, int ns, const learn_opts *lo,
-                           mpq_pmpd_learned *out, double *l2, char *cv, size_t cap)
+                           mpq_pmpd_learned *out, double *l2, char *cv, size_t cap, double *cv_ce)
 {
     enum { FOLDS = 4 };
     double ce[8] = {0};
@@ -1011,6 +1013,7 @@ static mpq_status train_cv(const mpq_pmpd_learned *like, const mpq_pmpd_sample *
         for (int k = 1; k < lo->nl2; k++) best = ce[k] < ce[best] ? k : best;
     }
     if (st != MPQ_OK) return st;
+    if (cv_ce) *cv_ce = ce[best];
     if (cv) {
         int w = snprintf(cv, cap, "weight decay");
         for (int k = 0; k < lo->nl2 && lo->nl2 > 1 && w > 0 && (size_t)w < cap; k++)
@@ -1034,7 +1037,9 @@ static mpq_status train_cv(const mpq_pmpd_learned *like, const mpq_pmpd_sample *
 
 /* PMPD's learned scheduler, trained on windows of the calibration text:
    each window's label is the fewest high-precision tokens whose
-   teacher-forced perplexity is within max_increase of all high precision. */
+   teacher-forced perplexity is within max_increase of all high precision.
+   With several layers, the one whose cache predicts the labels best under
+   cross-validation is kept (PMPD section 5.3 compares layers so). */
 static int schedule_learned(const mpq_llm *m, const char *model, const char *text_path, const int32_t *tok, size_t nt,
                             const mpq_pmpd_search *d, double max_increase, int ctx, const learn_opts *lo, int quiet,
                             const char *out)
@@ -1043,21 +1048,25 @@ static int schedule_learned(const mpq_llm *m, const char *model, const char *tex
     if (d->nlevels != 2)
         return fail(EXIT_USAGE, "schedule --learned: two levels (--levels HIGH,LOW), not %d", d->nlevels);
     if (length < 1) return fail(EXIT_USAGE, "schedule --learned: --ctx %d leaves no decoded token", ctx);
-    const int layer = lo->layer < 0 ? m->c.layers - 1 : lo->layer;
-    if (layer >= m->c.layers)
-        return fail(EXIT_USAGE, "schedule --layer: %d, but %s has %d layers", layer, model, m->c.layers);
+    int layers[8], NL = lo->nlayers ? lo->nlayers : 1;
+    for (int j = 0; j < NL; j++) {
+        layers[j] = lo->nlayers ? lo->layers[j] : m->c.layers - 1;
+        if (layers[j] >= m->c.layers)
+            return fail(EXIT_USAGE, "schedule --layer: %d, but %s has %d layers", layers[j], model, m->c.layers);
+    }
     const size_t avail = nt / (size_t)ctx;
     if (avail < 2) return fail(EXIT_INPUT, "%s: %zu tokens, fewer than two windows of %d", text_path, nt, ctx);
     const int W = (size_t)lo->windows < avail ? lo->windows : (int)avail;
     mpq_pmpd_learned n;
     mpq_status st = mpq_pmpd_learned_init(&n, kvd, kvd, lo->hidden, d->candidates, (uint64_t)lo->seed);
     if (st != MPQ_OK) return fail(EXIT_QUANT, "schedule --learned: %s", mpq_status_str(st));
-    n.layer = layer, n.prefill_skip = d->prefill_skip, n.skip_high = d->skip[0], n.skip_low = d->skip[1];
+    n.layer = layers[0], n.prefill_skip = d->prefill_skip, n.skip_high = d->skip[0], n.skip_low = d->skip[1];
     n.length = length;
     const int C = n.classes;
-    float *K = (float *)malloc(sizeof(float) * (size_t)W * P * kvd),
-          *V = (float *)malloc(sizeof(float) * (size_t)W * P * kvd);
-    mpq_pmpd_sample *smp = (mpq_pmpd_sample *)calloc((size_t)W, sizeof *smp);
+    const size_t per = (size_t)P * kvd; /* floats of one window's K (or V) in one layer */
+    float *K = (float *)malloc(sizeof(float) * (size_t)NL * W * per),
+          *V = (float *)malloc(sizeof(float) * (size_t)NL * W * per);
+    mpq_pmpd_sample *smp = (mpq_pmpd_sample *)calloc((size_t)NL * W, sizeof *smp), *tr = NULL;
     double *nll = (double *)malloc(sizeof(double) * (size_t)W * C);
     mpq_llm_state s;
     memset(&s, 0, sizeof s);
@@ -1071,10 +1080,15 @@ static int schedule_learned(const mpq_llm *m, const char *model, const char *tex
     for (int i = 0; i < W && !rc; i++) { /* windows evenly over the text */
         const size_t at = (size_t)((double)i * (double)(avail - 1) / (W > 1 ? W - 1 : 1) + 0.5) * (size_t)ctx;
         double *v = nll + (size_t)i * C;
-        st = mpq_llm_pmpd_sample(m, &s, tok + at, P, &n, v, K + (size_t)i * P * kvd, V + (size_t)i * P * kvd);
+        st = mpq_llm_pmpd_sample(m, &s, tok + at, P, &n, v, K + i * per, V + i * per);
         if (st != MPQ_OK) {
             rc = fail(EXIT_QUANT, "schedule --learned: window %d: %s", i, mpq_status_str(st));
             break;
+        }
+        for (int j = 1; j < NL; j++) { /* the prompt's positions of the other layers, as the sample left them */
+            const size_t from = (size_t)layers[j] * s.ctx * kvd, to = ((size_t)j * W + i) * per;
+            memcpy(K + to, s.kc + from, sizeof(float) * per);
+            memcpy(V + to, s.vc + from, sizeof(float) * per);
         }
         int label = C - 1;
         for (int c = 0; c < C; c++)
@@ -1083,88 +1097,109 @@ static int schedule_learned(const mpq_llm *m, const char *model, const char *tex
                 break;
             }
         hist[label]++;
-        smp[i].K = K + (size_t)i * P * kvd, smp[i].V = V + (size_t)i * P * kvd, smp[i].T = P, smp[i].label = label;
+        for (int j = 0; j < NL; j++) {
+            mpq_pmpd_sample *x = &smp[(size_t)j * W + i];
+            x->K = K + ((size_t)j * W + i) * per, x->V = V + ((size_t)j * W + i) * per, x->T = P, x->label = label;
+        }
         char what[64];
         snprintf(what, sizeof what, " windows, %.0f s", cli_now() - t0);
         progress_show(&pr, i + 1, what);
     }
     progress_end(&pr);
-    /* held-out windows first (every k-th): how well a network trained
-       without them (weight decay chosen without them too) predicts them,
-       against the label frequencies of the others */
-    char heldout[768] = "", cv[512] = "";
-    const int nho = (int)(lo->holdout * W + 0.5);
-    if (!rc && nho >= 1 && nho < W) {
-        mpq_pmpd_sample *tr = (mpq_pmpd_sample *)malloc(sizeof *tr * (size_t)W), *ho = tr ? tr + (W - nho) : NULL;
-        mpq_pmpd_learned h;
-        memset(&h, 0, sizeof h);
-        int ntr = 0, k = 0, trh[MPQ_PMPD_MAX_CLASSES] = {0};
-        double l2 = 0;
-        for (int i = 0; i < W && tr; i++) { /* window i is held out when floor((i+1) nho / W) steps */
-            const int out_here = (int)((long)(i + 1) * nho / W) > (int)((long)i * nho / W);
-            if (out_here && k < nho)
-                ho[k++] = smp[i];
-            else
-                tr[ntr++] = smp[i], trh[smp[i].label]++;
+    /* windows held out (every k-th) from the choice of the layer and the
+       weight decay and from the training: how well the chosen network
+       predicts them, against the label frequencies of the others */
+    char heldout[768] = "", cv[512] = "", layer_cv[512] = "";
+    const int nho = lo->holdout > 0 && (int)(lo->holdout * W + 0.5) < W ? (int)(lo->holdout * W + 0.5) : 0;
+    int ntr = 0, trh[MPQ_PMPD_MAX_CLASSES] = {0}, best = 0;
+    char *is_out = (char *)calloc((size_t)W, 1);
+    if (!rc && (!is_out || !(tr = (mpq_pmpd_sample *)malloc(sizeof *tr * (size_t)W))))
+        rc = fail(EXIT_QUANT, "out of memory");
+    for (int i = 0; i < W && !rc; i++) {
+        is_out[i] = nho > 0 && (int)((long)(i + 1) * nho / W) > (int)((long)i * nho / W);
+        if (!is_out[i]) trh[smp[i].label]++, ntr++;
+    }
+    mpq_pmpd_learned h;
+    memset(&h, 0, sizeof h);
+    double best_ce = HUGE_VAL, l2 = 0;
+    for (int j = 0; j < NL && !rc && (NL > 1 || nho > 0); j++) {
+        int k = 0;
+        for (int i = 0; i < W; i++)
+            if (!is_out[i]) tr[k++] = smp[(size_t)j * W + i];
+        mpq_pmpd_learned hj;
+        double ce = 0, l2j = 0;
+        n.layer = layers[j];
+        if ((st = train_cv(&n, tr, ntr, lo, &hj, &l2j, NULL, 0, &ce)) != MPQ_OK) {
+            rc = fail(EXIT_QUANT, "schedule --learned: training on layer %d: %s", layers[j], mpq_status_str(st));
+            break;
         }
-        if (!tr)
-            rc = fail(EXIT_QUANT, "out of memory");
-        else if ((st = train_cv(&n, tr, ntr, lo, &h, &l2, NULL, 0)) != MPQ_OK)
-            rc = fail(EXIT_QUANT, "schedule --learned: training without the held-out windows: %s", mpq_status_str(st));
-        int major = 0, right = 0, prior = 0, below = 0, above = 0;
+        const int w = (int)strlen(layer_cv);
+        snprintf(layer_cv + w, sizeof layer_cv - (size_t)w, "%s%d: %.4f", j ? ", " : "", layers[j], ce);
+        if (ce < best_ce) {
+            best_ce = ce, best = j, l2 = l2j;
+            mpq_pmpd_learned_free(&h);
+            h = hj;
+        } else {
+            mpq_pmpd_learned_free(&hj);
+        }
+    }
+    if (!rc && nho > 0) {
+        int major = 0, right = 0, prior = 0, below = 0, above = 0, k = 0;
         double ce = 0, ce_prior = 0;
         for (int c = 1; c < C; c++) major = trh[c] > trh[major] ? c : major;
-        for (int i = 0; i < k && !rc; i++) {
-            mpq_pmpd_schedule sc;
+        for (int i = 0; i < W; i++) {
+            if (!is_out[i]) continue;
+            const mpq_pmpd_sample *x = &smp[(size_t)best * W + i];
             double p[MPQ_PMPD_MAX_CLASSES];
+            mpq_pmpd_learned_forward(&h, x->K, x->V, x->T, p);
             int c = 0;
-            mpq_pmpd_learned_predict(&h, ho[i].K, ho[i].V, ho[i].T, &sc, &c);
-            mpq_pmpd_learned_forward(&h, ho[i].K, ho[i].V, ho[i].T, p);
-            ce -= log(p[ho[i].label] > 1e-300 ? p[ho[i].label] : 1e-300) / k;
-            ce_prior -= log((trh[ho[i].label] + 1.0) / (ntr + C)) / k;
-            right += c == ho[i].label, below += c<ho[i].label, above += c> ho[i].label;
-            prior += major == ho[i].label;
+            for (int q = 1; q < C; q++) c = p[q] > p[c] ? q : c;
+            ce -= log(p[x->label] > 1e-300 ? p[x->label] : 1e-300);
+            ce_prior -= log((trh[x->label] + 1.0) / (ntr + C));
+            right += c == x->label, below += c<x->label, above += c> x->label, prior += major == x->label, k++;
         }
-        if (!rc)
-            snprintf(heldout, sizeof heldout,
-                     "; held out %d windows (weight decay %g): accuracy %.3f (%d predicted fewer high-precision tokens "
-                     "than their label, %d more), cross-entropy %.4f; the label frequencies of the others: accuracy "
-                     "%.3f, cross-entropy %.4f",
-                     k, l2, (double)right / k, below, above, ce, (double)prior / k, ce_prior);
-        mpq_pmpd_learned_free(&h);
-        free(tr);
+        snprintf(heldout, sizeof heldout,
+                 "; held out %d windows (layer %d, weight decay %g): accuracy %.3f (%d predicted fewer "
+                 "high-precision tokens than their label, %d more), cross-entropy %.4f; the label frequencies of "
+                 "the others: accuracy %.3f, cross-entropy %.4f",
+                 k, layers[best], l2, (double)right / k, below, above, ce / k, (double)prior / k, ce_prior / k);
     }
-    double loss0 = 0, loss = 0, l2 = 0;
+    mpq_pmpd_learned_free(&h);
+    double loss0 = 0, loss = 0;
     mpq_pmpd_learned fin;
     memset(&fin, 0, sizeof fin);
-    if (!rc) mpq_pmpd_learned_loss(&n, smp, W, 0, &loss0, NULL);
-    if (!rc && (st = train_cv(&n, smp, W, lo, &fin, &l2, cv, sizeof cv)) != MPQ_OK)
+    n.layer = layers[best];
+    const mpq_pmpd_sample *all = smp + (size_t)best * W;
+    if (!rc) mpq_pmpd_learned_loss(&n, all, W, 0, &loss0, NULL);
+    if (!rc && (st = train_cv(&n, all, W, lo, &fin, &l2, cv, sizeof cv, NULL)) != MPQ_OK)
         rc = fail(EXIT_QUANT, "schedule --learned: training: %s", mpq_status_str(st));
     if (!rc) {
         mpq_pmpd_learned_free(&n);
         n = fin;
-        mpq_pmpd_learned_loss(&n, smp, W, 0, &loss, NULL);
+        mpq_pmpd_learned_loss(&n, all, W, 0, &loss, NULL);
     }
     int right = 0, predicted[MPQ_PMPD_MAX_CLASSES] = {0};
     for (int i = 0; i < W && !rc; i++) {
         mpq_pmpd_schedule sc;
         int c = 0;
-        if (mpq_pmpd_learned_predict(&n, smp[i].K, smp[i].V, P, &sc, &c) == MPQ_OK)
-            right += c == smp[i].label, predicted[c]++;
+        if (mpq_pmpd_learned_predict(&n, all[i].K, all[i].V, P, &sc, &c) == MPQ_OK)
+            right += c == all[i].label, predicted[c]++;
     }
     if (!rc) {
-        char hs[512], ps[512], extra[1024];
+        char hs[512], ps[512], extra[1024], lc[600] = "";
         int k = 0, q = 0;
         for (int c = 0; c < C; c++) {
             k += snprintf(hs + k, sizeof hs - (size_t)k, "%s%d", c ? "," : "", hist[c]);
             q += snprintf(ps + q, sizeof ps - (size_t)q, "%s%d", c ? "," : "", predicted[c]);
         }
+        if (NL > 1) snprintf(lc, sizeof lc, "; layers by cross-validated cross-entropy: %s", layer_cv);
         cJSON *o = cJSON_CreateObject();
         cJSON_AddStringToObject(o, "model", model);
         cJSON_AddStringToObject(o, "text", text_path);
         cJSON_AddNumberToObject(o, "windows", W);
         cJSON_AddNumberToObject(o, "ctx", ctx);
         cJSON_AddNumberToObject(o, "max_increase", max_increase);
+        cJSON_AddNumberToObject(o, "weight_decay", l2);
         cJSON_AddStringToObject(o, "labels", hs);
         cJSON_AddNumberToObject(o, "train_accuracy", (double)right / W);
         cJSON_AddNumberToObject(o, "loss", loss);
@@ -1178,12 +1213,12 @@ static int schedule_learned(const mpq_llm *m, const char *model, const char *tex
         else
             printf("%s: learned scheduler on layer %d (%d classes: first round(c x %d / %d) decoded tokens at skip %d, "
                    "then %d); %d windows of %s, labels per class %s; loss %.4f -> %.4f, training accuracy %.3f "
-                   "(predicted %s); %s%s; %.0f s\n",
-                   out, layer, C, length, C - 1, n.skip_high, n.skip_low, W, text_path, hs, loss0, loss,
-                   (double)right / W, ps, cv, heldout, cli_now() - t0);
+                   "(predicted %s); %s%s%s; %.0f s\n",
+                   out, n.layer, C, length, C - 1, n.skip_high, n.skip_low, W, text_path, hs, loss0, loss,
+                   (double)right / W, ps, cv, lc, heldout, cli_now() - t0);
     }
     mpq_llm_state_free(&s);
-    free(K), free(V), free(smp), free(nll);
+    free(K), free(V), free(smp), free(nll), free(tr), free(is_out);
     mpq_pmpd_learned_free(&n);
     return rc;
 }
@@ -1197,7 +1232,7 @@ int cmd_schedule(int argc, char **argv)
     d.nlevels = 2, d.skip[0] = 0, d.skip[1] = 1, d.candidates = 5;
     double max_increase = 0.10;
     int ctx = 512, chunks = 4, learned = 0;
-    learn_opts lrn = {64, -1, 32, 1, 0.25, {300, 0.01, 0}, 5, {1e-3, 1e-2, 1e-1, 1, 10}};
+    learn_opts lrn = {64, 32, 1, 0, {0}, 0.25, {300, 0.01, 0}, 5, {1e-3, 1e-2, 1e-1, 1, 10}};
     const char *pos[2] = {0}, *out = NULL;
     int npos = 0, bad = 0;
     for (a.i = 1; a.i < argc && !bad; a.i++) {
@@ -1232,7 +1267,8 @@ int cmd_schedule(int argc, char **argv)
                  "cache. Writes a safetensors file that `mpq run --schedule learned:FILE` reads.\n"
                  "  --learned          train the learned scheduler (two levels; -o FILE.safetensors)\n"
                  "  --windows N        training windows (default 64)\n"
-                 "  --layer K          the layer whose cache it reads (default the last)\n"
+                 "  --layer LIST       the layer whose cache it reads (default the last); with several,\n"
+                 "                     the one whose cache predicts the labels best (cross-validated)\n"
                  "  --hidden H         hidden units of the MLP (default 32)\n"
                  "  --steps N          Adam steps over all windows (default 300)\n"
                  "  --lr X             learning rate (default 0.01)\n"
@@ -1263,7 +1299,13 @@ int cmd_schedule(int argc, char **argv)
         } else if (opt(&a, "--windows", &v, &bad)) {
             bad = bad || !parse_int("schedule", "--windows", v, 2, 1 << 20, &lrn.windows);
         } else if (opt(&a, "--layer", &v, &bad)) {
-            bad = bad || !parse_int("schedule", "--layer", v, 0, 1 << 20, &lrn.layer);
+            double x[8];
+            if (!bad && !(lrn.nlayers = parse_list(v, x, 8)))
+                bad = fail(EXIT_USAGE, "schedule --layer: '%s' is not a list of at most 8 layers", v);
+            for (int k = 0; k < lrn.nlayers && !bad; k++) {
+                if (x[k] != (int)x[k]) bad = fail(EXIT_USAGE, "schedule --layer: %g is not a layer", x[k]);
+                lrn.layers[k] = (int)x[k];
+            }
         } else if (opt(&a, "--hidden", &v, &bad)) {
             bad = bad || !parse_int("schedule", "--hidden", v, 1, 4096, &lrn.hidden);
         } else if (opt(&a, "--steps", &v, &bad)) {
