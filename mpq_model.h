@@ -17,7 +17,9 @@
                         several sequences at once), logits
      4. Perplexity .... llama.cpp's llama-perplexity, computed the same way
      5. Generation .... greedy or temperature / top-p sampling, PMPD
-                        precision schedules, prompt and decode timing
+                        precision schedules (given or from the learned
+                        scheduler), prompt and decode timing; the learned
+                        scheduler's training samples and its file
      6. Calibration ... the backward pass, and every statistic the methods
                         need (Fisher diagonal, diag(X^T X), AWQ samples,
                         MixLLM salience, PQI, MXSens layer sensitivity,

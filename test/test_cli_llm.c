@@ -464,8 +464,9 @@ Test(cli_llm, learned_scheduler_and_gen_eval, .init = setup, .fini = teardown, .
     const char *o = slurp("out.txt", NULL);
     cr_assert(strstr(o, "learned scheduler on layer 1 (5 classes") && strstr(o, "labels per class 6,0,0,0,0") &&
                   strstr(o, "training accuracy 1.000") &&
+                  strstr(o, "(predicted 6,0,0,0,0); weight decay 0.001; held") &&
                   strstr(o,
-                         "held out 2 windows (weight decay 0.001): accuracy 1.000 (0 predicted fewer "
+                         "held out 2 windows (layer 1, weight decay 0.001): accuracy 1.000 (0 predicted fewer "
                          "high-precision tokens than their label, 0 more)") &&
                   strstr(o, "the label frequencies of the others: accuracy 1.000"),
               "%s", o);
@@ -554,6 +555,16 @@ Test(cli_llm, learned_scheduler_and_gen_eval, .init = setup, .fini = teardown, .
     /* mistakes */
     cr_assert_eq(run("run q.safetensors -n 2 --prompt 'abc' --schedule learned:none.safetensors"), 2);
     cr_assert(strstr(slurp("err.txt", NULL), "none.safetensors"), "%s", slurp("err.txt", NULL));
+    cr_assert_eq(run("schedule --learned --quiet --ctx 16 --windows 10 --layer 0,1 --levels 0,1 --steps 20 "
+                     "q.safetensors text.txt -o l2.safetensors"),
+                 0, "%s", slurp("err.txt", NULL));
+    o = slurp("out.txt", NULL);
+    cr_assert(strstr(o, "layers by cross-validated cross-entropy: 0: ") && strstr(o, ", 1: ") &&
+                  strstr(o, "(held-out cross-entropy over 4 folds), chose "),
+              "%s", o);
+    cr_assert_eq(run("schedule --learned --ctx 16 --layer 0,5 q.safetensors text.txt -o x.safetensors"), 1);
+    cr_assert(strstr(slurp("err.txt", NULL), "5, but q.safetensors has 2 layers"), "%s", slurp("err.txt", NULL));
+    cr_assert_eq(run("schedule --learned --l2 0.1,x q.safetensors text.txt -o x.safetensors"), 1);
     cr_assert_eq(run("schedule --learned --levels 0,1,2 q.safetensors text.txt -o x.safetensors"), 1);
     cr_assert(strstr(slurp("err.txt", NULL), "two levels"), "%s", slurp("err.txt", NULL));
     cr_assert_eq(run("gen-eval q.safetensors text.txt --schedule 0:0@0"), 1);

@@ -976,7 +976,8 @@ static mpq_status train_cv(const mpq_pmpd_learned *like, const mpq_pmpd_sample *
     double ce[8] = {0};
     mpq_status st = MPQ_OK;
     int best = 0;
-    if (lo->nl2 > 1 && ns >= 2 * FOLDS) {
+    const int did = lo->nl2 > 1 && ns >= 2 * FOLDS;
+    if (did) {
 #pragma omp parallel for schedule(dynamic, 1)
         for (int task = 0; task < lo->nl2 * FOLDS; task++) {
             const int k = task / FOLDS, f = task % FOLDS;
@@ -1016,9 +1017,9 @@ static mpq_status train_cv(const mpq_pmpd_learned *like, const mpq_pmpd_sample *
     if (cv_ce) *cv_ce = ce[best];
     if (cv) {
         int w = snprintf(cv, cap, "weight decay");
-        for (int k = 0; k < lo->nl2 && lo->nl2 > 1 && w > 0 && (size_t)w < cap; k++)
+        for (int k = 0; k < lo->nl2 && did && w > 0 && (size_t)w < cap; k++)
             w += snprintf(cv + w, cap - (size_t)w, "%s %g: %.4f", k ? "," : "", lo->l2[k], ce[k]);
-        if (lo->nl2 > 1 && w > 0 && (size_t)w < cap)
+        if (did && w > 0 && (size_t)w < cap)
             snprintf(cv + w, cap - (size_t)w, " (held-out cross-entropy over %d folds), chose %g", FOLDS, lo->l2[best]);
         else if (w > 0 && (size_t)w < cap)
             snprintf(cv + w, cap - (size_t)w, " %g", lo->l2[best]);
