@@ -1265,6 +1265,14 @@ static int32_t mpq__pick(const float *z, int V, float temp, float top_p, uint64_
     return cand[n - 1].id;
 }
 
+/* Whether a learned scheduler reads a cache this model has: its layer, and
+   keys and values of kv_heads x head_dim. */
+static int mpq__pl_fits(const mpq_llm *m, const mpq_pmpd_learned *n)
+{
+    const int kvd = m->c.kv_heads * m->c.head_dim;
+    return n->layer < m->c.layers && n->dk == kvd && n->dv == kvd;
+}
+
 mpq_status mpq_llm_generate(const mpq_llm *m, mpq_llm_state *s, const int32_t *prompt, int n, const mpq_gen_opts *o,
                             int32_t *out, int max_out, mpq_gen_result *r)
 {
@@ -1275,9 +1283,7 @@ mpq_status mpq_llm_generate(const mpq_llm *m, mpq_llm_state *s, const int32_t *p
     if (d.schedule && mpq_pmpd_validate(d.schedule) != MPQ_OK) return MPQ_ERR_ARG;
     if (d.skip_planes < 0 || (d.schedule && d.learned)) return MPQ_ERR_ARG;
     const int kvd = m->c.kv_heads * m->c.head_dim;
-    if (d.learned &&
-        (mpq_pmpd_learned_validate(d.learned) != MPQ_OK || d.learned->layer >= m->c.layers || d.learned->dk != kvd ||
-         d.learned->dv != kvd))
+    if (d.learned && (mpq_pmpd_learned_validate(d.learned) != MPQ_OK || !mpq__pl_fits(m, d.learned)))
         return MPQ_ERR_ARG;
     if (n >= s->ctx) return MPQ_ERR_RANGE;
     const int V = m->c.vocab;
@@ -1337,7 +1343,7 @@ mpq_status mpq_llm_pmpd_sample(const mpq_llm *m, mpq_llm_state *s, const int32_t
     mpq_status st = mpq_pmpd_learned_validate(n);
     if (st != MPQ_OK) return st;
     const int kvd = m->c.kv_heads * m->c.head_dim, Vv = m->c.vocab;
-    if (n->layer >= m->c.layers || n->dk != kvd || n->dv != kvd) return MPQ_ERR_ARG;
+    if (!mpq__pl_fits(m, n)) return MPQ_ERR_ARG;
     if (prompt < 1 || n->length > (long)s->ctx - prompt) return MPQ_ERR_SIZE;
     const int L = (int)n->length, C = n->classes, total = prompt + L + 1;
     for (int i = 0; i < total; i++)
@@ -1485,7 +1491,7 @@ mpq_status mpq_pmpd_learned_read(const mpq_llm *m, const char *path, mpq_pmpd_le
     }
     if (st == MPQ_OK && m) {
         const int kvd = m->c.kv_heads * m->c.head_dim;
-        if (n.layer >= m->c.layers || n.dk != kvd || n.dv != kvd)
+        if (!mpq__pl_fits(m, &n))
             st = mpq__mfail(err, MPQ_ERR_SIZE, path,
                             "layer %d, keys %d and values %d: the model has %d layers of keys and values of %d",
                             n.layer, n.dk, n.dv, m->c.layers, kvd);

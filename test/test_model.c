@@ -394,6 +394,19 @@ static double ref_ppl(const tl_model *tm, const int32_t *tok, size_t n, int ctx,
     return ppl;
 }
 
+/* Every linear map of the layers packed at `bits`, groups of 16. */
+static void pack_all(mpq_llm *m, int bits)
+{
+    for (int i = 0; i < m->c.layers * MPQ_LIN_COUNT; i++) {
+        mpq_linear *L = &m->layer[i / MPQ_LIN_COUNT].lin[i % MPQ_LIN_COUNT];
+        mpq_bitplane_desc d = {0};
+        d.rows = L->rows, d.cols = L->cols, d.uniform_bits = bits, d.group = 16;
+        mpq_packed A;
+        cr_assert_eq(mpq_pack_alloc(&d, L->W, &A), MPQ_OK);
+        cr_assert_eq(mpq_linear_set_packed(m, L, &A), MPQ_OK);
+    }
+}
+
 Test(model, perplexity_as_llama_perplexity_computes_it, .init = make_tmpdir, .fini = remove_tmpdir)
 {
     tl_model tm;
@@ -439,14 +452,7 @@ Test(model, perplexity_as_llama_perplexity_computes_it, .init = make_tmpdir, .fi
     mpq_llm_free(mb);
     /* with a PMPD schedule: the same as running the second half token by
        token at the schedule's levels */
-    for (int i = 0; i < m->c.layers * MPQ_LIN_COUNT; i++) {
-        mpq_linear *L = &m->layer[i / MPQ_LIN_COUNT].lin[i % MPQ_LIN_COUNT];
-        mpq_bitplane_desc d = {0};
-        d.rows = L->rows, d.cols = L->cols, d.uniform_bits = 4, d.group = 16;
-        mpq_packed A;
-        cr_assert_eq(mpq_pack_alloc(&d, L->W, &A), MPQ_OK);
-        cr_assert_eq(mpq_linear_set_packed(m, L, &A), MPQ_OK);
-    }
+    pack_all(m, 4);
     mpq_pmpd_schedule sc = {0};
     sc.prefill_skip = 0, sc.nlevels = 2, sc.skip[0] = 1, sc.skip[1] = 2, sc.start[1] = 3;
     o.schedule = &sc;
@@ -539,14 +545,7 @@ Test(model, generation_greedy_sampled_and_with_schedules, .init = make_tmpdir, .
     cr_assert(!memcmp(a, b, 7 * sizeof(int32_t)) && !memcmp(sn.tok, a, 7 * sizeof(int32_t)));
     o.on_token = NULL;
     /* PMPD: the passes at the schedule's levels, as a hand-run loop does them */
-    for (int i = 0; i < m->c.layers * MPQ_LIN_COUNT; i++) {
-        mpq_linear *L = &m->layer[i / MPQ_LIN_COUNT].lin[i % MPQ_LIN_COUNT];
-        mpq_bitplane_desc d = {0};
-        d.rows = L->rows, d.cols = L->cols, d.uniform_bits = 4, d.group = 16;
-        mpq_packed A;
-        cr_assert_eq(mpq_pack_alloc(&d, L->W, &A), MPQ_OK);
-        cr_assert_eq(mpq_linear_set_packed(m, L, &A), MPQ_OK);
-    }
+    pack_all(m, 4);
     mpq_pmpd_schedule sc = {0};
     sc.prefill_skip = 0, sc.nlevels = 3, sc.skip[0] = 0, sc.skip[1] = 1, sc.skip[2] = 2, sc.start[1] = 4,
     sc.start[2] = 10;
@@ -575,18 +574,6 @@ Test(model, generation_greedy_sampled_and_with_schedules, .init = make_tmpdir, .
 }
 
 /* ---- PMPD's learned scheduler ------------------------------------------------------------ */
-
-static void pack_all(mpq_llm *m, int bits)
-{
-    for (int i = 0; i < m->c.layers * MPQ_LIN_COUNT; i++) {
-        mpq_linear *L = &m->layer[i / MPQ_LIN_COUNT].lin[i % MPQ_LIN_COUNT];
-        mpq_bitplane_desc d = {0};
-        d.rows = L->rows, d.cols = L->cols, d.uniform_bits = bits, d.group = 16;
-        mpq_packed A;
-        cr_assert_eq(mpq_pack_alloc(&d, L->W, &A), MPQ_OK);
-        cr_assert_eq(mpq_linear_set_packed(m, L, &A), MPQ_OK);
-    }
-}
 
 /* mean -log softmax(z)[target], in float64 */
 static double nll_of(const float *z, int V, int target)

@@ -438,6 +438,19 @@ static void marked_samples(synth_rng *r, mpq_pmpd_sample *s, int ns, int dk, int
     }
 }
 
+/* How many of the samples the network predicts their label for. */
+static int predicted_right(const mpq_pmpd_learned *n, const mpq_pmpd_sample *s, int ns)
+{
+    int right = 0;
+    for (int i = 0; i < ns; i++) {
+        mpq_pmpd_schedule sc;
+        int c = -1;
+        cr_assert_eq(mpq_pmpd_learned_predict(n, s[i].K, s[i].V, s[i].T, &sc, &c), MPQ_OK);
+        right += c == s[i].label;
+    }
+    return right;
+}
+
 Test(pmpd, learned_training_finds_the_marked_position)
 {
     synth_rng r = {31337};
@@ -453,13 +466,7 @@ Test(pmpd, learned_training_finds_the_marked_position)
     mpq_pmpd_train_opts o = {400, 0.03, 1e-4};
     cr_assert_eq(mpq_pmpd_learned_train(&n, s, ntrain, &o, &after), MPQ_OK);
     cr_assert_lt(after, 0.5 * before, "loss %g -> %g", before, after);
-    int right = 0;
-    for (int i = ntrain; i < ntrain + ntest; i++) {
-        mpq_pmpd_schedule sc;
-        int c = -1;
-        cr_assert_eq(mpq_pmpd_learned_predict(&n, s[i].K, s[i].V, s[i].T, &sc, &c), MPQ_OK);
-        right += c == s[i].label;
-    }
+    const int right = predicted_right(&n, s + ntrain, ntest);
     cr_assert_geq(right, 0.9 * ntest, "held-out accuracy %d of %d", right, ntest);
     /* the same training with the query held at 0 (mean pooling) cannot */
     mpq_pmpd_learned m0;
@@ -467,13 +474,7 @@ Test(pmpd, learned_training_finds_the_marked_position)
     m0.skip_high = 0, m0.skip_low = 1, m0.length = 64;
     cr_assert_eq(mpq_pmpd_learned_train(&m0, s, ntrain, &o, NULL), MPQ_OK);
     for (int k = 0; k < dk; k++) m0.q[k] = 0;
-    int right0 = 0;
-    for (int i = ntrain; i < ntrain + ntest; i++) {
-        mpq_pmpd_schedule sc;
-        int c = -1;
-        cr_assert_eq(mpq_pmpd_learned_predict(&m0, s[i].K, s[i].V, s[i].T, &sc, &c), MPQ_OK);
-        right0 += c == s[i].label;
-    }
+    const int right0 = predicted_right(&m0, s + ntrain, ntest);
     cr_assert_lt(right0, right - ntest / 5, "mean pooling %d, learned query %d", right0, right);
     for (int i = 0; i < 2 * (ntrain + ntest); i++) free(mem[i]);
     free(mem), free(s);

@@ -939,17 +939,11 @@ static int parse_list(const char *v, double *x, int cap)
 /* "0,1,2" -> skips (strictly increasing); their count, 0 when malformed. */
 static int parse_levels(const char *v, int *skip)
 {
-    int n = 0;
-    while (*v) {
-        char *end;
-        long k = strtol(v, &end, 10);
-        if (end == v || k < 0 || k > 7 || n == MPQ_PMPD_MAX_LEVELS || (n && k <= skip[n - 1])) return 0;
-        skip[n++] = (int)k;
-        v = end;
-        if (*v == ',')
-            v++;
-        else if (*v)
-            return 0;
+    double x[MPQ_PMPD_MAX_LEVELS];
+    const int n = parse_list(v, x, MPQ_PMPD_MAX_LEVELS);
+    for (int k = 0; k < n; k++) {
+        if (x[k] != (int)x[k] || x[k] > 7 || (k && x[k] <= x[k - 1])) return 0;
+        skip[k] = (int)x[k];
     }
     return n;
 }

@@ -50,6 +50,17 @@ static void round_trip(const mpq_tokenizer *t, const char *text, size_t len)
     free(back), free(tok);
 }
 
+/* The input as a file (path, cap bytes, named by ext); 0 when it cannot be written. */
+static int to_file(const uint8_t *data, size_t size, const char *ext, char *path, size_t cap)
+{
+    snprintf(path, cap, "/tmp/mpq-fuzz-%ld.%s", (long)getpid(), ext);
+    FILE *f = fopen(path, "wb");
+    if (!f) return 0;
+    const int ok = fwrite(data, 1, size, f) == size;
+    fclose(f);
+    return ok;
+}
+
 static const char sample[] =
     "Hello, world! It's 2024: caf\xc3\xa9 na\xc3\xafve  \t\n\n  x123 \xe6\x97\xa5\xe6\x9c\xac <|im_end|>";
 
@@ -94,11 +105,7 @@ static void gguf_input(const uint8_t *data, size_t size)
 
     /* the same bytes as a model file */
     char path[64];
-    snprintf(path, sizeof path, "/tmp/mpq-fuzz-%ld.gguf", (long)getpid());
-    FILE *out = fopen(path, "wb");
-    if (!out) return;
-    const int written = fwrite(data, 1, size, out) == size;
-    fclose(out);
+    const int written = to_file(data, size, "gguf", path, sizeof path);
     mpq_llm *m = NULL;
     e.msg[0] = 0;
     if (written && mpq_llm_load(path, &m, &e) == MPQ_OK) {
@@ -211,11 +218,7 @@ static void stats_input(const uint8_t *data, size_t size)
 {
     const mpq_llm *mp = fixed_model(), m = *mp;
     char path[64];
-    snprintf(path, sizeof path, "/tmp/mpq-fuzz-%ld.stats", (long)getpid());
-    FILE *f = fopen(path, "wb");
-    if (!f) return;
-    const int ok = fwrite(data, 1, size, f) == size;
-    fclose(f);
+    const int ok = to_file(data, size, "stats", path, sizeof path);
     mpq_calib_stats s;
     mpq_io_err e;
     e.msg[0] = 0;
@@ -241,11 +244,7 @@ static void stats_input(const uint8_t *data, size_t size)
 static void pmpd_input(const uint8_t *data, size_t size)
 {
     char path[64];
-    snprintf(path, sizeof path, "/tmp/mpq-fuzz-%ld.pmpd", (long)getpid());
-    FILE *f = fopen(path, "wb");
-    if (!f) return;
-    const int ok = fwrite(data, 1, size, f) == size;
-    fclose(f);
+    const int ok = to_file(data, size, "pmpd", path, sizeof path);
     for (int with = 0; with < 2 && ok; with++) {
         mpq_pmpd_learned n;
         mpq_io_err e;
