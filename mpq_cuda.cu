@@ -33,6 +33,9 @@
 //   of a row block to finish adds the parts in a fixed order
 //   (deterministic), adds the sparse part, and scatters through p_row.
 //
+//   8-bit activations: the same kernel (A8) quantizes each slice's
+//   activations itself and fills the tables with integers, see gemv_lut.
+//
 //   Launch. Programmatic dependent launch (MPQ_CUDA_PDL, default 1): a
 //   launch's blocks locate and load their first records, the column
 //   sources and the column scales while the grid before it retires, and
@@ -67,12 +70,13 @@
 // dequantization), and where a group's sums stay below 2^22 the
 // accumulator starts at the bits of 1.5 * 2^23, so that its bits read as a
 // float are 1.5 * 2^23 plus the sum (one FADD instead of a conversion); a
-// batch in one launch, pieces of 32 vectors along grid z. Other batches
-// and matrices (batch 1 and 2: the LUT kernel; past MPQ_CUDA_MMA_MAX: fp16
-// + cuBLAS, faster there than this kernel, see bench/results/NOTES.md)
-// multiply the dequantized activations s^_a q on the float kernels
-// (gemv_a8_float): each is exact in float, and so is each table entry
-// built from 8 of them, so the LUT kernel keeps its float tables.
+// batch in one launch, pieces of 32 vectors along grid z. Batches 1 and 2
+// (and up to 8 where the MMA kernel does not apply): the LUT kernel with
+// integer tables, quantizing the activations of each slice itself (see
+// gemv_lut). Other batches and matrices (past MPQ_CUDA_MMA_MAX: fp16 +
+// cuBLAS, faster there than this kernel, see bench/results/NOTES.md; groups
+// the LUT kernel does not take: the plain kernel) multiply the dequantized
+// activations s^_a q on the float kernels (gemv_a8_float).
 //
 // FP16 BASELINE (mpq_cuda_backend_fp16): upload dequantizes the matrix once
 // into a resident fp16 copy (w16) and drops the code copy; every product is
@@ -130,7 +134,7 @@ struct dmat {
 
 struct cuda_ctx {
     int device, sms;
-    int occ[4][3];                                    // resident blocks per multiprocessor of kLut[batch][widest row]
+    int occ[2][4][3]; // resident blocks per multiprocessor of kLut[a8][batch][widest row]
     int smem_sm, smem_reserved, mma_static, mma_dmax; // shared memory: per SM, per block, the MMA kernel's
     cudaStream_t stream;
     cublasHandle_t blas;
@@ -224,6 +228,19 @@ __device__ float sparse_dot(const dmat &M, int orow, const float *xv)
             sum += __half2float(__ushort_as_half(M.sp_val[e])) * xv[c];
         }
     return sum;
+}
+
+// 8-bit activations (mpq_quantize_act8 of mpq.h): the fp16 scale s^_a of a
+// group whose largest |x~| is amax (65504 where amax / 127 is past fp16),
+// and the code of x~ under it.
+__device__ __forceinline__ float act8_scale(float amax)
+{
+    const float s = __half2float(__float2half_rn(amax / 127.0f));
+    return s <= 65504.0f ? s : 65504.0f;
+}
+__device__ __forceinline__ float act8_code(float x, float s)
+{
+    return s > 0.0f ? fminf(fmaxf(rintf(x / s), -127.0f), 127.0f) : 0.0f;
 }
 
 // Table word of vector v, chunk c of the slice (entry p adds p * kWords).
@@ -332,10 +349,13 @@ __device__ __forceinline__ void lut_plane(const char *Tb, const uint4 &u, const 
 
 // The lookups of one step (S: which of the slice's two): plane i of row w
 // adds 2^i times its plane sum, for the planes the row has and skip_planes
-// keeps; then s^ times that plus z^ times the quad's activation sum.
-template <int S, int MAXP>
+// keeps; then s^ times that plus z^ times the quad's activation sum. With
+// 8-bit activations (A8) the tables, plane sums and xq are integers (exact,
+// see gemv_lut) and s^ and z^ are first multiplied by the quad's s^_a (sa):
+// fp16 times fp16, exact in float.
+template <int S, int MAXP, bool A8>
 __device__ __forceinline__ void step_compute(const dmat &M, const step_buf<MAXP> &L, const uint2 (&key)[4], int skip,
-                                             float xq, float (&acc)[4])
+                                             float xq, float sa, float (&acc)[4])
 {
     extern __shared__ float T[];
     const char *Tb = reinterpret_cast<const char *>(T) + 128 * S; // step S: words 32 S ..
@@ -374,12 +394,15 @@ __device__ __forceinline__ void step_compute(const dmat &M, const step_buf<MAXP>
     if (M.format == MPQ_FORMAT_MXINT) {
 #pragma unroll
         for (int w = 0; w < 4; w++) {
-            const float s = bw[w] ? pow2i((int)((L.sh.x >> (8 * w)) & 255u) - 127 - bw[w] + 1) : 0.0f;
+            float s = bw[w] ? pow2i((int)((L.sh.x >> (8 * w)) & 255u) - 127 - bw[w] + 1) : 0.0f;
+            if (A8) s *= sa;
             acc[w] += s * (ps[w] - xq);
         }
     } else {
-        const float s[4] = {half_lo(L.sh.x), half_hi(L.sh.x), half_lo(L.sh.y), half_hi(L.sh.y)};
-        const float z[4] = {half_lo(L.zh.x), half_hi(L.zh.x), half_lo(L.zh.y), half_hi(L.zh.y)};
+        float s[4] = {half_lo(L.sh.x), half_hi(L.sh.x), half_lo(L.sh.y), half_hi(L.sh.y)};
+        float z[4] = {half_lo(L.zh.x), half_hi(L.zh.x), half_lo(L.zh.y), half_hi(L.zh.y)};
+#pragma unroll
+        for (int w = 0; w < 4 && A8; w++) s[w] *= sa, z[w] *= sa;
 #pragma unroll
         for (int w = 0; w < 4; w++) acc[w] += s[w] * ps[w] + z[w] * xq;
     }
@@ -432,7 +455,18 @@ __device__ void sum_parts(const dmat &M, const float *__restrict__ x, int batch,
 // after the tables). The block's sums go to `part`; the last block of a row
 // block to finish adds the parts in a fixed order (deterministic), adds the
 // sparse part, and scatters through p_row.
-template <int B, int MAXP>
+//
+// With 8-bit activations (A8) the block quantizes the slice's activations
+// itself: the largest |x~| of every group the slice touches (columns of its
+// first and last group outside the slice read from x as well), s^_a and the
+// codes q as act8_dequant makes them; xs then holds the codes, so every
+// table entry is an integer (|T| <= 8 * 127), a plane's sum over a lane's 4
+// chunks too (<= 4064), and a step's sum over the planes is at most 4064 *
+// (2^8 - 1) < 2^24: integers, exact in float (and FADD is twice as fast as IADD
+// on sm_90), so a quad's product with a row is exact until step_compute
+// scales it once by s^ s^_a (MixLLM's two-step dequantization). The sparse
+// part multiplies x.
+template <int B, int MAXP, bool A8>
 __global__ void __launch_bounds__(kThreads, 2)
     gemv_lut(dmat M, const float *__restrict__ x, int batch, int skip, int quad_cols, int tpb, int sps,
              float *__restrict__ part, unsigned *__restrict__ counters, float *__restrict__ y)
@@ -444,6 +478,9 @@ __global__ void __launch_bounds__(kThreads, 2)
     float *accs = T + 256 * kWords;
     __shared__ float xs[B][scols];
     __shared__ float qsum[B][nch / 4];
+    constexpr int ngs = A8 ? scols / 32 + 1 : 1; // groups a slice can touch (A8)
+    __shared__ unsigned amax[A8 ? B : 1][ngs];   // their largest |x~|, as bits
+    __shared__ float ascale[A8 ? B : 1][ngs];    // their s^_a
 
     const int part_id = blockIdx.x;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -519,7 +556,38 @@ __global__ void __launch_bounds__(kThreads, 2)
             const int k = tid + h * kThreads, vv = k / scols;
             xs[vv][k % scols] = vv < batch && src[h] >= 0 ? x[(size_t)vv * M.cols + src[h]] * csc[h] : 0.0f;
         }
+        const int g0 = c0 / M.group; // the slice's first group
+        if (A8 && tid < B * ngs) amax[tid / ngs][tid % ngs] = 0u;
         __syncthreads();
+        if (A8) {
+            // the 32 lanes of a warp hold one quad of one vector: one group
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int k = tid + h * kThreads, vv = k / scols;
+                unsigned a = __float_as_uint(fabsf(xs[vv][k % scols])); // |x~| >= 0: ordered as its bits
+#pragma unroll
+                for (int o = 16; o > 0; o >>= 1) a = max(a, __shfl_xor_sync(0xffffffffu, a, o));
+                if (lane == 0) atomicMax(&amax[vv][(c0 + k % scols) / M.group - g0], a);
+            }
+            // the columns of the first and last group outside the slice
+            const int end = min(c0 + scols, quad_cols), gl = (end - 1) / M.group;
+            const int nlo = c0 - g0 * M.group, nhi = min((gl + 1) * M.group, M.cols) - end, ne = nlo + nhi;
+            for (int k = tid; k < batch * ne; k += kThreads) {
+                const int vv = k / ne, i = k % ne, col = i < nlo ? g0 * M.group + i : end + i - nlo;
+                const float xt =
+                    x[(size_t)vv * M.cols + (M.p_col ? (int)M.p_col[col] : col)] * (M.cscale ? M.cscale[col] : 1.0f);
+                atomicMax(&amax[vv][col / M.group - g0], __float_as_uint(fabsf(xt)));
+            }
+            __syncthreads();
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int k = tid + h * kThreads, vv = k / scols;
+                const float sa = act8_scale(__uint_as_float(amax[vv][(c0 + k % scols) / M.group - g0]));
+                xs[vv][k % scols] = act8_code(xs[vv][k % scols], sa);
+            }
+            if (tid < B * ngs) ascale[tid / ngs][tid % ngs] = act8_scale(__uint_as_float(amax[tid / ngs][tid % ngs]));
+            __syncthreads();
+        }
         // tables: thread -> one (vector, chunk) word and a quarter of the entries
         {
             const int w = tid % kWords, pq = tid / kWords;
@@ -560,16 +628,18 @@ __global__ void __launch_bounds__(kThreads, 2)
         }
         __syncthreads();
         const float xq0 = qsum[v][q], xq1 = qsum[v][qps + q];
+        const float sa0 = A8 ? ascale[v][(c0 + 32 * q) / M.group - g0] : 1.0f;
+        const float sa1 = A8 ? ascale[v][(c0 + 32 * (qps + q)) / M.group - g0] : 1.0f;
 
         for (int k = 0; k < ntw; k++) {
             const int t = tile_of(k);
             float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
             step_issue(M, R[1], C[1], t, rq, skip, L[1]);
             R[0] = locate(k + 1, 0);
-            step_compute<0>(M, L[0], key, skip, xq0, acc);
+            step_compute<0, MAXP, A8>(M, L[0], key, skip, xq0, sa0, acc);
             step_issue(M, R[0], C[0], tile_of(k + 1), rq, skip, L[0]);
             R[1] = locate(k + 1, 1);
-            step_compute<1>(M, L[1], key, skip, xq1, acc);
+            step_compute<1, MAXP, A8>(M, L[1], key, skip, xq1, sa1, acc);
             // lanes of the same (vector, row quartet) hold parts of the same rows
 #pragma unroll
             for (int off = 4; off < 4 * qps; off <<= 1)
@@ -855,19 +925,6 @@ struct mma_smem {
         ring = wsum + (wpt > 1 ? 4 * kMmaWarps * kMmaPair * kTile * nv : 0);
     }
 };
-
-// 8-bit activations (mpq_quantize_act8 of mpq.h): the fp16 scale s^_a of a
-// group whose largest |x~| is amax (65504 where amax / 127 is past fp16),
-// and the code of x~ under it.
-__device__ __forceinline__ float act8_scale(float amax)
-{
-    const float s = __half2float(__float2half_rn(amax / 127.0f));
-    return s <= 65504.0f ? s : 65504.0f;
-}
-__device__ __forceinline__ float act8_code(float x, float s)
-{
-    return s > 0.0f ? fminf(fmaxf(rintf(x / s), -127.0f), 127.0f) : 0.0f;
-}
 
 // One block per group and piece of nv vectors (grid y; 8-bit activations
 // only, else one piece): its activations (gathered through p_col, times
@@ -1688,13 +1745,18 @@ mpq_status grow(cuda_ctx *c, size_t scratch, size_t counters)
     return MPQ_OK;
 }
 
-// The LUT kernels: (batch 1, 2, 4, 8) x (widest row up to 4, 6, 8 bits), and
-// how many blocks of each fit on a multiprocessor (set at creation).
+// The LUT kernels: (float, 8-bit activations) x (batch 1, 2, 4, 8) x (widest
+// row up to 4, 6, 8 bits), and how many blocks of each fit on a
+// multiprocessor (set at creation).
 typedef void (*lut_kernel)(dmat, const float *, int, int, int, int, int, float *, unsigned *, float *);
-constexpr lut_kernel kLut[4][3] = {{gemv_lut<1, 4>, gemv_lut<1, 6>, gemv_lut<1, 8>},
-                                   {gemv_lut<2, 4>, gemv_lut<2, 6>, gemv_lut<2, 8>},
-                                   {gemv_lut<4, 4>, gemv_lut<4, 6>, gemv_lut<4, 8>},
-                                   {gemv_lut<8, 4>, gemv_lut<8, 6>, gemv_lut<8, 8>}};
+constexpr lut_kernel kLut[2][4][3] = {{{gemv_lut<1, 4, false>, gemv_lut<1, 6, false>, gemv_lut<1, 8, false>},
+                                       {gemv_lut<2, 4, false>, gemv_lut<2, 6, false>, gemv_lut<2, 8, false>},
+                                       {gemv_lut<4, 4, false>, gemv_lut<4, 6, false>, gemv_lut<4, 8, false>},
+                                       {gemv_lut<8, 4, false>, gemv_lut<8, 6, false>, gemv_lut<8, 8, false>}},
+                                      {{gemv_lut<1, 4, true>, gemv_lut<1, 6, true>, gemv_lut<1, 8, true>},
+                                       {gemv_lut<2, 4, true>, gemv_lut<2, 6, true>, gemv_lut<2, 8, true>},
+                                       {gemv_lut<4, 4, true>, gemv_lut<4, 6, true>, gemv_lut<4, 8, true>},
+                                       {gemv_lut<8, 4, true>, gemv_lut<8, 6, true>, gemv_lut<8, 8, true>}}};
 constexpr int kAccBytes = 32 * 1024; // the most shared memory a block's sums over several slices take
 constexpr int kLutSmem = kTableBytes + kAccBytes;
 
@@ -1718,7 +1780,7 @@ mpq_status launch_pdl(cuda_ctx *c, Kernel kernel, dim3 grid, int threads, int sm
     return map_error(e);
 }
 
-mpq_status launch_lut(cuda_ctx *c, const cuda_handle *h, const float *x, float *y, int batch, int skip)
+mpq_status launch_lut(cuda_ctx *c, const cuda_handle *h, const float *x, float *y, int batch, int skip, bool a8)
 {
     const dmat &M = h->m;
     // columns in whole quads: all but the tail chunks of a partial last group
@@ -1731,7 +1793,7 @@ mpq_status launch_lut(cuda_ctx *c, const cuda_handle *h, const float *x, float *
     // Blocks of 512 columns (B slices) for a small sum buffer, narrower when
     // that leaves the multiprocessors without a full wave of blocks; row
     // blocks of a multiple of 8 tiles (the warps) where there are enough.
-    const int want = c->occ[bi][wi] * c->sms;
+    const int want = c->occ[a8][bi][wi] * c->sms;
     int sps = B, nparts, nrb, tpb;
     for (;;) {
         nparts = (nslices + sps - 1) / sps;
@@ -1747,7 +1809,7 @@ mpq_status launch_lut(cuda_ctx *c, const cuda_handle *h, const float *x, float *
     const int smem = kTableBytes + (nparts < nslices ? tpb * kTile * B * 4 : 0);
     mpq_status st = grow(c, sizeof(float) * (size_t)nparts * batch * M.ntiles * kTile, (size_t)nrb);
     if (st != MPQ_OK) return st;
-    return launch_pdl(c, kLut[bi][wi], dim3(nparts, nrb), kThreads, smem, M, x, batch, skip, quad_cols, tpb, sps,
+    return launch_pdl(c, kLut[a8][bi][wi], dim3(nparts, nrb), kThreads, smem, M, x, batch, skip, quad_cols, tpb, sps,
                       static_cast<float *>(c->scratch), c->counters, y);
 }
 
@@ -1844,7 +1906,7 @@ mpq_status gemv_device(cuda_ctx *c, const cuda_handle *h, const float *x, float 
 // quantized and dequantized in packed column order (act8_dequant), the
 // dense part multiplied by them as a matrix without p_col, col_scale and
 // sparse part, then the sparse part times x added. Every value s^_a q is
-// exact in float, so the LUT and MMA kernels multiply exactly the 8-bit
+// exact in float, so the MMA and plain kernels multiply exactly the 8-bit
 // activations; the fp16 path rounds them to fp16 as it rounds x.
 mpq_status gemv_a8_float(cuda_ctx *c, const cuda_handle *h, const float *x, float *y, int batch, int skip)
 {
@@ -1924,10 +1986,11 @@ mpq_status gemv_device(cuda_ctx *c, const cuda_handle *h, const float *x, float 
         mpq_status st = grow(c, sizeof(__half) * (size_t)batch * h->m.cols, 1);
         return st != MPQ_OK ? st : gemm_f16(c, h->m, h->w16, static_cast<__half *>(c->scratch), x, y, batch);
     }
-    if (a8) { // the 8-bit MMA kernel from MPQ_CUDA_MMA_BATCH to MPQ_CUDA_MMA_MAX where it applies
+    if (a8) { // the 8-bit MMA kernel from MPQ_CUDA_MMA_BATCH to MPQ_CUDA_MMA_MAX, the LUT kernel below
         mpq_status st = MPQ_ERR_UNSUPPORTED;
         if (h->fast && batch >= MPQ_CUDA_MMA_BATCH && batch <= MPQ_CUDA_MMA_MAX)
             st = launch_mma(c, h, x, y, batch, skip, true);
+        if (h->fast && batch <= 8 && st == MPQ_ERR_UNSUPPORTED) st = launch_lut(c, h, x, y, batch, skip, true);
         return st != MPQ_ERR_UNSUPPORTED ? st : gemv_a8_float(c, h, x, y, batch, skip);
     }
     if (batch > 16 && h->m.codes && batch <= MPQ_CUDA_MMA_MAX) {
@@ -1943,7 +2006,7 @@ mpq_status gemv_device(cuda_ctx *c, const cuda_handle *h, const float *x, float 
     mpq_status st = MPQ_ERR_UNSUPPORTED;
     if (h->fast && batch >= MPQ_CUDA_MMA_BATCH) st = launch_mma(c, h, x, y, batch, skip, false);
     if (batch > 8 && st == MPQ_ERR_UNSUPPORTED) return gemv_batched(c, h, x, y, batch, skip);
-    if (h->fast && st == MPQ_ERR_UNSUPPORTED) st = launch_lut(c, h, x, y, batch, skip);
+    if (h->fast && st == MPQ_ERR_UNSUPPORTED) st = launch_lut(c, h, x, y, batch, skip, false);
     if (st != MPQ_ERR_UNSUPPORTED) return st;
     const int n = h->m.rows * batch;
     gemv_plain<<<(n + 127) / 128, 128, 0, c->stream>>>(h->m, x, batch, skip, y);
@@ -1986,13 +2049,13 @@ extern "C" mpq_status mpq_cuda_backend(int device, mpq_backend *b)
     }
     // the kernels' table space (64 KB) is past the default 48 KB: raise it
     // once, then ask how many blocks of each fit on a multiprocessor
-    for (int bi = 0; bi < 4 && e == cudaSuccess; bi++)
-        for (int wi = 0; wi < 3 && e == cudaSuccess; wi++) {
-            e = cudaFuncSetAttribute(kLut[bi][wi], cudaFuncAttributeMaxDynamicSharedMemorySize, kLutSmem);
-            if (e == cudaSuccess)
-                e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&c->occ[bi][wi], kLut[bi][wi], kThreads, kLutSmem);
-            if (e == cudaSuccess && c->occ[bi][wi] < 1) e = cudaErrorInvalidConfiguration;
-        }
+    for (int k = 0; k < 24 && e == cudaSuccess; k++) {
+        const lut_kernel kernel = kLut[k / 12][k / 3 % 4][k % 3];
+        int *occ = &c->occ[k / 12][k / 3 % 4][k % 3];
+        e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kLutSmem);
+        if (e == cudaSuccess) e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(occ, kernel, kThreads, kLutSmem);
+        if (e == cudaSuccess && *occ < 1) e = cudaErrorInvalidConfiguration;
+    }
     // the MMA kernel: its shared memory is sized per launch (launch_mma)
     int per_block = 0;
     if (e == cudaSuccess) e = cudaDeviceGetAttribute(&c->smem_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device);

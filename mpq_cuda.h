@@ -24,13 +24,17 @@
      MPQ_CUDA_MMA_MAX run as products of 16 vectors (the rest last) where
      the code copy exists; larger batches, and batches 9..16 that the MMA
      kernel does not take, dequantize to fp16 and multiply with cuBLAS (fp32
-     accumulation);
+     accumulation; the activations are rounded to fp16 too, so a vector with
+     an entry past 65504 gets inf or NaN outputs there, as in an engine
+     that holds activations in fp16);
    - mpq_gemv_opts.a8 (8-bit activations, as mpq.h defines them): the
      tensor-core kernel on int8 activations (int8 MMA, one float scale per
      group) at batches MPQ_CUDA_MMA_BATCH to MPQ_CUDA_MMA_MAX where the code
-     copy exists, else the activations quantized and dequantized first and
-     the kernels above (the fp16 path then rounds them to fp16);
-     MPQ_ERR_UNSUPPORTED on the fp16-weights backend below;
+     copy exists, the LUT kernel with integer tables (the activations
+     quantized inside it) where the LUT kernel runs, else the activations
+     quantized and dequantized first and the kernels above (the fp16 path
+     then rounds them to fp16); MPQ_ERR_UNSUPPORTED on the fp16-weights
+     backend below;
    - x and y may be device pointers (the call is then asynchronous on the
      backend's stream: synchronize before reading y) or host pointers (staged
      through device buffers; the call returns with y written); they must
@@ -72,7 +76,7 @@ void mpq_cuda_backend_destroy(mpq_backend *b);
    once into a resident fp16 copy (2 bytes per weight; the packed buffer
    stays for its column permutation), and every product, batch 1 included,
    is cuBLAS's fp16 GEMM with fp32 accumulation, as an engine with fp16
-   weights runs it. skip_planes > 0 is MPQ_ERR_UNSUPPORTED (the weights are
+   weights runs it (activations rounded to fp16 as well). skip_planes > 0 is MPQ_ERR_UNSUPPORTED (the weights are
    fixed at upload). Released with mpq_cuda_backend_destroy. */
 mpq_status mpq_cuda_backend_fp16(int device, mpq_backend *b);
 

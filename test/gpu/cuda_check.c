@@ -4,11 +4,11 @@
    the whole program skipped. Exit status 1 on any failure.
 
    Cases (with 8-bit activations too, run_a8): both formats; groups 32, 64,
-   128, 256 (the LUT kernel) and 40 and a partial last group (the plain
-   kernel); mixed widths with block_rows 16 and
+   128, 256, 512 (the LUT kernel), 4096 (the LUT kernel, never the MMA
+   kernel) and 40 and a partial last group (the plain kernel); mixed widths with block_rows 16 and
    3; permutations, column scales, a sparse part; skip_planes 0..2; every
    batch 1..17 and 33 (LUT kernel up to 2, MMA kernel 3..16 where every
-   group is whole quads, and in pieces of 16 up to MPQ_CUDA_MMA_MAX, a rest
+   group is whole quads of at most 512 columns, and in pieces of 16 up to MPQ_CUDA_MMA_MAX, a rest
    of 1 or 2 on the LUT kernel; else LUT up to 8 and fp16 + cuBLAS; build
    with -DMPQ_CUDA_MMA_BATCH=2 to put the MMA kernel on batch 2 too), and
    prompts of 64, 300 and 1024 vectors on the smaller cases; skip_planes 1
@@ -17,6 +17,7 @@
    (mpq_cuda_backend_fp16) on every fifth case at batches 1, 5, 17, 64.
    Tolerance: float32 rounding, (n + 64) 2^-23 times 3 max_j |w_ij| sum_j |x~_j| (the terms the
    mirror form adds: |s^| (2^b - 1) + |z^| is at most 3 max |w| of a group);
+   with 8-bit activations on the LUT kernel's integer tables (n / 16 + 64);
    fp16 path: 2^-9 sum_j |w_ij x_j| (fp16 rounding of w and x). Host and
    device pointers must give the same bits.
 
@@ -72,6 +73,8 @@ static const cas cases[] = {
     {4100, 2048, 128, 16, 1, 2, 0, 1}, {560, 1056, 32, 16, 1, 4, 1, 1},
     {3000, 1024, 128, 16, 1, 6, 1, 0}, {400, 1536, 32, 9, 2, 6, 0, 1},
     {18000, 4096, 32, 16, 1, 4, 0, 0}, /* MMA kernel: dozens of records per warp */
+    {260, 2048, 512, 16, 1, 6, 0, 1},  /* groups wider than a slice of batch 2 */
+    {100, 4096, 4096, 16, 1, 8, 1, 1}, /* a group per row: past the MMA kernel, the LUT kernel up to batch 8 */
 };
 
 /* per output: sum |w x| (wx) and 3 max |w| sum |x c| (row), from the
@@ -89,6 +92,18 @@ static void magnitude(const float *Wd, const float *x, const float *cs, int m, i
             wx[(size_t)v * m + i] = s;
             row[(size_t)v * m + i] = 3.0 * mx * sx;
         }
+}
+
+/* The fp16 path rounds the activations to fp16: a vector with an entry past
+   65504 gives inf or NaN outputs there (mpq_cuda.h). On that path and for
+   such a vector (synth_activations makes one now and then, where an entry
+   is scaled up three times) the checks allow non-finite outputs; a finite
+   one must still be right. */
+static int past_f16(const float *v, int n)
+{
+    for (int j = 0; j < n; j++)
+        if (!(fabsf(v[j]) <= 65504.0f)) return 1;
+    return 0;
 }
 
 /* 8-bit activations (mpq_gemv_opts.a8): x~ = x[p_col] col_scale in packed
@@ -118,15 +133,20 @@ static void act8_ref(const mpq_packed *A, const float *x, int batch, float *xh)
 /* The product with 8-bit activations against the float64 reference: the
    dense part (mpq_gemv_ref on a view without p_col, col_scale and sparse
    part) times act8_ref's activations, plus the sparse part times x. The
-   8-bit MMA kernel (batches 3 to MPQ_CUDA_MMA_MAX where every group is
-   whole quads) and the LUT and plain kernels within float32 rounding, the
-   fp16 path within fp16 rounding; host and device pointers give the same
+   8-bit MMA kernel (batches 3 to MPQ_CUDA_MMA_MAX on run_case's `mma`
+   matrices) and the plain kernel within float32 rounding, the fp16 path
+   within fp16 rounding. The LUT kernel with integer tables (batches 1 and
+   2 where every group is whole quads, up to 8 where the MMA kernel does
+   not apply) multiplies a quad of a row exactly and scales it once, so
+   only its float sums of quads, lanes, slices and parts round: n / 16 + 64
+   roundings in place of n + 64. Host and device pointers give the same
    bits. */
 static void run_a8(mpq_backend *be, void *h, const mpq_packed *A, const float *Wd, int mma, int skip, synth_rng *r,
                    const char *what)
 {
     static const int batches[] = {1, 2, 3, 5, 8, 9, 16, 17, 33, 64, 300};
-    const int m = A->rows, n = A->cols;
+    const int m = A->rows, n = A->cols, last = n - (n - 1) / A->group * A->group;
+    const int lut = A->group % 32 == 0 && last % 32 == 0;
     mpq_packed D = *A; /* the dense part in packed column order */
     D.p_col = NULL, D.col_scale = NULL, D.sp_nnz = 0, D.sp_row_ptr = NULL, D.sp_col16 = NULL, D.sp_col32 = NULL,
     D.sp_val = NULL;
@@ -156,6 +176,7 @@ static void run_a8(mpq_backend *be, void *h, const mpq_packed *A, const float *W
         cudaMemcpy(dx, x, sizeof(float) * batch * n, cudaMemcpyHostToDevice);
         for (int k = 0; k < batch * m; k++) y[k] = y2[k] = NAN;
         cudaMemcpy(dy, y, sizeof(float) * batch * m, cudaMemcpyHostToDevice);
+        cudaDeviceSynchronize(); /* see run_case */
         mpq_gemv_opts o = {0};
         o.skip_planes = skip, o.a8 = 1;
         mpq_status g1 = be->gemv(be->ctx, h, dx, dy, batch, &o), sy = be->synchronize(be->ctx);
@@ -163,26 +184,33 @@ static void run_a8(mpq_backend *be, void *h, const mpq_packed *A, const float *W
         mpq_status g2 = be->gemv(be->ctx, h, x, y2, batch, &o);
         /* dequantized to fp16, cuBLAS: without a code copy past 8, else past MPQ_CUDA_MMA_MAX */
         const int f16 = (!mma && batch > 8) || batch > MPQ_CUDA_MMA_MAX;
+        const int itab = lut && (batch <= 2 || (!mma && batch <= 8));
         double worst = 0;
-        int bad = -1, same = 1;
+        int bad = -1, same = 1, nbig = 0;
         double *sx = calloc((size_t)batch, sizeof(double)); /* sum |x^| + sum |x| (the sparse part's) */
-        for (int v = 0; v < batch; v++)
+        char *big = calloc((size_t)batch, 1);               /* past the fp16 range on the fp16 path */
+        for (int v = 0; v < batch; v++) {
             for (int j = 0; j < n; j++) sx[v] += fabs(xh[(size_t)v * n + j]) + fabs(x[(size_t)v * n + j]);
+            nbig += big[v] = f16 && past_f16(xh + (size_t)v * n, n);
+        }
         for (int k = 0; k < batch * m; k++) {
+            if (memcmp(&y[k], &y2[k], 4)) same = 0;
+            if (big[k / m] && !isfinite(y[k])) continue;
             /* times max |w| of the row, twice where col_scale (0.5 .. 1.5) divides it */
             const double mag = wmax[k % m] * sx[k / m] * (A->col_scale ? 2.0 : 1.0);
-            const double tol = (f16 ? ldexp(mag, -9) : (n + 64) * ldexp(3 * mag, -23)) + 1e-30;
+            const double tol = (f16 ? ldexp(mag, -9) : ((itab ? n / 16 : n) + 64) * ldexp(3 * mag, -23)) + 1e-30;
             const double e = fabs((double)y[k] - ref[k]);
             if (!(e <= tol) && bad < 0) bad = k;
             if (e / (mag + 1e-30) > worst) worst = e / (mag + 1e-30);
-            if (memcmp(&y[k], &y2[k], 4)) same = 0;
         }
-        report(g1 == MPQ_OK && sy == MPQ_OK && bad < 0, "%s skip %d batch %d, a8: worst |err|/(max|w| sum|x|) %.2e%s",
-               what, skip, batch, worst, bad < 0 ? "" : " (FAILED)");
+        report(g1 == MPQ_OK && sy == MPQ_OK && bad < 0,
+               "%s skip %d batch %d, a8%s: worst |err|/(max|w| sum|x|) %.2e%s%s", what, skip, batch,
+               itab ? " (integer tables)" : "", worst, nbig ? " (a vector past the fp16 range)" : "",
+               bad < 0 ? "" : " (FAILED)");
         if (bad >= 0) printf("# first bad output %d: %.9g vs %.9g\n", bad, (double)y[bad], ref[bad]);
         report(g2 == MPQ_OK && same, "  a8: host pointers give the same bits");
         cudaFree(dx), cudaFree(dy);
-        free(x), free(xh), free(y), free(y2), free(ref), free(sx);
+        free(x), free(xh), free(y), free(y2), free(ref), free(sx), free(big);
     }
     free(wmax);
 }
@@ -224,8 +252,9 @@ static int run_case(mpq_backend *be, const cas *c, synth_rng *r, int fp16)
     mpq_status st = be->upload(be->ctx, &A, &h);
     report(st == MPQ_OK, "upload %s %dx%d group %d", c->format == 2 ? "mxint" : "bitplane", m, n, c->G);
     static const int batches[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 33, 64, 300, 1024};
-    /* the MMA kernel's matrices: groups and the last group of whole quads */
-    const int last = n - (n - 1) / c->G * c->G, mma = c->G % 32 == 0 && last % 32 == 0;
+    /* the MMA kernel's matrices: groups and the last group of whole quads, and
+       groups whose activations for 32 vectors fit its 64 KB (4 32 G bytes) */
+    const int last = n - (n - 1) / c->G * c->G, mma = c->G % 32 == 0 && last % 32 == 0 && c->G <= 512;
     for (int skip = 0; skip <= (fp16 ? 0 : 2) && st == MPQ_OK; skip++) {
         mpq_packed_dequantize(&A, skip, Wd);
         for (size_t bi = 0; bi < sizeof batches / sizeof batches[0]; bi++) {
@@ -247,6 +276,10 @@ static int run_case(mpq_backend *be, const cas *c, synth_rng *r, int fp16)
             cudaMemcpy(dx, x, sizeof(float) * batch * n, cudaMemcpyHostToDevice);
             for (int k = 0; k < batch * m; k++) y[k] = NAN;
             cudaMemcpy(dy, y, sizeof(float) * batch * m, cudaMemcpyHostToDevice);
+            /* a copy from pageable memory may return before its DMA lands, and
+               the backend's stream (non-blocking) does not wait for the legacy
+               stream: without this the kernels could read stale x or y */
+            cudaDeviceSynchronize();
             mpq_gemv_opts o = {0};
             o.skip_planes = skip;
             mpq_status g1 = be->gemv(be->ctx, h, dx, dy, batch, &o);
@@ -255,28 +288,32 @@ static int run_case(mpq_backend *be, const cas *c, synth_rng *r, int fp16)
             for (int k = 0; k < batch * m; k++) y2[k] = NAN;
             mpq_status g2 = be->gemv(be->ctx, h, x, y2, batch, &o); /* host pointers */
             double worst = 0;
-            int bad = -1, same = 1;
+            int bad = -1, same = 1, nbig = 0;
+            /* dequantized to fp16, cuBLAS; up to MPQ_CUDA_MMA_MAX the MMA kernel in pieces of 16 */
+            const int f16 = fp16 || (batch > 16 && !(mma && batch <= MPQ_CUDA_MMA_MAX)) || (batch > 8 && !mma);
+            char *big = calloc((size_t)batch, 1); /* past the fp16 range on the fp16 path */
+            for (int v = 0; v < batch; v++) nbig += big[v] = f16 && past_f16(x + (size_t)v * n, n);
             for (int k = 0; k < batch * m; k++) {
+                if (memcmp(&y[k], &y2[k], 4)) same = 0;
+                if (big[k / m] && !isfinite(y[k])) continue;
                 double e = fabs((double)y[k] - ref[k]);
-                /* dequantized to fp16, cuBLAS; up to MPQ_CUDA_MMA_MAX the MMA kernel in pieces of 16 */
-                const int f16 = fp16 || (batch > 16 && !(mma && batch <= MPQ_CUDA_MMA_MAX)) || (batch > 8 && !mma);
                 double tol = (f16 ? ldexp(mag[k], -9) : (n + 64) * ldexp(magr[k], -23)) + 1e-30;
                 if (!(e <= tol)) {
                     if (bad < 0) bad = k;
                 }
                 if (e / (mag[k] + 1e-30) > worst) worst = e / (mag[k] + 1e-30);
-                if (memcmp(&y[k], &y2[k], 4)) same = 0;
             }
             report(g1 == MPQ_OK && sy == MPQ_OK && bad < 0,
-                   "%s%s %dx%d G%d br%d%s%s skip %d batch %d: worst |err|/sum|wx| %.2e%s", fp16 ? "fp16 weights: " : "",
-                   c->format == 2 ? "mxint" : "bitplane", m, n, c->G, c->br, c->perm ? " perm+scale" : "",
-                   c->sparse ? " sparse" : "", skip, batch, worst, bad < 0 ? "" : " (FAILED)");
+                   "%s%s %dx%d G%d br%d%s%s skip %d batch %d: worst |err|/sum|wx| %.2e%s%s",
+                   fp16 ? "fp16 weights: " : "", c->format == 2 ? "mxint" : "bitplane", m, n, c->G, c->br,
+                   c->perm ? " perm+scale" : "", c->sparse ? " sparse" : "", skip, batch, worst,
+                   nbig ? " (a vector past the fp16 range)" : "", bad < 0 ? "" : " (FAILED)");
             if (bad >= 0)
                 printf("# first bad output %d: %.9g vs %.9g (sum |wx| %.3g)\n", bad, (double)y[bad], ref[bad],
                        mag[bad]);
             report(g2 == MPQ_OK && same, "  host pointers give the same bits");
             cudaFree(dx), cudaFree(dy);
-            free(x), free(y), free(y2), free(ref), free(mag), free(magr);
+            free(x), free(y), free(y2), free(ref), free(mag), free(magr), free(big);
         }
     }
     for (int skip = 0; skip <= 1 && !fp16 && st == MPQ_OK; skip++) {
