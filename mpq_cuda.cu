@@ -142,7 +142,7 @@ struct cuda_ctx {
     void *scratch;
     size_t scratch_bytes;
     unsigned *counters;
-    size_t ncounters;
+    size_t counters_bytes;
     // device copies of host x and y (see gemv)
     float *stage;
     size_t stage_bytes;
@@ -1723,26 +1723,36 @@ void release(void *ctx, void *handle)
     free(h);
 }
 
+// Makes *buf a device buffer of at least `bytes` (*have: its size), in place
+// of a smaller one (freed first, its contents lost: *fresh says so).
+template <typename T> mpq_status reserve(T **buf, size_t *have, size_t bytes, bool *fresh = nullptr)
+{
+    if (fresh) *fresh = false;
+    if (bytes <= *have) return MPQ_OK;
+    cudaFree(*buf);
+    *buf = nullptr;
+    *have = 0;
+    cudaError_t e = cudaMalloc(reinterpret_cast<void **>(buf), bytes);
+    if (e != cudaSuccess) return map_error(e);
+    *have = bytes;
+    if (fresh) *fresh = true;
+    return MPQ_OK;
+}
+
+// The scratch buffer (the kernels' partial sums, the fp16 path's matrix and
+// activations) of at least `scratch` bytes, and `counters` row-block
+// counters, zero.
 mpq_status grow(cuda_ctx *c, size_t scratch, size_t counters)
 {
-    if (scratch > c->scratch_bytes) {
-        cudaFree(c->scratch);
-        c->scratch = nullptr;
-        c->scratch_bytes = 0;
-        cudaError_t e = cudaMalloc(&c->scratch, scratch);
-        if (e != cudaSuccess) return map_error(e);
-        c->scratch_bytes = scratch;
+    bool fresh = false;
+    mpq_status st = reserve(&c->scratch, &c->scratch_bytes, scratch);
+    if (st == MPQ_OK) st = reserve(&c->counters, &c->counters_bytes, counters * sizeof(unsigned), &fresh);
+    if (st == MPQ_OK && fresh) {
+        cudaError_t e = cudaMemsetAsync(c->counters, 0, c->counters_bytes, c->stream);
+        if (e != cudaSuccess) c->counters_bytes = 0; // not zeroed: replaced at the next call
+        st = map_error(e);
     }
-    if (counters > c->ncounters) {
-        cudaFree(c->counters);
-        c->counters = nullptr;
-        c->ncounters = 0;
-        cudaError_t e = cudaMalloc(&c->counters, counters * sizeof(unsigned));
-        if (e == cudaSuccess) e = cudaMemsetAsync(c->counters, 0, counters * sizeof(unsigned), c->stream);
-        if (e != cudaSuccess) return map_error(e);
-        c->ncounters = counters;
-    }
-    return MPQ_OK;
+    return st;
 }
 
 // The LUT kernels: (float, 8-bit activations) x (batch 1, 2, 4, 8) x (widest
@@ -1910,17 +1920,9 @@ mpq_status gemv_device(cuda_ctx *c, const cuda_handle *h, const float *x, float 
 // activations; the fp16 path rounds them to fp16 as it rounds x.
 mpq_status gemv_a8_float(cuda_ctx *c, const cuda_handle *h, const float *x, float *y, int batch, int skip)
 {
-    const size_t xn = (size_t)batch * h->m.cols;
-    if (xn * sizeof(float) > c->a8x_bytes) {
-        cudaFree(c->a8x);
-        c->a8x = nullptr;
-        c->a8x_bytes = 0;
-        cudaError_t e = cudaMalloc(&c->a8x, xn * sizeof(float));
-        if (e != cudaSuccess) return map_error(e);
-        c->a8x_bytes = xn * sizeof(float);
-    }
-    mpq_status st =
-        launch_pdl(c, act8_dequant, dim3(h->m.ngroups, min(batch, 65535)), kA8Threads, 0, h->m, x, batch, c->a8x);
+    mpq_status st = reserve(&c->a8x, &c->a8x_bytes, sizeof(float) * batch * (size_t)h->m.cols);
+    if (st != MPQ_OK) return st;
+    st = launch_pdl(c, act8_dequant, dim3(h->m.ngroups, min(batch, 65535)), kA8Threads, 0, h->m, x, batch, c->a8x);
     if (st != MPQ_OK) return st;
     cuda_handle dense = *h;
     dense.m.p_col = nullptr, dense.m.cscale = nullptr, dense.m.sp_row_ptr = nullptr;
@@ -1962,17 +1964,12 @@ mpq_status gemv(void *ctx, void *handle, const float *x, float *y, int batch, co
     if (e != cudaSuccess) return map_error(e);
     if (on_device(x) && on_device(y)) return gemv_device(c, h, x, y, batch, skip, a8);
     const size_t xn = (size_t)batch * h->m.cols, yn = (size_t)batch * h->m.rows;
-    if ((xn + yn) * sizeof(float) > c->stage_bytes) {
-        cudaFree(c->stage);
-        c->stage = nullptr;
-        c->stage_bytes = 0;
-        if ((e = cudaMalloc(&c->stage, (xn + yn) * sizeof(float))) != cudaSuccess) return map_error(e);
-        c->stage_bytes = (xn + yn) * sizeof(float);
-    }
+    mpq_status st = reserve(&c->stage, &c->stage_bytes, (xn + yn) * sizeof(float));
+    if (st != MPQ_OK) return st;
     float *dx = c->stage, *dy = c->stage + xn;
     e = cudaMemcpyAsync(dx, x, xn * sizeof(float), cudaMemcpyHostToDevice, c->stream);
     if (e != cudaSuccess) return map_error(e);
-    mpq_status st = gemv_device(c, h, dx, dy, batch, skip, a8);
+    st = gemv_device(c, h, dx, dy, batch, skip, a8);
     if (st != MPQ_OK) return st;
     e = cudaMemcpyAsync(y, dy, yn * sizeof(float), cudaMemcpyDeviceToHost, c->stream);
     if (e == cudaSuccess) e = cudaStreamSynchronize(c->stream);

@@ -5,11 +5,12 @@
 
    Cases (with 8-bit activations too, run_a8): both formats; groups 32, 64,
    128, 256, 512 (the LUT kernel), 4096 (the LUT kernel, never the MMA
-   kernel) and 40 and a partial last group (the plain kernel); mixed widths with block_rows 16 and
-   3; permutations, column scales, a sparse part; skip_planes 0..2; every
-   batch 1..17 and 33 (LUT kernel up to 2, MMA kernel 3..16 where every
-   group is whole quads of at most 512 columns, and in pieces of 16 up to MPQ_CUDA_MMA_MAX, a rest
-   of 1 or 2 on the LUT kernel; else LUT up to 8 and fp16 + cuBLAS; build
+   kernel) and 40 and a partial last group (the plain kernel); mixed
+   widths with block_rows 16 and 3; permutations, column scales, a sparse
+   part; skip_planes 0..2; every batch 1..17 and 33 (LUT kernel up to 2,
+   MMA kernel 3..16 where every group is whole quads of at most 512
+   columns, and in pieces of 16 up to MPQ_CUDA_MMA_MAX, a rest of 1 or 2 on
+   the LUT kernel; else LUT up to 8 and fp16 + cuBLAS; build
    with -DMPQ_CUDA_MMA_BATCH=2 to put the MMA kernel on batch 2 too), and
    prompts of 64, 300 and 1024 vectors on the smaller cases; skip_planes 1
    and 2 at batches 1..8, 11, 16 and 64 (the fp16 path); device and host
@@ -18,7 +19,8 @@
    Tolerance: float32 rounding, (n + 64) 2^-23 times 3 max_j |w_ij| sum_j |x~_j| (the terms the
    mirror form adds: |s^| (2^b - 1) + |z^| is at most 3 max |w| of a group);
    with 8-bit activations on the LUT kernel's integer tables (n / 16 + 64);
-   fp16 path: 2^-9 sum_j |w_ij x_j| (fp16 rounding of w and x). Host and
+   fp16 path: 2^-9 sum_j |w_ij x_j| (fp16 rounding of w and x; non-finite
+   outputs allowed for a vector with an activation past 65504). Host and
    device pointers must give the same bits.
 
    Build (Meson builds it when CUDA is found):
@@ -253,7 +255,7 @@ static int run_case(mpq_backend *be, const cas *c, synth_rng *r, int fp16)
     report(st == MPQ_OK, "upload %s %dx%d group %d", c->format == 2 ? "mxint" : "bitplane", m, n, c->G);
     static const int batches[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 33, 64, 300, 1024};
     /* the MMA kernel's matrices: groups and the last group of whole quads, and
-       groups whose activations for 32 vectors fit its 64 KB (4 32 G bytes) */
+       groups whose activations for 32 vectors fit its 64 KB (4 * 32 * G bytes) */
     const int last = n - (n - 1) / c->G * c->G, mma = c->G % 32 == 0 && last % 32 == 0 && c->G <= 512;
     for (int skip = 0; skip <= (fp16 ? 0 : 2) && st == MPQ_OK; skip++) {
         mpq_packed_dequantize(&A, skip, Wd);
