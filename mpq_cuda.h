@@ -76,8 +76,9 @@ void mpq_cuda_backend_destroy(mpq_backend *b);
    once into a resident fp16 copy (2 bytes per weight; the packed buffer
    stays for its column permutation), and every product, batch 1 included,
    is cuBLAS's fp16 GEMM with fp32 accumulation, as an engine with fp16
-   weights runs it (activations rounded to fp16 as well). skip_planes > 0 is MPQ_ERR_UNSUPPORTED (the weights are
-   fixed at upload). Released with mpq_cuda_backend_destroy. */
+   weights runs it (activations rounded to fp16 as well). skip_planes > 0
+   is MPQ_ERR_UNSUPPORTED (the weights are fixed at upload). Released with
+   mpq_cuda_backend_destroy. */
 mpq_status mpq_cuda_backend_fp16(int device, mpq_backend *b);
 
 /* Number of CUDA devices, 0 when there is no driver or no GPU. */
