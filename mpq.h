@@ -252,13 +252,16 @@ static inline MPQ__HOST_DEVICE int mpq_first_plane(int bits, int skip)
 }
 
 /* Whole-matrix quantization under a per-block bits map: see mpq_bitplane_desc
-   (section 4) for the shape fields; permutations and col_scale are ignored
-   here (codes are in the coordinates of W). Outputs: codes (rows*cols bytes),
-   s_hat and z_hat (rows * ceil(cols/group) halves each, row-major by group). */
+   (section 4) for the shape fields and the format; permutations and
+   col_scale are ignored here (codes are in the coordinates of W). Outputs:
+   codes (rows*cols bytes), s_hat and z_hat (rows * ceil(cols/group) each,
+   row-major by group): each group's stored metadata, the fp16 bits of s^
+   and z^ (MXINT: the E8M0 byte in s_hat, 0 in z_hat; section 6, the format
+   traits). */
 struct mpq_bitplane_desc;
 MPQ_DEF mpq_status mpq_quantize(const struct mpq_bitplane_desc *d, const float *W, uint8_t *codes, uint16_t *s_hat,
                                 uint16_t *z_hat);
-/* Inverse of mpq_quantize: W (rows*cols floats) from codes and the pairs. */
+/* Inverse of mpq_quantize: W (rows*cols floats) from codes and metadata. */
 MPQ_DEF mpq_status mpq_dequantize(const struct mpq_bitplane_desc *d, const uint8_t *codes, const uint16_t *s_hat,
                                   const uint16_t *z_hat, float *W);
 
@@ -457,9 +460,11 @@ MPQ_DEF mpq_status mpq_bitplane_bytes(const mpq_bitplane_desc *d, size_t *bytes)
 MPQ_DEF mpq_status mpq_pack(const mpq_bitplane_desc *d, const float *W, void *buf, size_t bytes, mpq_packed *out);
 /* The same, allocating the buffer (mpq_packed_free releases it). */
 MPQ_DEF mpq_status mpq_pack_alloc(const mpq_bitplane_desc *d, const float *W, mpq_packed *out);
-/* Pack codes and pairs computed elsewhere (mpq_quantize, or another
+/* Pack codes and metadata computed elsewhere (mpq_quantize, or another
    quantizer), given in packed coordinates: codes[i*cols + j] is the code of
-   W~[i][j]. Codes must fit their block's width. Bit-plane format only. */
+   W~[i][j], s_hat and z_hat as mpq_quantize writes them. Codes must fit
+   their block's width, the metadata must be valid for the format (finite
+   halves; an E8M0 byte below 0xFF and z_hat 0). */
 MPQ_DEF mpq_status mpq_pack_quantized(const mpq_bitplane_desc *d, const uint8_t *codes, const uint16_t *s_hat,
                                       const uint16_t *z_hat, void *buf, size_t bytes, mpq_packed *out);
 /* Validate a buffer (from memory or a file) and make a view of it. Checks
@@ -603,11 +608,37 @@ typedef enum mpq_format {
     MPQ_FORMAT_MXINT = 2     /* OCP MXINT blocks of 32 with k-bit mantissas, in bit planes */
 } mpq_format;
 
-/* One row per packed format: generic code dispatches through it. */
+/* One row per packed format: its facts and rules, and its entry points.
+   Generic code reads the row instead of testing which format it has, so
+   that a format is added by adding a row. In the rules, a group's stored
+   METADATA is the pair (sh, zh) of 16-bit fields: the fp16 bits of s^ and
+   z^ (bit-plane), or the E8M0 byte in sh and zh = 0 (MXINT); every code q
+   of b bits is worth s^ (2q - (2^b - 1)) + z^. */
 typedef struct mpq_format_traits {
     mpq_format format;
     const char *name;
     char magic[8];
+    int e8m0;          /* a record's metadata: 1: one E8M0 byte a row; 0: the rows' fp16 s^,
+                          then their fp16 z^ */
+    int meta_bytes;    /* bytes of metadata that open a record (64; MXINT 16) */
+    int meta_bits;     /* stored metadata bits per row and group, counted in bpw (32; MXINT 8) */
+    int min_bits;      /* the lowest width (1; MXINT 2: a sign and one bit) */
+    int default_group; /* columns per group when a description says 0 (128; MXINT 32) */
+    int fixed_group;   /* the only group the format has, or 0: any multiple of 8 (MXINT 32) */
+    int symmetric;     /* 1: honours mpq_bitplane_desc.symmetric (MXINT: symmetric by its rules) */
+    float max_abs;     /* the largest |weight| it stores (fp16 pairs: 65504; MXINT: any float) */
+    /* One group of len values (at most the group) at `bits`: codes q and the metadata. */
+    void (*quantize_group)(const float *v, int len, int bits, int symmetric, uint8_t *q, uint16_t *sh, uint16_t *zh);
+    /* The value of a code: s^ and z^ of the metadata for `bits`-bit codes. */
+    void (*pair)(int bits, uint16_t sh, uint16_t zh, float *s_hat, float *z_hat);
+    /* The code the quantizer gives v on a group's grid (GPTQ places values one
+       at a time), and its value; s_hat and z_hat: pair() of sh and zh. */
+    uint8_t (*code_of)(int bits, uint16_t sh, float s_hat, float z_hat, float v, float *value);
+    /* Whether stored metadata is valid (finite halves; an E8M0 byte other than 0xFF). */
+    int (*meta_valid)(uint16_t sh, uint16_t zh);
+    /* Row r's metadata in a record (BYTE LAYOUT), written and read. */
+    void (*meta_write)(uint8_t *rec, int r, uint16_t sh, uint16_t zh);
+    void (*meta_read)(const uint8_t *rec, int r, uint16_t *sh, uint16_t *zh);
     mpq_status (*open)(const void *buf, size_t bytes, mpq_packed *out);
     mpq_status (*dequantize)(const mpq_packed *A, int skip_planes, float *W);
     mpq_status (*dequantize_row)(const mpq_packed *A, int skip_planes, int row, float *w);
@@ -1099,6 +1130,36 @@ typedef mpq_status (*mpq_requant_pqi_fn)(void *user, mpq_requant_layer *layers, 
 MPQ_DEF mpq_status mpq_requant_significant(mpq_requant_layer *layers, int nlayers, size_t total, int steps,
                                            mpq_requant_pqi_fn refresh, void *user);
 
+/* THE STATISTICS-ONLY SPLIT: the pipeline above over n maps, with each
+   map's PQI v computed beforehand (along W -> Q(W) for some quantizer Q,
+   e.g. mpq_model.h's calibration) instead of from the model's gradients.
+   Two steps differ from the paper, which runs the model at every
+   candidate: the temperature t of eq. 9 (0, 0.25, 0.5, 0.75) is chosen by
+   the first-order loss the PQI itself estimates, sum v |W^ - W| over all
+   maps (eq. 6), W^ the dense part with the candidate's outliers exact;
+   and the significant weights are detached in one step with that v
+   (algorithm 2 without refreshes). Eq. 9 weighs each map by its mean
+   Delta F_PQI (eq. 6) against its dense part. Memory: besides the masks, 8
+   bytes per weight of all the maps at once. */
+typedef struct mpq_requant_map {
+    const float *W;      /* rows x cols (d.rows x d.cols), original coordinates */
+    const float *pqi;    /* rows x cols, finite and >= 0 */
+    mpq_bitplane_desc d; /* the dense part's description (d.sparse ignored; permutations,
+                            AWQ's col_scale and clip allowed) */
+    uint8_t *mask;       /* out: rows x cols (the caller's), 1 where the weight goes to the
+                            sparse part */
+} mpq_requant_map;
+
+/* outliers and significant: fractions of all the maps' weights (eq. 9's
+   r_o and the paper's r_s), in [0, 0.5]. *t_best, *sparse (may be NULL):
+   the temperature chosen and the weights marked in all. */
+MPQ_DEF mpq_status mpq_requant_masks(mpq_requant_map *maps, int n, double outliers, double significant, double *t_best,
+                                     size_t *sparse);
+/* The packed matrix of one map (allocated; mpq_packed_free): the dense
+   part of W with the marked weights at zero, and the sparse part that
+   restores them (W - dense there, fp16). */
+MPQ_DEF mpq_status mpq_requant_pack(const mpq_requant_map *map, mpq_packed *out);
+
 /* ========================================================================== */
 /* 12. Precision schedules (PMPD)                                             */
 /* ========================================================================== */
@@ -1252,6 +1313,165 @@ typedef struct mpq_pmpd_train_opts {
    unchanged. */
 MPQ_DEF mpq_status mpq_pmpd_learned_train(mpq_pmpd_learned *n, const mpq_pmpd_sample *s, int ns,
                                           const mpq_pmpd_train_opts *o, double *loss);
+
+/* ========================================================================== */
+/* 13. Recipes                                                                */
+/* ========================================================================== */
+
+/* A RECIPE is how the linear maps of a model are quantized, in one
+   zero-initialised description; mpq_recipe_run applies it to a list of
+   maps. It composes the sections above in one fixed order:
+
+     widths       uniform (`bits`), or a plan: given (`plan`), or made here
+                  over all the maps at once by SFMP, MixLLM or MXSens from
+                  their statistics (`planner`, section 11)
+     1. act-order the packed column order by decreasing diag(H), GPTQ's
+                  act-order (mpq_gptq_act_order): free at inference
+     2. AWQ       column scales and clips searched on the map's
+                  activations under its description (mpq_awq_search)
+     3. GPTQ      error feedback through H (mpq_gptq), or round to nearest
+                  (mpq_pack)
+     4. ReQuant   a sparse part: outliers and significant weights chosen
+                  over all the maps from their PQI (mpq_requant_masks); the
+                  dense part quantizes W with them at zero (RTN or AWQ, not
+                  GPTQ: MPQ_ERR_UNSUPPORTED)
+
+   `mpq quantize`, the main job (examples/llm) and tinylm all call
+   mpq_recipe_run: the same recipe on the same maps gives the same bytes,
+   whoever runs it.
+
+   Act-order and plans. A plan's widths are in the packed coordinates it
+   describes, so with act-order they apply to act-order's columns: the
+   SFMP planner therefore ranks each map's Fisher diagonal with its columns
+   in act-order (MixLLM's widths are per row and need no change). A plan
+   with a column permutation of its own (MXSens; SFMP reordering columns)
+   cannot take act-order (MPQ_ERR_ARG). */
+typedef enum mpq_planner {
+    MPQ_PLANNER_NONE = 0,   /* the widths of `plan`, or uniform `bits` without one */
+    MPQ_PLANNER_SFMP = 1,   /* mpq_plan_sfmp over the maps' fisher: bpw, group, block_rows, reorder */
+    MPQ_PLANNER_MIXLLM = 2, /* mpq_plan_mixllm over their channel salience: fraction, high_bits,
+                               bits (the low width), group */
+    MPQ_PLANNER_MXSENS = 3  /* mpq_plan_mxsens over col_sens and layer_sens: bpw (MXINT) */
+} mpq_planner;
+
+typedef struct mpq_recipe {
+    /* the widths */
+    mpq_planner planner;
+    const mpq_plan *plan; /* planner NONE: map i is the plan's layer i; NULL: uniform */
+    int format;           /* uniform: MPQ_FORMAT_*; 0 -> bit-plane */
+    int bits;             /* uniform, and MixLLM's low width: 1..8 (MXINT 2..8); 0 -> 4 */
+    int symmetric;        /* uniform: 1 -> symmetric groups; 0 -> asymmetric */
+    int group;            /* uniform, SFMP, MixLLM: columns per group; 0 -> 128 (MXINT 32) */
+    int block_rows;       /* uniform, SFMP: rows per width block; 0 -> 16 */
+    double bpw;           /* SFMP, MXSens: the budget, bits per weight with the
+                             metadata (required; mpq_recipe_bpw_range gives the range) */
+    int reorder;          /* SFMP: MPQ_REORDER_*; 0 -> none */
+    double fraction;      /* MixLLM: share of all channels at high_bits, in [0, 1] */
+    int high_bits;        /* MixLLM: 0 -> 8 (symmetric) */
+    /* the quantizer chain */
+    int act_order;           /* 1: GPTQ's act-order (needs H) */
+    int awq;                 /* 1: AWQ's scale and clip search (needs X) */
+    mpq_awq_desc awq_opts;   /* its settings; X and tokens are each map's */
+    int gptq;                /* 1: GPTQ (needs H); 0: round to nearest */
+    mpq_gptq_desc gptq_opts; /* its settings; H is each map's */
+    int requant;             /* 1: ReQuant's sparse part (needs pqi) */
+    double outliers;         /* ReQuant: share of all the maps' weights kept as
+                                outliers (eq. 9); 0 -> 0.0025, negative: none */
+    double significant;      /* ReQuant: share detached as significant weights;
+                                0 -> 0.0025, negative: none */
+} mpq_recipe;
+
+/* One linear map and what the recipe may read of it. The shape is
+   required; the rest only where the recipe needs it (mpq_recipe_needs). */
+typedef struct mpq_recipe_map {
+    int rows, cols;
+    const char *name;      /* for progress (may be NULL) */
+    const float *W;        /* rows x cols float32, original coordinates */
+    const float *X;        /* AWQ: tokens x cols activations, original column order */
+    int tokens;            /* rows of X */
+    const float *H;        /* act-order, GPTQ: cols x cols X^T X (as mpq_gptq_desc.H) */
+    const float *pqi;      /* ReQuant: rows x cols PQI (finite, >= 0) */
+    const float *fisher;   /* SFMP: rows x cols salience (finite, >= 0) */
+    const float *channel;  /* MixLLM: rows output-channel salience (finite, >= 0) */
+    const float *col_sens; /* MXSens: cols, diag(X^T X) (finite, >= 0) */
+    float layer_sens;      /* MXSens: S_layer in [0, 1] */
+} mpq_recipe_map;
+
+/* What a recipe reads of a map, as flags: */
+#define MPQ_RECIPE_WEIGHTS  1u  /* W */
+#define MPQ_RECIPE_ACTS     2u  /* X and tokens (AWQ) */
+#define MPQ_RECIPE_HESSIAN  4u  /* H (act-order, GPTQ) */
+#define MPQ_RECIPE_PQI      8u  /* pqi (ReQuant) */
+#define MPQ_RECIPE_SALIENCE 16u /* the planner's: fisher, channel, or col_sens and layer_sens */
+MPQ_DEF unsigned mpq_recipe_needs(const mpq_recipe *r);
+
+/* How mpq_recipe_run reaches the maps' data and hands back the results,
+   so that a caller can stream them from files (every member may be NULL):
+
+     fetch     fill the fields `need` names in map i (shape and name stay);
+               NULL: every map already holds what the recipe needs
+     release   the run is done with what fetch filled for map i
+     store     take map i's packed matrix (the callee owns it after an
+               MPQ_OK return; on an error the run frees it); NULL: out[i]
+     progress  step ("planning", "ReQuant", "quantizing"), maps done of
+               total, the map's name
+
+   Maps are visited in order in each pass: planning fetches every map's
+   salience (with H for act-order) and holds the salience until the plan is
+   made (with act-order a permuted copy, H released at once); ReQuant
+   fetches and holds every map's weights, PQI and activations, then packs
+   and stores them in order; otherwise each map is fetched, quantized,
+   released and stored before the next. Every fetch is matched by one
+   release, on errors too. */
+typedef struct mpq_recipe_io {
+    mpq_status (*fetch)(void *user, int i, unsigned need, mpq_recipe_map *map);
+    void (*release)(void *user, int i, mpq_recipe_map *map);
+    mpq_status (*store)(void *user, int i, mpq_packed *A);
+    void (*progress)(void *user, const char *step, int done, int total, const char *name);
+    void *user;
+} mpq_recipe_io;
+
+typedef struct mpq_recipe_result {
+    double requant_t;      /* ReQuant: the eq. 9 temperature chosen */
+    size_t sparse_weights; /* ReQuant: weights in the sparse parts */
+    double bpw;            /* the planner's budget reached (0 without a planner) */
+    int map;               /* on error: the map it concerns, -1 for none in particular */
+    const char *step;      /* on error: "recipe" (its fields, the maps' shapes), "planning",
+                              "act-order", "AWQ", "GPTQ", "pack", "ReQuant", "fetch" or
+                              "store" */
+} mpq_recipe_result;
+
+/* Quantizes maps[0 .. n-1] as r says: out[i] receives map i's packed
+   matrix (free each with mpq_packed_free) unless io->store takes it; io
+   and res may be NULL. On an error nothing is written to out (matrices
+   already stored stay with the callee), and res says where it happened.
+   Errors: MPQ_ERR_ARG for a missing statistic or a combination the
+   recipe cannot make, MPQ_ERR_UNSUPPORTED for ReQuant under GPTQ,
+   MPQ_ERR_SIZE for a plan of other shapes, MPQ_ERR_RANGE for a budget
+   the planner cannot meet, and those of the sections above. */
+MPQ_DEF mpq_status mpq_recipe_run(const mpq_recipe *r, mpq_recipe_map *maps, int n, const mpq_recipe_io *io,
+                                  mpq_packed *out, mpq_recipe_result *res);
+
+/* The plan r->planner makes for these maps (mpq_recipe_run's first step),
+   to inspect or keep; MPQ_ERR_ARG without a planner. */
+MPQ_DEF mpq_status mpq_recipe_plan(const mpq_recipe *r, mpq_recipe_map *maps, int n, const mpq_recipe_io *io,
+                                   mpq_plan *out);
+
+/* The budgets r->planner can meet for maps of these shapes: [*lo, *hi]
+   (SFMP: mpq_sfmp_bpw_range; MXSens: from mpq_mxsens_bpw_min to the
+   budget of every column past each map's first block at 6 bits, beyond
+   which the plan stays the same), and *worst (may be NULL), the map whose
+   own lowest budget is the highest: the one to leave out when the budget
+   is too low. Reads only the shapes; MPQ_ERR_ARG for other planners. */
+MPQ_DEF mpq_status mpq_recipe_bpw_range(const mpq_recipe *r, const mpq_recipe_map *maps, int n, double *lo, double *hi,
+                                        int *worst);
+
+/* One map through the chain (steps 1 to 3) under the description of its
+   index i (layer i of r->plan, or the uniform fields), with a sparse part
+   for the weights where mask is 1 (mask may be NULL; not with GPTQ).
+   r->planner must be NONE and r->requant 0: their choices need every map. */
+MPQ_DEF mpq_status mpq_recipe_quantize(const mpq_recipe *r, int i, const mpq_recipe_map *m, const uint8_t *mask,
+                                       mpq_packed *out);
 
 #ifdef __cplusplus
 }
@@ -1771,37 +1991,6 @@ MPQ_DEF float mpq_dequant_value(uint8_t q, int bits, int skip, float s_hat, floa
     return s_hat * (float)mpq__mirror_sum(q & ((1u << bits) - 1u), bits, skip) + z_hat;
 }
 
-/* Forward: used by mpq__quant_any, defined below. */
-static void mpq__mx_quant_block(const float *v, int len, int k, int8_t *mant, uint8_t *e8m0);
-
-/* One group of a packed row in either format, after clamping to +-clip
-   (clip > 0): codes q, and the metadata (bit-plane: the fp16 pair; MXINT:
-   the E8M0 byte in *sh, *zh = 0). tmp holds len floats. */
-static void mpq__quant_any(int format, int b, int symmetric, const float *v, int len, float clip, float *tmp,
-                           uint8_t *q, uint16_t *sh, uint16_t *zh)
-{
-    if (clip > 0.0f) {
-        for (int k = 0; k < len; k++) tmp[k] = v[k] > clip ? clip : (v[k] < -clip ? -clip : v[k]);
-        v = tmp;
-    }
-    if (format == MPQ_FORMAT_MXINT) {
-        int8_t mant[32];
-        uint8_t e;
-        mpq__mx_quant_block(v, len, b, mant, &e);
-        for (int k = 0; k < len; k++) q[k] = (uint8_t)(mant[k] + (1 << (b - 1)));
-        *sh = e;
-        *zh = 0;
-    } else
-        mpq__quant_group(v, len, b, symmetric, q, sh, zh);
-}
-
-/* The value of code q under that metadata. */
-static float mpq__deq_any(int format, int b, unsigned q, uint16_t sh, uint16_t zh)
-{
-    if (format == MPQ_FORMAT_MXINT) return ldexpf((float)((int)q - (1 << (b - 1))), (int)sh - 127 - b + 2);
-    return mpq_dequant_value((uint8_t)q, b, 0, mpq_f16_to_f32(sh), mpq_f16_to_f32(zh));
-}
-
 /* One MXINT block (rules in section 4): signed mantissas and the E8M0 byte. */
 static void mpq__mx_quant_block(const float *v, int len, int k, int8_t *mant, uint8_t *e8m0)
 {
@@ -1850,9 +2039,110 @@ static float mpq__exp2i(int e)
     return f;
 }
 
+/* ---- The formats' rules: their rows of the traits table (section 6) ---- */
+
+static void mpq__bp_quantize_group(const float *v, int len, int bits, int symmetric, uint8_t *q, uint16_t *sh,
+                                   uint16_t *zh)
+{
+    mpq__quant_group(v, len, bits, symmetric, q, sh, zh);
+}
+
+static void mpq__mx_quantize_group(const float *v, int len, int bits, int symmetric, uint8_t *q, uint16_t *sh,
+                                   uint16_t *zh)
+{
+    (void)symmetric;
+    int8_t mant[MPQ_MX_BLOCK];
+    uint8_t e;
+    mpq__mx_quant_block(v, len, bits, mant, &e);
+    for (int k = 0; k < len; k++) q[k] = (uint8_t)(mant[k] + (1 << (bits - 1)));
+    *sh = e;
+    *zh = 0;
+}
+
+static void mpq__bp_pair(int bits, uint16_t sh, uint16_t zh, float *s_hat, float *z_hat)
+{
+    (void)bits;
+    *s_hat = mpq_f16_to_f32(sh);
+    *z_hat = mpq_f16_to_f32(zh);
+}
+
+/* MXINT: P 2^(X-b+2) = s^ (2q - (2^b - 1)) + z^ with q = P + 2^(b-1),
+   s^ = 2^(X-b+1), z^ = -s^ (every step exact: powers of two times small
+   integers, the smallest 2^-134 a float subnormal). */
+static void mpq__mx_pair(int bits, uint16_t sh, uint16_t zh, float *s_hat, float *z_hat)
+{
+    (void)zh;
+    *s_hat = bits ? mpq__exp2i((int)sh - 127 - bits + 1) : 0.0f;
+    *z_hat = -*s_hat;
+}
+
+static uint8_t mpq__bp_code_of(int bits, uint16_t sh, float s_hat, float z_hat, float v, float *value)
+{
+    (void)sh;
+    const int qmax = (1 << bits) - 1;
+    if (s_hat == 0.0f) { /* a constant group: every code 0, the value z^ */
+        *value = z_hat;
+        return 0;
+    }
+    float t = mpq__rne((v - z_hat) / (2.0f * s_hat) + 0.5f * (float)qmax);
+    t = t < 0.0f ? 0.0f : (t > (float)qmax ? (float)qmax : t);
+    *value = s_hat * (float)mpq__mirror_sum((unsigned)t, bits, 0) + z_hat;
+    return (uint8_t)t;
+}
+
+static uint8_t mpq__mx_code_of(int bits, uint16_t sh, float s_hat, float z_hat, float v, float *value)
+{
+    (void)s_hat, (void)z_hat;
+    const int X = (int)sh - 127, pmax = (1 << (bits - 1)) - 1, pmin = -(1 << (bits - 1));
+    float t = mpq__rne(ldexpf(ldexpf(v, -X / 2), -(X - X / 2) + bits - 2));
+    t = t > (float)pmax ? (float)pmax : (t < (float)pmin ? (float)pmin : t);
+    *value = ldexpf(t, X - bits + 2);
+    return (uint8_t)((int)t + (1 << (bits - 1)));
+}
+
+static int mpq__bp_meta_valid(uint16_t sh, uint16_t zh) { return mpq__half_finite(sh) && mpq__half_finite(zh); }
+static int mpq__mx_meta_valid(uint16_t sh, uint16_t zh) { return sh < 0xFFu && zh == 0; }
+
+static void mpq__bp_meta_write(uint8_t *rec, int r, uint16_t sh, uint16_t zh)
+{
+    memcpy(rec + 2 * r, &sh, 2);
+    memcpy(rec + 32 + 2 * r, &zh, 2);
+}
+
+static void mpq__mx_meta_write(uint8_t *rec, int r, uint16_t sh, uint16_t zh)
+{
+    (void)zh;
+    rec[r] = (uint8_t)sh;
+}
+
+static void mpq__bp_meta_read(const uint8_t *rec, int r, uint16_t *sh, uint16_t *zh)
+{
+    memcpy(sh, rec + 2 * r, 2);
+    memcpy(zh, rec + 32 + 2 * r, 2);
+}
+
+static void mpq__mx_meta_read(const uint8_t *rec, int r, uint16_t *sh, uint16_t *zh)
+{
+    *sh = rec[r];
+    *zh = 0;
+}
+
+/* One group of a packed row in the format f, after clamping to +-clip
+   (clip > 0); tmp holds len floats. */
+static void mpq__quant_any(const mpq_format_traits *f, int b, int symmetric, const float *v, int len, float clip,
+                           float *tmp, uint8_t *q, uint16_t *sh, uint16_t *zh)
+{
+    if (clip > 0.0f) {
+        for (int k = 0; k < len; k++) tmp[k] = v[k] > clip ? clip : (v[k] < -clip ? -clip : v[k]);
+        v = tmp;
+    }
+    f->quantize_group(v, len, b, symmetric, q, sh, zh);
+}
+
 /* A bit-plane shape with its defaults resolved. */
 typedef struct mpq__shape {
-    int format, meta; /* MPQ_FORMAT_*, metadata bytes at the start of a record */
+    const mpq_format_traits *f; /* the format's row of the traits table */
+    int format, meta;           /* MPQ_FORMAT_*, metadata bytes at the start of a record */
     int rows, cols, group, block_rows, ngroups, nbrows, band_rows, nbands, ntiles, ubits;
     unsigned symmetric;
     const uint8_t *bits; /* NULL: uniform */
@@ -1874,11 +2164,11 @@ static int mpq__group_cols(const mpq__shape *s, int g)
 static mpq_status mpq__shape_fill(mpq__shape *s, int format, int rows, int cols, int group, int block_rows)
 {
     memset(s, 0, sizeof *s);
-    if (format != MPQ_FORMAT_BITPLANE && format != MPQ_FORMAT_MXINT) return MPQ_ERR_ARG;
+    if (!(s->f = mpq_format_get((mpq_format)format))) return MPQ_ERR_ARG;
     s->format = format;
-    s->meta = format == MPQ_FORMAT_MXINT ? MPQ_TILE_ROWS : 4 * MPQ_TILE_ROWS;
+    s->meta = s->f->meta_bytes;
     if (rows < 1 || cols < 1 || group < 8 || group % 8 || block_rows < 1) return MPQ_ERR_SIZE;
-    if (format == MPQ_FORMAT_MXINT && group != MPQ_MX_BLOCK) return MPQ_ERR_SIZE;
+    if (s->f->fixed_group && group != s->f->fixed_group) return MPQ_ERR_SIZE;
     s->rows = rows;
     s->cols = cols;
     s->group = group;
@@ -1891,18 +2181,16 @@ static mpq_status mpq__shape_fill(mpq__shape *s, int format, int rows, int cols,
     return MPQ_OK;
 }
 
-static int mpq__min_bits(int format) { return format == MPQ_FORMAT_MXINT ? 2 : 1; }
-
 static mpq_status mpq__shape_from_desc(const mpq_bitplane_desc *d, mpq__shape *s)
 {
     if (!d) return MPQ_ERR_ARG;
-    const int fmt = d->format ? d->format : MPQ_FORMAT_BITPLANE;
-    mpq_status st =
-        mpq__shape_fill(s, fmt, d->rows, d->cols, d->group ? d->group : (fmt == MPQ_FORMAT_MXINT ? MPQ_MX_BLOCK : 128),
-                        d->block_rows ? d->block_rows : 16);
+    const mpq_format_traits *f = mpq_format_get((mpq_format)(d->format ? d->format : MPQ_FORMAT_BITPLANE));
+    if (!f) return MPQ_ERR_ARG;
+    mpq_status st = mpq__shape_fill(s, f->format, d->rows, d->cols, d->group ? d->group : f->default_group,
+                                    d->block_rows ? d->block_rows : 16);
     if (st != MPQ_OK) return st;
     s->ubits = d->uniform_bits ? d->uniform_bits : 4;
-    s->symmetric = fmt == MPQ_FORMAT_MXINT ? 0u : d->symmetric;
+    s->symmetric = f->symmetric ? d->symmetric : 0u;
     s->bits = d->bits;
     if (d->sparse) {
         if (d->sparse->rows != d->rows || d->sparse->cols != d->cols) return MPQ_ERR_SIZE;
@@ -1910,7 +2198,7 @@ static mpq_status mpq__shape_from_desc(const mpq_bitplane_desc *d, mpq__shape *s
         if (!d->sparse->row_ptr || (d->sparse->nnz && (!d->sparse->col || !d->sparse->val))) return MPQ_ERR_ARG;
         s->sp_nnz = (uint64_t)d->sparse->nnz;
     }
-    const int bmin = mpq__min_bits(fmt);
+    const int bmin = f->min_bits;
     if (d->bits) {
         size_t nb = (size_t)s->nbrows * (size_t)s->ngroups;
         for (size_t k = 0; k < nb; k++)
@@ -1926,28 +2214,29 @@ MPQ_DEF mpq_status mpq_quantize(const mpq_bitplane_desc *d, const float *W, uint
     mpq__shape s;
     mpq_status st = mpq__shape_from_desc(d, &s);
     if (st != MPQ_OK) return st;
-    if (s.format != MPQ_FORMAT_BITPLANE) return MPQ_ERR_ARG;
     if (!W || !codes || !s_hat || !z_hat) return MPQ_ERR_ARG;
-    st = mpq__check_values(W, (size_t)s.rows * (size_t)s.cols);
-    if (st != MPQ_OK) return st;
+    for (size_t k = 0; k < (size_t)s.rows * (size_t)s.cols; k++) {
+        if (!mpq__finite(W[k])) return MPQ_ERR_NONFINITE;
+        if (fabsf(W[k]) > s.f->max_abs) return MPQ_ERR_RANGE;
+    }
     for (int i = 0; i < s.rows; i++)
         for (int g = 0; g < s.ngroups; g++) {
             int b = mpq__bits_at(&s, i, g);
             size_t o = (size_t)i * (size_t)s.cols + (size_t)g * (size_t)s.group;
             size_t p = (size_t)i * (size_t)s.ngroups + (size_t)g;
-            mpq__quant_group(W + o, mpq__group_cols(&s, g), b, (int)((s.symmetric >> b) & 1u), codes + o, s_hat + p,
-                             z_hat + p);
+            s.f->quantize_group(W + o, mpq__group_cols(&s, g), b, (int)((s.symmetric >> b) & 1u), codes + o, s_hat + p,
+                                z_hat + p);
         }
     return MPQ_OK;
 }
 
-/* Codes that fit their block's width, pairs that are finite halves. */
+/* Codes that fit their block's width, metadata the format can store. */
 static mpq_status mpq__check_quantized(const mpq__shape *s, const uint8_t *codes, const uint16_t *s_hat,
                                        const uint16_t *z_hat)
 {
     const size_t np = (size_t)s->rows * (size_t)s->ngroups;
     for (size_t p = 0; p < np; p++)
-        if (!mpq__half_finite(s_hat[p]) || !mpq__half_finite(z_hat[p])) return MPQ_ERR_NONFINITE;
+        if (!s->f->meta_valid(s_hat[p], z_hat[p])) return MPQ_ERR_NONFINITE;
     for (int i = 0; i < s->rows; i++)
         for (int j = 0; j < s->cols; j++)
             if (codes[(size_t)i * (size_t)s->cols + (size_t)j] >> mpq__bits_at(s, i, j / s->group)) return MPQ_ERR_BITS;
@@ -1960,13 +2249,15 @@ MPQ_DEF mpq_status mpq_dequantize(const mpq_bitplane_desc *d, const uint8_t *cod
     mpq__shape s;
     mpq_status st = mpq__shape_from_desc(d, &s);
     if (st != MPQ_OK) return st;
-    if (s.format != MPQ_FORMAT_BITPLANE || !W || !codes || !s_hat || !z_hat) return MPQ_ERR_ARG;
+    if (!W || !codes || !s_hat || !z_hat) return MPQ_ERR_ARG;
     if ((st = mpq__check_quantized(&s, codes, s_hat, z_hat)) != MPQ_OK) return st;
     for (int i = 0; i < s.rows; i++)
         for (int j = 0; j < s.cols; j++) {
             int g = j / s.group, b = mpq__bits_at(&s, i, g);
             size_t p = (size_t)i * (size_t)s.ngroups + (size_t)g, o = (size_t)i * (size_t)s.cols + (size_t)j;
-            W[o] = mpq_dequant_value(codes[o], b, 0, mpq_f16_to_f32(s_hat[p]), mpq_f16_to_f32(z_hat[p]));
+            float sh, zh;
+            s.f->pair(b, s_hat[p], z_hat[p], &sh, &zh);
+            W[o] = mpq_dequant_value(codes[o], b, 0, sh, zh);
         }
     return MPQ_OK;
 }
@@ -2001,10 +2292,6 @@ typedef struct mpq__bp_header {
 } mpq__bp_header;
 MPQ__STATIC_ASSERT(sizeof(mpq__bp_header) == 128, "bit-plane header must be 128 bytes");
 MPQ__STATIC_ASSERT(sizeof(float) == 4 && sizeof(uint64_t) == 8, "float32 and uint64 expected");
-
-static const char mpq__bp_magic[8] = {'M', 'P', 'Q', 'B', 'I', 'T', 'P', 0};
-static const char mpq__mx_magic[8] = {'M', 'P', 'Q', 'M', 'X', 'I', 'N', 0};
-static const char *mpq__magic_of(int format) { return format == MPQ_FORMAT_MXINT ? mpq__mx_magic : mpq__bp_magic; }
 
 typedef struct mpq__layout {
     uint64_t off_bits, off_prow, off_pcol, off_cscale, off_index, off_data, data_bytes, off_sparse, total;
@@ -2327,7 +2614,7 @@ static void mpq__write_sections(const mpq_bitplane_desc *d, const mpq__shape *s,
     memset(buf, 0, (size_t)L->off_data);
     mpq__bp_header h;
     memset(&h, 0, sizeof h);
-    memcpy(h.magic, mpq__magic_of(s->format), 8);
+    memcpy(h.magic, s->f->magic, 8);
     h.version = MPQ__BP_VERSION;
     h.format = (uint32_t)s->format;
     h.rows = (uint32_t)s->rows;
@@ -2380,8 +2667,8 @@ static void mpq__write_sections(const mpq_bitplane_desc *d, const mpq__shape *s,
 }
 
 /* One record: tile t, group g. codes: the tile's rows, row stride cstride,
-   starting at the group's first column; sh/zh: the tile's 16 pairs (MXINT:
-   sh holds the E8M0 bytes, zh is unused). */
+   starting at the group's first column; sh/zh: the metadata of the tile's
+   16 rows. */
 static void mpq__write_record(uint8_t *rec, const mpq__shape *s, int t, int g, const uint8_t *codes, size_t cstride,
                               const uint16_t *sh, const uint16_t *zh)
 {
@@ -2390,12 +2677,7 @@ static void mpq__write_record(uint8_t *rec, const mpq__shape *s, int t, int g, c
     const size_t pbytes = (size_t)nch * 16u;
     memset(rec, 0, (size_t)s->meta + (size_t)planes * pbytes);
     for (int r = 0; r < nr; r++) {
-        if (s->format == MPQ_FORMAT_MXINT)
-            rec[r] = (uint8_t)sh[r]; /* the E8M0 byte */
-        else {
-            memcpy(rec + 2 * r, &sh[r], 2);
-            memcpy(rec + 32 + 2 * r, &zh[r], 2);
-        }
+        s->f->meta_write(rec, r, sh[r], zh[r]);
         const int b = mpq__bits_at(s, t * MPQ_TILE_ROWS + r, g);
         const uint8_t *q = codes + (size_t)r * cstride;
         for (int c = 0; c < nch; c++) {
@@ -2502,8 +2784,7 @@ MPQ_DEF mpq_status mpq_pack(const mpq_bitplane_desc *d, const float *W, void *bu
             float v = src[d->p_col ? d->p_col[j] : j];
             if (!mpq__finite(v)) return MPQ_ERR_NONFINITE;
             if (d->col_scale) v /= d->col_scale[j];
-            /* fp16 pairs bound the bit-plane range; E8M0 covers every float */
-            if (!mpq__finite(v) || (s.format == MPQ_FORMAT_BITPLANE && fabsf(v) > MPQ__F16_MAX)) return MPQ_ERR_RANGE;
+            if (!mpq__finite(v) || fabsf(v) > s.f->max_abs) return MPQ_ERR_RANGE;
         }
     }
     const int nth = mpq__max_threads();
@@ -2538,7 +2819,7 @@ MPQ_DEF mpq_status mpq_pack(const mpq_bitplane_desc *d, const float *W, void *bu
                 int b = mpq__bits_at(&s, i, g);
                 size_t o = (size_t)g * (size_t)s.group, p = (size_t)r * (size_t)s.ngroups + (size_t)g;
                 float clip = d->clip ? d->clip[(size_t)i * (size_t)s.ngroups + (size_t)g] : 0.0f;
-                mpq__quant_any(s.format, b, (int)((s.symmetric >> b) & 1u), row + o, mpq__group_cols(&s, g), clip, tmp,
+                mpq__quant_any(s.f, b, (int)((s.symmetric >> b) & 1u), row + o, mpq__group_cols(&s, g), clip, tmp,
                                q + (size_t)r * n + o, sh + p, zh + p);
             }
         }
@@ -2590,7 +2871,7 @@ MPQ_DEF mpq_status mpq_pack_quantized(const mpq_bitplane_desc *d, const uint8_t 
     mpq__layout L;
     mpq_status st = mpq__pack_check(d, buf, bytes, out, &s, &L);
     if (st != MPQ_OK) return st;
-    if (s.format != MPQ_FORMAT_BITPLANE || !codes || !s_hat || !z_hat) return MPQ_ERR_ARG;
+    if (!codes || !s_hat || !z_hat) return MPQ_ERR_ARG;
     if ((st = mpq__check_quantized(&s, codes, s_hat, z_hat)) != MPQ_OK) return st;
     uint8_t *b8 = (uint8_t *)buf;
     mpq__write_sections(d, &s, &L, b8);
@@ -2609,7 +2890,8 @@ static mpq_status mpq__open_format(const void *buf, size_t bytes, mpq_packed *ou
     const uint8_t *b8 = (const uint8_t *)buf;
     mpq__bp_header h;
     memcpy(&h, b8, sizeof h);
-    if (memcmp(h.magic, mpq__magic_of(format), 8) || h.version != MPQ__BP_VERSION || h.format != (uint32_t)format ||
+    const mpq_format_traits *f = mpq_format_get((mpq_format)format);
+    if (!f || memcmp(h.magic, f->magic, 8) || h.version != MPQ__BP_VERSION || h.format != (uint32_t)format ||
         h.tile_rows != MPQ_TILE_ROWS || (h.flags & ~MPQ__FLAGS_ALL) || h.rows > INT_MAX || h.cols > INT_MAX ||
         h.group > INT_MAX || h.block_rows > INT_MAX || h.total_bytes != (uint64_t)bytes)
         return MPQ_ERR_FORMAT;
@@ -2624,7 +2906,7 @@ static mpq_status mpq__open_format(const void *buf, size_t bytes, mpq_packed *ou
         return MPQ_ERR_FORMAT;
     const uint8_t *bits = b8 + h.off_bits;
     for (uint64_t k = 0; k < nb; k++)
-        if (bits[k] < mpq__min_bits(format) || bits[k] > MPQ_MAX_BITS) return MPQ_ERR_FORMAT;
+        if (bits[k] < f->min_bits || bits[k] > MPQ_MAX_BITS) return MPQ_ERR_FORMAT;
     s.bits = bits;
     /* bounds the sparse sizes too: every entry takes at least 4 bytes */
     if (((h.flags & MPQ__FLAG_SPARSE) ? h.sparse_nnz > (bytes - sizeof h) / 4u || h.sparse_nnz > 0xFFFFFFFFu
@@ -2651,7 +2933,8 @@ static mpq_status mpq__open_format(const void *buf, size_t bytes, mpq_packed *ou
     if ((h.flags & MPQ__FLAG_CSCALE) &&
         mpq__scale_check((const float *)(const void *)(b8 + L.off_cscale), s.cols) != MPQ_OK)
         return MPQ_ERR_FORMAT;
-    /* Every pair finite; padding rows of the last tile all zero. */
+    /* Every row's metadata valid (finite pairs; no NaN exponent); padding
+       rows of the last tile all zero. */
     for (int t = 0; t < s.ntiles; t++) {
         mpq__walk w;
         mpq__walk_init(&w, &s, index, b8 + L.off_data, t);
@@ -2659,15 +2942,9 @@ static mpq_status mpq__open_format(const void *buf, size_t bytes, mpq_packed *ou
             const uint8_t *rec = mpq__walk_next(&w, 0);
             for (int r = 0; r < MPQ_TILE_ROWS; r++) {
                 const int pad = t * MPQ_TILE_ROWS + r >= s.rows;
-                if (format == MPQ_FORMAT_MXINT) { /* E8M0: 0xFF is NaN */
-                    if (rec[r] == 0xFF || (pad && rec[r])) return MPQ_ERR_FORMAT;
-                    continue;
-                }
                 uint16_t sh, zh;
-                memcpy(&sh, rec + 2 * r, 2);
-                memcpy(&zh, rec + 32 + 2 * r, 2);
-                if (!mpq__half_finite(sh) || !mpq__half_finite(zh)) return MPQ_ERR_FORMAT;
-                if (pad && (sh | zh)) return MPQ_ERR_FORMAT;
+                f->meta_read(rec, r, &sh, &zh);
+                if (!f->meta_valid(sh, zh) || (pad && (sh | zh))) return MPQ_ERR_FORMAT;
             }
         }
     }
@@ -2751,7 +3028,7 @@ MPQ_DEF double mpq_packed_bpw(const mpq_packed *A, int level)
             bits +=
                 (double)r * (double)mpq__group_cols(&s, g) * (double)s.bits[(size_t)br * (size_t)s.ngroups + (size_t)g];
     }
-    if (level >= 1) bits += (s.format == MPQ_FORMAT_MXINT ? 8.0 : 32.0) * (double)s.rows * (double)s.ngroups;
+    if (level >= 1) bits += (double)s.f->meta_bits * (double)s.rows * (double)s.ngroups;
     if (level >= 2) bits += 8.0 * (double)mpq_packed_sparse_bytes(A);
     return bits / ((double)s.rows * (double)s.cols);
 }
@@ -2764,15 +3041,16 @@ MPQ_DEF double mpq_packed_bpw(const mpq_packed *A, int level)
 static void mpq__rec_pairs(const mpq__shape *s, const uint8_t *rec, int t, int g, int b, float sh[MPQ_TILE_ROWS],
                            float zh[MPQ_TILE_ROWS])
 {
-    if (s->format != MPQ_FORMAT_MXINT) {
+    if (!s->f->e8m0) { /* the rows' fp16 s^, then their z^: converted together */
         mpq_f16_to_f32_n((const uint16_t *)(const void *)rec, sh, MPQ_TILE_ROWS);
         mpq_f16_to_f32_n((const uint16_t *)(const void *)(rec + 32), zh, MPQ_TILE_ROWS);
         return;
     }
     for (int r = 0; r < MPQ_TILE_ROWS; r++) {
         const int k = b ? b : mpq__bits_at(s, t * MPQ_TILE_ROWS + r, g);
-        sh[r] = k ? mpq__exp2i((int)rec[r] - 127 - k + 1) : 0.0f;
-        zh[r] = -sh[r];
+        uint16_t a, c;
+        s->f->meta_read(rec, r, &a, &c);
+        s->f->pair(k, a, c, &sh[r], &zh[r]);
     }
 }
 
@@ -2782,17 +3060,11 @@ static void mpq__decode_row(const mpq__shape *s, const uint8_t *rec, int t, int 
 {
     const int b = mpq__bits_at(s, t * MPQ_TILE_ROWS + r, g), nch = mpq__nch(s, g), gw = mpq__group_cols(s, g);
     const int sk = mpq_first_plane(b, skip);
-    double S, Z;
-    if (s->format == MPQ_FORMAT_MXINT) {
-        S = ldexp(1.0, (int)rec[r] - 127 - b + 1);
-        Z = -S;
-    } else {
-        uint16_t sh, zh;
-        memcpy(&sh, rec + 2 * r, 2);
-        memcpy(&zh, rec + 32 + 2 * r, 2);
-        S = (double)mpq_f16_to_f32(sh);
-        Z = (double)mpq_f16_to_f32(zh);
-    }
+    uint16_t sh, zh;
+    float sf, zf;
+    s->f->meta_read(rec, r, &sh, &zh);
+    s->f->pair(b, sh, zh, &sf, &zf);
+    const double S = (double)sf, Z = (double)zf;
     for (int j = 0; j < gw; j++) {
         unsigned q = 0;
         size_t o = (size_t)s->meta + mpq__slab_off(j / 8, r, nch);
@@ -3657,11 +3929,11 @@ MPQ__T_VNNI static void mpq__tiles_vnni(const mpq__shape *s, const mpq_packed *A
             }
         }
         for (int k = 0; k < nt; k++) {
-            __m512 sh, zh; /* the rows' s^ and z^ */
-            if (s->format == MPQ_FORMAT_BITPLANE) {
+            __m512 sh, zh;     /* the rows' s^ and z^ */
+            if (!s->f->e8m0) { /* fp16 s^ of the 16 rows, then z^ */
                 sh = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)R[k].p));
                 zh = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(const void *)(R[k].p + 32)));
-            } else if (w[k].uniform) { /* MXINT: s^ = 2^(X - k + 1) = 2^(byte - 127 - k + 1), z^ = -s^ */
+            } else if (w[k].uniform) { /* E8M0: s^ = 2^(X - k + 1) = 2^(byte - 127 - k + 1), z^ = -s^ */
                 __m512i e = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(const void *)R[k].p));
                 sh = _mm512_scalef_ps(_mm512_set1_ps(1.0f),
                                       _mm512_cvtepi32_ps(_mm512_sub_epi32(e, _mm512_set1_epi32(126 + R[k].b))));
@@ -3917,7 +4189,7 @@ MPQ__T_AVX2 static void mpq__tiles_avx2q(const mpq__shape *s, const mpq_packed *
                 }
             }
             float sh[MPQ_TILE_ROWS], zh[MPQ_TILE_ROWS];
-            if (s->format == MPQ_FORMAT_BITPLANE)
+            if (!s->f->e8m0)
                 for (int h = 0; h < 2; h++) { /* s^ of the 16 rows, then z^, as fp16 */
                     const __m128i *ps = (const __m128i *)(const void *)(rec + 16 * h);
                     const __m128i *pz = (const __m128i *)(const void *)(rec + 32 + 16 * h);
@@ -4329,19 +4601,49 @@ MPQ_DEF mpq_status mpq_gemv_ref(const mpq_packed *A, const float *x, double *y, 
 /* 6. Formats, backends                                                       */
 /* ========================================================================== */
 
+/* The formats (see mpq_format_traits for what each field means). MXINT
+   shares the record layout and every kernel; only the metadata differs. */
 static const mpq_format_traits mpq__formats[] = {
     {MPQ_FORMAT_BITPLANE,
      "bitplane",
      {'M', 'P', 'Q', 'B', 'I', 'T', 'P', 0},
+     /* e8m0, meta_bytes, meta_bits, min_bits, default_group, fixed_group, symmetric, max_abs */
+     0,
+     4 * MPQ_TILE_ROWS,
+     32,
+     1,
+     128,
+     0,
+     1,
+     MPQ__F16_MAX,
+     mpq__bp_quantize_group,
+     mpq__bp_pair,
+     mpq__bp_code_of,
+     mpq__bp_meta_valid,
+     mpq__bp_meta_write,
+     mpq__bp_meta_read,
      mpq__bp_open,
      mpq__bp_dequantize,
      mpq__bp_dequantize_row,
      mpq__bp_gemv,
      mpq__bp_work_bytes},
-    /* MXINT shares the record layout and every kernel; only the metadata differs */
     {MPQ_FORMAT_MXINT,
      "mxint",
      {'M', 'P', 'Q', 'M', 'X', 'I', 'N', 0},
+     1,
+     MPQ_TILE_ROWS,
+     8,
+     2,
+     MPQ_MX_BLOCK,
+     MPQ_MX_BLOCK,
+     0,
+     FLT_MAX,
+     mpq__mx_quantize_group,
+     mpq__mx_pair,
+     mpq__mx_code_of,
+     mpq__mx_meta_valid,
+     mpq__mx_meta_write,
+     mpq__mx_meta_read,
      mpq__mx_open,
      mpq__bp_dequantize,
      mpq__bp_dequantize_row,
@@ -4626,23 +4928,21 @@ typedef struct mpq__awq {
 
 /* delta[k] = (q(v_k) - v_k) c_k for one group v (len values, already
    divided by c) quantized as mpq_pack does; tmp: len floats. */
-static void mpq__awq_group_delta(int format, int b, int symmetric, const float *v, const float *c, int len, float clip,
-                                 float *tmp, uint8_t *q, float *delta)
+static void mpq__awq_group_delta(const mpq_format_traits *f, int b, int symmetric, const float *v, const float *c,
+                                 int len, float clip, float *tmp, uint8_t *q, float *delta)
 {
     uint16_t sh, zh;
-    mpq__quant_any(format, b, symmetric, v, len, clip, tmp, q, &sh, &zh);
-    if (format == MPQ_FORMAT_MXINT) {
-        for (int k = 0; k < len; k++) delta[k] = (mpq__deq_any(format, b, q[k], sh, zh) - v[k]) * c[k];
-        return;
-    }
-    const float s = mpq_f16_to_f32(sh), z = mpq_f16_to_f32(zh);
+    float s, z;
+    mpq__quant_any(f, b, symmetric, v, len, clip, tmp, q, &sh, &zh);
+    f->pair(b, sh, zh, &s, &z);
     const int qmax = (1 << b) - 1;
     for (int k = 0; k < len; k++) delta[k] = (s * (float)(2 * (int)q[k] - qmax) + z - v[k]) * c[k];
 }
 
 /* Delta (original scale) of packed row i quantized with column scales c and
    clips (per group of row i, or NULL): delta[j] = (q(w~_j / c_j) - w~_j / c_j) c_j.
-   buf: 3 * cols floats. Returns 0 when a scaled weight leaves the fp16 range. */
+   buf: 3 * cols floats. Returns 0 when a scaled weight leaves the format's
+   range (the fp16 pairs'). */
 static int mpq__awq_delta(const mpq__awq *a, int i, const float *c, const float *clips, float *delta, float *buf)
 {
     const mpq__shape *s = a->s;
@@ -4655,12 +4955,11 @@ static int mpq__awq_delta(const mpq__awq *a, int i, const float *c, const float 
         for (int j = 0; j < n; j++) v[j] = src[a->d->p_col[j]] / c[j];
     else
         for (int j = 0; j < n; j++) v[j] = src[j] / c[j];
-    if (s->format == MPQ_FORMAT_BITPLANE)
-        for (int j = 0; j < n; j++) ok &= fabsf(v[j]) <= MPQ__F16_MAX;
+    for (int j = 0; j < n; j++) ok &= fabsf(v[j]) <= s->f->max_abs;
     if (!ok) return 0;
     for (int g = 0; g < s->ngroups; g++) {
         const int b = mpq__bits_at(s, i, g), o = g * s->group;
-        mpq__awq_group_delta(s->format, b, (int)((s->symmetric >> b) & 1u), v + o, c + o, mpq__group_cols(s, g),
+        mpq__awq_group_delta(s->f, b, (int)((s->symmetric >> b) & 1u), v + o, c + o, mpq__group_cols(s, g),
                              clips ? clips[g] : 0.0f, tmp, q, delta + o);
     }
     return 1;
@@ -4839,7 +5138,7 @@ MPQ_DEF mpq_status mpq_awq_search(const mpq_bitplane_desc *d, const float *W, co
                         continue;
                     }
                     const float cl = step ? (1.0f - (float)step * shrink / (float)steps) * amax : 0.0f;
-                    mpq__awq_group_delta(s.format, b, sym, v, best + o, gw, cl, tmp, q, ds);
+                    mpq__awq_group_delta(s.f, b, sym, v, best + o, gw, cl, tmp, q, ds);
                 }
                 memset(E, 0, sizeof(float) * (size_t)ncand * (size_t)ctp);
                 for (int t0 = 0; t0 < ctp; t0 += MPQ__GCF)
@@ -5016,40 +5315,23 @@ static void mpq__trinv(double *F, int n, size_t ld, double *T, int nth)
 /* The quantization grid of one group of one row: the stored metadata and
    what the column loop needs to place a value on it. */
 typedef struct mpq__gq {
-    int format, bits;
-    uint16_t sh, zh;  /* as stored (MXINT: sh is the E8M0 byte) */
-    float s, z, step; /* bit-plane: s^, z^, 2 s^ */
+    const mpq_format_traits *f;
+    int bits;
+    uint16_t sh, zh; /* as stored */
+    float s, z;      /* s^ and z^ of that metadata */
 } mpq__gq;
 
-static void mpq__gq_set(mpq__gq *q, int format, int bits, uint16_t sh, uint16_t zh)
+static void mpq__gq_set(mpq__gq *q, const mpq_format_traits *f, int bits, uint16_t sh, uint16_t zh)
 {
-    q->format = format, q->bits = bits, q->sh = sh, q->zh = zh;
-    q->s = format == MPQ_FORMAT_MXINT ? 0.0f : mpq_f16_to_f32(sh);
-    q->z = format == MPQ_FORMAT_MXINT ? 0.0f : mpq_f16_to_f32(zh);
-    q->step = 2.0f * q->s;
+    q->f = f, q->bits = bits, q->sh = sh, q->zh = zh;
+    f->pair(bits, sh, zh, &q->s, &q->z);
 }
 
 /* The code of v on the grid and its value (bit for bit what the packed
    matrix dequantizes to). */
 static uint8_t mpq__gq_code(const mpq__gq *q, float v, float *value)
 {
-    const int b = q->bits;
-    if (q->format == MPQ_FORMAT_MXINT) {
-        const int X = (int)q->sh - 127, pmax = (1 << (b - 1)) - 1, pmin = -(1 << (b - 1));
-        float t = mpq__rne(ldexpf(ldexpf(v, -X / 2), -(X - X / 2) + b - 2));
-        t = t > (float)pmax ? (float)pmax : (t < (float)pmin ? (float)pmin : t);
-        *value = ldexpf(t, X - b + 2);
-        return (uint8_t)((int)t + (1 << (b - 1)));
-    }
-    const int qmax = (1 << b) - 1;
-    if (q->s == 0.0f) { /* a constant group: every code 0, the value z^ */
-        *value = q->z;
-        return 0;
-    }
-    float t = mpq__rne((v - q->z) / q->step + 0.5f * (float)qmax);
-    t = t < 0.0f ? 0.0f : (t > (float)qmax ? (float)qmax : t);
-    *value = q->s * (float)mpq__mirror_sum((unsigned)t, b, 0) + q->z;
-    return (uint8_t)t;
+    return q->f->code_of(q->bits, q->sh, q->s, q->z, v, value);
 }
 
 /* Everything the row tiles share. */
@@ -5075,10 +5357,10 @@ static int mpq__gptq_pair(const mpq__gptq *G, int i, int g, const float *w, floa
     const float clip = G->d->clip ? G->d->clip[(size_t)i * (size_t)s->ngroups + (size_t)g] : 0.0f;
     uint16_t sh, zh;
     for (int k = 0; k < gw; k++)
-        if (s->format == MPQ_FORMAT_BITPLANE && !(fabsf(w[o + k]) <= MPQ__F16_MAX)) return 0;
-    mpq__quant_any(s->format, b, (int)((s->symmetric >> b) & 1u), w + o, gw, clip, tmp, qtmp, &sh, &zh);
-    if (s->format == MPQ_FORMAT_BITPLANE && (!mpq__half_finite(sh) || !mpq__half_finite(zh))) return 0;
-    mpq__gq_set(q, s->format, b, sh, zh);
+        if (!(fabsf(w[o + k]) <= s->f->max_abs)) return 0;
+    mpq__quant_any(s->f, b, (int)((s->symmetric >> b) & 1u), w + o, gw, clip, tmp, qtmp, &sh, &zh);
+    if (!s->f->meta_valid(sh, zh)) return 0;
+    mpq__gq_set(q, s->f, b, sh, zh);
     G->sh[(size_t)i * (size_t)s->ngroups + (size_t)g] = sh;
     G->zh[(size_t)i * (size_t)s->ngroups + (size_t)g] = zh;
     return 1;
@@ -5169,7 +5451,7 @@ MPQ_DEF mpq_status mpq_gptq(const mpq_bitplane_desc *d, const float *W, const mp
             float v = src[d->p_col ? d->p_col[j] : (uint32_t)j];
             if (!mpq__finite(v)) return MPQ_ERR_NONFINITE;
             if (d->col_scale) v /= d->col_scale[j];
-            if (!mpq__finite(v) || (s.format == MPQ_FORMAT_BITPLANE && fabsf(v) > MPQ__F16_MAX)) return MPQ_ERR_RANGE;
+            if (!mpq__finite(v) || fabsf(v) > s.f->max_abs) return MPQ_ERR_RANGE;
         }
     }
     int B = g->block ? g->block : 128;
@@ -5914,7 +6196,7 @@ static void mpq__plan_account(mpq_plan *p)
                 int c = L->cols - g * L->group < L->group ? L->cols - g * L->group : L->group;
                 L->weight_bits += (double)r * c * L->bits[(size_t)br * (size_t)ng + (size_t)g];
             }
-        L->meta_bits = (L->format == MPQ_FORMAT_MXINT ? 8.0 : 32.0) * (double)L->rows * ng;
+        L->meta_bits = (double)mpq_format_get((mpq_format)L->format)->meta_bits * (double)L->rows * ng;
         wb += L->weight_bits;
         mb += L->meta_bits;
         nw += (double)L->rows * L->cols;
@@ -6450,6 +6732,154 @@ MPQ_DEF mpq_status mpq_requant_significant(mpq_requant_layer *layers, int nlayer
     return st;
 }
 
+/* ---- The statistics-only split ---- */
+
+/* The dense reconstruction D of map M with the masked weights at zero
+   (mask NULL: none), and the sparse part restoring them (S may be NULL). */
+static mpq_status mpq__rq_split(const mpq_requant_map *M, const uint8_t *mask, float *D, mpq_sparse *S)
+{
+    const size_t n = (size_t)M->d.rows * (size_t)M->d.cols;
+    float *Wz = (float *)MPQ_MALLOC(sizeof(float) * n);
+    if (!Wz) return MPQ_ERR_NOMEM;
+    for (size_t k = 0; k < n; k++) Wz[k] = mask && mask[k] ? 0.0f : M->W[k];
+    mpq_bitplane_desc d = M->d;
+    d.sparse = NULL;
+    mpq_packed A;
+    mpq_status st = mpq_pack_alloc(&d, Wz, &A);
+    if (st == MPQ_OK) {
+        st = mpq_packed_dequantize(&A, 0, D);
+        mpq_packed_free(&A);
+    }
+    if (st == MPQ_OK && S) st = mpq_sparse_from_mask(M->W, D, mask, d.rows, d.cols, S);
+    MPQ_FREE(Wz);
+    return st;
+}
+
+MPQ_DEF mpq_status mpq_requant_pack(const mpq_requant_map *M, mpq_packed *out)
+{
+    if (!M || !out || !M->W || !M->mask) return MPQ_ERR_ARG;
+    if (M->d.rows < 1 || M->d.cols < 1) return MPQ_ERR_SIZE;
+    const size_t n = (size_t)M->d.rows * (size_t)M->d.cols;
+    float *D = (float *)MPQ_MALLOC(sizeof(float) * n), *Wz = (float *)MPQ_MALLOC(sizeof(float) * n);
+    mpq_sparse S;
+    memset(&S, 0, sizeof S);
+    mpq_status st = D && Wz ? mpq__rq_split(M, M->mask, D, &S) : MPQ_ERR_NOMEM;
+    for (size_t k = 0; st == MPQ_OK && k < n; k++) Wz[k] = M->mask[k] ? 0.0f : M->W[k];
+    if (st == MPQ_OK) {
+        mpq_bitplane_desc d = M->d;
+        d.sparse = &S;
+        st = mpq_pack_alloc(&d, Wz, out);
+    }
+    mpq_sparse_free(&S);
+    MPQ_FREE(D);
+    MPQ_FREE(Wz);
+    return st;
+}
+
+/* Algorithm 1's loss of a candidate: sum over maps of v |W^ - W| where W^
+   is the dense part without the `counts` largest weights (exact there). */
+static mpq_status mpq__rq_loss(void *user, const size_t *counts, int nl, double *loss)
+{
+    const mpq_requant_map *maps = (const mpq_requant_map *)user;
+    double total = 0;
+    mpq_status st = MPQ_OK;
+    for (int i = 0; i < nl && st == MPQ_OK; i++) {
+        const mpq_requant_map *M = &maps[i];
+        const size_t n = (size_t)M->d.rows * (size_t)M->d.cols;
+        uint8_t *mask = (uint8_t *)MPQ_MALLOC(n);
+        float *D = (float *)MPQ_MALLOC(sizeof(float) * n);
+        st = mask && D ? MPQ_OK : MPQ_ERR_NOMEM;
+        if (st == MPQ_OK) memset(mask, 0, n);
+        if (st == MPQ_OK) st = mpq_requant_outliers(M->W, n, counts[i], mask);
+        if (st == MPQ_OK) st = mpq__rq_split(M, mask, D, NULL);
+        for (size_t k = 0; st == MPQ_OK && k < n; k++)
+            if (!mask[k]) total += (double)M->pqi[k] * fabs((double)D[k] - M->W[k]);
+        MPQ_FREE(mask);
+        MPQ_FREE(D);
+    }
+    *loss = total;
+    return st;
+}
+
+/* The significant-weight step reuses the given PQI. */
+static mpq_status mpq__rq_refresh(void *user, mpq_requant_layer *L, int nl)
+{
+    const mpq_requant_map *maps = (const mpq_requant_map *)user;
+    for (int i = 0; i < nl; i++) memcpy(L[i].v, maps[i].pqi, sizeof(float) * L[i].n);
+    return MPQ_OK;
+}
+
+MPQ_DEF mpq_status mpq_requant_masks(mpq_requant_map *maps, int n, double outliers, double significant, double *t_best,
+                                     size_t *sparse)
+{
+    if (!maps || n < 1 || !(outliers >= 0 && outliers <= 0.5) || !(significant >= 0 && significant <= 0.5))
+        return MPQ_ERR_ARG;
+    for (int i = 0; i < n; i++) {
+        if (!maps[i].W || !maps[i].pqi || !maps[i].mask) return MPQ_ERR_ARG;
+        if (maps[i].d.rows < 1 || maps[i].d.cols < 1) return MPQ_ERR_SIZE;
+    }
+    double *dF = (double *)MPQ_MALLOC(sizeof(double) * (size_t)n);
+    mpq_requant_layer *L = (mpq_requant_layer *)MPQ_MALLOC(sizeof *L * (size_t)n);
+    mpq_plan p;
+    memset(&p, 0, sizeof p);
+    p.nlayers = n;
+    p.layers = (mpq_layer_plan *)MPQ_MALLOC(sizeof *p.layers * (size_t)n);
+    mpq_status st = dF && L && p.layers ? MPQ_OK : MPQ_ERR_NOMEM;
+    if (L) memset(L, 0, sizeof *L * (size_t)n);
+    if (p.layers) memset(p.layers, 0, sizeof *p.layers * (size_t)n);
+    size_t total = 0;
+    /* each map's mean Delta F_PQI (eq. 6) for eq. 9; the plan only carries
+       the shapes mpq_plan_requant counts with */
+    for (int i = 0; i < n && st == MPQ_OK; i++) {
+        const mpq_requant_map *M = &maps[i];
+        const size_t nw = (size_t)M->d.rows * (size_t)M->d.cols;
+        float *D = (float *)MPQ_MALLOC(sizeof(float) * nw);
+        st = D ? mpq__rq_split(M, NULL, D, NULL) : MPQ_ERR_NOMEM;
+        double layer = 0;
+        if (st == MPQ_OK)
+            st = mpq_pqi_delta(M->pqi, M->W, D, M->d.rows, M->d.cols, 16, 128, NULL, NULL, NULL, NULL, &layer);
+        MPQ_FREE(D);
+        dF[i] = layer / (double)nw > 1e-30 ? layer / (double)nw : 1e-30;
+        mpq_layer_plan *P = &p.layers[i];
+        P->rows = M->d.rows, P->cols = M->d.cols, P->group = 128, P->block_rows = 16;
+        const size_t nb = (size_t)((P->rows + 15) / 16) * (size_t)((P->cols + 127) / 128);
+        if (st == MPQ_OK && !(P->bits = (uint8_t *)MPQ_MALLOC(nb))) st = MPQ_ERR_NOMEM;
+        if (st == MPQ_OK) memset(P->bits, 4, nb);
+        P->weight_bits = 4.0 * (double)nw;
+        total += nw;
+    }
+    double t = 0;
+    if (st == MPQ_OK) st = mpq_plan_requant(&p, dF, outliers, 0.25, mpq__rq_loss, maps, &t);
+    /* outliers, and the reconstruction the significant search starts from */
+    for (int i = 0; i < n && st == MPQ_OK; i++) {
+        const mpq_requant_map *M = &maps[i];
+        const size_t nw = (size_t)M->d.rows * (size_t)M->d.cols;
+        memset(M->mask, 0, nw);
+        L[i].W = M->W, L[i].mask = M->mask, L[i].n = nw;
+        L[i].Wq = (float *)MPQ_MALLOC(sizeof(float) * nw), L[i].v = (float *)MPQ_MALLOC(sizeof(float) * nw);
+        st = L[i].Wq && L[i].v ? mpq_requant_outliers(M->W, nw, p.layers[i].outliers, M->mask) : MPQ_ERR_NOMEM;
+        if (st == MPQ_OK) st = mpq__rq_split(M, M->mask, L[i].Wq, NULL);
+        for (size_t k = 0; st == MPQ_OK && k < nw; k++)
+            if (M->mask[k]) L[i].Wq[k] = M->W[k];
+    }
+    const size_t sig = (size_t)(significant * (double)total);
+    if (st == MPQ_OK && sig) st = mpq_requant_significant(L, n, sig, 1, mpq__rq_refresh, maps);
+    size_t marked = 0;
+    for (int i = 0; i < n && st == MPQ_OK; i++)
+        for (size_t k = 0; k < L[i].n; k++) marked += maps[i].mask[k] != 0;
+    for (int i = 0; L && i < n; i++) {
+        MPQ_FREE(L[i].Wq);
+        MPQ_FREE(L[i].v);
+    }
+    MPQ_FREE(L);
+    MPQ_FREE(dF);
+    mpq_plan_free(&p);
+    if (st != MPQ_OK) return st;
+    if (t_best) *t_best = t;
+    if (sparse) *sparse = marked;
+    return MPQ_OK;
+}
+
 /* ========================================================================== */
 /* 12. Precision schedules (PMPD)                                             */
 /* ========================================================================== */
@@ -6515,7 +6945,7 @@ MPQ_DEF double mpq_packed_bpw_skip(const mpq_packed *A, int skip_planes)
     if (!A || !A->bits || skip_planes < 0) return 0.0;
     mpq__shape s;
     mpq__shape_of(A, &s);
-    double bits = (s.format == MPQ_FORMAT_MXINT ? 8.0 : 32.0) * (double)s.rows * (double)s.ngroups;
+    double bits = (double)s.f->meta_bits * (double)s.rows * (double)s.ngroups;
     for (int br = 0; br < s.nbrows; br++) {
         int r = (br + 1) * s.block_rows < s.rows ? s.block_rows : s.rows - br * s.block_rows;
         for (int g = 0; g < s.ngroups; g++) {
@@ -6992,6 +7422,506 @@ MPQ_DEF mpq_status mpq_pmpd_learned_train(mpq_pmpd_learned *n, const mpq_pmpd_sa
     }
     MPQ_FREE(t.mem), MPQ_FREE(buf);
     return st;
+}
+
+/* ========================================================================== */
+/* 13. Recipes                                                                */
+/* ========================================================================== */
+
+MPQ_DEF unsigned mpq_recipe_needs(const mpq_recipe *r)
+{
+    if (!r) return 0;
+    return MPQ_RECIPE_WEIGHTS | (r->awq ? MPQ_RECIPE_ACTS : 0u) | (r->act_order || r->gptq ? MPQ_RECIPE_HESSIAN : 0u) |
+        (r->requant ? MPQ_RECIPE_PQI : 0u) | (r->planner != MPQ_PLANNER_NONE ? MPQ_RECIPE_SALIENCE : 0u);
+}
+
+/* ReQuant's shares with their defaults resolved (negative: none). */
+static double mpq__recipe_share(double v) { return v == 0.0 ? 0.0025 : v < 0.0 ? 0.0 : v; }
+
+/* The recipe's own fields. */
+static mpq_status mpq__recipe_check_options(const mpq_recipe *r)
+{
+    if (r->planner < MPQ_PLANNER_NONE || r->planner > MPQ_PLANNER_MXSENS) return MPQ_ERR_ARG;
+    if (r->format != 0 && !mpq_format_get((mpq_format)r->format)) return MPQ_ERR_ARG;
+    if (r->bits < 0 || r->bits > MPQ_MAX_BITS || r->high_bits < 0 || r->high_bits > MPQ_MAX_BITS) return MPQ_ERR_BITS;
+    if (r->requant && r->gptq) return MPQ_ERR_UNSUPPORTED;
+    if (r->requant && !(mpq__recipe_share(r->outliers) <= 0.5 && mpq__recipe_share(r->significant) <= 0.5))
+        return MPQ_ERR_ARG;
+    if (r->act_order &&
+        (r->planner == MPQ_PLANNER_MXSENS || (r->planner == MPQ_PLANNER_SFMP && (r->reorder & MPQ_REORDER_COLS))))
+        return MPQ_ERR_ARG;
+    return MPQ_OK;
+}
+
+/* Map i against the recipe's given plan. */
+static mpq_status mpq__recipe_check_map(const mpq_recipe *r, int i, const mpq_recipe_map *m)
+{
+    if (m->rows < 1 || m->cols < 1) return MPQ_ERR_SIZE;
+    if (r->planner != MPQ_PLANNER_NONE || !r->plan) return MPQ_OK;
+    if (!r->plan->layers || i >= r->plan->nlayers) return MPQ_ERR_SIZE;
+    const mpq_layer_plan *L = &r->plan->layers[i];
+    if (L->rows != m->rows || L->cols != m->cols) return MPQ_ERR_SIZE;
+    return r->act_order && L->p_col ? MPQ_ERR_ARG : MPQ_OK;
+}
+
+/* What a recipe asks for, checked before any map is touched. */
+static mpq_status mpq__recipe_check(const mpq_recipe *r, const mpq_recipe_map *maps, int n)
+{
+    if (!r || !maps) return MPQ_ERR_ARG;
+    if (n < 1) return MPQ_ERR_SIZE;
+    mpq_status st = mpq__recipe_check_options(r);
+    if (st == MPQ_OK && r->planner == MPQ_PLANNER_NONE && r->plan && r->plan->nlayers != n) st = MPQ_ERR_SIZE;
+    for (int i = 0; i < n && st == MPQ_OK; i++) st = mpq__recipe_check_map(r, i, &maps[i]);
+    return st;
+}
+
+/* Fetches the `need` fields of map i (when the caller streams them) and
+   checks that they are there. *fetched says whether a release is owed. */
+static mpq_status mpq__recipe_fetch(const mpq_recipe *r, const mpq_recipe_io *io, int i, unsigned need,
+                                    mpq_recipe_map *m, int *fetched)
+{
+    const int rows = m->rows, cols = m->cols;
+    const char *name = m->name;
+    *fetched = 0;
+    if (io && io->fetch) {
+        *fetched = 1;
+        const mpq_status st = io->fetch(io->user, i, need, m);
+        m->rows = rows, m->cols = cols, m->name = name;
+        if (st != MPQ_OK) return st;
+    }
+    if ((need & MPQ_RECIPE_WEIGHTS) && !m->W) return MPQ_ERR_ARG;
+    if ((need & MPQ_RECIPE_ACTS) && (!m->X || m->tokens < 1)) return MPQ_ERR_ARG;
+    if ((need & MPQ_RECIPE_HESSIAN) && !m->H) return MPQ_ERR_ARG;
+    if ((need & MPQ_RECIPE_PQI) && !m->pqi) return MPQ_ERR_ARG;
+    if (need & MPQ_RECIPE_SALIENCE) {
+        const int ok = r->planner == MPQ_PLANNER_SFMP ? m->fisher != NULL
+            : r->planner == MPQ_PLANNER_MIXLLM        ? m->channel != NULL
+                                                      : m->col_sens != NULL;
+        if (!ok) return MPQ_ERR_ARG;
+    }
+    return MPQ_OK;
+}
+
+static void mpq__recipe_release(const mpq_recipe_io *io, int i, mpq_recipe_map *m, int *fetched)
+{
+    if (*fetched && io && io->release) io->release(io->user, i, m);
+    *fetched = 0;
+}
+
+static void mpq__recipe_progress(const mpq_recipe_io *io, const char *step, int done, int total, const char *name)
+{
+    if (io && io->progress) io->progress(io->user, step, done, total, name);
+}
+
+static mpq_status mpq__recipe_fail(mpq_recipe_result *res, mpq_status st, int map, const char *step)
+{
+    if (res) res->map = map, res->step = step;
+    return st;
+}
+
+/* The planner's layers over the maps (salience pointers into S, or into
+   the maps). */
+static mpq_status mpq__recipe_call_planner(const mpq_recipe *r, const mpq_recipe_map *maps, int n,
+                                           const float *const *S, mpq_plan *out)
+{
+    mpq_status st = MPQ_ERR_NOMEM;
+    if (r->planner == MPQ_PLANNER_SFMP) {
+        mpq_sfmp_layer *L = (mpq_sfmp_layer *)MPQ_MALLOC(sizeof *L * (size_t)n);
+        if (L) {
+            for (int i = 0; i < n; i++) L[i].S = S[i], L[i].rows = maps[i].rows, L[i].cols = maps[i].cols;
+            mpq_sfmp_desc d;
+            memset(&d, 0, sizeof d);
+            d.bpw = r->bpw, d.group = r->group, d.block_rows = r->block_rows, d.reorder = r->reorder;
+            st = mpq_plan_sfmp(L, n, &d, out);
+            MPQ_FREE(L);
+        }
+    } else if (r->planner == MPQ_PLANNER_MIXLLM) {
+        mpq_mixllm_layer *L = (mpq_mixllm_layer *)MPQ_MALLOC(sizeof *L * (size_t)n);
+        if (L) {
+            for (int i = 0; i < n; i++) L[i].salience = S[i], L[i].rows = maps[i].rows, L[i].cols = maps[i].cols;
+            mpq_mixllm_desc d;
+            memset(&d, 0, sizeof d);
+            d.fraction = r->fraction, d.high_bits = r->high_bits, d.low_bits = r->bits, d.group = r->group;
+            st = mpq_plan_mixllm(L, n, &d, out);
+            MPQ_FREE(L);
+        }
+    } else {
+        mpq_mxsens_layer *L = (mpq_mxsens_layer *)MPQ_MALLOC(sizeof *L * (size_t)n);
+        if (L) {
+            for (int i = 0; i < n; i++)
+                L[i].col_sens = S[i], L[i].layer_sens = maps[i].layer_sens, L[i].rows = maps[i].rows,
+                L[i].cols = maps[i].cols;
+            st = mpq_plan_mxsens(L, n, r->bpw, out, NULL);
+            MPQ_FREE(L);
+        }
+    }
+    return st;
+}
+
+/* The planning step: every map's salience (SFMP under act-order: a copy
+   with the columns in act-order, H released at once), then the plan. */
+static mpq_status mpq__recipe_plan(const mpq_recipe *r, mpq_recipe_map *maps, int n, const mpq_recipe_io *io,
+                                   mpq_plan *out, mpq_recipe_result *res)
+{
+    const int permute = r->act_order && r->planner == MPQ_PLANNER_SFMP;
+    const unsigned need = MPQ_RECIPE_SALIENCE | (permute ? MPQ_RECIPE_HESSIAN : 0u);
+    const float **S = (const float **)MPQ_MALLOC(sizeof(float *) * (size_t)n);
+    float **own = (float **)MPQ_MALLOC(sizeof(float *) * (size_t)n);
+    int *fetched = (int *)MPQ_MALLOC(sizeof(int) * (size_t)n);
+    uint32_t *order = NULL;
+    if (!S || !own || !fetched) {
+        MPQ_FREE((void *)S);
+        MPQ_FREE(own);
+        MPQ_FREE(fetched);
+        return mpq__recipe_fail(res, MPQ_ERR_NOMEM, -1, "planning");
+    }
+    for (int i = 0; i < n; i++) own[i] = NULL, fetched[i] = 0;
+    mpq_status st = MPQ_OK;
+    int at = -1;
+    const char *step = "planning";
+    for (int i = 0; i < n && st == MPQ_OK; i++) {
+        mpq__recipe_progress(io, "planning", i, n, maps[i].name);
+        at = i, step = "fetch";
+        st = mpq__recipe_fetch(r, io, i, need, &maps[i], &fetched[i]);
+        if (st != MPQ_OK) break;
+        step = "planning";
+        const mpq_recipe_map *m = &maps[i];
+        S[i] = r->planner == MPQ_PLANNER_SFMP ? m->fisher : r->planner == MPQ_PLANNER_MIXLLM ? m->channel : m->col_sens;
+        if (!permute) continue;
+        step = "act-order";
+        MPQ_FREE(order);
+        order = (uint32_t *)MPQ_MALLOC(sizeof(uint32_t) * (size_t)m->cols);
+        own[i] = (float *)MPQ_MALLOC(sizeof(float) * (size_t)m->rows * (size_t)m->cols);
+        st = order && own[i] ? mpq_gptq_act_order(m->H, m->cols, order) : MPQ_ERR_NOMEM;
+        if (st == MPQ_OK) st = mpq_perm_apply(m->fisher, m->rows, m->cols, NULL, order, own[i]);
+        S[i] = own[i];
+        mpq__recipe_release(io, i, &maps[i], &fetched[i]);
+    }
+    MPQ_FREE(order);
+    if (st == MPQ_OK) {
+        at = -1, step = "planning";
+        mpq__recipe_progress(io, "planning", n, n, NULL);
+        st = mpq__recipe_call_planner(r, maps, n, S, out);
+    }
+    for (int i = 0; i < n; i++) {
+        mpq__recipe_release(io, i, &maps[i], &fetched[i]);
+        MPQ_FREE(own[i]);
+    }
+    MPQ_FREE((void *)S);
+    MPQ_FREE(own);
+    MPQ_FREE(fetched);
+    return st == MPQ_OK ? MPQ_OK : mpq__recipe_fail(res, st, at, step);
+}
+
+/* What one map carries from its preparation to its packing. */
+typedef struct mpq__recipe_job {
+    mpq_bitplane_desc d;
+    uint32_t *order;  /* act-order (d.p_col) */
+    float *cs, *clip; /* AWQ (d.col_scale, d.clip) */
+} mpq__recipe_job;
+
+static void mpq__recipe_job_free(mpq__recipe_job *J)
+{
+    MPQ_FREE(J->order);
+    MPQ_FREE(J->cs);
+    MPQ_FREE(J->clip);
+    memset(J, 0, sizeof *J);
+}
+
+/* Steps before the quantizer: the description (plan layer i, or the
+   uniform fields), act-order, AWQ. */
+static mpq_status mpq__recipe_prepare(const mpq_recipe *r, const mpq_plan *plan, int i, const mpq_recipe_map *m,
+                                      mpq__recipe_job *J, const char **step)
+{
+    memset(J, 0, sizeof *J);
+    mpq_bitplane_desc *d = &J->d;
+    *step = "pack";
+    if (plan) {
+        const mpq_status st = mpq_plan_desc(plan, i, d);
+        if (st != MPQ_OK) return st;
+        if (d->rows != m->rows || d->cols != m->cols) return MPQ_ERR_SIZE;
+    } else {
+        d->rows = m->rows, d->cols = m->cols, d->group = r->group, d->block_rows = r->block_rows;
+        d->uniform_bits = r->bits, d->format = r->format;
+        if (r->symmetric) d->symmetric = 1u << (r->bits ? r->bits : 4);
+    }
+    mpq_status st = MPQ_OK;
+    if (r->act_order) {
+        *step = "act-order";
+        if (d->p_col) return MPQ_ERR_ARG;
+        J->order = (uint32_t *)MPQ_MALLOC(sizeof(uint32_t) * (size_t)m->cols);
+        st = J->order ? mpq_gptq_act_order(m->H, m->cols, J->order) : MPQ_ERR_NOMEM;
+        d->p_col = J->order;
+    }
+    if (st == MPQ_OK && r->awq) {
+        *step = "AWQ";
+        const mpq_format_traits *f = mpq_format_get((mpq_format)(d->format ? d->format : MPQ_FORMAT_BITPLANE));
+        const int group = d->group ? d->group : f ? f->default_group : 128;
+        J->cs = (float *)MPQ_MALLOC(sizeof(float) * (size_t)m->cols);
+        J->clip = (float *)MPQ_MALLOC(sizeof(float) * (size_t)m->rows * (size_t)((m->cols + group - 1) / group));
+        mpq_awq_desc a = r->awq_opts;
+        a.X = m->X, a.tokens = m->tokens;
+        st = J->cs && J->clip ? mpq_awq_search(d, m->W, &a, J->cs, J->clip, NULL) : MPQ_ERR_NOMEM;
+        d->col_scale = J->cs, d->clip = J->clip;
+    }
+    if (st == MPQ_OK) *step = r->gptq ? "GPTQ" : "pack";
+    return st;
+}
+
+/* The quantizer on a prepared map: GPTQ, or round to nearest, with the
+   sparse part of mask (ReQuant). */
+static mpq_status mpq__recipe_pack(const mpq_recipe *r, const mpq_recipe_map *m, const mpq__recipe_job *J,
+                                   const uint8_t *mask, mpq_packed *out)
+{
+    if (mask) {
+        mpq_requant_map M;
+        memset(&M, 0, sizeof M);
+        M.W = m->W, M.d = J->d, M.mask = (uint8_t *)(uintptr_t)mask;
+        return mpq_requant_pack(&M, out);
+    }
+    if (r->gptq) {
+        mpq_gptq_desc g = r->gptq_opts;
+        g.H = m->H;
+        return mpq_gptq_alloc(&J->d, m->W, &g, out, NULL);
+    }
+    return mpq_pack_alloc(&J->d, m->W, out);
+}
+
+MPQ_DEF mpq_status mpq_recipe_quantize(const mpq_recipe *r, int i, const mpq_recipe_map *m, const uint8_t *mask,
+                                       mpq_packed *out)
+{
+    if (!r || !m || !out || i < 0) return MPQ_ERR_ARG;
+    mpq_status st = mpq__recipe_check_options(r);
+    if (st == MPQ_OK) st = mpq__recipe_check_map(r, i, m);
+    if (st != MPQ_OK) return st;
+    if (r->planner != MPQ_PLANNER_NONE || r->requant || (mask && r->gptq)) return MPQ_ERR_ARG;
+    mpq_recipe_map c = *m;
+    int fetched = 0;
+    if ((st = mpq__recipe_fetch(r, NULL, i, mpq_recipe_needs(r), &c, &fetched)) != MPQ_OK) return st;
+    mpq__recipe_job J;
+    const char *step;
+    st = mpq__recipe_prepare(r, r->plan, i, m, &J, &step);
+    if (st == MPQ_OK) st = mpq__recipe_pack(r, m, &J, mask, out);
+    mpq__recipe_job_free(&J);
+    return st;
+}
+
+MPQ_DEF mpq_status mpq_recipe_plan(const mpq_recipe *r, mpq_recipe_map *maps, int n, const mpq_recipe_io *io,
+                                   mpq_plan *out)
+{
+    if (!out) return MPQ_ERR_ARG;
+    mpq_status st = mpq__recipe_check(r, maps, n);
+    if (st != MPQ_OK) return st;
+    if (r->planner == MPQ_PLANNER_NONE) return MPQ_ERR_ARG;
+    return mpq__recipe_plan(r, maps, n, io, out, NULL);
+}
+
+/* Hands a finished matrix over: to io->store, or into tmp[i]. */
+static mpq_status mpq__recipe_store(const mpq_recipe_io *io, int i, mpq_packed *A, mpq_packed *tmp)
+{
+    if (io && io->store) {
+        const mpq_status st = io->store(io->user, i, A);
+        if (st != MPQ_OK) mpq_packed_free(A);
+        return st;
+    }
+    tmp[i] = *A;
+    memset(A, 0, sizeof *A);
+    return MPQ_OK;
+}
+
+/* ReQuant: every map prepared and held, the masks over all of them, then
+   each map packed with its sparse part. */
+static mpq_status mpq__recipe_requant(const mpq_recipe *r, const mpq_plan *plan, mpq_recipe_map *maps, int n,
+                                      const mpq_recipe_io *io, mpq_packed *tmp, mpq_recipe_result *res)
+{
+    const unsigned need = mpq_recipe_needs(r) & ~MPQ_RECIPE_SALIENCE;
+    mpq__recipe_job *J = (mpq__recipe_job *)MPQ_MALLOC(sizeof *J * (size_t)n);
+    mpq_requant_map *M = (mpq_requant_map *)MPQ_MALLOC(sizeof *M * (size_t)n);
+    int *fetched = (int *)MPQ_MALLOC(sizeof(int) * (size_t)n);
+    if (!J || !M || !fetched) {
+        MPQ_FREE(J);
+        MPQ_FREE(M);
+        MPQ_FREE(fetched);
+        return mpq__recipe_fail(res, MPQ_ERR_NOMEM, -1, "ReQuant");
+    }
+    memset(J, 0, sizeof *J * (size_t)n);
+    memset(M, 0, sizeof *M * (size_t)n);
+    for (int i = 0; i < n; i++) fetched[i] = 0;
+    mpq_status st = MPQ_OK;
+    int at = -1;
+    const char *step = "ReQuant";
+    for (int i = 0; i < n && st == MPQ_OK; i++) {
+        mpq__recipe_progress(io, "ReQuant", i, n, maps[i].name);
+        at = i, step = "fetch";
+        st = mpq__recipe_fetch(r, io, i, need, &maps[i], &fetched[i]);
+        if (st == MPQ_OK) st = mpq__recipe_prepare(r, plan, i, &maps[i], &J[i], &step);
+        if (st != MPQ_OK) break;
+        step = "ReQuant"; /* the map's own faults, before the ranking over all of them */
+        const size_t nw = (size_t)maps[i].rows * (size_t)maps[i].cols;
+        st = mpq__check_finite(maps[i].W, nw);
+        if (st == MPQ_OK && (st = mpq__check_finite(maps[i].pqi, nw)) == MPQ_OK)
+            for (size_t k = 0; k < nw && st == MPQ_OK; k++)
+                if (maps[i].pqi[k] < 0.0f) st = MPQ_ERR_RANGE;
+        if (st != MPQ_OK) break;
+        M[i].W = maps[i].W, M[i].pqi = maps[i].pqi, M[i].d = J[i].d;
+        M[i].mask = (uint8_t *)MPQ_MALLOC((size_t)maps[i].rows * (size_t)maps[i].cols);
+        if (!M[i].mask) st = MPQ_ERR_NOMEM;
+    }
+    if (st == MPQ_OK) {
+        at = -1, step = "ReQuant";
+        mpq__recipe_progress(io, "ReQuant", n, n, NULL);
+        double t = 0;
+        size_t marked = 0;
+        st = mpq_requant_masks(M, n, mpq__recipe_share(r->outliers), mpq__recipe_share(r->significant), &t, &marked);
+        if (st == MPQ_OK && res) res->requant_t = t, res->sparse_weights = marked;
+    }
+    for (int i = 0; i < n && st == MPQ_OK; i++) {
+        mpq__recipe_progress(io, "quantizing", i, n, maps[i].name);
+        at = i, step = "pack";
+        mpq_packed A;
+        st = mpq_requant_pack(&M[i], &A);
+        MPQ_FREE(M[i].mask);
+        M[i].mask = NULL;
+        mpq__recipe_job_free(&J[i]);
+        mpq__recipe_release(io, i, &maps[i], &fetched[i]);
+        if (st == MPQ_OK) step = "store", st = mpq__recipe_store(io, i, &A, tmp);
+    }
+    for (int i = 0; i < n; i++) {
+        MPQ_FREE(M[i].mask);
+        mpq__recipe_job_free(&J[i]);
+        mpq__recipe_release(io, i, &maps[i], &fetched[i]);
+    }
+    MPQ_FREE(J);
+    MPQ_FREE(M);
+    MPQ_FREE(fetched);
+    return st == MPQ_OK ? MPQ_OK : mpq__recipe_fail(res, st, at, step);
+}
+
+MPQ_DEF mpq_status mpq_recipe_run(const mpq_recipe *r, mpq_recipe_map *maps, int n, const mpq_recipe_io *io,
+                                  mpq_packed *out, mpq_recipe_result *res)
+{
+    if (res) memset(res, 0, sizeof *res), res->map = -1;
+    mpq_status st = mpq__recipe_check(r, maps, n);
+    if (st != MPQ_OK) return mpq__recipe_fail(res, st, -1, "recipe");
+    if (!out && !(io && io->store)) return mpq__recipe_fail(res, MPQ_ERR_ARG, -1, "store");
+    mpq_plan own;
+    memset(&own, 0, sizeof own);
+    const mpq_plan *plan = r->plan;
+    if (r->planner != MPQ_PLANNER_NONE) {
+        if ((st = mpq__recipe_plan(r, maps, n, io, &own, res)) != MPQ_OK) return st;
+        plan = &own;
+        if (res) res->bpw = own.bpw;
+    }
+    /* results go to a scratch array first: out is written only on success */
+    mpq_packed *tmp = NULL;
+    if (!(io && io->store)) {
+        tmp = (mpq_packed *)MPQ_MALLOC(sizeof *tmp * (size_t)n);
+        if (!tmp) {
+            mpq_plan_free(&own);
+            return mpq__recipe_fail(res, MPQ_ERR_NOMEM, -1, "store");
+        }
+        memset(tmp, 0, sizeof *tmp * (size_t)n);
+    }
+    if (r->requant && (mpq__recipe_share(r->outliers) > 0.0 || mpq__recipe_share(r->significant) > 0.0)) {
+        st = mpq__recipe_requant(r, plan, maps, n, io, tmp, res);
+    } else {
+        const unsigned need = mpq_recipe_needs(r) & ~(MPQ_RECIPE_SALIENCE | MPQ_RECIPE_PQI);
+        for (int i = 0; i < n && st == MPQ_OK; i++) {
+            mpq__recipe_progress(io, "quantizing", i, n, maps[i].name);
+            int fetched = 0;
+            const char *step = "fetch";
+            mpq__recipe_job J;
+            memset(&J, 0, sizeof J);
+            mpq_packed A;
+            memset(&A, 0, sizeof A);
+            st = mpq__recipe_fetch(r, io, i, need, &maps[i], &fetched);
+            if (st == MPQ_OK) st = mpq__recipe_prepare(r, plan, i, &maps[i], &J, &step);
+            if (st == MPQ_OK) st = mpq__recipe_pack(r, &maps[i], &J, NULL, &A);
+            mpq__recipe_job_free(&J);
+            mpq__recipe_release(io, i, &maps[i], &fetched);
+            if (st == MPQ_OK) step = "store", st = mpq__recipe_store(io, i, &A, tmp);
+            if (st != MPQ_OK) mpq__recipe_fail(res, st, i, step);
+        }
+    }
+    if (st == MPQ_OK) mpq__recipe_progress(io, "quantizing", n, n, NULL);
+    mpq_plan_free(&own);
+    if (tmp) {
+        for (int i = 0; i < n; i++) {
+            if (st == MPQ_OK)
+                out[i] = tmp[i];
+            else
+                mpq_packed_free(&tmp[i]);
+        }
+        MPQ_FREE(tmp);
+    }
+    return st;
+}
+
+MPQ_DEF mpq_status mpq_recipe_bpw_range(const mpq_recipe *r, const mpq_recipe_map *maps, int n, double *lo, double *hi,
+                                        int *worst)
+{
+    if (!r || !maps || !lo || !hi) return MPQ_ERR_ARG;
+    if (n < 1) return MPQ_ERR_SIZE;
+    if (r->planner != MPQ_PLANNER_SFMP && r->planner != MPQ_PLANNER_MXSENS) return MPQ_ERR_ARG;
+    int maxc = 1;
+    for (int i = 0; i < n; i++) {
+        if (maps[i].rows < 1 || maps[i].cols < 1) return MPQ_ERR_SIZE;
+        maxc = maps[i].cols > maxc ? maps[i].cols : maxc;
+    }
+    /* the range depends on the shapes only: the planners' layers get zeros
+       for their statistics */
+    float *zero = (float *)MPQ_MALLOC(sizeof(float) * (size_t)maxc);
+    if (!zero) return MPQ_ERR_NOMEM;
+    memset(zero, 0, sizeof(float) * (size_t)maxc);
+    mpq_status st = MPQ_OK;
+    double l = 0, h = 0, wl = -1;
+    int w = 0;
+    for (int k = -1; k < n && st == MPQ_OK; k++) { /* k = -1: all maps; then each alone */
+        const int first = k < 0 ? 0 : k, count = k < 0 ? n : 1;
+        double lk = 0, hk = 0;
+        if (r->planner == MPQ_PLANNER_SFMP) {
+            /* mpq_sfmp_bpw_range reads the shapes and that S is set */
+            mpq_sfmp_layer one, *L = count == 1 ? &one : (mpq_sfmp_layer *)MPQ_MALLOC(sizeof *L * (size_t)count);
+            if (!L) {
+                st = MPQ_ERR_NOMEM;
+                break;
+            }
+            for (int i = 0; i < count; i++)
+                L[i].S = zero, L[i].rows = maps[first + i].rows, L[i].cols = maps[first + i].cols;
+            mpq_sfmp_desc d;
+            memset(&d, 0, sizeof d);
+            d.group = r->group, d.block_rows = r->block_rows, d.reorder = r->reorder;
+            st = mpq_sfmp_bpw_range(L, count, &d, &lk, &hk);
+            if (L != &one) MPQ_FREE(L);
+        } else {
+            mpq_mxsens_layer one, *L = count == 1 ? &one : (mpq_mxsens_layer *)MPQ_MALLOC(sizeof *L * (size_t)count);
+            if (!L) {
+                st = MPQ_ERR_NOMEM;
+                break;
+            }
+            double nw = 0, six = 0;
+            for (int i = 0; i < count; i++) {
+                const mpq_recipe_map *m = &maps[first + i];
+                L[i].col_sens = zero, L[i].layer_sens = 1.0f, L[i].rows = m->rows, L[i].cols = m->cols;
+                /* at most: every column after the first block at 6 bits (as the
+                   planner counts them, before rounding to whole blocks) */
+                nw += (double)m->rows * m->cols;
+                six += m->cols > MPQ_MX_BLOCK ? 2.0 * m->rows * (double)(m->cols - MPQ_MX_BLOCK) : 0.0;
+            }
+            st = mpq_mxsens_bpw_min(L, count, &lk);
+            hk = lk + six / nw;
+            if (L != &one) MPQ_FREE(L);
+        }
+        if (k < 0)
+            l = lk, h = hk;
+        else if (lk > wl)
+            wl = lk, w = k;
+    }
+    MPQ_FREE(zero);
+    if (st != MPQ_OK) return st;
+    *lo = l, *hi = h;
+    if (worst) *worst = w;
+    return MPQ_OK;
 }
 
 #ifdef __cplusplus

@@ -544,30 +544,6 @@ void mpq_calib_stats_free(mpq_calib_stats *s);
    of the bytes), so that a file's statistics can be matched to their text. */
 uint64_t mpq_text_hash(const char *s, size_t n);
 
-/* REQUANT FROM A CALIBRATION'S PQI. PQI/ReQuant's dense-and-sparse split
-   (mpq.h section 11, "ReQuant") over n maps, with the PQI v of each map from
-   mpq_llm_calibrate (along W -> RTN(W) at its pqi_bits). Two steps differ
-   from the paper, which runs the model at every candidate: the temperature
-   t of eq. 9 (0, 0.25, 0.5, 0.75) is chosen by the first-order loss the PQI
-   itself estimates, sum v |W^ - W| over all maps (eq. 6), and the
-   significant weights are detached in one step with that v (algorithm 2
-   without refreshes). Memory: 8 bytes per weight of all maps at once. */
-typedef struct mpq_rq_map {
-    const float *W;      /* rows x cols */
-    const float *pqi;    /* rows x cols, finite and >= 0 */
-    mpq_bitplane_desc d; /* the dense part (d.sparse ignored; AWQ's col_scale and clip allowed) */
-    uint8_t *mask;       /* out: rows x cols (the caller's), 1 where the weight goes to the sparse part */
-} mpq_rq_map;
-
-/* outliers and significant: fractions of all the maps' weights (eq. 9's r_o
-   and the paper's r_s), in [0, 0.5]. *t_best, *sparse (may be NULL): the
-   temperature chosen and the weights marked in all. */
-mpq_status mpq_requant_masks(mpq_rq_map *maps, int n, double outliers, double significant, double *t_best,
-                             size_t *sparse);
-/* The packed matrix of one map: the dense part of W with the marked weights
-   at zero, and the sparse part that restores them. */
-mpq_status mpq_requant_pack(const mpq_rq_map *map, mpq_packed *out);
-
 /* THE STATISTICS FILE (safetensors, F32), what `mpq quantize --stats`
    reads: for every linear map with weight name N (the model's own names),
    the tensors N.fisher, N.mixllm, N.xtx_diag, N.mean_abs, N.awq, N.xtx,

@@ -28,7 +28,7 @@ fi
 $cc -static -O2 "$out/alone.o" -o "$out/alone" -lm && qemu-aarch64 "$out/alone"
 note "aarch64 NEON path available" $?
 
-for t in basics half quant pack gemv mxint sparse backend awq select stats plan requant pmpd gptq; do
+for t in basics half quant pack gemv mxint sparse backend awq select stats plan requant pmpd gptq recipe; do
     exe="$out/test_$t"
     if ! $cc -std=c11 -O2 -static -fopenmp -Wall -Wextra -Werror -DMPQ_TEST_SHIM -I. -Itest -Iutil \
         "test/test_$t.c" -o "$exe" -lm -lpthread 2>"$out/build-$t.log"; then

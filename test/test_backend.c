@@ -13,6 +13,96 @@ Test(backend, traits_table_has_the_bitplane_row)
     cr_assert_null(mpq_format_get((mpq_format)77));
 }
 
+/* Every row's facts are what packing and the rules do: the record's
+   metadata bytes, bpw's metadata bits, the lowest width, the default and
+   fixed group, the symmetric flag, the range; and its rules agree with the
+   generic calls and with the formats' definitions (fp16 pairs decoded by
+   hand; MXINT by mpq_mxint_value). */
+Test(backend, traits_rows_say_what_the_formats_are)
+{
+    const mpq_format formats[2] = {MPQ_FORMAT_BITPLANE, MPQ_FORMAT_MXINT};
+    synth_rng r = {606};
+    for (int k = 0; k < 2; k++) {
+        const mpq_format_traits *f = mpq_format_get(formats[k]);
+        cr_assert_not_null(f);
+        cr_assert_eq(f->format, formats[k]);
+        cr_assert_str_eq(f->name, k ? "mxint" : "bitplane");
+        const int G = f->default_group, rows = 37, cols = 3 * G;
+        float *W = malloc(sizeof(float) * rows * cols);
+        synth_weights(&r, W, rows, cols);
+        mpq_bitplane_desc d = {0};
+        d.format = f->format, d.rows = rows, d.cols = cols, d.uniform_bits = 5;
+        mpq_packed A;
+        cr_assert_eq(mpq_pack_alloc(&d, W, &A), MPQ_OK);
+        cr_assert_eq(A.group, G, "%s: group 0 is the default", f->name);
+        cr_assert_eq(memcmp(A.buf, f->magic, 8), 0);
+        int meta = 0;
+        cr_assert_eq(mpq_packed_records(&A, NULL, NULL, &meta), MPQ_OK);
+        cr_assert_eq(meta, f->meta_bytes);
+        cr_assert_float_eq(mpq_packed_bpw(&A, 1) - mpq_packed_bpw(&A, 0), (double)f->meta_bits / G, 1e-12);
+        mpq_packed_free(&A);
+        size_t bytes;
+        uint8_t bits[3 * 3];
+        memset(bits, f->min_bits, sizeof bits);
+        d.bits = bits;
+        cr_assert_eq(mpq_bitplane_bytes(&d, &bytes), MPQ_OK);
+        bits[4] = (uint8_t)(f->min_bits - 1);
+        cr_assert_eq(mpq_bitplane_bytes(&d, &bytes), MPQ_ERR_BITS, "%s: below the lowest width", f->name);
+        d.bits = NULL, d.group = G + 8;
+        cr_assert_eq(mpq_bitplane_bytes(&d, &bytes), f->fixed_group ? MPQ_ERR_SIZE : MPQ_OK);
+        d.group = 0;
+        /* the range: twice the largest value */
+        const float keep = W[3];
+        W[3] = f->max_abs < 1e30f ? 2.0f * f->max_abs : 1e30f;
+        cr_assert_eq(mpq_pack_alloc(&d, W, &A), f->max_abs < 1e30f ? MPQ_ERR_RANGE : MPQ_OK);
+        if (f->max_abs >= 1e30f) mpq_packed_free(&A);
+        W[3] = keep;
+        /* the rules, group by group, for every width */
+        for (int b = f->min_bits; b <= 8; b++)
+            for (int sym = 0; sym < 2; sym++) {
+                const float *v = W + (size_t)(b * 3 + sym) * cols;
+                uint8_t q[128], qq[128];
+                uint16_t sh, zh;
+                f->quantize_group(v, G, b, sym, q, &sh, &zh);
+                cr_assert(f->meta_valid(sh, zh));
+                mpq_bitplane_desc one = {0};
+                one.format = f->format, one.rows = 1, one.cols = G, one.uniform_bits = b,
+                one.symmetric = sym ? 1u << b : 0;
+                uint16_t sh2, zh2;
+                float back[128];
+                cr_assert_eq(mpq_quantize(&one, v, qq, &sh2, &zh2), MPQ_OK);
+                cr_assert(sh2 == sh && zh2 == zh && !memcmp(q, qq, (size_t)G), "%s %d bits: mpq_quantize", f->name, b);
+                cr_assert_eq(mpq_dequantize(&one, q, &sh, &zh, back), MPQ_OK);
+                float s, z;
+                f->pair(b, sh, zh, &s, &z);
+                if (sym && f->symmetric) cr_assert_eq(z, -s, "symmetric: z^ = -s^");
+                const int qmax = (1 << b) - 1;
+                for (int j = 0; j < G; j++) {
+                    double want;
+                    if (f->e8m0)
+                        want = mpq_mxint_value(q[j] - (1 << (b - 1)), b, (uint8_t)sh);
+                    else
+                        want = tc_half(sh) * (2.0 * q[j] - qmax) + tc_half(zh);
+                    cr_assert_leq(fabs(back[j] - want), 1e-6 * (fabs(tc_half(sh)) * qmax + fabs(want)) + 1e-30,
+                                  "%s %d bits: code %d is worth %g, %g by definition", f->name, b, q[j], back[j], want);
+                    cr_assert_eq(back[j], s * (float)(2 * q[j] - qmax) + z, "the pair gives the value");
+                    float val;
+                    cr_assert_eq(f->code_of(b, sh, s, z, v[j], &val), q[j], "%s %d bits: code_of agrees", f->name, b);
+                    cr_assert_eq(val, back[j]);
+                }
+                /* the metadata in a record, written and read */
+                uint8_t rec[64] = {0};
+                f->meta_write(rec, 5, sh, zh);
+                uint16_t a, c;
+                f->meta_read(rec, 5, &a, &c);
+                cr_assert(a == sh && c == zh);
+            }
+        cr_assert(!f->meta_valid(k ? 0xFF : 0x7C00, 0), "%s: NaN or Inf metadata", f->name);
+        if (k) cr_assert(!f->meta_valid(3, 1), "MXINT has no second field");
+        free(W);
+    }
+}
+
 Test(backend, cpu_backend_gives_the_same_bits_as_mpq_gemv)
 {
     synth_rng r = {41};

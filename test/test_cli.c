@@ -142,8 +142,18 @@ static float *read_f32(const char *file, const char *name, size_t *n)
     return v;
 }
 
-/* How direct() quantizes: GPTQ (with act-order) instead of round-to-nearest. */
+/* How direct() quantizes: GPTQ (with act-order) instead of round-to-nearest;
+   SFMP's reordering (both, unless act-order: rows). */
 static int direct_gptq, direct_act_order;
+
+/* The X^T X of layer l (what hessian.safetensors holds). */
+static float *hessian_of(int l)
+{
+    char name[64], key[96];
+    layer_name(l, name, sizeof name);
+    snprintf(key, sizeof key, "%s.xtx", name);
+    return read_f32("hessian.safetensors", key, NULL);
+}
 
 /* The packed matrices the library makes for `method` when called directly,
    in layer order. */
@@ -165,9 +175,19 @@ static void direct(const char *method, const char *opts_group, mpq_packed *out)
     const int group = opts_group ? atoi(opts_group) : 0;
     if (!strcmp(method, "sfmp")) {
         mpq_sfmp_layer L[NL];
-        for (int l = 0; l < NL; l++) L[l].S = stat[l], L[l].rows = shapes[l][0], L[l].cols = shapes[l][1];
+        for (int l = 0; l < NL; l++) {
+            L[l].S = stat[l], L[l].rows = shapes[l][0], L[l].cols = shapes[l][1];
+            if (!direct_act_order) continue;
+            /* under act-order SFMP ranks the Fisher diagonal in act-order's column order */
+            float *H = hessian_of(l), *S = malloc(sizeof(float) * shapes[l][0] * shapes[l][1]);
+            uint32_t *order = malloc(4u * shapes[l][1]);
+            cr_assert_eq(mpq_gptq_act_order(H, shapes[l][1], order), MPQ_OK);
+            cr_assert_eq(mpq_perm_apply(stat[l], shapes[l][0], shapes[l][1], NULL, order, S), MPQ_OK);
+            free(stat[l]), free(H), free(order);
+            L[l].S = stat[l] = S;
+        }
         mpq_sfmp_desc d = {0};
-        d.bpw = 3.3, d.group = group, d.reorder = MPQ_REORDER_BOTH;
+        d.bpw = 3.3, d.group = group, d.reorder = direct_act_order ? MPQ_REORDER_ROWS : MPQ_REORDER_BOTH;
         cr_assert_eq(mpq_plan_sfmp(L, NL, &d, &plan), MPQ_OK);
         planned = 1;
     } else if (!strcmp(method, "mixllm")) {
@@ -205,10 +225,7 @@ static void direct(const char *method, const char *opts_group, mpq_packed *out)
             d.col_scale = cs, d.clip = clip;
         }
         if (direct_gptq) {
-            char key[96];
-            layer_name(l, name, sizeof name);
-            snprintf(key, sizeof key, "%s.xtx", name);
-            float *H = read_f32("hessian.safetensors", key, NULL);
+            float *H = hessian_of(l);
             uint32_t *order = malloc(4u * d.cols);
             if (direct_act_order) {
                 cr_assert_eq(mpq_gptq_act_order(H, d.cols, order), MPQ_OK);
@@ -303,6 +320,15 @@ Test(cli, sfmp_with_gptq_matches_the_library, .init = setup, .fini = teardown)
                 NULL);
 }
 
+Test(cli, sfmp_with_gptq_in_act_order_matches_the_library, .init = setup, .fini = teardown)
+{
+    direct_gptq = 1, direct_act_order = 1;
+    method_case("sfmp",
+                "--bpw 3.3 --reorder rows --salience fisher.safetensors --quantizer gptq --act-order "
+                "--hessian hessian.safetensors",
+                NULL);
+}
+
 Test(cli, gptq_errors, .init = setup, .fini = teardown)
 {
     write_inputs();
@@ -318,11 +344,16 @@ Test(cli, gptq_errors, .init = setup, .fini = teardown)
                  2);
     const char *e = text("err.txt");
     cr_assert(strstr(e, "cols.safetensors") && strstr(e, "model.layers.0.proj.weight"), "%s", e);
-    /* act-order under a plan whose widths vary along the columns */
-    cr_assert_eq(run("quantize --method sfmp --bpw 3.3 --salience fisher.safetensors --quantizer gptq --act-order "
+    /* act-order under a plan that permutes the columns itself */
+    cr_assert_eq(run("quantize --method sfmp --bpw 3.3 --reorder cols --salience fisher.safetensors --quantizer gptq "
+                     "--act-order --hessian hessian.safetensors --exclude '*embed*' model.safetensors o.safetensors"),
+                 1);
+    cr_assert(strstr(text("err.txt"), "--act-order") && strstr(text("err.txt"), "--reorder cols"), "%s",
+              text("err.txt"));
+    cr_assert_eq(run("quantize --method mxsens --bpw 6 --salience cols.safetensors --quantizer gptq --act-order "
                      "--hessian hessian.safetensors --exclude '*embed*' model.safetensors o.safetensors"),
                  1);
-    cr_assert(strstr(text("err.txt"), "--act-order"), "%s", text("err.txt"));
+    cr_assert(strstr(text("err.txt"), "--act-order") && strstr(text("err.txt"), "mxsens"), "%s", text("err.txt"));
     /* X^T X of too few tokens without dampening: not positive definite, exit 4 and no output */
     char p[600];
     path_of("o.safetensors", p, sizeof p);

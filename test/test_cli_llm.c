@@ -617,3 +617,49 @@ Test(cli_llm, bad_statistics_exit_2, .init = setup, .fini = teardown)
     mpq_llm_free(h);
     tl_free(&tm);
 }
+
+/* The main job's rows (examples/llm/rows.h): for every row, what the main
+   job packs in memory from the statistics is byte for byte what `mpq
+   quantize` writes with the row's options, every linear map and the
+   embedding. */
+#include "rows.h"
+
+Test(cli_llm, main_job_rows_are_what_quantize_writes, .init = setup, .fini = teardown, .timeout = 900)
+{
+    tl_model tm;
+    char text[700];
+    size_t len;
+    make_model(&tm, text, &len);
+    cr_assert_eq(run("calibrate --quiet --stats all,xtx --windows 4 --length 16 --pqi-windows 2 --sens-tokens 12 hf "
+                     "text.txt -o s.safetensors"),
+                 0, "%s", slurp("err.txt", NULL));
+    mpq_llm *h = load("hf");
+    char p[600];
+    path_of("s.safetensors", p, sizeof p);
+    mpq_calib_stats s;
+    mpq_io_err e;
+    cr_assert_eq(mpq_calib_read(h, p, &s, &e), MPQ_OK, "%s", e.msg);
+    for (int k = 0; k < LLM_NROWS; k++) {
+        const llm_row *row = &llm_rows[k];
+        char args[700];
+        snprintf(args, sizeof args, "quantize --quiet %s %s --stats s.safetensors hf q.safetensors", row->args,
+                 LLM_ROW_COMMON);
+        cr_assert_eq(run(args), 0, "mpq %s: %s", args, slurp("err.txt", NULL));
+        mpq_recipe_result res;
+        cr_assert_eq(llm_row_quantize(row->args, h, &s, &s, NULL, NULL, &res, NULL), 0, "%s", row->name);
+        mpq_llm *q = load("q.safetensors");
+        for (int i = 0; i <= 14; i++) {
+            const mpq_linear *A = i < 14 ? &h->layer[i / 7].lin[i % 7] : &h->embed;
+            const mpq_linear *B = i < 14 ? &q->layer[i / 7].lin[i % 7] : &q->embed;
+            cr_assert(A->A.buf && B->A.buf, "%s: map %d packed both ways", row->name, i);
+            cr_assert(A->A.bytes == B->A.bytes && !memcmp(A->A.buf, B->A.buf, A->A.bytes),
+                      "%s: map %d: the main job's bytes differ from mpq quantize's", row->name, i);
+        }
+        mpq_llm_free(q);
+        for (int i = 0; i < 14; i++) mpq_linear_unpack(h, &h->layer[i / 7].lin[i % 7]);
+        mpq_linear_unpack(h, &h->embed);
+    }
+    mpq_calib_stats_free(&s);
+    mpq_llm_free(h);
+    tl_free(&tm);
+}

@@ -290,7 +290,13 @@ Test(mxint, bad_descriptions_and_corrupt_buffers)
     mpq_packed A;
     uint8_t codes[20 * 64] = {0};
     uint16_t sh[40] = {0}, zh[40] = {0};
-    cr_assert_eq(mpq_pack_quantized(&d, codes, sh, zh, buf, bytes, &A), MPQ_ERR_ARG, "bit-plane only");
+    sh[3] = 0xFF; /* the NaN exponent */
+    cr_assert_eq(mpq_pack_quantized(&d, codes, sh, zh, buf, bytes, &A), MPQ_ERR_NONFINITE);
+    sh[3] = 0, zh[5] = 1; /* MXINT has no second field */
+    cr_assert_eq(mpq_pack_quantized(&d, codes, sh, zh, buf, bytes, &A), MPQ_ERR_NONFINITE);
+    zh[5] = 0, codes[9] = 64; /* 7 bits in a 6-bit block */
+    cr_assert_eq(mpq_pack_quantized(&d, codes, sh, zh, buf, bytes, &A), MPQ_ERR_BITS);
+    codes[9] = 0;
     W[7] = NAN;
     cr_assert_eq(mpq_pack(&d, W, buf, bytes, &A), MPQ_ERR_NONFINITE);
     W[7] = 1e30f; /* no fp16 limit for MXINT */
@@ -316,4 +322,47 @@ Test(mxint, bad_descriptions_and_corrupt_buffers)
     cr_assert_eq(mpq_packed_open(b, bytes, &A), MPQ_ERR_FORMAT);
     mpq_aligned_free(buf);
     mpq_aligned_free(b);
+}
+
+/* mpq_quantize, mpq_dequantize and mpq_pack_quantized take MXINT as the
+   format traits describe it: each block's codes and E8M0 byte are those of
+   mpq_mxint_quantize_block, values those of mpq_mxint_value, and packing
+   the codes gives mpq_pack's bytes. */
+Test(mxint, codes_and_exponents_through_the_generic_calls)
+{
+    enum { M = 37, N = 100 }; /* a partial tile and a partial block */
+    synth_rng r = {91};
+    float *W = malloc(sizeof(float) * M * N), *back = malloc(sizeof(float) * M * N);
+    synth_weights(&r, W, M, N);
+    uint8_t bits[3 * 4]; /* block rows of 16, groups of 32 */
+    for (int k = 0; k < 12; k++) bits[k] = (uint8_t)(2 + synth_int(&r, 7));
+    mpq_bitplane_desc d = {0};
+    d.format = MPQ_FORMAT_MXINT, d.rows = M, d.cols = N, d.bits = bits;
+    uint8_t *codes = malloc(M * N);
+    uint16_t sh[M * 4], zh[M * 4];
+    cr_assert_eq(mpq_quantize(&d, W, codes, sh, zh), MPQ_OK);
+    cr_assert_eq(mpq_dequantize(&d, codes, sh, zh, back), MPQ_OK);
+    for (int i = 0; i < M; i++)
+        for (int g = 0; g < 4; g++) {
+            const int len = g < 3 ? 32 : N - 96, b = bits[(i / 16) * 4 + g];
+            int8_t mant[32];
+            uint8_t e;
+            cr_assert_eq(mpq_mxint_quantize_block(W + i * N + 32 * g, len, b, mant, &e), MPQ_OK);
+            cr_assert_eq(sh[i * 4 + g], e, "row %d block %d", i, g);
+            cr_assert_eq(zh[i * 4 + g], 0);
+            for (int k = 0; k < len; k++) {
+                const int j = 32 * g + k;
+                cr_assert_eq(codes[i * N + j], (uint8_t)(mant[k] + (1 << (b - 1))), "(%d, %d)", i, j);
+                cr_assert_eq((double)back[i * N + j], mpq_mxint_value(mant[k], b, e), "(%d, %d)", i, j);
+            }
+        }
+    size_t bytes;
+    cr_assert_eq(mpq_bitplane_bytes(&d, &bytes), MPQ_OK);
+    uint8_t *b1 = tc_alloc(bytes), *b2 = tc_alloc(bytes);
+    mpq_packed A, B;
+    cr_assert_eq(mpq_pack(&d, W, b1, bytes, &A), MPQ_OK);
+    cr_assert_eq(mpq_pack_quantized(&d, codes, sh, zh, b2, bytes, &B), MPQ_OK);
+    cr_assert_eq(memcmp(b1, b2, bytes), 0, "mpq_pack_quantized gives mpq_pack's bytes");
+    mpq_aligned_free(b1), mpq_aligned_free(b2);
+    free(W), free(back), free(codes);
 }

@@ -410,3 +410,182 @@ Test(requant, the_pipeline_lowers_the_loss_and_the_packed_matrix_computes_it)
     mpq_plan_free(&plan);
     for (int l = 0; l < 2; l++) free(W[l]), free(h[l]), free(D[l]), free(Wh[l]), free(v[l]), free(mask[l]);
 }
+
+/* ---- the statistics-only split (mpq_requant_masks, mpq_requant_pack) ---- */
+
+/* The dense reconstruction of W with the masked weights at zero, through
+   the packer (a primitive tested in test_pack). */
+static void rq_dense(const mpq_bitplane_desc *d, const float *W, const uint8_t *mask, double *D)
+{
+    const size_t n = (size_t)d->rows * d->cols;
+    float *Wz = malloc(sizeof(float) * n), *Df = malloc(sizeof(float) * n);
+    for (size_t k = 0; k < n; k++) Wz[k] = mask && mask[k] ? 0.0f : W[k];
+    mpq_packed A;
+    cr_assert_eq(mpq_pack_alloc(d, Wz, &A), MPQ_OK);
+    cr_assert_eq(mpq_packed_dequantize(&A, 0, Df), MPQ_OK);
+    for (size_t k = 0; k < n; k++) D[k] = Df[k];
+    mpq_packed_free(&A);
+    free(Wz), free(Df);
+}
+
+/* The `count` largest |w| (ties: lower index), by a full sort. */
+static size_t rq_abs_n;
+static const float *rq_abs_w;
+static int rq_by_abs(const void *a, const void *b)
+{
+    const uint32_t i = *(const uint32_t *)a, j = *(const uint32_t *)b;
+    const float x = fabsf(rq_abs_w[i]), y = fabsf(rq_abs_w[j]);
+    return x > y ? -1 : x < y ? 1 : (i > j) - (i < j);
+}
+static void rq_outliers(const float *W, size_t n, size_t count, uint8_t *mask)
+{
+    uint32_t *idx = malloc(sizeof(uint32_t) * n);
+    for (size_t k = 0; k < n; k++) idx[k] = (uint32_t)k;
+    rq_abs_w = W, rq_abs_n = n;
+    qsort(idx, n, sizeof *idx, rq_by_abs);
+    memset(mask, 0, n);
+    for (size_t k = 0; k < count; k++) mask[idx[k]] = 1;
+    free(idx);
+}
+
+typedef struct rq_score {
+    double s;
+    int map;
+    size_t k;
+} rq_score;
+static int rq_by_score(const void *a, const void *b)
+{
+    const rq_score *x = (const rq_score *)a, *y = (const rq_score *)b;
+    if (x->s != y->s) return x->s > y->s ? -1 : 1;
+    if (x->map != y->map) return x->map < y->map ? -1 : 1;
+    return (x->k > y->k) - (x->k < y->k);
+}
+
+/* The split written the simple way, in float64: the temperature of least
+   first-order loss sum v |W^ - W| (outliers exact), those outliers, then
+   the significant weights by v |W^ - W| over all maps at once. */
+static void rq_reference(mpq_requant_map *M, int n, double outl, double sig, double *t_best, uint8_t **mask)
+{
+    double dF[8];
+    size_t sizes[8], total = 0;
+    for (int i = 0; i < n; i++) {
+        const size_t nw = (size_t)M[i].d.rows * M[i].d.cols;
+        double *D = malloc(sizeof(double) * nw), s = 0;
+        rq_dense(&M[i].d, M[i].W, NULL, D);
+        for (size_t k = 0; k < nw; k++) s += (double)M[i].pqi[k] * fabs(D[k] - M[i].W[k]);
+        dF[i] = s / (double)nw > 1e-30 ? s / (double)nw : 1e-30;
+        sizes[i] = nw, total += nw;
+        free(D);
+    }
+    double best = INFINITY;
+    size_t counts[8], c[8];
+    for (int k = 0; k < 4; k++) {
+        const double t = 0.25 * k;
+        cr_assert_eq(mpq_requant_outlier_counts(dF, sizes, n, outl, t, c), MPQ_OK);
+        double loss = 0;
+        for (int i = 0; i < n; i++) {
+            uint8_t *m = malloc(sizes[i]);
+            double *D = malloc(sizeof(double) * sizes[i]);
+            rq_outliers(M[i].W, sizes[i], c[i], m);
+            rq_dense(&M[i].d, M[i].W, m, D);
+            for (size_t j = 0; j < sizes[i]; j++)
+                if (!m[j]) loss += (double)M[i].pqi[j] * fabs(D[j] - M[i].W[j]);
+            free(m), free(D);
+        }
+        if (loss < best) best = loss, *t_best = t, memcpy(counts, c, sizeof c);
+    }
+    rq_score *sc = malloc(sizeof *sc * total);
+    size_t ns = 0;
+    for (int i = 0; i < n; i++) {
+        double *D = malloc(sizeof(double) * sizes[i]);
+        rq_outliers(M[i].W, sizes[i], counts[i], mask[i]);
+        rq_dense(&M[i].d, M[i].W, mask[i], D);
+        for (size_t j = 0; j < sizes[i]; j++)
+            if (!mask[i][j])
+                sc[ns].s = (double)M[i].pqi[j] * fabs((double)(float)D[j] - M[i].W[j]), sc[ns].map = i, sc[ns].k = j,
+                ns++;
+        free(D);
+    }
+    qsort(sc, ns, sizeof *sc, rq_by_score);
+    const size_t detach = (size_t)(sig * (double)total);
+    for (size_t k = 0; k < detach; k++) mask[sc[k].map][sc[k].k] = 1;
+    free(sc);
+}
+
+Test(requant, statistics_only_split_against_a_plain_reference)
+{
+    synth_rng r = {123};
+    enum { NM = 3 };
+    const int shapes[NM][2] = {{40, 72}, {33, 100}, {64, 128}};
+    mpq_requant_map M[NM];
+    uint8_t *ref[NM];
+    float *cs = NULL;
+    for (int i = 0; i < NM; i++) {
+        const int rows = shapes[i][0], cols = shapes[i][1];
+        float *W = malloc(sizeof(float) * rows * cols), *v = malloc(sizeof(float) * rows * cols);
+        synth_weights(&r, W, rows, cols);
+        for (int k = 0; k < rows * cols; k++) v[k] = (float)(fabs(W[k]) * (0.5 + synth_unif(&r)) * (1 + i));
+        memset(&M[i], 0, sizeof M[i]);
+        M[i].W = W, M[i].pqi = v, M[i].mask = malloc((size_t)rows * cols);
+        M[i].d.rows = rows, M[i].d.cols = cols, M[i].d.uniform_bits = 3, M[i].d.group = 32;
+        ref[i] = malloc((size_t)rows * cols);
+    }
+    /* one map under column scales, as AWQ leaves them */
+    cs = malloc(sizeof(float) * 72);
+    for (int j = 0; j < 72; j++) cs[j] = (float)(0.6 + synth_unif(&r));
+    M[0].d.col_scale = cs;
+    double t = -1, tr = -1;
+    size_t marked = 0;
+    cr_assert_eq(mpq_requant_masks(M, NM, 0.01, 0.02, &t, &marked), MPQ_OK);
+    rq_reference(M, NM, 0.01, 0.02, &tr, ref);
+    cr_assert_eq(t, tr, "temperature %g, the reference's %g", t, tr);
+    size_t mine = 0, total = 0;
+    for (int i = 0; i < NM; i++) {
+        const size_t nw = (size_t)shapes[i][0] * shapes[i][1];
+        total += nw;
+        for (size_t k = 0; k < nw; k++) {
+            cr_assert_eq(M[i].mask[k], ref[i][k], "map %d weight %zu", i, k);
+            mine += M[i].mask[k];
+        }
+    }
+    cr_assert_eq(mine, marked);
+    cr_assert_geq(marked, (size_t)(0.02 * total) + (size_t)(0.01 * total) - 3);
+    /* the packed matrix: dense part with the marked weights at zero, and a
+       sparse part that restores them (to fp16) */
+    for (int i = 0; i < NM; i++) {
+        const size_t nw = (size_t)shapes[i][0] * shapes[i][1];
+        mpq_packed A;
+        cr_assert_eq(mpq_requant_pack(&M[i], &A), MPQ_OK);
+        cr_assert_eq(A.sp_nnz, (size_t)0 + (size_t)A.sp_row_ptr[A.rows]);
+        float *got = malloc(sizeof(float) * nw);
+        double *D = malloc(sizeof(double) * nw);
+        cr_assert_eq(mpq_packed_dequantize(&A, 0, got), MPQ_OK);
+        rq_dense(&M[i].d, M[i].W, M[i].mask, D);
+        size_t nnz = 0;
+        for (size_t k = 0; k < nw; k++) {
+            if (M[i].mask[k]) {
+                nnz++;
+                cr_assert_leq(fabs((double)got[k] - M[i].W[k]), 1e-3 * fabs(M[i].W[k]) + 1e-6, "map %d %zu", i, k);
+            } else {
+                cr_assert_eq((double)got[k], D[k], "map %d %zu: the dense part alone", i, k);
+            }
+        }
+        cr_assert_eq(A.sp_nnz, nnz);
+        mpq_packed_free(&A);
+        free(got), free(D);
+    }
+    /* errors: nothing written */
+    cr_assert_eq(mpq_requant_masks(M, 0, 0.01, 0.01, &t, &marked), MPQ_ERR_ARG);
+    cr_assert_eq(mpq_requant_masks(M, NM, 0.6, 0.01, &t, &marked), MPQ_ERR_ARG);
+    float *keep = (float *)M[1].pqi;
+    M[1].pqi = NULL;
+    cr_assert_eq(mpq_requant_masks(M, NM, 0.01, 0.01, &t, &marked), MPQ_ERR_ARG);
+    M[1].pqi = keep;
+    memcpy(ref[2], M[2].mask, (size_t)shapes[2][0] * shapes[2][1]);
+    keep[5] = NAN;
+    cr_assert_eq(mpq_requant_masks(M, NM, 0.01, 0.01, &t, &marked), MPQ_ERR_NONFINITE);
+    cr_assert_eq(memcmp(ref[2], M[2].mask, (size_t)shapes[2][0] * shapes[2][1]), 0, "masks untouched");
+    cr_assert_eq(mpq_requant_pack(NULL, NULL), MPQ_ERR_ARG);
+    for (int i = 0; i < NM; i++) free((void *)M[i].W), free((void *)M[i].pqi), free(M[i].mask), free(ref[i]);
+    free(cs);
+}

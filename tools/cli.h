@@ -1,7 +1,14 @@
 /* tools/cli.h - what the commands of the mpq tool share: exit codes, error
-   messages, option parsing, and the progress line of util/progress.h.
-   Included by tools/mpq_tool.c (quantize, inspect, bench, main) and
-   tools/mpq_llm.c (eval, run, speed, calibrate, schedule). */
+   messages, and options declared once, as tables, from which both the
+   parsing and `--help` come.
+
+   A command describes itself with a cli_spec: its usage line, a paragraph
+   saying what it does, and up to four option tables (cli_opt rows), each
+   parsed into a struct of its own (the command's, or a shared one such as
+   the model options, cli_model_opts). A row names the option, its kind,
+   where its value goes (offsetof), its range or choices, its default (as
+   it would be typed) and its help; cli_parse sets every default first,
+   then parses argv, and prints the help for -h and --help. */
 #ifndef MPQ_CLI_H
 #define MPQ_CLI_H
 
@@ -10,11 +17,10 @@
 
 #include <math.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
-#include <unistd.h>
 
 enum { EXIT_USAGE = 1, EXIT_INPUT = 2, EXIT_OUTPUT = 3, EXIT_QUANT = 4 };
 
@@ -45,62 +51,105 @@ static inline int quant_fail(const char *name, mpq_status st, const char *what)
 static inline double cli_now(void) { return progress_now(); }
 
 /* ---------------------------------------------------------------------------
-   option parsing: --name value or --name=value
+   options as tables
    ------------------------------------------------------------------------ */
 
-typedef struct args {
-    int argc, i;
-    char **argv;
-    const char *cmd;
-} args;
+typedef enum cli_kind {
+    CLI_FLAG,   /* int, 1 when given */
+    CLI_INT,    /* int in [lo, hi] */
+    CLI_DOUBLE, /* double in [lo, hi] */
+    CLI_STR,    /* const char * (the argument itself) */
+    CLI_CHOICE, /* int: the index of the value among `choices`, "a|b|c" */
+    CLI_LIST,   /* cli_list: every value given, in order (the option repeats) */
+    CLI_PARSE   /* parse(value, field) returns nonzero when the value is good;
+                   `choices` says what a good value is, for the message */
+} cli_kind;
 
-/* Is argv[i] the option `name`? Sets *val for options that take a value. */
-static inline int opt(args *a, const char *name, const char **val, int *bad)
-{
-    const char *s = a->argv[a->i];
-    const size_t n = strlen(name);
-    if (strncmp(s, name, n) != 0) return 0;
-    if (!val) return s[n] == 0;
-    if (s[n] == '=') {
-        *val = s + n + 1;
-        return 1;
-    }
-    if (s[n] != 0) return 0;
-    if (a->i + 1 >= a->argc) {
-        fail(EXIT_USAGE, "%s %s: needs a value", a->cmd, name);
-        *bad = 1;
-        return 1;
-    }
-    *val = a->argv[++a->i];
-    return 1;
-}
+#define CLI_LIST_MAX 64
+typedef struct cli_list {
+    int n;
+    const char *v[CLI_LIST_MAX];
+} cli_list;
 
-static inline int parse_int(const char *cmd, const char *name, const char *v, int lo, int hi, int *out)
-{
-    char *end;
-    long x = strtol(v, &end, 10);
-    if (!*v || *end || x < lo || x > hi)
-        return fail(EXIT_USAGE, "%s %s: '%s' is not an integer in %d..%d", cmd, name, v, lo, hi), 0;
-    *out = (int)x;
-    return 1;
-}
+typedef struct cli_opt {
+    const char *names; /* "--bits", or spellings "-n|--tokens" (the last is the one shown first) */
+    cli_kind kind;
+    size_t off;          /* offsetof the field in the set's struct */
+    const char *arg;     /* the value's placeholder in the help ("B"); NULL for flags */
+    double lo, hi;       /* CLI_INT, CLI_DOUBLE */
+    const char *choices; /* CLI_CHOICE: "a|b|c"; CLI_PARSE: what the value must be */
+    int (*parse)(const char *v, void *field);
+    const char *def;  /* the default as it would be typed, shown in the help; NULL: none (0, NULL) */
+    const char *help; /* lines separated by '\n' */
+} cli_opt;
 
-static inline int parse_double(const char *cmd, const char *name, const char *v, double lo, double hi, double *out)
-{
-    char *end;
-    double x = strtod(v, &end);
-    if (!*v || *end || !(x >= lo && x <= hi))
-        return fail(EXIT_USAGE, "%s %s: '%s' is not a number in %g..%g", cmd, name, v, lo, hi), 0;
-    *out = x;
-    return 1;
-}
+typedef struct cli_set {
+    const cli_opt *opts; /* ends with a row whose names is NULL */
+    size_t base;         /* offsetof its struct in the command's */
+} cli_set;
 
-/* The commands of tools/mpq_llm.c. */
-int cmd_eval(int argc, char **argv);
-int cmd_run(int argc, char **argv);
-int cmd_speed(int argc, char **argv);
-int cmd_calibrate(int argc, char **argv);
-int cmd_schedule(int argc, char **argv);
-int cmd_gen_eval(int argc, char **argv);
+typedef struct cli_spec {
+    const char *cmd;   /* "eval" */
+    const char *usage; /* after "mpq eval ": "[options] MODEL TEXT" */
+    const char *about; /* what the command does (printed as it is) */
+    cli_set sets[4];   /* the first {NULL} ends the list */
+    int min_pos, max_pos;
+    const char *tail; /* printed after the options (exit codes, examples), or NULL */
+} cli_spec;
+
+/* Which options a parse saw (by row), for "only with --x" checks. */
+typedef struct cli_seen {
+    const cli_opt *opt[CLI_LIST_MAX];
+    int n;
+} cli_seen;
+
+/* Whether option `name` (one of a row's spellings) was given. */
+int cli_was_given(const cli_seen *s, const char *name);
+/* The k-th of the choices "a|b|c", into buf. */
+const char *cli_nth(const char *choices, int k, char *buf, size_t cap);
+/* Prints the help: usage, about, the options of every set, the tail. */
+void cli_help(const cli_spec *s);
+/* Parses argv (argv[0] is the command) into the command's struct (set k
+   at offset s->sets[k].base) after setting every default; positional
+   arguments go to pos (at most s->max_pos, at least s->min_pos). Returns
+   0, -1 after printing the help (for -h and --help), or EXIT_USAGE after
+   a message. seen (may be NULL): the options given. */
+int cli_parse(const cli_spec *s, int argc, char **argv, void *cmd_struct, const char **pos, int *npos, cli_seen *seen);
+
+/* Shorthands for the rows: the field of struct T. */
+#define CLI_AT(T, field) offsetof(T, field)
+
+/* ---------------------------------------------------------------------------
+   what several commands take
+   ------------------------------------------------------------------------ */
+
+/* Where and how a model runs (every model command). */
+typedef struct llm_opts {
+    int threads, quiet;
+    int device; /* cpu, cuda, cuda-fp16 */
+    int a8;     /* packed maps multiply 8-bit activations */
+    int skip;   /* --skip-planes, for the commands that take cli_skip_opts */
+} llm_opts;
+
+enum { DEVICE_CPU, DEVICE_CUDA, DEVICE_CUDA_FP16 };
+static const char *const cli_device_names[] = {"cpu", "cuda", "cuda-fp16"};
+
+static const cli_opt cli_model_opts[] = {
+    {"--threads", CLI_INT, CLI_AT(llm_opts, threads), "T", 1, 4096, NULL, NULL, NULL, "CPU threads (default all)"},
+    {"--device", CLI_CHOICE, CLI_AT(llm_opts, device), "D", 0, 0, "cpu|cuda|cuda-fp16", NULL, "cpu",
+     "cpu | cuda: where the packed matrices are multiplied;\n"
+     "cuda-fp16: on the GPU as float16 weights through cuBLAS (the baseline)"},
+    {"--quiet", CLI_FLAG, CLI_AT(llm_opts, quiet), NULL, 0, 0, NULL, NULL, NULL, "no progress"},
+    {"--a8", CLI_FLAG, CLI_AT(llm_opts, a8), NULL, 0, 0, NULL, NULL, NULL,
+     "packed linear maps multiply activations quantized to int8 per group\n(MixLLM's W*A8; CPU and cuda)"},
+    {NULL, CLI_FLAG, 0, NULL, 0, 0, NULL, NULL, NULL, NULL},
+};
+
+/* Nested precision: the products read fewer planes. */
+static const cli_opt cli_skip_opts[] = {
+    {"--skip-planes", CLI_INT, CLI_AT(llm_opts, skip), "K", 0, 7, NULL, NULL, NULL,
+     "drop the K lowest bit planes of every packed linear map (at least one stays)"},
+    {NULL, CLI_FLAG, 0, NULL, 0, 0, NULL, NULL, NULL, NULL},
+};
 
 #endif

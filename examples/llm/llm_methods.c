@@ -17,24 +17,25 @@
       every map's inputs for GPTQ (`mpq calibrate --stats xtx`, a second
       file, more windows). Each file names the model and the text's hash; a
       file for another model or text is refused.
-   3. Each method quantizes the 210 linear maps of the layers as its paper
-      runs it, and the plain-RTN variants beside them (the token embedding,
-      which is also the output head, is packed at 8 bits for every
-      quantized model, as llama.cpp keeps it at Q8_0): RTN 2/3/4, MXINT4,
-      AWQ 3/4; GPTQ 2/3/4 (act-order), 3 without act-order, and AWQ's
-      scales and clips followed by GPTQ at 3 and 4 bits; SFMP's plans from
-      the Fisher diagonal at 2.25 to 4.25 bpw (group 256 at 2.25 and 3.25,
-      as its table 3) quantized by RTN, by AWQ (its section 5) and by GPTQ
-      (planned in act-order's column order, so that GPTQ can take it), and
-      at 3.25 and 4.0 by AWQ + GPTQ; MixLLM's 8/4-bit output-channel mix
-      (10 % at 8 bits) and an 8/3 mix, by RTN and (as its paper) by GPTQ;
-      MXSens's 4/6/8 MXINT templates; ReQuant on RTN 3 and AWQ 3 (0.25 %
-      outliers + 0.25 % significant weights), and on SFMP's plans at 3.25
-      and 4.0 with AWQ (the three composed); PMPD on the AWQ 4-bit model
-      (the prompt at 4 bits, the decode lowered, and the static scheduler's
-      choice on calibration text); MixLLM's W4A8 (GPTQ 4-bit) and W4.4A8
-      (MixLLM 8/4 + GPTQ) again with 8-bit activations (", A8" rows;
-      --a8: every quantized row). Every model is measured on the
+   3. Every row of rows.h quantizes the 210 linear maps of the layers as
+      `mpq quantize` does with the row's options (the same recipe of mpq.h,
+      so the same bytes; the token embedding, which is also the output
+      head, is packed at 8 bits for every quantized model, as llama.cpp
+      keeps it at Q8_0): RTN 2/3/4, MXINT4, AWQ 3/4; GPTQ 2/3/4
+      (act-order), 3 without act-order, and AWQ's scales and clips followed
+      by GPTQ at 3 and 4 bits; SFMP's plans from the Fisher diagonal at 2.25
+      to 4.25 bpw (group 256 at 2.25 and 3.25, as its table 3) quantized by
+      RTN, by AWQ (its section 5) and by GPTQ (planned in act-order's column
+      order, so that GPTQ can take it), and at 3.25 and 4.0 by AWQ + GPTQ;
+      MixLLM's 8/4-bit output-channel mix (10 % at 8 bits) and an 8/3 mix,
+      by RTN and (as its paper) by GPTQ; MXSens's 4/6/8 MXINT templates at
+      the lowest budget they meet and half a bit above; ReQuant on RTN 3 and
+      AWQ 3 (0.25 % outliers + 0.25 % significant weights), and on SFMP's
+      plans at 3.25 and 4.0 with AWQ (the three composed); PMPD on the AWQ
+      4-bit model (the prompt at 4 bits, the decode lowered, and the static
+      scheduler's choice on calibration text); MixLLM's W4A8 (GPTQ 4-bit)
+      and W4.4A8 (MixLLM 8/4 + GPTQ) again with 8-bit activations (", A8"
+      rows; --a8: every quantized row). Every model is measured on the
       evaluation text (the tutorial and the FAQ, never calibrated on):
       perplexity over the first --chunks chunks of 512 tokens, the second
       half of each scored; bits per weight of the linear maps (scales,
@@ -48,6 +49,7 @@
 #include "mpq_model.h"
 #include "plot.h"
 #include "progress.h"
+#include "rows.h"
 
 #include <errno.h>
 #include <math.h>
@@ -81,6 +83,7 @@ typedef struct ctx {
     int quiet;          /* no progress lines (--quiet) */
     progress P;         /* the step under way: packing maps, perplexity chunks */
     char step[64];      /* what P shows beside its count */
+    const char *qstep;  /* the recipe's step P counts (quantizing) */
 } ctx;
 
 static mpq_linear *lin_at(ctx *C, int i) { return &C->m->layer[i / MPQ_LIN_COUNT].lin[i % MPQ_LIN_COUNT]; }
@@ -104,19 +107,6 @@ typedef struct row {
 
 static row rows[64];
 static int nrows;
-
-/* The embedding (and head) of every quantized model: 8 bits, g128. */
-static void pack_embedding(ctx *C)
-{
-    mpq_llm *m = C->m;
-    mpq_bitplane_desc d;
-    memset(&d, 0, sizeof d);
-    d.rows = m->embed.rows, d.cols = m->embed.cols, d.uniform_bits = 8;
-    mpq_packed A;
-    mpq_status st = mpq_pack_alloc(&d, m->embed.W, &A);
-    if (st == MPQ_OK) st = mpq_linear_set_packed(m, &m->embed, &A);
-    if (st != MPQ_OK) die("embedding", st);
-}
 
 static void unpack_all(ctx *C)
 {
@@ -209,232 +199,51 @@ static void measure(ctx *C, const char *family, const char *name, const mpq_pmpd
     fflush(stdout);
 }
 
-/* AWQ's scales and clips for linear map i under description d, from the
-   input rows mpq calibrate kept. */
-static void awq_scales(ctx *C, int i, const mpq_bitplane_desc *d, float **cs, float **clip)
+/* Progress of a row's quantization (the recipe's steps). */
+static void quant_step(void *user, const char *step, int done, int total, const char *name)
 {
-    const int group = d->group ? d->group : 128;
-    *cs = (float *)malloc(sizeof(float) * (size_t)d->cols);
-    *clip = (float *)malloc(sizeof(float) * (size_t)d->rows * (size_t)((d->cols + group - 1) / group));
-    mpq_awq_desc a;
-    memset(&a, 0, sizeof a);
-    a.X = C->S.awq[i], a.tokens = C->S.awq_tokens;
-    mpq_status st = *cs && *clip ? mpq_awq_search(d, lin_at(C, i)->W, &a, *cs, *clip, NULL) : MPQ_ERR_NOMEM;
-    if (st != MPQ_OK) die("awq", st);
-}
-
-/* How pack_all quantizes: round-to-nearest, or with AWQ's scales and clips
-   first, GPTQ's error feedback, act-order (GPTQ; widths constant along the
-   columns). */
-enum { Q_AWQ = 1, Q_GPTQ = 2, Q_ACT = 4, Q_A8 = 8 }; /* Q_A8: measured again with 8-bit activations */
-
-/* The description of map i: from a plan, or uniform bits at a group. */
-static mpq_bitplane_desc desc_of(ctx *C, int i, const mpq_plan *plan, int bits, int group, int format)
-{
-    mpq_bitplane_desc d;
-    memset(&d, 0, sizeof d);
-    if (plan) {
-        mpq_status st = mpq_plan_desc(plan, i, &d);
-        if (st != MPQ_OK) die("plan", st);
-    } else {
-        const mpq_linear *L = lin_at(C, i);
-        d.rows = L->rows, d.cols = L->cols, d.uniform_bits = bits, d.group = group, d.format = format;
+    ctx *C = (ctx *)user;
+    if (C->qstep != step) {
+        progress_end(&C->P);
+        progress_start(&C->P, "llm_methods", !C->quiet, total);
+        C->qstep = step;
     }
-    return d;
-}
-
-/* Packs every linear map: descriptions from a plan, or uniform bits; how:
-   Q_* flags. */
-static void pack_all(ctx *C, const mpq_plan *plan, int bits, int group, int format, int how)
-{
-    mpq_status st = MPQ_OK;
-    progress_start(&C->P, "llm_methods", !C->quiet, C->nl);
-    for (int i = 0; i < C->nl && st == MPQ_OK; i++) {
-        char what[80], tname[64];
-        snprintf(what, sizeof what, "quantizing %s",
-                 mpq_llm_linear_name(0, i / MPQ_LIN_COUNT, i % MPQ_LIN_COUNT, 0, tname, sizeof tname));
-        progress_show(&C->P, i, what);
-        mpq_linear *L = lin_at(C, i);
-        mpq_bitplane_desc d = desc_of(C, i, plan, bits, group, format);
-        float *cs = NULL, *clip = NULL;
-        uint32_t *order = NULL;
-        if (how & Q_ACT) { /* act-order: the packed column order */
-            order = (uint32_t *)malloc(sizeof(uint32_t) * (size_t)d.cols);
-            if (!order || (st = mpq_gptq_act_order(C->Hs.xtx[i], d.cols, order)) != MPQ_OK) die("act-order", st);
-            d.p_col = order;
-        }
-        if (how & Q_AWQ) awq_scales(C, i, &d, &cs, &clip);
-        d.col_scale = cs, d.clip = clip;
-        mpq_packed A;
-        if (how & Q_GPTQ) {
-            mpq_gptq_desc g;
-            memset(&g, 0, sizeof g);
-            g.H = C->Hs.xtx[i];
-            st = mpq_gptq_alloc(&d, L->W, &g, &A, NULL);
-        } else
-            st = mpq_pack_alloc(&d, L->W, &A);
-        if (st == MPQ_OK) st = mpq_linear_set_packed(C->m, L, &A);
-        free(cs), free(clip), free(order);
-    }
-    progress_end(&C->P);
-    if (st != MPQ_OK) die("pack", st);
-    pack_embedding(C);
+    char what[96];
+    snprintf(what, sizeof what, "%s %s", step, name ? name : "");
+    progress_show(&C->P, done, what);
 }
 
 /* The row just measured, again with 8-bit activations (MixLLM's A8) when
-   how has Q_A8 and the run's activations are float. */
-static void measure_a8(ctx *C, const char *family, const char *name, int how)
+   the row asks for it and the run's activations are float. */
+static void measure_a8(ctx *C, const llm_row *row)
 {
-    if (!(how & Q_A8) || C->m->a8) return;
+    if (!(row->flags & ROW_A8) || C->m->a8) return;
     C->m->a8 = 1;
-    measure(C, family, name, NULL, NULL, 0);
+    measure(C, row->family, row->name, NULL, NULL, 0);
     C->m->a8 = 0;
 }
 
-static void run_uniform(ctx *C, const char *family, const char *name, int bits, int format, int how)
+static void run_pmpd(ctx *C);
+
+/* One row: quantized as `mpq quantize` would, then measured. */
+static void run_row(ctx *C, const llm_row *row)
 {
     const double t0 = now();
-    pack_all(C, NULL, bits, 0, format, how);
-    measure(C, family, name, NULL, NULL, now() - t0);
-    measure_a8(C, family, name, how);
-    unpack_all(C);
-}
-
-/* SFMP's plan from the Fisher diagonal at a budget and group; act: planned
-   in GPTQ's act-order coordinates (each map's Fisher columns permuted by
-   mpq_gptq_act_order, so that pack_all with Q_ACT puts the plan's widths on
-   the columns they were planned for). */
-static void sfmp_plan(ctx *C, double bpw, int group, int act, mpq_plan *p)
-{
-    mpq_sfmp_layer *L = (mpq_sfmp_layer *)calloc((size_t)C->nl, sizeof *L);
-    float **perm = (float **)calloc((size_t)C->nl, sizeof(float *));
-    uint32_t *order = NULL;
-    for (int i = 0; i < C->nl; i++) {
-        const int rows = lin_at(C, i)->rows, cols = lin_at(C, i)->cols;
-        L[i].S = C->S.fisher[i], L[i].rows = rows, L[i].cols = cols;
-        if (!act) continue;
-        order = (uint32_t *)realloc(order, sizeof(uint32_t) * (size_t)cols);
-        perm[i] = (float *)malloc(sizeof(float) * (size_t)rows * (size_t)cols);
-        mpq_status st = order && perm[i] ? mpq_gptq_act_order(C->Hs.xtx[i], cols, order) : MPQ_ERR_NOMEM;
-        if (st == MPQ_OK) st = mpq_perm_apply(C->S.fisher[i], rows, cols, NULL, order, perm[i]);
-        if (st != MPQ_OK) die("act-order", st);
-        L[i].S = perm[i];
-    }
-    mpq_sfmp_desc d;
-    memset(&d, 0, sizeof d);
-    d.bpw = bpw, d.group = group;
-    mpq_status st = mpq_plan_sfmp(L, C->nl, &d, p);
-    if (st != MPQ_OK) die("sfmp plan", st);
-    for (int i = 0; i < C->nl; i++) free(perm[i]);
-    free(perm), free(order), free(L);
-}
-
-static void run_sfmp(ctx *C, double bpw, int group, int how)
-{
-    const double t0 = now();
-    mpq_plan p;
-    sfmp_plan(C, bpw, group, (how & Q_ACT) != 0, &p);
-    pack_all(C, &p, 0, 0, 0, how);
-    mpq_plan_free(&p);
-    char name[64];
-    snprintf(name, sizeof name, "SFMP %.2f g%d%s%s%s", bpw, group, how & Q_AWQ ? " + AWQ" : "",
-             how & Q_GPTQ ? " + GPTQ" : "", how & Q_ACT ? " (act-order)" : "");
-    const char *family = (how & (Q_AWQ | Q_GPTQ)) == (Q_AWQ | Q_GPTQ) ? "SFMP+AWQ+GPTQ"
-        : how & Q_GPTQ                                                ? "SFMP+GPTQ"
-        : how & Q_AWQ                                                 ? "SFMP+AWQ"
-                                                                      : "SFMP";
-    measure(C, family, name, NULL, NULL, now() - t0);
-    unpack_all(C);
-}
-
-/* MixLLM: 10 % of the output channels (over all maps) at 8 bits, symmetric,
-   the rest at `low` bits; channels ranked by its eq. 4 salience. */
-static void run_mixllm(ctx *C, int low, int how)
-{
-    const double t0 = now();
-    mpq_mixllm_layer *L = (mpq_mixllm_layer *)calloc((size_t)C->nl, sizeof *L);
-    for (int i = 0; i < C->nl; i++)
-        L[i].salience = C->S.mixllm[i], L[i].rows = lin_at(C, i)->rows, L[i].cols = lin_at(C, i)->cols;
-    mpq_mixllm_desc d;
-    memset(&d, 0, sizeof d);
-    d.fraction = 0.1, d.low_bits = low;
-    mpq_plan p;
-    mpq_status st = mpq_plan_mixllm(L, C->nl, &d, &p);
-    if (st != MPQ_OK) die("mixllm plan", st);
-    free(L);
-    pack_all(C, &p, 0, 0, 0, how);
-    mpq_plan_free(&p);
-    char name[64];
-    snprintf(name, sizeof name, "MixLLM 8/%d (10 %% at 8 bits)%s", low, how & Q_GPTQ ? " + GPTQ" : "");
-    measure(C, how & Q_GPTQ ? "MixLLM+GPTQ" : "MixLLM", name, NULL, NULL, now() - t0);
-    measure_a8(C, how & Q_GPTQ ? "MixLLM+GPTQ" : "MixLLM", name, how);
-    unpack_all(C);
-}
-
-/* MXSens: the least budget its 4/6/8 templates can meet (every layer's
-   8-bit block and 4 bits elsewhere), then half a bit more. */
-static void run_mxsens(ctx *C)
-{
-    mpq_mxsens_layer *L = (mpq_mxsens_layer *)calloc((size_t)C->nl, sizeof *L);
-    for (int i = 0; i < C->nl; i++)
-        L[i].col_sens = C->S.xtx_diag[i], L[i].layer_sens = C->S.layer_sens[i], L[i].rows = lin_at(C, i)->rows,
-        L[i].cols = lin_at(C, i)->cols;
-    double budget = 4.25;
-    mpq_plan p;
-    mpq_status st;
-    while ((st = mpq_plan_mxsens(L, C->nl, budget, &p, NULL)) == MPQ_ERR_RANGE && budget < 8) budget += 0.05;
-    if (st != MPQ_OK) die("mxsens plan", st);
-    for (int k = 0; k < 2; k++) {
-        const double t0 = now();
-        if (k) {
-            mpq_plan_free(&p);
-            budget += 0.5;
-            if ((st = mpq_plan_mxsens(L, C->nl, budget, &p, NULL)) != MPQ_OK) die("mxsens plan", st);
-        }
-        pack_all(C, &p, 0, 0, 0, 0);
-        char name[64];
-        snprintf(name, sizeof name, "MXSens %.2f (MXINT 4/6/8)", budget);
-        measure(C, "MXSens", name, NULL, NULL, now() - t0);
-        unpack_all(C);
-    }
-    mpq_plan_free(&p);
-    free(L);
-}
-
-/* ReQuant: 0.25 % outliers spread by eq. 9 and 0.25 % significant weights,
-   from the calibration's PQI, on a dense part of RTN or AWQ at 3 bits or
-   under a plan (a composition: SFMP's widths, AWQ's scales, ReQuant's
-   sparse part). */
-static void run_requant(ctx *C, const mpq_plan *plan, int awq, const char *name)
-{
-    const double t0 = now();
-    mpq_rq_map *M = (mpq_rq_map *)calloc((size_t)C->nl, sizeof *M);
-    float **cs = (float **)calloc((size_t)C->nl, sizeof(float *)),
-          **clip = (float **)calloc((size_t)C->nl, sizeof(float *));
-    for (int i = 0; i < C->nl; i++) {
-        const mpq_linear *L = lin_at(C, i);
-        M[i].W = L->W, M[i].pqi = C->S.pqi[i];
-        M[i].mask = (uint8_t *)malloc((size_t)L->rows * L->cols);
-        M[i].d = desc_of(C, i, plan, 3, 0, MPQ_FORMAT_BITPLANE);
-        if (awq) awq_scales(C, i, &M[i].d, &cs[i], &clip[i]);
-        M[i].d.col_scale = cs[i], M[i].d.clip = clip[i];
-    }
-    double t = 0;
-    size_t marked = 0;
-    mpq_status st = mpq_requant_masks(M, C->nl, 0.0025, 0.0025, &t, &marked);
-    if (st != MPQ_OK) die("requant", st);
-    for (int i = 0; i < C->nl && st == MPQ_OK; i++) {
-        mpq_packed A;
-        st = mpq_requant_pack(&M[i], &A);
-        if (st == MPQ_OK) st = mpq_linear_set_packed(C->m, lin_at(C, i), &A);
-        free(M[i].mask), free(cs[i]), free(clip[i]);
-    }
-    if (st != MPQ_OK) die("requant pack", st);
-    free(M), free(cs), free(clip);
-    pack_embedding(C);
-    char note[96];
-    snprintf(note, sizeof note, "eq. 9 temperature t = %.2f; %zu weights in the sparse parts", t, marked);
-    measure(C, plan ? "SFMP+AWQ+ReQuant" : "ReQuant", name, NULL, note, now() - t0);
+    mpq_recipe_result res;
+    double bpw = 0;
+    C->qstep = NULL;
+    progress_start(&C->P, "llm_methods", !C->quiet, 1);
+    const int rc = llm_row_quantize(row->args, C->m, &C->S, &C->Hs, quant_step, C, &res, &bpw);
+    progress_end(&C->P);
+    if (rc) exit(1);
+    char note[160] = "";
+    if (strstr(row->args, "--bpw min")) snprintf(note, sizeof note, "the budget %.4f bits per weight", bpw);
+    if (strstr(row->args, "requant"))
+        snprintf(note, sizeof note, "eq. 9 temperature t = %.2f; %zu weights in the sparse parts", res.requant_t,
+                 res.sparse_weights);
+    measure(C, row->family, row->name, NULL, note, now() - t0);
+    measure_a8(C, row);
+    if (row->flags & ROW_PMPD) run_pmpd(C);
     unpack_all(C);
 }
 
@@ -457,16 +266,14 @@ static mpq_status sched_quality(void *user, const mpq_pmpd_schedule *s, double *
     return st;
 }
 
-/* AWQ 4-bit, then PMPD on the same packed matrices: the prompt at 4 bits
-   and every decoded token at 3; the static scheduler's choice over 4 -> 3
-   bits (five candidate switch points over the 255 scored tokens) for at
-   most 10 % more perplexity on calibration text than 4 bits throughout;
+/* PMPD on the packed matrices just measured (AWQ 4-bit): the prompt at 4
+   bits and every decoded token at 3; the static scheduler's choice over 4
+   -> 3 bits (five candidate switch points over the 255 scored tokens) for
+   at most 10 % more perplexity on calibration text than 4 bits throughout;
    4 -> 3 -> 2 bits (switch at 16 and 40). */
-static void run_awq4_pmpd(ctx *C)
+static void run_pmpd(ctx *C)
 {
-    double t0 = now();
-    pack_all(C, NULL, 4, 0, MPQ_FORMAT_BITPLANE, Q_AWQ);
-    measure(C, "AWQ", "AWQ 4-bit g128", NULL, NULL, now() - t0);
+    double t0;
     mpq_pmpd_schedule s;
     memset(&s, 0, sizeof s);
     s.prefill_skip = 0, s.nlevels = 1, s.skip[0] = 1;
@@ -493,7 +300,6 @@ static void run_awq4_pmpd(ctx *C)
     measure(C, "PMPD", "PMPD (AWQ 4): static search, 4 -> 3", &s, note, 0);
     s.nlevels = 3, s.skip[0] = 0, s.skip[1] = 1, s.skip[2] = 2, s.start[0] = 0, s.start[1] = 16, s.start[2] = 40;
     measure(C, "PMPD", "PMPD (AWQ 4): 4 -> 3 -> 2 at 16, 40", &s, NULL, 0);
-    unpack_all(C);
 }
 
 /* ---- output ------------------------------------------------------------------ */
@@ -541,6 +347,12 @@ static void write_results(const char *dir, const char *model, const ctx *C, doub
             C->Hs.windows, C->Hs.length, total);
     for (int i = 0; i < nrows; i++)
         if (rows[i].note[0]) fprintf(f, "\n%s: %s.\n", rows[i].name, rows[i].note);
+    fprintf(f,
+            "\nEvery quantized row is what `mpq quantize OPTIONS %s --stats STATS --hessian HESSIAN MODEL OUT` "
+            "writes, byte for byte (the same recipe of mpq.h; test_cli_llm checks it row by row); the options of "
+            "each:\n\n",
+            LLM_ROW_COMMON);
+    for (int k = 0; k < LLM_NROWS; k++) fprintf(f, "- %s: `%s`\n", llm_rows[k].name, llm_rows[k].args);
     fclose(f);
     printf("wrote %s\n", p);
     f = open_output(dir, "ppl_vs_bpw.svg", p, sizeof p);
@@ -723,56 +535,8 @@ int main(int argc, char **argv)
            DECODE, PROMPT);
     fflush(stdout);
     measure(&C, "fp32", "fp32 reference (dequantized Q4_1)", NULL, NULL, 0);
-    if (quick) {
-        run_uniform(&C, "RTN", "RTN 4-bit g128", 4, MPQ_FORMAT_BITPLANE, 0);
-        run_uniform(&C, "GPTQ", "GPTQ 4-bit g128 (act-order)", 4, MPQ_FORMAT_BITPLANE, Q_GPTQ | Q_ACT | Q_A8);
-        run_sfmp(&C, 3.5, 128, 0);
-    } else {
-        for (int b = 2; b <= 4; b++) {
-            char name[48];
-            snprintf(name, sizeof name, "RTN %d-bit g128", b);
-            run_uniform(&C, "RTN", name, b, MPQ_FORMAT_BITPLANE, 0);
-        }
-        run_uniform(&C, "MXINT", "MXINT4", 4, MPQ_FORMAT_MXINT, 0);
-        run_uniform(&C, "AWQ", "AWQ 3-bit g128", 3, MPQ_FORMAT_BITPLANE, Q_AWQ);
-        for (int b = 2; b <= 4; b++) {
-            char name[48];
-            snprintf(name, sizeof name, "GPTQ %d-bit g128 (act-order)", b);
-            /* at 4 bits also MixLLM's W4A8 (its p0: uniform 4-bit weights, GPTQ) */
-            run_uniform(&C, "GPTQ", name, b, MPQ_FORMAT_BITPLANE, Q_GPTQ | Q_ACT | (b == 4 ? Q_A8 : 0));
-        }
-        run_uniform(&C, "GPTQ", "GPTQ 3-bit g128", 3, MPQ_FORMAT_BITPLANE, Q_GPTQ);
-        for (int b = 3; b <= 4; b++) {
-            char name[48];
-            snprintf(name, sizeof name, "AWQ + GPTQ %d-bit g128 (act-order)", b);
-            run_uniform(&C, "AWQ+GPTQ", name, b, MPQ_FORMAT_BITPLANE, Q_AWQ | Q_GPTQ | Q_ACT);
-        }
-        run_awq4_pmpd(&C);
-        /* SFMP as its paper runs it: group 256 at 2.25 and 3.25 (its table 3), 128 elsewhere */
-        static const double budgets[] = {2.25, 2.5, 3.0, 3.25, 3.5, 4.25};
-        for (int b = 0; b < 6; b++) run_sfmp(&C, budgets[b], budgets[b] == 2.25 || budgets[b] == 3.25 ? 256 : 128, 0);
-        static const double awq_budgets[] = {2.25, 3.25, 3.5, 4.25};
-        for (int b = 0; b < 4; b++) run_sfmp(&C, awq_budgets[b], b < 2 ? 256 : 128, Q_AWQ);
-        for (int b = 0; b < 4; b++) run_sfmp(&C, awq_budgets[b], b < 2 ? 256 : 128, Q_GPTQ | Q_ACT);
-        run_sfmp(&C, 3.25, 128, Q_AWQ | Q_GPTQ | Q_ACT); /* compositions: SFMP's widths, AWQ's scales, GPTQ */
-        run_sfmp(&C, 4.0, 128, Q_AWQ | Q_GPTQ | Q_ACT);
-        run_mixllm(&C, 4, 0);
-        run_mixllm(&C, 3, 0);
-        run_mixllm(&C, 4, Q_GPTQ | Q_ACT | Q_A8); /* and MixLLM's W4.4A8 */
-        run_mxsens(&C);
-        run_requant(&C, NULL, 0, "ReQuant on RTN 3-bit");
-        run_requant(&C, NULL, 1, "ReQuant on AWQ 3-bit");
-        /* compositions: SFMP's plan, AWQ's scales and ReQuant's sparse part */
-        static const double comp[] = {3.25, 4.0};
-        for (int b = 0; b < 2; b++) {
-            mpq_plan p;
-            sfmp_plan(&C, comp[b], 128, 0, &p);
-            char name[64];
-            snprintf(name, sizeof name, "SFMP %.2f g128 + AWQ + ReQuant", comp[b]);
-            run_requant(&C, &p, 1, name);
-            mpq_plan_free(&p);
-        }
-    }
+    for (int k = 0; k < LLM_NROWS; k++)
+        if (!quick || (llm_rows[k].flags & ROW_QUICK)) run_row(&C, &llm_rows[k]);
     write_results(out, model, &C, now() - t0);
     printf("total %.0f s\n", now() - t0);
     mpq_calib_stats_free(&C.S);

@@ -1,0 +1,234 @@
+/* tools/quantize_args.h - the options of `mpq quantize` and the recipe
+   (mpq.h section 13) they describe. Shared by the tool and by the main job
+   (examples/llm), whose table gives every row as these options: what the
+   main job measures is what `mpq quantize` writes with them. */
+#ifndef MPQ_QUANTIZE_ARGS_H
+#define MPQ_QUANTIZE_ARGS_H
+
+#include "cli.h"
+
+enum { M_RTN, M_AWQ, M_GPTQ, M_SFMP, M_MIXLLM, M_MXSENS, M_REQUANT };
+#define QARGS_METHODS "rtn|awq|gptq|sfmp|mixllm|mxsens|requant"
+enum { Q_RTN, Q_AWQ, Q_GPTQ, Q_AWQ_GPTQ };
+#define QARGS_QUANTIZERS "rtn|awq|gptq|awq+gptq"
+
+/* --bpw: a budget, or the lowest one the planner meets plus a margin. */
+typedef struct qargs_bpw {
+    int lowest;   /* "min" or "min+X" */
+    double value; /* the budget, or X */
+} qargs_bpw;
+
+typedef struct qargs {
+    int method, bits, format, symmetric, group, block_rows, reorder, quantizer, requant, act_order, static_groups;
+    int embed_bits, threads, quiet;
+    double fraction, outliers, significant, damp;
+    qargs_bpw bpw;
+    const char *salience, *calib, *hessian, *stats;
+    cli_list include, exclude;
+} qargs;
+
+static inline int qargs_parse_bpw(const char *v, void *field)
+{
+    qargs_bpw *b = (qargs_bpw *)field;
+    char *end;
+    b->lowest = !strncmp(v, "min", 3);
+    if (b->lowest && !v[3]) return b->value = 0, 1;
+    const char *num = b->lowest ? v + 3 : v;
+    if (b->lowest && *num != '+') return 0;
+    b->value = strtod(num, &end);
+    return *num && !*end && b->value >= 0 && b->value <= 64;
+}
+
+#define QA(field) CLI_AT(qargs, field)
+static const cli_opt qargs_opts[] = {
+    {"--method", CLI_CHOICE, QA(method), "M", 0, 0, QARGS_METHODS, NULL, "rtn",
+     "rtn | awq | gptq | sfmp | mixllm | mxsens | requant"},
+    {"--bits", CLI_INT, QA(bits), "B", 1, 8, NULL, NULL, "4",
+     "rtn, awq, gptq, requant: the width 1..8 (mxint: 2..8); mixllm: the low width"},
+    {"--format", CLI_CHOICE, QA(format), "F", 0, 0, "bitplane|mxint", NULL, "bitplane",
+     "rtn, gptq: bitplane | mxint (mantissa bits 2..8, group 32)"},
+    {"--symmetric", CLI_FLAG, QA(symmetric), NULL, 0, 0, NULL, NULL, NULL, "rtn, awq, gptq: symmetric groups"},
+    {"--bpw", CLI_PARSE, QA(bpw), "X", 0, 0, "a budget in 0..64, min or min+X", qargs_parse_bpw, NULL,
+     "sfmp, mxsens: the budget in bits per weight, scales included; min: the\n"
+     "lowest the planner meets for these tensors, min+X that plus X"},
+    {"--fraction", CLI_DOUBLE, QA(fraction), "F", 0, 1, NULL, NULL, "0.1",
+     "mixllm: the share of output channels at 8 bits"},
+    {"--group", CLI_INT, QA(group), "G", 8, 1 << 20, NULL, NULL, NULL,
+     "columns per group, a multiple of 8 (default 128; mxint, mxsens: 32)"},
+    {"--block-rows", CLI_INT, QA(block_rows), "R", 1, 1 << 20, NULL, NULL, "16", "rows per bit-width block"},
+    {"--reorder", CLI_CHOICE, QA(reorder), "R", 0, 0, "none|rows|cols|both", NULL, "none",
+     "sfmp: none | rows | cols | both"},
+    {"--quantizer", CLI_CHOICE, QA(quantizer), "Q", 0, 0, QARGS_QUANTIZERS, NULL, NULL,
+     "sfmp, mixllm, mxsens: rtn | awq | gptq | awq+gptq (default rtn);\n"
+     "requant: rtn | awq; gptq: gptq | awq+gptq. awq: AWQ's scale and\n"
+     "clip search under the widths (needs --calib or --stats); gptq: GPTQ's\n"
+     "error feedback (needs --hessian or --stats); awq+gptq: both, AWQ first"},
+    {"--requant", CLI_FLAG, QA(requant), NULL, 0, 0, NULL, NULL, NULL,
+     "ReQuant's sparse part on top (as --method requant does), for rtn,\n"
+     "awq, and the planners under --quantizer rtn or awq (needs PQI: --stats)"},
+    {"--outliers", CLI_DOUBLE, QA(outliers), "R", 0, 0.5, NULL, NULL, "0.0025",
+     "requant: share of all weights kept as outliers, spread over the\n"
+     "maps by PQI/ReQuant eq. 9"},
+    {"--significant", CLI_DOUBLE, QA(significant), "R", 0, 0.5, NULL, NULL, "0.0025",
+     "requant: share detached as significant weights"},
+    {"--act-order", CLI_FLAG, QA(act_order), NULL, 0, 0, NULL, NULL, NULL,
+     "gptq: columns in order of decreasing diag(X^T X), stored as the packed\n"
+     "column permutation (free at inference); sfmp plans in that order (not\n"
+     "with --reorder cols or mxsens, which permute the columns themselves)"},
+    {"--static-groups", CLI_FLAG, QA(static_groups), NULL, 0, 0, NULL, NULL, NULL,
+     "gptq: every group's scale from the weights before error feedback"},
+    {"--damp", CLI_DOUBLE, QA(damp), "X", 0, 1e6, NULL, NULL, "0.01",
+     "gptq: X * mean(diag X^T X) added to the diagonal (0: none)"},
+    {"--stats", CLI_STR, QA(stats), "FILE", 0, 0, NULL, NULL, NULL,
+     "what `mpq calibrate` wrote: --salience, --calib and --hessian at once"},
+    {"--salience", CLI_STR, QA(salience), "FILE", 0, 0, NULL, NULL, NULL,
+     "safetensors with one tensor per quantized weight, named as the weight\n"
+     "or as the weight with the suffix mpq calibrate writes:\n"
+     "  sfmp    rows x cols   Fisher diagonal (.fisher)\n"
+     "  mixllm  rows          output-channel salience (.mixllm)\n"
+     "  requant rows x cols   PQI along W -> Q(W) (.pqi)\n"
+     "  mxsens  cols          diag(X^T X) (.xtx_diag); optional scalar\n"
+     "                        '<name>.layer_sensitivity' in [0, 1]\n"
+     "finite and >= 0"},
+    {"--calib", CLI_STR, QA(calib), "FILE", 0, 0, NULL, NULL, NULL,
+     "safetensors with activations tokens x cols per weight name (or\n"
+     "'<name>.awq'): awq and --quantizer awq, mxsens (diag(X^T X) when no\n"
+     "--salience)"},
+    {"--hessian", CLI_STR, QA(hessian), "FILE", 0, 0, NULL, NULL, NULL,
+     "gptq, --act-order: X^T X of each weight's inputs, cols x cols, named as\n"
+     "the weight or '<name>.xtx' (`mpq calibrate --stats xtx`)"},
+    {"--embed-bits", CLI_INT, QA(embed_bits), "B", 0, 8, NULL, NULL, "0",
+     "the embedding and head by round-to-nearest at B bits, g128 (0: kept)"},
+    {"--include", CLI_LIST, QA(include), "GLOB", 0, 0, NULL, NULL, NULL,
+     "quantize only matching names (repeatable; default all)"},
+    {"--exclude", CLI_LIST, QA(exclude), "GLOB", 0, 0, NULL, NULL, NULL,
+     "never quantize matching names (repeatable), e.g. '*.layers.0.*'"},
+    {"--threads", CLI_INT, QA(threads), "T", 1, 4096, NULL, NULL, NULL, "OpenMP threads (default all)"},
+    {"--quiet", CLI_FLAG, QA(quiet), NULL, 0, 0, NULL, NULL, NULL, "no progress and no table"},
+    {NULL, CLI_FLAG, 0, NULL, 0, 0, NULL, NULL, NULL, NULL},
+};
+#undef QA
+
+static const cli_spec qargs_spec = {
+    "quantize",
+    "[options] IN OUT.safetensors",
+    "IN is a safetensors file, a GGUF file or a Hugging Face checkpoint directory.\n"
+    "\n"
+    "A model (GGUF, a checkpoint directory, or safetensors with a config.json beside it\n"
+    "or in its metadata): the linear maps of its layers whose names match --include and\n"
+    "not --exclude are quantized by the method; the token embedding and an untied output\n"
+    "head stay as they are unless --embed-bits asks for round-to-nearest; everything\n"
+    "else is copied. The maps go through the method in the model's order (layer by\n"
+    "layer, q k v o gate up down), whatever the order of the file.\n"
+    "OUT carries config.json, tokenizer.json and tokenizer_config.json in its metadata,\n"
+    "so that `mpq eval` and `mpq run` take it as they take IN. Tensor names and the row\n"
+    "order of q and k stay as IN has them (GGUF: adjacent rotary pairs; the config says so).\n"
+    "\n"
+    "Any other safetensors file: every 2-D float tensor (F32, F16, BF16, F64) whose name\n"
+    "matches --include and not --exclude is quantized by the method, except embeddings\n"
+    "and output heads (names matching *embed*, *tok_emb*, *wte*, *lm_head*, or output.weight),\n"
+    "which --embed-bits governs as above; the rest is copied.\n"
+    "\n"
+    "A quantized tensor becomes an mpq packed matrix (a U8 tensor described by\n"
+    "__metadata__, see mpq_io.h). GGUF tensors that are copied are written as F32 (F16\n"
+    "and BF16 stay so). Every method is a recipe of mpq.h (section 13): the widths\n"
+    "(uniform or planned), then act-order, AWQ, GPTQ or rounding, and ReQuant's sparse part.",
+    {{qargs_opts, 0}, {NULL, 0}, {NULL, 0}, {NULL, 0}},
+    2,
+    2,
+    "Exit codes: 0 ok, 1 usage, 2 bad input file, 3 output not written, 4 quantization failed."};
+
+/* What the options ask of the recipe, checked before anything is read:
+   fills r (its budget from --bpw unless "min"; qargs_budget settles it
+   once the tensors are known). 0, or EXIT_USAGE after a message. */
+static inline int qargs_recipe(const qargs *q, const cli_seen *seen, mpq_recipe *r)
+{
+    char m[16], qn[16];
+    cli_nth(QARGS_METHODS, q->method, m, sizeof m);
+    cli_nth(QARGS_QUANTIZERS, q->quantizer, qn, sizeof qn);
+    const int planner = q->method == M_SFMP || q->method == M_MIXLLM || q->method == M_MXSENS;
+    const int given_q = cli_was_given(seen, "--quantizer");
+    memset(r, 0, sizeof *r);
+    if (q->group % 8)
+        return fail(EXIT_USAGE, "quantize --group %d: a group is a multiple of 8 columns (%d or %d, say)", q->group,
+                    q->group / 8 * 8, q->group / 8 * 8 + 8);
+    if ((q->method == M_SFMP || q->method == M_MXSENS) && !cli_was_given(seen, "--bpw"))
+        return fail(EXIT_USAGE, "quantize --method %s: needs --bpw", m);
+    if (given_q) {
+        const int ok = planner || (q->method == M_REQUANT && q->quantizer <= Q_AWQ) ||
+            (q->method == M_GPTQ && q->quantizer >= Q_GPTQ);
+        if (!ok)
+            return fail(EXIT_USAGE,
+                        "quantize --quantizer %s: not for --method %s (sfmp, mixllm, mxsens: rtn, awq, gptq "
+                        "or awq+gptq; requant: rtn or awq; gptq: gptq or awq+gptq)",
+                        qn, m);
+    }
+    r->awq = q->method == M_AWQ || (given_q && (q->quantizer == Q_AWQ || q->quantizer == Q_AWQ_GPTQ));
+    r->gptq = q->method == M_GPTQ || (given_q && q->quantizer >= Q_GPTQ);
+    r->requant = q->method == M_REQUANT || q->requant;
+    if (q->requant && (r->gptq || !(planner || q->method == M_RTN || q->method == M_AWQ)))
+        return fail(EXIT_USAGE,
+                    "quantize --requant: for rtn, awq and the planners under --quantizer rtn or awq "
+                    "(the dense part is rounded, not GPTQ's)");
+    if ((q->act_order || q->static_groups || cli_was_given(seen, "--damp")) && !r->gptq)
+        return fail(EXIT_USAGE,
+                    "quantize: --act-order, --static-groups and --damp are for GPTQ (--method gptq or "
+                    "--quantizer gptq)");
+    if (q->act_order && (q->method == M_MXSENS || (q->method == M_SFMP && (q->reorder & MPQ_REORDER_COLS))))
+        return fail(EXIT_USAGE, "quantize --act-order: not with %s, which orders the columns itself",
+                    q->method == M_MXSENS ? "mxsens" : "--reorder cols");
+    if (q->format == 1 && q->method != M_RTN && q->method != M_GPTQ)
+        return fail(EXIT_USAGE, "quantize: --format mxint is for rtn and gptq (mxsens plans MXINT itself)");
+    if (q->format == 1 && q->bits < 2) return fail(EXIT_USAGE, "quantize --format mxint: --bits must be 2..8");
+    if ((q->method == M_MXSENS || q->format == 1) && q->group && q->group != MPQ_MX_BLOCK)
+        return fail(EXIT_USAGE, "quantize: MXINT blocks are %d columns; --group %d does not apply", MPQ_MX_BLOCK,
+                    q->group);
+    r->planner = q->method == M_SFMP ? MPQ_PLANNER_SFMP
+        : q->method == M_MIXLLM      ? MPQ_PLANNER_MIXLLM
+        : q->method == M_MXSENS      ? MPQ_PLANNER_MXSENS
+                                     : MPQ_PLANNER_NONE;
+    r->format = q->format == 1 ? MPQ_FORMAT_MXINT : MPQ_FORMAT_BITPLANE;
+    r->bits = q->bits, r->symmetric = q->symmetric, r->group = q->group, r->block_rows = q->block_rows;
+    r->bpw = q->bpw.lowest ? 0 : q->bpw.value, r->reorder = q->reorder, r->fraction = q->fraction;
+    r->act_order = q->act_order;
+    r->gptq_opts.static_groups = q->static_groups;
+    r->gptq_opts.damp = q->damp == 0 ? -1.0 : q->damp; /* the library: negative is none */
+    r->outliers = q->outliers == 0 ? -1.0 : q->outliers, r->significant = q->significant == 0 ? -1.0 : q->significant;
+    return 0;
+}
+
+/* The budget, now that the maps are known: min(+X) resolved, a budget
+   below the lowest the planner meets refused (naming the tensor that
+   costs the most), one above its highest capped with a note. 0, or
+   EXIT_USAGE after a message. */
+static inline int qargs_budget(const qargs *q, mpq_recipe *r, const mpq_recipe_map *maps, int n)
+{
+    if (r->planner != MPQ_PLANNER_SFMP && r->planner != MPQ_PLANNER_MXSENS) return 0;
+    double lo = 0, hi = 0;
+    int worst = 0;
+    const mpq_status st = mpq_recipe_bpw_range(r, maps, n, &lo, &hi, &worst);
+    if (st != MPQ_OK) return fail(EXIT_USAGE, "quantize --bpw: %s", mpq_status_str(st));
+    if (q->bpw.lowest) {
+        r->bpw = lo + q->bpw.value;
+        return 0;
+    }
+    if (r->bpw < lo) {
+        double wlo = 0, whi = 0;
+        mpq_recipe_bpw_range(r, &maps[worst], 1, &wlo, &whi, NULL);
+        if (r->planner == MPQ_PLANNER_SFMP)
+            return fail(EXIT_USAGE,
+                        "quantize --bpw %g: the lowest budget these %d tensors allow is %.4f bits per weight "
+                        "(1-bit weights and their scales and zeros at group %d); tensor '%s' alone needs %.4f",
+                        r->bpw, n, lo, r->group ? r->group : 128, maps[worst].name, wlo);
+        return fail(EXIT_USAGE,
+                    "quantize --bpw %g: the lowest budget MXSens meets for these %d tensors is %.4f bits per weight "
+                    "(each one's 32 most sensitive columns at 8 bits, the rest at 4, and the exponents); tensor "
+                    "'%s' alone needs %.4f",
+                    r->bpw, n, lo, maps[worst].name, wlo);
+    }
+    if (r->bpw > hi && r->planner == MPQ_PLANNER_SFMP && !q->quiet)
+        fprintf(stderr, "mpq: quantize --bpw %g: capped at %.4f bits per weight (every block at 8 bits)\n", r->bpw, hi);
+    return 0;
+}
+
+#endif
