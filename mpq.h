@@ -3182,7 +3182,7 @@ static mpq_status mpq__bp_dequantize_row(const mpq_packed *A, int skip_planes, i
 /* 5. Products                                                                */
 /* ========================================================================== */
 
-/* ---- 5.1 Lookup tables; the CPU probe and the choice of path ---- */
+/* ---- 5.1 Lookup tables; the CPU probe ---- */
 
 MPQ_DEF void mpq_lut16(const float x4[4], float Q[16])
 {
@@ -3258,76 +3258,15 @@ static unsigned mpq__cpu(void)
 #endif
 }
 
-MPQ_DEF int mpq_path_available(mpq_path path)
-{
-    const unsigned f = mpq__cpu();
-    (void)f;
-    switch (path) {
-    case MPQ_PATH_AUTO:
-    case MPQ_PATH_SCALAR: return 1;
-#ifdef MPQ__HAVE_AVX2
-    case MPQ_PATH_AVX2:
-    case MPQ_PATH_AVX2_INT: return (f & MPQ__CPU_AVX2) != 0;
-#endif
-#ifdef MPQ__HAVE_AVX512
-    case MPQ_PATH_AVX512: return (f & MPQ__CPU_AVX512) != 0;
-#endif
-#ifdef MPQ__HAVE_VNNI
-    case MPQ_PATH_AVX512_VNNI: return (f & MPQ__CPU_VNNI) != 0;
-#endif
-#ifdef MPQ__HAVE_NEON
-    case MPQ_PATH_NEON: return 1;
-#endif
-    default: return 0;
-    }
-}
-
-MPQ_DEF const char *mpq_path_name(mpq_path path)
-{
-    switch (path) {
-    case MPQ_PATH_AUTO: return "auto";
-    case MPQ_PATH_SCALAR: return "scalar";
-    case MPQ_PATH_AVX2: return "avx2";
-    case MPQ_PATH_AVX512: return "avx512";
-    case MPQ_PATH_AVX512_VNNI: return "avx512-vnni";
-    case MPQ_PATH_AVX2_INT: return "avx2-int";
-    case MPQ_PATH_NEON: return "neon";
-    }
-    return "unknown";
-}
+/* The kinds of lookup table a path reads (built by mpq__build_tables). */
+typedef enum mpq__tab {
+    MPQ__TAB_FLOAT256,   /* 256-entry float tables per chunk (the mirror halves written out) */
+    MPQ__TAB_FLOAT16,    /* two 16-entry float tables per chunk */
+    MPQ__TAB_INT16,      /* int16 16-entry tables, the layout of the VNNI path */
+    MPQ__TAB_INT16_LANES /* the same tables in two 16-byte lanes (AVX2 int, NEON) */
+} mpq__tab;
 
 #define MPQ__Q16_MAX_GROUP 1024 /* int32 sums are safe up to this group width: 256 lookups x 255 x 32639 < 2^31 */
-
-static mpq_path mpq__resolve_path(mpq_path p)
-{
-    if (p != MPQ_PATH_AUTO) return p;
-    const mpq_path best[] = {MPQ_PATH_AVX512_VNNI, MPQ_PATH_AVX2_INT, MPQ_PATH_NEON, MPQ_PATH_AVX512, MPQ_PATH_AVX2};
-    for (size_t k = 0; k < sizeof best / sizeof best[0]; k++)
-        if (mpq_path_available(best[k])) return best[k];
-    return MPQ_PATH_SCALAR;
-}
-
-/* The fastest path with exact (float) tables. */
-static mpq_path mpq__float_path(void)
-{
-    return mpq_path_available(MPQ_PATH_AVX512) ? MPQ_PATH_AVX512
-        : mpq_path_available(MPQ_PATH_AVX2)    ? MPQ_PATH_AVX2
-                                               : MPQ_PATH_SCALAR;
-}
-
-MPQ_DEF mpq_status mpq_gemv_path(const mpq_packed *A, const mpq_gemv_opts *opts, mpq_path *path)
-{
-    if (!A || !path) return MPQ_ERR_ARG;
-    const mpq_path asked = opts ? opts->path : MPQ_PATH_AUTO;
-    if (!mpq_path_available(asked)) return MPQ_ERR_UNSUPPORTED;
-    mpq_path p = mpq__resolve_path(asked);
-    if ((p == MPQ_PATH_AVX512_VNNI || p == MPQ_PATH_AVX2_INT || p == MPQ_PATH_NEON) && A->group > MPQ__Q16_MAX_GROUP) {
-        if (asked != MPQ_PATH_AUTO) return MPQ_ERR_UNSUPPORTED;
-        p = mpq__float_path();
-    }
-    *path = p;
-    return MPQ_OK;
-}
 
 /* ---- 5.2 The workspace and the tables of each input vector ---- */
 
@@ -3446,8 +3385,8 @@ MPQ__T_AVX2 static void mpq__build_q16_avx2(const float *xt, int nch, float inv,
 #endif
 
 /* Tables for one vector. x~ and the group sums first, then the tables of
-   `path`. */
-static void mpq__build_tables(const mpq_packed *A, const float *x, mpq_path path, int a8, uint8_t *w)
+   kind `tab`. */
+static void mpq__build_tables(const mpq_packed *A, const float *x, mpq__tab tab, int a8, uint8_t *w)
 {
     const mpq__vecwork L = mpq__vec_layout(A);
     const int nchunks = (A->cols + 7) / 8, cpg = A->group / 8;
@@ -3469,19 +3408,18 @@ static void mpq__build_tables(const mpq_packed *A, const float *x, mpq_path path
         const float *x8 = xt + 8 * c;
         gsum[c / cpg] += ((x8[0] + x8[1]) + (x8[2] + x8[3])) + ((x8[4] + x8[5]) + (x8[6] + x8[7]));
     }
-    float *tab = (float *)(void *)(w + L.tab);
-    switch (path) {
-    case MPQ_PATH_SCALAR:
+    float *ft = (float *)(void *)(w + L.tab);
+    switch (tab) {
+    case MPQ__TAB_FLOAT256:
         for (int c = 0; c < nchunks; c++) { /* the mirrored half written out: entry p >= 128 is -T[255 - p] */
-            float *T = tab + (size_t)c * 256u;
+            float *T = ft + (size_t)c * 256u;
             mpq_lut128(xt + 8 * c, T);
             for (int p = 128; p < 256; p++) T[p] = -T[255 - p];
         }
         break;
-    case MPQ_PATH_AVX512_VNNI:
-    case MPQ_PATH_AVX2_INT:
-    case MPQ_PATH_NEON: {
-        const int ufull = mpq__units(cpg), avx2 = path != MPQ_PATH_AVX512_VNNI; /* the AVX2 layout */
+    case MPQ__TAB_INT16:
+    case MPQ__TAB_INT16_LANES: {
+        const int ufull = mpq__units(cpg), avx2 = tab == MPQ__TAB_INT16_LANES;
         for (int g = 0; g < A->ngroups; g++) {
             const int c0 = g * cpg, nch = (A->cols - g * A->group < A->group ? (A->cols - g * A->group + 7) / 8 : cpg);
             float inv;
@@ -3548,10 +3486,10 @@ static void mpq__build_tables(const mpq_packed *A, const float *x, mpq_path path
         }
         break;
     }
-    default: /* float 16-entry tables */
+    case MPQ__TAB_FLOAT16:
         for (int c = 0; c < nchunks; c++) {
-            mpq_lut16(xt + 8 * c, tab + (size_t)c * 32u);
-            mpq_lut16(xt + 8 * c + 4, tab + (size_t)c * 32u + 16u);
+            mpq_lut16(xt + 8 * c, ft + (size_t)c * 32u);
+            mpq_lut16(xt + 8 * c + 4, ft + (size_t)c * 32u + 16u);
         }
         break;
     }
@@ -4314,13 +4252,29 @@ static void mpq__tiles_neon(const mpq__shape *s, const mpq_packed *A, int t0, in
 }
 #endif
 
-/* ---- 5.5 The product: tiles over threads, the sparse part, mpq__bp_gemv ---- */
+/* ---- 5.5 The product: the table of paths, tiles over threads, the sparse part ---- */
 
-/* One tile, vectors b0 .. b0+nb-1: y~ of its 16 rows into yt[v][r]. The
-   records of tile t are found by walking its band's sections: section g
-   holds the band's nt records of group g, and every record of a band with
-   more than one tile has the same size. */
-static void mpq__tile(const mpq__shape *s, const mpq_packed *A, mpq_path path, int t, const uint8_t *work,
+/* A float-table path's kernel for one record: y += s^ (its sum) + z^ gs. */
+typedef void (*mpq__rec_fn)(const mpq__rec *R, const float *Q, const float *sh, const float *zh, float gs, float *y);
+
+/* One CPU path: everything dispatch, naming and availability read. */
+typedef struct mpq__path_row {
+    mpq_path path;
+    const char *name; /* mpq_path_name */
+    unsigned cpu;     /* MPQ__CPU_* the CPU must have (0: none) */
+    mpq__tab tables;  /* the tables it reads */
+    int tiles;        /* tiles per task */
+    mpq_task_fn task; /* one task: `tiles` tiles of the product; NULL when not compiled */
+    mpq__rec_fn rec;  /* mpq__tile's record kernel (float 16-entry paths), or NULL */
+} mpq__path_row;
+
+#if defined(MPQ__HAVE_AVX2) || defined(MPQ__HAVE_AVX512)
+/* One tile on a float 16-entry path, vectors b0 .. b0+nb-1: y~ of its 16
+   rows into yt[v][r], a record at a time through `kernel`. The records of
+   tile t are found by walking its band's sections: section g holds the
+   band's nt records of group g, and every record of a band with more than
+   one tile has the same size. */
+static void mpq__tile(const mpq__shape *s, const mpq_packed *A, mpq__rec_fn kernel, int t, const uint8_t *work,
                       size_t vstride, int b0, int nb, int skip, float yt[MPQ__BATCH_STEP][MPQ_TILE_ROWS])
 {
     const mpq__vecwork L = mpq__vec_layout(A);
@@ -4333,28 +4287,17 @@ static void mpq__tile(const mpq__shape *s, const mpq_packed *A, mpq_path path, i
     mpq__rec R;
     for (int g = 0; g < ng; g++) {
         const int B = mpq__walk_rec(s, A->data, &w, g, skip, &R);
-        const uint8_t *rec = R.p;
         float sh[MPQ_TILE_ROWS], zh[MPQ_TILE_ROWS];
-        mpq__rec_pairs(s, rec, t, g, w.uniform ? B : 0, sh, zh);
+        mpq__rec_pairs(s, R.p, t, g, w.uniform ? B : 0, sh, zh);
         for (int v = 0; v < nb; v++) {
             const uint8_t *vw = work + (size_t)(b0 + v) * vstride;
             const float *tab = (const float *)(const void *)(vw + L.tab);
-            const float gs = ((const float *)(const void *)(vw + L.gsum))[g];
-            switch (path) {
-#ifdef MPQ__HAVE_AVX512
-            case MPQ_PATH_AVX512: mpq__rec512(&R, tab + (size_t)g * (size_t)cpg * 32u, sh, zh, gs, yt[v]); continue;
-#endif
-#ifdef MPQ__HAVE_AVX2
-            case MPQ_PATH_AVX2: mpq__rec256(&R, tab + (size_t)g * (size_t)cpg * 32u, sh, zh, gs, yt[v]); continue;
-#endif
-            default: break;
-            }
-            float acc[MPQ_TILE_ROWS];
-            mpq__tile_scalar(&R, tab + (size_t)g * (size_t)cpg * 256u, acc);
-            for (int r = 0; r < MPQ_TILE_ROWS; r++) yt[v][r] += sh[r] * acc[r] + zh[r] * gs;
+            kernel(&R, tab + (size_t)g * (size_t)cpg * 32u, sh, zh, ((const float *)(const void *)(vw + L.gsum))[g],
+                   yt[v]);
         }
     }
 }
+#endif
 
 #define MPQ__SCALAR_TILES 8 /* tiles sharing each group's 256-entry tables (16 KB for 128 columns) */
 
@@ -4435,7 +4378,7 @@ typedef struct mpq__gemv_job {
     const uint8_t *w; /* the vectors' tables */
     size_t vstride;
     int batch, skip;
-    mpq_path path;
+    const mpq__path_row *row;
 } mpq__gemv_job;
 
 /* y rows of tile t from yt (rows of the tile, vectors b0 .. b0+nb-1). */
@@ -4506,15 +4449,106 @@ static void mpq__gemv_neon_task(void *ctx, int blk)
 }
 #endif
 
+#if defined(MPQ__HAVE_AVX2) || defined(MPQ__HAVE_AVX512)
 static void mpq__gemv_tile_task(void *ctx, int t)
 {
     const mpq__gemv_job *J = (const mpq__gemv_job *)ctx;
     float yt[MPQ__BATCH_STEP][MPQ_TILE_ROWS];
     for (int b0 = 0; b0 < J->batch; b0 += MPQ__BATCH_STEP) {
         const int nb = J->batch - b0 < MPQ__BATCH_STEP ? J->batch - b0 : MPQ__BATCH_STEP;
-        mpq__tile(J->s, J->A, J->path, t, J->w, J->vstride, b0, nb, J->skip, yt);
+        mpq__tile(J->s, J->A, J->row->rec, t, J->w, J->vstride, b0, nb, J->skip, yt);
         mpq__gemv_store(J, t, b0, nb, yt[0], MPQ_TILE_ROWS);
     }
+}
+#endif
+
+/* THE CPU PATHS, one row each, in the order AUTO prefers them. A build
+   without a path's kernels has no task for it (and never offers it). */
+#ifdef MPQ__HAVE_VNNI
+#define MPQ__VNNI_TASK mpq__gemv_vnni_task
+#else
+#define MPQ__VNNI_TASK  NULL
+#define MPQ__VNNI_TILES 1
+#endif
+#ifdef MPQ__HAVE_AVX2
+#define MPQ__AVX2Q_TASK mpq__gemv_avx2q_task
+#define MPQ__AVX2_TASK  mpq__gemv_tile_task
+#define MPQ__REC256     mpq__rec256
+#else
+#define MPQ__AVX2Q_TASK  NULL
+#define MPQ__AVX2_TASK   NULL
+#define MPQ__REC256      NULL
+#define MPQ__AVX2Q_TILES 1
+#endif
+#ifdef MPQ__HAVE_NEON
+#define MPQ__NEON_TASK mpq__gemv_neon_task
+#else
+#define MPQ__NEON_TASK  NULL
+#define MPQ__NEON_TILES 1
+#endif
+#ifdef MPQ__HAVE_AVX512
+#define MPQ__AVX512_TASK mpq__gemv_tile_task
+#define MPQ__REC512      mpq__rec512
+#else
+#define MPQ__AVX512_TASK NULL
+#define MPQ__REC512      NULL
+#endif
+static const mpq__path_row mpq__paths[] = {
+    {MPQ_PATH_AVX512_VNNI, "avx512-vnni", MPQ__CPU_VNNI, MPQ__TAB_INT16, MPQ__VNNI_TILES, MPQ__VNNI_TASK, NULL},
+    {MPQ_PATH_AVX2_INT, "avx2-int", MPQ__CPU_AVX2, MPQ__TAB_INT16_LANES, MPQ__AVX2Q_TILES, MPQ__AVX2Q_TASK, NULL},
+    {MPQ_PATH_NEON, "neon", 0, MPQ__TAB_INT16_LANES, MPQ__NEON_TILES, MPQ__NEON_TASK, NULL},
+    {MPQ_PATH_AVX512, "avx512", MPQ__CPU_AVX512, MPQ__TAB_FLOAT16, 1, MPQ__AVX512_TASK, MPQ__REC512},
+    {MPQ_PATH_AVX2, "avx2", MPQ__CPU_AVX2, MPQ__TAB_FLOAT16, 1, MPQ__AVX2_TASK, MPQ__REC256},
+    {MPQ_PATH_SCALAR, "scalar", 0, MPQ__TAB_FLOAT256, MPQ__SCALAR_TILES, mpq__gemv_scalar_task, NULL},
+};
+enum { MPQ__NPATHS = (int)(sizeof mpq__paths / sizeof mpq__paths[0]) };
+
+static const mpq__path_row *mpq__path_row_of(mpq_path path)
+{
+    for (int k = 0; k < MPQ__NPATHS; k++)
+        if (mpq__paths[k].path == path) return &mpq__paths[k];
+    return NULL;
+}
+
+MPQ_DEF int mpq_path_available(mpq_path path)
+{
+    if (path == MPQ_PATH_AUTO) return 1;
+    const mpq__path_row *r = mpq__path_row_of(path);
+    return r && r->task && (mpq__cpu() & r->cpu) == r->cpu;
+}
+
+MPQ_DEF const char *mpq_path_name(mpq_path path)
+{
+    const mpq__path_row *r = mpq__path_row_of(path);
+    return path == MPQ_PATH_AUTO ? "auto" : r ? r->name : "unknown";
+}
+
+/* The first available row of the preference order; `kinds` limits it to
+   tables of those kinds (a bit per mpq__tab), 0 to any. */
+static const mpq__path_row *mpq__best_path(unsigned kinds)
+{
+    for (int k = 0; k < MPQ__NPATHS; k++)
+        if ((!kinds || (kinds >> mpq__paths[k].tables & 1u)) && mpq_path_available(mpq__paths[k].path))
+            return &mpq__paths[k];
+    return &mpq__paths[MPQ__NPATHS - 1];
+}
+
+/* AUTO resolved to this CPU's choice (the benches name the path they time). */
+static mpq_path mpq__resolve_path(mpq_path p) { return p == MPQ_PATH_AUTO ? mpq__best_path(0)->path : p; }
+
+MPQ_DEF mpq_status mpq_gemv_path(const mpq_packed *A, const mpq_gemv_opts *opts, mpq_path *path)
+{
+    if (!A || !path) return MPQ_ERR_ARG;
+    const mpq_path asked = opts ? opts->path : MPQ_PATH_AUTO;
+    if (!mpq_path_available(asked)) return MPQ_ERR_UNSUPPORTED;
+    const mpq__path_row *r = mpq__path_row_of(mpq__resolve_path(asked));
+    const int int16 = r->tables == MPQ__TAB_INT16 || r->tables == MPQ__TAB_INT16_LANES;
+    if (int16 && A->group > MPQ__Q16_MAX_GROUP) { /* the int32 sums would overflow: the fastest exact tables */
+        if (asked != MPQ_PATH_AUTO) return MPQ_ERR_UNSUPPORTED;
+        r = mpq__best_path(1u << MPQ__TAB_FLOAT16 | 1u << MPQ__TAB_FLOAT256);
+    }
+    *path = r->path;
+    return MPQ_OK;
 }
 
 static mpq_status mpq__bp_gemv(const mpq_packed *A, const float *x, float *y, int batch, const mpq_gemv_opts *opts,
@@ -4539,27 +4573,13 @@ static mpq_status mpq__bp_gemv(const mpq_packed *A, const float *x, float *y, in
 
     mpq__shape s;
     mpq__shape_of(A, &s);
+    const mpq__path_row *row = mpq__path_row_of(path);
     const size_t vstride = mpq__vec_layout(A).bytes;
     for (int v = 0; v < batch; v++)
-        mpq__build_tables(A, x + (size_t)v * (size_t)A->cols, path, o.a8, w + (size_t)v * vstride);
-    const int ntiles = s.ntiles, nth = o.threads ? o.threads : mpq__max_threads();
-    mpq__gemv_job J = {&s, A, y, w, vstride, batch, o.skip_planes, path};
-    int ntasks = ntiles; /* tiles, or blocks of tiles */
-    mpq_task_fn task = mpq__gemv_tile_task;
-    if (path == MPQ_PATH_SCALAR)
-        ntasks = (ntiles + MPQ__SCALAR_TILES - 1) / MPQ__SCALAR_TILES, task = mpq__gemv_scalar_task;
-#ifdef MPQ__HAVE_AVX2
-    if (path == MPQ_PATH_AVX2_INT)
-        ntasks = (ntiles + MPQ__AVX2Q_TILES - 1) / MPQ__AVX2Q_TILES, task = mpq__gemv_avx2q_task;
-#endif
-#ifdef MPQ__HAVE_NEON
-    if (path == MPQ_PATH_NEON) ntasks = (ntiles + MPQ__NEON_TILES - 1) / MPQ__NEON_TILES, task = mpq__gemv_neon_task;
-#endif
-#ifdef MPQ__HAVE_VNNI
-    if (path == MPQ_PATH_AVX512_VNNI)
-        ntasks = (ntiles + MPQ__VNNI_TILES - 1) / MPQ__VNNI_TILES, task = mpq__gemv_vnni_task;
-#endif
-    mpq__run(ntasks, nth, task, &J);
+        mpq__build_tables(A, x + (size_t)v * (size_t)A->cols, row->tables, o.a8, w + (size_t)v * vstride);
+    const int nth = o.threads ? o.threads : mpq__max_threads();
+    mpq__gemv_job J = {&s, A, y, w, vstride, batch, o.skip_planes, row};
+    mpq__run((s.ntiles + row->tiles - 1) / row->tiles, nth, row->task, &J);
     mpq__sparse_gemv(A, x, y, batch, nth);
     if (w != (uint8_t *)work) mpq_aligned_free(w);
     return MPQ_OK;

@@ -1,8 +1,11 @@
 // mpq_cuda.cu - the CUDA backend of mpq: see mpq_cuda.h for what is in.
 //
-// LUT KERNEL (batch 1..2, and 3..8 where the MMA kernel below does not
-// apply; every format with group % 32 == 0): one launch per product, for any
-// mix of widths. B is the batch rounded up to 1, 2, 4, 8.
+// Which kernel runs which batch is one table, kRules (THE BATCH -> KERNEL
+// RULE, beside gemv_device); the kernels are described here.
+//
+// LUT KERNEL (small batches; every format with group % 32 == 0): one
+// launch per product, for any mix of widths. B is the batch rounded up to
+// 1, 2, 4, 8.
 //
 //   Grid. A slice is 512 / B columns (64 / B chunks of 8 per vector). A
 //   block takes a column part of one or more slices (512 columns in all
@@ -42,41 +45,36 @@
 //   wait (griddepcontrol.wait) before reading x or touching the scratch
 //   sums, which the grid before may still use.
 //
-// MMA KERNEL (batch 3..16, MPQ_CUDA_MMA_BATCH; groups and the last group of
-// whole quads, any mix of widths): the codes of a device copy in the CODE
-// LAYOUT on the tensor cores, see gemv_mma. Its cost hardly depends on the
+// MMA KERNEL (groups and the last group of whole quads, any mix of widths):
+// the codes of a device copy in the CODE LAYOUT on the tensor cores, see
+// gemv_mma; up to 16 vectors a launch. Its cost hardly depends on the
 // batch; the LUT kernel's grows with B (it runs batch 3 as 4), and the two
 // cross between batch 2 and 3 on the H100 (bench/results/NOTES.md).
 //
-// Batches 17..MPQ_CUDA_MMA_MAX (mpq_cuda.h) run as products of 16 vectors.
-//
 // OTHER PATHS: groups that are not a multiple of 32 columns (tails of pairs
 // and singles inside every group) use a plain kernel, one thread per row and
-// vector, which decodes every weight; batches beyond those (and batches 9..16
-// that the MMA kernel does not take) dequantize to fp16 (rows in original
-// order, columns in packed order; from the code copy where there is one,
-// a block per tile staged through shared memory, see dequant_codes), gather
-// the activations through p_col
-// into fp16, and multiply with cuBLAS (fp32 accumulate).
+// vector, which decodes every weight; larger batches dequantize to fp16
+// (rows in original order, columns in packed order; from the code copy
+// where there is one, a block per tile staged through shared memory, see
+// dequant_codes), gather the activations through p_col into fp16, and
+// multiply with cuBLAS (fp32 accumulate).
 //
 // 8-BIT ACTIVATIONS (mpq_gemv_opts.a8): the activations quantized as
 // mpq_quantize_act8 does, in the matrix's groups (x~ = x[p_col] col_scale,
 // s^_a = fp16(max |x~| / 127), q = rne(x~ / s^_a) clamped to +-127), as the
-// CPU's a8 product does. Batches MPQ_CUDA_MMA_BATCH to MPQ_CUDA_MMA_MAX on
-// a matrix with the code copy: the MMA kernel on int8 (mma.sync m16n8k32,
-// u8 codes times s8 activations, int32 sums), one k32 product per quad
-// where float activations take four k16 ones (two k steps, hi and lo); a
-// group's int32 sum is scaled once by s^ s^_a (MixLLM's two-step
-// dequantization), and where a group's sums stay below 2^22 the
-// accumulator starts at the bits of 1.5 * 2^23, so that its bits read as a
-// float are 1.5 * 2^23 plus the sum (one FADD instead of a conversion); a
-// batch in one launch, pieces of 32 vectors along grid z. Batches 1 and 2
-// (and up to 8 where the MMA kernel does not apply): the LUT kernel with
-// integer tables, quantizing the activations of each slice itself (see
-// gemv_lut). Other batches and matrices (past MPQ_CUDA_MMA_MAX: fp16 +
-// cuBLAS, faster there than this kernel, see bench/results/NOTES.md; groups
-// the LUT kernel does not take: the plain kernel) multiply the dequantized
-// activations s^_a q on the float kernels (gemv_a8_float).
+// CPU's a8 product does. On a matrix with the code copy: the MMA kernel on
+// int8 (mma.sync m16n8k32, u8 codes times s8 activations, int32 sums), one
+// k32 product per quad where float activations take four k16 ones (two k
+// steps, hi and lo); a group's int32 sum is scaled once by s^ s^_a
+// (MixLLM's two-step dequantization), and where a group's sums stay below
+// 2^22 the accumulator starts at the bits of 1.5 * 2^23, so that its bits
+// read as a float are 1.5 * 2^23 plus the sum (one FADD instead of a
+// conversion); a batch in one launch, pieces of 32 vectors along grid z.
+// The LUT kernel with integer tables, quantizing the activations of each
+// slice itself (see gemv_lut). Other batches and matrices (fp16 + cuBLAS,
+// faster past MPQ_CUDA_MMA_MAX than this kernel, see bench/results/NOTES.md;
+// groups the LUT kernel does not take: the plain kernel) multiply the
+// dequantized activations s^_a q on the float kernels (gemv_a8_float).
 //
 // FP16 BASELINE (mpq_cuda_backend_fp16): upload dequantizes the matrix once
 // into a resident fp16 copy (w16) and drops the code copy; every product is
@@ -117,7 +115,8 @@ static_assert(kThreads == 4 * kWords, "the table build gives each thread a word 
 
 // The device-side description of an uploaded matrix.
 struct dmat {
-    int format, rows, cols, group, block_rows, ngroups, ntiles, meta;
+    int e8m0; // the format's record metadata (its traits row): one E8M0 byte a row, else fp16 s^ and z^
+    int rows, cols, group, block_rows, ngroups, ntiles, meta;
     int uniform;         // block_rows % 16 == 0: every row of a record has its planes
     const uint8_t *data; // the records
     const uint8_t *bits; // bits map
@@ -204,7 +203,7 @@ __device__ __forceinline__ float plane_weight(int i, int b, int skip)
 // The (s^, z^) of row r of a record.
 __device__ __forceinline__ void row_pair(const dmat &M, const uint8_t *rec, int r, int b, float &s, float &z)
 {
-    if (M.format == MPQ_FORMAT_MXINT) {
+    if (M.e8m0) {
         s = b ? pow2i((int)rec[r] - 127 - b + 1) : 0.0f;
         z = -s;
     } else {
@@ -299,7 +298,7 @@ __device__ __forceinline__ void step_issue(const dmat &M, uint2 rec, const lane_
 #pragma unroll
     for (int i = 0; i < MAXP; i++)
         if (i >= lo && i < np) L.u[i] = ld_stream(pl + i * C.stride);
-    if (M.format == MPQ_FORMAT_MXINT) {
+    if (M.e8m0) {
         L.sh.x = *reinterpret_cast<const uint32_t *>(r + 4 * rq);
     } else {
         L.sh = *reinterpret_cast<const uint2 *>(r + 8 * rq);
@@ -391,7 +390,7 @@ __device__ __forceinline__ void step_compute(const dmat &M, const step_buf<MAXP>
             for (int w = 0; w < 4; w++) ps[w] += (i >= lo_[w] && i < bw[w]) ? (float)(1 << i) * sum[w] : 0.0f;
         }
     }
-    if (M.format == MPQ_FORMAT_MXINT) {
+    if (M.e8m0) {
 #pragma unroll
         for (int w = 0; w < 4; w++) {
             float s = bw[w] ? pow2i((int)((L.sh.x >> (8 * w)) & 255u) - 127 - bw[w] + 1) : 0.0f;
@@ -1054,7 +1053,7 @@ __device__ __forceinline__ void mma_rows(const dmat &M, const char *rec, bool li
     const int b0 = live ? (uint8_t)rec[M.meta + 2 * m] : 0, b1 = live ? (uint8_t)rec[M.meta + 2 * m + 1] : 0;
     if (!live) {
         s[0] = s[1] = z[0] = z[1] = 0.0f;
-    } else if (M.format == MPQ_FORMAT_MXINT) {
+    } else if (M.e8m0) {
         const uint32_t e = *reinterpret_cast<const uint16_t *>(rec + 2 * m);
         s[0] = b0 ? pow2i((int)(e & 255u) - 127 - b0 + 1) : 0.0f;
         s[1] = b1 ? pow2i((int)(e >> 8) - 127 - b1 + 1) : 0.0f;
@@ -1617,7 +1616,8 @@ mpq_status upload(void *ctx, const mpq_packed *A, void **handle)
 {
     cuda_ctx *c = static_cast<cuda_ctx *>(ctx);
     if (!c || !A || !handle || !A->buf || A->bytes == 0 || !A->bits || !A->band_off) return MPQ_ERR_ARG;
-    if (A->format != MPQ_FORMAT_BITPLANE && A->format != MPQ_FORMAT_MXINT) return MPQ_ERR_UNSUPPORTED;
+    const mpq_format_traits *f = mpq_format_get((mpq_format)A->format);
+    if (!f) return MPQ_ERR_UNSUPPORTED;
     cudaError_t e = cudaSetDevice(c->device);
     if (e != cudaSuccess) return map_error(e);
     const int ntiles = (A->rows + kTile - 1) / kTile;
@@ -1647,7 +1647,7 @@ mpq_status upload(void *ctx, const mpq_packed *A, void **handle)
         return map_error(e);
     }
     dmat &M = h->m;
-    M.format = A->format, M.rows = A->rows, M.cols = A->cols, M.group = A->group, M.block_rows = A->block_rows;
+    M.e8m0 = f->e8m0, M.rows = A->rows, M.cols = A->cols, M.group = A->group, M.block_rows = A->block_rows;
     M.ngroups = A->ngroups, M.ntiles = ntiles;
     mpq_packed_records(A, nullptr, nullptr, &M.meta);
     M.data = dev_ptr<const uint8_t>(h, A->data);
@@ -1976,6 +1976,67 @@ mpq_status gemv(void *ctx, void *handle, const float *x, float *y, int batch, co
     return map_error(e);
 }
 
+// The kernels as the rule table calls them: each answers MPQ_ERR_UNSUPPORTED
+// for a matrix it does not take, and the rule goes on to the next row.
+mpq_status run_mma(cuda_ctx *c, const cuda_handle *h, const float *x, float *y, int batch, int skip)
+{
+    return launch_mma(c, h, x, y, batch, skip, false);
+}
+mpq_status run_mma_a8(cuda_ctx *c, const cuda_handle *h, const float *x, float *y, int batch, int skip)
+{
+    return launch_mma(c, h, x, y, batch, skip, true);
+}
+mpq_status run_lut(cuda_ctx *c, const cuda_handle *h, const float *x, float *y, int batch, int skip)
+{
+    return launch_lut(c, h, x, y, batch, skip, false);
+}
+mpq_status run_lut_a8(cuda_ctx *c, const cuda_handle *h, const float *x, float *y, int batch, int skip)
+{
+    return launch_lut(c, h, x, y, batch, skip, true);
+}
+mpq_status run_plain(cuda_ctx *c, const cuda_handle *h, const float *x, float *y, int batch, int skip)
+{
+    const int n = h->m.rows * batch;
+    gemv_plain<<<(n + 127) / 128, 128, 0, c->stream>>>(h->m, x, batch, skip, y);
+    return map_error(cudaGetLastError());
+}
+// pieces of 16 vectors (the rest last), each a product of its own: the MMA
+// kernel, or the LUT kernel for a rest below MPQ_CUDA_MMA_BATCH
+mpq_status run_pieces(cuda_ctx *c, const cuda_handle *h, const float *x, float *y, int batch, int skip)
+{
+    mpq_status st = MPQ_OK;
+    for (int v = 0; v < batch && st == MPQ_OK; v += 16)
+        st = gemv_device(c, h, x + (size_t)v * h->m.cols, y + (size_t)v * h->m.rows, min(16, batch - v), skip, false);
+    return st;
+}
+
+// THE BATCH -> KERNEL RULE (mpq_cuda.h, docs/DESIGN.md and the README point
+// here). Rows are tried in order; the first whose activations, batch range
+// and need hold and whose kernel takes the matrix runs the product. Needs:
+// kQuads, the LUT kernel's layout (groups and the last group of whole
+// quads; the MMA kernel also needs the code copy and says so by its
+// answer); kCodes, the code copy. The crossovers behind the ranges are measured in
+// bench/results/NOTES.md ("The CUDA kernels").
+enum rule_need { kAny, kQuads, kCodes };
+struct kernel_rule {
+    bool a8;        // 8-bit activations
+    int lo, hi;     // batches
+    rule_need need; // what the matrix must have
+    mpq_status (*run)(cuda_ctx *c, const cuda_handle *h, const float *x, float *y, int batch, int skip);
+};
+constexpr int kAll = 1 << 30;
+const kernel_rule kRules[] = {
+    {true, MPQ_CUDA_MMA_BATCH, MPQ_CUDA_MMA_MAX, kQuads, run_mma_a8}, // int8 tensor cores, pieces of 32 along grid z
+    {true, 1, 8, kQuads, run_lut_a8},                                 // integer tables, activations quantized inside
+    {true, 1, kAll, kAny, gemv_a8_float},                             // quantized, dequantized, then the rows below
+    {false, 17, MPQ_CUDA_MMA_MAX, kCodes, run_pieces},                // the MMA kernel 16 vectors at a time
+    {false, 17, kAll, kAny, gemv_batched},                            // fp16 weights and activations, cuBLAS
+    {false, MPQ_CUDA_MMA_BATCH, 16, kQuads, run_mma},                 // fp16 tensor cores on the code copy
+    {false, 9, 16, kAny, gemv_batched},                               // where the MMA kernel does not apply
+    {false, 1, 8, kQuads, run_lut},                                   // lookup tables in shared memory
+    {false, 1, 8, kAny, run_plain},                                   // every weight decoded, any group
+};
+
 mpq_status gemv_device(cuda_ctx *c, const cuda_handle *h, const float *x, float *y, int batch, int skip, bool a8)
 {
     if (h->w16) {                                       // the fp16 baseline
@@ -1983,31 +2044,13 @@ mpq_status gemv_device(cuda_ctx *c, const cuda_handle *h, const float *x, float 
         mpq_status st = grow(c, sizeof(__half) * (size_t)batch * h->m.cols, 1);
         return st != MPQ_OK ? st : gemm_f16(c, h->m, h->w16, static_cast<__half *>(c->scratch), x, y, batch);
     }
-    if (a8) { // the 8-bit MMA kernel from MPQ_CUDA_MMA_BATCH to MPQ_CUDA_MMA_MAX, the LUT kernel below
-        mpq_status st = MPQ_ERR_UNSUPPORTED;
-        if (h->fast && batch >= MPQ_CUDA_MMA_BATCH && batch <= MPQ_CUDA_MMA_MAX)
-            st = launch_mma(c, h, x, y, batch, skip, true);
-        if (h->fast && batch <= 8 && st == MPQ_ERR_UNSUPPORTED) st = launch_lut(c, h, x, y, batch, skip, true);
-        return st != MPQ_ERR_UNSUPPORTED ? st : gemv_a8_float(c, h, x, y, batch, skip);
+    for (const kernel_rule &r : kRules) {
+        if (r.a8 != a8 || batch < r.lo || batch > r.hi) continue;
+        if ((r.need == kQuads && !h->fast) || (r.need == kCodes && !h->m.codes)) continue;
+        const mpq_status st = r.run(c, h, x, y, batch, skip);
+        if (st != MPQ_ERR_UNSUPPORTED) return st;
     }
-    if (batch > 16 && h->m.codes && batch <= MPQ_CUDA_MMA_MAX) {
-        // pieces of 16 vectors (the rest last) as products of their own: the
-        // MMA kernel, or the LUT kernel for a rest below MPQ_CUDA_MMA_BATCH
-        mpq_status st = MPQ_OK;
-        for (int v = 0; v < batch && st == MPQ_OK; v += 16)
-            st = gemv_device(c, h, x + (size_t)v * h->m.cols, y + (size_t)v * h->m.rows, min(16, batch - v), skip,
-                             false);
-        return st;
-    }
-    if (batch > 16) return gemv_batched(c, h, x, y, batch, skip);
-    mpq_status st = MPQ_ERR_UNSUPPORTED;
-    if (h->fast && batch >= MPQ_CUDA_MMA_BATCH) st = launch_mma(c, h, x, y, batch, skip, false);
-    if (batch > 8 && st == MPQ_ERR_UNSUPPORTED) return gemv_batched(c, h, x, y, batch, skip);
-    if (h->fast && st == MPQ_ERR_UNSUPPORTED) st = launch_lut(c, h, x, y, batch, skip, false);
-    if (st != MPQ_ERR_UNSUPPORTED) return st;
-    const int n = h->m.rows * batch;
-    gemv_plain<<<(n + 127) / 128, 128, 0, c->stream>>>(h->m, x, batch, skip, y);
-    return map_error(cudaGetLastError());
+    return MPQ_ERR_UNSUPPORTED;
 }
 
 mpq_status synchronize(void *ctx)

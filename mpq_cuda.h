@@ -14,27 +14,20 @@
      fields (8-bit where a row is wider than 4 bits) for the tensor cores:
      4 or 8 more bits per weight of device memory (without room for it the
      matrix is uploaded without it, and the other kernels take its batches);
-   - gemv, batch 1..16: one launch per product for groups that are a
-     multiple of 32 columns, any mix of widths, skip_planes: the LUT kernel
-     (mpq_cuda.cu, top) up to batch 2, the tensor-core (MMA) kernel for
-     batch 3..16 where the code copy exists (after a small kernel that
-     prepares the activations), else the LUT kernel up to batch 8; other
-     groups (and matrices whose last group ends inside a quad) take a plain
-     kernel that decodes every weight up to batch 8; batches 17 to
-     MPQ_CUDA_MMA_MAX run as products of 16 vectors (the rest last) where
-     the code copy exists; larger batches, and batches 9..16 that the MMA
-     kernel does not take, dequantize to fp16 and multiply with cuBLAS (fp32
-     accumulation; the activations are rounded to fp16 too, so a vector with
-     an entry past 65504 gets inf or NaN outputs there, as in an engine
-     that holds activations in fp16);
+   - gemv: which kernel runs which batch is one table, kRules in
+     mpq_cuda.cu (THE BATCH -> KERNEL RULE): lookup tables in shared
+     memory for the smallest batches, tensor cores on the code copy up to
+     MPQ_CUDA_MMA_MAX, fp16 dequantization and cuBLAS (fp32 accumulation)
+     beyond, and a plain kernel that decodes every weight for groups the
+     others do not take. On the fp16 path the activations are rounded to
+     fp16 too, so a vector with an entry past 65504 gets inf or NaN outputs
+     there, as in an engine that holds activations in fp16;
    - mpq_gemv_opts.a8 (8-bit activations, as mpq.h defines them): the
      tensor-core kernel on int8 activations (int8 MMA, one float scale per
-     group) at batches MPQ_CUDA_MMA_BATCH to MPQ_CUDA_MMA_MAX where the code
-     copy exists, the LUT kernel with integer tables (the activations
-     quantized inside it) where the LUT kernel runs, else the activations
-     quantized and dequantized first and the kernels above (the fp16 path
-     then rounds them to fp16); MPQ_ERR_UNSUPPORTED on the fp16-weights
-     backend below;
+     group) and the LUT kernel with integer tables (the activations
+     quantized inside it) where they apply, else the activations quantized
+     and dequantized first and the kernels above; MPQ_ERR_UNSUPPORTED on
+     the fp16-weights backend below;
    - x and y may be device pointers (the call is then asynchronous on the
      backend's stream: synchronize before reading y) or host pointers (staged
      through device buffers; the call returns with y written); they must

@@ -19,16 +19,8 @@
 #                                               synthetic 4096 x 4096 layer
 set -eu
 cd "$(dirname "$0")/.."
-need=()
-for p in meson ninja-build pkg-config gcc g++ libcjson-dev libstb-dev python3 python3-venv; do
-    dpkg -s "$p" >/dev/null 2>&1 || need+=("$p")
-done
-if [ ${#need[@]} -gt 0 ]; then
-    sudo=""
-    [ "$(id -u)" -ne 0 ] && sudo="sudo"
-    $sudo apt-get update -qq >/dev/null
-    $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
-fi
+. util/need.sh
+need_debs meson ninja-build pkg-config gcc g++ libcjson-dev libstb-dev python3 python3-venv
 [ -d build/demo ] || meson setup build/demo --buildtype=release -Dtests=false -Dbenches=false >/dev/null
 # a build directory configured before cJSON was installed lacks the model targets
 ninja -C build/demo mpq >/dev/null 2>&1 ||

@@ -23,18 +23,10 @@ set -u
 cd "$(dirname "$0")/.."
 root=$(pwd)
 
-need=()
-for p in meson ninja-build pkg-config gcc g++ libcriterion-dev libstb-dev libcjson-dev clang libclang-rt-14-dev \
-    clang-format-14 python3 python3-venv gcc-aarch64-linux-gnu g++-aarch64-linux-gnu qemu-user; do
-    dpkg -s "$p" >/dev/null 2>&1 || need+=("$p")
-done
-if [ ${#need[@]} -gt 0 ]; then
-    sudo=""
-    [ "$(id -u)" -ne 0 ] && sudo="sudo"
-    echo "installing: ${need[*]}"
-    $sudo apt-get update -qq >/dev/null && $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null ||
-        { echo "apt-get install failed"; echo "0 passed, 1 failed"; exit 1; }
-fi
+. util/need.sh
+need_debs meson ninja-build pkg-config gcc g++ libcriterion-dev libstb-dev libcjson-dev clang libclang-rt-14-dev \
+    clang-format-14 python3 python3-venv gcc-aarch64-linux-gnu g++-aarch64-linux-gnu qemu-user cmake ||
+    { echo "apt-get install failed"; echo "0 passed, 1 failed"; exit 1; }
 
 passed=0 failed=0 skipped=0
 check() { # name, command...: one extra check counted as one test

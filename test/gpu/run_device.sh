@@ -10,6 +10,9 @@ cd "$(dirname "$0")/../.."
 bin=.gpu
 case "${1:-run}" in
 build)
+    # what the build needs (cuda_check is built with the tests, which need Criterion)
+    . util/need.sh
+    need_debs meson ninja-build pkg-config gcc g++ libcriterion-dev libstb-dev libcjson-dev || exit 1
     # a portable build (no -march=native: the GPU machine's CPU may differ)
     rm -rf "$bin" && mkdir -p "$bin" &&
         meson setup "$bin/build" --buildtype=release -Dnative=false -Dcuda=enabled -Dtests=true -Dbenches=true \
