@@ -1,5 +1,5 @@
 /* mpq_calib.c - the backward pass of Llama-family models and the
-   calibration statistics of every method (see mpq_model.h, section 6). */
+   calibration statistics of every method (see mpq_model.h, section 5). */
 #define _XOPEN_SOURCE 700
 #include "mpq_model.h"
 #include "mpq_model_priv.h"
@@ -695,14 +695,14 @@ mpq_status mpq_llm_calibrate(const mpq_llm *m, const int32_t *tokens, size_t n, 
     if (s.what & ~(MPQ_CALIB_ALL | MPQ_CALIB_XTX) || s.length < 2 || s.windows < 1 || s.awq_tokens < 1 ||
         s.mixllm_bits < 1 || s.mixllm_bits > 8 || s.pqi_bits < 1 || s.pqi_bits > 8 || s.pqi_steps < 1 ||
         s.pqi_windows < 1 || s.sens_tokens < 2 || d.windows < 0 || d.length < 0)
-        return mpq__mfail(err, MPQ_ERR_ARG, "calibration", "an option is out of range");
+        return mpq__fail(err, MPQ_ERR_ARG, "calibration", "an option is out of range");
     for (size_t i = 0; i < n; i++)
         if (tokens[i] < 0 || tokens[i] >= m->c.vocab)
-            return mpq__mfail(err, MPQ_ERR_ARG, "calibration text", "token %d at %zu is outside the vocabulary",
-                              (int)tokens[i], i);
+            return mpq__fail(err, MPQ_ERR_ARG, "calibration text", "token %d at %zu is outside the vocabulary",
+                             (int)tokens[i], i);
     if (n < (size_t)s.length)
-        return mpq__mfail(err, MPQ_ERR_SIZE, "calibration text", "%zu tokens, shorter than one window of %d", n,
-                          s.length);
+        return mpq__fail(err, MPQ_ERR_SIZE, "calibration text", "%zu tokens, shorter than one window of %d", n,
+                         s.length);
     if ((size_t)s.windows > n / (size_t)s.length) s.windows = (int)(n / (size_t)s.length);
     if (s.pqi_windows > s.windows) s.pqi_windows = s.windows;
     if (s.sens_tokens > s.length) s.sens_tokens = s.length;
@@ -717,9 +717,9 @@ mpq_status mpq_llm_calibrate(const mpq_llm *m, const int32_t *tokens, size_t n, 
     C.o = &d, C.t0 = mpq__now(), C.act_total = act_total;
     mpq_status st = mpq_llm_train_init(m, s.length, &C.t);
     if (st == MPQ_ERR_UNSUPPORTED)
-        return mpq__mfail(err, st, m->path ? m->path : "model",
-                          "calibration needs float weights (a packed model cannot be calibrated)");
-    if (st != MPQ_OK) return mpq__mfail(err, st, "calibration", "%s", mpq_status_str(st));
+        return mpq__fail(err, st, m->path ? m->path : "model",
+                         "calibration needs float weights (a packed model cannot be calibrated)");
+    if (st != MPQ_OK) return mpq__fail(err, st, "calibration", "%s", mpq_status_str(st));
     const int slots = m->c.layers * MPQ__KINDS;
     C.off = (size_t *)calloc((size_t)C.nlin + 1, sizeof(size_t));
     C.Wp = (const float **)calloc((size_t)C.nlin, sizeof(float *));
@@ -810,7 +810,7 @@ mpq_status mpq_llm_calibrate(const mpq_llm *m, const int32_t *tokens, size_t n, 
     mpq__cal_free(&C);
     if (st != MPQ_OK) {
         mpq_calib_stats_free(&s);
-        return mpq__mfail(err, st, "calibration", "%s", mpq_status_str(st));
+        return mpq__fail(err, st, "calibration", "%s", mpq_status_str(st));
     }
     *out = s;
     return MPQ_OK;
@@ -864,7 +864,7 @@ mpq_status mpq_calib_write(const mpq_llm *m, const mpq_calib_stats *s, const cha
     cJSON *o = cJSON_CreateObject(), *extra = extra_json ? cJSON_Parse(extra_json) : NULL;
     if (!o || (extra_json && !extra)) {
         cJSON_Delete(o), cJSON_Delete(extra);
-        return mpq__mfail(err, extra_json ? MPQ_ERR_ARG : MPQ_ERR_NOMEM, path, "the extra metadata is not JSON");
+        return mpq__fail(err, extra_json ? MPQ_ERR_ARG : MPQ_ERR_NOMEM, path, "the extra metadata is not JSON");
     }
     cJSON_AddNumberToObject(o, "windows", s->windows);
     cJSON_AddNumberToObject(o, "length", s->length);
@@ -879,7 +879,7 @@ mpq_status mpq_calib_write(const mpq_llm *m, const mpq_calib_stats *s, const cha
     if (extra) cJSON_AddItemToObject(o, "source", extra);
     char *meta = cJSON_PrintUnformatted(o);
     cJSON_Delete(o);
-    if (!meta) return mpq__mfail(err, MPQ_ERR_NOMEM, path, "out of memory");
+    if (!meta) return mpq__fail(err, MPQ_ERR_NOMEM, path, "out of memory");
     mpq_st_writer *w = NULL;
     mpq_status st = mpq_st_writer_open(path, &w, err);
     if (st == MPQ_OK) st = mpq_st_write_meta(w, "mpq_calib", meta, err);
@@ -915,7 +915,7 @@ mpq_status mpq_calib_read(const mpq_llm *m, const char *path, mpq_calib_stats *o
     s.nlin = m->c.layers * MPQ_LIN_COUNT;
     const char *meta = mpq_st_meta(f, "mpq_calib");
     cJSON *o = meta ? cJSON_Parse(meta) : NULL;
-    if (!o) st = mpq__mfail(err, MPQ_ERR_FORMAT, path, "no mpq_calib metadata: not a file mpq calibrate wrote");
+    if (!o) st = mpq__fail(err, MPQ_ERR_FORMAT, path, "no mpq_calib metadata: not a file mpq calibrate wrote");
     if (st == MPQ_OK) {
         int *fields[] = {&s.windows,  &s.length,    &s.awq_tokens,  &s.mixllm_bits,
                          &s.pqi_bits, &s.pqi_steps, &s.pqi_windows, &s.sens_tokens};
@@ -925,7 +925,7 @@ mpq_status mpq_calib_read(const mpq_llm *m, const char *path, mpq_calib_stats *o
             const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, names[k]);
             if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble > 1e9 ||
                 v->valuedouble != (int)v->valuedouble)
-                st = mpq__mfail(err, MPQ_ERR_FORMAT, path, "mpq_calib: '%s' is not a count", names[k]);
+                st = mpq__fail(err, MPQ_ERR_FORMAT, path, "mpq_calib: '%s' is not a count", names[k]);
             else
                 *fields[k] = (int)v->valuedouble;
         }
@@ -944,7 +944,7 @@ mpq_status mpq_calib_read(const mpq_llm *m, const char *path, mpq_calib_stats *o
         if ((have[k] = mpq_st_find(f, name) != NULL)) s.what |= mpq__kinds[k].flag;
     }
     if (st == MPQ_OK && !s.what)
-        st = mpq__mfail(err, MPQ_ERR_FORMAT, path, "no statistics for '%s' (a file for another model?)", base);
+        st = mpq__fail(err, MPQ_ERR_FORMAT, path, "no statistics for '%s' (a file for another model?)", base);
     snprintf(first, sizeof first, "%s", base);
     for (int k = 0; st == MPQ_OK && k < MPQ__NKINDS; k++) {
         if (!have[k]) continue;
@@ -968,13 +968,13 @@ mpq_status mpq_calib_read(const mpq_llm *m, const char *path, mpq_calib_stats *o
             mpq__kind_shape(&s, L, mpq__kinds[k].shape, &ndim, dims);
             const uint64_t numel = ndim == 0 ? 1 : ndim == 1 ? dims[0] : dims[0] * dims[1];
             if (!t) {
-                st = mpq__mfail(err, MPQ_ERR_FORMAT, path, "tensor '%s': not found (the file has %s for '%s')", name,
-                                mpq__kinds[k].suffix, first);
+                st = mpq__fail(err, MPQ_ERR_FORMAT, path, "tensor '%s': not found (the file has %s for '%s')", name,
+                               mpq__kinds[k].suffix, first);
                 break;
             }
             if (t->ndim != ndim || t->numel != numel || (ndim >= 1 && t->shape[0] != dims[0]) ||
                 (ndim == 2 && t->shape[1] != dims[1])) {
-                st = mpq__mfail(err, MPQ_ERR_SIZE, path, "tensor '%s': shape does not match the model", name);
+                st = mpq__fail(err, MPQ_ERR_SIZE, path, "tensor '%s': shape does not match the model", name);
                 break;
             }
             float *v = dst ? (float *)malloc(sizeof(float) * (size_t)numel) : &s.layer_sens[i];
@@ -986,18 +986,17 @@ mpq_status mpq_calib_read(const mpq_llm *m, const char *path, mpq_calib_stats *o
             if ((st = mpq_st_read_f32(f, t, v, (size_t)numel, err)) != MPQ_OK) break;
             for (uint64_t j = 0; j < numel; j++) {
                 if (!(v[j] - v[j] == 0.0f)) {
-                    st = mpq__mfail(err, MPQ_ERR_NONFINITE, path, "tensor '%s': element %llu is not finite", name,
-                                    (unsigned long long)j);
+                    st = mpq__fail(err, MPQ_ERR_NONFINITE, path, "tensor '%s': element %llu is not finite", name,
+                                   (unsigned long long)j);
                     break;
                 }
                 if (mpq__kinds[k].nonneg && v[j] < 0) {
-                    st =
-                        mpq__mfail(err, MPQ_ERR_RANGE, path, "tensor '%s': element %llu is negative (%g); %s cannot be",
+                    st = mpq__fail(err, MPQ_ERR_RANGE, path, "tensor '%s': element %llu is negative (%g); %s cannot be",
                                    name, (unsigned long long)j, v[j], mpq__kinds[k].suffix);
                     break;
                 }
                 if (!dst && v[j] > 1) {
-                    st = mpq__mfail(err, MPQ_ERR_RANGE, path, "tensor '%s': %g is not in [0, 1]", name, v[j]);
+                    st = mpq__fail(err, MPQ_ERR_RANGE, path, "tensor '%s': %g is not in [0, 1]", name, v[j]);
                     break;
                 }
             }

@@ -5,7 +5,7 @@
    same checks serve files, memory and the fuzz target. */
 #define _XOPEN_SOURCE 700
 #include "mpq_io.h"
-#include "mpq_io_priv.h"
+#include "mpq_priv.h"
 
 #include <cjson/cJSON.h>
 
@@ -53,22 +53,36 @@ static int mpq__dtype_parse(const char *s, mpq_dtype *t)
     return 0;
 }
 
-/* err->msg = "<path>: tensor '<name>': <what>" (tensor part when name != NULL). */
-mpq_status mpq__io_fail(mpq_io_err *err, mpq_status st, const char *path, const char *name, const char *fmt, ...)
+/* "<origin>: " then "tensor '<name>': " (when name is not NULL), then the message. */
+static mpq_status mpq__vfail(mpq_io_err *err, mpq_status st, const char *origin, const char *name, const char *fmt,
+                             va_list ap)
 {
     if (!err) return st;
-    int n = snprintf(err->msg, sizeof err->msg, "%s: ", path ? path : "(memory)");
+    int n = snprintf(err->msg, sizeof err->msg, "%s: ", origin ? origin : "(memory)");
     if (n < 0) n = 0;
     if (name && (size_t)n < sizeof err->msg) {
         int k = snprintf(err->msg + n, sizeof err->msg - (size_t)n, "tensor '%.200s': ", name);
         if (k > 0) n += k;
     }
-    if ((size_t)n < sizeof err->msg) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err->msg + n, sizeof err->msg - (size_t)n, fmt, ap);
-        va_end(ap);
-    }
+    if ((size_t)n < sizeof err->msg) vsnprintf(err->msg + n, sizeof err->msg - (size_t)n, fmt, ap);
+    return st;
+}
+
+mpq_status mpq__fail(mpq_io_err *err, mpq_status st, const char *origin, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    mpq__vfail(err, st, origin, NULL, fmt, ap);
+    va_end(ap);
+    return st;
+}
+
+mpq_status mpq__io_fail(mpq_io_err *err, mpq_status st, const char *path, const char *name, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    mpq__vfail(err, st, path, name, fmt, ap);
+    va_end(ap);
     return st;
 }
 
@@ -80,37 +94,38 @@ char *mpq__io_strdup(const char *s)
     return d;
 }
 
-/* Strict UTF-8: no overlong forms, no surrogates, nothing past U+10FFFF, and
-   (for the header) no NUL byte. Returns the offset of the first bad byte, or
-   n when all is well. */
+size_t mpq__utf8_next(const uint8_t *s, size_t n, size_t i, uint32_t *cp)
+{
+    const uint8_t c = s[i];
+    if (c < 0x80) {
+        *cp = c;
+        return 1;
+    }
+    size_t len;
+    uint32_t v, min;
+    if ((c & 0xE0) == 0xC0)
+        len = 2, v = c & 0x1Fu, min = 0x80;
+    else if ((c & 0xF0) == 0xE0)
+        len = 3, v = c & 0x0Fu, min = 0x800;
+    else if ((c & 0xF8) == 0xF0)
+        len = 4, v = c & 0x07u, min = 0x10000;
+    else
+        return 0;
+    if (n - i < len) return 0;
+    for (size_t k = 1; k < len; k++) {
+        if ((s[i + k] & 0xC0) != 0x80) return 0;
+        v = (v << 6) | (s[i + k] & 0x3Fu);
+    }
+    if (v < min || v > 0x10FFFF || (v >= 0xD800 && v <= 0xDFFF)) return 0;
+    *cp = v;
+    return len;
+}
+
 size_t mpq__io_utf8_check(const uint8_t *s, size_t n)
 {
-    size_t i = 0;
-    while (i < n) {
-        uint8_t c = s[i];
-        if (c == 0) return i;
-        if (c < 0x80) {
-            i++;
-            continue;
-        }
-        size_t len;
-        uint32_t cp, min;
-        if ((c & 0xE0) == 0xC0)
-            len = 2, cp = c & 0x1Fu, min = 0x80;
-        else if ((c & 0xF0) == 0xE0)
-            len = 3, cp = c & 0x0Fu, min = 0x800;
-        else if ((c & 0xF8) == 0xF0)
-            len = 4, cp = c & 0x07u, min = 0x10000;
-        else
-            return i;
-        if (n - i < len) return i;
-        for (size_t k = 1; k < len; k++) {
-            if ((s[i + k] & 0xC0) != 0x80) return i;
-            cp = (cp << 6) | (s[i + k] & 0x3Fu);
-        }
-        if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return i;
-        i += len;
-    }
+    uint32_t cp;
+    for (size_t i = 0, k; i < n; i += k)
+        if (s[i] == 0 || (k = mpq__utf8_next(s, n, i, &cp)) == 0) return i;
     return n;
 }
 

@@ -7,7 +7,7 @@
    offsets into it. */
 #define _XOPEN_SOURCE 700
 #include "mpq_io.h"
-#include "mpq_io_priv.h"
+#include "mpq_priv.h"
 
 #include <limits.h>
 #include <stdarg.h>

@@ -2,7 +2,7 @@
    or a Hugging Face checkpoint directory (see mpq_io.h, MODEL SOURCES). */
 #define _XOPEN_SOURCE 700
 #include "mpq_io.h"
-#include "mpq_io_priv.h"
+#include "mpq_priv.h"
 
 #include <cjson/cJSON.h>
 

@@ -18,18 +18,6 @@
 
 #define MPQ__MAX_DIM (1 << 20) /* largest dimension of a model this loader accepts */
 
-mpq_status mpq__mfail(mpq_io_err *err, mpq_status st, const char *origin, const char *fmt, ...)
-{
-    if (!err) return st;
-    int k = snprintf(err->msg, sizeof err->msg, "%s: ", origin ? origin : "(model)");
-    if (k < 0 || (size_t)k >= sizeof err->msg) return st;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err->msg + k, sizeof err->msg - (size_t)k, fmt, ap);
-    va_end(ap);
-    return st;
-}
-
 double mpq__now(void)
 {
     struct timespec ts;
@@ -144,10 +132,10 @@ static mpq_status mpq__config_gguf(mpq_source *s, mpq_llm_config *c, mpq_io_err 
     const char *a;
     size_t al;
     if (!kv || mpq_gguf_get_str(f, kv, 0, &a, &al) != MPQ_OK)
-        return mpq__mfail(err, MPQ_ERR_FORMAT, O, "general.architecture is missing or not a string");
+        return mpq__fail(err, MPQ_ERR_FORMAT, O, "general.architecture is missing or not a string");
     if (!((al == 5 && !memcmp(a, "llama", 5)) || (al == 5 && !memcmp(a, "qwen2", 5))))
-        return mpq__mfail(err, MPQ_ERR_UNSUPPORTED, O, "architecture '%.*s': mpq runs llama and qwen2",
-                          (int)(al < 40 ? al : 40), a);
+        return mpq__fail(err, MPQ_ERR_UNSUPPORTED, O, "architecture '%.*s': mpq runs llama and qwen2",
+                         (int)(al < 40 ? al : 40), a);
     memcpy(c->arch, a, al);
     c->arch[al] = 0;
     static const char *const req[] = {"block_count", "embedding_length", "feed_forward_length", "attention.head_count"};
@@ -155,7 +143,7 @@ static mpq_status mpq__config_gguf(mpq_source *s, mpq_llm_config *c, mpq_io_err 
     for (int i = 0; i < 4; i++) {
         int64_t v;
         if (mpq__gint(f, c->arch, req[i], &v) != 1 || v < 1 || v > MPQ__MAX_DIM)
-            return mpq__mfail(err, MPQ_ERR_FORMAT, O, "%s.%s is missing or not a positive integer", c->arch, req[i]);
+            return mpq__fail(err, MPQ_ERR_FORMAT, O, "%s.%s is missing or not a positive integer", c->arch, req[i]);
         *dst[i] = (int)v;
     }
     int64_t v;
@@ -163,46 +151,46 @@ static mpq_status mpq__config_gguf(mpq_source *s, mpq_llm_config *c, mpq_io_err 
     c->kv_heads = c->heads;
     if ((r = mpq__gint(f, c->arch, "attention.head_count_kv", &v)) != 0) {
         if (r < 0 || v < 1 || v > MPQ__MAX_DIM)
-            return mpq__mfail(err, MPQ_ERR_FORMAT, O, "%s.attention.head_count_kv is not a positive integer", c->arch);
+            return mpq__fail(err, MPQ_ERR_FORMAT, O, "%s.attention.head_count_kv is not a positive integer", c->arch);
         c->kv_heads = (int)v;
     }
     c->head_dim = c->dim / c->heads;
     if ((r = mpq__gint(f, c->arch, "attention.key_length", &v)) != 0) {
         if (r < 0 || v < 1 || v > MPQ__MAX_DIM)
-            return mpq__mfail(err, MPQ_ERR_FORMAT, O, "%s.attention.key_length is not a positive integer", c->arch);
+            return mpq__fail(err, MPQ_ERR_FORMAT, O, "%s.attention.key_length is not a positive integer", c->arch);
         c->head_dim = (int)v;
     }
     if ((r = mpq__gint(f, c->arch, "attention.value_length", &v)) != 0 && (r < 0 || v != c->head_dim))
-        return mpq__mfail(err, MPQ_ERR_UNSUPPORTED, O, "%s.attention.value_length differs from the key size %d",
-                          c->arch, c->head_dim);
+        return mpq__fail(err, MPQ_ERR_UNSUPPORTED, O, "%s.attention.value_length differs from the key size %d", c->arch,
+                         c->head_dim);
     if ((r = mpq__gint(f, c->arch, "rope.dimension_count", &v)) != 0 && (r < 0 || v != c->head_dim))
-        return mpq__mfail(err, MPQ_ERR_UNSUPPORTED, O,
-                          "%s.rope.dimension_count differs from the head size %d "
-                          "(partial rotary is not supported)",
-                          c->arch, c->head_dim);
+        return mpq__fail(err, MPQ_ERR_UNSUPPORTED, O,
+                         "%s.rope.dimension_count differs from the head size %d "
+                         "(partial rotary is not supported)",
+                         c->arch, c->head_dim);
     c->ctx = 4096;
     if ((r = mpq__gint(f, c->arch, "context_length", &v)) == 1 && v >= 1 && v <= (1 << 24)) c->ctx = (int)v;
     c->rope_theta = 10000.0;
     if ((r = mpq__gfloat(f, c->arch, "rope.freq_base", &c->rope_theta)) < 0)
-        return mpq__mfail(err, MPQ_ERR_FORMAT, O, "%s.rope.freq_base is not a number", c->arch);
+        return mpq__fail(err, MPQ_ERR_FORMAT, O, "%s.rope.freq_base is not a number", c->arch);
     c->norm_eps = 1e-5;
     if ((r = mpq__gfloat(f, c->arch, "attention.layer_norm_rms_epsilon", &c->norm_eps)) < 0)
-        return mpq__mfail(err, MPQ_ERR_FORMAT, O, "%s.attention.layer_norm_rms_epsilon is not a number", c->arch);
+        return mpq__fail(err, MPQ_ERR_FORMAT, O, "%s.attention.layer_norm_rms_epsilon is not a number", c->arch);
     char key[160];
     snprintf(key, sizeof key, "%s.rope.scaling.type", c->arch);
     kv = mpq_gguf_kv_find(f, key);
     if (kv) {
         if (mpq_gguf_get_str(f, kv, 0, &a, &al) != MPQ_OK)
-            return mpq__mfail(err, MPQ_ERR_FORMAT, O, "%s is not a string", key);
+            return mpq__fail(err, MPQ_ERR_FORMAT, O, "%s is not a string", key);
         if (al == 6 && !memcmp(a, "linear", 6)) {
             c->rope_scaling = MPQ_ROPE_SCALING_LINEAR;
             if (mpq__gfloat(f, c->arch, "rope.scaling.factor", &c->rope_factor) != 1 || !(c->rope_factor > 0))
-                return mpq__mfail(err, MPQ_ERR_FORMAT, O, "%s.rope.scaling.factor is missing or not positive", c->arch);
+                return mpq__fail(err, MPQ_ERR_FORMAT, O, "%s.rope.scaling.factor is missing or not positive", c->arch);
         } else if (!(al == 4 && !memcmp(a, "none", 4))) {
-            return mpq__mfail(err, MPQ_ERR_UNSUPPORTED, O,
-                              "rotary scaling '%.*s' (mpq knows none and linear, and "
-                              "rope_freqs tensors)",
-                              (int)(al < 40 ? al : 40), a);
+            return mpq__fail(err, MPQ_ERR_UNSUPPORTED, O,
+                             "rotary scaling '%.*s' (mpq knows none and linear, and "
+                             "rope_freqs tensors)",
+                             (int)(al < 40 ? al : 40), a);
         }
     }
     c->rope_style = strcmp(c->arch, "llama") == 0 ? MPQ_ROPE_ADJACENT : MPQ_ROPE_HALF;
@@ -248,7 +236,7 @@ static mpq_status mpq__config_json(mpq_source *s, const char *text, mpq_llm_conf
     cJSON *j = cJSON_Parse(text);
     mpq_status st = MPQ_OK;
     if (!cJSON_IsObject(j)) {
-        st = mpq__mfail(err, MPQ_ERR_FORMAT, O, "not a JSON object");
+        st = mpq__fail(err, MPQ_ERR_FORMAT, O, "not a JSON object");
         goto done;
     }
     const cJSON *archs = cJSON_GetObjectItemCaseSensitive(j, "architectures");
@@ -260,19 +248,19 @@ static mpq_status mpq__config_json(mpq_source *s, const char *text, mpq_llm_conf
     else if (arch ? !strcmp(arch, "Qwen2ForCausalLM") : mt && !strcmp(mt, "qwen2"))
         snprintf(c->arch, sizeof c->arch, "qwen2");
     else {
-        st = mpq__mfail(err, MPQ_ERR_UNSUPPORTED, O,
-                        "architecture '%.60s': mpq runs LlamaForCausalLM, "
-                        "MistralForCausalLM and Qwen2ForCausalLM",
-                        arch     ? arch
-                            : mt ? mt
-                                 : "(none)");
+        st = mpq__fail(err, MPQ_ERR_UNSUPPORTED, O,
+                       "architecture '%.60s': mpq runs LlamaForCausalLM, "
+                       "MistralForCausalLM and Qwen2ForCausalLM",
+                       arch     ? arch
+                           : mt ? mt
+                                : "(none)");
         goto done;
     }
     static const char *const req[] = {"hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads"};
     int *dst[] = {&c->dim, &c->ffn, &c->layers, &c->heads};
     for (int i = 0; i < 4; i++)
         if (mpq__jint(j, req[i], dst[i], 1, MPQ__MAX_DIM) != 1) {
-            st = mpq__mfail(err, MPQ_ERR_FORMAT, O, "%s is missing or not a positive integer", req[i]);
+            st = mpq__fail(err, MPQ_ERR_FORMAT, O, "%s is missing or not a positive integer", req[i]);
             goto done;
         }
     c->kv_heads = c->heads;
@@ -285,9 +273,9 @@ static mpq_status mpq__config_json(mpq_source *s, const char *text, mpq_llm_conf
         mpq__jint(j, "max_position_embeddings", &c->ctx, 1, 1 << 24) < 0 ||
         mpq__jint(j, "vocab_size", &c->vocab, 1, MPQ__MAX_DIM * 4) < 0 ||
         mpq__jnum(j, "rope_theta", &c->rope_theta) < 0 || mpq__jnum(j, "rms_norm_eps", &c->norm_eps) < 0) {
-        st = mpq__mfail(err, MPQ_ERR_FORMAT, O,
-                        "num_key_value_heads, head_dim, max_position_embeddings, vocab_size, "
-                        "rope_theta or rms_norm_eps has a wrong value");
+        st = mpq__fail(err, MPQ_ERR_FORMAT, O,
+                       "num_key_value_heads, head_dim, max_position_embeddings, vocab_size, "
+                       "rope_theta or rms_norm_eps has a wrong value");
         goto done;
     }
     const cJSON *tie = cJSON_GetObjectItemCaseSensitive(j, "tie_word_embeddings");
@@ -307,12 +295,12 @@ static mpq_status mpq__config_json(mpq_source *s, const char *text, mpq_llm_conf
                 mpq__jnum(rs, "high_freq_factor", &c->rope_high_freq) < 0 ||
                 mpq__jint(rs, "original_max_position_embeddings", &c->rope_orig_ctx, 1, 1 << 24) < 0 ||
                 !(c->rope_high_freq > c->rope_low_freq) || !(c->rope_low_freq > 0)) {
-                st = mpq__mfail(err, MPQ_ERR_FORMAT, O, "rope_scaling has a wrong factor or frequency band");
+                st = mpq__fail(err, MPQ_ERR_FORMAT, O, "rope_scaling has a wrong factor or frequency band");
                 goto done;
             }
         } else {
-            st = mpq__mfail(err, MPQ_ERR_UNSUPPORTED, O, "rope_scaling type '%.40s' (mpq knows linear and llama3)",
-                            type ? type : "(none)");
+            st = mpq__fail(err, MPQ_ERR_UNSUPPORTED, O, "rope_scaling type '%.40s' (mpq knows linear and llama3)",
+                           type ? type : "(none)");
             goto done;
         }
     }
@@ -329,20 +317,20 @@ done:
 static mpq_status mpq__config_check(const mpq_llm_config *c, const char *O, mpq_io_err *err)
 {
     if (c->heads % c->kv_heads)
-        return mpq__mfail(err, MPQ_ERR_FORMAT, O, "%d attention heads are not a multiple of %d key-value heads",
-                          c->heads, c->kv_heads);
-    if (c->head_dim % 2) return mpq__mfail(err, MPQ_ERR_FORMAT, O, "head size %d is odd", c->head_dim);
+        return mpq__fail(err, MPQ_ERR_FORMAT, O, "%d attention heads are not a multiple of %d key-value heads",
+                         c->heads, c->kv_heads);
+    if (c->head_dim % 2) return mpq__fail(err, MPQ_ERR_FORMAT, O, "head size %d is odd", c->head_dim);
     if ((int64_t)c->heads * c->head_dim > MPQ__MAX_DIM)
-        return mpq__mfail(err, MPQ_ERR_FORMAT, O, "%d heads of %d: too large", c->heads, c->head_dim);
+        return mpq__fail(err, MPQ_ERR_FORMAT, O, "%d heads of %d: too large", c->heads, c->head_dim);
     if (!(c->rope_theta > 0) || !isfinite(c->rope_theta) || !(c->norm_eps > 0) || !isfinite(c->norm_eps))
-        return mpq__mfail(err, MPQ_ERR_FORMAT, O, "rope base %g or norm epsilon %g is not positive", c->rope_theta,
-                          c->norm_eps);
+        return mpq__fail(err, MPQ_ERR_FORMAT, O, "rope base %g or norm epsilon %g is not positive", c->rope_theta,
+                         c->norm_eps);
     return MPQ_OK;
 }
 
 mpq_status mpq_llm_config_read(mpq_source *s, mpq_llm_config *c, mpq_io_err *err)
 {
-    if (!s || !c) return mpq__mfail(err, MPQ_ERR_ARG, NULL, "NULL argument");
+    if (!s || !c) return mpq__fail(err, MPQ_ERR_ARG, "(model)", "NULL argument");
     mpq_llm_config t;
     memset(&t, 0, sizeof t);
     mpq_status st;
@@ -352,9 +340,9 @@ mpq_status mpq_llm_config_read(mpq_source *s, mpq_llm_config *c, mpq_io_err *err
         char *text = NULL;
         if ((st = mpq_source_text(s, "config.json", &text, NULL, err)) != MPQ_OK) return st;
         if (!text)
-            return mpq__mfail(err, MPQ_ERR_FORMAT, mpq_source_path(s),
-                              "no config.json (beside the weights or in the "
-                              "file's metadata): the model cannot be described");
+            return mpq__fail(err, MPQ_ERR_FORMAT, mpq_source_path(s),
+                             "no config.json (beside the weights or in the "
+                             "file's metadata): the model cannot be described");
         st = mpq__config_json(s, text, &t, err);
         free(text);
     }
@@ -365,16 +353,16 @@ mpq_status mpq_llm_config_read(mpq_source *s, mpq_llm_config *c, mpq_io_err *err
 
 mpq_status mpq_tokenizer_read(mpq_source *s, mpq_tokenizer **t, mpq_io_err *err)
 {
-    if (!s || !t) return mpq__mfail(err, MPQ_ERR_ARG, NULL, "NULL argument");
+    if (!s || !t) return mpq__fail(err, MPQ_ERR_ARG, "(model)", "NULL argument");
     if (mpq_source_kind_of(s) == MPQ_SOURCE_GGUF) return mpq_tokenizer_from_gguf(mpq_source_gguf(s), t, err);
     char *json = NULL, *cfg = NULL;
     size_t len = 0;
     mpq_status st = mpq_source_text(s, "tokenizer.json", &json, &len, err);
     if (st == MPQ_OK) st = mpq_source_text(s, "tokenizer_config.json", &cfg, NULL, err);
     if (st == MPQ_OK && !json)
-        st = mpq__mfail(err, MPQ_ERR_FORMAT, mpq_source_path(s),
-                        "no tokenizer.json (beside the weights or in the "
-                        "file's metadata)");
+        st = mpq__fail(err, MPQ_ERR_FORMAT, mpq_source_path(s),
+                       "no tokenizer.json (beside the weights or in the "
+                       "file's metadata)");
     if (st == MPQ_OK) {
         char origin[600];
         snprintf(origin, sizeof origin, "%.500s: tokenizer.json", mpq_source_path(s));
@@ -459,15 +447,14 @@ static mpq_status mpq__read_floats(mpq_source *s, const mpq_source_tensor *t, fl
 {
     const char *O = mpq_source_path(s);
     if (!t->is_float)
-        return mpq__mfail(err, MPQ_ERR_UNSUPPORTED, O, "tensor '%s': type %s cannot be read as float", t->name,
-                          t->type);
+        return mpq__fail(err, MPQ_ERR_UNSUPPORTED, O, "tensor '%s': type %s cannot be read as float", t->name, t->type);
     float *v = (float *)malloc(sizeof(float) * (size_t)t->numel + 1);
-    if (!v) return mpq__mfail(err, MPQ_ERR_NOMEM, O, "tensor '%s': out of memory", t->name);
+    if (!v) return mpq__fail(err, MPQ_ERR_NOMEM, O, "tensor '%s': out of memory", t->name);
     mpq_status st = mpq_source_read_f32(s, t, v, (size_t)t->numel, err);
     for (uint64_t i = 0; st == MPQ_OK && i < t->numel; i++)
         if (!isfinite(v[i]))
-            st = mpq__mfail(err, MPQ_ERR_NONFINITE, O, "tensor '%s': value %llu is %s", t->name, (unsigned long long)i,
-                            isnan(v[i]) ? "NaN" : "infinite");
+            st = mpq__fail(err, MPQ_ERR_NONFINITE, O, "tensor '%s': value %llu is %s", t->name, (unsigned long long)i,
+                           isnan(v[i]) ? "NaN" : "infinite");
     if (st != MPQ_OK) {
         free(v);
         return st;
@@ -479,7 +466,7 @@ static mpq_status mpq__read_floats(mpq_source *s, const mpq_source_tensor *t, fl
 static const mpq_source_tensor *mpq__need(mpq_source *s, const char *name, mpq_io_err *err, mpq_status *st)
 {
     const mpq_source_tensor *t = mpq_source_find(s, name);
-    if (!t) *st = mpq__mfail(err, MPQ_ERR_FORMAT, mpq_source_path(s), "tensor '%s' is missing", name);
+    if (!t) *st = mpq__fail(err, MPQ_ERR_FORMAT, mpq_source_path(s), "tensor '%s' is missing", name);
     return t;
 }
 
@@ -489,7 +476,7 @@ static mpq_status mpq__load_vector(mpq_source *s, const char *name, int n, float
     const mpq_source_tensor *t = mpq__need(s, name, err, &st);
     if (!t) return st;
     if (t->numel != (uint64_t)n || t->ndim != 1)
-        return mpq__mfail(err, MPQ_ERR_FORMAT, mpq_source_path(s), "tensor '%s': shape is not [%d]", name, n);
+        return mpq__fail(err, MPQ_ERR_FORMAT, mpq_source_path(s), "tensor '%s': shape is not [%d]", name, n);
     return mpq__read_floats(s, t, out, err);
 }
 
@@ -504,8 +491,8 @@ static mpq_status mpq__load_linear(mpq_source *s, const char *name, int rows, in
         mpq_packed A;
         if ((st = mpq_source_read_packed(s, t, &A, err)) != MPQ_OK) return st;
         if (A.rows != rows || A.cols != cols) {
-            st = mpq__mfail(err, MPQ_ERR_FORMAT, O, "tensor '%s': packed matrix is %d x %d, the model needs %d x %d",
-                            name, A.rows, A.cols, rows, cols);
+            st = mpq__fail(err, MPQ_ERR_FORMAT, O, "tensor '%s': packed matrix is %d x %d, the model needs %d x %d",
+                           name, A.rows, A.cols, rows, cols);
             mpq_packed_free(&A);
             return st;
         }
@@ -513,7 +500,7 @@ static mpq_status mpq__load_linear(mpq_source *s, const char *name, int rows, in
         return MPQ_OK;
     }
     if (t->ndim != 2 || t->shape[0] != (uint64_t)rows || t->shape[1] != (uint64_t)cols)
-        return mpq__mfail(err, MPQ_ERR_FORMAT, O, "tensor '%s': shape is not %d x %d", name, rows, cols);
+        return mpq__fail(err, MPQ_ERR_FORMAT, O, "tensor '%s': shape is not %d x %d", name, rows, cols);
     return mpq__read_floats(s, t, &L->W, err);
 }
 
@@ -523,7 +510,7 @@ static mpq_status mpq__rope_freqs(mpq_llm *m, mpq_source *s, mpq_io_err *err)
     const mpq_llm_config *c = &m->c;
     const int half = c->head_dim / 2;
     m->rope_freq = (float *)malloc(sizeof(float) * (size_t)half);
-    if (!m->rope_freq) return mpq__mfail(err, MPQ_ERR_NOMEM, m->path, "out of memory");
+    if (!m->rope_freq) return mpq__fail(err, MPQ_ERR_NOMEM, m->path, "out of memory");
     float *factors = NULL;
     if (c->gguf_names && mpq_source_find(s, "rope_freqs.weight")) {
         mpq_status st = mpq__load_vector(s, "rope_freqs.weight", half, &factors, err);
@@ -556,7 +543,7 @@ static mpq_status mpq__rope_freqs(mpq_llm *m, mpq_source *s, mpq_io_err *err)
 
 mpq_status mpq_llm_load(const char *path, mpq_llm **out, mpq_io_err *err)
 {
-    if (!path || !out) return mpq__mfail(err, MPQ_ERR_ARG, path, "NULL argument");
+    if (!path || !out) return mpq__fail(err, MPQ_ERR_ARG, path, "NULL argument");
     mpq_source *s = NULL;
     mpq_status st = mpq_source_open(path, &s, err);
     if (st != MPQ_OK) return st;
@@ -564,7 +551,7 @@ mpq_status mpq_llm_load(const char *path, mpq_llm **out, mpq_io_err *err)
     if (!m || !(m->path = strdup(path))) {
         free(m);
         mpq_source_close(s);
-        return mpq__mfail(err, MPQ_ERR_NOMEM, path, "out of memory");
+        return mpq__fail(err, MPQ_ERR_NOMEM, path, "out of memory");
     }
     mpq_llm_config *c = &m->c;
     const char *O = mpq_source_path(s);
@@ -579,20 +566,20 @@ mpq_status mpq_llm_load(const char *path, mpq_llm **out, mpq_io_err *err)
     int vocab = c->vocab;
     if (!e->packed) {
         if (e->ndim != 2 || e->shape[1] != (uint64_t)c->dim || rows < 1 || rows > MPQ__MAX_DIM * 4u) {
-            st = mpq__mfail(err, MPQ_ERR_FORMAT, O, "tensor '%s': shape is not vocab x %d", e->name, c->dim);
+            st = mpq__fail(err, MPQ_ERR_FORMAT, O, "tensor '%s': shape is not vocab x %d", e->name, c->dim);
             goto done;
         }
         vocab = (int)rows;
     }
     if (vocab < 1 || (c->vocab && vocab != c->vocab)) {
-        st = mpq__mfail(err, MPQ_ERR_FORMAT, O, "tensor '%s': %d rows but the vocabulary size is %d", e->name, vocab,
-                        c->vocab);
+        st = mpq__fail(err, MPQ_ERR_FORMAT, O, "tensor '%s': %d rows but the vocabulary size is %d", e->name, vocab,
+                       c->vocab);
         goto done;
     }
     c->vocab = vocab;
     if (mpq_tokenizer_size(m->tok) > c->vocab) {
-        st = mpq__mfail(err, MPQ_ERR_FORMAT, O, "the tokenizer has %d tokens, the embedding %d rows",
-                        mpq_tokenizer_size(m->tok), c->vocab);
+        st = mpq__fail(err, MPQ_ERR_FORMAT, O, "the tokenizer has %d tokens, the embedding %d rows",
+                       mpq_tokenizer_size(m->tok), c->vocab);
         goto done;
     }
     if ((st = mpq__load_linear(s, e->name, c->vocab, c->dim, &m->embed, err)) != MPQ_OK) goto done;
@@ -607,7 +594,7 @@ mpq_status mpq_llm_load(const char *path, mpq_llm **out, mpq_io_err *err)
         goto done;
     m->layer = (mpq_llm_layer *)calloc((size_t)c->layers, sizeof *m->layer);
     if (!m->layer) {
-        st = mpq__mfail(err, MPQ_ERR_NOMEM, O, "out of memory");
+        st = mpq__fail(err, MPQ_ERR_NOMEM, O, "out of memory");
         goto done;
     }
     const int qd = c->heads * c->head_dim, kvd = c->kv_heads * c->head_dim;
@@ -1405,11 +1392,11 @@ mpq_status mpq_pmpd_learned_write(const mpq_pmpd_learned *n, const char *extra_j
 {
     if (!path) return MPQ_ERR_ARG;
     mpq_status st = mpq_pmpd_learned_validate(n);
-    if (st != MPQ_OK) return mpq__mfail(err, st, path, "the scheduler is not valid: %s", mpq_status_str(st));
+    if (st != MPQ_OK) return mpq__fail(err, st, path, "the scheduler is not valid: %s", mpq_status_str(st));
     cJSON *o = cJSON_CreateObject(), *extra = extra_json ? cJSON_Parse(extra_json) : NULL;
     if (!o || (extra_json && !extra)) {
         cJSON_Delete(o), cJSON_Delete(extra);
-        return mpq__mfail(err, extra_json ? MPQ_ERR_ARG : MPQ_ERR_NOMEM, path, "the extra metadata is not JSON");
+        return mpq__fail(err, extra_json ? MPQ_ERR_ARG : MPQ_ERR_NOMEM, path, "the extra metadata is not JSON");
     }
     cJSON_AddNumberToObject(o, "layer", n->layer);
     cJSON_AddNumberToObject(o, "prefill_skip", n->prefill_skip);
@@ -1419,7 +1406,7 @@ mpq_status mpq_pmpd_learned_write(const mpq_pmpd_learned *n, const char *extra_j
     if (extra) cJSON_AddItemToObject(o, "source", extra);
     char *meta = cJSON_PrintUnformatted(o);
     cJSON_Delete(o);
-    if (!meta) return mpq__mfail(err, MPQ_ERR_NOMEM, path, "out of memory");
+    if (!meta) return mpq__fail(err, MPQ_ERR_NOMEM, path, "out of memory");
     mpq_st_writer *w = NULL;
     st = mpq_st_writer_open(path, &w, err);
     if (st == MPQ_OK) st = mpq_st_write_meta(w, "mpq_pmpd_learned", meta, err);
@@ -1444,40 +1431,40 @@ mpq_status mpq_pmpd_learned_read(const mpq_llm *m, const char *path, mpq_pmpd_le
     const char *meta = mpq_st_meta(f, "mpq_pmpd_learned");
     cJSON *o = meta ? cJSON_Parse(meta) : NULL;
     int fld[5] = {0};
-    if (!o) st = mpq__mfail(err, MPQ_ERR_FORMAT, path, "no mpq_pmpd_learned metadata: not a learned scheduler");
+    if (!o) st = mpq__fail(err, MPQ_ERR_FORMAT, path, "no mpq_pmpd_learned metadata: not a learned scheduler");
     static const char *const keys[5] = {"layer", "prefill_skip", "skip_high", "skip_low", "length"};
     for (int k = 0; k < 5 && st == MPQ_OK; k++)
         if (mpq__jint(o, keys[k], &fld[k], 0, k == 0 || k == 4 ? 1 << 24 : MPQ_MAX_BITS - 1) != 1)
-            st = mpq__mfail(err, MPQ_ERR_FORMAT, path, "mpq_pmpd_learned: '%s' is missing or out of range", keys[k]);
+            st = mpq__fail(err, MPQ_ERR_FORMAT, path, "mpq_pmpd_learned: '%s' is missing or out of range", keys[k]);
     cJSON_Delete(o);
     const mpq_st_tensor *t[7] = {0};
     for (int k = 0; k < 7 && st == MPQ_OK; k++)
         if (!(t[k] = mpq_st_find(f, mpq__pl_names[k])))
-            st = mpq__mfail(err, MPQ_ERR_FORMAT, path, "tensor '%s': not found", mpq__pl_names[k]);
+            st = mpq__fail(err, MPQ_ERR_FORMAT, path, "tensor '%s': not found", mpq__pl_names[k]);
     /* the sizes from q, W1 and W2; every shape must agree with them */
     mpq_pmpd_learned n;
     memset(&n, 0, sizeof n);
     if (st == MPQ_OK &&
         (t[0]->ndim != 1 || t[1]->ndim != 2 || t[3]->ndim != 2 || t[0]->shape[0] > 65536 || t[1]->shape[0] > 65536 ||
          t[1]->shape[1] > 65536 || t[3]->shape[0] > 65536))
-        st = mpq__mfail(err, MPQ_ERR_SIZE, path,
-                        "tensors pmpd.q, pmpd.w1, pmpd.w2: not a vector and two matrices of "
-                        "at most 65536 x 65536");
+        st = mpq__fail(err, MPQ_ERR_SIZE, path,
+                       "tensors pmpd.q, pmpd.w1, pmpd.w2: not a vector and two matrices of "
+                       "at most 65536 x 65536");
     if (st == MPQ_OK &&
         (st = mpq_pmpd_learned_init(&n, (int)t[0]->shape[0], (int)t[1]->shape[1], (int)t[1]->shape[0],
                                     (int)t[3]->shape[0], 0)) != MPQ_OK)
-        st = mpq__mfail(err, st, path, "sizes dk %llu, dv %llu, hidden %llu, classes %llu: %s",
-                        (unsigned long long)t[0]->shape[0], (unsigned long long)t[1]->shape[1],
-                        (unsigned long long)t[1]->shape[0], (unsigned long long)t[3]->shape[0],
-                        st == MPQ_ERR_SIZE ? "out of range" : mpq_status_str(st));
+        st = mpq__fail(err, st, path, "sizes dk %llu, dv %llu, hidden %llu, classes %llu: %s",
+                       (unsigned long long)t[0]->shape[0], (unsigned long long)t[1]->shape[1],
+                       (unsigned long long)t[1]->shape[0], (unsigned long long)t[3]->shape[0],
+                       st == MPQ_ERR_SIZE ? "out of range" : mpq_status_str(st));
     float *a[7];
     int nd[7];
     uint64_t dims[7][2];
     if (st == MPQ_OK) mpq__pl_arrays(&n, a, nd, dims);
     for (int k = 0; k < 7 && st == MPQ_OK; k++) {
         if (t[k]->ndim != nd[k] || t[k]->shape[0] != dims[k][0] || (nd[k] == 2 && t[k]->shape[1] != dims[k][1])) {
-            st = mpq__mfail(err, MPQ_ERR_SIZE, path, "tensor '%s': shape does not match pmpd.q, pmpd.w1, pmpd.w2",
-                            mpq__pl_names[k]);
+            st = mpq__fail(err, MPQ_ERR_SIZE, path, "tensor '%s': shape does not match pmpd.q, pmpd.w1, pmpd.w2",
+                           mpq__pl_names[k]);
             break;
         }
         st = mpq_st_read_f32(f, t[k], a[k], (size_t)t[k]->numel, err);
@@ -1485,16 +1472,16 @@ mpq_status mpq_pmpd_learned_read(const mpq_llm *m, const char *path, mpq_pmpd_le
     if (st == MPQ_OK) {
         n.layer = fld[0], n.prefill_skip = fld[1], n.skip_high = fld[2], n.skip_low = fld[3], n.length = fld[4];
         if ((st = mpq_pmpd_learned_validate(&n)) != MPQ_OK)
-            st = mpq__mfail(err, st, path, "%s",
-                            st == MPQ_ERR_NONFINITE ? "a value is not finite (or pmpd.inv_sd not positive)"
-                                                    : "skip_low must exceed skip_high, and length be at least 1");
+            st = mpq__fail(err, st, path, "%s",
+                           st == MPQ_ERR_NONFINITE ? "a value is not finite (or pmpd.inv_sd not positive)"
+                                                   : "skip_low must exceed skip_high, and length be at least 1");
     }
     if (st == MPQ_OK && m) {
         const int kvd = m->c.kv_heads * m->c.head_dim;
         if (!mpq__pl_fits(m, &n))
-            st = mpq__mfail(err, MPQ_ERR_SIZE, path,
-                            "layer %d, keys %d and values %d: the model has %d layers of keys and values of %d",
-                            n.layer, n.dk, n.dv, m->c.layers, kvd);
+            st = mpq__fail(err, MPQ_ERR_SIZE, path,
+                           "layer %d, keys %d and values %d: the model has %d layers of keys and values of %d", n.layer,
+                           n.dk, n.dv, m->c.layers, kvd);
     }
     mpq_st_close(f);
     if (st != MPQ_OK) {

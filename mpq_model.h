@@ -1,26 +1,25 @@
 /* mpq_model.h - Llama-family language models on mpq's products.
 
    Beside the header, like mpq_io: mpq.h stays model-agnostic (matrices in,
-   packed matrices and products out); this part loads real models, tokenizes
-   text, runs the forward pass with every linear map on mpq's products (or on
-   float weights, the reference), and measures perplexity and generation.
-   Compiled from mpq_tokenizer.c, mpq_model.c and mpq_calib.c; needs mpq_io (cJSON) and a
-   translation unit that defines MPQ_IMPLEMENTATION.
+   packed matrices and products out); this part loads real models, runs the
+   forward pass with every linear map on mpq's products (or on float
+   weights, the reference), and measures perplexity and generation; its
+   text goes through mpq_tokenizer.h. Compiled from mpq_model.c and
+   mpq_calib.c; needs mpq_io (cJSON), the tokenizer and a translation unit
+   that defines MPQ_IMPLEMENTATION.
 
    CONTENTS
-     1. Tokenizer ..... byte-level BPE from GGUF metadata or tokenizer.json:
-                        the GPT-2, SmolLM, Llama 3 and Qwen2 pre-tokenizers
-     2. Models ........ configuration, loading (GGUF, Hugging Face directory,
+     1. Models ........ configuration, loading (GGUF, Hugging Face directory,
                         safetensors files written by mpq), float or packed
                         linear maps, the CPU or another backend
-     3. Forward pass .. KV cache, batched prompts, one-token decode (of one or
+     2. Forward pass .. KV cache, batched prompts, one-token decode (of one or
                         several sequences at once), logits
-     4. Perplexity .... llama.cpp's llama-perplexity, computed the same way
-     5. Generation .... greedy or temperature / top-p sampling, PMPD
+     3. Perplexity .... llama.cpp's llama-perplexity, computed the same way
+     4. Generation .... greedy or temperature / top-p sampling, PMPD
                         precision schedules (given or from the learned
                         scheduler), prompt and decode timing; the learned
                         scheduler's training samples and its file
-     6. Calibration ... the backward pass, and every statistic the methods
+     5. Calibration ... the backward pass, and every statistic the methods
                         need (Fisher diagonal, diag(X^T X), AWQ samples,
                         MixLLM salience, PQI, MXSens layer sensitivity,
                         X^T X), streamed over windows of a text; the
@@ -33,6 +32,7 @@
 
 #include "mpq.h"
 #include "mpq_io.h"
+#include "mpq_tokenizer.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -42,95 +42,7 @@ extern "C" {
 #endif
 
 /* ========================================================================== */
-/* 1. Tokenizer                                                               */
-/* ========================================================================== */
-
-/* BYTE-LEVEL BPE. Text (UTF-8) is cut into pieces by a pre-tokenizer, each
-   piece's bytes start as one token per byte (GPT-2's byte alphabet: the
-   vocabulary spells byte b as a printable code point), and merges join
-   neighbouring tokens, the pair of lowest rank first (leftmost among equal
-   ranks), until none applies. With ignore_merges (Llama 3) a piece that is a
-   token as a whole is that token. Special tokens (control tokens such as
-   "<|im_start|>") are never produced by merges; their text becomes the
-   token only where MPQ_TOK_SPECIAL asks for it, as llama.cpp's
-   parse_special does; added tokens that are not special are always matched.
-
-   PRE-TOKENIZERS, written out by hand (no regex engine); \p{L} letters,
-   \p{N} numbers, \s white space (mpq_unicode.h):
-     GPT2    's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
-     SMOLLM  every \p{N} alone, then GPT2 on the text between (SmolLM,
-             StarCoder: HF's Digits(individual) + ByteLevel)
-     LLAMA3  (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|
-             ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
-     QWEN2   LLAMA3 with single \p{N}
-   From GGUF: tokenizer.ggml.model "gpt2" and tokenizer.ggml.pre "gpt-2",
-   "smollm", "llama-bpe" or "qwen2" (and a few names of the same rules).
-   From tokenizer.json: model type BPE over the byte alphabet, and one of
-   the pre_tokenizer shapes HF writes for these rules. A normalizer is
-   refused, except NFC (Qwen2), which is applied only where it changes
-   nothing: a text with code points NFC could change is MPQ_ERR_UNSUPPORTED.
-   SentencePiece vocabularies (Llama 2, Mistral 7B) are MPQ_ERR_UNSUPPORTED.
-
-   Text must be valid UTF-8 (MPQ_ERR_FORMAT names the first bad byte);
-   detokenizing the tokens of a text gives the text back byte for byte. */
-
-typedef struct mpq_tokenizer mpq_tokenizer;
-
-typedef enum mpq_pretok {
-    MPQ_PRETOK_GPT2 = 1,
-    MPQ_PRETOK_SMOLLM = 2,
-    MPQ_PRETOK_LLAMA3 = 3,
-    MPQ_PRETOK_QWEN2 = 4
-} mpq_pretok;
-
-#define MPQ_TOK_SPECIAL      1u /* tokenize: control tokens' text in the input is that token */
-#define MPQ_TOK_BOS          2u /* tokenize: begin with BOS when the vocabulary asks for it */
-#define MPQ_TOK_SKIP_SPECIAL 4u /* detokenize: leave special tokens out */
-
-/* From GGUF metadata (tokenizer.ggml.*). */
-mpq_status mpq_tokenizer_from_gguf(const mpq_gguf_file *f, mpq_tokenizer **out, mpq_io_err *err);
-/* From the text of a Hugging Face tokenizer.json (`origin` names it in
-   messages); tokenizer_config (may be NULL) supplies add_bos_token. */
-mpq_status mpq_tokenizer_from_json(const char *json, size_t len, const char *tokenizer_config, const char *origin,
-                                   mpq_tokenizer **out, mpq_io_err *err);
-void mpq_tokenizer_free(mpq_tokenizer *t); /* NULL is accepted */
-
-/* Tokens in the vocabulary (the largest id + 1). */
-int mpq_tokenizer_size(const mpq_tokenizer *t);
-mpq_pretok mpq_tokenizer_pretok(const mpq_tokenizer *t);
-/* BOS, EOS (-1 when there is none); whether tokenize adds BOS. */
-int32_t mpq_tokenizer_bos(const mpq_tokenizer *t);
-int32_t mpq_tokenizer_eos(const mpq_tokenizer *t);
-int mpq_tokenizer_adds_bos(const mpq_tokenizer *t);
-/* Whether a token ends a generation (EOS, EOT, "<|im_end|>", ...). */
-int mpq_token_is_end(const mpq_tokenizer *t, int32_t id);
-/* Whether a token is special (control), and its bytes (a special token's
-   text); NULL for an id outside the vocabulary. */
-int mpq_token_is_special(const mpq_tokenizer *t, int32_t id);
-const char *mpq_token_bytes(const mpq_tokenizer *t, int32_t id, size_t *len);
-/* The id of a token spelled exactly `text` in the vocabulary's own alphabet
-   (byte-level form for normal tokens: "Ġthe"), or -1. */
-int32_t mpq_token_find(const mpq_tokenizer *t, const char *text);
-
-/* The pieces a pre-tokenizer cuts a text into (no special tokens, no
-   vocabulary needed): *ends (malloc'ed, free it) holds the byte offset
-   where each of the *n pieces ends. */
-mpq_status mpq_pretokenize(mpq_pretok pre, const char *text, size_t len, size_t **ends, size_t *n, mpq_io_err *err);
-/* text (len bytes of UTF-8) -> *tokens (malloc'ed, free it), *n of them. */
-mpq_status mpq_tokenize(const mpq_tokenizer *t, const char *text, size_t len, unsigned flags, int32_t **tokens,
-                        size_t *n, mpq_io_err *err);
-/* tokens -> *text (malloc'ed, NUL-terminated, *len bytes before the NUL). */
-mpq_status mpq_detokenize(const mpq_tokenizer *t, const int32_t *tokens, size_t n, unsigned flags, char **text,
-                          size_t *len);
-/* The tokenizer as a Hugging Face tokenizer.json, and the BOS / EOS part of
-   a tokenizer_config.json (malloc'ed, free them): what mpq writes into the
-   files it quantizes, so that they carry their tokenizer;
-   mpq_tokenizer_from_json reads both back to the same tokens. */
-mpq_status mpq_tokenizer_to_json(const mpq_tokenizer *t, char **json);
-mpq_status mpq_tokenizer_config_json(const mpq_tokenizer *t, char **json);
-
-/* ========================================================================== */
-/* 2. Models                                                                  */
+/* 1. Models                                                                  */
 /* ========================================================================== */
 
 /* A LLAMA-FAMILY MODEL (Llama 1-3, Mistral, Qwen2, SmolLM):
@@ -280,7 +192,7 @@ double mpq_llm_bpw(const mpq_llm *m, int level, int skip_planes);
 uint64_t mpq_llm_weight_bytes(const mpq_llm *m);
 
 /* ========================================================================== */
-/* 3. Forward pass                                                            */
+/* 2. Forward pass                                                            */
 /* ========================================================================== */
 
 /* A KV cache of `ctx` positions and the scratch of a forward pass over up to
@@ -320,7 +232,7 @@ mpq_status mpq_llm_decode(const mpq_llm *m, mpq_llm_state *const *seqs, int n, c
                           mpq_llm_state *work, float *logits);
 
 /* ========================================================================== */
-/* 4. Perplexity                                                              */
+/* 3. Perplexity                                                              */
 /* ========================================================================== */
 
 /* As llama.cpp's llama-perplexity (tools/perplexity, without --ppl-stride):
@@ -356,7 +268,7 @@ mpq_status mpq_llm_perplexity(const mpq_llm *m, const int32_t *tokens, size_t n,
                               mpq_ppl_result *r);
 
 /* ========================================================================== */
-/* 5. Generation                                                              */
+/* 4. Generation                                                              */
 /* ========================================================================== */
 
 /* The prompt runs in one batched pass, then one token at a time with the
@@ -433,7 +345,7 @@ mpq_status mpq_pmpd_learned_read(const mpq_llm *m, const char *path, mpq_pmpd_le
 
 
 /* ========================================================================== */
-/* 6. Calibration                                                             */
+/* 5. Calibration                                                             */
 /* ========================================================================== */
 
 /* THE BACKWARD PASS. mpq_llm_backward runs one window of n tokens (positions

@@ -5,14 +5,8 @@
 #define MPQ_MODEL_PRIV_H_INCLUDED
 
 #include "mpq_model.h"
+#include "mpq_priv.h"
 
-/* err->msg = "<origin>: <message>" ("(model)" when origin is NULL); returns
-   st. err may be NULL. */
-mpq_status mpq__mfail(mpq_io_err *err, mpq_status st, const char *origin, const char *fmt, ...)
-#if defined(__GNUC__) || defined(__clang__)
-    __attribute__((format(printf, 4, 5)))
-#endif
-    ;
 /* Seconds on a monotonic clock. */
 double mpq__now(void);
 

@@ -1,4 +1,4 @@
-/* mpq_tokenizer.c - byte-level BPE (see mpq_model.h, section 1).
+/* mpq_tokenizer.c - byte-level BPE (see mpq_tokenizer.h).
 
    A tokenizer is built the same way from either source: the vocabulary's
    spellings and kinds, then the merges as pairs of spellings. Normal tokens
@@ -8,7 +8,8 @@
    points, classified by mpq_unicode.h) and runs the merges on each piece's
    bytes with a heap ordered by (rank, position). */
 #define _XOPEN_SOURCE 700
-#include "mpq_model.h"
+#include "mpq_priv.h"
+#include "mpq_tokenizer.h"
 #include "mpq_unicode.h"
 
 #include <cjson/cJSON.h>
@@ -50,24 +51,6 @@ struct mpq_tokenizer {
 /* small helpers                                                              */
 /* -------------------------------------------------------------------------- */
 
-static mpq_status mpq__tfail(mpq_io_err *err, mpq_status st, const char *origin, const char *fmt, ...)
-#if defined(__GNUC__) || defined(__clang__)
-    __attribute__((format(printf, 4, 5)))
-#endif
-    ;
-
-static mpq_status mpq__tfail(mpq_io_err *err, mpq_status st, const char *origin, const char *fmt, ...)
-{
-    if (!err) return st;
-    int k = snprintf(err->msg, sizeof err->msg, "%s: ", origin ? origin : "(tokenizer)");
-    if (k < 0 || (size_t)k >= sizeof err->msg) return st;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err->msg + k, sizeof err->msg - (size_t)k, fmt, ap);
-    va_end(ap);
-    return st;
-}
-
 static uint64_t mpq__fnv(const char *s, size_t n)
 {
     uint64_t h = 1469598103934665603ull;
@@ -101,34 +84,6 @@ static uint32_t mpq__byte_cp(int b)
     return 0x100u + (uint32_t)k;
 }
 
-/* Decodes one UTF-8 sequence at s[i] (strict); returns its length, 0 when
-   it is not valid. */
-static size_t mpq__utf8_next(const uint8_t *s, size_t n, size_t i, uint32_t *cp)
-{
-    const uint8_t c = s[i];
-    if (c < 0x80) {
-        *cp = c;
-        return 1;
-    }
-    size_t len;
-    uint32_t v, min;
-    if ((c & 0xE0) == 0xC0)
-        len = 2, v = c & 0x1Fu, min = 0x80;
-    else if ((c & 0xF0) == 0xE0)
-        len = 3, v = c & 0x0Fu, min = 0x800;
-    else if ((c & 0xF8) == 0xF0)
-        len = 4, v = c & 0x07u, min = 0x10000;
-    else
-        return 0;
-    if (n - i < len) return 0;
-    for (size_t k = 1; k < len; k++) {
-        if ((s[i + k] & 0xC0) != 0x80) return 0;
-        v = (v << 6) | (s[i + k] & 0x3Fu);
-    }
-    if (v < min || v > 0x10FFFF || (v >= 0xD800 && v <= 0xDFFF)) return 0;
-    *cp = v;
-    return len;
-}
 
 static int mpq__utf8_valid(const char *s, size_t n)
 {
@@ -364,7 +319,7 @@ static mpq_status mpq__build(const mpq__tb *b, mpq_tokenizer *t)
 {
     const char *O = b->origin;
     mpq_io_err *err = b->err;
-    if (b->n < 256 || b->n > (1 << 26)) return mpq__tfail(err, MPQ_ERR_FORMAT, O, "a vocabulary of %d tokens", b->n);
+    if (b->n < 256 || b->n > (1 << 26)) return mpq__fail(err, MPQ_ERR_FORMAT, O, "a vocabulary of %d tokens", b->n);
     t->n = b->n;
     size_t total = 0;
     for (int i = 0; i < b->n; i++) total += b->splen[i];
@@ -380,7 +335,7 @@ static mpq_status mpq__build(const mpq__tb *b, mpq_tokenizer *t)
     t->bhash = (int32_t *)malloc(sizeof(int32_t) * t->bcap);
     mpq_status st = MPQ_OK;
     if (!t->bytes || !t->spell || !t->off || !t->spell_off || !t->kind || !t->end || !sm.slot || !t->bhash) {
-        st = mpq__tfail(err, MPQ_ERR_NOMEM, O, "out of memory");
+        st = mpq__fail(err, MPQ_ERR_NOMEM, O, "out of memory");
         goto done;
     }
     memset(sm.slot, 0xff, sizeof(int32_t) * sm.cap);
@@ -397,16 +352,16 @@ static mpq_status mpq__build(const mpq__tb *b, mpq_tokenizer *t)
         if (b->kind[i] == MPQ__TK_NORMAL) {
             const long k = mpq__unspell(b->sp[i], b->splen[i], cp_byte, t->bytes + o);
             if (k <= 0) {
-                st = mpq__tfail(err, MPQ_ERR_FORMAT, O,
-                                "token %d '%.60s' is not spelled in the byte alphabet of "
-                                "byte-level BPE (a SentencePiece vocabulary? mpq does not read those)",
-                                i, b->sp[i]);
+                st = mpq__fail(err, MPQ_ERR_FORMAT, O,
+                               "token %d '%.60s' is not spelled in the byte alphabet of "
+                               "byte-level BPE (a SentencePiece vocabulary? mpq does not read those)",
+                               i, b->sp[i]);
                 goto done;
             }
             o += (size_t)k;
         } else if (b->kind[i] != MPQ__TK_UNUSED) {
             if (b->splen[i] == 0 || !mpq__utf8_valid(b->sp[i], b->splen[i])) {
-                st = mpq__tfail(err, MPQ_ERR_FORMAT, O, "special token %d is empty or not UTF-8", i);
+                st = mpq__fail(err, MPQ_ERR_FORMAT, O, "special token %d is empty or not UTF-8", i);
                 goto done;
             }
             memcpy(t->bytes + o, b->sp[i], b->splen[i]);
@@ -438,8 +393,8 @@ static mpq_status mpq__build(const mpq__tb *b, mpq_tokenizer *t)
         nbytes += t->byte_tok[v] >= 0;
     }
     if (nbytes < 128) {
-        st = mpq__tfail(err, MPQ_ERR_FORMAT, O, "tokens for only %d of the 256 bytes: not a byte-level vocabulary",
-                        nbytes);
+        st = mpq__fail(err, MPQ_ERR_FORMAT, O, "tokens for only %d of the 256 bytes: not a byte-level vocabulary",
+                       nbytes);
         goto done;
     }
     /* merges */
@@ -453,22 +408,22 @@ static mpq_status mpq__build(const mpq__tb *b, mpq_tokenizer *t)
     char *cat = NULL;
     size_t catcap = 0;
     if (!t->mkey || !t->mval || !t->m_left || !t->m_right || !t->m_result) {
-        st = mpq__tfail(err, MPQ_ERR_NOMEM, O, "out of memory");
+        st = mpq__fail(err, MPQ_ERR_NOMEM, O, "out of memory");
         goto done;
     }
     for (int r = 0; r < b->nmerges; r++) {
         const int32_t a = mpq__spell_find(t, &sm, b->ma[r], b->mal[r]),
                       c = mpq__spell_find(t, &sm, b->mb[r], b->mbl[r]);
         if (a < 0 || c < 0 || t->kind[a] != MPQ__TK_NORMAL || t->kind[c] != MPQ__TK_NORMAL) {
-            st = mpq__tfail(err, MPQ_ERR_FORMAT, O, "merge %d '%.40s %.40s': a part is not a normal token", r, b->ma[r],
-                            b->mb[r]);
+            st = mpq__fail(err, MPQ_ERR_FORMAT, O, "merge %d '%.40s %.40s': a part is not a normal token", r, b->ma[r],
+                           b->mb[r]);
             break;
         }
         const size_t len = b->mal[r] + b->mbl[r];
         if (len > catcap) {
             char *nc = (char *)realloc(cat, len);
             if (!nc) {
-                st = mpq__tfail(err, MPQ_ERR_NOMEM, O, "out of memory");
+                st = mpq__fail(err, MPQ_ERR_NOMEM, O, "out of memory");
                 break;
             }
             cat = nc, catcap = len;
@@ -477,8 +432,8 @@ static mpq_status mpq__build(const mpq__tb *b, mpq_tokenizer *t)
         memcpy(cat + b->mal[r], b->mb[r], b->mbl[r]);
         const int32_t res = mpq__spell_find(t, &sm, cat, len);
         if (res < 0 || t->kind[res] != MPQ__TK_NORMAL) {
-            st = mpq__tfail(err, MPQ_ERR_FORMAT, O, "merge %d '%.40s %.40s' makes a token the vocabulary lacks", r,
-                            b->ma[r], b->mb[r]);
+            st = mpq__fail(err, MPQ_ERR_FORMAT, O, "merge %d '%.40s %.40s' makes a token the vocabulary lacks", r,
+                           b->ma[r], b->mb[r]);
             break;
         }
         t->m_left[r] = a, t->m_right[r] = c, t->m_result[r] = res;
@@ -493,7 +448,7 @@ static mpq_status mpq__build(const mpq__tb *b, mpq_tokenizer *t)
     /* special and added tokens, matched longest first */
     t->spec = (int32_t *)malloc(sizeof(int32_t) * ((size_t)b->n + 1));
     if (!t->spec) {
-        st = mpq__tfail(err, MPQ_ERR_NOMEM, O, "out of memory");
+        st = mpq__fail(err, MPQ_ERR_NOMEM, O, "out of memory");
         goto done;
     }
     for (int i = 0; i < b->n; i++)
@@ -548,7 +503,7 @@ static mpq_status mpq__tb_alloc(mpq__tb *b, int n, int nmerges)
     b->mal = (size_t *)calloc((size_t)nmerges + 1, sizeof(size_t));
     b->mbl = (size_t *)calloc((size_t)nmerges + 1, sizeof(size_t));
     if (!b->sp || !b->splen || !b->kind || !b->ma || !b->mb || !b->mal || !b->mbl)
-        return mpq__tfail(b->err, MPQ_ERR_NOMEM, b->origin, "out of memory");
+        return mpq__fail(b->err, MPQ_ERR_NOMEM, b->origin, "out of memory");
     memset(b->kind, MPQ__TK_UNUSED, (size_t)n);
     for (int i = 0; i < n; i++) b->sp[i] = "";
     return MPQ_OK;
@@ -586,18 +541,18 @@ static int32_t mpq__gid(const mpq_gguf_file *f, const char *key, int n)
 
 mpq_status mpq_tokenizer_from_gguf(const mpq_gguf_file *f, mpq_tokenizer **out, mpq_io_err *err)
 {
-    if (!f || !out) return mpq__tfail(err, MPQ_ERR_ARG, NULL, "NULL argument");
+    if (!f || !out) return mpq__fail(err, MPQ_ERR_ARG, "(tokenizer)", "NULL argument");
     const char *O = mpq_gguf_path(f);
     const mpq_gguf_kv *model = mpq__gkv(f, "tokenizer.ggml.model", MPQ_GGUF_STRING, 0);
     const char *s;
     size_t len;
     if (!model || mpq_gguf_get_str(f, model, 0, &s, &len) != MPQ_OK)
-        return mpq__tfail(err, MPQ_ERR_FORMAT, O, "no tokenizer (tokenizer.ggml.model is missing or not a string)");
+        return mpq__fail(err, MPQ_ERR_FORMAT, O, "no tokenizer (tokenizer.ggml.model is missing or not a string)");
     if (len != 4 || memcmp(s, "gpt2", 4) != 0)
-        return mpq__tfail(err, MPQ_ERR_UNSUPPORTED, O,
-                          "tokenizer.ggml.model '%.*s': mpq reads byte-level BPE ('gpt2') "
-                          "vocabularies only",
-                          (int)(len < 40 ? len : 40), s);
+        return mpq__fail(err, MPQ_ERR_UNSUPPORTED, O,
+                         "tokenizer.ggml.model '%.*s': mpq reads byte-level BPE ('gpt2') "
+                         "vocabularies only",
+                         (int)(len < 40 ? len : 40), s);
     mpq_pretok pre = 0;
     int ignore_merges = 0, add_bos = 0;
     const mpq_gguf_kv *prek = mpq__gkv(f, "tokenizer.ggml.pre", MPQ_GGUF_STRING, 0);
@@ -617,44 +572,44 @@ mpq_status mpq_tokenizer_from_gguf(const mpq_gguf_file *f, mpq_tokenizer **out, 
             if (strcmp(pname, names[k].name) == 0) pre = names[k].pre;
     }
     if (!pre)
-        return mpq__tfail(err, MPQ_ERR_UNSUPPORTED, O,
-                          "tokenizer.ggml.pre '%s': mpq knows gpt-2, smollm, starcoder, "
-                          "llama-bpe and qwen2",
-                          pname);
+        return mpq__fail(err, MPQ_ERR_UNSUPPORTED, O,
+                         "tokenizer.ggml.pre '%s': mpq knows gpt-2, smollm, starcoder, "
+                         "llama-bpe and qwen2",
+                         pname);
     if (pre == MPQ_PRETOK_LLAMA3) ignore_merges = 1, add_bos = 1;
     const mpq_gguf_kv *toks = mpq__gkv(f, "tokenizer.ggml.tokens", MPQ_GGUF_STRING, 1);
     const mpq_gguf_kv *types = mpq_gguf_kv_find(f, "tokenizer.ggml.token_type");
     const mpq_gguf_kv *merges = mpq__gkv(f, "tokenizer.ggml.merges", MPQ_GGUF_STRING, 1);
     if (!toks || !merges)
-        return mpq__tfail(err, MPQ_ERR_FORMAT, O,
-                          "tokenizer.ggml.tokens or .merges is missing or "
-                          "not an array of strings");
+        return mpq__fail(err, MPQ_ERR_FORMAT, O,
+                         "tokenizer.ggml.tokens or .merges is missing or "
+                         "not an array of strings");
     if (toks->count > (1u << 26) || merges->count > (1u << 26))
-        return mpq__tfail(err, MPQ_ERR_FORMAT, O, "%llu tokens and %llu merges: too many",
-                          (unsigned long long)toks->count, (unsigned long long)merges->count);
+        return mpq__fail(err, MPQ_ERR_FORMAT, O, "%llu tokens and %llu merges: too many",
+                         (unsigned long long)toks->count, (unsigned long long)merges->count);
     if (types && (types->type != MPQ_GGUF_ARRAY || types->count != toks->count))
-        return mpq__tfail(err, MPQ_ERR_FORMAT, O, "tokenizer.ggml.token_type is not an array with one type per token");
+        return mpq__fail(err, MPQ_ERR_FORMAT, O, "tokenizer.ggml.token_type is not an array with one type per token");
     mpq__tb b;
     memset(&b, 0, sizeof b);
     b.origin = O, b.err = err;
     mpq_tokenizer *t = mpq__tok_new();
-    mpq_status st = t ? mpq__tb_alloc(&b, (int)toks->count, (int)merges->count)
-                      : mpq__tfail(err, MPQ_ERR_NOMEM, O, "out of memory");
+    mpq_status st =
+        t ? mpq__tb_alloc(&b, (int)toks->count, (int)merges->count) : mpq__fail(err, MPQ_ERR_NOMEM, O, "out of memory");
     for (int i = 0; st == MPQ_OK && i < b.n; i++) {
         int64_t ty = 1;
         if (mpq_gguf_get_str(f, toks, (uint64_t)i, &b.sp[i], &b.splen[i]) != MPQ_OK ||
             (types && mpq_gguf_get_int(f, types, (uint64_t)i, &ty) != MPQ_OK)) {
-            st = mpq__tfail(err, MPQ_ERR_FORMAT, O, "token %d: unreadable text or type", i);
+            st = mpq__fail(err, MPQ_ERR_FORMAT, O, "token %d: unreadable text or type", i);
             break;
         }
         /* ggml token types: 1 normal, 2 unknown, 3 control, 4 user-defined, 5 unused, 6 byte */
         b.kind[i] = ty == 1 ? MPQ__TK_NORMAL : ty == 3 ? MPQ__TK_CONTROL : ty == 4 ? MPQ__TK_USER : MPQ__TK_UNUSED;
-        if (ty == 6) st = mpq__tfail(err, MPQ_ERR_UNSUPPORTED, O, "token %d is a byte token (SentencePiece)", i);
+        if (ty == 6) st = mpq__fail(err, MPQ_ERR_UNSUPPORTED, O, "token %d is a byte token (SentencePiece)", i);
     }
     for (int r = 0; st == MPQ_OK && r < b.nmerges; r++) {
         if (mpq_gguf_get_str(f, merges, (uint64_t)r, &s, &len) != MPQ_OK ||
             !mpq__split_merge(s, len, &b.ma[r], &b.mal[r], &b.mb[r], &b.mbl[r]))
-            st = mpq__tfail(err, MPQ_ERR_FORMAT, O, "merge %d is not two spellings separated by a space", r);
+            st = mpq__fail(err, MPQ_ERR_FORMAT, O, "merge %d is not two spellings separated by a space", r);
     }
     if (st == MPQ_OK) st = mpq__build(&b, t);
     if (st == MPQ_OK) {
@@ -775,7 +730,7 @@ mpq_status mpq_tokenizer_from_json(const char *json, size_t len, const char *tok
                                    mpq_tokenizer **out, mpq_io_err *err)
 {
     const char *O = origin ? origin : "tokenizer.json";
-    if (!json || !out) return mpq__tfail(err, MPQ_ERR_ARG, O, "NULL argument");
+    if (!json || !out) return mpq__fail(err, MPQ_ERR_ARG, O, "NULL argument");
     cJSON *root = cJSON_ParseWithLength(json, len), *cfg = NULL;
     mpq__tb b;
     memset(&b, 0, sizeof b);
@@ -783,11 +738,11 @@ mpq_status mpq_tokenizer_from_json(const char *json, size_t len, const char *tok
     mpq_tokenizer *t = mpq__tok_new();
     mpq_status st = MPQ_OK;
     if (!t) {
-        st = mpq__tfail(err, MPQ_ERR_NOMEM, O, "out of memory");
+        st = mpq__fail(err, MPQ_ERR_NOMEM, O, "out of memory");
         goto done;
     }
     if (!cJSON_IsObject(root)) {
-        st = mpq__tfail(err, MPQ_ERR_FORMAT, O, "not a JSON object");
+        st = mpq__fail(err, MPQ_ERR_FORMAT, O, "not a JSON object");
         goto done;
     }
     const cJSON *model = cJSON_GetObjectItemCaseSensitive(root, "model");
@@ -795,29 +750,28 @@ mpq_status mpq_tokenizer_from_json(const char *json, size_t len, const char *tok
     const cJSON *merges = cJSON_GetObjectItemCaseSensitive(model, "merges");
     const cJSON *added = cJSON_GetObjectItemCaseSensitive(root, "added_tokens");
     if (!mpq__jtype(model, "BPE")) {
-        st = mpq__tfail(err, MPQ_ERR_UNSUPPORTED, O, "model.type is not BPE (mpq reads byte-level BPE tokenizers)");
+        st = mpq__fail(err, MPQ_ERR_UNSUPPORTED, O, "model.type is not BPE (mpq reads byte-level BPE tokenizers)");
         goto done;
     }
     if (mpq__jtrue(model, "byte_fallback")) {
-        st = mpq__tfail(err, MPQ_ERR_UNSUPPORTED, O,
-                        "a BPE with byte_fallback (SentencePiece style, as Llama 2 and "
-                        "Mistral 7B): mpq reads byte-level BPE only");
+        st = mpq__fail(err, MPQ_ERR_UNSUPPORTED, O,
+                       "a BPE with byte_fallback (SentencePiece style, as Llama 2 and "
+                       "Mistral 7B): mpq reads byte-level BPE only");
         goto done;
     }
     if (!cJSON_IsObject(vocab) || !cJSON_IsArray(merges) || (added && !cJSON_IsArray(added))) {
-        st = mpq__tfail(err, MPQ_ERR_FORMAT, O, "model.vocab, model.merges or added_tokens has the wrong JSON type");
+        st = mpq__fail(err, MPQ_ERR_FORMAT, O, "model.vocab, model.merges or added_tokens has the wrong JSON type");
         goto done;
     }
     const cJSON *norm = cJSON_GetObjectItemCaseSensitive(root, "normalizer");
     if (norm && !cJSON_IsNull(norm) && !mpq__jtype(norm, "NFC")) {
-        st = mpq__tfail(err, MPQ_ERR_UNSUPPORTED, O, "a normalizer other than NFC");
+        st = mpq__fail(err, MPQ_ERR_UNSUPPORTED, O, "a normalizer other than NFC");
         goto done;
     }
     t->nfc = norm && mpq__jtype(norm, "NFC");
     t->pre = mpq__jpretok(cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer"));
     if (!t->pre) {
-        st =
-            mpq__tfail(err, MPQ_ERR_UNSUPPORTED, O, "pre_tokenizer is none of GPT-2's, SmolLM's, Llama 3's or Qwen2's");
+        st = mpq__fail(err, MPQ_ERR_UNSUPPORTED, O, "pre_tokenizer is none of GPT-2's, SmolLM's, Llama 3's or Qwen2's");
         goto done;
     }
     t->ignore_merges = mpq__jtrue(model, "ignore_merges");
@@ -825,7 +779,7 @@ mpq_status mpq_tokenizer_from_json(const char *json, size_t len, const char *tok
     int32_t n = 0, id = 0;
     for (const cJSON *e = vocab->child; e; e = e->next) {
         if (!mpq__json_id(e, &id)) {
-            st = mpq__tfail(err, MPQ_ERR_FORMAT, O, "vocab entry '%.60s' has no valid id", e->string);
+            st = mpq__fail(err, MPQ_ERR_FORMAT, O, "vocab entry '%.60s' has no valid id", e->string);
             goto done;
         }
         n = id + 1 > n ? id + 1 : n;
@@ -833,7 +787,7 @@ mpq_status mpq_tokenizer_from_json(const char *json, size_t len, const char *tok
     for (const cJSON *e = added ? added->child : NULL; e; e = e->next) {
         if (!mpq__json_id(cJSON_GetObjectItemCaseSensitive(e, "id"), &id) ||
             !cJSON_IsString(cJSON_GetObjectItemCaseSensitive(e, "content"))) {
-            st = mpq__tfail(err, MPQ_ERR_FORMAT, O, "an added token without a valid id or content");
+            st = mpq__fail(err, MPQ_ERR_FORMAT, O, "an added token without a valid id or content");
             goto done;
         }
         n = id + 1 > n ? id + 1 : n;
@@ -842,7 +796,7 @@ mpq_status mpq_tokenizer_from_json(const char *json, size_t len, const char *tok
     for (const cJSON *e = vocab->child; e; e = e->next) {
         mpq__json_id(e, &id);
         if (b.kind[id] != MPQ__TK_UNUSED) {
-            st = mpq__tfail(err, MPQ_ERR_FORMAT, O, "id %d appears twice in the vocab", (int)id);
+            st = mpq__fail(err, MPQ_ERR_FORMAT, O, "id %d appears twice in the vocab", (int)id);
             goto done;
         }
         b.sp[id] = e->string, b.splen[id] = strlen(e->string), b.kind[id] = MPQ__TK_NORMAL;
@@ -865,7 +819,7 @@ mpq_status mpq_tokenizer_from_json(const char *json, size_t len, const char *tok
             ok = b.mal[r] && b.mbl[r];
         }
         if (!ok) {
-            st = mpq__tfail(err, MPQ_ERR_FORMAT, O, "merge %d is neither \"a b\" nor [\"a\", \"b\"]", r);
+            st = mpq__fail(err, MPQ_ERR_FORMAT, O, "merge %d is neither \"a b\" nor [\"a\", \"b\"]", r);
             goto done;
         }
     }
@@ -877,7 +831,7 @@ mpq_status mpq_tokenizer_from_json(const char *json, size_t len, const char *tok
     if (tokenizer_config) {
         cfg = cJSON_Parse(tokenizer_config);
         if (!cJSON_IsObject(cfg)) {
-            st = mpq__tfail(err, MPQ_ERR_FORMAT, O, "tokenizer_config.json is not a JSON object");
+            st = mpq__fail(err, MPQ_ERR_FORMAT, O, "tokenizer_config.json is not a JSON object");
             goto done;
         }
         const cJSON *ab = cJSON_GetObjectItemCaseSensitive(cfg, "add_bos_token");
@@ -1100,7 +1054,7 @@ static int32_t mpq__special_at(const mpq_tokenizer *t, const char *s, size_t n, 
 mpq_status mpq_tokenize(const mpq_tokenizer *t, const char *text, size_t len, unsigned flags, int32_t **tokens,
                         size_t *n, mpq_io_err *err)
 {
-    if (!t || (!text && len) || !tokens || !n) return mpq__tfail(err, MPQ_ERR_ARG, NULL, "NULL argument");
+    if (!t || (!text && len) || !tokens || !n) return mpq__fail(err, MPQ_ERR_ARG, "(tokenizer)", "NULL argument");
     const uint8_t *s = (const uint8_t *)text;
     uint32_t *cp = (uint32_t *)malloc(sizeof(uint32_t) * (len + 1));
     size_t *boff = (size_t *)malloc(sizeof(size_t) * (len + 1));
@@ -1110,22 +1064,22 @@ mpq_status mpq_tokenize(const mpq_tokenizer *t, const char *text, size_t len, un
     memset(&w, 0, sizeof w);
     mpq_status st = MPQ_OK;
     if (!cp || !boff) {
-        st = mpq__tfail(err, MPQ_ERR_NOMEM, NULL, "out of memory for %zu bytes of text", len);
+        st = mpq__fail(err, MPQ_ERR_NOMEM, "(tokenizer)", "out of memory for %zu bytes of text", len);
         goto done;
     }
     size_t ncp = 0;
     for (size_t i = 0; i < len;) {
         const size_t k = mpq__utf8_next(s, len, i, &cp[ncp]);
         if (!k) {
-            st = mpq__tfail(err, MPQ_ERR_FORMAT, NULL, "the text is not valid UTF-8 at byte %zu", i);
+            st = mpq__fail(err, MPQ_ERR_FORMAT, "(tokenizer)", "the text is not valid UTF-8 at byte %zu", i);
             goto done;
         }
         if (t->nfc && cp[ncp] >= 0x300 &&
             mpq__in_ranges(mpq__uc_nfc_unsafe, MPQ__NRANGES(mpq__uc_nfc_unsafe), cp[ncp])) {
-            st = mpq__tfail(err, MPQ_ERR_UNSUPPORTED, NULL,
-                            "the text has U+%04X at byte %zu, which the tokenizer's "
-                            "NFC normalization may change (mpq does not normalize)",
-                            (unsigned)cp[ncp], i);
+            st = mpq__fail(err, MPQ_ERR_UNSUPPORTED, "(tokenizer)",
+                           "the text has U+%04X at byte %zu, which the tokenizer's "
+                           "NFC normalization may change (mpq does not normalize)",
+                           (unsigned)cp[ncp], i);
             goto done;
         }
         boff[ncp++] = i;
@@ -1145,10 +1099,10 @@ mpq_status mpq_tokenize(const mpq_tokenizer *t, const char *text, size_t len, un
         st = mpq__stretch(t, &w, s, cp + start, boff + start, i - start, &o, &bad);
         if (st == MPQ_ERR_NOMEM) goto nomem;
         if (st != MPQ_OK) {
-            st = mpq__tfail(err, st, NULL,
-                            "the text has byte 0x%02X (at byte %zu), which the vocabulary has no token "
-                            "for",
-                            s[bad], bad);
+            st = mpq__fail(err, st, "(tokenizer)",
+                           "the text has byte 0x%02X (at byte %zu), which the vocabulary has no token "
+                           "for",
+                           s[bad], bad);
             goto done;
         }
         if (sp < 0) break;
@@ -1163,7 +1117,7 @@ mpq_status mpq_tokenize(const mpq_tokenizer *t, const char *text, size_t len, un
     if (!*tokens) goto nomem;
     goto done;
 nomem:
-    st = mpq__tfail(err, MPQ_ERR_NOMEM, NULL, "out of memory");
+    st = mpq__fail(err, MPQ_ERR_NOMEM, "(tokenizer)", "out of memory");
 done:
     free(cp);
     free(boff);
@@ -1178,16 +1132,16 @@ done:
 mpq_status mpq_pretokenize(mpq_pretok pre, const char *text, size_t len, size_t **ends, size_t *n, mpq_io_err *err)
 {
     if ((!text && len) || !ends || !n || pre < MPQ_PRETOK_GPT2 || pre > MPQ_PRETOK_QWEN2)
-        return mpq__tfail(err, MPQ_ERR_ARG, NULL, "bad argument");
+        return mpq__fail(err, MPQ_ERR_ARG, "(tokenizer)", "bad argument");
     const uint8_t *s = (const uint8_t *)text;
     uint32_t *cp = (uint32_t *)malloc(sizeof(uint32_t) * (len + 1));
     size_t *boff = (size_t *)malloc(sizeof(size_t) * (len + 1)), *e = (size_t *)malloc(sizeof(size_t) * (len + 1));
     mpq_status st = MPQ_OK;
     size_t ncp = 0, np = 0;
-    if (!cp || !boff || !e) st = mpq__tfail(err, MPQ_ERR_NOMEM, NULL, "out of memory");
+    if (!cp || !boff || !e) st = mpq__fail(err, MPQ_ERR_NOMEM, "(tokenizer)", "out of memory");
     for (size_t i = 0; st == MPQ_OK && i < len;) {
         const size_t k = mpq__utf8_next(s, len, i, &cp[ncp]);
-        if (!k) st = mpq__tfail(err, MPQ_ERR_FORMAT, NULL, "the text is not valid UTF-8 at byte %zu", i);
+        if (!k) st = mpq__fail(err, MPQ_ERR_FORMAT, "(tokenizer)", "the text is not valid UTF-8 at byte %zu", i);
         boff[ncp++] = i;
         i += k;
     }

@@ -91,7 +91,7 @@ if command -v clang >/dev/null 2>&1; then
     check gcc-cxx17-generic g++ -std=c++17 -O2 -Wall -Wextra -Werror -I. -c build/alone.cpp -o build/alone-gcpp.o
     # the files beside the header (I/O, tokenizer, model): strict C11, and
     # their headers from C++
-    printf '#include "mpq_io.h"\n#include "mpq_model.h"\nint main(void){return 0;}\n' >build/io-alone.cpp
+    printf '#include "mpq_io.h"\n#include "mpq_tokenizer.h"\n#include "mpq_model.h"\nint main(void){return 0;}\n' >build/io-alone.cpp
     io_c11() {
         local f
         for f in mpq_io.c mpq_io_gguf.c mpq_io_source.c mpq_tokenizer.c mpq_model.c mpq_calib.c; do

@@ -13,7 +13,7 @@
    2. Statistics: the file `mpq calibrate MODEL CALIB -o FILE` wrote from
       the calibration text (Python's library reference): Fisher diagonal,
       MixLLM salience, diag(X^T X), AWQ's input rows, PQI and MXSens layer
-      sensitivities of every linear map (mpq_model.h section 6); and X^T X of
+      sensitivities of every linear map (mpq_model.h section 5); and X^T X of
       every map's inputs for GPTQ (`mpq calibrate --stats xtx`, a second
       file, more windows). Each file names the model and the text's hash; a
       file for another model or text is refused.

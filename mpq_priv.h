@@ -1,0 +1,54 @@
+/* mpq_priv.h - helpers shared by the files beside the header: the readers
+   and the writer of mpq_io (mpq_io.c, mpq_io_gguf.c, mpq_io_source.c), the
+   tokenizer and the model (mpq_tokenizer.c, mpq_model.c, mpq_calib.c).
+   Implemented in mpq_io.c. Not part of the API: nothing outside those files
+   includes it. */
+#ifndef MPQ_PRIV_H_INCLUDED
+#define MPQ_PRIV_H_INCLUDED
+
+#include "mpq_io.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* err->msg = "<origin>: <what>", origin a file or what failed ("(model)");
+   returns st. err may be NULL. The one error message of those files. */
+mpq_status mpq__fail(mpq_io_err *err, mpq_status st, const char *origin, const char *fmt, ...)
+#if defined(__GNUC__) || defined(__clang__)
+    __attribute__((format(printf, 4, 5)))
+#endif /* MPQ_PRIV_H_INCLUDED */
+    ;
+/* The same naming a tensor: "<path>: tensor '<name>': <what>" (the tensor
+   part when name is not NULL). */
+mpq_status mpq__io_fail(mpq_io_err *err, mpq_status st, const char *path, const char *name, const char *fmt, ...)
+#if defined(__GNUC__) || defined(__clang__)
+    __attribute__((format(printf, 5, 6)))
+#endif /* MPQ_PRIV_H_INCLUDED */
+    ;
+
+/* malloc'ed copy; NULL when out of memory. */
+char *mpq__io_strdup(const char *s);
+
+/* One UTF-8 sequence at s[i] (strict: no overlong forms, surrogates or
+   code points past U+10FFFF) into *cp: its length, 0 when it is not valid. */
+size_t mpq__utf8_next(const uint8_t *s, size_t n, size_t i, uint32_t *cp);
+/* Strict UTF-8 and no NUL byte: the offset of the first bad byte, or n
+   when all is well. */
+size_t mpq__io_utf8_check(const uint8_t *s, size_t n);
+
+/* What a reader reads from: a regular file through positioned reads, or a
+   caller's bytes in memory. */
+typedef struct mpq__io_in {
+    char *path; /* the file's name, or "(memory)" */
+    int fd;     /* -1 for memory */
+    const uint8_t *mem;
+    uint64_t bytes; /* size of the file or of the buffer */
+} mpq__io_in;
+
+mpq_status mpq__io_in_file(mpq__io_in *in, const char *path, mpq_io_err *err);
+mpq_status mpq__io_in_memory(mpq__io_in *in, const void *buf, size_t bytes, mpq_io_err *err);
+void mpq__io_in_close(mpq__io_in *in); /* idempotent */
+/* n bytes at off; past the end is MPQ_ERR_FORMAT, a failing system MPQ_ERR_IO. */
+mpq_status mpq__io_read(const mpq__io_in *in, uint64_t off, void *dst, size_t n, const char *name, mpq_io_err *err);
+
+#endif /* MPQ_PRIV_H_INCLUDED */
