@@ -3833,7 +3833,7 @@ typedef struct mpq__qrec {
    yt[k][v]. */
 MPQ__T_VNNI static void mpq__tiles_vnni(const mpq__shape *s, const mpq_packed *A, int t0, int nt, const uint8_t *work,
                                         size_t vstride, int b0, int nb, int skip,
-                                        float yt[MPQ__VNNI_TILES][MPQ__BATCH_STEP][MPQ_TILE_ROWS])
+                                        float (*yt)[MPQ__BATCH_STEP][MPQ_TILE_ROWS])
 {
     const mpq__vecwork L = mpq__vec_layout(A);
     const int cpg = s->group / 8, ng = s->ngroups, nch_last = mpq__nch(s, ng - 1);
@@ -4092,7 +4092,7 @@ MPQ__T_AVX2 static void mpq__avx2q_plane(const __m256i *ix, int nch, const uint8
    tile t0+k, vector b0+v into yt[k][v]. */
 MPQ__T_AVX2 static void mpq__tiles_avx2q(const mpq__shape *s, const mpq_packed *A, int t0, int nt, const uint8_t *work,
                                          size_t vstride, int b0, int nb, int skip,
-                                         float yt[MPQ__AVX2Q_TILES][MPQ__BATCH_STEP][MPQ_TILE_ROWS])
+                                         float (*yt)[MPQ__BATCH_STEP][MPQ_TILE_ROWS])
 {
     const mpq__vecwork L = mpq__vec_layout(A);
     const int cpg = s->group / 8, ng = s->ngroups;
@@ -4206,8 +4206,7 @@ static void mpq__neon_plane(const uint8_t *q, int nch, const uint8_t *T, int32x4
 /* Tiles t0 .. t0+nt-1 (at most MPQ__NEON_TILES), vectors b0 .. b0+nb-1,
    as mpq__tiles_avx2q. */
 static void mpq__tiles_neon(const mpq__shape *s, const mpq_packed *A, int t0, int nt, const uint8_t *work,
-                            size_t vstride, int b0, int nb, int skip,
-                            float yt[MPQ__NEON_TILES][MPQ__BATCH_STEP][MPQ_TILE_ROWS])
+                            size_t vstride, int b0, int nb, int skip, float (*yt)[MPQ__BATCH_STEP][MPQ_TILE_ROWS])
 {
     const mpq__vecwork L = mpq__vec_layout(A);
     const int cpg = s->group / 8, ng = s->ngroups;
@@ -4257,15 +4256,19 @@ static void mpq__tiles_neon(const mpq__shape *s, const mpq_packed *A, int t0, in
 /* A float-table path's kernel for one record: y += s^ (its sum) + z^ gs. */
 typedef void (*mpq__rec_fn)(const mpq__rec *R, const float *Q, const float *sh, const float *zh, float gs, float *y);
 
+/* A path's kernel: tiles t0 .. t0+nt-1 (at most its row's `tiles`), vectors
+   b0 .. b0+nb-1, their rows' sums y~ into yt[tile][vector][row]. */
+typedef void (*mpq__tiles_fn)(const mpq__shape *s, const mpq_packed *A, int t0, int nt, const uint8_t *work,
+                              size_t vstride, int b0, int nb, int skip, float (*yt)[MPQ__BATCH_STEP][MPQ_TILE_ROWS]);
+
 /* One CPU path: everything dispatch, naming and availability read. */
 typedef struct mpq__path_row {
     mpq_path path;
-    const char *name; /* mpq_path_name */
-    unsigned cpu;     /* MPQ__CPU_* the CPU must have (0: none) */
-    mpq__tab tables;  /* the tables it reads */
-    int tiles;        /* tiles per task */
-    mpq_task_fn task; /* one task: `tiles` tiles of the product; NULL when not compiled */
-    mpq__rec_fn rec;  /* mpq__tile's record kernel (float 16-entry paths), or NULL */
+    const char *name;     /* mpq_path_name */
+    unsigned cpu;         /* MPQ__CPU_* the CPU must have (0: none) */
+    mpq__tab tables;      /* the tables it reads */
+    int tiles;            /* tiles a task takes (that share each group's tables in the cache) */
+    mpq__tiles_fn kernel; /* NULL when this build does not have the path */
 } mpq__path_row;
 
 #if defined(MPQ__HAVE_AVX2) || defined(MPQ__HAVE_AVX512)
@@ -4299,6 +4302,23 @@ static void mpq__tile(const mpq__shape *s, const mpq_packed *A, mpq__rec_fn kern
 }
 #endif
 
+#ifdef MPQ__HAVE_AVX512
+static void mpq__tiles_avx512(const mpq__shape *s, const mpq_packed *A, int t0, int nt, const uint8_t *work,
+                              size_t vstride, int b0, int nb, int skip, float (*yt)[MPQ__BATCH_STEP][MPQ_TILE_ROWS])
+{
+    (void)nt; /* one tile a task */
+    mpq__tile(s, A, mpq__rec512, t0, work, vstride, b0, nb, skip, yt[0]);
+}
+#endif
+#ifdef MPQ__HAVE_AVX2
+static void mpq__tiles_avx2(const mpq__shape *s, const mpq_packed *A, int t0, int nt, const uint8_t *work,
+                            size_t vstride, int b0, int nb, int skip, float (*yt)[MPQ__BATCH_STEP][MPQ_TILE_ROWS])
+{
+    (void)nt; /* one tile a task */
+    mpq__tile(s, A, mpq__rec256, t0, work, vstride, b0, nb, skip, yt[0]);
+}
+#endif
+
 #define MPQ__SCALAR_TILES 8 /* tiles sharing each group's 256-entry tables (16 KB for 128 columns) */
 
 /* Tiles t0 .. t0+nt-1 (at most MPQ__SCALAR_TILES) on the scalar path,
@@ -4306,8 +4326,7 @@ static void mpq__tile(const mpq__shape *s, const mpq_packed *A, mpq__rec_fn kern
    read from memory once for the whole block; each tile's sums are those of
    mpq__tile. */
 static void mpq__tiles_scalar(const mpq__shape *s, const mpq_packed *A, int t0, int nt, const uint8_t *work,
-                              size_t vstride, int b0, int nb, int skip,
-                              float yt[MPQ__SCALAR_TILES][MPQ__BATCH_STEP][MPQ_TILE_ROWS])
+                              size_t vstride, int b0, int nb, int skip, float (*yt)[MPQ__BATCH_STEP][MPQ_TILE_ROWS])
 {
     const mpq__vecwork L = mpq__vec_layout(A);
     const int cpg = s->group / 8, ng = s->ngroups;
@@ -4391,115 +4410,55 @@ static void mpq__gemv_store(const mpq__gemv_job *J, int t, int b0, int nb, const
     }
 }
 
-#ifdef MPQ__HAVE_VNNI
-static void mpq__gemv_vnni_task(void *ctx, int blk)
+#define MPQ__MAX_TILES MPQ__SCALAR_TILES /* the most tiles any path's task takes */
+
+/* One task of a product: its path's `tiles` tiles, every vector. */
+static void mpq__gemv_task(void *ctx, int blk)
 {
     const mpq__gemv_job *J = (const mpq__gemv_job *)ctx;
-    const int t0 = blk * MPQ__VNNI_TILES,
-              nt = J->s->ntiles - t0 < MPQ__VNNI_TILES ? J->s->ntiles - t0 : MPQ__VNNI_TILES;
-    float yt[MPQ__VNNI_TILES][MPQ__BATCH_STEP][MPQ_TILE_ROWS];
+    const int T = J->row->tiles, t0 = blk * T, nt = J->s->ntiles - t0 < T ? J->s->ntiles - t0 : T;
+    float yt[MPQ__MAX_TILES][MPQ__BATCH_STEP][MPQ_TILE_ROWS];
     for (int b0 = 0; b0 < J->batch; b0 += MPQ__BATCH_STEP) {
         const int nb = J->batch - b0 < MPQ__BATCH_STEP ? J->batch - b0 : MPQ__BATCH_STEP;
-        mpq__tiles_vnni(J->s, J->A, t0, nt, J->w, J->vstride, b0, nb, J->skip, yt);
+        J->row->kernel(J->s, J->A, t0, nt, J->w, J->vstride, b0, nb, J->skip, yt);
         for (int k = 0; k < nt; k++) mpq__gemv_store(J, t0 + k, b0, nb, yt[k][0], MPQ_TILE_ROWS);
     }
 }
-#endif
-
-static void mpq__gemv_scalar_task(void *ctx, int blk)
-{
-    const mpq__gemv_job *J = (const mpq__gemv_job *)ctx;
-    const int t0 = blk * MPQ__SCALAR_TILES;
-    const int nt = J->s->ntiles - t0 < MPQ__SCALAR_TILES ? J->s->ntiles - t0 : MPQ__SCALAR_TILES;
-    float yt[MPQ__SCALAR_TILES][MPQ__BATCH_STEP][MPQ_TILE_ROWS];
-    for (int b0 = 0; b0 < J->batch; b0 += MPQ__BATCH_STEP) {
-        const int nb = J->batch - b0 < MPQ__BATCH_STEP ? J->batch - b0 : MPQ__BATCH_STEP;
-        mpq__tiles_scalar(J->s, J->A, t0, nt, J->w, J->vstride, b0, nb, J->skip, yt);
-        for (int k = 0; k < nt; k++) mpq__gemv_store(J, t0 + k, b0, nb, yt[k][0], MPQ_TILE_ROWS);
-    }
-}
-
-#ifdef MPQ__HAVE_AVX2
-static void mpq__gemv_avx2q_task(void *ctx, int blk)
-{
-    const mpq__gemv_job *J = (const mpq__gemv_job *)ctx;
-    const int t0 = blk * MPQ__AVX2Q_TILES;
-    const int nt = J->s->ntiles - t0 < MPQ__AVX2Q_TILES ? J->s->ntiles - t0 : MPQ__AVX2Q_TILES;
-    float yt[MPQ__AVX2Q_TILES][MPQ__BATCH_STEP][MPQ_TILE_ROWS];
-    for (int b0 = 0; b0 < J->batch; b0 += MPQ__BATCH_STEP) {
-        const int nb = J->batch - b0 < MPQ__BATCH_STEP ? J->batch - b0 : MPQ__BATCH_STEP;
-        mpq__tiles_avx2q(J->s, J->A, t0, nt, J->w, J->vstride, b0, nb, J->skip, yt);
-        for (int k = 0; k < nt; k++) mpq__gemv_store(J, t0 + k, b0, nb, yt[k][0], MPQ_TILE_ROWS);
-    }
-}
-#endif
-
-#ifdef MPQ__HAVE_NEON
-static void mpq__gemv_neon_task(void *ctx, int blk)
-{
-    const mpq__gemv_job *J = (const mpq__gemv_job *)ctx;
-    const int t0 = blk * MPQ__NEON_TILES;
-    const int nt = J->s->ntiles - t0 < MPQ__NEON_TILES ? J->s->ntiles - t0 : MPQ__NEON_TILES;
-    float yt[MPQ__NEON_TILES][MPQ__BATCH_STEP][MPQ_TILE_ROWS];
-    for (int b0 = 0; b0 < J->batch; b0 += MPQ__BATCH_STEP) {
-        const int nb = J->batch - b0 < MPQ__BATCH_STEP ? J->batch - b0 : MPQ__BATCH_STEP;
-        mpq__tiles_neon(J->s, J->A, t0, nt, J->w, J->vstride, b0, nb, J->skip, yt);
-        for (int k = 0; k < nt; k++) mpq__gemv_store(J, t0 + k, b0, nb, yt[k][0], MPQ_TILE_ROWS);
-    }
-}
-#endif
-
-#if defined(MPQ__HAVE_AVX2) || defined(MPQ__HAVE_AVX512)
-static void mpq__gemv_tile_task(void *ctx, int t)
-{
-    const mpq__gemv_job *J = (const mpq__gemv_job *)ctx;
-    float yt[MPQ__BATCH_STEP][MPQ_TILE_ROWS];
-    for (int b0 = 0; b0 < J->batch; b0 += MPQ__BATCH_STEP) {
-        const int nb = J->batch - b0 < MPQ__BATCH_STEP ? J->batch - b0 : MPQ__BATCH_STEP;
-        mpq__tile(J->s, J->A, J->row->rec, t, J->w, J->vstride, b0, nb, J->skip, yt);
-        mpq__gemv_store(J, t, b0, nb, yt[0], MPQ_TILE_ROWS);
-    }
-}
-#endif
 
 /* THE CPU PATHS, one row each, in the order AUTO prefers them. A build
-   without a path's kernels has no task for it (and never offers it). */
+   without a path's kernels has no kernel for it (and never offers it). */
 #ifdef MPQ__HAVE_VNNI
-#define MPQ__VNNI_TASK mpq__gemv_vnni_task
+#define MPQ__VNNI_KERNEL mpq__tiles_vnni
 #else
-#define MPQ__VNNI_TASK  NULL
-#define MPQ__VNNI_TILES 1
+#define MPQ__VNNI_KERNEL NULL
+#define MPQ__VNNI_TILES  1
 #endif
 #ifdef MPQ__HAVE_AVX2
-#define MPQ__AVX2Q_TASK mpq__gemv_avx2q_task
-#define MPQ__AVX2_TASK  mpq__gemv_tile_task
-#define MPQ__REC256     mpq__rec256
+#define MPQ__AVX2Q_KERNEL mpq__tiles_avx2q
+#define MPQ__AVX2_KERNEL  mpq__tiles_avx2
 #else
-#define MPQ__AVX2Q_TASK  NULL
-#define MPQ__AVX2_TASK   NULL
-#define MPQ__REC256      NULL
-#define MPQ__AVX2Q_TILES 1
+#define MPQ__AVX2Q_KERNEL NULL
+#define MPQ__AVX2_KERNEL  NULL
+#define MPQ__AVX2Q_TILES  1
 #endif
 #ifdef MPQ__HAVE_NEON
-#define MPQ__NEON_TASK mpq__gemv_neon_task
+#define MPQ__NEON_KERNEL mpq__tiles_neon
 #else
-#define MPQ__NEON_TASK  NULL
-#define MPQ__NEON_TILES 1
+#define MPQ__NEON_KERNEL NULL
+#define MPQ__NEON_TILES  1
 #endif
 #ifdef MPQ__HAVE_AVX512
-#define MPQ__AVX512_TASK mpq__gemv_tile_task
-#define MPQ__REC512      mpq__rec512
+#define MPQ__AVX512_KERNEL mpq__tiles_avx512
 #else
-#define MPQ__AVX512_TASK NULL
-#define MPQ__REC512      NULL
+#define MPQ__AVX512_KERNEL NULL
 #endif
 static const mpq__path_row mpq__paths[] = {
-    {MPQ_PATH_AVX512_VNNI, "avx512-vnni", MPQ__CPU_VNNI, MPQ__TAB_INT16, MPQ__VNNI_TILES, MPQ__VNNI_TASK, NULL},
-    {MPQ_PATH_AVX2_INT, "avx2-int", MPQ__CPU_AVX2, MPQ__TAB_INT16_LANES, MPQ__AVX2Q_TILES, MPQ__AVX2Q_TASK, NULL},
-    {MPQ_PATH_NEON, "neon", 0, MPQ__TAB_INT16_LANES, MPQ__NEON_TILES, MPQ__NEON_TASK, NULL},
-    {MPQ_PATH_AVX512, "avx512", MPQ__CPU_AVX512, MPQ__TAB_FLOAT16, 1, MPQ__AVX512_TASK, MPQ__REC512},
-    {MPQ_PATH_AVX2, "avx2", MPQ__CPU_AVX2, MPQ__TAB_FLOAT16, 1, MPQ__AVX2_TASK, MPQ__REC256},
-    {MPQ_PATH_SCALAR, "scalar", 0, MPQ__TAB_FLOAT256, MPQ__SCALAR_TILES, mpq__gemv_scalar_task, NULL},
+    {MPQ_PATH_AVX512_VNNI, "avx512-vnni", MPQ__CPU_VNNI, MPQ__TAB_INT16, MPQ__VNNI_TILES, MPQ__VNNI_KERNEL},
+    {MPQ_PATH_AVX2_INT, "avx2-int", MPQ__CPU_AVX2, MPQ__TAB_INT16_LANES, MPQ__AVX2Q_TILES, MPQ__AVX2Q_KERNEL},
+    {MPQ_PATH_NEON, "neon", 0, MPQ__TAB_INT16_LANES, MPQ__NEON_TILES, MPQ__NEON_KERNEL},
+    {MPQ_PATH_AVX512, "avx512", MPQ__CPU_AVX512, MPQ__TAB_FLOAT16, 1, MPQ__AVX512_KERNEL},
+    {MPQ_PATH_AVX2, "avx2", MPQ__CPU_AVX2, MPQ__TAB_FLOAT16, 1, MPQ__AVX2_KERNEL},
+    {MPQ_PATH_SCALAR, "scalar", 0, MPQ__TAB_FLOAT256, MPQ__SCALAR_TILES, mpq__tiles_scalar},
 };
 enum { MPQ__NPATHS = (int)(sizeof mpq__paths / sizeof mpq__paths[0]) };
 
@@ -4514,7 +4473,7 @@ MPQ_DEF int mpq_path_available(mpq_path path)
 {
     if (path == MPQ_PATH_AUTO) return 1;
     const mpq__path_row *r = mpq__path_row_of(path);
-    return r && r->task && (mpq__cpu() & r->cpu) == r->cpu;
+    return r && r->kernel && (mpq__cpu() & r->cpu) == r->cpu;
 }
 
 MPQ_DEF const char *mpq_path_name(mpq_path path)
@@ -4579,7 +4538,7 @@ static mpq_status mpq__bp_gemv(const mpq_packed *A, const float *x, float *y, in
         mpq__build_tables(A, x + (size_t)v * (size_t)A->cols, row->tables, o.a8, w + (size_t)v * vstride);
     const int nth = o.threads ? o.threads : mpq__max_threads();
     mpq__gemv_job J = {&s, A, y, w, vstride, batch, o.skip_planes, row};
-    mpq__run((s.ntiles + row->tiles - 1) / row->tiles, nth, row->task, &J);
+    mpq__run((s.ntiles + row->tiles - 1) / row->tiles, nth, mpq__gemv_task, &J);
     mpq__sparse_gemv(A, x, y, batch, nth);
     if (w != (uint8_t *)work) mpq_aligned_free(w);
     return MPQ_OK;

@@ -149,10 +149,12 @@ void cli_help(const cli_spec *s)
    for s->sets[k]) after setting every default; positional arguments go to
    pos (at most s->max_pos). Returns 0, -1 after printing the help, or
    EXIT_USAGE after a message. seen (may be NULL): the options given. */
-int cli_parse(const cli_spec *s, int argc, char **argv, void *cmd_struct, const char **pos, int *npos, cli_seen *seen)
+int cli_parse(const cli_spec *s, int argc, char **argv, void *cmd_struct, size_t size, const char **pos, int *npos,
+              cli_seen *seen)
 {
     *npos = 0;
     if (seen) seen->n = 0;
+    memset(cmd_struct, 0, size);
     char *base = (char *)cmd_struct;
     for (int k = 0; k < 4 && s->sets[k].opts; k++)
         for (const cli_opt *o = s->sets[k].opts; o->names; o++)

@@ -109,12 +109,13 @@ int cli_was_given(const cli_seen *s, const char *name);
 const char *cli_nth(const char *choices, int k, char *buf, size_t cap);
 /* Prints the help: usage, about, the options of every set, the tail. */
 void cli_help(const cli_spec *s);
-/* Parses argv (argv[0] is the command) into the command's struct (set k
-   at offset s->sets[k].base) after setting every default; positional
+/* Parses argv (argv[0] is the command) into the command's struct of `size`
+   bytes (set k at offset s->sets[k].base), zeroed, then every default set; positional
    arguments go to pos (at most s->max_pos, at least s->min_pos). Returns
    0, -1 after printing the help (for -h and --help), or EXIT_USAGE after
    a message. seen (may be NULL): the options given. */
-int cli_parse(const cli_spec *s, int argc, char **argv, void *cmd_struct, const char **pos, int *npos, cli_seen *seen);
+int cli_parse(const cli_spec *s, int argc, char **argv, void *cmd_struct, size_t size, const char **pos, int *npos,
+              cli_seen *seen);
 
 /* Shorthands for the rows: the field of struct T. */
 #define CLI_AT(T, field) offsetof(T, field)

@@ -241,9 +241,8 @@ static int eval_tokens(const eval_args *a, const mpq_llm *m, const char *what, c
 int cmd_eval(int argc, char **argv)
 {
     eval_args a;
-    memset(&a, 0, sizeof a);
     const char *pos[2];
-    int npos = 0, rc = cli_parse(&eval_spec, argc, argv, &a, pos, &npos, NULL);
+    int npos = 0, rc = cli_parse(&eval_spec, argc, argv, &a, sizeof a, pos, &npos, NULL);
     if (rc) return rc < 0 ? 0 : rc;
     char *text = NULL;
     size_t len = 0;
@@ -410,9 +409,8 @@ static void run_report(const mpq_llm *m, const mpq_gen_result *r, const mpq_pmpd
 int cmd_run(int argc, char **argv)
 {
     run_args a;
-    memset(&a, 0, sizeof a);
     const char *model;
-    int npos = 0, rc = cli_parse(&run_spec, argc, argv, &a, &model, &npos, NULL);
+    int npos = 0, rc = cli_parse(&run_spec, argc, argv, &a, sizeof a, &model, &npos, NULL);
     if (rc) return rc < 0 ? 0 : rc;
     if (!a.prompt == !a.prompt_file) return fail(EXIT_USAGE, "run: needs one of --prompt and --prompt-file");
     if (a.system && !a.chat) return fail(EXIT_USAGE, "run: --system goes with --chat");
@@ -573,9 +571,8 @@ static void speed_print(const speed_args *a, const char *model, const mpq_llm *m
 int cmd_speed(int argc, char **argv)
 {
     speed_args a;
-    memset(&a, 0, sizeof a);
     const char *model;
-    int npos = 0, rc = cli_parse(&speed_spec, argc, argv, &a, &model, &npos, NULL);
+    int npos = 0, rc = cli_parse(&speed_spec, argc, argv, &a, sizeof a, &model, &npos, NULL);
     if (rc) return rc < 0 ? 0 : rc;
     if (a.np == 0 && a.ng == 0) return fail(EXIT_USAGE, "speed: -p and -n are both 0");
     loaded L;
@@ -762,9 +759,8 @@ static int calibrate(const calib_args *a, const mpq_llm *m, const char *model, c
 int cmd_calibrate(int argc, char **argv)
 {
     calib_args a;
-    memset(&a, 0, sizeof a);
     const char *pos[2];
-    int npos = 0, rc = cli_parse(&calib_spec, argc, argv, &a, pos, &npos, NULL);
+    int npos = 0, rc = cli_parse(&calib_spec, argc, argv, &a, sizeof a, pos, &npos, NULL);
     if (rc) return rc < 0 ? 0 : rc;
     if (a.lo.a8) return fail(EXIT_USAGE, "calibrate --a8: the statistics are gathered with float activations");
     if (!a.out) return fail(EXIT_USAGE, "calibrate: needs MODEL TEXT -o FILE (see mpq calibrate --help)");
@@ -1004,9 +1000,8 @@ static int ge_setup(ge_run *G, const char *model, const char *path, const char *
 int cmd_gen_eval(int argc, char **argv)
 {
     ge_args a;
-    memset(&a, 0, sizeof a);
     const char *pos[2];
-    int npos = 0, rc = cli_parse(&gen_eval_spec, argc, argv, &a, pos, &npos, NULL);
+    int npos = 0, rc = cli_parse(&gen_eval_spec, argc, argv, &a, sizeof a, pos, &npos, NULL);
     if (rc) return rc < 0 ? 0 : rc;
     if (!a.reference || !a.schedules.n)
         return fail(EXIT_USAGE, "gen-eval: needs MODEL TEXT --reference REF --schedule SPEC (see mpq gen-eval --help)");

@@ -57,7 +57,7 @@ int cmd_inspect(int argc, char **argv)
 {
     inspect_args a;
     const char *path;
-    int npos = 0, rc = cli_parse(&inspect_spec, argc, argv, &a, &path, &npos, NULL);
+    int npos = 0, rc = cli_parse(&inspect_spec, argc, argv, &a, sizeof a, &path, &npos, NULL);
     if (rc) return rc < 0 ? 0 : rc;
     mpq_io_err e;
     mpq_st_file *f;
@@ -151,32 +151,11 @@ static int dequantize_one(const dequantize_args *a, mpq_st_file *f, const mpq_st
     return rc;
 }
 
-/* A tensor that is not packed, as it is. */
-static int copy_one(mpq_st_file *f, const mpq_st_tensor *t, mpq_st_writer *w, row *r)
-{
-    mpq_io_err e;
-    const size_t bytes = (size_t)(t->end - t->begin);
-    void *buf = malloc(bytes + 1);
-    int rc = 0;
-    if (!buf)
-        rc = fail(EXIT_INPUT, "%s: tensor '%s': out of memory", mpq_st_path(f), t->name);
-    else if (mpq_st_read(f, t, buf, bytes, &e) != MPQ_OK)
-        rc = fail(EXIT_INPUT, "%s", e.msg);
-    else if (mpq_st_write(w, t->name, t->dtype, t->ndim, t->shape, buf, bytes, &e) != MPQ_OK)
-        rc = fail(EXIT_OUTPUT, "%s", e.msg);
-    free(buf);
-    shape_text(t->ndim, t->shape, r->shape, sizeof r->shape);
-    snprintf(r->kind, sizeof r->kind, "%s (kept)", mpq_dtype_name(t->dtype));
-    r->bytes_out = bytes;
-    return rc;
-}
-
 int cmd_dequantize(int argc, char **argv)
 {
     dequantize_args a;
-    memset(&a, 0, sizeof a);
     const char *pos[2];
-    int npos = 0, rc = cli_parse(&dequantize_spec, argc, argv, &a, pos, &npos, NULL);
+    int npos = 0, rc = cli_parse(&dequantize_spec, argc, argv, &a, sizeof a, pos, &npos, NULL);
     if (rc) return rc < 0 ? 0 : rc;
     mpq_io_err e;
     mpq_st_file *f;
@@ -195,7 +174,7 @@ int cmd_dequantize(int argc, char **argv)
         row r;
         memset(&r, 0, sizeof r);
         r.name = t->name, r.bpw = -1, r.bytes_in = t->end - t->begin;
-        rc = t->packed ? dequantize_one(&a, f, t, w, &r) : copy_one(f, t, w, &r);
+        rc = t->packed ? dequantize_one(&a, f, t, w, &r) : copy_st_tensor(f, t, w, &r);
         if (!rc) arrput(rows, r);
     }
     if (!rc && mpq_st_writer_close(w, &e) != MPQ_OK)
@@ -337,9 +316,8 @@ static void bench_one(const bench_args *a, const char *name, const mpq_packed *A
 int cmd_bench(int argc, char **argv)
 {
     bench_args a;
-    memset(&a, 0, sizeof a);
     const char *path;
-    int npos = 0, rc = cli_parse(&bench_spec, argc, argv, &a, &path, &npos, NULL);
+    int npos = 0, rc = cli_parse(&bench_spec, argc, argv, &a, sizeof a, &path, &npos, NULL);
     if (rc) return rc < 0 ? 0 : rc;
     if (!a.threads) a.threads = bench_max_threads();
     mpq_io_err e;

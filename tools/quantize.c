@@ -239,21 +239,8 @@ static int copy_tensor(mpq_source *in, const mpq_source_tensor *t, mpq_st_writer
     mpq_io_err e;
     const mpq_st_tensor *st = NULL;
     mpq_st_file *f = mpq_source_st(in, t, &st);
+    if (f) return copy_st_tensor(f, st, w, r);
     int rc = 0;
-    if (f) {
-        const size_t bytes = (size_t)(st->end - st->begin);
-        void *buf = malloc(bytes + 1);
-        if (!buf)
-            rc = fail(EXIT_INPUT, "%s: tensor '%s': out of memory", mpq_source_path(in), t->name);
-        else if (mpq_st_read(f, st, buf, bytes, &e) != MPQ_OK)
-            rc = fail(EXIT_INPUT, "%s", e.msg);
-        else if (mpq_st_write(w, t->name, st->dtype, st->ndim, st->shape, buf, bytes, &e) != MPQ_OK)
-            rc = fail(EXIT_OUTPUT, "%s", e.msg);
-        free(buf);
-        snprintf(r->kind, sizeof r->kind, "%s (kept)", mpq_dtype_name(st->dtype));
-        r->bytes_out = bytes;
-        return rc;
-    }
     if (!t->is_float)
         return fail(EXIT_INPUT,
                     "%s: tensor '%s': type %s cannot be read (mpq converts F32, F16, BF16, F64, Q8_0, "
@@ -625,11 +612,10 @@ static int check_files(qargs *q, const mpq_recipe *r)
 int cmd_quantize(int argc, char **argv)
 {
     qargs q;
-    memset(&q, 0, sizeof q);
     const char *pos[2];
     int npos = 0;
     cli_seen seen;
-    int rc = cli_parse(&qargs_spec, argc, argv, &q, pos, &npos, &seen);
+    int rc = cli_parse(&qargs_spec, argc, argv, &q, sizeof q, pos, &npos, &seen);
     if (rc) return rc < 0 ? 0 : rc;
     qrun R;
     memset(&R, 0, sizeof R);

@@ -484,9 +484,8 @@ static int schedule_static(const sched_args *a, sched_ctx *C, mpq_pmpd_search *d
 int cmd_schedule(int argc, char **argv)
 {
     sched_args a;
-    memset(&a, 0, sizeof a);
     const char *pos[2];
-    int npos = 0, rc = cli_parse(&sched_spec, argc, argv, &a, pos, &npos, NULL);
+    int npos = 0, rc = cli_parse(&sched_spec, argc, argv, &a, sizeof a, pos, &npos, NULL);
     if (rc) return rc < 0 ? 0 : rc;
     if (!a.out) return fail(EXIT_USAGE, "schedule: needs MODEL TEXT -o FILE (see mpq schedule --help)");
     mpq_pmpd_search d;

@@ -1,13 +1,17 @@
 /* tools/table.h - the per-tensor summary table that quantize, inspect and
-   dequantize print (rows collected in a stb_ds array). */
+   dequantize print (rows collected in a stb_ds array), and the copy of a
+   tensor they carry over unchanged. */
 #ifndef MPQ_TABLE_H
 #define MPQ_TABLE_H
 
+#include "cli.h"
 #include "mpq.h"
+#include "mpq_io.h"
 
 #include <stb/stb_ds.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 typedef struct row {
@@ -91,6 +95,27 @@ static inline void print_rows(const row *rows, int quantized)
                out ? (double)in / (double)out : 0.0);
     else
         printf("%llu bytes of tensors\n", (unsigned long long)out);
+}
+
+/* Copies tensor t of f into w as it is (its bytes); its row in r. 0, or
+   the exit code after a message naming the file and the tensor. */
+static inline int copy_st_tensor(mpq_st_file *f, const mpq_st_tensor *t, mpq_st_writer *w, row *r)
+{
+    mpq_io_err e;
+    const size_t bytes = (size_t)(t->end - t->begin);
+    void *buf = malloc(bytes + 1);
+    int rc = 0;
+    if (!buf)
+        rc = fail(EXIT_INPUT, "%s: tensor '%s': out of memory", mpq_st_path(f), t->name);
+    else if (mpq_st_read(f, t, buf, bytes, &e) != MPQ_OK)
+        rc = fail(EXIT_INPUT, "%s", e.msg);
+    else if (mpq_st_write(w, t->name, t->dtype, t->ndim, t->shape, buf, bytes, &e) != MPQ_OK)
+        rc = fail(EXIT_OUTPUT, "%s", e.msg);
+    free(buf);
+    shape_text(t->ndim, t->shape, r->shape, sizeof r->shape);
+    snprintf(r->kind, sizeof r->kind, "%s (kept)", mpq_dtype_name(t->dtype));
+    r->bytes_out = bytes;
+    return rc;
 }
 
 #endif

@@ -123,12 +123,11 @@ static inline int llm_row_quantize(const char *args, mpq_llm *m, const mpq_calib
     snprintf(buf, sizeof buf, "quantize %s %s IN OUT", args, LLM_ROW_COMMON);
     for (char *t = strtok(buf, " "); t && argc < 63; t = strtok(NULL, " ")) argv[argc++] = t;
     qargs q;
-    memset(&q, 0, sizeof q);
     const char *pos[2];
     int npos = 0;
     cli_seen seen;
     mpq_recipe r;
-    int rc = cli_parse(&qargs_spec, argc, argv, &q, pos, &npos, &seen);
+    int rc = cli_parse(&qargs_spec, argc, argv, &q, sizeof q, pos, &npos, &seen);
     if (!rc) rc = qargs_recipe(&q, &seen, &r);
     if (rc) return rc < 0 ? EXIT_USAGE : rc;
     const int n = m->c.layers * MPQ_LIN_COUNT;
