@@ -36,6 +36,15 @@ struct mpq_llm_train {
     float *tA, *tB, *WT, *G;                              /* transposes and one weight gradient */
 };
 
+/* Where mpq_llm_backward_params adds the gradients, and its scratch. */
+typedef struct mpq__pgrad {
+    float *embed, *head, *out_norm; /* head: the embedding's when tied */
+    float **attn_norm, **ffn_norm;  /* layers */
+    float **lin, **bias;            /* layers x MPQ_LIN_COUNT; bias NULL where there is none */
+    double *r;                      /* T: the norms' 1 / rms per token */
+    float *tA, *tB, *G;             /* the head's gradient: V x T, D x T, V x D */
+} mpq__pgrad;
+
 static const float *mpq__W(const mpq_llm *m, const float *const *W, int i)
 {
     return W && W[i] ? W[i] : m->layer[i / MPQ_LIN_COUNT].lin[i % MPQ_LIN_COUNT].W;
@@ -116,10 +125,6 @@ mpq_status mpq_llm_train_init(const mpq_llm *m, int len, mpq_llm_train **out)
     t->tB = p, p += T * maxd;
     t->WT = p, p += maxw;
     t->G = p, p += maxw;
-    /* the head transposed once: dim x vocab */
-    const float *Hw = m->head.W;
-    for (size_t v = 0; v < V; v++)
-        for (size_t d = 0; d < D; d++) t->headT[d * V + v] = Hw[v * D + d];
     mpq__rope_table(m, 0, len, t->rope);
     *out = t;
     return MPQ_OK;
@@ -246,8 +251,11 @@ static void mpq__attn_bwd(const mpq_llm_config *c, const float *q, const float *
 }
 
 /* dx += d rmsnorm(x) given dy (the gradient at its output), in double per
-   token: dx_i = r w_i dy_i - x_i r^3 / D sum_j w_j dy_j x_j. */
-static void mpq__rms_bwd(const float *x, const float *w, const float *dy, float *dx, int T, int D, double eps)
+   token: dx_i = r w_i dy_i - x_i r^3 / D sum_j w_j dy_j x_j; and, when dw
+   is not NULL, the gains' gradient dw_j += sum_t dy_tj x_tj r_t (r: T
+   doubles of scratch, the tokens in order for each gain). */
+static void mpq__rms_bwd(const float *x, const float *w, const float *dy, float *dx, int T, int D, double eps,
+                         float *dw, double *r)
 {
 #ifdef _OPENMP
 #pragma omp parallel for schedule(static)
@@ -256,8 +264,18 @@ static void mpq__rms_bwd(const float *x, const float *w, const float *dy, float 
         const float *xt = x + (size_t)t * D, *dyt = dy + (size_t)t * D;
         double ss = 0, dot = 0;
         for (int j = 0; j < D; j++) ss += (double)xt[j] * xt[j], dot += (double)w[j] * dyt[j] * xt[j];
-        const double r = 1.0 / sqrt(ss / D + eps), k = r * r * r * dot / D;
-        for (int j = 0; j < D; j++) dx[(size_t)t * D + j] += (float)(r * w[j] * dyt[j] - xt[j] * k);
+        const double rt = 1.0 / sqrt(ss / D + eps), k = rt * rt * rt * dot / D;
+        for (int j = 0; j < D; j++) dx[(size_t)t * D + j] += (float)(rt * w[j] * dyt[j] - xt[j] * k);
+        if (r) r[t] = rt;
+    }
+    if (!dw) return;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static)
+#endif
+    for (int j = 0; j < D; j++) {
+        double g = 0;
+        for (int t = 0; t < T; t++) g += (double)dy[(size_t)t * D + j] * x[(size_t)t * D + j] * r[t];
+        dw[j] += (float)g;
     }
 }
 
@@ -312,13 +330,37 @@ static void mpq__forward(const mpq_llm *m, mpq_llm_train *t, const float *const 
     mpq__rmsnorm(t->xf, m->out_norm, t->hf, T, c->dim, c->norm_eps);
 }
 
-mpq_status mpq_llm_backward(const mpq_llm *m, mpq_llm_train *t, const int32_t *tokens, int n, const float *const *W,
-                            mpq_observe_cb observe, mpq_grad_cb on_grad, void *user, double *loss)
+/* mpq_llm_backward's on_grad when every parameter's gradient is summed */
+static void mpq__add_grad(void *user, int layer, int lin, const float *G, int rows, int cols)
+{
+    float *g = ((mpq__pgrad *)user)->lin[layer * MPQ_LIN_COUNT + lin];
+    for (size_t i = 0; i < (size_t)rows * cols; i++) g[i] += G[i];
+}
+
+/* b[i] += sum over the T tokens of dy[t][i] (rows outputs), tokens in order */
+static void mpq__bias_grad(const float *dy, int T, int rows, float *b)
+{
+    if (!b) return;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static)
+#endif
+    for (int i = 0; i < rows; i++) {
+        double g = 0;
+        for (int t = 0; t < T; t++) g += dy[(size_t)t * rows + i];
+        b[i] += (float)g;
+    }
+}
+
+/* mpq_llm_backward, and with pg every parameter's gradient added there
+   (on_grad and user are then pg's). */
+static mpq_status mpq__backward(const mpq_llm *m, mpq_llm_train *t, const int32_t *tokens, int n, const float *const *W,
+                                mpq_observe_cb observe, mpq_grad_cb on_grad, void *user, double *loss, mpq__pgrad *pg)
 {
     if (!m || !t || !tokens || n < 2 || n > t->len) return MPQ_ERR_ARG;
     const mpq_llm_config *c = &m->c;
     for (int i = 0; i < n; i++)
         if (tokens[i] < 0 || tokens[i] >= c->vocab) return MPQ_ERR_ARG;
+    if (pg) on_grad = mpq__add_grad, user = pg;
     const int T = n, D = c->dim, F = c->ffn, V = c->vocab;
     float *x0 = t->slot[0].xin;
     for (int i = 0; i < T; i++) memcpy(x0 + (size_t)i * D, m->embed.W + (size_t)tokens[i] * D, sizeof(float) * D);
@@ -351,17 +393,27 @@ mpq_status mpq_llm_backward(const mpq_llm *m, mpq_llm_train *t, const int32_t *t
     free(row);
     if (loss) *loss = total / (T - 1);
     if (!on_grad) return MPQ_OK;
-    /* dhf = dlogits head; dx = rmsnorm backward */
+    if (pg) { /* the head: dW = dlogits^T hf */
+        mpq__transpose(t->logits, T, V, pg->tA);
+        mpq__transpose(t->hf, T, D, pg->tB);
+        mpq__sgemm(pg->tA, V, pg->tB, D, T, pg->G);
+        for (size_t i = 0; i < (size_t)V * D; i++) pg->head[i] += pg->G[i];
+    }
+    /* dhf = dlogits head; dx = rmsnorm backward (the head as it is now) */
+    mpq__transpose(m->head.W, V, D, t->headT);
     mpq__sgemm(t->logits, T, t->headT, D, V, t->dh);
     memset(t->dx, 0, sizeof(float) * (size_t)T * D);
-    mpq__rms_bwd(t->xf, m->out_norm, t->dh, t->dx, T, D, c->norm_eps);
+    double *r = pg ? pg->r : NULL;
+    mpq__rms_bwd(t->xf, m->out_norm, t->dh, t->dx, T, D, c->norm_eps, pg ? pg->out_norm : NULL, r);
     for (int l = c->layers - 1; l >= 0; l--) {
         const mpq_llm_layer *L = &m->layer[l];
         mpq__slot *S = &t->slot[l];
         const int base = l * MPQ_LIN_COUNT;
+        float *const *bg = pg ? pg->bias + base : NULL;
         /* MLP: y = xmid + Wd (silu(gp) * u) */
         for (size_t i = 0; i < (size_t)T * F; i++) t->act[i] = mpq__silu(S->gp[i]) * S->u[i];
         mpq__lin_dw(t, &L->lin[MPQ_LIN_DOWN], t->dx, t->act, T, l, MPQ_LIN_DOWN, on_grad, user);
+        if (bg) mpq__bias_grad(t->dx, T, D, bg[MPQ_LIN_DOWN]);
         mpq__lin_dx(t, &L->lin[MPQ_LIN_DOWN], mpq__W(m, W, base + MPQ_LIN_DOWN), t->dx, t->dact, T, 0);
         for (size_t i = 0; i < (size_t)T * F; i++) {
             const float g = S->gp[i], sg = 1.0f / (1.0f + expf(-g));
@@ -370,11 +422,13 @@ mpq_status mpq_llm_backward(const mpq_llm *m, mpq_llm_train *t, const int32_t *t
         }
         mpq__lin_dw(t, &L->lin[MPQ_LIN_GATE], t->dgp, S->h2, T, l, MPQ_LIN_GATE, on_grad, user);
         mpq__lin_dw(t, &L->lin[MPQ_LIN_UP], t->du, S->h2, T, l, MPQ_LIN_UP, on_grad, user);
+        if (bg) mpq__bias_grad(t->dgp, T, F, bg[MPQ_LIN_GATE]), mpq__bias_grad(t->du, T, F, bg[MPQ_LIN_UP]);
         mpq__lin_dx(t, &L->lin[MPQ_LIN_GATE], mpq__W(m, W, base + MPQ_LIN_GATE), t->dgp, t->dh, T, 0);
         mpq__lin_dx(t, &L->lin[MPQ_LIN_UP], mpq__W(m, W, base + MPQ_LIN_UP), t->du, t->dh, T, 1);
-        mpq__rms_bwd(S->xmid, L->ffn_norm, t->dh, t->dx, T, D, c->norm_eps);
+        mpq__rms_bwd(S->xmid, L->ffn_norm, t->dh, t->dx, T, D, c->norm_eps, pg ? pg->ffn_norm[l] : NULL, r);
         /* attention: xmid = xin + Wo att */
         mpq__lin_dw(t, &L->lin[MPQ_LIN_O], t->dx, S->att, T, l, MPQ_LIN_O, on_grad, user);
+        if (bg) mpq__bias_grad(t->dx, T, D, bg[MPQ_LIN_O]);
         mpq__lin_dx(t, &L->lin[MPQ_LIN_O], mpq__W(m, W, base + MPQ_LIN_O), t->dx, t->da, T, 0);
         mpq__attn_fwd(c, S->q, S->k, S->v, t->dq, t->P, T); /* P again (dq is scratch here) */
         mpq__attn_bwd(c, S->q, S->k, S->v, t->P, t->da, t->dS, t->dq, t->dk, t->dv, T);
@@ -383,12 +437,70 @@ mpq_status mpq_llm_backward(const mpq_llm *m, mpq_llm_train *t, const int32_t *t
         mpq__lin_dw(t, &L->lin[MPQ_LIN_Q], t->dq, S->h1, T, l, MPQ_LIN_Q, on_grad, user);
         mpq__lin_dw(t, &L->lin[MPQ_LIN_K], t->dk, S->h1, T, l, MPQ_LIN_K, on_grad, user);
         mpq__lin_dw(t, &L->lin[MPQ_LIN_V], t->dv, S->h1, T, l, MPQ_LIN_V, on_grad, user);
+        if (bg) {
+            mpq__bias_grad(t->dq, T, L->lin[MPQ_LIN_Q].rows, bg[MPQ_LIN_Q]);
+            mpq__bias_grad(t->dk, T, L->lin[MPQ_LIN_K].rows, bg[MPQ_LIN_K]);
+            mpq__bias_grad(t->dv, T, L->lin[MPQ_LIN_V].rows, bg[MPQ_LIN_V]);
+        }
         mpq__lin_dx(t, &L->lin[MPQ_LIN_Q], mpq__W(m, W, base + MPQ_LIN_Q), t->dq, t->dh, T, 0);
         mpq__lin_dx(t, &L->lin[MPQ_LIN_K], mpq__W(m, W, base + MPQ_LIN_K), t->dk, t->dh, T, 1);
         mpq__lin_dx(t, &L->lin[MPQ_LIN_V], mpq__W(m, W, base + MPQ_LIN_V), t->dv, t->dh, T, 1);
-        mpq__rms_bwd(S->xin, L->attn_norm, t->dh, t->dx, T, D, c->norm_eps);
+        mpq__rms_bwd(S->xin, L->attn_norm, t->dh, t->dx, T, D, c->norm_eps, pg ? pg->attn_norm[l] : NULL, r);
     }
+    if (pg) /* the embedding rows of the tokens, in token order */
+        for (int i = 0; i < T; i++) {
+            float *e = pg->embed + (size_t)tokens[i] * D;
+            for (int j = 0; j < D; j++) e[j] += t->dx[(size_t)i * D + j];
+        }
     return MPQ_OK;
+}
+
+mpq_status mpq_llm_backward(const mpq_llm *m, mpq_llm_train *t, const int32_t *tokens, int n, const float *const *W,
+                            mpq_observe_cb observe, mpq_grad_cb on_grad, void *user, double *loss)
+{
+    return mpq__backward(m, t, tokens, n, W, observe, on_grad, user, loss, NULL);
+}
+
+mpq_status mpq_llm_backward_params(const mpq_llm *m, mpq_llm_train *t, const int32_t *tokens, int n, float *const *grad,
+                                   double *loss)
+{
+    if (!m || !t || !grad || !tokens || n < 2 || n > t->len) return MPQ_ERR_ARG;
+    const mpq_llm_config *c = &m->c;
+    const int np = mpq_llm_params(m, NULL, 0), nl = c->layers * MPQ_LIN_COUNT;
+    const size_t T = (size_t)n, D = (size_t)c->dim, V = (size_t)c->vocab;
+    mpq_llm_param *p = (mpq_llm_param *)malloc(sizeof *p * (size_t)np);
+    float **arr = (float **)calloc((size_t)(2 * c->layers + 2 * nl), sizeof(float *));
+    mpq__pgrad pg;
+    memset(&pg, 0, sizeof pg);
+    pg.r = (double *)malloc(sizeof(double) * T);
+    pg.tA = (float *)malloc(sizeof(float) * (V * T + D * T + V * D));
+    mpq_status st = p && arr && pg.r && pg.tA ? MPQ_OK : MPQ_ERR_NOMEM;
+    if (st == MPQ_OK) {
+        mpq_llm_params(m, p, np);
+        pg.attn_norm = arr, pg.ffn_norm = arr + c->layers, pg.lin = arr + 2 * c->layers, pg.bias = pg.lin + nl;
+        pg.tB = pg.tA + V * T, pg.G = pg.tB + D * T;
+        for (int i = 0; i < np && st == MPQ_OK; i++) {
+            if (!p[i].data) st = MPQ_ERR_UNSUPPORTED;
+            if (!grad[i]) st = MPQ_ERR_ARG;
+            const int l = p[i].layer, k = p[i].lin;
+            switch (p[i].role) {
+            case MPQ_PARAM_EMBED: pg.embed = grad[i]; break;
+            case MPQ_PARAM_HEAD: pg.head = grad[i]; break;
+            case MPQ_PARAM_OUT_NORM: pg.out_norm = grad[i]; break;
+            case MPQ_PARAM_ATTN_NORM: pg.attn_norm[l] = grad[i]; break;
+            case MPQ_PARAM_FFN_NORM: pg.ffn_norm[l] = grad[i]; break;
+            case MPQ_PARAM_LINEAR: pg.lin[l * MPQ_LIN_COUNT + k] = grad[i]; break;
+            case MPQ_PARAM_BIAS: pg.bias[l * MPQ_LIN_COUNT + k] = grad[i]; break;
+            }
+        }
+        if (c->tied) pg.head = pg.embed;
+    }
+    if (st == MPQ_OK) st = mpq__backward(m, t, tokens, n, NULL, NULL, NULL, NULL, loss, &pg);
+    free(p);
+    free(arr);
+    free(pg.r);
+    free(pg.tA);
+    return st;
 }
 
 /* ========================================================================== */

@@ -1,5 +1,5 @@
 /* mpq_model.c - Llama-family models on mpq's products (see mpq_model.h,
-   sections 2 to 5). */
+   sections 1 to 4). */
 #define _XOPEN_SOURCE 700
 #include "mpq_model.h"
 #include "mpq_model_priv.h"
@@ -26,7 +26,7 @@ double mpq__now(void)
 }
 
 /* ========================================================================== */
-/* 2. Models                                                                  */
+/* 1. Models                                                                  */
 /* ========================================================================== */
 
 static const char *const mpq__gguf_lin[MPQ_LIN_COUNT] = {"attn_q",   "attn_k", "attn_v",  "attn_output",
@@ -504,7 +504,17 @@ static mpq_status mpq__load_linear(mpq_source *s, const char *name, int rows, in
     return mpq__read_floats(s, t, &L->W, err);
 }
 
-/* Rotary frequencies theta_i = base^(-2i/d), scaled as the config says. */
+/* rows x cols of each linear map of a layer */
+static void mpq__lin_shapes(const mpq_llm_config *c, int shape[MPQ_LIN_COUNT][2])
+{
+    const int qd = c->heads * c->head_dim, kvd = c->kv_heads * c->head_dim;
+    const int s[MPQ_LIN_COUNT][2] = {{qd, c->dim},     {kvd, c->dim},    {kvd, c->dim},   {c->dim, qd},
+                                     {c->ffn, c->dim}, {c->ffn, c->dim}, {c->dim, c->ffn}};
+    memcpy(shape, s, sizeof s);
+}
+
+/* Rotary frequencies theta_i = base^(-2i/d), scaled as the config says
+   (s: the source, for a GGUF rope_freqs tensor; may be NULL). */
 static mpq_status mpq__rope_freqs(mpq_llm *m, mpq_source *s, mpq_io_err *err)
 {
     const mpq_llm_config *c = &m->c;
@@ -512,7 +522,7 @@ static mpq_status mpq__rope_freqs(mpq_llm *m, mpq_source *s, mpq_io_err *err)
     m->rope_freq = (float *)malloc(sizeof(float) * (size_t)half);
     if (!m->rope_freq) return mpq__fail(err, MPQ_ERR_NOMEM, m->path, "out of memory");
     float *factors = NULL;
-    if (c->gguf_names && mpq_source_find(s, "rope_freqs.weight")) {
+    if (s && c->gguf_names && mpq_source_find(s, "rope_freqs.weight")) {
         mpq_status st = mpq__load_vector(s, "rope_freqs.weight", half, &factors, err);
         if (st != MPQ_OK) return st;
     }
@@ -597,9 +607,8 @@ mpq_status mpq_llm_load(const char *path, mpq_llm **out, mpq_io_err *err)
         st = mpq__fail(err, MPQ_ERR_NOMEM, O, "out of memory");
         goto done;
     }
-    const int qd = c->heads * c->head_dim, kvd = c->kv_heads * c->head_dim;
-    const int shape[MPQ_LIN_COUNT][2] = {{qd, c->dim},     {kvd, c->dim},    {kvd, c->dim},   {c->dim, qd},
-                                         {c->ffn, c->dim}, {c->ffn, c->dim}, {c->dim, c->ffn}};
+    int shape[MPQ_LIN_COUNT][2];
+    mpq__lin_shapes(c, shape);
     for (int l = 0; l < c->layers && st == MPQ_OK; l++) {
         mpq_llm_layer *L = &m->layer[l];
         st = mpq__load_vector(s, mpq_llm_tensor_name(c->gguf_names, "attn_norm", l, name, sizeof name), c->dim,
@@ -627,6 +636,100 @@ done:
     }
     *out = m;
     return MPQ_OK;
+}
+
+static float *mpq__filled(size_t n, float v)
+{
+    float *p = (float *)malloc(sizeof(float) * (n ? n : 1));
+    for (size_t i = 0; p && i < n; i++) p[i] = v;
+    return p;
+}
+
+mpq_status mpq_llm_create(const mpq_llm_config *c, mpq_tokenizer *tok, mpq_llm **out)
+{
+    if (!c || !tok || !out) return MPQ_ERR_ARG;
+    const int dims[] = {c->vocab, c->dim, c->layers, c->heads, c->kv_heads, c->head_dim, c->ffn, c->ctx};
+    for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++)
+        if (dims[i] < 1 || dims[i] > MPQ__MAX_DIM * (i == 0 || i == 7 ? 16 : 1)) return MPQ_ERR_SIZE;
+    if (c->vocab < mpq_tokenizer_size(tok) || c->rope_scaling != MPQ_ROPE_SCALING_NONE) return MPQ_ERR_ARG;
+    if (c->arch[0] && strcmp(c->arch, "llama") != 0 && strcmp(c->arch, "qwen2") != 0) return MPQ_ERR_UNSUPPORTED;
+    if (mpq__config_check(c, "(model)", NULL) != MPQ_OK) return MPQ_ERR_ARG;
+    mpq_llm *m = (mpq_llm *)calloc(1, sizeof *m);
+    if (!m) return MPQ_ERR_NOMEM;
+    m->c = *c;
+    if (!m->c.arch[0]) snprintf(m->c.arch, sizeof m->c.arch, "llama");
+    m->path = strdup("(built in memory)");
+    m->layer = (mpq_llm_layer *)calloc((size_t)c->layers, sizeof *m->layer);
+    const size_t D = (size_t)c->dim;
+    int ok = m->path && m->layer;
+    m->embed.rows = m->head.rows = c->vocab, m->embed.cols = m->head.cols = c->dim;
+    ok = ok && (m->embed.W = mpq__filled((size_t)c->vocab * D, 0.0f)) != NULL;
+    ok = ok && (m->out_norm = mpq__filled(D, 1.0f)) != NULL;
+    if (ok && c->tied)
+        m->head = m->embed;
+    else if (ok)
+        ok = (m->head.W = mpq__filled((size_t)c->vocab * D, 0.0f)) != NULL;
+    int shape[MPQ_LIN_COUNT][2];
+    mpq__lin_shapes(c, shape);
+    for (int l = 0; ok && l < c->layers; l++) {
+        mpq_llm_layer *L = &m->layer[l];
+        ok = (L->attn_norm = mpq__filled(D, 1.0f)) && (L->ffn_norm = mpq__filled(D, 1.0f));
+        for (int k = 0; ok && k < MPQ_LIN_COUNT; k++) {
+            mpq_linear *Q = &L->lin[k];
+            Q->rows = shape[k][0], Q->cols = shape[k][1];
+            ok = (Q->W = mpq__filled((size_t)Q->rows * Q->cols, 0.0f)) != NULL;
+            if (ok && c->qkv_bias && k <= MPQ_LIN_V) ok = (Q->bias = mpq__filled((size_t)Q->rows, 0.0f)) != NULL;
+        }
+    }
+    if (!ok || mpq__rope_freqs(m, NULL, NULL) != MPQ_OK) {
+        mpq_llm_free(m); /* the tokenizer is not the model's yet */
+        return MPQ_ERR_NOMEM;
+    }
+    m->tok = tok;
+    *out = m;
+    return MPQ_OK;
+}
+
+/* The next entry of mpq_llm_params: filled when it fits (returned, for
+   its name), counted always. */
+static mpq_llm_param *mpq__param(mpq_llm_param *p, int cap, int *n, mpq_param_role role, int layer, int lin, int rows,
+                                 int cols, float *data)
+{
+    mpq_llm_param *e = p && *n < cap ? &p[*n] : NULL;
+    (*n)++;
+    if (!e) return NULL;
+    e->role = role, e->layer = layer, e->lin = lin, e->rows = rows, e->cols = cols;
+    e->n = (size_t)rows * (size_t)(cols ? cols : 1), e->data = data;
+    return e;
+}
+
+int mpq_llm_params(const mpq_llm *m, mpq_llm_param *p, int cap)
+{
+    if (!m) return 0;
+    const mpq_llm_config *c = &m->c;
+    const int g = c->gguf_names;
+    const size_t cn = sizeof p->name;
+    int n = 0;
+    mpq_llm_param *e = mpq__param(p, cap, &n, MPQ_PARAM_EMBED, -1, -1, c->vocab, c->dim, m->embed.W);
+    if (e) mpq_llm_tensor_name(g, "embed", 0, e->name, cn);
+    if (!c->tied && (e = mpq__param(p, cap, &n, MPQ_PARAM_HEAD, -1, -1, c->vocab, c->dim, m->head.W)))
+        mpq_llm_tensor_name(g, "head", 0, e->name, cn);
+    if ((e = mpq__param(p, cap, &n, MPQ_PARAM_OUT_NORM, -1, -1, c->dim, 0, m->out_norm)))
+        mpq_llm_tensor_name(g, "out_norm", 0, e->name, cn);
+    for (int l = 0; l < c->layers; l++) {
+        const mpq_llm_layer *L = &m->layer[l];
+        if ((e = mpq__param(p, cap, &n, MPQ_PARAM_ATTN_NORM, l, -1, c->dim, 0, L->attn_norm)))
+            mpq_llm_tensor_name(g, "attn_norm", l, e->name, cn);
+        if ((e = mpq__param(p, cap, &n, MPQ_PARAM_FFN_NORM, l, -1, c->dim, 0, L->ffn_norm)))
+            mpq_llm_tensor_name(g, "ffn_norm", l, e->name, cn);
+        for (int k = 0; k < MPQ_LIN_COUNT; k++)
+            if ((e = mpq__param(p, cap, &n, MPQ_PARAM_LINEAR, l, k, L->lin[k].rows, L->lin[k].cols, L->lin[k].W)))
+                mpq_llm_linear_name(g, l, k, 0, e->name, cn);
+        for (int k = 0; k < MPQ_LIN_COUNT; k++)
+            if (L->lin[k].bias && (e = mpq__param(p, cap, &n, MPQ_PARAM_BIAS, l, k, L->lin[k].rows, 0, L->lin[k].bias)))
+                mpq_llm_linear_name(g, l, k, 1, e->name, cn);
+    }
+    return n;
 }
 
 mpq_status mpq_linear_set_packed(mpq_llm *m, mpq_linear *L, mpq_packed *A)
@@ -720,7 +823,7 @@ uint64_t mpq_llm_weight_bytes(const mpq_llm *m)
 }
 
 /* ========================================================================== */
-/* 3. Forward pass                                                            */
+/* 2. Forward pass                                                            */
 /* ========================================================================== */
 
 #if defined(__GNUC__) || defined(__clang__)
@@ -1124,7 +1227,7 @@ mpq_status mpq_llm_decode(const mpq_llm *m, mpq_llm_state *const *seqs, int n, c
 }
 
 /* ========================================================================== */
-/* 4. Perplexity                                                              */
+/* 3. Perplexity                                                              */
 /* ========================================================================== */
 
 /* -log softmax(z)[target], in double. */
@@ -1203,7 +1306,7 @@ mpq_status mpq_llm_perplexity(const mpq_llm *m, const int32_t *tokens, size_t n,
 }
 
 /* ========================================================================== */
-/* 5. Generation                                                              */
+/* 4. Generation                                                              */
 /* ========================================================================== */
 
 static uint64_t mpq__rng(uint64_t *s)

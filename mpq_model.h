@@ -10,7 +10,8 @@
 
    CONTENTS
      1. Models ........ configuration, loading (GGUF, Hugging Face directory,
-                        safetensors files written by mpq), float or packed
+                        safetensors files written by mpq) or building in
+                        memory, every parameter listed, float or packed
                         linear maps, the CPU or another backend
      2. Forward pass .. KV cache, batched prompts, one-token decode (of one or
                         several sequences at once), logits
@@ -19,11 +20,13 @@
                         precision schedules (given or from the learned
                         scheduler), prompt and decode timing; the learned
                         scheduler's training samples and its file
-     5. Calibration ... the backward pass, and every statistic the methods
-                        need (Fisher diagonal, diag(X^T X), AWQ samples,
-                        MixLLM salience, PQI, MXSens layer sensitivity,
-                        X^T X), streamed over windows of a text; the
-                        statistics file `mpq quantize` reads
+     5. Calibration ... the backward pass (the linear maps' gradients, or
+                        every parameter's for training), and every
+                        statistic the methods need (Fisher diagonal,
+                        diag(X^T X), AWQ samples, MixLLM salience, PQI,
+                        MXSens layer sensitivity, X^T X), streamed over
+                        windows of a text; the statistics file `mpq
+                        quantize` reads
 
    Every fallible function returns mpq_status and, where a file or a text is
    involved, fills an optional mpq_io_err with one line naming it. */
@@ -174,6 +177,40 @@ mpq_status mpq_llm_config_json(const mpq_llm_config *c, char **json);
    stay packed. */
 mpq_status mpq_llm_load(const char *path, mpq_llm **out, mpq_io_err *err);
 void mpq_llm_free(mpq_llm *m); /* NULL is accepted */
+
+/* A model built in memory (to train one, or a synthetic test): description
+   c, checked as loading checks it (arch "" is "llama"; vocab at least the
+   tokenizer's size), and the tokenizer tok, which the model takes on
+   success (the caller keeps it on error). Every weight is float: matrices
+   and biases (q, k and v with qkv_bias) zero, norm gains one. */
+mpq_status mpq_llm_create(const mpq_llm_config *c, mpq_tokenizer *tok, mpq_llm **out);
+
+/* EVERY PARAMETER, in one order: the embedding, the head (untied models
+   only), the output norm, then for each layer its attention and MLP norms,
+   its seven linear maps (MPQ_LIN_* order) and the biases it has (the same
+   order). mpq_llm_params fills p[0 .. min(count, cap)) and returns the
+   count (p may be NULL with cap 0). */
+typedef enum mpq_param_role {
+    MPQ_PARAM_EMBED,
+    MPQ_PARAM_HEAD,
+    MPQ_PARAM_OUT_NORM,
+    MPQ_PARAM_ATTN_NORM,
+    MPQ_PARAM_FFN_NORM,
+    MPQ_PARAM_LINEAR,
+    MPQ_PARAM_BIAS
+} mpq_param_role;
+
+typedef struct mpq_llm_param {
+    mpq_param_role role;
+    int layer;      /* the per-layer roles; else -1 */
+    int lin;        /* LINEAR and BIAS: MPQ_LIN_*; else -1 */
+    int rows, cols; /* a matrix; a vector has cols 0 and rows values */
+    size_t n;       /* values */
+    float *data;    /* the model's float values (NULL where only packed) */
+    char name[96];  /* the tensor name in the model's naming scheme */
+} mpq_llm_param;
+
+int mpq_llm_params(const mpq_llm *m, mpq_llm_param *p, int cap);
 
 /* Give linear map L a packed matrix (taking the buffer: *A is cleared); the
    float weights stay for later packings. mpq_linear_unpack drops it. */
@@ -373,6 +410,16 @@ typedef void (*mpq_observe_cb)(void *user, int layer, int lin, const float *x, i
 
 mpq_status mpq_llm_backward(const mpq_llm *m, mpq_llm_train *t, const int32_t *tokens, int n, const float *const *W,
                             mpq_observe_cb observe, mpq_grad_cb on_grad, void *user, double *loss);
+
+/* EVERY PARAMETER'S GRADIENT (training): the loss of the window as
+   mpq_llm_backward gives it, and its gradient with respect to every
+   parameter added to grad[i] (i in mpq_llm_params order, p[i].n floats;
+   the head's gradient goes to the embedding's when they are tied), so that
+   calls over the windows of a batch sum. Every parameter must be float
+   (MPQ_ERR_UNSUPPORTED). The weights may change between calls: the pass
+   reads them anew each time. */
+mpq_status mpq_llm_backward_params(const mpq_llm *m, mpq_llm_train *t, const int32_t *tokens, int n, float *const *grad,
+                                   double *loss);
 
 /* STATISTICS, over `windows` windows of `length` tokens taken evenly from
    the text (window i starts at token floor(i * (n / length) / windows) *

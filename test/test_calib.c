@@ -1,11 +1,11 @@
-/* mpq_model section 6 (mpq_calib.c): the backward pass and every
+/* mpq_model.h section 5 (mpq_calib.c): the backward pass and every
    calibration statistic on tiny random models (test/llm_fixture.h), against
    central finite differences of the float64 reference forward pass
    (gradients, Fisher, MixLLM salience, PQI) and against that pass's own
    activations (diag(X^T X), mean |x|, AWQ samples, X^T X, MXSens layer
-   sensitivity); both rotary conventions, GQA, tied and untied heads,
-   biases; the same statistics for 1 and 2 threads; the statistics file
-   written and read back; bad inputs. */
+   sensitivity); every parameter's gradient (training); a model built in
+   memory; both rotary conventions, GQA, tied and untied heads, biases; the same statistics for 1 and 2 threads; the
+   statistics file written and read back; bad inputs. */
 #define _XOPEN_SOURCE 700
 #include "common.h"
 #include "llm_fixture.h"
@@ -207,6 +207,205 @@ Test(calib, gradients_match_finite_differences)
         }
         tl_free(&t);
     }
+}
+
+/* The fixture's array holding parameter p (HF row order). */
+static float *fixture_array(const tl_model *t, const mpq_llm_param *p)
+{
+    switch (p->role) {
+    case MPQ_PARAM_EMBED: return t->embed;
+    case MPQ_PARAM_HEAD: return t->head;
+    case MPQ_PARAM_OUT_NORM: return t->out_norm;
+    case MPQ_PARAM_ATTN_NORM: return t->attn_norm[p->layer];
+    case MPQ_PARAM_FFN_NORM: return t->ffn_norm[p->layer];
+    case MPQ_PARAM_LINEAR: return t->w[p->layer][p->lin];
+    case MPQ_PARAM_BIAS: return p->lin < 3 ? t->b[p->layer][p->lin] : NULL;
+    }
+    return NULL;
+}
+
+/* Central difference of the reference loss in one value of the fixture
+   (any parameter: the reference reads the fixture's arrays). */
+static double fd_value(const tl_model *t, float *v, const int32_t *tok, int n)
+{
+    const float v0 = *v, h = 2e-3f * (fabsf(v0) + 0.05f);
+    *v = v0 + h;
+    const float hp = *v - v0;
+    const double lp = ref_loss(t, NULL, tok, n);
+    *v = v0 - h;
+    const float hm = v0 - *v;
+    const double lm = ref_loss(t, NULL, tok, n);
+    *v = v0;
+    return (lp - lm) / ((double)hp + hm);
+}
+
+/* mpq_llm_backward_params: the list of parameters, then every parameter's
+   gradient against the finite difference at a few values (embedding rows
+   of the window's tokens; a row no token uses has none), the linear maps'
+   equal to mpq_llm_backward's, and a second call adding as much again. */
+static void check_param_grads(tl_model *t, const mpq_llm *m, uint64_t seed)
+{
+    enum { N = 12 };
+    synth_rng r = {seed};
+    int32_t tok[N];
+    random_tokens(&r, t, tok, N);
+    int nb = 0;
+    for (int l = 0; l < t->layers; l++)
+        for (int k = 0; k < 3; k++) nb += t->b[l][k] != NULL;
+    const int np = mpq_llm_params(m, NULL, 0);
+    cr_assert_eq(np, 2 + !t->tied + t->layers * 9 + nb);
+    mpq_llm_param *p = (mpq_llm_param *)calloc((size_t)np, sizeof *p);
+    cr_assert_eq(mpq_llm_params(m, p, np), np);
+    float **g = (float **)calloc((size_t)np, sizeof *g);
+    for (int i = 0; i < np; i++) {
+        const float *want = fixture_array(t, &p[i]);
+        cr_assert_not_null(want, "%s", p[i].name);
+        cr_assert_eq(p[i].n, (size_t)p[i].rows * (p[i].cols ? (size_t)p[i].cols : 1));
+        cr_assert(!memcmp(p[i].data, want, sizeof(float) * p[i].n), "%s: values differ from the file's", p[i].name);
+        char name[96];
+        if (p[i].role == MPQ_PARAM_LINEAR || p[i].role == MPQ_PARAM_BIAS)
+            mpq_llm_linear_name(0, p[i].layer, p[i].lin, p[i].role == MPQ_PARAM_BIAS, name, sizeof name);
+        else {
+            static const char *const roles[] = {"embed", "head", "out_norm", "attn_norm", "ffn_norm"};
+            mpq_llm_tensor_name(0, roles[p[i].role], p[i].layer, name, sizeof name);
+        }
+        cr_assert_str_eq(p[i].name, name);
+        g[i] = (float *)calloc(p[i].n, sizeof(float));
+    }
+    mpq_llm_train *tr = NULL;
+    cr_assert_eq(mpq_llm_train_init(m, N, &tr), MPQ_OK);
+    double loss = 0, loss2 = 0;
+    cr_assert_eq(mpq_llm_backward_params(m, tr, tok, N, g, &loss), MPQ_OK);
+    grads lg;
+    memset(&lg, 0, sizeof lg);
+    cr_assert_eq(mpq_llm_backward(m, tr, tok, N, NULL, NULL, keep_grad, &lg, &loss2), MPQ_OK);
+    cr_assert_eq(loss, loss2);
+    for (int i = 0; i < np; i++) {
+        double gmax = 0;
+        for (size_t j = 0; j < p[i].n; j++) gmax = fmax(gmax, fabs(g[i][j]));
+        cr_assert(gmax > 0, "%s: zero gradient", p[i].name);
+        if (p[i].role == MPQ_PARAM_LINEAR) {
+            cr_assert(!memcmp(g[i], lg.G[p[i].layer][p[i].lin], sizeof(float) * p[i].n), "%s", p[i].name);
+            continue;
+        }
+        float *arr = fixture_array(t, &p[i]);
+        const int cols = p[i].cols ? p[i].cols : 1;
+        for (int trial = 0; trial < 6; trial++) {
+            const int row = p[i].role == MPQ_PARAM_EMBED ? tok[synth_int(&r, N)] : synth_int(&r, p[i].rows);
+            const size_t j = (size_t)row * cols + (size_t)synth_int(&r, cols);
+            const double want = fd_value(t, &arr[j], tok, N);
+            cr_assert(fabs(g[i][j] - want) <= 2e-3 * gmax + 1e-3 * fabs(want),
+                      "%s, value %zu: gradient %.6g, finite difference %.6g (largest %.3g)", p[i].name, j, g[i][j],
+                      want, gmax);
+        }
+        if (p[i].role == MPQ_PARAM_EMBED && !t->tied) { /* (tied: every row is the head's too) */
+            int unused = -1;
+            for (int v = 0; v < t->vocab_rows && unused < 0; v++) {
+                int used = 0;
+                for (int q = 0; q < N; q++) used |= tok[q] == v;
+                if (!used) unused = v;
+            }
+            cr_assert_geq(unused, 0);
+            for (int j = 0; j < t->dim; j++) cr_assert_eq(g[i][(size_t)unused * t->dim + j], 0.0f);
+        }
+    }
+    /* a second window adds to the sums */
+    float **g2 = (float **)calloc((size_t)np, sizeof *g2);
+    for (int i = 0; i < np; i++) {
+        g2[i] = (float *)malloc(sizeof(float) * p[i].n);
+        memcpy(g2[i], g[i], sizeof(float) * p[i].n);
+    }
+    cr_assert_eq(mpq_llm_backward_params(m, tr, tok, N, g2, NULL), MPQ_OK);
+    for (int i = 0; i < np; i++) /* exactly twice where a value has one term per window */
+        for (size_t j = 0; j < p[i].n; j++)
+            cr_assert(fabsf(g2[i][j] - 2 * g[i][j]) <= 1e-6f * fabsf(g[i][j]), "%s, value %zu: %.9g after %.9g",
+                      p[i].name, j, g2[i][j], g[i][j]);
+    /* every gradient array is needed */
+    free(g2[0]);
+    g2[0] = NULL;
+    cr_assert_eq(mpq_llm_backward_params(m, tr, tok, N, g2, NULL), MPQ_ERR_ARG);
+    for (int i = 0; i < np; i++) free(g[i]), free(g2[i]);
+    free(g), free(g2), free(p);
+    grads_free(&lg);
+    mpq_llm_train_free(tr);
+}
+
+Test(calib, every_parameter_gradient_matches_finite_differences)
+{
+    static const int forms[][3] = {{0, 1, 0}, {0, 0, 0}, {1, 0, 1}}; /* llama tied, llama untied, qwen2 biases */
+    for (int f = 0; f < 3; f++) {
+        tl_model t;
+        shape(&t, forms[f][0], forms[f][1], forms[f][2]);
+        tl_make(&t, 300 + (uint64_t)f);
+        mpq_llm *m = load_hf(&t);
+        check_param_grads(&t, m, 31 + (uint64_t)f);
+        mpq_llm_free(m);
+        tl_free(&t);
+    }
+}
+
+/* mpq_llm_create: zero weights and unit gains; filled through
+   mpq_llm_params with a file's values, the same logits as the file loaded;
+   bad descriptions refused with the tokenizer still the caller's. */
+Test(calib, a_model_built_in_memory_runs_as_the_same_model_loaded)
+{
+    tl_model t;
+    shape(&t, 1, 0, 1);
+    tl_make(&t, 77);
+    mpq_llm *f = load_hf(&t);
+    char p[700];
+    snprintf(p, sizeof p, "%s/hf/tokenizer.json", tmpdir);
+    FILE *fp = fopen(p, "rb");
+    cr_assert_not_null(fp);
+    char *json = (char *)malloc(1 << 20);
+    const size_t len = fread(json, 1, 1 << 20, fp);
+    fclose(fp);
+    mpq_tokenizer *tok = NULL;
+    cr_assert_eq(mpq_tokenizer_from_json(json, len, NULL, p, &tok, NULL), MPQ_OK);
+    free(json);
+    mpq_llm_config c = f->c;
+    c.heads = 5; /* not a multiple of the 2 kv heads */
+    mpq_llm *m = NULL;
+    cr_assert_eq(mpq_llm_create(&c, tok, &m), MPQ_ERR_ARG);
+    c = f->c, c.vocab = mpq_tokenizer_size(tok) - 1;
+    cr_assert_eq(mpq_llm_create(&c, tok, &m), MPQ_ERR_ARG);
+    c = f->c, c.ffn = 0;
+    cr_assert_eq(mpq_llm_create(&c, tok, &m), MPQ_ERR_SIZE);
+    cr_assert_null(m);
+    cr_assert_eq(mpq_llm_create(&f->c, tok, &m), MPQ_OK);
+    const int np = mpq_llm_params(m, NULL, 0);
+    cr_assert_eq(np, mpq_llm_params(f, NULL, 0));
+    mpq_llm_param *pm = (mpq_llm_param *)calloc((size_t)np, sizeof *pm),
+                  *pf = (mpq_llm_param *)calloc((size_t)np, sizeof *pf);
+    mpq_llm_params(m, pm, np);
+    mpq_llm_params(f, pf, np);
+    for (int i = 0; i < np; i++) {
+        cr_assert_str_eq(pm[i].name, pf[i].name);
+        cr_assert_eq(pm[i].n, pf[i].n);
+        const float want =
+            pm[i].role == MPQ_PARAM_ATTN_NORM || pm[i].role == MPQ_PARAM_FFN_NORM || pm[i].role == MPQ_PARAM_OUT_NORM
+            ? 1.0f
+            : 0.0f;
+        for (size_t j = 0; j < pm[i].n; j++) cr_assert_eq(pm[i].data[j], want, "%s", pm[i].name);
+        memcpy(pm[i].data, pf[i].data, sizeof(float) * pf[i].n);
+    }
+    enum { N = 9 };
+    int32_t tk[N];
+    synth_rng r = {3};
+    random_tokens(&r, &t, tk, N);
+    float *za = (float *)malloc(sizeof(float) * N * t.vocab_rows),
+          *zb = (float *)malloc(sizeof(float) * N * t.vocab_rows);
+    mpq_llm_state sa, sb;
+    cr_assert_eq(mpq_llm_state_init(m, N, N, &sa), MPQ_OK);
+    cr_assert_eq(mpq_llm_state_init(f, N, N, &sb), MPQ_OK);
+    cr_assert_eq(mpq_llm_forward(m, &sa, tk, N, 0, za, 0), MPQ_OK);
+    cr_assert_eq(mpq_llm_forward(f, &sb, tk, N, 0, zb, 0), MPQ_OK);
+    cr_assert(!memcmp(za, zb, sizeof(float) * N * t.vocab_rows));
+    mpq_llm_state_free(&sa), mpq_llm_state_free(&sb);
+    free(za), free(zb), free(pm), free(pf);
+    mpq_llm_free(m); /* and its tokenizer */
+    mpq_llm_free(f);
+    tl_free(&t);
 }
 
 /* ---- statistics ------------------------------------------------------------- */
