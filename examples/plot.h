@@ -1,7 +1,7 @@
 /* examples/plot.h - perplexity against bits per weight as an SVG file, one
    polyline per family of methods (the shape of SFMP's figure 1); the first
-   point is the unquantized reference, drawn as a dashed line. Used by the
-   main jobs (examples/llm_methods.c, examples/tinylm/tinylm.c). */
+   point is the unquantized reference, drawn as a dashed line. The main
+   jobs draw it through report.h. */
 #ifndef MPQ_EXAMPLES_PLOT_H
 #define MPQ_EXAMPLES_PLOT_H
 

@@ -646,7 +646,7 @@ Test(cli_llm, main_job_rows_are_what_quantize_writes, .init = setup, .fini = tea
                  LLM_ROW_COMMON);
         cr_assert_eq(run(args), 0, "mpq %s: %s", args, slurp("err.txt", NULL));
         mpq_recipe_result res;
-        cr_assert_eq(llm_row_quantize(row->args, h, &s, &s, NULL, NULL, &res, NULL), 0, "%s", row->name);
+        cr_assert_eq(quantize_row(row->args, LLM_ROW_COMMON, h, &s, &s, NULL, NULL, &res, NULL), 0, "%s", row->name);
         mpq_llm *q = load("q.safetensors");
         for (int i = 0; i <= 14; i++) {
             const mpq_linear *A = i < 14 ? &h->layer[i / 7].lin[i % 7] : &h->embed;

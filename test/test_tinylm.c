@@ -1,145 +1,132 @@
-/* tinylm (examples/tinylm): the quantized model run on the packed bytes
-   (mpq_gemv) equals the model run on their dequantized copies; the
-   evaluation is deterministic, whatever the thread count; the data
-   generator's answers are right; the committed model loads and has learned
-   its text. */
-#define MPQ_IMPLEMENTATION
-#include "mpq.h"
-#include "ckpt.h"
+/* tinylm (examples/tinylm): the byte vocabulary is the identity on bytes;
+   a model saved by tlm_save loads back with the same values (F16) and
+   description; the evaluation (perplexity and tasks on packed matrices,
+   with a PMPD schedule) does not depend on the thread count; the data
+   generator's answers are right; the committed model loads through
+   mpq_model and has learned its text. */
+#define _XOPEN_SOURCE 700
+#include "common.h"
 #include "eval.h"
+#include "tmpdir.h"
 
-#include <criterion/criterion.h>
 #include <stdio.h>
+#include <unistd.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
-static void random_model(tlm_model *m, tlm_config c, uint64_t seed)
+static char tmpdir[256];
+static void make_tmpdir(void) { cr_assert(tc_tmpdir_make(tmpdir, sizeof tmpdir, "tinylm")); }
+static void remove_tmpdir(void) { tc_tmpdir_remove(tmpdir); }
+
+TestSuite(tinylm, .init = make_tmpdir, .fini = remove_tmpdir, .timeout = 600);
+
+/* A small random tinylm: values N(0, 0.3) off the initial symmetry, gains
+   near 1. */
+static mpq_llm *random_model(int dim, int layers, int heads, int ffn, uint64_t seed)
 {
-    cr_assert_eq(tlm_model_init(m, &c), 0);
-    tlm_params_init(&c, &m->p, seed);
-    uint64_t s = seed + 99;
-    for (size_t i = 0; i < m->p.n; i++) m->p.data[i] += (real)(0.05 * tlm_gauss(&s));
+    const mpq_llm_config c = tlm_config(dim, layers, heads, ffn);
+    mpq_llm *m = tlm_create(&c);
+    cr_assert_not_null(m);
+    mpq_llm_param p[64];
+    const int n = mpq_llm_params(m, p, 64);
+    cr_assert(n <= 64);
+    uint64_t s = seed;
+    for (int i = 0; i < n; i++)
+        for (size_t j = 0; j < p[i].n; j++)
+            p[i].data[j] =
+                (float)((p[i].cols ? 0.3 / sqrt((double)p[i].cols) : 0.1) * tlm_gauss(&s)) + (p[i].cols ? 0.0f : 1.0f);
+    return m;
 }
 
-/* Every linear map packed a different way: uniform, mixed widths with
-   permutations and column scales, MXINT, a sparse part. */
-static void quantize_all(const tlm_model *m, tlm_qmodel *q, uint64_t seed)
+Test(tinylm, the_byte_vocabulary_is_the_identity_on_bytes)
 {
-    const tlm_config *c = &m->c;
+    const mpq_llm_config c = tlm_config(32, 1, 2, 48);
+    mpq_llm *m = tlm_create(&c);
+    cr_assert_not_null(m);
+    cr_assert_eq(mpq_tokenizer_size(m->tok), 256);
+    cr_assert_eq(mpq_tokenizer_adds_bos(m->tok), 0);
+    for (int b = 0; b < 256; b++) {
+        size_t len = 0;
+        const int32_t id = b;
+        char *text = NULL;
+        cr_assert_eq(mpq_detokenize(m->tok, &id, 1, 0, &text, &len), MPQ_OK);
+        cr_assert(len == 1 && (uint8_t)text[0] == b, "token %d", b);
+        free(text);
+        cr_assert_not(mpq_token_is_end(m->tok, id));
+    }
+    char *t = tlm_corpus(9, 4096);
+    int32_t *tok = NULL;
+    size_t n = 0;
+    cr_assert_eq(mpq_tokenize(m->tok, t, 4096, 0, &tok, &n, NULL), MPQ_OK);
+    cr_assert_eq(n, 4096);
+    for (size_t i = 0; i < n; i++) cr_assert_eq(tok[i], (uint8_t)t[i], "byte %zu", i);
+    free(tok), free(t);
+    mpq_llm_free(m);
+}
+
+Test(tinylm, a_saved_model_loads_back)
+{
+    mpq_llm *m = random_model(48, 2, 3, 40, 4);
+    char path[600];
+    snprintf(path, sizeof path, "%s/t.safetensors", tmpdir);
+    const char *meta[] = {"tinylm.command", "test", "tinylm.seed", "4"};
+    cr_assert_eq(tlm_save(m, path, meta, 2), 0);
+    mpq_llm *r = NULL;
+    mpq_io_err e;
+    cr_assert_eq(mpq_llm_load(path, &r, &e), MPQ_OK, "%s", e.msg);
+    cr_assert(!memcmp(&m->c, &r->c, sizeof m->c), "the description changed");
+    mpq_llm_param a[64], b[64];
+    const int n = mpq_llm_params(m, a, 64);
+    cr_assert_eq(mpq_llm_params(r, b, 64), n);
+    for (int i = 0; i < n; i++) {
+        cr_assert_str_eq(a[i].name, b[i].name);
+        for (size_t j = 0; j < a[i].n; j++)
+            cr_assert_eq(b[i].data[j], mpq_f16_to_f32(mpq_f32_to_f16(a[i].data[j])), "%s", a[i].name);
+    }
+    mpq_llm_free(r);
+    mpq_llm_free(m);
+    unlink(path);
+}
+
+/* Every linear map packed a different way: uniform, mixed widths, MXINT. */
+static void quantize_all(mpq_llm *m, uint64_t seed)
+{
     uint64_t s = seed;
-    memset(q, 0, sizeof *q);
-    for (int l = 0; l < c->layers; l++)
-        for (int w = 0; w < TLM_NLIN; w++) {
-            const int rows = tlm_lin_rows(c, w), cols = tlm_lin_cols(c, w), kind = (l * TLM_NLIN + w) % 4;
+    for (int l = 0; l < m->c.layers; l++)
+        for (int k = 0; k < MPQ_LIN_COUNT; k++) {
+            mpq_linear *L = &m->layer[l].lin[k];
             mpq_bitplane_desc d;
             memset(&d, 0, sizeof d);
-            d.rows = rows, d.cols = cols, d.group = 32, d.uniform_bits = 3;
+            d.rows = L->rows, d.cols = L->cols, d.group = 32, d.uniform_bits = 3;
             uint8_t bits[256];
-            uint32_t *pr = NULL, *pc = NULL;
-            float *cs = NULL;
-            mpq_sparse S;
-            memset(&S, 0, sizeof S);
-            if (kind == 1) {
-                const int nb = (rows + 15) / 16 * ((cols + 31) / 32);
-                for (int k = 0; k < nb; k++) bits[k] = (uint8_t)(2 + tlm_rand(&s) % 4);
+            if (k % 3 == 1) {
+                const int nb = (L->rows + 15) / 16 * ((L->cols + 31) / 32);
+                for (int b = 0; b < nb; b++) bits[b] = (uint8_t)(2 + tlm_rand(&s) % 4);
                 d.bits = bits;
-                pr = malloc(4 * rows), pc = malloc(4 * cols), cs = malloc(4 * cols);
-                for (int i = 0; i < rows; i++) pr[i] = (uint32_t)((i * 7 + 3) % rows);
-                for (int j = 0; j < cols; j++)
-                    pc[j] = (uint32_t)((j * 5 + 1) % cols), cs[j] = 0.75f + 0.5f * (float)tlm_unif(&s);
-                d.p_row = pr, d.p_col = pc, d.col_scale = cs;
-            } else if (kind == 2) {
+            } else if (k % 3 == 2) {
                 d.format = MPQ_FORMAT_MXINT, d.uniform_bits = 4;
-            } else if (kind == 3) {
-                uint8_t *mask = calloc((size_t)rows * cols, 1);
-                float *D = calloc((size_t)rows * cols, sizeof(float));
-                for (int k = 0; k < rows * cols / 100; k++) mask[tlm_rand(&s) % ((uint64_t)rows * cols)] = 1;
-                cr_assert_eq(mpq_sparse_from_mask(m->p.w[l][w], D, mask, rows, cols, &S), MPQ_OK);
-                d.sparse = &S;
-                free(mask), free(D);
             }
-            cr_assert_eq(mpq_pack_alloc(&d, m->p.w[l][w], &q->A[l][w]), MPQ_OK);
-            mpq_sparse_free(&S);
-            free(pr), free(pc), free(cs);
+            mpq_packed A;
+            cr_assert_eq(mpq_pack_alloc(&d, L->W, &A), MPQ_OK);
+            cr_assert_eq(mpq_linear_set_packed(m, L, &A), MPQ_OK);
         }
-    cr_assert_eq(tlm_qmodel_dequantize(q, c, 3), 0);
-}
-
-static void logits(const tlm_model *m0, const tlm_qmodel *q, int packed, mpq_path path, const mpq_pmpd_schedule *sched,
-                   const uint8_t *tok, int B, float *out)
-{
-    tlm_model m = *m0;
-    tlm_run r;
-    memset(&r, 0, sizeof r);
-    r.q = q, r.use_packed = packed, r.path = path, r.sched = sched;
-    int len[8];
-    for (int b = 0; b < B; b++) len[b] = 3 + b;
-    r.prompt_len = len;
-    m.hook = tlm_hook, m.hook_user = &r;
-    tlm_acts a;
-    cr_assert_eq(tlm_acts_alloc(&m.c, B, &a), 0);
-    tlm_forward(&m, tok, NULL, &a, B);
-    memcpy(out, a.logits, sizeof(float) * (size_t)B * m.c.seq * TLM_VOCAB);
-    tlm_acts_free(&a);
-}
-
-Test(tinylm, packed_forward_equals_dequantized_forward)
-{
-    tlm_config c = {64, 2, 2, 96, 16};
-    tlm_model m;
-    random_model(&m, c, 5);
-    tlm_qmodel q;
-    quantize_all(&m, &q, 6);
-    const int B = 3, n = B * c.seq * TLM_VOCAB;
-    uint8_t tok[3 * 16];
-    uint64_t s = 1;
-    for (int i = 0; i < B * c.seq; i++) tok[i] = (uint8_t)(tlm_rand(&s) % 256);
-    float *dense = malloc(sizeof(float) * n), *packed = malloc(sizeof(float) * n);
-    mpq_pmpd_schedule sch;
-    memset(&sch, 0, sizeof sch);
-    sch.prefill_skip = 0, sch.nlevels = 2, sch.skip[0] = 1, sch.skip[1] = 2, sch.start[1] = 4;
-    for (int use_sched = 0; use_sched < 2; use_sched++)
-        for (int p = 0; p < 3; p++) {
-            const mpq_path path = p == 0 ? MPQ_PATH_SCALAR : p == 1 ? MPQ_PATH_AVX512 : MPQ_PATH_AUTO;
-            if (!mpq_path_available(path)) continue;
-            logits(&m, &q, 0, 0, use_sched ? &sch : NULL, tok, B, dense);
-            logits(&m, &q, 1, path, use_sched ? &sch : NULL, tok, B, packed);
-            double worst = 0, mag = 0;
-            for (int k = 0; k < n; k++) {
-                worst = fmax(worst, fabs((double)dense[k] - packed[k]));
-                mag = fmax(mag, fabs((double)dense[k]));
-            }
-            /* float tables: rounding only; AUTO may use the int16 tables (VNNI),
-               whose error bound the header gives */
-            const double tol = path == MPQ_PATH_AUTO ? 2e-3 : 2e-5;
-            cr_assert(worst <= tol * mag, "%s, schedule %d: max |dense - packed| %.3g of max |logit| %.3g",
-                      mpq_path_name(path), use_sched, worst, mag);
-        }
-    /* the schedule changes the result where it should, and only there */
-    logits(&m, &q, 0, 0, NULL, tok, B, dense);
-    logits(&m, &q, 0, 0, &sch, tok, B, packed);
-    cr_assert_neq(memcmp(dense, packed, sizeof(float) * n), 0);
-    free(dense), free(packed);
-    tlm_qmodel_free(&q, &c);
-    tlm_model_free(&m);
 }
 
 Test(tinylm, evaluation_is_deterministic_whatever_the_threads)
 {
-    tlm_config c = {64, 2, 2, 96, 32};
-    tlm_model m;
-    random_model(&m, c, 8);
-    tlm_qmodel q;
-    quantize_all(&m, &q, 9);
+    mpq_llm *m = random_model(64, 2, 2, 96, 8);
+    quantize_all(m, 9);
     char *held = tlm_corpus(1001, 1 << 14);
-    const int B = 4;
-    uint8_t tok[4 * 32];
-    int tgt[4 * 32];
-    tlm_windows(held, B, c.seq, tok, tgt);
+    enum { B = 3 };
+    int32_t tok[B * (TLM_SEQ + 1)];
+    tlm_windows(held, B, TLM_SEQ, tok);
     tlm_task k;
     tlm_task_make(&k, 2001, 6, 3);
     mpq_pmpd_schedule sch;
     memset(&sch, 0, sizeof sch);
-    sch.nlevels = 1, sch.skip[0] = 1;
-    tlm_result r[3];
+    sch.nlevels = 2, sch.skip[0] = 0, sch.skip[1] = 1, sch.start[1] = 3;
+    tlm_result r[3], plain;
 #ifdef _OPENMP
     const int keep = omp_get_max_threads();
 #endif
@@ -147,7 +134,7 @@ Test(tinylm, evaluation_is_deterministic_whatever_the_threads)
 #ifdef _OPENMP
         omp_set_num_threads(run == 2 ? 1 : keep);
 #endif
-        r[run] = tlm_evaluate(&m, &q, &sch, 0, tok, tgt, B, &k);
+        cr_assert_eq(tlm_evaluate(m, &sch, tok, B, &k, &r[run]), MPQ_OK);
     }
 #ifdef _OPENMP
     omp_set_num_threads(keep);
@@ -159,10 +146,12 @@ Test(tinylm, evaluation_is_deterministic_whatever_the_threads)
         cr_assert_eq(r[0].recall, r[run].recall);
     }
     cr_assert(isfinite(r[0].nll) && r[0].nll > 0);
+    /* the schedule changes the measured loss (its later tokens read fewer planes) */
+    cr_assert_eq(tlm_evaluate(m, NULL, tok, B, &k, &plain), MPQ_OK);
+    cr_assert_neq(plain.nll, r[0].nll);
     tlm_task_free(&k);
     free(held);
-    tlm_qmodel_free(&q, &c);
-    tlm_model_free(&m);
+    mpq_llm_free(m);
 }
 
 Test(tinylm, generated_answers_are_right)
@@ -208,19 +197,27 @@ Test(tinylm, the_committed_model_has_learned_its_text)
     cr_assert(root && *root, "MPQ_SOURCE_ROOT is not set");
     char path[1024];
     snprintf(path, sizeof path, "%s/examples/tinylm/tinylm.safetensors", root);
-    tlm_model m;
-    cr_assert_eq(tlm_load(&m, path), 0);
+    mpq_llm *m = NULL;
+    mpq_io_err e;
+    cr_assert_eq(mpq_llm_load(path, &m, &e), MPQ_OK, "%s", e.msg);
+    const mpq_llm_config want = tlm_config(256, 4, 4, 512);
+    cr_assert(!memcmp(&m->c, &want, sizeof want), "not the description of tinylm.h");
     char *held = tlm_corpus(1001, 1 << 16);
-    const int B = 4;
-    uint8_t *tok = malloc((size_t)B * m.c.seq);
-    int *tgt = malloc(sizeof(int) * B * m.c.seq);
-    tlm_windows(held, B, m.c.seq, tok, tgt);
-    tlm_acts a;
-    cr_assert_eq(tlm_acts_alloc(&m.c, B, &a), 0);
-    const double nll = tlm_forward(&m, tok, tgt, &a, B);
+    enum { B = 4 };
+    int32_t *tok = (int32_t *)malloc(sizeof(int32_t) * B * (TLM_SEQ + 1));
+    tlm_windows(held, B, TLM_SEQ, tok);
+    mpq_llm_train *t = NULL;
+    cr_assert_eq(mpq_llm_train_init(m, TLM_SEQ + 1, &t), MPQ_OK);
+    double sum = 0;
+    for (int b = 0; b < B; b++) {
+        double l = 0;
+        cr_assert_eq(mpq_llm_backward(m, t, tok + (size_t)b * (TLM_SEQ + 1), TLM_SEQ + 1, NULL, NULL, NULL, NULL, &l),
+                     MPQ_OK);
+        sum += l;
+    }
     /* uniform bytes would be log 256 = 5.55 nats; the training log ends at 0.884 */
-    cr_assert(nll < 1.0, "held-out loss %.4f", nll);
-    tlm_acts_free(&a);
-    free(tok), free(tgt), free(held);
-    tlm_model_free(&m);
+    cr_assert(sum / B < 1.0, "held-out loss %.4f", sum / B);
+    mpq_llm_train_free(t);
+    free(tok), free(held);
+    mpq_llm_free(m);
 }

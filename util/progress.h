@@ -1,5 +1,5 @@
 /* util/progress.h - the progress line of long runs, shared by the mpq tool
-   and the main job (examples/llm_methods.c): on a terminal, a bar on stderr
+   and the main job (examples/llm/llm_methods.c): on a terminal, a bar on stderr
    with the time left, redrawn in place and erased at the end; elsewhere
    (logs, pipes) a plain line "WHO: done/total after N s, M:SS left, WHAT"
    at most every 15 seconds. Nothing at all when off. */

@@ -47,7 +47,7 @@
 #define MPQ_IMPLEMENTATION
 #include "mpq.h"
 #include "mpq_model.h"
-#include "plot.h"
+#include "report.h"
 #include "progress.h"
 #include "rows.h"
 
@@ -56,7 +56,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <time.h>
 #ifdef _OPENMP
 #include <omp.h>
@@ -233,7 +232,7 @@ static void run_row(ctx *C, const llm_row *row)
     double bpw = 0;
     C->qstep = NULL;
     progress_start(&C->P, "llm_methods", !C->quiet, 1);
-    const int rc = llm_row_quantize(row->args, C->m, &C->S, &C->Hs, quant_step, C, &res, &bpw);
+    const int rc = quantize_row(row->args, LLM_ROW_COMMON, C->m, &C->S, &C->Hs, quant_step, C, &res, &bpw);
     progress_end(&C->P);
     if (rc) exit(1);
     char note[160] = "";
@@ -304,21 +303,10 @@ static void run_pmpd(ctx *C)
 
 /* ---- output ------------------------------------------------------------------ */
 
-static FILE *open_output(const char *dir, const char *name, char *p, size_t cap)
-{
-    snprintf(p, cap, "%s/%s", dir, name);
-    FILE *f = fopen(p, "w");
-    if (!f) {
-        fprintf(stderr, "llm_methods: cannot write %s: %s\n", p, strerror(errno));
-        exit(1);
-    }
-    return f;
-}
-
 static void write_results(const char *dir, const char *model, const ctx *C, double total)
 {
     char p[1024];
-    FILE *f = open_output(dir, "results.md", p, sizeof p);
+    FILE *f = report_open("llm_methods", dir, "results.md", p, sizeof p);
     fprintf(f,
             "| method | bpw | weights MB | perplexity | +/- | vs fp32 | decode tokens/s |\n"
             "| --- | ---: | ---: | ---: | ---: | ---: | ---: |\n");
@@ -355,12 +343,9 @@ static void write_results(const char *dir, const char *model, const ctx *C, doub
     for (int k = 0; k < LLM_NROWS; k++) fprintf(f, "- %s: `%s`\n", llm_rows[k].name, llm_rows[k].args);
     fclose(f);
     printf("wrote %s\n", p);
-    f = open_output(dir, "ppl_vs_bpw.svg", p, sizeof p);
     plot_point pts[64];
     for (int i = 0; i < nrows; i++) pts[i].family = rows[i].family, pts[i].bpw = rows[i].bpw, pts[i].ppl = rows[i].ppl;
-    plot_ppl_vs_bpw(f, pts, nrows, "bits per weight (linear maps)", "perplexity (log scale)", "fp32 reference");
-    fclose(f);
-    printf("wrote %s\n", p);
+    report_plot("llm_methods", dir, pts, nrows, "perplexity (log scale)", "fp32 reference");
 }
 
 /* ---- main -------------------------------------------------------------------- */
@@ -526,11 +511,7 @@ int main(int argc, char **argv)
     printf("statistics: %s: %d windows of %d tokens, loss %.4f, %d AWQ rows per map, PQI towards RTN %d-bit; %s: "
            "X^T X over %d windows (read in %.1f s)\n",
            stats, C.S.windows, C.S.length, C.S.loss, C.S.awq_tokens, C.S.pqi_bits, hessian, C.Hs.windows, now() - ts);
-    mkdir("build", 0755);
-    if (mkdir(out, 0755) != 0 && errno != EEXIST) {
-        fprintf(stderr, "llm_methods: cannot create %s: %s\n", out, strerror(errno));
-        return 1;
-    }
+    report_dir("llm_methods", out);
     printf("methods (perplexity on %d x 256 scored tokens; decode %d tokens after a %d-token prompt):\n", C.chunks,
            DECODE, PROMPT);
     fflush(stdout);

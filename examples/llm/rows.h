@@ -1,20 +1,13 @@
 /* examples/llm/rows.h - the rows of the main job's table, each given as the
-   options of `mpq quantize` (tools/quantize_args.h), and the one function
-   that quantizes a loaded model as a row says: the recipe the tool makes
-   from those options, over the model's linear maps with the statistics
-   mpq calibrate wrote. The main job (llm_methods.c) measures what this
-   makes; test_cli_llm checks, row by row, that it is byte for byte what
-   `mpq quantize <options> --stats S --hessian H MODEL OUT` writes. */
+   options of `mpq quantize` (tools/quantize_args.h), which quantize_row
+   (examples/quantize_row.h) turns into the tool's recipe. The main job
+   (llm_methods.c) measures what that makes; test_cli_llm checks, row by
+   row, that it is byte for byte what `mpq quantize <options> --stats S
+   --hessian H MODEL OUT` writes. */
 #ifndef MPQ_LLM_ROWS_H
 #define MPQ_LLM_ROWS_H
 
-#include "mpq.h"
-#include "mpq_model.h"
-#include "quantize_args.h"
-
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
+#include "quantize_row.h"
 
 enum {
     ROW_QUICK = 1, /* also in --quick */
@@ -86,92 +79,5 @@ enum { LLM_NROWS = (int)(sizeof llm_rows / sizeof llm_rows[0]) };
 /* The options every row adds: the token embedding (also the output head
    of SmolLM2) at 8 bits, as llama.cpp keeps it at Q8_0. */
 #define LLM_ROW_COMMON "--embed-bits 8"
-
-/* What the recipe's callbacks see: the model the maps go into, and the
-   caller's progress. */
-typedef struct llm_row_io {
-    mpq_llm *m;
-    void (*progress)(void *user, const char *step, int done, int total, const char *name);
-    void *user;
-} llm_row_io;
-
-static inline mpq_status llm_row_store(void *user, int i, mpq_packed *A)
-{
-    mpq_llm *m = ((llm_row_io *)user)->m;
-    return mpq_linear_set_packed(m, &m->layer[i / MPQ_LIN_COUNT].lin[i % MPQ_LIN_COUNT], A);
-}
-
-static inline void llm_row_progress(void *user, const char *step, int done, int total, const char *name)
-{
-    const llm_row_io *r = (const llm_row_io *)user;
-    if (r->progress) r->progress(r->user, step, done, total, name);
-}
-
-/* Quantizes every linear map of m's layers (and, at --embed-bits, its
-   embedding) as `args` say, with the statistics S (mpq calibrate) and Hs
-   (X^T X, mpq calibrate --stats xtx); the packed matrices go into m.
-   progress (may be NULL) sees the recipe's steps. *res: the recipe's
-   result, *bpw (may be NULL): the planner's budget after --bpw min. 0, or
-   an exit code after a message. */
-static inline int llm_row_quantize(const char *args, mpq_llm *m, const mpq_calib_stats *S, const mpq_calib_stats *Hs,
-                                   void (*progress)(void *, const char *, int, int, const char *), void *user,
-                                   mpq_recipe_result *res, double *bpw)
-{
-    char buf[512];
-    char *argv[64];
-    int argc = 0;
-    snprintf(buf, sizeof buf, "quantize %s %s IN OUT", args, LLM_ROW_COMMON);
-    for (char *t = strtok(buf, " "); t && argc < 63; t = strtok(NULL, " ")) argv[argc++] = t;
-    qargs q;
-    const char *pos[2];
-    int npos = 0;
-    cli_seen seen;
-    mpq_recipe r;
-    int rc = cli_parse(&qargs_spec, argc, argv, &q, sizeof q, pos, &npos, &seen);
-    if (!rc) rc = qargs_recipe(&q, &seen, &r);
-    if (rc) return rc < 0 ? EXIT_USAGE : rc;
-    const int n = m->c.layers * MPQ_LIN_COUNT;
-    mpq_recipe_map *maps = (mpq_recipe_map *)calloc((size_t)n, sizeof *maps);
-    char(*names)[80] = (char(*)[80])calloc((size_t)n, 80);
-    if (!maps || !names) rc = fail(EXIT_QUANT, "out of memory");
-    for (int i = 0; i < n && !rc; i++) {
-        const mpq_linear *L = &m->layer[i / MPQ_LIN_COUNT].lin[i % MPQ_LIN_COUNT];
-        mpq_recipe_map *p = &maps[i];
-        p->rows = L->rows, p->cols = L->cols, p->W = L->W;
-        p->name = mpq_llm_linear_name(m->c.gguf_names, i / MPQ_LIN_COUNT, i % MPQ_LIN_COUNT, 0, names[i], 80);
-        p->X = S->awq ? S->awq[i] : NULL, p->tokens = S->awq_tokens;
-        p->H = Hs && Hs->xtx ? Hs->xtx[i] : NULL;
-        p->pqi = S->pqi ? S->pqi[i] : NULL;
-        p->fisher = S->fisher ? S->fisher[i] : NULL;
-        p->channel = S->mixllm ? S->mixllm[i] : NULL;
-        p->col_sens = S->xtx_diag ? S->xtx_diag[i] : NULL;
-        p->layer_sens = S->layer_sens ? S->layer_sens[i] : 1.0f;
-    }
-    if (!rc) rc = qargs_budget(&q, &r, maps, n);
-    if (!rc) {
-        llm_row_io ri = {m, progress, user};
-        mpq_recipe_io io = {NULL, NULL, llm_row_store, llm_row_progress, &ri};
-        const mpq_status s = mpq_recipe_run(&r, maps, n, &io, NULL, res);
-        if (s != MPQ_OK)
-            rc = fail(EXIT_QUANT, "%s: %s: %s", res->map >= 0 ? maps[res->map].name : args, res->step,
-                      mpq_status_str(s));
-        if (bpw) *bpw = r.bpw;
-    }
-    if (!rc && q.embed_bits) { /* the embedding by round-to-nearest, as the tool does */
-        mpq_recipe rtn;
-        memset(&rtn, 0, sizeof rtn);
-        rtn.bits = q.embed_bits;
-        mpq_recipe_map e;
-        memset(&e, 0, sizeof e);
-        e.rows = m->embed.rows, e.cols = m->embed.cols, e.W = m->embed.W;
-        mpq_packed A;
-        mpq_status s = mpq_recipe_quantize(&rtn, 0, &e, NULL, &A);
-        if (s == MPQ_OK) s = mpq_linear_set_packed(m, &m->embed, &A);
-        if (s != MPQ_OK) rc = fail(EXIT_QUANT, "embedding: %s", mpq_status_str(s));
-    }
-    free(maps);
-    free(names);
-    return rc;
-}
 
 #endif

@@ -13,10 +13,26 @@
 #ifndef TLM_DATA_H
 #define TLM_DATA_H
 
-#include "model.h"
-
+#include <math.h>
+#include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+
+/* ---- deterministic random numbers (splitmix64) -------------------------- */
+
+static inline uint64_t tlm_rand(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+static inline double tlm_unif(uint64_t *s) { return ((double)(tlm_rand(s) >> 11) + 0.5) / 9007199254740992.0; }
+static inline double tlm_gauss(uint64_t *s)
+{
+    return sqrt(-2.0 * log(tlm_unif(s))) * cos(6.283185307179586 * tlm_unif(s));
+}
 
 static const char *const tlm_nouns[][2] = {{"cat", "cats"},       {"dog", "dogs"},         {"bird", "birds"},
                                            {"child", "children"}, {"man", "men"},          {"woman", "women"},
@@ -132,26 +148,23 @@ static inline char *tlm_corpus(uint64_t seed, size_t bytes)
     return t;
 }
 
-/* B training windows of seq + 1 bytes at random offsets: tokens and targets. */
-static inline void tlm_batch(const char *text, size_t bytes, int B, int T, uint64_t *r, uint8_t *tok, int *tgt)
+/* B training windows of T + 1 bytes at random offsets, as tokens (a byte
+   is its token): window b is tok[b (T + 1) .. (b + 1)(T + 1)). */
+static inline void tlm_batch(const char *text, size_t bytes, int B, int T, uint64_t *r, int32_t *tok)
 {
     for (int b = 0; b < B; b++) {
         const size_t o = tlm_rand(r) % (bytes - (size_t)T - 1);
-        for (int t = 0; t < T; t++) {
-            tok[b * T + t] = (uint8_t)text[o + t];
-            tgt[b * T + t] = (uint8_t)text[o + t + 1];
-        }
+        for (int t = 0; t <= T; t++) tok[(size_t)b * (T + 1) + t] = (uint8_t)text[o + t];
     }
 }
 
-/* Held-out evaluation windows: consecutive, non-overlapping. */
-static inline void tlm_windows(const char *text, int B, int T, uint8_t *tok, int *tgt)
+/* Held-out and calibration windows: B windows of T + 1 bytes, window b the
+   bytes b T .. b T + T of the text (each shares its last byte with the
+   next window's first), side by side in tok as in tlm_batch. */
+static inline void tlm_windows(const char *text, int B, int T, int32_t *tok)
 {
     for (int b = 0; b < B; b++)
-        for (int t = 0; t < T; t++) {
-            tok[b * T + t] = (uint8_t)text[(size_t)b * T + t];
-            tgt[b * T + t] = (uint8_t)text[(size_t)b * T + t + 1];
-        }
+        for (int t = 0; t <= T; t++) tok[(size_t)b * (T + 1) + t] = (uint8_t)text[(size_t)b * T + t];
 }
 
 #endif
