@@ -77,9 +77,11 @@
                             4.5 dequantization
      5. Products .......... lookup tables, GEMV / small GEMM, the path a product
                             takes (mpq_gemv_path), float64 reference;
-                            implementation: 5.1 tables and path choice, 5.2
+                            implementation: 5.1 tables and the CPU probe, 5.2
                             workspace, 5.3 records, 5.4 kernels per path, 5.5
-                            the product, 5.6 the reference
+                            the table of paths (one row per path: feature,
+                            tables, tiles per task, kernel) and the product,
+                            5.6 the reference
      6. Formats, backends . format traits table, backend dispatch table; the
                             entry points of 4 and 5 that go through the format
                             table (mpq_packed_open, mpq_packed_dequantize[_row],
@@ -92,11 +94,16 @@
     10. Statistics ........ streaming Fisher, diag(X^T X), mean |x|, MixLLM
                             salience, PQI, MXSens layer sensitivity
     11. Plans ............. mpq_plan (data), the SFMP, MixLLM and MXSens
-                            planners, ReQuant's dense-and-sparse split
+                            planners, ReQuant's dense-and-sparse split (by a
+                            model's loss, or from statistics alone)
     12. Schedules ......... PMPD: precision over the tokens of a generation
                             (skip_planes), static and phase-aware search,
                             the learned scheduler (attention over a
                             prompt's KV cache, an MLP; training)
+    13. Recipes ........... how the linear maps of a model are quantized
+                            (widths uniform, given or planned; act-order,
+                            AWQ, GPTQ or rounding; ReQuant's sparse part),
+                            and one call over a list of maps, streamed
 
    NOTATION (see docs/DESIGN.md, the design notes, for the math)
 
@@ -7916,15 +7923,16 @@ MPQ_DEF mpq_status mpq_recipe_bpw_range(const mpq_recipe *r, const mpq_recipe_ma
      0.1.0  bit-plane packed matrices (mixed widths 1..8 per block, row and
             column permutations, column scales, a sparse part) and MXINT with
             2..8-bit mantissas in the same layout; group quantization and fp16;
-            MixLLM's group-wise int8 activations (the quantizer; no product
-            takes them yet); the LUT GEMV for any batch on scalar, AVX2,
+            MixLLM's group-wise int8 activations, which every product path
+            takes (mpq_gemv_opts.a8); the LUT GEMV for any batch on scalar, AVX2,
             AVX-512, AVX-512 VNNI, AVX2 int16 and NEON paths, chosen at run time
             (mpq_gemv_path says which); threads that yield to busy cores; AWQ
             and GPTQ (act-order, static groups); selection, salience statistics
             (Fisher, diag(X^T X), MixLLM, PQI, MXSens) and the SFMP, MixLLM,
             MXSens and ReQuant planners, with the lowest budgets SFMP and
             MXSens can meet; PMPD precision schedules (static, phase-aware and
-            the learned scheduler with its training);
+            the learned scheduler with its training); recipes, the one
+            description and call by which every program quantizes a model;
             the CPU backend of the dispatch table (mpq_cuda.h adds the GPU one).
 
    LICENSE (MIT)

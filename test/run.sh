@@ -10,8 +10,8 @@
 # It also compiles mpq.h alone with clang (C11, C++17, -Wall -Wextra -Werror),
 # checks every source against .clang-format (test/format_check.sh),
 # builds the README's program as a user would (test/readme_check.sh), checks
-# that the README's figures are those of bench/results/NOTES.md and
-# examples/llm/results.md (test/quote_check.sh), checks
+# that the examples' READMEs quote the tables of their results.md
+# (test/quote_check.sh), checks
 # the allocator macros (test/alloc_check.c), installs mpq and builds a
 # program against it (test/install_check.sh),
 # runs the examples, fuzzes the safetensors reader and packed-file loader, and
@@ -103,7 +103,7 @@ if command -v clang >/dev/null 2>&1; then
 fi
 # every source laid out as .clang-format says
 check clang-format bash test/format_check.sh
-# the README's program as a user builds it; the allocator macros
+# the README's program as a user builds it; the examples' quoted tables; the allocator macros
 check readme-quickstart bash test/readme_check.sh build/readme
 check readme-quotes bash test/quote_check.sh build/quote-check
 alloc_check() {
