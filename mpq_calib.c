@@ -973,27 +973,15 @@ mpq_status mpq_calib_write(const mpq_llm *m, const mpq_calib_stats *s, const cha
                            mpq_io_err *err)
 {
     if (!m || !s || !path || s->nlin != m->c.layers * MPQ_LIN_COUNT) return MPQ_ERR_ARG;
-    cJSON *o = cJSON_CreateObject(), *extra = extra_json ? cJSON_Parse(extra_json) : NULL;
-    if (!o || (extra_json && !extra)) {
-        cJSON_Delete(o), cJSON_Delete(extra);
-        return mpq__fail(err, extra_json ? MPQ_ERR_ARG : MPQ_ERR_NOMEM, path, "the extra metadata is not JSON");
-    }
-    cJSON_AddNumberToObject(o, "windows", s->windows);
-    cJSON_AddNumberToObject(o, "length", s->length);
-    cJSON_AddNumberToObject(o, "awq_tokens", s->awq_tokens);
-    cJSON_AddNumberToObject(o, "mixllm_bits", s->mixllm_bits);
-    cJSON_AddNumberToObject(o, "pqi_bits", s->pqi_bits);
-    cJSON_AddNumberToObject(o, "pqi_steps", s->pqi_steps);
-    cJSON_AddNumberToObject(o, "pqi_windows", s->pqi_windows);
-    cJSON_AddNumberToObject(o, "sens_tokens", s->sens_tokens);
-    cJSON_AddNumberToObject(o, "act_tokens", (double)s->act_tokens);
-    cJSON_AddNumberToObject(o, "loss", s->loss);
-    if (extra) cJSON_AddItemToObject(o, "source", extra);
-    char *meta = cJSON_PrintUnformatted(o);
-    cJSON_Delete(o);
-    if (!meta) return mpq__fail(err, MPQ_ERR_NOMEM, path, "out of memory");
+    static const char *const keys[] = {"windows",   "length",      "awq_tokens",  "mixllm_bits", "pqi_bits",
+                                       "pqi_steps", "pqi_windows", "sens_tokens", "act_tokens",  "loss"};
+    const double vals[] = {s->windows,   s->length,      s->awq_tokens,  s->mixllm_bits,        s->pqi_bits,
+                           s->pqi_steps, s->pqi_windows, s->sens_tokens, (double)s->act_tokens, s->loss};
+    char *meta = NULL;
+    mpq_status st = mpq__meta_json(keys, vals, 10, extra_json, path, &meta, err);
+    if (st != MPQ_OK) return st;
     mpq_st_writer *w = NULL;
-    mpq_status st = mpq_st_writer_open(path, &w, err);
+    st = mpq_st_writer_open(path, &w, err);
     if (st == MPQ_OK) st = mpq_st_write_meta(w, "mpq_calib", meta, err);
     free(meta);
     char name[512], base[448];

@@ -25,6 +25,21 @@ double mpq__now(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+mpq_status mpq__meta_json(const char *const *keys, const double *vals, int n, const char *extra_json, const char *path,
+                          char **json, mpq_io_err *err)
+{
+    cJSON *o = cJSON_CreateObject(), *extra = extra_json ? cJSON_Parse(extra_json) : NULL;
+    if (!o || (extra_json && !extra)) {
+        cJSON_Delete(o), cJSON_Delete(extra);
+        return mpq__fail(err, extra_json ? MPQ_ERR_ARG : MPQ_ERR_NOMEM, path, "the extra metadata is not JSON");
+    }
+    for (int i = 0; i < n; i++) cJSON_AddNumberToObject(o, keys[i], vals[i]);
+    if (extra) cJSON_AddItemToObject(o, "source", extra);
+    *json = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    return *json ? MPQ_OK : mpq__fail(err, MPQ_ERR_NOMEM, path, "out of memory");
+}
+
 /* ========================================================================== */
 /* 1. Models                                                                  */
 /* ========================================================================== */
@@ -1496,20 +1511,10 @@ mpq_status mpq_pmpd_learned_write(const mpq_pmpd_learned *n, const char *extra_j
     if (!path) return MPQ_ERR_ARG;
     mpq_status st = mpq_pmpd_learned_validate(n);
     if (st != MPQ_OK) return mpq__fail(err, st, path, "the scheduler is not valid: %s", mpq_status_str(st));
-    cJSON *o = cJSON_CreateObject(), *extra = extra_json ? cJSON_Parse(extra_json) : NULL;
-    if (!o || (extra_json && !extra)) {
-        cJSON_Delete(o), cJSON_Delete(extra);
-        return mpq__fail(err, extra_json ? MPQ_ERR_ARG : MPQ_ERR_NOMEM, path, "the extra metadata is not JSON");
-    }
-    cJSON_AddNumberToObject(o, "layer", n->layer);
-    cJSON_AddNumberToObject(o, "prefill_skip", n->prefill_skip);
-    cJSON_AddNumberToObject(o, "skip_high", n->skip_high);
-    cJSON_AddNumberToObject(o, "skip_low", n->skip_low);
-    cJSON_AddNumberToObject(o, "length", (double)n->length);
-    if (extra) cJSON_AddItemToObject(o, "source", extra);
-    char *meta = cJSON_PrintUnformatted(o);
-    cJSON_Delete(o);
-    if (!meta) return mpq__fail(err, MPQ_ERR_NOMEM, path, "out of memory");
+    static const char *const keys[] = {"layer", "prefill_skip", "skip_high", "skip_low", "length"};
+    const double vals[] = {n->layer, n->prefill_skip, n->skip_high, n->skip_low, (double)n->length};
+    char *meta = NULL;
+    if ((st = mpq__meta_json(keys, vals, 5, extra_json, path, &meta, err)) != MPQ_OK) return st;
     mpq_st_writer *w = NULL;
     st = mpq_st_writer_open(path, &w, err);
     if (st == MPQ_OK) st = mpq_st_write_meta(w, "mpq_pmpd_learned", meta, err);

@@ -25,5 +25,10 @@ void mpq__rope_table(const mpq_llm *m, int pos, int T, float *rope);
 void mpq__rotate(const mpq_llm_config *c, const float *rope, float *v, int T, int nh, int inverse);
 /* -log softmax(z)[target], in double. */
 double mpq__nll(const float *z, int n, int target);
+/* The JSON object {keys[i]: vals[i] ..., "source": extra} that a file mpq
+   writes keeps in its __metadata__ (*json malloc'ed; extra_json, may be
+   NULL, must parse: MPQ_ERR_ARG naming path otherwise). */
+mpq_status mpq__meta_json(const char *const *keys, const double *vals, int n, const char *extra_json, const char *path,
+                          char **json, mpq_io_err *err);
 
 #endif /* MPQ_MODEL_PRIV_H_INCLUDED */
