@@ -665,7 +665,8 @@ mpq_status mpq_llm_create(const mpq_llm_config *c, mpq_tokenizer *tok, mpq_llm *
     if (!c || !tok || !out) return MPQ_ERR_ARG;
     const int dims[] = {c->vocab, c->dim, c->layers, c->heads, c->kv_heads, c->head_dim, c->ffn, c->ctx};
     for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++)
-        if (dims[i] < 1 || dims[i] > MPQ__MAX_DIM * (i == 0 || i == 7 ? 16 : 1)) return MPQ_ERR_SIZE;
+        if (dims[i] < 1 || dims[i] > MPQ__MAX_DIM * (i == 0 ? 4 : i == 7 ? 16 : 1))
+            return MPQ_ERR_SIZE; /* as loading */
     if (c->vocab < mpq_tokenizer_size(tok) || c->rope_scaling != MPQ_ROPE_SCALING_NONE) return MPQ_ERR_ARG;
     if (c->arch[0] && strcmp(c->arch, "llama") != 0 && strcmp(c->arch, "qwen2") != 0) return MPQ_ERR_UNSUPPORTED;
     if (mpq__config_check(c, "(model)", NULL) != MPQ_OK) return MPQ_ERR_ARG;
