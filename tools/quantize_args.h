@@ -1,7 +1,7 @@
 /* tools/quantize_args.h - the options of `mpq quantize` and the recipe
    (mpq.h section 13) they describe. Shared by the tool and by the main job
-   (examples/llm), whose table gives every row as these options: what the
-   main job measures is what `mpq quantize` writes with them. */
+   and tinylm (examples/quantize_row.h), whose tables give every row as these
+   options: what they measure is what `mpq quantize` writes with them. */
 #ifndef MPQ_QUANTIZE_ARGS_H
 #define MPQ_QUANTIZE_ARGS_H
 
