@@ -1561,9 +1561,11 @@ MPQ_DEF mpq_status mpq_recipe_quantize(const mpq_recipe *r, int i, const mpq_rec
 
 #if defined(__GNUC__) || defined(__clang__)
 #define MPQ__INLINE      static inline __attribute__((always_inline))
+#define MPQ__NOINLINE    __attribute__((noinline))
 #define MPQ__PREFETCH(p) __builtin_prefetch((const void *)(p), 0, 3)
 #else
-#define MPQ__INLINE      static inline
+#define MPQ__INLINE static inline
+#define MPQ__NOINLINE
 #define MPQ__PREFETCH(p) ((void)(p))
 #endif
 
@@ -4271,11 +4273,11 @@ typedef void (*mpq__tiles_fn)(const mpq__shape *s, const mpq_packed *A, int t0, 
 /* One CPU path: everything dispatch, naming and availability read. */
 typedef struct mpq__path_row {
     mpq_path path;
-    const char *name;     /* mpq_path_name */
-    unsigned cpu;         /* MPQ__CPU_* the CPU must have (0: none) */
-    mpq__tab tables;      /* the tables it reads */
-    int tiles;            /* tiles a task takes (that share each group's tables in the cache) */
-    mpq__tiles_fn kernel; /* NULL when this build does not have the path */
+    const char *name; /* mpq_path_name */
+    unsigned cpu;     /* MPQ__CPU_* the CPU must have (0: none) */
+    mpq__tab tables;  /* the tables it reads */
+    int tiles;        /* tiles a task takes (that share each group's tables in the cache) */
+    mpq_task_fn task; /* one task: `tiles` tiles, every vector; NULL when this build lacks the path */
 } mpq__path_row;
 
 #if defined(MPQ__HAVE_AVX2) || defined(MPQ__HAVE_AVX512)
@@ -4331,9 +4333,11 @@ static void mpq__tiles_avx2(const mpq__shape *s, const mpq_packed *A, int t0, in
 /* Tiles t0 .. t0+nt-1 (at most MPQ__SCALAR_TILES) on the scalar path,
    vectors b0 .. b0+nb-1, group by group, so that the group's tables are
    read from memory once for the whole block; each tile's sums are those of
-   mpq__tile. */
-static void mpq__tiles_scalar(const mpq__shape *s, const mpq_packed *A, int t0, int nt, const uint8_t *work,
-                              size_t vstride, int b0, int nb, int skip, float (*yt)[MPQ__BATCH_STEP][MPQ_TILE_ROWS])
+   mpq__tile. Kept out of line: gcc 12 compiles it slower inlined into its
+   task (bench/results/NOTES.md, "One task per path"). */
+MPQ__NOINLINE static void mpq__tiles_scalar(const mpq__shape *s, const mpq_packed *A, int t0, int nt,
+                                            const uint8_t *work, size_t vstride, int b0, int nb, int skip,
+                                            float (*yt)[MPQ__BATCH_STEP][MPQ_TILE_ROWS])
 {
     const mpq__vecwork L = mpq__vec_layout(A);
     const int cpg = s->group / 8, ng = s->ngroups;
@@ -4419,53 +4423,66 @@ static void mpq__gemv_store(const mpq__gemv_job *J, int t, int b0, int nb, const
 
 #define MPQ__MAX_TILES MPQ__SCALAR_TILES /* the most tiles any path's task takes */
 
-/* One task of a product: its path's `tiles` tiles, every vector. */
-static void mpq__gemv_task(void *ctx, int blk)
+/* One task of a product: `T` tiles from block blk on, every vector, through
+   `kernel`. Each path's task below is this body with its own kernel and T
+   constant, so that the compiler calls (and may inline) the kernel directly;
+   a call through a pointer in the row is measurably slower on the integer
+   paths (bench/results/NOTES.md, "One task per path"). */
+MPQ__INLINE void mpq__gemv_tiles(const mpq__gemv_job *J, int blk, mpq__tiles_fn kernel, const int T)
 {
-    const mpq__gemv_job *J = (const mpq__gemv_job *)ctx;
-    const int T = J->row->tiles, t0 = blk * T, nt = J->s->ntiles - t0 < T ? J->s->ntiles - t0 : T;
+    const int t0 = blk * T, nt = J->s->ntiles - t0 < T ? J->s->ntiles - t0 : T;
     float yt[MPQ__MAX_TILES][MPQ__BATCH_STEP][MPQ_TILE_ROWS];
     for (int b0 = 0; b0 < J->batch; b0 += MPQ__BATCH_STEP) {
         const int nb = J->batch - b0 < MPQ__BATCH_STEP ? J->batch - b0 : MPQ__BATCH_STEP;
-        J->row->kernel(J->s, J->A, t0, nt, J->w, J->vstride, b0, nb, J->skip, yt);
+        kernel(J->s, J->A, t0, nt, J->w, J->vstride, b0, nb, J->skip, yt);
         for (int k = 0; k < nt; k++) mpq__gemv_store(J, t0 + k, b0, nb, yt[k][0], MPQ_TILE_ROWS);
     }
 }
 
+/* A path's task (mpq__run): the body above with its kernel and tile count. */
+#define MPQ__GEMV_TASK(name, target, kernel, T)                                                                        \
+    target static void name(void *ctx, int blk) { mpq__gemv_tiles((const mpq__gemv_job *)ctx, blk, kernel, T); }
+
 /* THE CPU PATHS, one row each, in the order AUTO prefers them. A build
-   without a path's kernels has no kernel for it (and never offers it). */
+   without a path's kernels has no task for it (and never offers it). */
 #ifdef MPQ__HAVE_VNNI
-#define MPQ__VNNI_KERNEL mpq__tiles_vnni
+MPQ__GEMV_TASK(mpq__gemv_vnni, MPQ__T_VNNI, mpq__tiles_vnni, MPQ__VNNI_TILES)
+#define MPQ__VNNI_TASK mpq__gemv_vnni
 #else
-#define MPQ__VNNI_KERNEL NULL
-#define MPQ__VNNI_TILES  1
+#define MPQ__VNNI_TASK  NULL
+#define MPQ__VNNI_TILES 1
 #endif
 #ifdef MPQ__HAVE_AVX2
-#define MPQ__AVX2Q_KERNEL mpq__tiles_avx2q
-#define MPQ__AVX2_KERNEL  mpq__tiles_avx2
+MPQ__GEMV_TASK(mpq__gemv_avx2q, MPQ__T_AVX2, mpq__tiles_avx2q, MPQ__AVX2Q_TILES)
+MPQ__GEMV_TASK(mpq__gemv_avx2, MPQ__T_AVX2, mpq__tiles_avx2, 1)
+#define MPQ__AVX2Q_TASK mpq__gemv_avx2q
+#define MPQ__AVX2_TASK  mpq__gemv_avx2
 #else
-#define MPQ__AVX2Q_KERNEL NULL
-#define MPQ__AVX2_KERNEL  NULL
-#define MPQ__AVX2Q_TILES  1
+#define MPQ__AVX2Q_TASK  NULL
+#define MPQ__AVX2_TASK   NULL
+#define MPQ__AVX2Q_TILES 1
 #endif
 #ifdef MPQ__HAVE_NEON
-#define MPQ__NEON_KERNEL mpq__tiles_neon
+MPQ__GEMV_TASK(mpq__gemv_neon, , mpq__tiles_neon, MPQ__NEON_TILES)
+#define MPQ__NEON_TASK mpq__gemv_neon
 #else
-#define MPQ__NEON_KERNEL NULL
-#define MPQ__NEON_TILES  1
+#define MPQ__NEON_TASK  NULL
+#define MPQ__NEON_TILES 1
 #endif
 #ifdef MPQ__HAVE_AVX512
-#define MPQ__AVX512_KERNEL mpq__tiles_avx512
+MPQ__GEMV_TASK(mpq__gemv_avx512, MPQ__T_AVX512, mpq__tiles_avx512, 1)
+#define MPQ__AVX512_TASK mpq__gemv_avx512
 #else
-#define MPQ__AVX512_KERNEL NULL
+#define MPQ__AVX512_TASK NULL
 #endif
+MPQ__GEMV_TASK(mpq__gemv_scalar, , mpq__tiles_scalar, MPQ__SCALAR_TILES)
 static const mpq__path_row mpq__paths[] = {
-    {MPQ_PATH_AVX512_VNNI, "avx512-vnni", MPQ__CPU_VNNI, MPQ__TAB_INT16, MPQ__VNNI_TILES, MPQ__VNNI_KERNEL},
-    {MPQ_PATH_AVX2_INT, "avx2-int", MPQ__CPU_AVX2, MPQ__TAB_INT16_LANES, MPQ__AVX2Q_TILES, MPQ__AVX2Q_KERNEL},
-    {MPQ_PATH_NEON, "neon", 0, MPQ__TAB_INT16_LANES, MPQ__NEON_TILES, MPQ__NEON_KERNEL},
-    {MPQ_PATH_AVX512, "avx512", MPQ__CPU_AVX512, MPQ__TAB_FLOAT16, 1, MPQ__AVX512_KERNEL},
-    {MPQ_PATH_AVX2, "avx2", MPQ__CPU_AVX2, MPQ__TAB_FLOAT16, 1, MPQ__AVX2_KERNEL},
-    {MPQ_PATH_SCALAR, "scalar", 0, MPQ__TAB_FLOAT256, MPQ__SCALAR_TILES, mpq__tiles_scalar},
+    {MPQ_PATH_AVX512_VNNI, "avx512-vnni", MPQ__CPU_VNNI, MPQ__TAB_INT16, MPQ__VNNI_TILES, MPQ__VNNI_TASK},
+    {MPQ_PATH_AVX2_INT, "avx2-int", MPQ__CPU_AVX2, MPQ__TAB_INT16_LANES, MPQ__AVX2Q_TILES, MPQ__AVX2Q_TASK},
+    {MPQ_PATH_NEON, "neon", 0, MPQ__TAB_INT16_LANES, MPQ__NEON_TILES, MPQ__NEON_TASK},
+    {MPQ_PATH_AVX512, "avx512", MPQ__CPU_AVX512, MPQ__TAB_FLOAT16, 1, MPQ__AVX512_TASK},
+    {MPQ_PATH_AVX2, "avx2", MPQ__CPU_AVX2, MPQ__TAB_FLOAT16, 1, MPQ__AVX2_TASK},
+    {MPQ_PATH_SCALAR, "scalar", 0, MPQ__TAB_FLOAT256, MPQ__SCALAR_TILES, mpq__gemv_scalar},
 };
 enum { MPQ__NPATHS = (int)(sizeof mpq__paths / sizeof mpq__paths[0]) };
 
@@ -4480,7 +4497,7 @@ MPQ_DEF int mpq_path_available(mpq_path path)
 {
     if (path == MPQ_PATH_AUTO) return 1;
     const mpq__path_row *r = mpq__path_row_of(path);
-    return r && r->kernel && (mpq__cpu() & r->cpu) == r->cpu;
+    return r && r->task && (mpq__cpu() & r->cpu) == r->cpu;
 }
 
 MPQ_DEF const char *mpq_path_name(mpq_path path)
@@ -4545,7 +4562,7 @@ static mpq_status mpq__bp_gemv(const mpq_packed *A, const float *x, float *y, in
         mpq__build_tables(A, x + (size_t)v * (size_t)A->cols, row->tables, o.a8, w + (size_t)v * vstride);
     const int nth = o.threads ? o.threads : mpq__max_threads();
     mpq__gemv_job J = {&s, A, y, w, vstride, batch, o.skip_planes, row};
-    mpq__run((s.ntiles + row->tiles - 1) / row->tiles, nth, mpq__gemv_task, &J);
+    mpq__run((s.ntiles + row->tiles - 1) / row->tiles, nth, row->task, &J);
     mpq__sparse_gemv(A, x, y, batch, nth);
     if (w != (uint8_t *)work) mpq_aligned_free(w);
     return MPQ_OK;
