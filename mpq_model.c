@@ -1256,6 +1256,390 @@ double mpq__nll(const float *z, int n, int target)
     return log(sum) - ((double)z[target] - mx);
 }
 
+/* ---- KL divergence to a reference ---- */
+
+#define MPQ__FNV_BASIS 0xcbf29ce484222325ull
+
+static uint64_t mpq__fnv(uint64_t h, const void *p, size_t n)
+{
+    const uint8_t *b = (const uint8_t *)p;
+    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ull;
+    return h;
+}
+
+/* A 32-bit value, little-endian whatever the host. */
+static uint64_t mpq__fnv_i32(uint64_t h, int32_t v)
+{
+    const uint32_t u = (uint32_t)v;
+    const uint8_t b[4] = {(uint8_t)u, (uint8_t)(u >> 8), (uint8_t)(u >> 16), (uint8_t)(u >> 24)};
+    return mpq__fnv(h, b, 4);
+}
+
+/* Chunks mpq_llm_perplexity runs for n tokens (ctx already resolved). */
+static int mpq__ppl_chunks(size_t n, int ctx, int chunks)
+{
+    const size_t avail = n / (size_t)ctx;
+    return (int)(chunks && (size_t)chunks < avail ? (size_t)chunks : (avail > INT32_MAX ? INT32_MAX : avail));
+}
+
+uint64_t mpq_kl_tokens_hash(const mpq_tokenizer *t, const int32_t *tokens, size_t n, int ctx, int chunks)
+{
+    ctx = ctx ? ctx : 512;
+    if (!tokens || ctx < 1 || chunks < 0) return 0;
+    const int nc = mpq__ppl_chunks(n, ctx, chunks), bos = t && mpq_tokenizer_adds_bos(t) ? mpq_tokenizer_bos(t) : -1;
+    uint64_t h = mpq__fnv_i32(mpq__fnv_i32(MPQ__FNV_BASIS, ctx), nc);
+    for (int c = 0; c < nc; c++)
+        for (int j = 0; j < ctx; j++) h = mpq__fnv_i32(h, j == 0 && bos >= 0 ? bos : tokens[(size_t)c * ctx + j]);
+    return h;
+}
+
+uint64_t mpq_kl_vocab_hash(const mpq_tokenizer *t)
+{
+    if (!t) return 0;
+    const int n = mpq_tokenizer_size(t);
+    uint64_t h = mpq__fnv_i32(MPQ__FNV_BASIS, n);
+    h = mpq__fnv_i32(h, mpq_tokenizer_bos(t));
+    h = mpq__fnv_i32(h, mpq_tokenizer_eos(t));
+    h = mpq__fnv_i32(h, mpq_tokenizer_adds_bos(t));
+    h = mpq__fnv_i32(h, (int32_t)mpq_tokenizer_pretok(t));
+    for (int32_t id = 0; id < n; id++) {
+        size_t len = 0;
+        const char *b = mpq_token_bytes(t, id, &len);
+        h = mpq__fnv_i32(h, b ? (int32_t)len : -1);
+        if (b) h = mpq__fnv(h, b, len);
+        h = mpq__fnv_i32(h, mpq_token_is_special(t, id) | mpq_token_is_end(t, id) << 1);
+    }
+    return h;
+}
+
+/* log sum exp z, in double, in id order. */
+static double mpq__lse(const float *z, int V)
+{
+    float mx = z[0];
+    for (int i = 1; i < V; i++) mx = z[i] > mx ? z[i] : mx;
+    double sum = 0;
+    for (int i = 0; i < V; i++) sum += exp((double)z[i] - mx);
+    return (double)mx + log(sum);
+}
+
+/* One stored log-probability, computed the same way on both sides. */
+static float mpq__klp(const float *z, int id, double lse) { return (float)((double)z[id] - lse); }
+
+/* The probability of every token outside ids[0 .. K-1] (mark: V bytes of
+   zero, left so), in double in id order, then to float, within [0, 1]. */
+static float mpq__kl_rest(const float *z, int V, double lse, const int32_t *ids, int K, uint8_t *mark)
+{
+    for (int k = 0; k < K; k++) mark[ids[k]] = 1;
+    double rest = 0;
+    for (int v = 0; v < V; v++)
+        if (!mark[v]) rest += exp((double)z[v] - lse);
+    for (int k = 0; k < K; k++) mark[ids[k]] = 0;
+    return rest > 1.0 ? 1.0f : (float)rest;
+}
+
+/* a before b: the higher logit, then the lower id. */
+static int mpq__kl_before(const float *z, int32_t a, int32_t b) { return z[a] > z[b] || (z[a] == z[b] && a < b); }
+
+/* The K most probable ids of z, most probable first (heap: K ints). */
+static void mpq__kl_top(const float *z, int V, int K, int32_t *ids)
+{
+    int n = 0; /* ids[0 .. n-1]: a heap whose root is the least of them */
+    for (int32_t v = 0; v < V; v++) {
+        if (n == K && !mpq__kl_before(z, v, ids[0])) continue;
+        int i;
+        if (n < K) { /* sift up */
+            i = n++;
+            while (i > 0 && mpq__kl_before(z, ids[(i - 1) / 2], v)) ids[i] = ids[(i - 1) / 2], i = (i - 1) / 2;
+        } else { /* replace the root, sift down */
+            i = 0;
+            for (;;) {
+                int c = 2 * i + 1;
+                if (c >= n) break;
+                if (c + 1 < n && mpq__kl_before(z, ids[c], ids[c + 1])) c++;
+                if (!mpq__kl_before(z, v, ids[c])) break;
+                ids[i] = ids[c], i = c;
+            }
+        }
+        ids[i] = v;
+    }
+    for (int end = n - 1; end > 0; end--) { /* heap sort: the least goes last */
+        const int32_t v = ids[end];
+        ids[end] = ids[0];
+        int i = 0;
+        for (;;) {
+            int c = 2 * i + 1;
+            if (c >= end) break;
+            if (c + 1 < end && mpq__kl_before(z, ids[c], ids[c + 1])) c++;
+            if (!mpq__kl_before(z, v, ids[c])) break;
+            ids[i] = ids[c], i = c;
+        }
+        ids[i] = v;
+    }
+}
+
+/* Position p of the record from its logits z and the text's next token. */
+static void mpq__kl_record(mpq_kl_base *b, long p, const float *z, int32_t next, uint8_t *mark)
+{
+    const int V = b->vocab, K = b->top;
+    int32_t *ids = b->ids + (size_t)p * K;
+    float *lp = b->logp + (size_t)p * K;
+    const double lse = mpq__lse(z, V);
+    mpq__kl_top(z, V, K, ids);
+    for (int k = 0; k < K; k++) lp[k] = mpq__klp(z, ids[k], lse);
+    b->rest[p] = mpq__kl_rest(z, V, lse, ids, K, mark);
+    b->next_logp[p] = mpq__klp(z, next, lse);
+}
+
+/* Position p compared: its KLD, same top (0/1) and Delta p. */
+static double mpq__kl_compare(const mpq_kl_base *b, long p, const float *z, int32_t next, uint8_t *mark, int *same,
+                              double *dp)
+{
+    const int V = b->vocab, K = b->top;
+    const int32_t *ids = b->ids + (size_t)p * K;
+    const float *lp = b->logp + (size_t)p * K;
+    const double lse = mpq__lse(z, V);
+    double kl = 0;
+    for (int k = 0; k < K; k++) kl += exp((double)lp[k]) * ((double)lp[k] - (double)mpq__klp(z, ids[k], lse));
+    const double pr = b->rest[p];
+    if (pr > 0) { /* Q's rest below 1e-30 is taken as 1e-30 */
+        const double qr = mpq__kl_rest(z, V, lse, ids, K, mark);
+        kl += pr * (log(pr) - log(qr > 1e-30 ? qr : 1e-30));
+    }
+    int32_t best = 0;
+    for (int32_t v = 1; v < V; v++) best = z[v] > z[best] ? v : best;
+    *same = best == ids[0];
+    *dp = exp((double)mpq__klp(z, next, lse)) - exp((double)b->next_logp[p]);
+    return kl;
+}
+
+static int mpq__cmp_double(const void *a, const void *b)
+{
+    const double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* The q-quantile of sorted v[0 .. n-1], linearly interpolated. */
+static double mpq__quantile(const double *v, long n, double q)
+{
+    const double at = q * (double)(n - 1);
+    const long i = (long)at;
+    return i + 1 < n ? v[i] + (at - (double)i) * (v[i + 1] - v[i]) : v[n - 1];
+}
+
+/* The summary of n positions' KLD (sorted here), same-top count and Delta p sums. */
+static void mpq__kl_summary(double *kld, long n, long same, double dp, double dp2, double dpa, mpq_kl_result *r)
+{
+    memset(r, 0, sizeof *r);
+    if (n < 1) return;
+    double s = 0, s2 = 0;
+    for (long i = 0; i < n; i++) s += kld[i], s2 += kld[i] * kld[i];
+    r->count = n;
+    r->kld = s / (double)n;
+    const double var = n > 1 ? (s2 - s * r->kld) / (double)(n - 1) : 0;
+    r->kld_err = var > 0 ? sqrt(var / (double)n) : 0;
+    qsort(kld, (size_t)n, sizeof *kld, mpq__cmp_double);
+    r->median = mpq__quantile(kld, n, 0.5);
+    r->p90 = mpq__quantile(kld, n, 0.9);
+    r->p99 = mpq__quantile(kld, n, 0.99);
+    r->max = kld[n - 1];
+    r->same_top = (double)same / (double)n;
+    r->same_top_err = n > 1 ? sqrt(r->same_top * (1 - r->same_top) / (double)(n - 1)) : 0;
+    r->dp_mean = dp / (double)n;
+    r->dp_rms = sqrt(dp2 / (double)n);
+    r->dp_abs = dpa / (double)n;
+}
+
+void mpq_kl_base_free(mpq_kl_base *b)
+{
+    if (!b) return;
+    free(b->ids), free(b->logp), free(b->rest), free(b->next_logp);
+    memset(b, 0, sizeof *b);
+}
+
+/* An empty record of these sizes (arrays allocated). */
+static mpq_status mpq__kl_alloc(mpq_kl_base *b, int vocab, int ctx, int chunks, int top)
+{
+    memset(b, 0, sizeof *b);
+    b->vocab = vocab, b->ctx = ctx, b->chunks = chunks, b->top = top;
+    b->positions = (long)chunks * (long)(ctx - 1 - ctx / 2);
+    const size_t P = (size_t)b->positions, PK = P * (size_t)top;
+    b->ids = (int32_t *)malloc(sizeof(int32_t) * (PK ? PK : 1));
+    b->logp = (float *)malloc(sizeof(float) * (PK ? PK : 1));
+    b->rest = (float *)malloc(sizeof(float) * (P ? P : 1));
+    b->next_logp = (float *)malloc(sizeof(float) * (P ? P : 1));
+    if (b->ids && b->logp && b->rest && b->next_logp) return MPQ_OK;
+    mpq_kl_base_free(b);
+    return MPQ_ERR_NOMEM;
+}
+
+mpq_status mpq_kl_base_check(const mpq_kl_base *b, const mpq_llm *m, const int32_t *tokens, size_t n, int ctx,
+                             int chunks, const char *origin, mpq_io_err *err)
+{
+    if (!b || !m || !tokens || ctx < 0 || chunks < 0) return MPQ_ERR_ARG;
+    const char *o = origin ? origin : "KL base";
+    ctx = ctx ? ctx : 512;
+    const int nc = mpq__ppl_chunks(n, ctx, chunks);
+    if (b->vocab != m->c.vocab)
+        return mpq__fail(err, MPQ_ERR_ARG, o, "recorded for a vocabulary of %d tokens; this model has %d", b->vocab,
+                         m->c.vocab);
+    if (b->vocab_hash != mpq_kl_vocab_hash(m->tok))
+        return mpq__fail(err, MPQ_ERR_ARG, o, "recorded with another tokenizer than this model's");
+    if (b->ctx != ctx)
+        return mpq__fail(err, MPQ_ERR_ARG, o, "recorded with chunks of %d tokens; this run uses %d", b->ctx, ctx);
+    if (b->chunks != nc)
+        return mpq__fail(err, MPQ_ERR_ARG, o, "recorded over %d chunks; this run has %d", b->chunks, nc);
+    if (b->tokens_hash != mpq_kl_tokens_hash(m->tok, tokens, n, ctx, chunks))
+        return mpq__fail(err, MPQ_ERR_ARG, o, "recorded on another text (the chunks' tokens differ)");
+    return MPQ_OK;
+}
+
+static void mpq__hex64(uint64_t v, char out[17]) { snprintf(out, 17, "%016llx", (unsigned long long)v); }
+
+static int mpq__unhex64(const char *s, uint64_t *v)
+{
+    if (!s || strlen(s) != 16) return 0;
+    uint64_t r = 0;
+    for (int i = 0; i < 16; i++) {
+        const char c = s[i];
+        const int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+        if (d < 0) return 0;
+        r = r << 4 | (uint64_t)d;
+    }
+    *v = r;
+    return 1;
+}
+
+mpq_status mpq_kl_base_write(const mpq_kl_base *b, const char *extra_json, const char *path, mpq_io_err *err)
+{
+    if (!b || !path || !b->ids || !b->logp || !b->rest || !b->next_logp) return MPQ_ERR_ARG;
+    static const char *const keys[] = {"vocab", "ctx", "chunks", "top", "positions"};
+    const double vals[] = {b->vocab, b->ctx, b->chunks, b->top, (double)b->positions};
+    char *meta = NULL;
+    mpq_status st = mpq__meta_json(keys, vals, 5, extra_json, path, &meta, err);
+    if (st != MPQ_OK) return st;
+    /* the hashes as hexadecimal strings (a JSON number holds 53 bits) */
+    cJSON *o = cJSON_Parse(meta);
+    free(meta), meta = NULL;
+    char h1[17], h2[17];
+    mpq__hex64(b->tokens_hash, h1), mpq__hex64(b->vocab_hash, h2);
+    if (o && cJSON_AddStringToObject(o, "tokens_hash", h1) && cJSON_AddStringToObject(o, "vocab_hash", h2))
+        meta = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    if (!meta) return mpq__fail(err, MPQ_ERR_NOMEM, path, "out of memory");
+    mpq_st_writer *w = NULL;
+    st = mpq_st_writer_open(path, &w, err);
+    if (st == MPQ_OK) st = mpq_st_write_meta(w, "mpq_kl_base", meta, err);
+    free(meta);
+    const uint64_t pk[2] = {(uint64_t)b->positions, (uint64_t)b->top}, p1[1] = {(uint64_t)b->positions};
+    uint8_t *le = NULL; /* the ids, little-endian */
+    const size_t nid = (size_t)b->positions * (size_t)b->top;
+    if (st == MPQ_OK && !(le = (uint8_t *)malloc(4 * nid + 1)))
+        st = mpq__fail(err, MPQ_ERR_NOMEM, path, "out of memory");
+    for (size_t i = 0; st == MPQ_OK && i < nid; i++)
+        for (int k = 0; k < 4; k++) le[4 * i + (size_t)k] = (uint8_t)((uint32_t)b->ids[i] >> (8 * k));
+    if (st == MPQ_OK) st = mpq_st_write(w, "kl.ids", MPQ_DT_I32, 2, pk, le, 4 * nid, err);
+    free(le);
+    if (st == MPQ_OK) st = mpq_st_write_f32(w, "kl.logp", MPQ_DT_F32, 2, pk, b->logp, err);
+    if (st == MPQ_OK) st = mpq_st_write_f32(w, "kl.rest", MPQ_DT_F32, 1, p1, b->rest, err);
+    if (st == MPQ_OK) st = mpq_st_write_f32(w, "kl.next_logp", MPQ_DT_F32, 1, p1, b->next_logp, err);
+    if (st == MPQ_OK) return mpq_st_writer_close(w, err);
+    mpq_st_writer_abort(w);
+    return st;
+}
+
+/* The values of a read record: every id in the vocabulary and once per
+   position, log-probabilities finite, <= 0 and non-increasing, rest in
+   [0, 1], and the position's probabilities summing to 1 within 1e-3. */
+static mpq_status mpq__kl_values(const mpq_kl_base *b, const char *path, mpq_io_err *err)
+{
+    int32_t *seen = (int32_t *)malloc(sizeof(int32_t) * (size_t)b->vocab);
+    if (!seen) return mpq__fail(err, MPQ_ERR_NOMEM, path, "out of memory");
+    for (int v = 0; v < b->vocab; v++) seen[v] = -1;
+    mpq_status st = MPQ_OK;
+    for (long p = 0; p < b->positions && st == MPQ_OK; p++) {
+        const int32_t *ids = b->ids + (size_t)p * b->top;
+        const float *lp = b->logp + (size_t)p * b->top;
+        double sum = b->rest[p];
+        if (!(b->rest[p] >= 0.0f && b->rest[p] <= 1.0f) || !(b->next_logp[p] <= 0.0f) || !isfinite(b->next_logp[p]))
+            st = mpq__fail(err, MPQ_ERR_FORMAT, path, "position %ld: kl.rest or kl.next_logp out of range", p);
+        for (int k = 0; k < b->top && st == MPQ_OK; k++) {
+            if (ids[k] < 0 || ids[k] >= b->vocab || seen[ids[k]] == (int32_t)(p % INT32_MAX))
+                st = mpq__fail(err, MPQ_ERR_FORMAT, path, "position %ld: token id %d out of range or repeated", p,
+                               (int)ids[k]);
+            else if (!isfinite(lp[k]) || lp[k] > 0.0f || (k && lp[k] > lp[k - 1]))
+                st = mpq__fail(err, MPQ_ERR_FORMAT, path,
+                               "position %ld: log-probabilities must be finite, <= 0 and non-increasing", p);
+            else
+                seen[ids[k]] = (int32_t)(p % INT32_MAX), sum += exp((double)lp[k]);
+        }
+        if (st == MPQ_OK && fabs(sum - 1.0) > 1e-3)
+            st = mpq__fail(err, MPQ_ERR_FORMAT, path, "position %ld: the probabilities sum to %g, not 1", p, sum);
+    }
+    free(seen);
+    return st;
+}
+
+mpq_status mpq_kl_base_read(const char *path, mpq_kl_base *out, mpq_io_err *err)
+{
+    if (!path || !out) return MPQ_ERR_ARG;
+    mpq_st_file *f = NULL;
+    mpq_status st = mpq_st_open(path, &f, err);
+    if (st != MPQ_OK) return st;
+    const char *meta = mpq_st_meta(f, "mpq_kl_base");
+    cJSON *o = meta ? cJSON_Parse(meta) : NULL;
+    int fld[4] = {0};
+    double positions = -1;
+    uint64_t th = 0, vh = 0;
+    if (!o) st = mpq__fail(err, MPQ_ERR_FORMAT, path, "no mpq_kl_base metadata: not a KL base file");
+    static const char *const keys[4] = {"vocab", "ctx", "chunks", "top"};
+    static const int lo[4] = {1, 4, 1, 1};
+    for (int k = 0; k < 4 && st == MPQ_OK; k++)
+        if (mpq__jint(o, keys[k], &fld[k], lo[k], 1 << 24) != 1)
+            st = mpq__fail(err, MPQ_ERR_FORMAT, path, "mpq_kl_base: '%s' is missing or out of range", keys[k]);
+    if (st == MPQ_OK &&
+        (mpq__jnum(o, "positions", &positions) != 1 ||
+         positions != (double)fld[2] * (double)(fld[1] - 1 - fld[1] / 2) || fld[3] > fld[0]))
+        st = mpq__fail(err, MPQ_ERR_FORMAT, path, "mpq_kl_base: positions, top and the sizes disagree");
+    if (st == MPQ_OK &&
+        (!mpq__unhex64(mpq__jstr_of(o, "tokens_hash"), &th) || !mpq__unhex64(mpq__jstr_of(o, "vocab_hash"), &vh)))
+        st = mpq__fail(err, MPQ_ERR_FORMAT, path, "mpq_kl_base: the hashes must be 16 hexadecimal digits");
+    cJSON_Delete(o);
+    static const char *const names[4] = {"kl.ids", "kl.logp", "kl.rest", "kl.next_logp"};
+    const mpq_st_tensor *t[4] = {0};
+    for (int k = 0; k < 4 && st == MPQ_OK; k++) {
+        const uint64_t P = (uint64_t)positions, K = (uint64_t)fld[3];
+        if (!(t[k] = mpq_st_find(f, names[k])))
+            st = mpq__fail(err, MPQ_ERR_FORMAT, path, "tensor '%s': not found", names[k]);
+        else if (t[k]->dtype != (k ? MPQ_DT_F32 : MPQ_DT_I32) || t[k]->ndim != (k < 2 ? 2 : 1) || t[k]->shape[0] != P ||
+                 (k < 2 && t[k]->shape[1] != K))
+            st = mpq__fail(err, MPQ_ERR_FORMAT, path, "tensor '%s': must be %s [%llu%s]", names[k], k ? "F32" : "I32",
+                           (unsigned long long)P, k < 2 ? " x top" : "");
+    }
+    mpq_kl_base b;
+    memset(&b, 0, sizeof b);
+    /* the tensors are in the file, so their sizes are bounded by it */
+    if (st == MPQ_OK && (st = mpq__kl_alloc(&b, fld[0], fld[1], fld[2], fld[3])) != MPQ_OK)
+        st = mpq__fail(err, st, path, "out of memory");
+    const size_t PK = (size_t)b.positions * (size_t)b.top;
+    if (st == MPQ_OK) st = mpq_st_read(f, t[0], b.ids, 4 * PK, err);
+    for (size_t i = 0; st == MPQ_OK && i < PK; i++) { /* stored little-endian */
+        const uint8_t *q = (const uint8_t *)&b.ids[i];
+        b.ids[i] = (int32_t)((uint32_t)q[0] | (uint32_t)q[1] << 8 | (uint32_t)q[2] << 16 | (uint32_t)q[3] << 24);
+    }
+    if (st == MPQ_OK) st = mpq_st_read_f32(f, t[1], b.logp, PK, err);
+    if (st == MPQ_OK) st = mpq_st_read_f32(f, t[2], b.rest, (size_t)b.positions, err);
+    if (st == MPQ_OK) st = mpq_st_read_f32(f, t[3], b.next_logp, (size_t)b.positions, err);
+    b.tokens_hash = th, b.vocab_hash = vh;
+    if (st == MPQ_OK) st = mpq__kl_values(&b, path, err);
+    mpq_st_close(f);
+    if (st != MPQ_OK) {
+        mpq_kl_base_free(&b);
+        return st;
+    }
+    *out = b;
+    return MPQ_OK;
+}
+
 mpq_status mpq_llm_perplexity(const mpq_llm *m, const int32_t *tokens, size_t n, const mpq_ppl_opts *o,
                               mpq_ppl_result *r)
 {
@@ -1266,23 +1650,38 @@ mpq_status mpq_llm_perplexity(const mpq_llm *m, const int32_t *tokens, size_t n,
     const int ctx = d.ctx ? d.ctx : 512, batch = d.batch ? d.batch : 64;
     if (ctx < 4 || batch < 1 || d.chunks < 0 || d.skip_planes < 0) return MPQ_ERR_ARG;
     if (d.schedule && mpq_pmpd_validate(d.schedule) != MPQ_OK) return MPQ_ERR_ARG;
-    const size_t avail = n / (size_t)ctx;
-    const int chunks = (int)(d.chunks && (size_t)d.chunks < avail ? (size_t)d.chunks : avail);
+    if (d.kl_top < 0) return MPQ_ERR_ARG;
+    const int chunks = mpq__ppl_chunks(n, ctx, d.chunks);
     if (chunks < 1) return MPQ_ERR_SIZE;
-    const int first = ctx / 2, V = m->c.vocab;
+    if (d.kl_ref && mpq_kl_base_check(d.kl_ref, m, tokens, n, ctx, d.chunks, NULL, NULL) != MPQ_OK) return MPQ_ERR_ARG;
+    const int first = ctx / 2, V = m->c.vocab, per = ctx - 1 - first;
+    mpq_kl_base rec;
+    memset(&rec, 0, sizeof rec);
+    mpq_status st = MPQ_OK;
+    if (d.kl_record) {
+        const int top = d.kl_top ? (d.kl_top < V ? d.kl_top : V) : (1024 < V ? 1024 : V);
+        if ((st = mpq__kl_alloc(&rec, V, ctx, chunks, top)) != MPQ_OK) return st;
+        rec.tokens_hash = mpq_kl_tokens_hash(m->tok, tokens, n, ctx, d.chunks);
+        rec.vocab_hash = mpq_kl_vocab_hash(m->tok);
+    }
+    const long npos = (long)chunks * per;
+    double *kld = d.kl_ref ? (double *)malloc(sizeof(double) * (size_t)(npos > 0 ? npos : 1)) : NULL;
+    uint8_t *mark = d.kl_ref || d.kl_record ? (uint8_t *)calloc((size_t)V, 1) : NULL;
     mpq_llm_state s;
-    mpq_status st = mpq_llm_state_init(m, ctx, batch, &s);
-    if (st != MPQ_OK) return st;
-    float *logits = (float *)malloc(sizeof(float) * (size_t)(ctx - first) * V);
-    int32_t *chunk = (int32_t *)malloc(sizeof(int32_t) * (size_t)ctx);
-    if (!logits || !chunk) {
-        free(logits), free(chunk);
+    memset(&s, 0, sizeof s);
+    if ((d.kl_ref && !kld) || ((d.kl_ref || d.kl_record) && !mark)) st = MPQ_ERR_NOMEM;
+    if (st == MPQ_OK) st = mpq_llm_state_init(m, ctx, batch, &s);
+    float *logits = st == MPQ_OK ? (float *)malloc(sizeof(float) * (size_t)(ctx - first) * V) : NULL;
+    int32_t *chunk = st == MPQ_OK ? (int32_t *)malloc(sizeof(int32_t) * (size_t)ctx) : NULL;
+    if (st != MPQ_OK || !logits || !chunk) {
+        free(logits), free(chunk), free(kld), free(mark);
         mpq_llm_state_free(&s);
-        return MPQ_ERR_NOMEM;
+        mpq_kl_base_free(&rec);
+        return st != MPQ_OK ? st : MPQ_ERR_NOMEM;
     }
     const int bos = mpq_tokenizer_adds_bos(m->tok) ? mpq_tokenizer_bos(m->tok) : -1;
-    double nll = 0, nll2 = 0;
-    long count = 0;
+    double nll = 0, nll2 = 0, dp = 0, dp2 = 0, dpa = 0;
+    long count = 0, same = 0;
     const double t0 = mpq__now();
     for (int i = 0; i < chunks && st == MPQ_OK; i++) {
         memcpy(chunk, tokens + (size_t)i * ctx, sizeof(int32_t) * (size_t)ctx);
@@ -1300,9 +1699,19 @@ mpq_status mpq_llm_perplexity(const mpq_llm *m, const int32_t *tokens, size_t n,
                 p = q;
             }
         }
-        for (int j = 0; st == MPQ_OK && j < ctx - 1 - first; j++) {
-            const double v = mpq__nll(logits + (size_t)j * V, V, chunk[first + j + 1]);
-            nll += v, nll2 += v * v, count++;
+        for (int j = 0; st == MPQ_OK && j < per; j++) {
+            const float *z = logits + (size_t)j * V;
+            const int32_t next = chunk[first + j + 1];
+            const double v = mpq__nll(z, V, next);
+            nll += v, nll2 += v * v;
+            if (d.kl_record) mpq__kl_record(&rec, count, z, next, mark);
+            if (d.kl_ref) {
+                int top1;
+                double dpj;
+                kld[count] = mpq__kl_compare(d.kl_ref, count, z, next, mark, &top1, &dpj);
+                same += top1, dp += dpj, dp2 += dpj * dpj, dpa += fabs(dpj);
+            }
+            count++;
         }
         if (st == MPQ_OK && d.progress) d.progress(d.user, i + 1, chunks, exp(nll / count), mpq__now() - t0);
     }
@@ -1315,9 +1724,12 @@ mpq_status mpq_llm_perplexity(const mpq_llm *m, const int32_t *tokens, size_t n,
         r->count = count, r->chunks = chunks;
         r->seconds = mpq__now() - t0;
         r->tokens_per_second = (double)chunks * ctx / r->seconds;
+        if (d.kl_ref) mpq__kl_summary(kld, count, same, dp, dp2, dpa, &r->kl);
+        if (d.kl_record) *d.kl_record = rec, memset(&rec, 0, sizeof rec);
     }
-    free(logits), free(chunk);
+    free(logits), free(chunk), free(kld), free(mark);
     mpq_llm_state_free(&s);
+    mpq_kl_base_free(&rec);
     return st;
 }
 

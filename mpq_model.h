@@ -15,7 +15,9 @@
                         linear maps, the CPU or another backend
      2. Forward pass .. KV cache, batched prompts, one-token decode (of one or
                         several sequences at once), logits
-     3. Perplexity .... llama.cpp's llama-perplexity, computed the same way
+     3. Perplexity .... llama.cpp's llama-perplexity, computed the same way;
+                        KL divergence to a reference model's predictions
+                        (recorded in a file, compared position by position)
      4. Generation .... greedy or temperature / top-p sampling, PMPD
                         precision schedules (given or from the learned
                         scheduler), prompt and decode timing; the learned
@@ -283,6 +285,49 @@ mpq_status mpq_llm_decode(const mpq_llm *m, mpq_llm_state *const *seqs, int n, c
    (at its prefill_skip) and the token at position ctx/2 + t runs at
    mpq_pmpd_skip_at(schedule, t), as generation would run it: the scored
    tokens are read at the decode precisions of the schedule. */
+
+/* KL DIVERGENCE TO A REFERENCE. A reference run (usually the unquantized
+   model) records, at every scored position of the chunks, what it predicts:
+   its `top` most probable tokens (most probable first, the lower id first on
+   ties) with their log-probabilities, the probability of every other token
+   together (`rest`), and the log-probability of the text's next token. A
+   later run of any model on the same tokens compares its own distribution Q
+   with that record P at each position:
+
+     KLD   = sum_k P_k (log P_k - log Q_k) + P_rest (log P_rest - log Q_rest)
+
+   over the top tokens k and the rest taken as one outcome: the divergence
+   of the two distributions coarsened to top + 1 outcomes, which is at most
+   the full divergence (data processing) and equals it when top covers the
+   vocabulary. Q's terms are computed as the record's were (log-probability
+   to float, the rest summed in double over the other tokens in id order),
+   so the reference against itself gives exactly 0. Also per position: the
+   same top token (Q's most probable, lower id on ties, is P's first), and
+   Delta p = Q(next) - P(next) of the text's next token. These are what
+   llama.cpp's llama-perplexity --kl-divergence prints; it stores every
+   token's logit (2 bytes each), this record 8 bytes per kept token: at the
+   default top 1024, 67 MB for 32 chunks of 512 on a vocabulary of 49152,
+   where the coarsened KLD of a 4-bit SmolLM2-135M came out 2.4 % below the
+   full one (bench/results/NOTES.md, "KL divergence"). */
+typedef struct mpq_kl_base {
+    int vocab, ctx, chunks, top; /* top <= vocab tokens kept per position */
+    long positions;              /* chunks * (ctx - 1 - ctx/2), in order */
+    uint64_t tokens_hash;        /* mpq_kl_tokens_hash of the chunks as evaluated */
+    uint64_t vocab_hash;         /* mpq_kl_vocab_hash of the tokenizer */
+    int32_t *ids;                /* positions x top */
+    float *logp;                 /* positions x top: log P of ids, non-increasing */
+    float *rest;                 /* positions: P of every token not in ids, in [0, 1] */
+    float *next_logp;            /* positions: log P of the text's next token */
+} mpq_kl_base;
+
+typedef struct mpq_kl_result {
+    long count;                     /* positions compared */
+    double kld, kld_err;            /* mean KLD (nats) and its standard error */
+    double median, p90, p99, max;   /* of the positions' KLD (linear interpolation) */
+    double same_top, same_top_err;  /* fraction of positions with the same top token */
+    double dp_mean, dp_rms, dp_abs; /* Delta p: mean, root mean square, mean |Delta p| */
+} mpq_kl_result;
+
 typedef struct mpq_ppl_opts {
     int ctx;                           /* 0 -> 512 */
     int chunks;                        /* at most this many chunks; 0 -> all */
@@ -292,6 +337,14 @@ typedef struct mpq_ppl_opts {
     /* called after each chunk (may be NULL) */
     void (*progress)(void *user, int done, int total, double ppl_so_far, double seconds);
     void *user;
+    /* KL divergence (may be NULL): record this run's predictions into
+       *kl_record (overwritten on success; mpq_kl_base_free), keeping kl_top tokens per
+       position (0 -> 1024, at most the vocabulary); or compare this run with
+       *kl_ref (which must match the run: mpq_kl_base_check). Both may be
+       given. */
+    mpq_kl_base *kl_record;
+    int kl_top;
+    const mpq_kl_base *kl_ref;
 } mpq_ppl_opts;
 
 typedef struct mpq_ppl_result {
@@ -299,10 +352,35 @@ typedef struct mpq_ppl_result {
     long count;               /* tokens scored */
     int chunks;
     double seconds, tokens_per_second; /* all tokens of the chunks run */
+    mpq_kl_result kl;                  /* with kl_ref; zero otherwise */
 } mpq_ppl_result;
 
 mpq_status mpq_llm_perplexity(const mpq_llm *m, const int32_t *tokens, size_t n, const mpq_ppl_opts *o,
                               mpq_ppl_result *r);
+
+/* FNV-1a (64-bit) of the chunks mpq_llm_perplexity would evaluate for
+   these tokens, ctx and chunks (0: all), each chunk as run (its first token
+   BOS when the tokenizer adds BOS). */
+uint64_t mpq_kl_tokens_hash(const mpq_tokenizer *t, const int32_t *tokens, size_t n, int ctx, int chunks);
+/* FNV-1a (64-bit) of a tokenizer: every token's bytes and kind, BOS, EOS,
+   whether it adds BOS, and its pre-tokenizer. */
+uint64_t mpq_kl_vocab_hash(const mpq_tokenizer *t);
+
+/* Whether `b` was recorded on the run these arguments make (same
+   vocabulary and tokenizer, ctx, number of chunks and tokens): MPQ_OK, or
+   MPQ_ERR_ARG with a line in err saying what differs (origin: the file's
+   name, may be NULL). ctx and chunks as in mpq_ppl_opts. */
+mpq_status mpq_kl_base_check(const mpq_kl_base *b, const mpq_llm *m, const int32_t *tokens, size_t n, int ctx,
+                             int chunks, const char *origin, mpq_io_err *err);
+
+/* The record as a safetensors file (tensors kl.ids, kl.logp, kl.rest,
+   kl.next_logp; metadata "mpq_kl_base": the sizes and hashes as JSON, and
+   extra_json under "source" when given) and back. The reader checks every
+   size, hash and value (ids in the vocabulary, log-probabilities <= 0 and
+   non-increasing, rest in [0, 1]) and names the file in err. */
+mpq_status mpq_kl_base_write(const mpq_kl_base *b, const char *extra_json, const char *path, mpq_io_err *err);
+mpq_status mpq_kl_base_read(const char *path, mpq_kl_base *out, mpq_io_err *err);
+void mpq_kl_base_free(mpq_kl_base *b); /* NULL and zeroed records are accepted */
 
 /* ========================================================================== */
 /* 4. Generation                                                              */

@@ -1,7 +1,8 @@
 /* The `mpq` tool on language models end to end, on a tiny random model
    written as GGUF and as a Hugging Face directory (test/llm_fixture.h):
    `eval` prints the library's perplexity for both forms and for a file
-   `quantize` wrote from each; the quantized matrices are those the
+   `quantize` wrote from each, and its KL divergence to a reference's
+   record and its scheduled perplexity; the quantized matrices are those the
    library packs; `run` prints what mpq_llm_generate generates, greedy and
    under a PMPD schedule; and what goes wrong (a text that is not UTF-8, a
    prompt longer than the context, a truncated model) exits 2 with a
@@ -258,6 +259,96 @@ Test(cli_llm, eval_quantize_and_run_on_gguf_and_hf, .init = setup, .fini = teard
     cr_assert(strstr(slurp("err.txt", NULL), "not cpu, cuda or cuda-fp16"), "%s", slurp("err.txt", NULL));
 
     mpq_llm_free(g), mpq_llm_free(h), mpq_llm_free(qg), mpq_llm_free(qh);
+    tl_free(&tm);
+}
+
+/* The library's perplexity run on text.txt at context CTX with o's other
+   options (kl_ref, schedule). */
+static mpq_ppl_result library_run(const mpq_llm *m, const char *text, size_t len, mpq_ppl_opts o)
+{
+    int32_t *tok;
+    size_t n;
+    mpq_io_err e;
+    cr_assert_eq(mpq_tokenize(m->tok, text, len, MPQ_TOK_BOS, &tok, &n, &e), MPQ_OK, "%s", e.msg);
+    o.ctx = CTX;
+    mpq_ppl_result r;
+    cr_assert_eq(mpq_llm_perplexity(m, tok, n, &o, &r), MPQ_OK);
+    free(tok);
+    return r;
+}
+
+Test(cli_llm, eval_kl_divergence_and_schedules_print_the_library, .init = setup, .fini = teardown)
+{
+    tl_model tm;
+    char text[700], args[700], want[256], p[600];
+    size_t len;
+    make_model(&tm, text, &len);
+    cr_assert_eq(run("quantize --quiet --bits 3 m.gguf q.safetensors"), 0, "%s", slurp("err.txt", NULL));
+    mpq_llm *g = load("m.gguf"), *q = load("q.safetensors");
+    /* the reference's record, then the 3-bit model against it */
+    snprintf(args, sizeof args, "eval --quiet --ctx %d --kl-base base.klb --kl-top 40 m.gguf text.txt", CTX);
+    cr_assert_eq(run(args), 0, "%s", slurp("err.txt", NULL));
+    mpq_kl_base b;
+    mpq_io_err e;
+    path_of("base.klb", p, sizeof p);
+    cr_assert_eq(mpq_kl_base_read(p, &b, &e), MPQ_OK, "%s", e.msg);
+    cr_assert(b.top == 40 && b.ctx == CTX && b.vocab == 320);
+    mpq_ppl_opts o;
+    memset(&o, 0, sizeof o);
+    o.kl_ref = &b;
+    const mpq_kl_result k = library_run(q, text, len, o).kl;
+    cr_assert(k.kld > 0);
+    cr_assert_eq(run("eval --quiet --kl base.klb q.safetensors text.txt"), 0, "%s", slurp("err.txt", NULL));
+    const char *out = slurp("out.txt", NULL);
+    snprintf(want, sizeof want, "KL divergence: %.6f +/- %.6f (median %.6f, 90%% %.6f, 99%% %.6f, max %.6f) over %ld",
+             k.kld, k.kld_err, k.median, k.p90, k.p99, k.max, k.count);
+    cr_assert(strstr(out, want), "printed \"%s\", the library gives \"%s\"", out, want);
+    snprintf(want, sizeof want, "same top token: %.3f +/- %.3f %%", 100 * k.same_top, 100 * k.same_top_err);
+    cr_assert(strstr(out, want), "%s", out);
+    snprintf(want, sizeof want, "mean %.3f %%, mean |Delta p| %.3f %%, RMS %.3f %%", 100 * k.dp_mean, 100 * k.dp_abs,
+             100 * k.dp_rms);
+    cr_assert(strstr(out, want), "%s", out);
+    /* the reference against itself, and the chunks taken from the file */
+    cr_assert_eq(run("eval --quiet --kl base.klb m.gguf text.txt"), 0, "%s", slurp("err.txt", NULL));
+    out = slurp("out.txt", NULL);
+    cr_assert(strstr(out, "KL divergence: 0.000000 +/- 0.000000") && strstr(out, "same top token: 100.000"), "%s", out);
+    /* a static PMPD schedule: the library's scheduled perplexity */
+    mpq_pmpd_schedule s;
+    memset(&s, 0, sizeof s);
+    s.prefill_skip = 1, s.nlevels = 2, s.skip[0] = 0, s.skip[1] = 1, s.start[1] = 3;
+    memset(&o, 0, sizeof o);
+    o.schedule = &s;
+    snprintf(args, sizeof args, "eval --quiet --ctx %d --schedule 1:0@0,1@3 q.safetensors text.txt", CTX);
+    cr_assert_eq(run(args), 0, "%s", slurp("err.txt", NULL));
+    snprintf(want, sizeof want, "perplexity: %.4f ", library_run(q, text, len, o).ppl);
+    cr_assert(strstr(slurp("out.txt", NULL), want), "%s: %s", want, slurp("out.txt", NULL));
+    /* refused: another text (exit 2, both files named), another --ctx, a
+       truncated file, and options that do not go together (exit 1) */
+    path_of("other.txt", p, sizeof p);
+    text[3] = text[3] == 'a' ? 'b' : 'a';
+    tl_spit(p, text);
+    cr_assert_eq(run("eval --kl base.klb q.safetensors other.txt"), 2);
+    const char *err = slurp("err.txt", NULL);
+    cr_assert(strstr(err, "base.klb") && strstr(err, "another text") && strstr(err, "other.txt"), "%s", err);
+    snprintf(args, sizeof args, "eval --ctx %d --kl base.klb q.safetensors text.txt", CTX + 1);
+    cr_assert_eq(run(args), 2);
+    cr_assert(strstr(slurp("err.txt", NULL), "chunks of 16 tokens"), "%s", slurp("err.txt", NULL));
+    path_of("base.klb", p, sizeof p);
+    FILE *f = fopen(p, "rb");
+    static char buf[1 << 16];
+    const size_t n = fread(buf, 1, sizeof buf, f);
+    fclose(f);
+    path_of("cut.klb", p, sizeof p);
+    f = fopen(p, "wb");
+    fwrite(buf, 1, n - 9, f);
+    fclose(f);
+    cr_assert_eq(run("eval --kl cut.klb q.safetensors text.txt"), 2);
+    cr_assert(strstr(slurp("err.txt", NULL), "cut.klb"), "%s", slurp("err.txt", NULL));
+    cr_assert_eq(run("eval --kl-top 8 q.safetensors text.txt"), 1);
+    cr_assert_eq(run("eval --schedule learned:x.safetensors q.safetensors text.txt"), 1);
+    cr_assert_eq(run("eval --schedule 0:0@0,1@3 --skip-planes 1 q.safetensors text.txt"), 1);
+    mpq_kl_base_free(&b);
+    mpq_llm_free(g), mpq_llm_free(q);
     tl_free(&tm);
 }
 

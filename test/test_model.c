@@ -4,7 +4,8 @@
    conventions are checked against each other and against the reference;
    Qwen2's biases, untied heads, GQA, rotary scaling; the KV cache against
    whole-sequence passes; packed linear maps against their dequantized
-   floats; perplexity as llama-perplexity computes it; generation with
+   floats; perplexity as llama-perplexity computes it; KL divergence to a
+   reference against float64 and its file; generation with
    PMPD schedules; and models that are wrong in every way the loader
    checks. */
 #define _XOPEN_SOURCE 700
@@ -49,7 +50,8 @@ static mpq_llm *load(const char *path)
 
 /* With MPQ_FUZZ_CORPUS set to a directory, the model files written here
    are also saved there (seeds of test/fuzz/fuzz_model.c; a learned
-   scheduler's file, ext "pmpd", behind "PMPD" as that target reads it). */
+   scheduler's file, ext "pmpd", behind "PMPD" as that target reads it;
+   a KL base file, ext "klb", behind "KLB"). */
 static void corpus_save(const char *from, const char *ext)
 {
     static int seq;
@@ -59,6 +61,7 @@ static void corpus_save(const char *from, const char *ext)
     snprintf(p, sizeof p, "%s/model-%ld-%03d.%s", dir, (long)getpid(), seq++, ext);
     FILE *in = fopen(from, "rb"), *out = fopen(p, "wb");
     if (out && !strcmp(ext, "pmpd")) fputs("PMPD", out);
+    if (out && !strcmp(ext, "klb")) fputs("KLB", out);
     char buf[65536];
     size_t n;
     while (in && out && (n = fread(buf, 1, sizeof buf, in)) > 0) fwrite(buf, 1, n, out);
@@ -481,6 +484,232 @@ Test(model, perplexity_as_llama_perplexity_computes_it, .init = make_tmpdir, .fi
     sc.skip[1] = 0; /* not increasing */
     cr_assert_eq(mpq_llm_perplexity(m, tok, N, &o, &res), MPQ_ERR_ARG);
     mpq_llm_free(m);
+    tl_free(&tm);
+}
+
+/* ---- KL divergence ---------------------------------------------------------------------- */
+
+/* softmax(z) in double */
+static void softmax64(const float *z, int V, double *p)
+{
+    double mx = z[0], s = 0;
+    for (int v = 1; v < V; v++) mx = fmax(mx, z[v]);
+    for (int v = 0; v < V; v++) s += (p[v] = exp((double)z[v] - mx));
+    for (int v = 0; v < V; v++) p[v] /= s;
+}
+
+typedef struct kl_ref64 {
+    double *kld; /* per position */
+    long n, same;
+    double dp, dp2, dpa;
+} kl_ref64;
+
+/* The KL divergence of q's distributions from p's on the scored positions,
+   written the simple way in double: the full distributions (top 0), or
+   coarsened to p's `top` most probable tokens (by logit, then lower id)
+   and one outcome for all the others. */
+static void kl_reference(const mpq_llm *p, const mpq_llm *q, const int32_t *tok, int ctx, int chunks, int top,
+                         kl_ref64 *out)
+{
+    const int V = p->c.vocab, first = ctx / 2;
+    out->kld = malloc(sizeof(double) * (size_t)chunks * ctx);
+    out->n = 0, out->same = 0, out->dp = out->dp2 = out->dpa = 0;
+    double *P = malloc(sizeof(double) * V), *Q = malloc(sizeof(double) * V);
+    int *in = malloc(sizeof(int) * V);
+    for (int c = 0; c < chunks; c++) {
+        float *zp = logits_of(p, tok + (size_t)c * ctx, ctx, 4, 0),
+              *zq = logits_of(q, tok + (size_t)c * ctx, ctx, 4, 0);
+        for (int i = first; i < ctx - 1; i++) {
+            const float *a = zp + (size_t)i * V, *b = zq + (size_t)i * V;
+            softmax64(a, V, P), softmax64(b, V, Q);
+            double kl = 0;
+            if (!top) {
+                for (int v = 0; v < V; v++) kl += P[v] * (log(P[v]) - log(Q[v]));
+            } else {
+                for (int v = 0; v < V; v++) in[v] = 0;
+                double pr = 1, qr = 1;
+                for (int k = 0; k < top; k++) { /* the k-th most probable of p, by selection */
+                    int best = -1;
+                    for (int v = 0; v < V; v++)
+                        if (!in[v] && (best < 0 || a[v] > a[best])) best = v;
+                    in[best] = 1;
+                    kl += P[best] * (log(P[best]) - log(Q[best]));
+                    pr -= P[best], qr -= Q[best];
+                }
+                if (pr > 0) kl += pr * (log(pr) - log(qr));
+            }
+            int ta = 0, tb = 0;
+            for (int v = 1; v < V; v++) ta = a[v] > a[ta] ? v : ta, tb = b[v] > b[tb] ? v : tb;
+            const int next = tok[(size_t)c * ctx + i + 1];
+            const double dp = Q[next] - P[next];
+            out->kld[out->n++] = kl;
+            out->same += ta == tb, out->dp += dp, out->dp2 += dp * dp, out->dpa += fabs(dp);
+        }
+        free(zp), free(zq);
+    }
+    free(P), free(Q), free(in);
+}
+
+static int cmp64(const void *a, const void *b)
+{
+    const double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static void kl_agrees(const mpq_kl_result *r, kl_ref64 *R, double tol, const char *what)
+{
+    cr_assert_eq(r->count, R->n, "%s: positions", what);
+    double s = 0;
+    for (long i = 0; i < R->n; i++) s += R->kld[i];
+    const double mean = s / R->n;
+    qsort(R->kld, (size_t)R->n, sizeof(double), cmp64);
+    const double med = 0.5 * (R->kld[(R->n - 1) / 2] + R->kld[R->n / 2]); /* n even or odd */
+    cr_assert(fabs(r->kld - mean) <= tol * mean, "%s: mean KLD %.9g, the reference %.9g", what, r->kld, mean);
+    cr_assert(fabs(r->median - med) <= tol * mean, "%s: median %.9g, the reference %.9g", what, r->median, med);
+    cr_assert(fabs(r->max - R->kld[R->n - 1]) <= tol * mean, "%s: max %.9g, the reference %.9g", what, r->max,
+              R->kld[R->n - 1]);
+    cr_assert(r->p90 >= r->median && r->p99 >= r->p90 && r->max >= r->p99, "%s: percentiles in order", what);
+    cr_assert(fabs(r->same_top - (double)R->same / R->n) < 1e-12, "%s: same top %.6f, the reference %.6f", what,
+              r->same_top, (double)R->same / R->n);
+    cr_assert(fabs(r->dp_mean - R->dp / R->n) < 1e-6 && fabs(r->dp_rms - sqrt(R->dp2 / R->n)) < 1e-6 &&
+                  fabs(r->dp_abs - R->dpa / R->n) < 1e-6,
+              "%s: Delta p", what);
+    cr_log_info("%s: KLD %.6f +/- %.6f (reference %.6f), same top %.4f", what, r->kld, r->kld_err, mean, r->same_top);
+}
+
+Test(model, kl_divergence_against_a_float64_computation, .init = make_tmpdir, .fini = remove_tmpdir)
+{
+    tl_model tm;
+    shape(&tm, 0, 1, 0);
+    char hf[600], gguf[600];
+    paths(hf, gguf);
+    tl_make(&tm, 61);
+    tl_write_gguf(&tm, gguf);
+    mpq_llm *m = load(gguf), *q = load(gguf);
+    pack_all(q, 3);
+    enum { CTX = 20, CHUNKS = 3, N = CHUNKS * CTX + 3 };
+    int32_t tok[N];
+    synth_rng r = {8};
+    random_tokens(&r, tok, N, tm.v->n);
+    mpq_ppl_opts o = {0};
+    o.ctx = CTX, o.batch = 6;
+    mpq_ppl_result res;
+    /* the reference's record: every token, and the 16 most probable */
+    mpq_kl_base full, top16;
+    o.kl_record = &full, o.kl_top = 100000;
+    cr_assert_eq(mpq_llm_perplexity(m, tok, N, &o, &res), MPQ_OK);
+    cr_assert_eq(full.top, 320, "top is at most the vocabulary");
+    cr_assert_eq(full.positions, CHUNKS * (CTX - 1 - CTX / 2));
+    const double ppl = res.ppl;
+    o.kl_record = &top16, o.kl_top = 16;
+    cr_assert_eq(mpq_llm_perplexity(m, tok, N, &o, &res), MPQ_OK);
+    cr_assert_eq(res.ppl, ppl, "recording changes nothing else");
+    o.kl_record = NULL;
+    /* the reference against itself: exactly 0 */
+    o.kl_ref = &top16;
+    cr_assert_eq(mpq_llm_perplexity(m, tok, N, &o, &res), MPQ_OK);
+    cr_assert(res.kl.kld == 0 && res.kl.max == 0 && res.kl.same_top == 1 && res.kl.dp_abs == 0,
+              "itself: KLD %g, max %g, same top %g, |dp| %g", res.kl.kld, res.kl.max, res.kl.same_top, res.kl.dp_abs);
+    cr_assert_eq(res.kl.count, top16.positions);
+    /* the 3-bit model against both records, and against float64 */
+    kl_ref64 R;
+    o.kl_ref = &full;
+    cr_assert_eq(mpq_llm_perplexity(q, tok, N, &o, &res), MPQ_OK);
+    const double kl_full = res.kl.kld;
+    cr_assert(kl_full > 1e-3, "the 3-bit model differs (KLD %g)", kl_full);
+    kl_reference(m, q, tok, CTX, CHUNKS, 0, &R);
+    kl_agrees(&res.kl, &R, 1e-4, "full vocabulary");
+    free(R.kld);
+    o.kl_ref = &top16;
+    cr_assert_eq(mpq_llm_perplexity(q, tok, N, &o, &res), MPQ_OK);
+    kl_reference(m, q, tok, CTX, CHUNKS, 16, &R);
+    kl_agrees(&res.kl, &R, 1e-4, "top 16 and the rest");
+    free(R.kld);
+    cr_assert(res.kl.kld <= kl_full * (1 + 1e-9), "coarsened %g is at most the full %g", res.kl.kld, kl_full);
+    /* through a file: the same record, the same figures */
+    char path[700];
+    snprintf(path, sizeof path, "%s/base.klb", tmpdir);
+    mpq_io_err e;
+    cr_assert_eq(mpq_kl_base_write(&top16, "{\"model\": \"m.gguf\"}", path, &e), MPQ_OK, "%s", e.msg);
+    corpus_save(path, "klb");
+    mpq_kl_base back;
+    cr_assert_eq(mpq_kl_base_read(path, &back, &e), MPQ_OK, "%s", e.msg);
+    cr_assert(back.vocab == 320 && back.ctx == CTX && back.chunks == CHUNKS && back.top == 16 &&
+              back.positions == top16.positions && back.tokens_hash == top16.tokens_hash &&
+              back.vocab_hash == top16.vocab_hash);
+    const size_t PK = (size_t)back.positions * 16;
+    cr_assert(!memcmp(back.ids, top16.ids, 4 * PK) && !memcmp(back.logp, top16.logp, 4 * PK) &&
+              !memcmp(back.rest, top16.rest, 4 * (size_t)back.positions) &&
+              !memcmp(back.next_logp, top16.next_logp, 4 * (size_t)back.positions));
+    mpq_ppl_result res2;
+    o.kl_ref = &back;
+    cr_assert_eq(mpq_llm_perplexity(q, tok, N, &o, &res2), MPQ_OK);
+    cr_assert(!memcmp(&res2.kl, &res.kl, sizeof res.kl));
+    /* another run: each refused with a reason */
+    struct {
+        int ctx, chunks;
+        int32_t tok0;
+        const char *why;
+    } other[] = {{CTX + 2, 0, -1, "chunks of"}, {CTX, 2, -1, "over 3 chunks"}, {CTX, 0, 5, "another text"}};
+    for (int k = 0; k < 3; k++) {
+        int32_t t2[N];
+        memcpy(t2, tok, sizeof t2);
+        if (other[k].tok0 >= 0) t2[CTX + 1] = (tok[CTX + 1] + other[k].tok0) % tm.v->n;
+        e.msg[0] = 0;
+        cr_assert_eq(mpq_kl_base_check(&back, q, t2, N, other[k].ctx, other[k].chunks, path, &e), MPQ_ERR_ARG);
+        cr_assert(strstr(e.msg, other[k].why) && strstr(e.msg, path), "%s", e.msg);
+        o.ctx = other[k].ctx, o.chunks = other[k].chunks;
+        cr_assert_eq(mpq_llm_perplexity(q, t2, N, &o, &res2), MPQ_ERR_ARG);
+    }
+    o.ctx = CTX, o.chunks = 0;
+    cr_assert_eq(mpq_kl_base_check(&back, q, tok, N, CTX, 0, path, &e), MPQ_OK);
+    /* another tokenizer: the same weights with BOS added */
+    char hf_dir[600], p[700];
+    snprintf(hf_dir, sizeof hf_dir, "%s/hf", tmpdir);
+    tl_write_hf(&tm, hf_dir, MPQ_DT_F32);
+    snprintf(p, sizeof p, "%s/tokenizer_config.json", hf_dir);
+    tl_spit(p, "{\"add_bos_token\": true, \"bos_token\": \"<|endoftext|>\"}");
+    mpq_llm *mb = load(hf_dir);
+    cr_assert_eq(mpq_kl_base_check(&back, mb, tok, N, CTX, 0, path, &e), MPQ_ERR_ARG);
+    cr_assert(strstr(e.msg, "tokenizer"), "%s", e.msg);
+    mpq_llm_free(mb);
+    /* hostile files: each value rule, and a truncated file */
+    for (int k = 0; k < 5; k++) {
+        mpq_kl_base bad = back;
+        bad.ids = malloc(4 * PK), bad.logp = malloc(4 * PK);
+        memcpy(bad.ids, back.ids, 4 * PK), memcpy(bad.logp, back.logp, 4 * PK);
+        float rest1 = back.rest[1];
+        if (k == 0) bad.ids[5] = 320;                 /* out of the vocabulary */
+        if (k == 1) bad.ids[17] = bad.ids[16];        /* repeated */
+        if (k == 2) bad.logp[3] = bad.logp[2] + 0.5f; /* increasing */
+        if (k == 3) back.rest[1] = 1.5f;              /* a probability above 1 */
+        if (k == 4) bad.logp[0] = -1e-3f;             /* sums past 1 */
+        char bp[720];
+        snprintf(bp, sizeof bp, "%s/bad%d.klb", tmpdir, k);
+        cr_assert_eq(mpq_kl_base_write(&bad, NULL, bp, &e), MPQ_OK);
+        back.rest[1] = rest1;
+        corpus_save(bp, "klb");
+        mpq_kl_base x;
+        e.msg[0] = 0;
+        cr_assert_eq(mpq_kl_base_read(bp, &x, &e), MPQ_ERR_FORMAT, "hostile file %d read", k);
+        cr_assert(strstr(e.msg, bp), "%s", e.msg);
+        free(bad.ids), free(bad.logp);
+    }
+    FILE *f = fopen(path, "rb");
+    char buf[4096];
+    const size_t got = fread(buf, 1, sizeof buf, f);
+    fclose(f);
+    snprintf(p, sizeof p, "%s/cut.klb", tmpdir);
+    f = fopen(p, "wb");
+    fwrite(buf, 1, got / 2, f);
+    fclose(f);
+    mpq_kl_base x;
+    e.msg[0] = 0;
+    cr_assert_neq(mpq_kl_base_read(p, &x, &e), MPQ_OK);
+    cr_assert(e.msg[0]);
+    mpq_kl_base_free(&back), mpq_kl_base_free(&full), mpq_kl_base_free(&top16);
+    mpq_kl_base_free(NULL);
+    mpq_llm_free(m), mpq_llm_free(q);
     tl_free(&tm);
 }
 

@@ -185,14 +185,38 @@ int schedule_arg_parse(const char *v, void *field)
 
 typedef struct eval_args {
     llm_opts lo;
-    int ctx, chunks, batch;
+    int ctx, chunks, batch, kl_top;
+    const char *kl_base, *kl;
+    mpq_pmpd_schedule schedule;
 } eval_args;
 
+/* A static PMPD schedule "P:S@T,..." (or a file whose first line is one). */
+static int eval_schedule_parse(const char *v, void *field)
+{
+    return strncmp(v, "learned:", 8) && schedule_read(v, (mpq_pmpd_schedule *)field);
+}
+
 static const cli_opt eval_opts[] = {
-    {"--ctx", CLI_INT, CLI_AT(eval_args, ctx), "N", 4, 1 << 20, NULL, NULL, "512", "tokens per chunk"},
+    {"--ctx", CLI_INT, CLI_AT(eval_args, ctx), "N", 4, 1 << 20, NULL, NULL, "512",
+     "tokens per chunk (with --kl: the base file's)"},
     {"--chunks", CLI_INT, CLI_AT(eval_args, chunks), "N", 1, INT32_MAX, NULL, NULL, NULL,
-     "evaluate at most N chunks (default all)"},
+     "evaluate at most N chunks (default all; with --kl: the base file's)"},
     {"--batch", CLI_INT, CLI_AT(eval_args, batch), "N", 1, 4096, NULL, NULL, "64", "tokens per forward piece"},
+    {"--schedule", CLI_PARSE, CLI_AT(eval_args, schedule), "SPEC", 0, 0,
+     "P:S@T,... (PMPD: prefill at skip P, then skip S from scored token T on), or a file whose first line is one",
+     eval_schedule_parse, NULL,
+     "score the second half of each chunk at the schedule's precisions, as\n"
+     "generation would run them (the first half is the prompt)"},
+    {"--kl-base", CLI_STR, CLI_AT(eval_args, kl_base), "FILE", 0, 0, NULL, NULL, NULL,
+     "record this model's predictions at every scored position into FILE\n"
+     "(safetensors): the reference for --kl"},
+    {"--kl-top", CLI_INT, CLI_AT(eval_args, kl_top), "K", 1, 1 << 24, NULL, NULL, "1024",
+     "with --kl-base: tokens kept per position (8 bytes each); the rest of the\n"
+     "vocabulary counts as one outcome (K of the vocabulary's size or more: the\n"
+     "full divergence)"},
+    {"--kl", CLI_STR, CLI_AT(eval_args, kl), "FILE", 0, 0, NULL, NULL, NULL,
+     "KL divergence to the predictions recorded in FILE (--kl-base), for the\n"
+     "same text, tokenizer, --ctx and --chunks"},
     {NULL, CLI_FLAG, 0, NULL, 0, 0, NULL, NULL, NULL, NULL},
 };
 static const cli_spec eval_spec = {
@@ -203,11 +227,21 @@ static const cli_spec eval_spec = {
     "first when the model asks for it; the tokens are cut into chunks of --ctx, the\n"
     "remainder dropped; each chunk starts from an empty cache, its first token replaced\n"
     "by BOS when the model adds BOS, and the second half of it is scored. Prints\n"
-    "ppl +/- its standard error, the tokens scored, and tokens per second.",
+    "ppl +/- its standard error, the tokens scored, and tokens per second.\n"
+    "\n"
+    "KL divergence, as llama-perplexity --kl-divergence reports it: run the reference\n"
+    "model once with --kl-base FILE, then any model on the same TEXT with --kl FILE.\n"
+    "Prints the mean KL divergence of the model's next-token distributions from the\n"
+    "reference's (+/- its standard error), its median, 90th and 99th percentiles and\n"
+    "maximum over the scored positions, how often the two agree on the most probable\n"
+    "token, and Delta p, the change in the probability of the text's next token. The\n"
+    "divergence is over the reference's --kl-top tokens and the rest as one outcome\n"
+    "(at most the full divergence; equal to it when K covers the vocabulary).",
     {{eval_opts, 0}, {cli_skip_opts, CLI_AT(eval_args, lo)}, {cli_model_opts, CLI_AT(eval_args, lo)}, {NULL, 0}},
     2,
     2,
-    NULL};
+    "Exit status 2 for a KL base file that is unreadable, or was recorded for\n"
+    "another text, tokenizer, --ctx or --chunks."};
 
 static void eval_step(void *user, int done, int total, double ppl, double seconds)
 {
@@ -217,12 +251,39 @@ static void eval_step(void *user, int done, int total, double ppl, double second
     progress_show((progress *)user, done, what);
 }
 
-/* Perplexity over the tokens of `what`. */
-static int eval_tokens(const eval_args *a, const mpq_llm *m, const char *what, const int32_t *tok, size_t nt)
+static void eval_print_kl(const mpq_kl_result *k)
+{
+    printf("KL divergence: %.6f +/- %.6f (median %.6f, 90%% %.6f, 99%% %.6f, max %.6f) over %ld positions\n", k->kld,
+           k->kld_err, k->median, k->p90, k->p99, k->max, k->count);
+    printf("same top token: %.3f +/- %.3f %%\n", 100 * k->same_top, 100 * k->same_top_err);
+    printf("Delta p of the next token: mean %.3f %%, mean |Delta p| %.3f %%, RMS %.3f %%\n", 100 * k->dp_mean,
+           100 * k->dp_abs, 100 * k->dp_rms);
+}
+
+/* The record's source: the model, the text and the reference's perplexity. */
+static char *eval_kl_source(const char *model, const char *text, const mpq_ppl_result *r)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "model", model);
+    cJSON_AddStringToObject(o, "text", text);
+    cJSON_AddNumberToObject(o, "ppl", r->ppl);
+    char *j = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    return j;
+}
+
+/* Perplexity (and KL divergence) over the tokens of `what`. */
+static int eval_tokens(const eval_args *a, const char *model, const mpq_llm *m, const char *what, const int32_t *tok,
+                       size_t nt, const mpq_kl_base *ref)
 {
     mpq_ppl_opts po;
     memset(&po, 0, sizeof po);
     po.ctx = a->ctx, po.chunks = a->chunks, po.batch = a->batch, po.skip_planes = a->lo.skip;
+    po.schedule = a->schedule.nlevels ? &a->schedule : NULL;
+    mpq_kl_base rec;
+    memset(&rec, 0, sizeof rec);
+    if (a->kl_base) po.kl_record = &rec, po.kl_top = a->kl_top;
+    po.kl_ref = ref;
     const size_t chunks = nt / (size_t)po.ctx;
     const int run = (int)(po.chunks && (size_t)po.chunks < chunks ? (size_t)po.chunks : chunks);
     if (!a->lo.quiet) fprintf(stderr, "mpq: %s: %zu tokens; %d of %zu chunks of %d\n", what, nt, run, chunks, po.ctx);
@@ -235,36 +296,58 @@ static int eval_tokens(const eval_args *a, const mpq_llm *m, const char *what, c
     if (st != MPQ_OK) return fail(EXIT_QUANT, "eval: %s", mpq_status_str(st));
     printf("perplexity: %.4f +/- %.5f over %d chunks of %d (%ld tokens scored, nll %.5f), %.1f tokens/s\n", r.ppl,
            r.ppl_err, r.chunks, po.ctx, r.count, r.nll, r.tokens_per_second);
-    return 0;
+    if (ref) eval_print_kl(&r.kl);
+    if (!a->kl_base) return 0;
+    char *src = eval_kl_source(model, what, &r);
+    mpq_io_err e;
+    const mpq_status ws = src ? mpq_kl_base_write(&rec, src, a->kl_base, &e) : MPQ_ERR_NOMEM;
+    free(src);
+    if (ws == MPQ_OK && !a->lo.quiet)
+        fprintf(stderr, "mpq: %s: the predictions at %ld positions, %d tokens each\n", a->kl_base, rec.positions,
+                rec.top);
+    mpq_kl_base_free(&rec);
+    return ws == MPQ_OK ? 0 : fail(EXIT_OUTPUT, "%s", ws == MPQ_ERR_NOMEM ? "out of memory" : e.msg);
 }
 
 int cmd_eval(int argc, char **argv)
 {
     eval_args a;
     const char *pos[2];
-    int npos = 0, rc = cli_parse(&eval_spec, argc, argv, &a, sizeof a, pos, &npos, NULL);
+    cli_seen seen;
+    int npos = 0, rc = cli_parse(&eval_spec, argc, argv, &a, sizeof a, pos, &npos, &seen);
     if (rc) return rc < 0 ? 0 : rc;
+    if (a.schedule.nlevels && cli_was_given(&seen, "--skip-planes"))
+        return fail(EXIT_USAGE, "eval: --schedule and --skip-planes: give one");
+    if (cli_was_given(&seen, "--kl-top") && !a.kl_base) return fail(EXIT_USAGE, "eval: --kl-top only with --kl-base");
+    mpq_kl_base ref;
+    memset(&ref, 0, sizeof ref);
+    mpq_io_err e;
+    if (a.kl) { /* the base decides the chunks unless they are given */
+        if (mpq_kl_base_read(a.kl, &ref, &e) != MPQ_OK) return fail(EXIT_INPUT, "%s", e.msg);
+        if (!cli_was_given(&seen, "--ctx")) a.ctx = ref.ctx;
+        if (!cli_was_given(&seen, "--chunks")) a.chunks = ref.chunks;
+    }
     char *text = NULL;
     size_t len = 0;
-    if ((rc = text_read(pos[1], &text, &len)) != 0) return rc;
-    if (len && text[len - 1] == '\n') len--; /* as llama.cpp reads -f */
     loaded L;
-    if ((rc = model_load(pos[0], &a.lo, &L)) != 0) {
-        free(text);
-        return rc;
-    }
-    mpq_io_err e;
+    memset(&L, 0, sizeof L);
     int32_t *tok = NULL;
     size_t nt = 0;
-    if (mpq_tokenize(L.m->tok, text, len, MPQ_TOK_BOS, &tok, &nt, &e) != MPQ_OK)
+    if ((rc = text_read(pos[1], &text, &len)) == 0) {
+        if (len && text[len - 1] == '\n') len--; /* as llama.cpp reads -f */
+        rc = model_load(pos[0], &a.lo, &L);
+    }
+    if (rc == 0 && mpq_tokenize(L.m->tok, text, len, MPQ_TOK_BOS, &tok, &nt, &e) != MPQ_OK)
         rc = fail(EXIT_INPUT, "%s: %s", pos[1], e.msg);
-    else if (nt < (size_t)a.ctx)
+    else if (rc == 0 && nt < (size_t)a.ctx)
         rc = fail(EXIT_INPUT, "%s: %zu tokens, fewer than one chunk of %d", pos[1], nt, a.ctx);
-    else
-        rc = eval_tokens(&a, L.m, pos[1], tok, nt);
+    if (rc == 0 && a.kl && mpq_kl_base_check(&ref, L.m, tok, nt, a.ctx, a.chunks, a.kl, &e) != MPQ_OK)
+        rc = fail(EXIT_INPUT, "%s (with %s and %s)", e.msg, pos[0], pos[1]);
+    if (rc == 0) rc = eval_tokens(&a, pos[0], L.m, pos[1], tok, nt, a.kl ? &ref : NULL);
     free(tok);
     free(text);
-    model_unload(&L);
+    if (L.m) model_unload(&L);
+    mpq_kl_base_free(&ref);
     return rc;
 }
 

@@ -12,6 +12,9 @@
      "PMPD"  a learned scheduler's file (mpq_pmpd_learned_read), alone and
              for that model: one that reads is valid and predicts a valid
              schedule from a small cache;
+     "KLB"   a KL base file (mpq_kl_base_read): one that reads obeys the
+             reader's rules and compares against that model's predictions
+             without a fault when its sizes fit the model;
      else    text: cut by each pre-tokenizer (the pieces must cover it, in
              order, none empty) and tokenized by two fixed vocabularies.
    Every tokenizer that loads must give a text back byte for byte from its
@@ -241,6 +244,44 @@ static void stats_input(const uint8_t *data, size_t size)
 
 /* A learned scheduler's file, read alone and for the fixed model; one that
    reads must be valid and run on a cache of its sizes. */
+static void kl_input(const uint8_t *data, size_t size)
+{
+    char path[64];
+    if (!to_file(data, size, "klb", path, sizeof path)) return;
+    mpq_kl_base b;
+    mpq_io_err e;
+    e.msg[0] = 0;
+    if (mpq_kl_base_read(path, &b, &e) != MPQ_OK) {
+        if (!e.msg[0]) abort();
+        unlink(path);
+        return;
+    }
+    unlink(path);
+    if (b.top < 1 || b.top > b.vocab || b.positions != (long)b.chunks * (b.ctx - 1 - b.ctx / 2)) abort();
+    for (long p = 0; p < b.positions; p++) {
+        if (!(b.rest[p] >= 0.0f && b.rest[p] <= 1.0f)) abort();
+        for (int k = 0; k < b.top; k++) {
+            const int32_t id = b.ids[(size_t)p * b.top + k];
+            const float lp = b.logp[(size_t)p * b.top + k];
+            if (id < 0 || id >= b.vocab || !(lp <= 0.0f)) abort();
+            if (k && lp > b.logp[(size_t)p * b.top + k - 1]) abort();
+        }
+    }
+    /* the model's own run against the record, when it could be the model's */
+    const mpq_llm *m = fixed_model();
+    if (b.vocab == m->c.vocab && b.ctx <= 64 && b.chunks <= 4) {
+        int32_t tok[4 * 64];
+        for (int i = 0; i < b.chunks * b.ctx; i++) tok[i] = i % b.vocab;
+        mpq_ppl_opts o;
+        memset(&o, 0, sizeof o);
+        o.ctx = b.ctx, o.chunks = b.chunks, o.kl_ref = &b;
+        mpq_ppl_result r;
+        const mpq_status st = mpq_llm_perplexity(m, tok, (size_t)b.chunks * b.ctx, &o, &r);
+        if (st != MPQ_OK && st != MPQ_ERR_ARG) abort(); /* ARG: another tokenizer or text */
+    }
+    mpq_kl_base_free(&b);
+}
+
 static void pmpd_input(const uint8_t *data, size_t size)
 {
     char path[64];
@@ -278,6 +319,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         stats_input(data + 4, size - 4);
     else if (size >= 4 && !memcmp(data, "PMPD", 4))
         pmpd_input(data + 4, size - 4);
+    else if (size >= 3 && !memcmp(data, "KLB", 3))
+        kl_input(data + 3, size - 3);
     else if (size >= 4 && !memcmp(data, "GGUF", 4))
         gguf_input(data, size);
     else if (size >= 1 && data[0] == '{')
