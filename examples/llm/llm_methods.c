@@ -83,6 +83,7 @@ typedef struct ctx {
     progress P;         /* the step under way: packing maps, perplexity chunks */
     char step[64];      /* what P shows beside its count */
     const char *qstep;  /* the recipe's step P counts (quantizing) */
+    mpq_kl_base kl;     /* the reference's predictions on the scored tokens (the first row) */
 } ctx;
 
 static mpq_linear *lin_at(ctx *C, int i) { return &C->m->layer[i / MPQ_LIN_COUNT].lin[i % MPQ_LIN_COUNT]; }
@@ -102,6 +103,7 @@ static void ppl_step(void *user, int done, int total, double ppl, double seconds
 typedef struct row {
     char name[64], family[24], note[160];
     double bpw, ppl, ppl_err, decode, mb, seconds;
+    double kld, kld_err, same_top; /* against the first row (the reference) */
 } row;
 
 static row rows[64];
@@ -166,6 +168,10 @@ static void measure(ctx *C, const char *family, const char *name, const mpq_pmpd
     mpq_ppl_opts o;
     memset(&o, 0, sizeof o);
     o.chunks = C->chunks, o.schedule = sched, o.progress = ppl_step, o.user = C;
+    if (r == rows) /* the reference: what it predicts, for the KL divergence of every other row */
+        o.kl_record = &C->kl;
+    else
+        o.kl_ref = &C->kl;
     mpq_ppl_result res;
     snprintf(C->step, sizeof C->step, "%s", name);
     progress_start(&C->P, "llm_methods", !C->quiet, C->chunks);
@@ -174,6 +180,7 @@ static void measure(ctx *C, const char *family, const char *name, const mpq_pmpd
     progress_end(&C->P);
     if (st != MPQ_OK) die(name, st);
     r->ppl = res.ppl, r->ppl_err = res.ppl_err;
+    r->kld = res.kl.kld, r->kld_err = res.kl.kld_err, r->same_top = r == rows ? 1.0 : res.kl.same_top;
     r->bpw = C->m->layer[0].lin[0].A.buf ? bpw_all_bytes(C) : 32.0;
     r->mb = (double)mpq_llm_weight_bytes(C->m) / 1e6;
     double ms_at[MPQ_MAX_BITS] = {0};
@@ -193,8 +200,10 @@ static void measure(ctx *C, const char *family, const char *name, const mpq_pmpd
             }
     }
     r->seconds = now() - t0 + t_quant;
-    printf("  %-36s %6.3f bpw  %7.1f MB  ppl %9.4f +/- %8.4f  %6.1f tokens/s  (%.0f s)%s%s\n", name, r->bpw, r->mb,
-           r->ppl, r->ppl_err, r->decode, r->seconds, r->note[0] ? "  " : "", r->note);
+    printf("  %-36s %6.3f bpw  %7.1f MB  ppl %9.4f +/- %8.4f  KLD %7.4f  same top %5.1f %%  %6.1f tokens/s  (%.0f "
+           "s)%s%s\n",
+           name, r->bpw, r->mb, r->ppl, r->ppl_err, r->kld, 100 * r->same_top, r->decode, r->seconds,
+           r->note[0] ? "  " : "", r->note);
     fflush(stdout);
 }
 
@@ -308,31 +317,51 @@ static void write_results(const char *dir, const char *model, const ctx *C, doub
     char p[1024];
     FILE *f = report_open("llm_methods", dir, "results.md", p, sizeof p);
     fprintf(f,
-            "| method | bpw | weights MB | perplexity | +/- | vs fp32 | decode tokens/s |\n"
-            "| --- | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+            "| method | bpw | weights MB | perplexity | +/- | vs fp32 | KLD | +/- | same top | decode tokens/s |\n"
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+    char vs[64][32];
     for (int i = 0; i < nrows; i++) {
         const row *r = &rows[i];
         const double x = r->ppl / rows[0].ppl;
-        char vs[32];
         if (x < 10)
-            snprintf(vs, sizeof vs, "%+.1f %%", 100.0 * (x - 1.0));
+            snprintf(vs[i], sizeof vs[i], "%+.1f %%", 100.0 * (x - 1.0));
         else
-            snprintf(vs, sizeof vs, "x %.3g", x);
-        fprintf(f, "| %s | %.3f | %.1f | %.4g | %.3g | %s | %.1f |\n", r->name, r->bpw, r->mb, r->ppl, r->ppl_err, vs,
-                r->decode);
+            snprintf(vs[i], sizeof vs[i], "x %.3g", x);
+        fprintf(f, "| %s | %.3f | %.1f | %.4g | %.3g | %s | %.4f | %.4f | %.1f %% | %.1f |\n", r->name, r->bpw, r->mb,
+                r->ppl, r->ppl_err, vs[i], r->kld, r->kld_err, 100 * r->same_top, r->decode);
+    }
+    /* the rows again, by KL divergence to the reference (the reference first) */
+    int order[64];
+    for (int i = 0; i < nrows; i++) order[i] = i;
+    for (int i = 1; i < nrows; i++)
+        for (int j = i; j > 1 && rows[order[j]].kld < rows[order[j - 1]].kld; j--) {
+            const int t = order[j];
+            order[j] = order[j - 1], order[j - 1] = t;
+        }
+    fprintf(f,
+            "\nBy KL divergence to the reference:\n\n| rank | method | bpw | KLD | same top | vs fp32 |\n"
+            "| ---: | --- | ---: | ---: | ---: | ---: |\n");
+    for (int k = 1; k < nrows; k++) {
+        const row *r = &rows[order[k]];
+        fprintf(f, "| %d | %s | %.3f | %.4f | %.1f %% | %s |\n", k, r->name, r->bpw, r->kld, 100 * r->same_top,
+                vs[order[k]]);
     }
     fprintf(f,
             "\nModel `%s` (%d layers, dim %d; its linear maps are stored as Q4_1 in the GGUF: the fp32 reference "
             "is that 4-bit grid dequantized). Perplexity as llama-perplexity computes it: %d chunks of 512 tokens "
-            "of the evaluation text (%zu tokens in all), the second half of each scored. bpw: every byte of the "
+            "of the evaluation text (%zu tokens in all), the second half of each scored. KLD: the mean KL divergence "
+            "(nats) of each row's next-token distributions from the reference's over the same scored tokens, "
+            "+/- its standard error, with the reference's %d most probable tokens and the rest of the vocabulary as "
+            "one outcome (mpq_model.h, KL DIVERGENCE); same top: how often the two agree on the most probable "
+            "token. bpw: every byte of the "
             "packed buffers of the 210 linear maps of the layers (scales, zeros, bits maps, permutations, column "
             "scales, sparse parts, headers) per weight; PMPD: the average read per decoded token. Every quantized "
             "model also packs the embedding (= the output head) at 8 bits, counted in the weights' MB. Decode: "
             "%d tokens after a %d-token prompt, greedy. Statistics from mpq calibrate: %d windows of %d tokens of "
             "the calibration text; GPTQ's X^T X (position 0 included) from %d windows of %d tokens. %.0f s in all "
             "(statistics read, not computed).\n",
-            model, C->m->c.layers, C->m->c.dim, C->chunks, C->neval, DECODE, PROMPT, C->S.windows, C->S.length,
-            C->Hs.windows, C->Hs.length, total);
+            model, C->m->c.layers, C->m->c.dim, C->chunks, C->neval, C->kl.top, DECODE, PROMPT, C->S.windows,
+            C->S.length, C->Hs.windows, C->Hs.length, total);
     for (int i = 0; i < nrows; i++)
         if (rows[i].note[0]) fprintf(f, "\n%s: %s.\n", rows[i].name, rows[i].note);
     fprintf(f,
@@ -522,6 +551,7 @@ int main(int argc, char **argv)
     printf("total %.0f s\n", now() - t0);
     mpq_calib_stats_free(&C.S);
     mpq_calib_stats_free(&C.Hs);
+    mpq_kl_base_free(&C.kl);
     free(C.eval), free(C.calib);
     mpq_llm_free(C.m);
     return 0;
