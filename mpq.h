@@ -104,6 +104,9 @@
                             (widths uniform, given or planned; act-order,
                             AWQ, GPTQ or rounding; ReQuant's sparse part),
                             and one call over a list of maps, streamed
+    14. Rotations ......... incoherence processing: a seeded orthogonal
+                            transform (random signs, Walsh-Hadamard times a
+                            small random orthogonal factor) for any size
 
    NOTATION (see docs/DESIGN.md, the design notes, for the math)
 
@@ -1479,6 +1482,46 @@ MPQ_DEF mpq_status mpq_recipe_bpw_range(const mpq_recipe *r, const mpq_recipe_ma
    r->planner must be NONE and r->requant 0: their choices need every map. */
 MPQ_DEF mpq_status mpq_recipe_quantize(const mpq_recipe *r, int i, const mpq_recipe_map *m, const uint8_t *mask,
                                        mpq_packed *out);
+
+/* ========================================================================== */
+/* 14. Rotations                                                              */
+/* ========================================================================== */
+
+/* AN INCOHERENCE ROTATION (QuIP#, QuaRot): an orthogonal V of size n from a
+   seed, fast to apply, that spreads each weight row's and each activation's
+   outliers over all its coordinates before quantization; W x = (W V^T)(V x)
+   for any W. Here
+
+     V = (H_p / sqrt(p)  (x)  R_m) diag(s),   n = p m,  p = 2^k,  m odd,
+
+   s random signs, H_p the Sylvester Walsh-Hadamard matrix (H_p[i][j] =
+   (-1)^popcount(i & j)), R_m a random orthogonal m x m matrix (the Q of a
+   Gaussian matrix's Householder QR in float64, column signs fixed so that R
+   is Haar-distributed; R_1 = +-1), and (x) the Kronecker product over the
+   index j = i m + l (i < p, l < m). The sizes of the Llama, Mistral, Qwen2
+   and SmolLM families have small odd parts (576 = 64 x 9, 4864 = 256 x 19,
+   14336 = 2048 x 7, 11008 = 256 x 43); a Hadamard matrix of order 4m would
+   also do, but the usual constructions do not give one for every m, while
+   R_m exists for every m (docs/DESIGN.md, "Rotations"). Applying V costs
+   n (log2 p + m) multiply-adds. The seed fixes s and R_m bit for bit on
+   every machine. */
+typedef struct mpq_rotation {
+    int n, p, m; /* n = p m, p a power of two, m odd (at most MPQ_ROTATION_MAX_ODD) */
+    uint64_t seed;
+    float *sign; /* n entries, +1 or -1 */
+    float *R;    /* m x m, row-major, orthogonal to float rounding */
+} mpq_rotation;
+
+#define MPQ_ROTATION_MAX_ODD 1023 /* the largest odd factor m (R_m: 4 MB) */
+
+/* V of size n from seed (mpq_rotation_free releases it). MPQ_ERR_SIZE
+   when n < 1 or its odd part exceeds MPQ_ROTATION_MAX_ODD. */
+MPQ_DEF mpq_status mpq_rotation_init(mpq_rotation *r, int n, uint64_t seed);
+MPQ_DEF void mpq_rotation_free(mpq_rotation *r); /* NULL and zeroed are accepted */
+/* x <- V x (transpose: x <- V^T x) for `count` vectors of n floats, one
+   after another, in place; the arithmetic in float, in a fixed order.
+   MPQ_ERR_NONFINITE for a NaN or infinite input (x unchanged). */
+MPQ_DEF mpq_status mpq_rotation_apply(const mpq_rotation *r, float *x, int count, int transpose);
 
 #ifdef __cplusplus
 }
@@ -7927,6 +7970,137 @@ MPQ_DEF mpq_status mpq_recipe_bpw_range(const mpq_recipe *r, const mpq_recipe_ma
     return MPQ_OK;
 }
 
+/* ========================================================================== */
+/* 14. Rotations                                                              */
+/* ========================================================================== */
+
+/* A standard normal from the generator (Box-Muller on two 53-bit uniforms). */
+static double mpq__gauss(uint64_t *s)
+{
+    const double u = ((double)(mpq__splitmix(s) >> 11) + 0.5) / 9007199254740992.0;
+    const double v = (double)(mpq__splitmix(s) >> 11) / 9007199254740992.0;
+    return sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v);
+}
+
+/* Q of the Householder QR of the m x m matrix A (row-major, overwritten),
+   columns multiplied by the signs of R's diagonal: into Q (m x m). */
+static void mpq__haar_q(double *A, int m, double *Q, double *v)
+{
+    for (int i = 0; i < m * m; i++) Q[i] = 0;
+    for (int i = 0; i < m; i++) Q[(size_t)i * m + i] = 1;
+    for (int k = 0; k < m; k++) {
+        double norm = 0;
+        for (int i = k; i < m; i++) norm += A[(size_t)i * m + k] * A[(size_t)i * m + k];
+        norm = sqrt(norm);
+        const double a = A[(size_t)k * m + k], alpha = a > 0 ? -norm : norm; /* R[k][k] = alpha */
+        for (int i = 0; i < m; i++) v[i] = i < k ? 0 : A[(size_t)i * m + k];
+        v[k] -= alpha;
+        double vv = 0;
+        for (int i = k; i < m; i++) vv += v[i] * v[i];
+        if (vv > 0) {
+            for (int j = k; j < m; j++) { /* A <- (I - 2 v v^T / v^T v) A */
+                double d = 0;
+                for (int i = k; i < m; i++) d += v[i] * A[(size_t)i * m + j];
+                d *= 2 / vv;
+                for (int i = k; i < m; i++) A[(size_t)i * m + j] -= d * v[i];
+            }
+            for (int i = 0; i < m; i++) { /* Q <- Q (I - 2 v v^T / v^T v) */
+                double d = 0;
+                for (int j = k; j < m; j++) d += Q[(size_t)i * m + j] * v[j];
+                d *= 2 / vv;
+                for (int j = k; j < m; j++) Q[(size_t)i * m + j] -= d * v[j];
+            }
+        }
+        if (A[(size_t)k * m + k] < 0) /* R[k][k] > 0: Q's column k times -1 */
+            for (int i = 0; i < m; i++) Q[(size_t)i * m + k] = -Q[(size_t)i * m + k];
+    }
+}
+
+MPQ_DEF void mpq_rotation_free(mpq_rotation *r)
+{
+    if (!r) return;
+    MPQ_FREE(r->sign);
+    MPQ_FREE(r->R);
+    memset(r, 0, sizeof *r);
+}
+
+MPQ_DEF mpq_status mpq_rotation_init(mpq_rotation *r, int n, uint64_t seed)
+{
+    if (!r) return MPQ_ERR_ARG;
+    memset(r, 0, sizeof *r);
+    if (n < 1) return MPQ_ERR_SIZE;
+    int p = 1;
+    while ((n / p) % 2 == 0) p *= 2;
+    const int m = n / p;
+    if (m > MPQ_ROTATION_MAX_ODD) return MPQ_ERR_SIZE;
+    mpq_rotation t;
+    memset(&t, 0, sizeof t);
+    t.n = n, t.p = p, t.m = m, t.seed = seed;
+    t.sign = (float *)MPQ_MALLOC(sizeof(float) * (size_t)n);
+    t.R = (float *)MPQ_MALLOC(sizeof(float) * (size_t)m * (size_t)m);
+    double *A = (double *)MPQ_MALLOC(sizeof(double) * (2 * (size_t)m * (size_t)m + (size_t)m));
+    if (!t.sign || !t.R || !A) {
+        MPQ_FREE(A);
+        mpq_rotation_free(&t);
+        return MPQ_ERR_NOMEM;
+    }
+    uint64_t s = seed ^ 0x6D70712D726F7461ull; /* the stream of rotations */
+    for (int j = 0; j < n; j++) t.sign[j] = (mpq__splitmix(&s) >> 63) ? -1.0f : 1.0f;
+    for (int i = 0; i < m * m; i++) A[i] = mpq__gauss(&s);
+    double *Q = A + (size_t)m * m;
+    mpq__haar_q(A, m, Q, Q + (size_t)m * m);
+    for (int i = 0; i < m * m; i++) t.R[i] = (float)Q[i];
+    MPQ_FREE(A);
+    *r = t;
+    return MPQ_OK;
+}
+
+/* In-place Walsh-Hadamard over the p rows of X (p x m, row-major): X <- H_p X. */
+static void mpq__fwht_rows(float *X, int p, int m)
+{
+    for (int h = 1; h < p; h *= 2)
+        for (int i = 0; i < p; i += 2 * h)
+            for (int a = i; a < i + h; a++) {
+                float *u = X + (size_t)a * m, *w = X + (size_t)(a + h) * m;
+                for (int l = 0; l < m; l++) {
+                    const float x = u[l], y = w[l];
+                    u[l] = x + y, w[l] = x - y;
+                }
+            }
+}
+
+MPQ_DEF mpq_status mpq_rotation_apply(const mpq_rotation *r, float *x, int count, int transpose)
+{
+    if (!r || !r->sign || !r->R || (count > 0 && !x) || count < 0) return MPQ_ERR_ARG;
+    const int n = r->n, p = r->p, m = r->m;
+    mpq_status st = mpq__check_finite(x, (size_t)n * (size_t)count);
+    if (st != MPQ_OK) return st;
+    float *tmp = (float *)MPQ_MALLOC(sizeof(float) * (size_t)m);
+    if (!tmp) return MPQ_ERR_NOMEM;
+    const float scale = (float)(1.0 / sqrt((double)p));
+    for (int v = 0; v < count; v++) {
+        float *X = x + (size_t)v * (size_t)n; /* p x m */
+        if (!transpose)
+            for (int j = 0; j < n; j++) X[j] *= r->sign[j];
+        for (int i = 0; i < p; i++) { /* each row of X times R^T (transpose: times R) */
+            float *row = X + (size_t)i * m;
+            for (int a = 0; a < m; a++) {
+                float acc = 0;
+                for (int b = 0; b < m; b++)
+                    acc += (transpose ? r->R[(size_t)b * m + a] : r->R[(size_t)a * m + b]) * row[b];
+                tmp[a] = acc;
+            }
+            memcpy(row, tmp, sizeof(float) * (size_t)m);
+        }
+        mpq__fwht_rows(X, p, m); /* H_p is symmetric: the same both ways */
+        for (int j = 0; j < n; j++) X[j] *= scale;
+        if (transpose)
+            for (int j = 0; j < n; j++) X[j] *= r->sign[j];
+    }
+    MPQ_FREE(tmp);
+    return MPQ_OK;
+}
+
 #ifdef __cplusplus
 }
 #endif
@@ -7950,6 +8124,7 @@ MPQ_DEF mpq_status mpq_recipe_bpw_range(const mpq_recipe *r, const mpq_recipe_ma
             MXSens can meet; PMPD precision schedules (static, phase-aware and
             the learned scheduler with its training); recipes, the one
             description and call by which every program quantizes a model;
+            seeded incoherence rotations of any size;
             the CPU backend of the dispatch table (mpq_cuda.h adds the GPU one).
 
    LICENSE (MIT)
