@@ -1246,13 +1246,22 @@ mpq_status mpq_llm_decode(const mpq_llm *m, mpq_llm_state *const *seqs, int n, c
 /* 3. Perplexity                                                              */
 /* ========================================================================== */
 
+/* sum exp(z - max z) in double, in id order; *mx: max z. */
+static double mpq__sumexp(const float *z, int n, float *mx)
+{
+    float m = z[0];
+    for (int i = 1; i < n; i++) m = z[i] > m ? z[i] : m;
+    double sum = 0;
+    for (int i = 0; i < n; i++) sum += exp((double)z[i] - m);
+    *mx = m;
+    return sum;
+}
+
 /* -log softmax(z)[target], in double. */
 double mpq__nll(const float *z, int n, int target)
 {
-    float mx = z[0];
-    for (int i = 1; i < n; i++) mx = z[i] > mx ? z[i] : mx;
-    double sum = 0;
-    for (int i = 0; i < n; i++) sum += exp((double)z[i] - mx);
+    float mx;
+    const double sum = mpq__sumexp(z, n, &mx);
     return log(sum) - ((double)z[target] - mx);
 }
 
@@ -1315,10 +1324,8 @@ uint64_t mpq_kl_vocab_hash(const mpq_tokenizer *t)
 /* log sum exp z, in double, in id order. */
 static double mpq__lse(const float *z, int V)
 {
-    float mx = z[0];
-    for (int i = 1; i < V; i++) mx = z[i] > mx ? z[i] : mx;
-    double sum = 0;
-    for (int i = 0; i < V; i++) sum += exp((double)z[i] - mx);
+    float mx;
+    const double sum = mpq__sumexp(z, V, &mx);
     return (double)mx + log(sum);
 }
 
@@ -1340,40 +1347,37 @@ static float mpq__kl_rest(const float *z, int V, double lse, const int32_t *ids,
 /* a before b: the higher logit, then the lower id. */
 static int mpq__kl_before(const float *z, int32_t a, int32_t b) { return z[a] > z[b] || (z[a] == z[b] && a < b); }
 
+/* Puts v at position i of the heap ids[0 .. n-1] (root: the least by
+   mpq__kl_before) and sifts it down. */
+static void mpq__kl_sift_down(const float *z, int32_t *ids, int n, int i, int32_t v)
+{
+    for (;;) {
+        int c = 2 * i + 1;
+        if (c >= n) break;
+        if (c + 1 < n && mpq__kl_before(z, ids[c], ids[c + 1])) c++;
+        if (!mpq__kl_before(z, v, ids[c])) break;
+        ids[i] = ids[c], i = c;
+    }
+    ids[i] = v;
+}
+
 /* The K most probable ids of z, most probable first (heap: K ints). */
 static void mpq__kl_top(const float *z, int V, int K, int32_t *ids)
 {
     int n = 0; /* ids[0 .. n-1]: a heap whose root is the least of them */
     for (int32_t v = 0; v < V; v++) {
-        if (n == K && !mpq__kl_before(z, v, ids[0])) continue;
-        int i;
         if (n < K) { /* sift up */
-            i = n++;
+            int i = n++;
             while (i > 0 && mpq__kl_before(z, ids[(i - 1) / 2], v)) ids[i] = ids[(i - 1) / 2], i = (i - 1) / 2;
-        } else { /* replace the root, sift down */
-            i = 0;
-            for (;;) {
-                int c = 2 * i + 1;
-                if (c >= n) break;
-                if (c + 1 < n && mpq__kl_before(z, ids[c], ids[c + 1])) c++;
-                if (!mpq__kl_before(z, v, ids[c])) break;
-                ids[i] = ids[c], i = c;
-            }
+            ids[i] = v;
+        } else if (mpq__kl_before(z, v, ids[0])) { /* replaces the root */
+            mpq__kl_sift_down(z, ids, n, 0, v);
         }
-        ids[i] = v;
     }
     for (int end = n - 1; end > 0; end--) { /* heap sort: the least goes last */
         const int32_t v = ids[end];
         ids[end] = ids[0];
-        int i = 0;
-        for (;;) {
-            int c = 2 * i + 1;
-            if (c >= end) break;
-            if (c + 1 < end && mpq__kl_before(z, ids[c], ids[c + 1])) c++;
-            if (!mpq__kl_before(z, v, ids[c])) break;
-            ids[i] = ids[c], i = c;
-        }
-        ids[i] = v;
+        mpq__kl_sift_down(z, ids, end, 0, v);
     }
 }
 

@@ -703,6 +703,7 @@ Test(model, kl_divergence_against_a_float64_computation, .init = make_tmpdir, .f
     f = fopen(p, "wb");
     fwrite(buf, 1, got / 2, f);
     fclose(f);
+    corpus_save(p, "klb");
     mpq_kl_base x;
     e.msg[0] = 0;
     cr_assert_neq(mpq_kl_base_read(p, &x, &e), MPQ_OK);
