@@ -262,8 +262,8 @@ static inline MPQ__HOST_DEVICE int mpq_first_plane(int bits, int skip)
 }
 
 /* Whole-matrix quantization under a per-block bits map: see mpq_bitplane_desc
-   (section 4) for the shape fields and the format; permutations and
-   col_scale are ignored here (codes are in the coordinates of W). Outputs:
+   (section 4) for the shape fields and the format; permutations, col_scale
+   and the rotation are ignored here (codes are in the coordinates of W). Outputs:
    codes (rows*cols bytes), s_hat and z_hat (rows * ceil(cols/group) each,
    row-major by group): each group's stored metadata, the fp16 bits of s^
    and z^ (MXINT: the E8M0 byte in s_hat, 0 in z_hat; section 6, the format
@@ -303,6 +303,34 @@ MPQ_DEF double mpq_mxint_value(int mant, int bits, uint8_t e8m0);
 #define MPQ_MX_BLOCK  32 /* elements sharing one E8M0 exponent (MXINT) */
 #define MPQ_MAX_BITS  8
 
+/* AN INCOHERENCE ROTATION (QuIP#, QuaRot): an orthogonal V of size n from a
+   seed, fast to apply, that spreads each weight row's and each activation's
+   outliers over all its coordinates before quantization; W x = (W V^T)(V x)
+   for any W. Here
+
+     V = (H_p / sqrt(p)  (x)  R_m) diag(s),   n = p m,  p = 2^k,  m odd,
+
+   s random signs, H_p the Sylvester Walsh-Hadamard matrix (H_p[i][j] =
+   (-1)^popcount(i & j)), R_m a random orthogonal m x m matrix (the Q of a
+   Gaussian matrix's Householder QR in float64, column signs fixed so that R
+   is Haar-distributed; R_1 = +-1), and (x) the Kronecker product over the
+   index j = i m + l (i < p, l < m). The sizes of the Llama, Mistral, Qwen2
+   and SmolLM families have small odd parts (576 = 64 x 9, 4864 = 256 x 19,
+   14336 = 2048 x 7, 11008 = 256 x 43); a Hadamard matrix of order 4m would
+   also do, but the usual constructions do not give one for every m, while
+   R_m exists for every m (docs/DESIGN.md, "Rotations"). Applying V costs
+   n (log2 p + m) multiply-adds. The seed fixes s and R_m bit for bit on
+   every machine. */
+typedef struct mpq_rotation {
+    int n, p, m; /* n = p m, p a power of two, m odd (at most MPQ_ROTATION_MAX_ODD); n 0: none */
+    uint64_t seed;
+    const uint8_t *sign; /* ceil(n / 8) bytes: bit j % 8 of byte j / 8 set -> s_j = -1, else +1 */
+    const float *R;      /* m x m, row-major, orthogonal to float rounding */
+    void *mem;           /* what mpq_rotation_init allocated; NULL in a packed matrix's view */
+} mpq_rotation;
+
+#define MPQ_ROTATION_MAX_ODD 1023 /* the largest odd factor m (R_m: 4 MB) */
+
 /* Describes a bit-plane matrix to pack. Zero-initialise, then set fields;
    every zero field means the default written next to it. */
 typedef struct mpq_bitplane_desc {
@@ -335,12 +363,19 @@ typedef struct mpq_bitplane_desc {
     const struct mpq_sparse *sparse; /* optional sparse part (ReQuant), stored
                                beside the dense part and added by every
                                product; see "SPARSE PART" */
+    const mpq_rotation *rotation;    /* optional input-side rotation V (n = cols), stored
+                                        with the matrix: every product computes W~ (V x),
+                                        so everything above that names columns (p_col,
+                                        col_scale, clip, bits, the sparse part) is in the
+                                        coordinates of V x, and mpq_pack quantizes the
+                                        rows of W V^T (W still in original coordinates) */
 } mpq_bitplane_desc;
 
 /* SPARSE PART (dense-and-sparse decomposition, PQI/ReQuant eq. 8). A matrix
    S in compressed sparse row form, in ORIGINAL coordinates (no permutation,
-   no column scale): every product computes y = W^ x + S x and the
-   dequantized matrix is W^ + S, where W^ is the dense quantized part. mpq
+   no column scale; with a rotation, the coordinates of V x): every product
+   computes y = W^ x + S x (W^ V x + S V x) and the dequantized matrix is
+   W^ + S ((W^ + S) V), where W^ is the dense quantized part. mpq
    stores the values as fp16, so they must be finite with |v| <= 65504; the
    column indices as uint16 when cols <= 65536, else uint32. Stored bytes:
    4 (rows + 1) + (2 + 2 or 4) nnz. */
@@ -363,24 +398,37 @@ MPQ_DEF void mpq_sparse_free(mpq_sparse *S);
 MPQ_DEF mpq_status mpq_sparse_from_mask(const float *W, const float *D, const uint8_t *mask, int rows, int cols,
                                         mpq_sparse *out);
 
-/* BYTE LAYOUT of a packed bit-plane matrix (format version 1). Little-endian.
-   One buffer, every section starting at a multiple of 64 bytes:
+/* BYTE LAYOUT of a packed bit-plane matrix (format versions 1 and 2).
+   Little-endian. One buffer, every section starting at a multiple of 64
+   bytes:
 
      header      128 bytes, see mpq__bp_header in the implementation: magic
                  "MPQBITP\0", version, format, rows, cols, group, block_rows,
                  band_rows, flags (1 p_row, 2 p_col, 4 col_scale, 8 sparse
-                 part), the offset
+                 part, 16 rotation), the rotation's m (else 0), the offset
                  of every section and the total size
      bits        ceil(rows/block_rows) * ceil(cols/group) bytes, row-major
      p_row       rows  x uint32   (if flag 1)
      p_col       cols  x uint32   (if flag 2)
      col_scale   cols  x float32  (if flag 4)
+     rotation    (if flag 16) 64 bytes: uint32 kind (1, the only one: V of
+                 "AN INCOHERENCE ROTATION"), n, p, m, uint64 seed, 40 zero
+                 bytes; then R_m, m x m float32 row-major; then the n sign
+                 bits (bit j % 8 of byte j / 8 set: s_j = -1). The stored s
+                 and R are what every product uses; the seed records where
+                 they came from
      band index  (nbands + 1) x uint64: byte offset of each band in `data`,
                  the last entry is the size of `data`
      data        the records, band after band
      sparse      (if flag 8, "SPARSE PART") row_ptr (rows + 1) x uint32,
                  col nnz x uint16 (cols <= 65536) or uint32, val nnz x fp16;
                  the header's off_sparse and sparse_nnz locate it
+
+   Version 2 is version 1 plus the rotation: a buffer has version 2 exactly
+   when flag 16 is set, so a matrix without a rotation is written byte for
+   byte as mpq 0.1.0 wrote it, and its files still open everywhere. The
+   rotation's section sits where the header's offsets leave room for it
+   (after col_scale, before the band index); readers compute its place.
 
    Rows are cut into tiles of 16 (the last one padded with rows that are all
    zero). A band is block_rows rows when block_rows is a multiple of 16 (then a
@@ -456,6 +504,7 @@ typedef struct mpq_packed {
     const uint16_t *sp_val;        /* fp16 values */
     const uint64_t *band_off;
     const uint8_t *data;
+    mpq_rotation rot; /* the input-side rotation (rot.n 0: none), a view into buf */
     const void *buf;
     size_t bytes;
     int owned; /* buf allocated by mpq_pack_alloc */
@@ -497,13 +546,16 @@ MPQ_DEF mpq_status mpq_packed_records(const mpq_packed *A, uint64_t *off, uint8_
 /* Average stored bits per weight. level 0: the weight bits; 1: plus the
    per-group metadata (bit-plane: fp16 scale + zero, 32/group bpw for full
    groups; MXINT: the E8M0 byte, 8/32 bpw), the budget convention of the
-   design notes; 2: plus the sparse part's bytes (mpq_packed_sparse_bytes). */
+   design notes; 2: plus the sparse part's bytes (mpq_packed_sparse_bytes)
+   and the rotation's (BYTE LAYOUT). */
 MPQ_DEF double mpq_packed_bpw(const mpq_packed *A, int level);
 /* Bytes of the sparse part as stored (0 when there is none). */
 MPQ_DEF size_t mpq_packed_sparse_bytes(const mpq_packed *A);
 /* Dequantize to a rows x cols float matrix in ORIGINAL coordinates (undoing
-   the permutations and multiplying by col_scale), with the lowest skip_planes
-   planes dropped (at least one plane always remains). */
+   the permutations and multiplying by col_scale; with a rotation, each row
+   of the rotated matrix W~ times V, i.e. V^T applied to it as a vector by
+   mpq_rotation_apply), with the lowest skip_planes planes dropped (at least
+   one plane always remains). */
 MPQ_DEF mpq_status mpq_packed_dequantize(const mpq_packed *A, int skip_planes, float *W);
 /* One row of that matrix: row `row` of W in original coordinates, cols
    floats, bit for bit what mpq_packed_dequantize writes there (an embedding
@@ -590,15 +642,19 @@ MPQ_DEF mpq_status mpq_gemv_path(const mpq_packed *A, const mpq_gemv_opts *opts,
 MPQ_DEF size_t mpq_gemv_work_bytes(const mpq_packed *A, int batch);
 
 /* y = W x for `batch` vectors: x is batch x cols, y is batch x rows, both
-   row-major float32 in original coordinates. The p_col gather and col_scale
-   are applied while building the tables, the p_row scatter in the epilogue.
+   row-major float32 in original coordinates. A rotation is applied first
+   (x <- V x, as mpq_rotation_apply does, into the workspace), the p_col
+   gather and col_scale while building the tables, the p_row scatter in the
+   epilogue.
    work: mpq_gemv_work_bytes(A, batch) bytes, 64-byte aligned, or NULL (then
    the call allocates and frees it). x must be finite. */
 MPQ_DEF mpq_status mpq_gemv(const mpq_packed *A, const float *x, float *y, int batch, const mpq_gemv_opts *opts,
                             void *work, size_t work_bytes);
 
 /* The reference: the dequantized matrix (mpq_packed_dequantize) times x,
-   accumulated in float64, row by row. Slow; allocates; for tests. */
+   accumulated in float64, row by row; with a rotation, the rotated matrix
+   times V x, both in float64 (mpq_rotation_apply_f64). Slow; allocates;
+   for tests. */
 MPQ_DEF mpq_status mpq_gemv_ref(const mpq_packed *A, const float *x, double *y, int batch, int skip_planes);
 
 /* The tables themselves, exposed for tests and for other kernels.
@@ -1487,41 +1543,26 @@ MPQ_DEF mpq_status mpq_recipe_quantize(const mpq_recipe *r, int i, const mpq_rec
 /* 14. Rotations                                                              */
 /* ========================================================================== */
 
-/* AN INCOHERENCE ROTATION (QuIP#, QuaRot): an orthogonal V of size n from a
-   seed, fast to apply, that spreads each weight row's and each activation's
-   outliers over all its coordinates before quantization; W x = (W V^T)(V x)
-   for any W. Here
-
-     V = (H_p / sqrt(p)  (x)  R_m) diag(s),   n = p m,  p = 2^k,  m odd,
-
-   s random signs, H_p the Sylvester Walsh-Hadamard matrix (H_p[i][j] =
-   (-1)^popcount(i & j)), R_m a random orthogonal m x m matrix (the Q of a
-   Gaussian matrix's Householder QR in float64, column signs fixed so that R
-   is Haar-distributed; R_1 = +-1), and (x) the Kronecker product over the
-   index j = i m + l (i < p, l < m). The sizes of the Llama, Mistral, Qwen2
-   and SmolLM families have small odd parts (576 = 64 x 9, 4864 = 256 x 19,
-   14336 = 2048 x 7, 11008 = 256 x 43); a Hadamard matrix of order 4m would
-   also do, but the usual constructions do not give one for every m, while
-   R_m exists for every m (docs/DESIGN.md, "Rotations"). Applying V costs
-   n (log2 p + m) multiply-adds. The seed fixes s and R_m bit for bit on
-   every machine. */
-typedef struct mpq_rotation {
-    int n, p, m; /* n = p m, p a power of two, m odd (at most MPQ_ROTATION_MAX_ODD) */
-    uint64_t seed;
-    float *sign; /* n entries, +1 or -1 */
-    float *R;    /* m x m, row-major, orthogonal to float rounding */
-} mpq_rotation;
-
-#define MPQ_ROTATION_MAX_ODD 1023 /* the largest odd factor m (R_m: 4 MB) */
+/* The rotation V and its type, mpq_rotation: section 4 ("AN INCOHERENCE
+   ROTATION"), beside the packed matrices that store one. */
 
 /* V of size n from seed (mpq_rotation_free releases it). MPQ_ERR_SIZE
    when n < 1 or its odd part exceeds MPQ_ROTATION_MAX_ODD. */
 MPQ_DEF mpq_status mpq_rotation_init(mpq_rotation *r, int n, uint64_t seed);
 MPQ_DEF void mpq_rotation_free(mpq_rotation *r); /* NULL and zeroed are accepted */
 /* x <- V x (transpose: x <- V^T x) for `count` vectors of n floats, one
-   after another, in place; the arithmetic in float, in a fixed order.
-   MPQ_ERR_NONFINITE for a NaN or infinite input (x unchanged). */
+   after another, in place; the arithmetic in float, in a fixed order (every
+   product path applies V to its input this way). MPQ_ERR_NONFINITE for a
+   NaN or infinite input (x unchanged). */
 MPQ_DEF mpq_status mpq_rotation_apply(const mpq_rotation *r, float *x, int count, int transpose);
+/* The same in float64 (the references). */
+MPQ_DEF mpq_status mpq_rotation_apply_f64(const mpq_rotation *r, double *x, int count, int transpose);
+/* A rotation as stored (a packed matrix's, or one built elsewhere) is
+   usable: n = p m >= 1 with p a power of two and m odd <= MPQ_ROTATION_MAX_ODD,
+   sign and R present, no sign bit set past n, R finite and orthogonal
+   (|R^T R - I| <= 1e-5 entry by entry, in float64). MPQ_ERR_ARG, else
+   MPQ_ERR_FORMAT. */
+MPQ_DEF mpq_status mpq_rotation_check(const mpq_rotation *r);
 
 #ifdef __cplusplus
 }
@@ -1785,6 +1826,14 @@ MPQ_DEF mpq_status mpq_parallel(int ntasks, int threads, mpq_task_fn fn, void *c
 static size_t mpq__align64(size_t x) { return (x + 63u) & ~(size_t)63u; }
 static int mpq__finite(float f) { return f - f == 0.0f; }                    /* false for NaN and Inf */
 static int mpq__half_finite(uint16_t h) { return (h & 0x7C00u) != 0x7C00u; } /* fp16 bits */
+
+/* MPQ_ERR_NONFINITE when any of v[0..n) is NaN or infinite. */
+static mpq_status mpq__check_finite(const float *v, size_t n)
+{
+    for (size_t k = 0; k < n; k++)
+        if (!mpq__finite(v[k])) return MPQ_ERR_NONFINITE;
+    return MPQ_OK;
+}
 
 /* ========================================================================== */
 /* 2. Half precision                                                          */
@@ -2199,6 +2248,7 @@ typedef struct mpq__shape {
     unsigned symmetric;
     const uint8_t *bits; /* NULL: uniform */
     uint64_t sp_nnz;     /* entries of the sparse part (flag MPQ__FLAG_SPARSE) */
+    int rot_m;           /* the rotation's odd factor m (flag MPQ__FLAG_ROT); 0: none */
 } mpq__shape;
 
 static int mpq__bits_at(const mpq__shape *s, int i, int g)
@@ -2249,6 +2299,11 @@ static mpq_status mpq__shape_from_desc(const mpq_bitplane_desc *d, mpq__shape *s
         if ((uint64_t)d->sparse->nnz > 0xFFFFFFFFu) return MPQ_ERR_SIZE;
         if (!d->sparse->row_ptr || (d->sparse->nnz && (!d->sparse->col || !d->sparse->val))) return MPQ_ERR_ARG;
         s->sp_nnz = (uint64_t)d->sparse->nnz;
+    }
+    if (d->rotation) {
+        if (mpq_rotation_check(d->rotation) != MPQ_OK) return MPQ_ERR_ARG;
+        if (d->rotation->n != d->cols) return MPQ_ERR_SIZE;
+        s->rot_m = d->rotation->m;
     }
     const int bmin = f->min_bits;
     if (d->bits) {
@@ -2326,28 +2381,48 @@ MPQ_DEF mpq_status mpq_dequantize(const mpq_bitplane_desc *d, const uint8_t *cod
 #define MPQ__STATIC_ASSERT(c, m) _Static_assert(c, m)
 #endif
 
-#define MPQ__BP_VERSION  1u
-#define MPQ__FLAG_PROW   1u
-#define MPQ__FLAG_PCOL   2u
-#define MPQ__FLAG_CSCALE 4u
-#define MPQ__FLAG_SPARSE 8u
-#define MPQ__FLAGS_ALL   15u
+#define MPQ__BP_VERSION     1u /* without a rotation: the layout of mpq 0.1.0, unchanged */
+#define MPQ__BP_VERSION_ROT 2u /* with one (flag 16) */
+#define MPQ__FLAG_PROW      1u
+#define MPQ__FLAG_PCOL      2u
+#define MPQ__FLAG_CSCALE    4u
+#define MPQ__FLAG_SPARSE    8u
+#define MPQ__FLAG_ROT       16u
+#define MPQ__FLAGS_ALL      31u
+#define MPQ__ROT_KIND       1u /* the one transform kind: V = (H_p / sqrt(p) (x) R_m) diag(s) on the input side */
 
 /* The header at the start of every packed bit-plane buffer (little-endian). */
 typedef struct mpq__bp_header {
     char magic[8]; /* "MPQBITP\0" */
     uint32_t version, format;
     uint32_t rows, cols, group, block_rows;
-    uint32_t tile_rows, band_rows, flags, reserved0;
+    uint32_t tile_rows, band_rows, flags, rot_m; /* rot_m: the rotation's m (version 2), else 0 */
     uint64_t total_bytes, off_bits, off_prow, off_pcol, off_cscale, off_index, off_data, data_bytes;
     uint64_t off_sparse, sparse_nnz; /* both 0 without flag 8 */
 } mpq__bp_header;
 MPQ__STATIC_ASSERT(sizeof(mpq__bp_header) == 128, "bit-plane header must be 128 bytes");
 MPQ__STATIC_ASSERT(sizeof(float) == 4 && sizeof(uint64_t) == 8, "float32 and uint64 expected");
 
+/* The start of the rotation section (version 2, flag 16). */
+typedef struct mpq__rot_header {
+    uint32_t kind, n, p, m; /* MPQ__ROT_KIND; n = cols = p m */
+    uint64_t seed;          /* what mpq_rotation_init made it from (a record: the stored s and R are used) */
+    uint64_t zero[5];
+} mpq__rot_header;
+MPQ__STATIC_ASSERT(sizeof(mpq__rot_header) == 64, "rotation header must be 64 bytes");
+
 typedef struct mpq__layout {
-    uint64_t off_bits, off_prow, off_pcol, off_cscale, off_index, off_data, data_bytes, off_sparse, total;
+    uint64_t off_bits, off_prow, off_pcol, off_cscale, off_rot, off_index, off_data, data_bytes, off_sparse, total;
 } mpq__layout;
+
+/* Bytes of the rotation section: its header, R (m x m float32), the n sign bits. */
+static uint64_t mpq__rot_bytes(int n, int m)
+{
+    return sizeof(mpq__rot_header) + 4u * (uint64_t)m * (uint64_t)m + ((uint64_t)n + 7u) / 8u;
+}
+
+/* x <- V x (transpose: V^T x) for one vector, tmp of m floats (section 14). */
+static void mpq__rot_run(const mpq_rotation *r, float *X, float *tmp, int transpose);
 
 /* Bytes of one sparse column index: uint16 while every index fits. */
 static uint64_t mpq__sp_colbytes(int cols) { return cols <= 65536 ? 2u : 4u; }
@@ -2422,6 +2497,8 @@ static int mpq__layout_compute(const mpq__shape *s, unsigned flags, mpq__layout 
     if (flags & MPQ__FLAG_PCOL) off = mpq__align64(off + 4u * (uint64_t)s->cols);
     L->off_cscale = (flags & MPQ__FLAG_CSCALE) ? off : 0;
     if (flags & MPQ__FLAG_CSCALE) off = mpq__align64(off + 4u * (uint64_t)s->cols);
+    L->off_rot = (flags & MPQ__FLAG_ROT) ? off : 0;
+    if (flags & MPQ__FLAG_ROT) off = mpq__align64(off + mpq__rot_bytes(s->cols, s->rot_m));
     L->off_index = off;
     off = mpq__align64(off + 8u * ((uint64_t)s->nbands + 1u));
     L->off_data = off;
@@ -2547,7 +2624,8 @@ static mpq_status mpq__clip_check(const float *c, size_t n)
 static unsigned mpq__desc_flags(const mpq_bitplane_desc *d)
 {
     return (d->p_row ? MPQ__FLAG_PROW : 0u) | (d->p_col ? MPQ__FLAG_PCOL : 0u) |
-        (d->col_scale ? MPQ__FLAG_CSCALE : 0u) | (d->sparse ? MPQ__FLAG_SPARSE : 0u);
+        (d->col_scale ? MPQ__FLAG_CSCALE : 0u) | (d->sparse ? MPQ__FLAG_SPARSE : 0u) |
+        (d->rotation ? MPQ__FLAG_ROT : 0u);
 }
 
 /* A sparse part is well formed: CSR structure (every row pointer within
@@ -2667,7 +2745,7 @@ static void mpq__write_sections(const mpq_bitplane_desc *d, const mpq__shape *s,
     mpq__bp_header h;
     memset(&h, 0, sizeof h);
     memcpy(h.magic, s->f->magic, 8);
-    h.version = MPQ__BP_VERSION;
+    h.version = d->rotation ? MPQ__BP_VERSION_ROT : MPQ__BP_VERSION;
     h.format = (uint32_t)s->format;
     h.rows = (uint32_t)s->rows;
     h.cols = (uint32_t)s->cols;
@@ -2676,6 +2754,7 @@ static void mpq__write_sections(const mpq_bitplane_desc *d, const mpq__shape *s,
     h.tile_rows = MPQ_TILE_ROWS;
     h.band_rows = (uint32_t)s->band_rows;
     h.flags = mpq__desc_flags(d);
+    h.rot_m = (uint32_t)s->rot_m;
     h.total_bytes = L->total;
     h.off_bits = L->off_bits;
     h.off_prow = L->off_prow;
@@ -2695,6 +2774,17 @@ static void mpq__write_sections(const mpq_bitplane_desc *d, const mpq__shape *s,
     if (d->p_row) memcpy(buf + L->off_prow, d->p_row, 4u * (size_t)s->rows);
     if (d->p_col) memcpy(buf + L->off_pcol, d->p_col, 4u * (size_t)s->cols);
     if (d->col_scale) memcpy(buf + L->off_cscale, d->col_scale, 4u * (size_t)s->cols);
+    if (d->rotation) {
+        const mpq_rotation *r = d->rotation;
+        mpq__rot_header rh;
+        memset(&rh, 0, sizeof rh);
+        rh.kind = MPQ__ROT_KIND, rh.n = (uint32_t)r->n, rh.p = (uint32_t)r->p, rh.m = (uint32_t)r->m;
+        rh.seed = r->seed;
+        uint8_t *p = buf + L->off_rot;
+        memcpy(p, &rh, sizeof rh);
+        memcpy(p + sizeof rh, r->R, 4u * (size_t)r->m * (size_t)r->m);
+        memcpy(p + sizeof rh + 4u * (size_t)r->m * (size_t)r->m, r->sign, ((size_t)r->n + 7u) / 8u);
+    }
     mpq__layout Lx;
     mpq__layout_compute(s, h.flags, &Lx, (uint64_t *)(void *)(buf + L->off_index), NULL);
     if (d->sparse) { /* CSR after the records; the gap before it is zero */
@@ -2778,6 +2868,13 @@ static void mpq__view(mpq_packed *A, const mpq__shape *s, const mpq__layout *L, 
     A->p_row = (flags & MPQ__FLAG_PROW) ? (const uint32_t *)(const void *)(buf + L->off_prow) : NULL;
     A->p_col = (flags & MPQ__FLAG_PCOL) ? (const uint32_t *)(const void *)(buf + L->off_pcol) : NULL;
     A->col_scale = (flags & MPQ__FLAG_CSCALE) ? (const float *)(const void *)(buf + L->off_cscale) : NULL;
+    if (flags & MPQ__FLAG_ROT) {
+        mpq__rot_header rh;
+        memcpy(&rh, buf + L->off_rot, sizeof rh);
+        A->rot.n = (int)rh.n, A->rot.p = (int)rh.p, A->rot.m = (int)rh.m, A->rot.seed = rh.seed;
+        A->rot.R = (const float *)(const void *)(buf + L->off_rot + sizeof rh);
+        A->rot.sign = buf + L->off_rot + sizeof rh + 4u * (uint64_t)rh.m * rh.m;
+    }
     A->band_off = (const uint64_t *)(const void *)(buf + L->off_index);
     A->data = buf + L->off_data;
     if (flags & MPQ__FLAG_SPARSE) {
@@ -2802,6 +2899,7 @@ static void mpq__shape_of(const mpq_packed *A, mpq__shape *s)
     s->ubits = 0;
     s->symmetric = 0;
     s->sp_nnz = (uint64_t)A->sp_nnz;
+    s->rot_m = A->rot.n ? A->rot.m : 0;
 }
 
 static int mpq__max_threads(void)
@@ -2822,13 +2920,12 @@ static int mpq__thread_id(void)
 #endif
 }
 
-MPQ_DEF mpq_status mpq_pack(const mpq_bitplane_desc *d, const float *W, void *buf, size_t bytes, mpq_packed *out)
+/* mpq_pack after its checks, W in the coordinates of the columns (rotated). */
+static mpq_status mpq__pack_rows(const mpq_bitplane_desc *d, const mpq__shape *sp, const mpq__layout *Lp,
+                                 const float *W, void *buf, mpq_packed *out)
 {
-    mpq__shape s;
-    mpq__layout L;
-    mpq_status st = mpq__pack_check(d, buf, bytes, out, &s, &L);
-    if (st != MPQ_OK) return st;
-    if (!W) return MPQ_ERR_ARG;
+    const mpq__shape s = *sp;
+    const mpq__layout L = *Lp;
     const size_t n = (size_t)s.cols;
     for (int i = 0; i < s.rows; i++) { /* every value that will be quantized */
         const float *src = W + (size_t)(d->p_row ? d->p_row[i] : (uint32_t)i) * n;
@@ -2880,6 +2977,29 @@ MPQ_DEF mpq_status mpq_pack(const mpq_bitplane_desc *d, const float *W, void *bu
     mpq_aligned_free(scratch);
     mpq__view(out, &s, &L, b8, mpq__desc_flags(d));
     return MPQ_OK;
+}
+
+MPQ_DEF mpq_status mpq_pack(const mpq_bitplane_desc *d, const float *W, void *buf, size_t bytes, mpq_packed *out)
+{
+    mpq__shape s;
+    mpq__layout L;
+    mpq_status st = mpq__pack_check(d, buf, bytes, out, &s, &L);
+    if (st != MPQ_OK) return st;
+    if (!W) return MPQ_ERR_ARG;
+    if (!d->rotation) return mpq__pack_rows(d, &s, &L, W, buf, out);
+    /* the rows of W V^T: each row w of W becomes V w */
+    const size_t nw = (size_t)s.rows * (size_t)s.cols;
+    if ((st = mpq__check_finite(W, nw)) != MPQ_OK) return st;
+    float *Wr = (float *)MPQ_MALLOC(sizeof(float) * nw), *tmp = (float *)MPQ_MALLOC(sizeof(float) * (size_t)s.rot_m);
+    if (Wr && tmp) {
+        memcpy(Wr, W, sizeof(float) * nw);
+        for (int i = 0; i < s.rows; i++) mpq__rot_run(d->rotation, Wr + (size_t)i * (size_t)s.cols, tmp, 0);
+        st = mpq__pack_rows(d, &s, &L, Wr, buf, out);
+    } else
+        st = MPQ_ERR_NOMEM;
+    MPQ_FREE(Wr);
+    MPQ_FREE(tmp);
+    return st;
 }
 
 MPQ_DEF mpq_status mpq_pack_alloc(const mpq_bitplane_desc *d, const float *W, mpq_packed *out)
@@ -2943,9 +3063,14 @@ static mpq_status mpq__open_format(const void *buf, size_t bytes, mpq_packed *ou
     mpq__bp_header h;
     memcpy(&h, b8, sizeof h);
     const mpq_format_traits *f = mpq_format_get((mpq_format)format);
-    if (!f || memcmp(h.magic, f->magic, 8) || h.version != MPQ__BP_VERSION || h.format != (uint32_t)format ||
-        h.tile_rows != MPQ_TILE_ROWS || (h.flags & ~MPQ__FLAGS_ALL) || h.rows > INT_MAX || h.cols > INT_MAX ||
-        h.group > INT_MAX || h.block_rows > INT_MAX || h.total_bytes != (uint64_t)bytes)
+    /* version 1: no rotation; version 2: a rotation (flag 16, its m in the header) */
+    const int rot = h.version == MPQ__BP_VERSION_ROT;
+    if (!f || memcmp(h.magic, f->magic, 8) || (h.version != MPQ__BP_VERSION && !rot) ||
+        !!(h.flags & MPQ__FLAG_ROT) != rot || (!rot && h.rot_m) ||
+        (rot && (h.rot_m % 2 == 0 || h.rot_m > MPQ_ROTATION_MAX_ODD || h.rot_m > h.cols)) ||
+        h.format != (uint32_t)format || h.tile_rows != MPQ_TILE_ROWS || (h.flags & ~MPQ__FLAGS_ALL) ||
+        h.rows > INT_MAX || h.cols > INT_MAX || h.group > INT_MAX || h.block_rows > INT_MAX ||
+        h.total_bytes != (uint64_t)bytes)
         return MPQ_ERR_FORMAT;
     mpq__shape s;
     if (mpq__shape_fill(&s, format, (int)h.rows, (int)h.cols, (int)h.group, (int)h.block_rows) != MPQ_OK ||
@@ -2966,6 +3091,7 @@ static mpq_status mpq__open_format(const void *buf, size_t bytes, mpq_packed *ou
         (uint64_t)s.rows + 1u > (bytes - sizeof h) / 4u)
         return MPQ_ERR_FORMAT;
     s.sp_nnz = h.sparse_nnz;
+    s.rot_m = (int)h.rot_m; /* at most 1023: the section's size cannot overflow */
     mpq__layout L;
     mpq__layout_compute(&s, h.flags, &L, NULL, NULL);
     if (L.total != bytes || L.off_sparse != h.off_sparse || L.off_prow != h.off_prow || L.off_pcol != h.off_pcol ||
@@ -2985,6 +3111,16 @@ static mpq_status mpq__open_format(const void *buf, size_t bytes, mpq_packed *ou
     if ((h.flags & MPQ__FLAG_CSCALE) &&
         mpq__scale_check((const float *)(const void *)(b8 + L.off_cscale), s.cols) != MPQ_OK)
         return MPQ_ERR_FORMAT;
+    if (rot) { /* a transform of the one known kind, of this size, usable */
+        mpq__rot_header rh;
+        memcpy(&rh, b8 + L.off_rot, sizeof rh);
+        int zero = 1;
+        for (int k = 0; k < 5; k++) zero &= rh.zero[k] == 0;
+        if (rh.kind != MPQ__ROT_KIND || rh.n != h.cols || rh.m != h.rot_m || !zero) return MPQ_ERR_FORMAT;
+        mpq_packed v;
+        mpq__view(&v, &s, &L, b8, h.flags);
+        if (mpq_rotation_check(&v.rot) != MPQ_OK) return MPQ_ERR_FORMAT;
+    }
     /* Every row's metadata valid (finite pairs; no NaN exponent); padding
        rows of the last tile all zero. */
     for (int t = 0; t < s.ntiles; t++) {
@@ -3082,6 +3218,7 @@ MPQ_DEF double mpq_packed_bpw(const mpq_packed *A, int level)
     }
     if (level >= 1) bits += (double)s.f->meta_bits * (double)s.rows * (double)s.ngroups;
     if (level >= 2) bits += 8.0 * (double)mpq_packed_sparse_bytes(A);
+    if (level >= 2 && A->rot.n) bits += 8.0 * (double)mpq__rot_bytes(A->rot.n, A->rot.m);
     return bits / ((double)s.rows * (double)s.cols);
 }
 
@@ -3188,11 +3325,13 @@ static mpq_status mpq__bp_dequantize(const mpq_packed *A, int skip_planes, float
 {
     if (!A || !W || !A->data) return MPQ_ERR_ARG;
     if (skip_planes < 0) return MPQ_ERR_ARG;
-    double *tmp = (double *)MPQ_MALLOC(sizeof(double) * (size_t)A->group);
+    double *tmp = (double *)MPQ_MALLOC(sizeof(double) * (size_t)(A->group > A->rot.m ? A->group : A->rot.m));
     if (!tmp) return MPQ_ERR_NOMEM;
     mpq__emit_f32 e = {W, (size_t)A->cols};
     mpq__bp_decode_all(A, skip_planes, mpq__emit_float, &e, tmp);
     mpq__sparse_emit(A, mpq__emit_add_float, &e);
+    for (int i = 0; i < A->rows && A->rot.n; i++) /* row w~ of W~ V is V^T w~; tmp holds m <= cols floats */
+        mpq__rot_run(&A->rot, W + (size_t)i * (size_t)A->cols, (float *)(void *)tmp, 1);
     MPQ_FREE(tmp);
     return MPQ_OK;
 }
@@ -3204,7 +3343,7 @@ static mpq_status mpq__bp_dequantize_row(const mpq_packed *A, int skip_planes, i
     if (A->p_row)
         for (i = 0; i < A->rows && (int)A->p_row[i] != row; i++) continue;
     if (i == A->rows) return MPQ_ERR_FORMAT; /* mpq_packed_open checked p_row: not reached */
-    double *tmp = (double *)MPQ_MALLOC(sizeof(double) * (size_t)A->group);
+    double *tmp = (double *)MPQ_MALLOC(sizeof(double) * (size_t)(A->group > A->rot.m ? A->group : A->rot.m));
     if (!tmp) return MPQ_ERR_NOMEM;
     mpq__shape s;
     mpq__shape_of(A, &s);
@@ -3226,6 +3365,7 @@ static mpq_status mpq__bp_dequantize_row(const mpq_packed *A, int skip_planes, i
             float *p = &w[mpq__sp_col(A, k)];
             *p = (float)((double)*p + (double)mpq_f16_to_f32(A->sp_val[k]));
         }
+    if (A->rot.n) mpq__rot_run(&A->rot, w, (float *)(void *)tmp, 1);
     MPQ_FREE(tmp);
     return MPQ_OK;
 }
@@ -3346,10 +3486,19 @@ static mpq__vecwork mpq__vec_layout(const mpq_packed *A)
     return w;
 }
 
+/* Bytes after the vectors' workspaces: with a rotation, V x of every vector
+   (batch x cols floats) and the m floats mpq__rot_run needs. */
+static size_t mpq__rot_work_bytes(const mpq_packed *A, int batch)
+{
+    if (!A->rot.n) return 0;
+    return mpq__align64(sizeof(float) * (size_t)batch * (size_t)A->cols) +
+        mpq__align64(sizeof(float) * (size_t)A->rot.m);
+}
+
 static size_t mpq__bp_work_bytes(const mpq_packed *A, int batch)
 {
     if (!A || batch < 1) return 0;
-    return (size_t)batch * mpq__vec_layout(A).bytes;
+    return (size_t)batch * mpq__vec_layout(A).bytes + mpq__rot_work_bytes(A, batch);
 }
 
 #define MPQ__Q16_MAX 32639.0f /* 127 * 256 + 127: q = 256 hi + lo, signed bytes */
@@ -4601,6 +4750,13 @@ static mpq_status mpq__bp_gemv(const mpq_packed *A, const float *x, float *y, in
     mpq__shape_of(A, &s);
     const mpq__path_row *row = mpq__path_row_of(path);
     const size_t vstride = mpq__vec_layout(A).bytes;
+    if (A->rot.n) { /* every path multiplies W~ by V x */
+        float *xr = (float *)(void *)(w + (size_t)batch * vstride);
+        float *tmp = xr + mpq__align64(sizeof(float) * (size_t)batch * (size_t)A->cols) / sizeof(float);
+        memcpy(xr, x, sizeof(float) * (size_t)batch * (size_t)A->cols);
+        for (int v = 0; v < batch; v++) mpq__rot_run(&A->rot, xr + (size_t)v * (size_t)A->cols, tmp, 0);
+        x = xr;
+    }
     for (int v = 0; v < batch; v++)
         mpq__build_tables(A, x + (size_t)v * (size_t)A->cols, row->tables, o.a8, w + (size_t)v * vstride);
     const int nth = o.threads ? o.threads : mpq__max_threads();
@@ -4614,7 +4770,7 @@ static mpq_status mpq__bp_gemv(const mpq_packed *A, const float *x, float *y, in
 /* ---- 5.6 The float64 reference (mpq_gemv_ref) ---- */
 
 typedef struct mpq__emit_gemv {
-    const float *x;
+    const double *x;
     double *y;
     int batch, rows, cols;
 } mpq__emit_gemv;
@@ -4623,7 +4779,7 @@ static void mpq__emit_dot(void *u, int row, int col, double w)
 {
     mpq__emit_gemv *e = (mpq__emit_gemv *)u;
     for (int v = 0; v < e->batch; v++)
-        e->y[(size_t)v * (size_t)e->rows + (size_t)row] += w * (double)e->x[(size_t)v * (size_t)e->cols + (size_t)col];
+        e->y[(size_t)v * (size_t)e->rows + (size_t)row] += w * e->x[(size_t)v * (size_t)e->cols + (size_t)col];
 }
 
 MPQ_DEF mpq_status mpq_gemv_ref(const mpq_packed *A, const float *x, double *y, int batch, int skip_planes)
@@ -4633,14 +4789,25 @@ MPQ_DEF mpq_status mpq_gemv_ref(const mpq_packed *A, const float *x, double *y, 
     if (skip_planes < 0) return MPQ_ERR_ARG;
     for (size_t k = 0; k < (size_t)batch * (size_t)A->cols; k++)
         if (!mpq__finite(x[k])) return MPQ_ERR_NONFINITE;
+    const size_t nx = (size_t)batch * (size_t)A->cols;
     double *tmp = (double *)MPQ_MALLOC(sizeof(double) * (size_t)A->group);
-    if (!tmp) return MPQ_ERR_NOMEM;
-    for (size_t k = 0; k < (size_t)batch * (size_t)A->rows; k++) y[k] = 0.0;
-    mpq__emit_gemv e = {x, y, batch, A->rows, A->cols};
-    mpq__bp_decode_all(A, skip_planes, mpq__emit_dot, &e, tmp);
-    mpq__sparse_emit(A, mpq__emit_dot, &e);
+    double *xd = (double *)MPQ_MALLOC(sizeof(double) * nx);
+    if (!tmp || !xd) {
+        MPQ_FREE(tmp);
+        MPQ_FREE(xd);
+        return MPQ_ERR_NOMEM;
+    }
+    for (size_t k = 0; k < nx; k++) xd[k] = (double)x[k];
+    mpq_status st = A->rot.n ? mpq_rotation_apply_f64(&A->rot, xd, batch, 0) : MPQ_OK;
+    if (st == MPQ_OK) {
+        for (size_t k = 0; k < (size_t)batch * (size_t)A->rows; k++) y[k] = 0.0;
+        mpq__emit_gemv e = {xd, y, batch, A->rows, A->cols};
+        mpq__bp_decode_all(A, skip_planes, mpq__emit_dot, &e, tmp);
+        mpq__sparse_emit(A, mpq__emit_dot, &e);
+    }
     MPQ_FREE(tmp);
-    return MPQ_OK;
+    MPQ_FREE(xd);
+    return st;
 }
 
 /* ========================================================================== */
@@ -5656,13 +5823,6 @@ MPQ_DEF mpq_status mpq_gptq_alloc(const mpq_bitplane_desc *d, const float *W, co
 /* ========================================================================== */
 /* 9. Selection, permutations                                                 */
 /* ========================================================================== */
-
-static mpq_status mpq__check_finite(const float *v, size_t n)
-{
-    for (size_t k = 0; k < n; k++)
-        if (!mpq__finite(v[k])) return MPQ_ERR_NONFINITE;
-    return MPQ_OK;
-}
 
 /* Merge sort of indices: v descending, then index ascending. */
 MPQ_DEF mpq_status mpq_argsort_desc(const float *v, size_t n, uint32_t *idx)
@@ -8019,8 +8179,7 @@ static void mpq__haar_q(double *A, int m, double *Q, double *v)
 MPQ_DEF void mpq_rotation_free(mpq_rotation *r)
 {
     if (!r) return;
-    MPQ_FREE(r->sign);
-    MPQ_FREE(r->R);
+    MPQ_FREE(r->mem);
     memset(r, 0, sizeof *r);
 }
 
@@ -8033,55 +8192,78 @@ MPQ_DEF mpq_status mpq_rotation_init(mpq_rotation *r, int n, uint64_t seed)
     while ((n / p) % 2 == 0) p *= 2;
     const int m = n / p;
     if (m > MPQ_ROTATION_MAX_ODD) return MPQ_ERR_SIZE;
-    mpq_rotation t;
-    memset(&t, 0, sizeof t);
-    t.n = n, t.p = p, t.m = m, t.seed = seed;
-    t.sign = (float *)MPQ_MALLOC(sizeof(float) * (size_t)n);
-    t.R = (float *)MPQ_MALLOC(sizeof(float) * (size_t)m * (size_t)m);
+    /* one block: R (m x m floats), then the sign bits */
+    const size_t rbytes = sizeof(float) * (size_t)m * (size_t)m, sbytes = ((size_t)n + 7u) / 8u;
+    uint8_t *mem = (uint8_t *)MPQ_MALLOC(rbytes + sbytes);
     double *A = (double *)MPQ_MALLOC(sizeof(double) * (2 * (size_t)m * (size_t)m + (size_t)m));
-    if (!t.sign || !t.R || !A) {
+    if (!mem || !A) {
         MPQ_FREE(A);
-        mpq_rotation_free(&t);
+        MPQ_FREE(mem);
         return MPQ_ERR_NOMEM;
     }
+    float *R = (float *)(void *)mem;
+    uint8_t *sign = mem + rbytes;
+    memset(sign, 0, sbytes);
     uint64_t s = seed ^ 0x6D70712D726F7461ull; /* the stream of rotations */
-    for (int j = 0; j < n; j++) t.sign[j] = (mpq__splitmix(&s) >> 63) ? -1.0f : 1.0f;
+    for (int j = 0; j < n; j++)
+        if (mpq__splitmix(&s) >> 63) sign[j / 8] |= (uint8_t)(1u << (j % 8));
     for (int i = 0; i < m * m; i++) A[i] = mpq__gauss(&s);
     double *Q = A + (size_t)m * m;
     mpq__haar_q(A, m, Q, Q + (size_t)m * m);
-    for (int i = 0; i < m * m; i++) t.R[i] = (float)Q[i];
+    for (int i = 0; i < m * m; i++) R[i] = (float)Q[i];
     MPQ_FREE(A);
-    *r = t;
+    r->n = n, r->p = p, r->m = m, r->seed = seed;
+    r->sign = sign, r->R = R, r->mem = mem;
     return MPQ_OK;
 }
 
-/* In-place Walsh-Hadamard over the p rows of X (p x m, row-major): X <- H_p X. */
-static void mpq__fwht_rows(float *X, int p, int m)
+MPQ_DEF mpq_status mpq_rotation_check(const mpq_rotation *r)
 {
-    for (int h = 1; h < p; h *= 2)
-        for (int i = 0; i < p; i += 2 * h)
-            for (int a = i; a < i + h; a++) {
-                float *u = X + (size_t)a * m, *w = X + (size_t)(a + h) * m;
-                for (int l = 0; l < m; l++) {
-                    const float x = u[l], y = w[l];
-                    u[l] = x + y, w[l] = x - y;
-                }
-            }
+    if (!r || !r->sign || !r->R) return MPQ_ERR_ARG;
+    const int n = r->n, p = r->p, m = r->m;
+    if (n < 1 || p < 1 || (p & (p - 1)) || m < 1 || !(m & 1) || m > MPQ_ROTATION_MAX_ODD || (int64_t)p * m != n)
+        return MPQ_ERR_FORMAT;
+    if ((n % 8) && (r->sign[n / 8] >> (n % 8))) return MPQ_ERR_FORMAT;
+    for (int a = 0; a < m * m; a++)
+        if (!mpq__finite(r->R[a])) return MPQ_ERR_FORMAT;
+    for (int a = 0; a < m; a++)
+        for (int b = a; b < m; b++) {
+            double d = 0;
+            for (int c = 0; c < m; c++) d += (double)r->R[(size_t)c * m + a] * (double)r->R[(size_t)c * m + b];
+            if (fabs(d - (a == b ? 1.0 : 0.0)) > 1e-5) return MPQ_ERR_FORMAT;
+        }
+    return MPQ_OK;
 }
 
-MPQ_DEF mpq_status mpq_rotation_apply(const mpq_rotation *r, float *x, int count, int transpose)
+/* In-place Walsh-Hadamard over the p rows of X (p x m, row-major): X <- H_p
+   X. The rows a stage pairs lie in two runs of h m floats. */
+static void mpq__fwht_rows(float *X, int p, int m)
 {
-    if (!r || !r->sign || !r->R || (count > 0 && !x) || count < 0) return MPQ_ERR_ARG;
+    for (int h = 1; h < p; h *= 2) {
+        const size_t run = (size_t)h * (size_t)m;
+        for (int i = 0; i < p; i += 2 * h) {
+            float *u = X + (size_t)i * m, *w = u + run;
+            for (size_t l = 0; l < run; l++) {
+                const float x = u[l], y = w[l];
+                u[l] = x + y, w[l] = x - y;
+            }
+        }
+    }
+}
+
+/* x <- s (.) x, the signs as bits. */
+static void mpq__rot_signs(const uint8_t *sign, float *x, int n)
+{
+    for (int j = 0; j < n; j++) x[j] = ((sign[j / 8] >> (j % 8)) & 1u) ? -x[j] : x[j];
+}
+
+/* x <- V x (transpose: V^T x), one vector of r->n floats; tmp holds m
+   floats. The arithmetic of mpq_rotation_apply (and of every product). */
+static void mpq__rot_run(const mpq_rotation *r, float *X, float *tmp, int transpose)
+{
     const int n = r->n, p = r->p, m = r->m;
-    mpq_status st = mpq__check_finite(x, (size_t)n * (size_t)count);
-    if (st != MPQ_OK) return st;
-    float *tmp = (float *)MPQ_MALLOC(sizeof(float) * (size_t)m);
-    if (!tmp) return MPQ_ERR_NOMEM;
-    const float scale = (float)(1.0 / sqrt((double)p));
-    for (int v = 0; v < count; v++) {
-        float *X = x + (size_t)v * (size_t)n; /* p x m */
-        if (!transpose)
-            for (int j = 0; j < n; j++) X[j] *= r->sign[j];
+    if (!transpose) mpq__rot_signs(r->sign, X, n);
+    if (m > 1)
         for (int i = 0; i < p; i++) { /* each row of X times R^T (transpose: times R) */
             float *row = X + (size_t)i * m;
             for (int a = 0; a < m; a++) {
@@ -8092,10 +8274,59 @@ MPQ_DEF mpq_status mpq_rotation_apply(const mpq_rotation *r, float *x, int count
             }
             memcpy(row, tmp, sizeof(float) * (size_t)m);
         }
-        mpq__fwht_rows(X, p, m); /* H_p is symmetric: the same both ways */
+    else if (r->R[0] < 0)
+        for (int j = 0; j < n; j++) X[j] = -X[j];
+    mpq__fwht_rows(X, p, m); /* H_p is symmetric: the same both ways */
+    const float scale = (float)(1.0 / sqrt((double)p));
+    if (scale != 1.0f)
         for (int j = 0; j < n; j++) X[j] *= scale;
-        if (transpose)
-            for (int j = 0; j < n; j++) X[j] *= r->sign[j];
+    if (transpose) mpq__rot_signs(r->sign, X, n);
+}
+
+MPQ_DEF mpq_status mpq_rotation_apply(const mpq_rotation *r, float *x, int count, int transpose)
+{
+    if (!r || !r->sign || !r->R || r->n < 1 || (count > 0 && !x) || count < 0) return MPQ_ERR_ARG;
+    mpq_status st = mpq__check_finite(x, (size_t)r->n * (size_t)count);
+    if (st != MPQ_OK) return st;
+    float *tmp = (float *)MPQ_MALLOC(sizeof(float) * (size_t)r->m);
+    if (!tmp) return MPQ_ERR_NOMEM;
+    for (int v = 0; v < count; v++) mpq__rot_run(r, x + (size_t)v * (size_t)r->n, tmp, transpose);
+    MPQ_FREE(tmp);
+    return MPQ_OK;
+}
+
+MPQ_DEF mpq_status mpq_rotation_apply_f64(const mpq_rotation *r, double *x, int count, int transpose)
+{
+    if (!r || !r->sign || !r->R || r->n < 1 || (count > 0 && !x) || count < 0) return MPQ_ERR_ARG;
+    const int n = r->n, p = r->p, m = r->m;
+    for (size_t k = 0; k < (size_t)n * (size_t)count; k++)
+        if (!isfinite(x[k])) return MPQ_ERR_NONFINITE;
+    double *tmp = (double *)MPQ_MALLOC(sizeof(double) * (size_t)m);
+    if (!tmp) return MPQ_ERR_NOMEM;
+    for (int v = 0; v < count; v++) {
+        double *X = x + (size_t)v * (size_t)n;
+        for (int j = 0; j < n && !transpose; j++)
+            if ((r->sign[j / 8] >> (j % 8)) & 1u) X[j] = -X[j];
+        for (int i = 0; i < p; i++) {
+            double *row = X + (size_t)i * m;
+            for (int a = 0; a < m; a++) {
+                double acc = 0;
+                for (int b = 0; b < m; b++)
+                    acc += (double)(transpose ? r->R[(size_t)b * m + a] : r->R[(size_t)a * m + b]) * row[b];
+                tmp[a] = acc;
+            }
+            memcpy(row, tmp, sizeof(double) * (size_t)m);
+        }
+        for (int h = 1; h < p; h *= 2)
+            for (int i = 0; i < p; i += 2 * h)
+                for (size_t l = 0; l < (size_t)h * (size_t)m; l++) {
+                    double *u = X + (size_t)i * m + l, *w = u + (size_t)h * m;
+                    const double a = *u, b = *w;
+                    *u = a + b, *w = a - b;
+                }
+        for (int j = 0; j < n; j++) X[j] /= sqrt((double)p);
+        for (int j = 0; j < n && transpose; j++)
+            if ((r->sign[j / 8] >> (j % 8)) & 1u) X[j] = -X[j];
     }
     MPQ_FREE(tmp);
     return MPQ_OK;

@@ -1618,6 +1618,7 @@ mpq_status upload(void *ctx, const mpq_packed *A, void **handle)
     if (!c || !A || !handle || !A->buf || A->bytes == 0 || !A->bits || !A->band_off) return MPQ_ERR_ARG;
     const mpq_format_traits *f = mpq_format_get((mpq_format)A->format);
     if (!f) return MPQ_ERR_UNSUPPORTED;
+    if (A->rot.n) return MPQ_ERR_UNSUPPORTED; // rotated matrices: the CPU paths only, so far
     cudaError_t e = cudaSetDevice(c->device);
     if (e != cudaSuccess) return map_error(e);
     const int ntiles = (A->rows + kTile - 1) / kTile;

@@ -260,6 +260,9 @@ static void mpq__pm_values_of(const mpq_packed *A, mpq__pm_values v)
     mpq__pm_section(s, cap, "p_row", A, A->p_row, (size_t)A->rows * 4);
     mpq__pm_section(s, cap, "p_col", A, A->p_col, (size_t)A->cols * 4);
     mpq__pm_section(s, cap, "col_scale", A, A->col_scale, (size_t)A->cols * 4);
+    if (A->rot.n) /* its 64-byte header comes before R */
+        mpq__pm_section(s, cap, "rotation", A, (const uint8_t *)A->rot.R - 64,
+                        64 + 4 * (size_t)A->rot.m * (size_t)A->rot.m + ((size_t)A->rot.n + 7) / 8);
     mpq__pm_section(s, cap, "band_index", A, A->band_off, ((size_t)A->nbands + 1) * 8);
     mpq__pm_section(s, cap, "data", A, A->data, (size_t)A->band_off[A->nbands]);
     if (A->sp_row_ptr) {

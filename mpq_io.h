@@ -49,7 +49,7 @@
        "mpq.<name>.sections"    where the parts of the buffer are, as
                                 "part:offset:bytes" separated by spaces, for
                                 parts bits, p_row, p_col, col_scale,
-                                band_index, data and (with a sparse part)
+                                rotation, band_index, data and (with a sparse part)
                                 sp_row_ptr, sp_col, sp_val; a reader in
                                 another language can slice the U8 tensor
                                 with these (p_row is little-endian u32, ...)

@@ -375,6 +375,94 @@ Test(io, packed_matrices_round_trip_bit_exact, .init = make_tmpdir, .fini = remo
     for (int c = 0; c < nc; c++) pk_free(&P[c]);
 }
 
+/* A file written by mpq 0.1.0 (format version 1, before rotations; made by
+   test/data/make_packed_v1.c) opens and multiplies as it did then. */
+Test(io, packed_files_of_version_1_open_and_multiply_as_before)
+{
+    const char *root = getenv("MPQ_SOURCE_ROOT");
+    cr_assert(root && *root, "MPQ_SOURCE_ROOT is not set");
+    char path[1024];
+    snprintf(path, sizeof path, "%s/test/data/packed_v1.safetensors", root);
+    mpq_st_file *f;
+    mpq_io_err e;
+    cr_assert_eq(mpq_st_open(path, &f, &e), MPQ_OK, "%s", e.msg);
+    static const char *const names[] = {"mixed", "mxint", "uniform"};
+    for (int k = 0; k < 3; k++) {
+        mpq_packed A;
+        cr_assert_eq(mpq_st_read_packed(f, names[k], &A, &e), MPQ_OK, "%s", e.msg);
+        cr_assert_eq(tc_u32((const uint8_t *)A.buf + 8), 1, "version 1");
+        cr_assert_eq(A.rot.n, 0);
+        char key[64];
+        snprintf(key, sizeof key, "%s.x", names[k]);
+        const mpq_st_tensor *tx = mpq_st_find(f, key);
+        snprintf(key, sizeof key, "%s.y", names[k]);
+        const mpq_st_tensor *ty = mpq_st_find(f, key);
+        cr_assert(tx && ty && ty->dtype == MPQ_DT_F64);
+        const int batch = (int)tx->shape[0];
+        cr_assert_eq(tx->shape[1], (uint64_t)A.cols);
+        float *x = malloc(sizeof(float) * tx->numel), *y = malloc(sizeof(float) * ty->numel);
+        double *want = malloc(sizeof(double) * ty->numel), *ref = malloc(sizeof(double) * ty->numel);
+        double *mag = malloc(sizeof(double) * ty->numel);
+        cr_assert_eq(mpq_st_read_f32(f, tx, x, tx->numel, &e), MPQ_OK, "%s", e.msg);
+        cr_assert_eq(mpq_st_read(f, ty, want, sizeof(double) * ty->numel, &e), MPQ_OK, "%s", e.msg);
+        /* the float64 reference as it was then (exact on x86-64; FMA contraction elsewhere may move the last bits) */
+        cr_assert_eq(mpq_gemv_ref(&A, x, ref, batch, 0), MPQ_OK);
+        for (size_t i = 0; i < ty->numel; i++)
+            cr_assert(fabs(ref[i] - want[i]) <= 1e-12 * fabs(want[i]) + 1e-300, "%s y[%zu]: %.17g, then %.17g",
+                      names[k], i, ref[i], want[i]);
+        /* every path against the independent reader of the layout */
+        tc_mat M;
+        tc_decode(A.buf, &M);
+        tc_gemv(&M, x, batch, 0, ref, mag);
+        tc_gemv_every_path(&A, &M, x, batch, 0, y, ref, mag);
+        tc_free(&M);
+        free(x), free(y), free(want), free(ref), free(mag);
+        mpq_packed_free(&A);
+    }
+    mpq_st_close(f);
+}
+
+/* A matrix with a rotation round-trips through a file: the section is listed
+   in the metadata, and the product is the same. */
+Test(io, packed_matrices_with_a_rotation_round_trip, .init = make_tmpdir, .fini = remove_tmpdir)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/rot.safetensors", tmpdir);
+    enum { R = 40, C = 576 };
+    synth_rng g = {12};
+    float *W = malloc(sizeof(float) * R * C);
+    synth_weights(&g, W, R, C);
+    mpq_rotation r;
+    cr_assert_eq(mpq_rotation_init(&r, C, 99), MPQ_OK);
+    mpq_bitplane_desc d = {0};
+    d.rows = R, d.cols = C, d.uniform_bits = 3, d.rotation = &r;
+    mpq_packed A, B;
+    cr_assert_eq(mpq_pack_alloc(&d, W, &A), MPQ_OK);
+    mpq_io_err e;
+    mpq_st_writer *w;
+    cr_assert_eq(mpq_st_writer_open(path, &w, &e), MPQ_OK);
+    cr_assert_eq(mpq_st_write_packed(w, "q_proj", &A, &e), MPQ_OK, "%s", e.msg);
+    cr_assert_eq(mpq_st_writer_close(w, &e), MPQ_OK, "%s", e.msg);
+    size_t fn;
+    uint8_t *raw = slurp(path, &fn);
+    corpus_save(raw, fn); /* the fuzzer starts from a rotated matrix too */
+    free(raw);
+    mpq_st_file *f;
+    cr_assert_eq(mpq_st_open(path, &f, &e), MPQ_OK, "%s", e.msg);
+    cr_assert_eq(mpq_st_read_packed(f, "q_proj", &B, &e), MPQ_OK, "%s", e.msg);
+    cr_assert(B.bytes == A.bytes && !memcmp(B.buf, A.buf, A.bytes));
+    cr_assert(B.rot.n == C && B.rot.m == 9 && B.rot.seed == 99);
+    const char *sec = mpq_st_meta(f, "mpq.q_proj.sections");
+    char want[64];
+    snprintf(want, sizeof want, "rotation:%zu:%d ", (size_t)((const uint8_t *)A.rot.R - (const uint8_t *)A.buf) - 64,
+             64 + 4 * 81 + C / 8);
+    cr_assert_not_null(strstr(sec, want), "%s", sec);
+    same_products(&A, &B);
+    mpq_st_close(f);
+    mpq_packed_free(&A), mpq_packed_free(&B), mpq_rotation_free(&r);
+    free(W);
+}
+
 /* ---- writer: atomic replacement, errors ----------------------------------- */
 
 Test(io, writer_is_atomic_and_checks_its_input, .init = make_tmpdir, .fini = remove_tmpdir)
