@@ -783,8 +783,10 @@ typedef struct mpq_awq_result {
     double loss_final;  /* at the chosen alpha with the chosen clips */
 } mpq_awq_result;
 
-/* W: rows x cols float32 in original coordinates, as for mpq_pack. clip may
-   be NULL when a->clip_steps < 0. res may be NULL. */
+/* W: rows x cols float32 in original coordinates, as for mpq_pack, and X
+   in original column order; with d->rotation the search runs on W V^T and
+   X V^T (its outputs are then in the coordinates of V x, as d's are). clip
+   may be NULL when a->clip_steps < 0. res may be NULL. */
 MPQ_DEF mpq_status mpq_awq_search(const mpq_bitplane_desc *d, const float *W, const mpq_awq_desc *a, float *col_scale,
                                   float *clip, mpq_awq_result *res);
 
@@ -865,7 +867,9 @@ typedef struct mpq_gptq_result {
    success *out is a view into buf. Errors: those of mpq_pack; H not finite
    (MPQ_ERR_NONFINITE) or with a negative diagonal, or damp not finite
    (MPQ_ERR_RANGE); MPQ_ERR_NOTPD when H + lambda I is not positive definite
-   (raise damp). On error buf is untouched. res may be NULL. */
+   (raise damp). On error buf is untouched. res may be NULL. With
+   d->rotation, W and H are still in original coordinates: GPTQ runs on W
+   V^T under V H V^T (mpq_rotation_conjugate). */
 MPQ_DEF mpq_status mpq_gptq(const mpq_bitplane_desc *d, const float *W, const mpq_gptq_desc *g, void *buf, size_t bytes,
                             mpq_packed *out, mpq_gptq_result *res);
 /* The same, allocating the buffer (mpq_packed_free releases it). */
@@ -1445,6 +1449,15 @@ typedef struct mpq_recipe {
                                 outliers (eq. 9); 0 -> 0.0025, negative: none */
     double significant;      /* ReQuant: share detached as significant weights;
                                 0 -> 0.0025, negative: none */
+    /* the basis */
+    int rotate;           /* 1: every map gets the rotation V of its column count from
+                             rotate_seed (maps with the same input share V), stored with
+                             it; act-order, AWQ and GPTQ see W V^T, X V^T and V H V^T,
+                             computed here from the maps' W, X and H. Not with a planner
+                             or ReQuant (MPQ_ERR_UNSUPPORTED): their salience would have
+                             to be gathered in the rotated basis, which calibration does
+                             not do yet */
+    uint64_t rotate_seed; /* the seed of mpq_rotation_init */
 } mpq_recipe;
 
 /* One linear map and what the recipe may read of it. The shape is
@@ -1557,6 +1570,11 @@ MPQ_DEF void mpq_rotation_free(mpq_rotation *r); /* NULL and zeroed are accepted
 MPQ_DEF mpq_status mpq_rotation_apply(const mpq_rotation *r, float *x, int count, int transpose);
 /* The same in float64 (the references). */
 MPQ_DEF mpq_status mpq_rotation_apply_f64(const mpq_rotation *r, double *x, int count, int transpose);
+/* H <- V H V^T for a symmetric n x n matrix (X^T X of inputs x becomes that
+   of the inputs V x): the lower triangle is read, the whole matrix written,
+   each row transformed in float64 and rounded once. MPQ_ERR_NONFINITE for a
+   NaN or infinite entry (H unchanged). */
+MPQ_DEF mpq_status mpq_rotation_conjugate(const mpq_rotation *r, float *H);
 /* A rotation as stored (a packed matrix's, or one built elsewhere) is
    usable: n = p m >= 1 with p a power of two and m odd <= MPQ_ROTATION_MAX_ODD,
    sign and R present, no sign bit set past n, R finite and orthogonal
@@ -2979,6 +2997,36 @@ static mpq_status mpq__pack_rows(const mpq_bitplane_desc *d, const mpq__shape *s
     return MPQ_OK;
 }
 
+/* A copy of W with each row w replaced by V w (W V^T), and one of H as V H
+   V^T: what a rotated matrix's quantizers work on. *Hr is NULL when H is. */
+static mpq_status mpq__rotated_copies(const mpq_rotation *r, int rows, const float *W, const float *H, float **Wr,
+                                      float **Hr)
+{
+    const size_t n = (size_t)r->n, nw = (size_t)rows * n;
+    *Wr = NULL, *Hr = NULL;
+    mpq_status st = mpq__check_finite(W, nw);
+    if (st != MPQ_OK) return st;
+    float *a = (float *)MPQ_MALLOC(sizeof(float) * nw), *b = H ? (float *)MPQ_MALLOC(sizeof(float) * n * n) : NULL;
+    float *tmp = (float *)MPQ_MALLOC(sizeof(float) * (size_t)r->m);
+    if (!a || !tmp || (H && !b)) st = MPQ_ERR_NOMEM;
+    if (st == MPQ_OK) {
+        memcpy(a, W, sizeof(float) * nw);
+        for (int i = 0; i < rows; i++) mpq__rot_run(r, a + (size_t)i * n, tmp, 0);
+        if (H) {
+            memcpy(b, H, sizeof(float) * n * n);
+            st = mpq_rotation_conjugate(r, b);
+        }
+    }
+    MPQ_FREE(tmp);
+    if (st != MPQ_OK) {
+        MPQ_FREE(a);
+        MPQ_FREE(b);
+        return st;
+    }
+    *Wr = a, *Hr = b;
+    return MPQ_OK;
+}
+
 MPQ_DEF mpq_status mpq_pack(const mpq_bitplane_desc *d, const float *W, void *buf, size_t bytes, mpq_packed *out)
 {
     mpq__shape s;
@@ -2987,18 +3035,10 @@ MPQ_DEF mpq_status mpq_pack(const mpq_bitplane_desc *d, const float *W, void *bu
     if (st != MPQ_OK) return st;
     if (!W) return MPQ_ERR_ARG;
     if (!d->rotation) return mpq__pack_rows(d, &s, &L, W, buf, out);
-    /* the rows of W V^T: each row w of W becomes V w */
-    const size_t nw = (size_t)s.rows * (size_t)s.cols;
-    if ((st = mpq__check_finite(W, nw)) != MPQ_OK) return st;
-    float *Wr = (float *)MPQ_MALLOC(sizeof(float) * nw), *tmp = (float *)MPQ_MALLOC(sizeof(float) * (size_t)s.rot_m);
-    if (Wr && tmp) {
-        memcpy(Wr, W, sizeof(float) * nw);
-        for (int i = 0; i < s.rows; i++) mpq__rot_run(d->rotation, Wr + (size_t)i * (size_t)s.cols, tmp, 0);
-        st = mpq__pack_rows(d, &s, &L, Wr, buf, out);
-    } else
-        st = MPQ_ERR_NOMEM;
+    float *Wr, *none; /* the rows of W V^T */
+    if ((st = mpq__rotated_copies(d->rotation, s.rows, W, NULL, &Wr, &none)) != MPQ_OK) return st;
+    st = mpq__pack_rows(d, &s, &L, Wr, buf, out);
     MPQ_FREE(Wr);
-    MPQ_FREE(tmp);
     return st;
 }
 
@@ -5254,6 +5294,22 @@ MPQ_DEF mpq_status mpq_awq_search(const mpq_bitplane_desc *d, const float *W, co
     mpq_status st = mpq__shape_from_desc(d, &s);
     if (st != MPQ_OK) return st;
     if (!W || !ad || !ad->X || !col_scale) return MPQ_ERR_ARG;
+    if (d->rotation) { /* the search on W V^T and the inputs V x (X V^T), the same rows rotation */
+        if (ad->tokens < 1) return MPQ_ERR_SIZE;
+        float *Wr, *Xr, *none;
+        if ((st = mpq__rotated_copies(d->rotation, s.rows, W, NULL, &Wr, &none)) != MPQ_OK) return st;
+        if ((st = mpq__rotated_copies(d->rotation, ad->tokens, ad->X, NULL, &Xr, &none)) != MPQ_OK) {
+            MPQ_FREE(Wr);
+            return st;
+        }
+        mpq_bitplane_desc dr = *d;
+        mpq_awq_desc ar = *ad;
+        dr.rotation = NULL, ar.X = Xr;
+        st = mpq_awq_search(&dr, Wr, &ar, col_scale, clip, res);
+        MPQ_FREE(Wr);
+        MPQ_FREE(Xr);
+        return st;
+    }
     const int grid = ad->grid ? ad->grid : 20, steps = ad->clip_steps ? ad->clip_steps : 20;
     const float shrink = ad->max_shrink != 0.0f ? ad->max_shrink : 0.5f;
     if (ad->tokens < 1 || grid < 1 || ad->clip_tokens < 0) return MPQ_ERR_SIZE;
@@ -5641,8 +5697,9 @@ MPQ_DEF mpq_status mpq_gptq_act_order(const float *H, int cols, uint32_t *p_col)
     return st;
 }
 
-MPQ_DEF mpq_status mpq_gptq(const mpq_bitplane_desc *d, const float *W, const mpq_gptq_desc *g, void *buf, size_t bytes,
-                            mpq_packed *out, mpq_gptq_result *res)
+/* mpq_gptq with W and H in the coordinates of the columns (rotated). */
+static mpq_status mpq__gptq_rows(const mpq_bitplane_desc *d, const float *W, const mpq_gptq_desc *g, void *buf,
+                                 size_t bytes, mpq_packed *out, mpq_gptq_result *res)
 {
     mpq__shape s;
     mpq__layout L;
@@ -5799,6 +5856,25 @@ done:
     mpq_aligned_free(Wp);
     MPQ_FREE(ud);
     MPQ_FREE(dead);
+    return st;
+}
+
+MPQ_DEF mpq_status mpq_gptq(const mpq_bitplane_desc *d, const float *W, const mpq_gptq_desc *g, void *buf, size_t bytes,
+                            mpq_packed *out, mpq_gptq_result *res)
+{
+    if (!d || !d->rotation) return mpq__gptq_rows(d, W, g, buf, bytes, out, res);
+    mpq__shape s;
+    mpq__layout L;
+    mpq_status st = mpq__pack_check(d, buf, bytes, out, &s, &L);
+    if (st != MPQ_OK) return st;
+    if (!W || !g || !g->H) return MPQ_ERR_ARG;
+    float *Wr, *Hr;
+    if ((st = mpq__rotated_copies(d->rotation, s.rows, W, g->H, &Wr, &Hr)) != MPQ_OK) return st;
+    mpq_gptq_desc gr = *g;
+    gr.H = Hr;
+    st = mpq__gptq_rows(d, Wr, &gr, buf, bytes, out, res);
+    MPQ_FREE(Wr);
+    MPQ_FREE(Hr);
     return st;
 }
 
@@ -7651,6 +7727,8 @@ static mpq_status mpq__recipe_check_options(const mpq_recipe *r)
     if (r->format != 0 && !mpq_format_get((mpq_format)r->format)) return MPQ_ERR_ARG;
     if (r->bits < 0 || r->bits > MPQ_MAX_BITS || r->high_bits < 0 || r->high_bits > MPQ_MAX_BITS) return MPQ_ERR_BITS;
     if (r->requant && r->gptq) return MPQ_ERR_UNSUPPORTED;
+    if (r->rotate < 0 || r->rotate > 1) return MPQ_ERR_ARG;
+    if (r->rotate && (r->planner != MPQ_PLANNER_NONE || r->requant)) return MPQ_ERR_UNSUPPORTED;
     if (r->requant && !(mpq__recipe_share(r->outliers) <= 0.5 && mpq__recipe_share(r->significant) <= 0.5))
         return MPQ_ERR_ARG;
     if (r->act_order &&
@@ -7824,6 +7902,7 @@ typedef struct mpq__recipe_job {
     mpq_bitplane_desc d;
     uint32_t *order;  /* act-order (d.p_col) */
     float *cs, *clip; /* AWQ (d.col_scale, d.clip) */
+    mpq_rotation rot; /* d.rotation */
 } mpq__recipe_job;
 
 static void mpq__recipe_job_free(mpq__recipe_job *J)
@@ -7831,6 +7910,7 @@ static void mpq__recipe_job_free(mpq__recipe_job *J)
     MPQ_FREE(J->order);
     MPQ_FREE(J->cs);
     MPQ_FREE(J->clip);
+    mpq_rotation_free(&J->rot);
     memset(J, 0, sizeof *J);
 }
 
@@ -7852,11 +7932,23 @@ static mpq_status mpq__recipe_prepare(const mpq_recipe *r, const mpq_plan *plan,
         if (r->symmetric) d->symmetric = 1u << (r->bits ? r->bits : 4);
     }
     mpq_status st = MPQ_OK;
+    if (r->rotate) {
+        *step = "rotation";
+        if ((st = mpq_rotation_init(&J->rot, m->cols, r->rotate_seed)) != MPQ_OK) return st;
+        d->rotation = &J->rot;
+    }
     if (r->act_order) {
         *step = "act-order";
         if (d->p_col) return MPQ_ERR_ARG;
         J->order = (uint32_t *)MPQ_MALLOC(sizeof(uint32_t) * (size_t)m->cols);
-        st = J->order ? mpq_gptq_act_order(m->H, m->cols, J->order) : MPQ_ERR_NOMEM;
+        float *Hr = NULL; /* the order of the inputs V x: diag(V H V^T) */
+        if (J->order && r->rotate && (Hr = (float *)MPQ_MALLOC(sizeof(float) * (size_t)m->cols * (size_t)m->cols))) {
+            memcpy(Hr, m->H, sizeof(float) * (size_t)m->cols * (size_t)m->cols);
+            st = mpq_rotation_conjugate(&J->rot, Hr);
+        }
+        if (st == MPQ_OK)
+            st = J->order && (Hr || !r->rotate) ? mpq_gptq_act_order(Hr ? Hr : m->H, m->cols, J->order) : MPQ_ERR_NOMEM;
+        MPQ_FREE(Hr);
         d->p_col = J->order;
     }
     if (st == MPQ_OK && r->awq) {
@@ -7901,6 +7993,7 @@ MPQ_DEF mpq_status mpq_recipe_quantize(const mpq_recipe *r, int i, const mpq_rec
     if (st == MPQ_OK) st = mpq__recipe_check_map(r, i, m);
     if (st != MPQ_OK) return st;
     if (r->planner != MPQ_PLANNER_NONE || r->requant || (mask && r->gptq)) return MPQ_ERR_ARG;
+    if (mask && r->rotate) return MPQ_ERR_UNSUPPORTED; /* the sparse part is ReQuant's: see mpq_recipe.rotate */
     mpq_recipe_map c = *m;
     int fetched = 0;
     if ((st = mpq__recipe_fetch(r, NULL, i, mpq_recipe_needs(r), &c, &fetched)) != MPQ_OK) return st;
@@ -8293,6 +8386,42 @@ MPQ_DEF mpq_status mpq_rotation_apply(const mpq_rotation *r, float *x, int count
     for (int v = 0; v < count; v++) mpq__rot_run(r, x + (size_t)v * (size_t)r->n, tmp, transpose);
     MPQ_FREE(tmp);
     return MPQ_OK;
+}
+
+/* Each row of the n x n matrix A <- V row, in float64. */
+static mpq_status mpq__rot_rows_f64(const mpq_rotation *r, float *A, double *row)
+{
+    const int n = r->n;
+    for (int i = 0; i < n; i++) {
+        float *a = A + (size_t)i * (size_t)n;
+        for (int j = 0; j < n; j++) row[j] = (double)a[j];
+        const mpq_status st = mpq_rotation_apply_f64(r, row, 1, 0);
+        if (st != MPQ_OK) return st;
+        for (int j = 0; j < n; j++) a[j] = (float)row[j];
+    }
+    return MPQ_OK;
+}
+
+MPQ_DEF mpq_status mpq_rotation_conjugate(const mpq_rotation *r, float *H)
+{
+    if (!r || !r->sign || !r->R || r->n < 1 || !H) return MPQ_ERR_ARG;
+    const size_t n = (size_t)r->n;
+    for (size_t i = 0; i < n; i++)
+        for (size_t j = 0; j <= i; j++)
+            if (!mpq__finite(H[i * n + j])) return MPQ_ERR_NONFINITE;
+    double *row = (double *)MPQ_MALLOC(sizeof(double) * n);
+    if (!row) return MPQ_ERR_NOMEM;
+    for (size_t i = 0; i < n; i++) /* H, both triangles */
+        for (size_t j = i + 1; j < n; j++) H[i * n + j] = H[j * n + i];
+    mpq_status st = mpq__rot_rows_f64(r, H, row); /* H V^T; finite stays finite short of overflow */
+    for (size_t i = 0; i < n && st == MPQ_OK; i++) /* (H V^T)^T = V H */
+        for (size_t j = i + 1; j < n; j++) {
+            const float t = H[i * n + j];
+            H[i * n + j] = H[j * n + i], H[j * n + i] = t;
+        }
+    if (st == MPQ_OK) st = mpq__rot_rows_f64(r, H, row); /* V H V^T */
+    MPQ_FREE(row);
+    return st;
 }
 
 MPQ_DEF mpq_status mpq_rotation_apply_f64(const mpq_rotation *r, double *x, int count, int transpose)

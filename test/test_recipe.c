@@ -115,13 +115,22 @@ static void by_hand(const mpq_recipe *r, const fixture *F, mpq_packed *out)
     mpq_bitplane_desc d[NM];
     uint32_t *order[NM] = {NULL};
     float *cs[NM] = {NULL}, *clip[NM] = {NULL};
+    mpq_rotation rot[NM];
+    memset(rot, 0, sizeof rot);
     for (int i = 0; i < NM; i++) {
         const mpq_recipe_map *m = &F->m[i];
         d[i] = desc_by_hand(r, p, m, i);
-        if (r->act_order) {
+        if (r->rotate) {
+            cr_assert_eq(mpq_rotation_init(&rot[i], m->cols, r->rotate_seed), MPQ_OK);
+            d[i].rotation = &rot[i];
+        }
+        if (r->act_order) { /* with a rotation: the order of V H V^T's diagonal */
+            float *H = memcpy(malloc(4u * m->cols * m->cols), m->H, 4u * m->cols * m->cols);
+            if (r->rotate) cr_assert_eq(mpq_rotation_conjugate(&rot[i], H), MPQ_OK);
             order[i] = malloc(4u * m->cols);
-            cr_assert_eq(mpq_gptq_act_order(m->H, m->cols, order[i]), MPQ_OK);
+            cr_assert_eq(mpq_gptq_act_order(H, m->cols, order[i]), MPQ_OK);
             d[i].p_col = order[i];
+            free(H);
         }
         if (r->awq) {
             const int g = d[i].group ? d[i].group : d[i].format == MPQ_FORMAT_MXINT ? 32 : 128;
@@ -157,7 +166,7 @@ static void by_hand(const mpq_recipe *r, const fixture *F, mpq_packed *out)
             }
         }
     }
-    for (int i = 0; i < NM; i++) free(order[i]), free(cs[i]), free(clip[i]);
+    for (int i = 0; i < NM; i++) free(order[i]), free(cs[i]), free(clip[i]), mpq_rotation_free(&rot[i]);
     if (r->planner) mpq_plan_free(&own);
 }
 
@@ -211,6 +220,12 @@ Test(recipe, every_chain_is_the_composition_of_its_steps)
     CHAIN((r.planner = MPQ_PLANNER_MIXLLM, r.fraction = 0.2, r.bits = 3), "MixLLM 8/3");
     CHAIN((r.planner = MPQ_PLANNER_MIXLLM, r.fraction = 0.1, r.gptq = 1, r.act_order = 1), "MixLLM + GPTQ act-order");
     CHAIN((r.planner = MPQ_PLANNER_MXSENS, r.bpw = 6.5), "MXSens");
+    CHAIN((r.bits = 3, r.rotate = 1, r.rotate_seed = 5), "rotated RTN 3-bit");
+    CHAIN((r.bits = 3, r.rotate = 1, r.rotate_seed = 6, r.awq = 1, r.awq_opts.grid = 5, r.awq_opts.clip_steps = 4),
+          "rotated AWQ 3-bit");
+    CHAIN((r.bits = 3, r.rotate = 1, r.gptq = 1, r.act_order = 1), "rotated GPTQ act-order");
+    CHAIN((r.bits = 4, r.rotate = 1, r.awq = 1, r.gptq = 1, r.act_order = 1), "rotated AWQ + GPTQ act-order");
+    CHAIN((r.format = MPQ_FORMAT_MXINT, r.bits = 4, r.rotate = 1, r.gptq = 1), "rotated MXINT4 GPTQ");
     CHAIN((r.requant = 1, r.bits = 3), "ReQuant on RTN 3");
     CHAIN((r.requant = 1, r.bits = 3, r.awq = 1, r.outliers = 0.01, r.significant = 0.005), "ReQuant on AWQ 3");
     CHAIN((r.requant = 1, r.planner = MPQ_PLANNER_SFMP, r.bpw = 3.25, r.awq = 1), "SFMP + AWQ + ReQuant");
@@ -441,6 +456,9 @@ Test(recipe, bad_input_is_an_error_that_writes_nothing)
     FAILS((r.requant = 1, r.outliers = 0.7), MPQ_ERR_ARG, -1);
     FAILS((r.planner = MPQ_PLANNER_SFMP, r.bpw = 0.5), MPQ_ERR_RANGE, -1);
     FAILS((r.format = MPQ_FORMAT_MXINT, r.bits = 1), MPQ_ERR_BITS, 0);
+    FAILS((r.rotate = 1, r.planner = MPQ_PLANNER_SFMP, r.bpw = 3.5), MPQ_ERR_UNSUPPORTED, -1);
+    FAILS((r.rotate = 1, r.requant = 1), MPQ_ERR_UNSUPPORTED, -1);
+    FAILS((r.rotate = 2), MPQ_ERR_ARG, -1);
     /* a statistic the recipe needs is missing in one map */
     const float *H = F.m[1].H;
     F.m[1].H = NULL;

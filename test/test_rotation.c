@@ -461,3 +461,71 @@ Test(rotation, packed_buffers_round_trip_and_bad_ones_are_rejected)
     mpq_aligned_free(b), mpq_aligned_free(keep), mpq_aligned_free(out);
     rot_free(&M);
 }
+
+/* ---- the quantizers on rotated matrices ----------------------------------- */
+
+Test(rotation, conjugation_and_the_quantizers_work_in_the_rotated_basis)
+{
+    enum { R = 24, C = 96, T = 40 };
+    synth_rng g = {3};
+    float *W = malloc(sizeof(float) * R * C), *X = malloc(sizeof(float) * T * C), *H = malloc(sizeof(float) * C * C);
+    synth_weights(&g, W, R, C);
+    synth_tokens(&g, X, T, C, 17);
+    for (int a = 0; a < C; a++)
+        for (int b = 0; b < C; b++) {
+            double h = 0;
+            for (int t = 0; t < T; t++) h += (double)X[t * C + a] * X[t * C + b];
+            H[a * C + b] = (float)h;
+        }
+    mpq_rotation r;
+    cr_assert_eq(mpq_rotation_init(&r, C, 21), MPQ_OK); /* 32 x 3 */
+    /* V H V^T against float64 sums over V's entries; only the lower triangle is read */
+    float *Hr = malloc(sizeof(float) * C * C);
+    memcpy(Hr, H, sizeof(float) * C * C);
+    for (int a = 0; a < C; a++)
+        for (int b = a + 1; b < C; b++) Hr[a * C + b] = -1e30f;
+    cr_assert_eq(mpq_rotation_conjugate(&r, Hr), MPQ_OK);
+    double err = 0, mx = 0;
+    for (int a = 0; a < C; a++)
+        for (int b = 0; b < C; b++) {
+            double s = 0;
+            for (int k = 0; k < C; k++)
+                for (int l = 0; l < C; l++) s += v_entry(&r, a, k) * (double)H[k * C + l] * v_entry(&r, b, l);
+            err = fmax(err, fabs(Hr[a * C + b] - s)), mx = fmax(mx, fabs(s));
+        }
+    cr_assert(err <= 1e-6 * mx, "V H V^T: %.3g of %.3g", err, mx);
+    /* GPTQ and AWQ with d.rotation are GPTQ and AWQ on W V^T, X V^T, V H V^T */
+    float *Wr = malloc(sizeof(float) * R * C), *Xr = malloc(sizeof(float) * T * C);
+    memcpy(Wr, W, sizeof(float) * R * C), memcpy(Xr, X, sizeof(float) * T * C);
+    cr_assert_eq(mpq_rotation_apply(&r, Wr, R, 0), MPQ_OK);
+    cr_assert_eq(mpq_rotation_apply(&r, Xr, T, 0), MPQ_OK);
+    mpq_bitplane_desc d = {0}, dr;
+    d.rows = R, d.cols = C, d.group = 32, d.uniform_bits = 3;
+    dr = d, dr.rotation = &r;
+    float cs1[C], cs2[C], cl1[R * 3], cl2[R * 3];
+    mpq_awq_desc a = {0};
+    a.X = X, a.tokens = T, a.grid = 6, a.clip_steps = 5;
+    cr_assert_eq(mpq_awq_search(&dr, W, &a, cs1, cl1, NULL), MPQ_OK);
+    a.X = Xr;
+    cr_assert_eq(mpq_awq_search(&d, Wr, &a, cs2, cl2, NULL), MPQ_OK);
+    cr_assert(!memcmp(cs1, cs2, sizeof cs1) && !memcmp(cl1, cl2, sizeof cl1), "AWQ on the rotated copies");
+    mpq_gptq_desc q = {0};
+    q.H = H;
+    mpq_packed A, B;
+    dr.col_scale = cs1, d.col_scale = cs1;
+    cr_assert_eq(mpq_gptq_alloc(&dr, W, &q, &A, NULL), MPQ_OK);
+    q.H = Hr;
+    cr_assert_eq(mpq_gptq_alloc(&d, Wr, &q, &B, NULL), MPQ_OK);
+    cr_assert_eq(memcmp(A.data, B.data, (size_t)A.band_off[A.nbands]), 0, "GPTQ's records: those of W V^T");
+    cr_assert_eq(A.rot.n, C);
+    /* bad input changes nothing */
+    float keep[C * C];
+    H[5 * C + 2] = NAN;
+    memcpy(keep, H, sizeof keep);
+    cr_assert_eq(mpq_rotation_conjugate(&r, H), MPQ_ERR_NONFINITE);
+    cr_assert(!memcmp(keep, H, sizeof keep), "H unchanged");
+    cr_assert_eq(mpq_rotation_conjugate(NULL, H), MPQ_ERR_ARG);
+    cr_assert_eq(mpq_rotation_conjugate(&r, NULL), MPQ_ERR_ARG);
+    mpq_packed_free(&A), mpq_packed_free(&B), mpq_rotation_free(&r);
+    free(W), free(X), free(H), free(Hr), free(Wr), free(Xr);
+}
