@@ -106,7 +106,9 @@
                             and one call over a list of maps, streamed
     14. Rotations ......... incoherence processing: a seeded orthogonal
                             transform (random signs, Walsh-Hadamard times a
-                            small random orthogonal factor) for any size
+                            small random orthogonal factor) for any size,
+                            applied in float and float64, a stored one
+                            checked, X^T X conjugated
 
    NOTATION (see docs/DESIGN.md, the design notes, for the math)
 
@@ -121,7 +123,9 @@
      MXINT with 2..8-bit mantissas, stored in the same bit planes: section 4,
      "MXINT" (set mpq_bitplane_desc.format = MPQ_FORMAT_MXINT).
      Either may carry a sparse part (CSR, fp16 values) that every product
-     adds: section 4, "SPARSE PART".
+     adds: section 4, "SPARSE PART"; and an incoherence rotation V that
+     every CPU product applies to its input (format version 2): section 4,
+     "AN INCOHERENCE ROTATION".
 
    LICENSE: MIT (end of file).
 */
@@ -8413,7 +8417,7 @@ MPQ_DEF mpq_status mpq_rotation_conjugate(const mpq_rotation *r, float *H)
     if (!row) return MPQ_ERR_NOMEM;
     for (size_t i = 0; i < n; i++) /* H, both triangles */
         for (size_t j = i + 1; j < n; j++) H[i * n + j] = H[j * n + i];
-    mpq_status st = mpq__rot_rows_f64(r, H, row); /* H V^T; finite stays finite short of overflow */
+    mpq_status st = mpq__rot_rows_f64(r, H, row);  /* H V^T; finite stays finite short of overflow */
     for (size_t i = 0; i < n && st == MPQ_OK; i++) /* (H V^T)^T = V H */
         for (size_t j = i + 1; j < n; j++) {
             const float t = H[i * n + j];
@@ -8484,7 +8488,9 @@ MPQ_DEF mpq_status mpq_rotation_apply_f64(const mpq_rotation *r, double *x, int 
             MXSens can meet; PMPD precision schedules (static, phase-aware and
             the learned scheduler with its training); recipes, the one
             description and call by which every program quantizes a model;
-            seeded incoherence rotations of any size;
+            seeded incoherence rotations of any size, stored with a packed
+            matrix (format version 2) and applied by every CPU product,
+            with rounding, AWQ and GPTQ on the rotated weights;
             the CPU backend of the dispatch table (mpq_cuda.h adds the GPU one).
 
    LICENSE (MIT)

@@ -4,6 +4,7 @@
    usage: gemv [--quick] [--threads N] [--shape MxN] [--block-rows R]
                [--path auto|scalar|avx2|avx512|avx512-vnni|avx2-int|neon]
                [--batch B | --batches B1,B2,... [--a8]]
+          gemv --rotation [--quick] [--threads N] [--shape MxN] [--path NAME]
           gemv --list-paths
 
    For every shape and bits-per-weight point it prints the median time of one
@@ -21,7 +22,13 @@
    against the first batch's: the cost of a batch relative to batch B1.
    With --a8 every batch is timed with 8-bit activations (mpq_gemv_opts.a8)
    right after the same batches with float activations, and the last
-   column is the ratio of the two. */
+   column is the ratio of the two.
+
+   --rotation times what the incoherence rotation costs a product: the same
+   3.25 bpw matrix packed with and without a rotation of its input size,
+   one product of each in turn, rounds of medians, at 4096 x 14336 (the
+   issue's shape), 14336 x 4096, 4096 x 4096 and SmolLM2's 576 x 1536 and
+   576 x 576; prints each median and the ratio rotated / plain. */
 #define MPQ_IMPLEMENTATION
 #include "mpq.h"
 #include "bench_util.h"
@@ -73,6 +80,62 @@ static double time_gemv(const mpq_packed *A, const float *x, float *y, int batch
     return us;
 }
 
+/* --rotation: rounds of one plain and one rotated product, alternating. */
+static int rotation_cost(int sm, int sn, int only_threads, int quick)
+{
+    int shapes[5][2] = {{4096, 14336}, {14336, 4096}, {4096, 4096}, {576, 1536}, {576, 576}}, nshapes = 5;
+    if (sm > 0 && sn > 0) shapes[0][0] = sm, shapes[0][1] = sn, nshapes = 1;
+    const int maxth = bench_max_threads(), rounds = quick ? 3 : 7, reps = quick ? 15 : 40;
+    int thr[2] = {1, 2}, nthr = maxth > 1 ? 2 : 1;
+    if (only_threads > 0) thr[0] = only_threads, nthr = 1;
+    const size_t rotate = (size_t)(quick ? 96 : 256) << 20;
+    synth_rng rng = {43};
+    const bench_load load0 = bench_load_now();
+    printf("mpq bench/gemv --rotation: 3.25 bpw (3 and 4 bits, group 128), kernel path %s, %d rounds of %d\n",
+           mpq_path_name(mpq__resolve_path(g_path)), rounds, reps);
+    printf("\n%-12s %3s %6s %10s %10s %8s %8s\n", "shape", "thr", "V", "plain us", "rotated us", "ratio", "spread");
+    for (int si = 0; si < nshapes; si++) {
+        const int m = shapes[si][0], n = shapes[si][1];
+        float *W = (float *)mpq_aligned_alloc(sizeof(float) * (size_t)m * n);
+        float *x = (float *)mpq_aligned_alloc(sizeof(float) * (size_t)n);
+        float *y = (float *)mpq_aligned_alloc(sizeof(float) * (size_t)m);
+        const int nb = ((m + 15) / 16) * ((n + 127) / 128);
+        uint8_t *bits = (uint8_t *)malloc((size_t)nb);
+        mpq_rotation r;
+        if (!W || !x || !y || !bits || mpq_rotation_init(&r, n, 1) != MPQ_OK) return 1;
+        synth_weights(&rng, W, m, n);
+        synth_activations(&rng, x, n);
+        make_bits(bits, nb, 3.25);
+        mpq_bitplane_desc d;
+        memset(&d, 0, sizeof d);
+        d.rows = m, d.cols = n, d.bits = bits;
+        mpq_packed A, B;
+        if (mpq_pack_alloc(&d, W, &A) != MPQ_OK) return 1;
+        d.rotation = &r;
+        if (mpq_pack_alloc(&d, W, &B) != MPQ_OK) return 1;
+        for (int ti = 0; ti < nthr; ti++) {
+            double pu[16], ru[16], ratio[16];
+            for (int k = 0; k < rounds; k++) {
+                pu[k] = time_gemv(&A, x, y, 1, thr[ti], rotate, reps);
+                ru[k] = time_gemv(&B, x, y, 1, thr[ti], rotate, reps);
+                ratio[k] = ru[k] / pu[k];
+            }
+            const double p = bench_median(pu, rounds), q = bench_median(ru, rounds), c = bench_median(ratio, rounds);
+            double lo = ratio[0], hi = ratio[0];
+            for (int k = 1; k < rounds; k++) lo = ratio[k] < lo ? ratio[k] : lo, hi = ratio[k] > hi ? ratio[k] : hi;
+            char v[32];
+            snprintf(v, sizeof v, "%dx%d", r.p, r.m);
+            printf("%5dx%-6d %3d %6s %10.1f %10.1f %7.3fx %3.2f-%.2f\n", m, n, thr[ti], v, p, q, c, lo, hi);
+        }
+        mpq_packed_free(&A), mpq_packed_free(&B), mpq_rotation_free(&r);
+        free(bits);
+        mpq_aligned_free(W), mpq_aligned_free(x), mpq_aligned_free(y);
+    }
+    printf("(ratio: the median over rounds of rotated / plain, measured in turn; spread: its lowest and highest)\n");
+    bench_verdict(load0, bench_load_now(), 0.0); /* no float32 GEMV here */
+    return 0;
+}
+
 /* "1,2,4,8" into g_batches; 0 on anything else. */
 static int parse_batches(const char *s)
 {
@@ -89,10 +152,12 @@ static int parse_batches(const char *s)
 
 int main(int argc, char **argv)
 {
-    int quick = 0, only_threads = 0, sm = 0, sn = 0, block_rows = 16;
+    int quick = 0, only_threads = 0, sm = 0, sn = 0, block_rows = 16, rotation = 0;
     for (int a = 1; a < argc; a++) {
         if (!strcmp(argv[a], "--quick"))
             quick = 1;
+        else if (!strcmp(argv[a], "--rotation"))
+            rotation = 1;
         else if (!strcmp(argv[a], "--list-paths")) { /* the kernel paths this CPU and build have */
             for (int p = MPQ_PATH_SCALAR; p <= MPQ_PATH_NEON; p++)
                 if (mpq_path_available((mpq_path)p)) printf("%s\n", mpq_path_name((mpq_path)p));
@@ -119,7 +184,7 @@ int main(int argc, char **argv)
         } else if (!(!strcmp(argv[a], "--shape") && a + 1 < argc && sscanf(argv[++a], "%dx%d", &sm, &sn) == 2)) {
             fprintf(stderr,
                     "usage: %s [--quick] [--threads N] [--shape MxN] [--block-rows R] [--path NAME]"
-                    " [--batch B | --batches B1,B2,... [--a8]] | --list-paths\n",
+                    " [--batch B | --batches B1,B2,... [--a8]] | --rotation | --list-paths\n",
                     argv[0]);
             return 2;
         }
@@ -128,6 +193,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "%s: --a8 goes with --batches\n", argv[0]);
         return 2;
     }
+    if (rotation) return rotation_cost(sm, sn, only_threads, quick);
     int shapes[3][2] = {{4096, 4096}, {14336, 4096}, {4096, 14336}}, nshapes = 3;
     if (sm > 0 && sn > 0) {
         shapes[0][0] = sm;

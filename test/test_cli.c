@@ -145,6 +145,7 @@ static float *read_f32(const char *file, const char *name, size_t *n)
 /* How direct() quantizes: GPTQ (with act-order) instead of round-to-nearest;
    SFMP's reordering (both, unless act-order: rows). */
 static int direct_gptq, direct_act_order;
+static int direct_rotate; /* 0, or 1 + the seed of --rotate */
 
 /* The X^T X of layer l (what hessian.safetensors holds). */
 static float *hessian_of(int l)
@@ -213,6 +214,11 @@ static void direct(const char *method, const char *opts_group, mpq_packed *out)
         } else {
             d.rows = shapes[l][0], d.cols = shapes[l][1], d.group = group, d.uniform_bits = 3;
         }
+        mpq_rotation rot = {0};
+        if (direct_rotate) {
+            cr_assert_eq(mpq_rotation_init(&rot, d.cols, (uint64_t)(direct_rotate - 1)), MPQ_OK);
+            d.rotation = &rot;
+        }
         if (!strcmp(method, "awq")) {
             layer_name(l, name, sizeof name);
             X = read_f32("calib.safetensors", name, NULL);
@@ -227,9 +233,12 @@ static void direct(const char *method, const char *opts_group, mpq_packed *out)
         if (direct_gptq) {
             float *H = hessian_of(l);
             uint32_t *order = malloc(4u * d.cols);
-            if (direct_act_order) {
-                cr_assert_eq(mpq_gptq_act_order(H, d.cols, order), MPQ_OK);
+            if (direct_act_order) { /* rotated: the order of V H V^T's diagonal */
+                float *Hr = memcpy(malloc(sizeof(float) * d.cols * d.cols), H, sizeof(float) * d.cols * d.cols);
+                if (direct_rotate) cr_assert_eq(mpq_rotation_conjugate(&rot, Hr), MPQ_OK);
+                cr_assert_eq(mpq_gptq_act_order(Hr, d.cols, order), MPQ_OK);
                 d.p_col = order;
+                free(Hr);
             }
             mpq_gptq_desc g = {0};
             g.H = H;
@@ -238,6 +247,7 @@ static void direct(const char *method, const char *opts_group, mpq_packed *out)
         } else
             cr_assert_eq(mpq_pack_alloc(&d, W[l], &out[l]), MPQ_OK);
         free(cs), free(clip), free(X), free(W[l]), free(stat[l]);
+        mpq_rotation_free(&rot);
     }
     if (planned) mpq_plan_free(&plan);
 }
@@ -309,6 +319,25 @@ Test(cli, gptq_matches_the_library, .init = setup, .fini = teardown)
 {
     direct_gptq = 1, direct_act_order = 1;
     method_case("gptq", "--bits 3 --group 32 --hessian hessian.safetensors --act-order", "32");
+}
+
+Test(cli, rotated_gptq_and_rtn_match_the_library, .init = setup, .fini = teardown)
+{
+    direct_gptq = 1, direct_act_order = 1, direct_rotate = 1 + 7;
+    method_case("gptq", "--bits 3 --group 32 --hessian hessian.safetensors --act-order --rotate 7", "32");
+    cr_assert_null(strstr(text("err.txt"), "plain rounding"), "no warning under GPTQ: %s", text("err.txt"));
+    direct_gptq = 0, direct_act_order = 0, direct_rotate = 1 + 0;
+    method_case("rtn", "--bits 3 --group 32 --rotate 0", "32");
+    cr_assert_eq(run("quantize --bits 3 --group 32 --rotate 0 --exclude '*embed*' model.safetensors o.safetensors"), 0);
+    cr_assert_not_null(strstr(text("err.txt"), "--rotate with plain rounding"), "the warning: %s", text("err.txt"));
+    /* where the rotation is not available: a usage error naming why */
+    cr_assert_eq(run("quantize --method sfmp --bpw 3.3 --salience fisher.safetensors --rotate 1 model.safetensors "
+                     "o.safetensors"),
+                 1);
+    cr_assert_not_null(strstr(text("err.txt"), "rotated basis"), "%s", text("err.txt"));
+    cr_assert_eq(run("quantize --method requant --rotate 1 model.safetensors o.safetensors"), 1);
+    cr_assert_eq(run("quantize --rotate -3 model.safetensors o.safetensors"), 1);
+    cr_assert_eq(run("quantize --rotate x model.safetensors o.safetensors"), 1);
 }
 
 Test(cli, sfmp_with_gptq_matches_the_library, .init = setup, .fini = teardown)

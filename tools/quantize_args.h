@@ -95,7 +95,7 @@ static const cli_opt qargs_opts[] = {
      "rtn, awq, gptq: store each map with the incoherence rotation V of its\n"
      "input size made from SEED (mpq.h, \"AN INCOHERENCE ROTATION\") and\n"
      "quantize W V^T; products multiply by V x. Pays under GPTQ (SmolLM2\n"
-     "3-bit: +156 % -> +58 %); hurts plain rounding, which it warns of"},
+     "3-bit: +156 % -> +55 %); hurts plain rounding (rtn), which it warns of"},
     {"--static-groups", CLI_FLAG, QA(static_groups), NULL, 0, 0, NULL, NULL, NULL,
      "gptq: every group's scale from the weights before error feedback"},
     {"--damp", CLI_DOUBLE, QA(damp), "X", 0, 1e6, NULL, NULL, "0.01",
@@ -220,9 +220,10 @@ static inline int qargs_recipe(const qargs *q, const cli_seen *seen, mpq_recipe 
                     "quantize --rotate: for rtn, awq and gptq (the planners' and ReQuant's statistics would have to "
                     "be gathered in the rotated basis, which mpq calibrate does not do yet)");
     r->rotate = q->rotate.on, r->rotate_seed = q->rotate.seed;
-    if (r->rotate && !r->gptq && !q->quiet)
-        fprintf(stderr, "mpq: quantize --rotate without GPTQ: on SmolLM2 the rotation made plain rounding worse (3-bit "
-                        "+465 %% -> +2994 %% perplexity); it pays under GPTQ (--method gptq)\n");
+    if (r->rotate && !r->gptq && !r->awq && !q->quiet)
+        fprintf(stderr,
+                "mpq: quantize --rotate with plain rounding: on SmolLM2 the rotation made it worse (3-bit "
+                "+465 %% -> +2994 %% perplexity); it pays under GPTQ (--method gptq)\n");
     return 0;
 }
 
