@@ -124,7 +124,7 @@
      "MXINT" (set mpq_bitplane_desc.format = MPQ_FORMAT_MXINT).
      Either may carry a sparse part (CSR, fp16 values) that every product
      adds: section 4, "SPARSE PART"; and an incoherence rotation V that
-     every CPU product applies to its input (format version 2): section 4,
+     every product applies to its input (format version 2): section 4,
      "AN INCOHERENCE ROTATION".
 
    LICENSE: MIT (end of file).
@@ -8489,7 +8489,7 @@ MPQ_DEF mpq_status mpq_rotation_apply_f64(const mpq_rotation *r, double *x, int 
             the learned scheduler with its training); recipes, the one
             description and call by which every program quantizes a model;
             seeded incoherence rotations of any size, stored with a packed
-            matrix (format version 2) and applied by every CPU product,
+            matrix (format version 2) and applied by every product,
             with rounding, AWQ and GPTQ on the rotated weights;
             the CPU backend of the dispatch table (mpq_cuda.h adds the GPU one).
 

@@ -129,6 +129,10 @@ struct dmat {
     const uint16_t *sp_val;
     const uint8_t *codes; // the CODE LAYOUT copy (see the MMA kernel), or null
     int crec, crow;       // its bytes per record of a whole group and per tile
+    // the input-side rotation V (mpq.h, "AN INCOHERENCE ROTATION"), in the packed buffer; rot_m 0: none
+    const float *rot_R;
+    const uint8_t *rot_sign;
+    int rot_p, rot_m;
 };
 
 struct cuda_ctx {
@@ -147,6 +151,9 @@ struct cuda_ctx {
     size_t stage_bytes;
     float *a8x; // 8-bit activations, dequantized, for the kernels that read float ones (gemv_a8_float)
     size_t a8x_bytes;
+    float *rotx; // V x of a rotated matrix's batch (rotate_input), what its kernels read
+    size_t rotx_bytes;
+    int rot_smem;     // the most shared memory rotate_input may take (its vector: cols floats)
     int fp16_weights; // mpq_cuda_backend_fp16: every matrix as resident fp16 weights
 };
 
@@ -1588,6 +1595,50 @@ cudaError_t dequantize(cuda_ctx *c, const cuda_handle *h, int skip, __half *W)
 // Record offsets / 16 and plane counts of every (tile, group), as mpq.h
 // lays them out (mpq_packed_records); MPQ_ERR_FORMAT where an offset does
 // not fit.
+// ROTATION (a matrix that carries V): y = W~ (V x). One block per vector
+// computes V x = (H_p / sqrt(p) (x) R_m) diag(s) x into shared memory:
+// each coordinate (i, a) of the p x m view is sum_b R[a][b] s x[i m + b],
+// then log2(p) butterfly stages over rows h apart (two runs of h m floats,
+// as the CPU's mpq__fwht_rows), then the scale. Every kernel of the rule
+// table then reads V x as its input, so permutations, column scales, the
+// sparse part, skip_planes and 8-bit activations apply to it unchanged. The
+// float sums may round differently from the CPU's (contracted to FMA). It is
+// launched without programmatic dependent launch, so it starts after the
+// grid before it ends and the product's kernel after it ends: launched as
+// the products are, 8-bit activations with integer tables on 14336 columns
+// gave results that differed from run to run on an H200 (not yet
+// understood; bench/results/NOTES.md, "Rotations").
+__global__ void __launch_bounds__(1024)
+    rotate_input(const float *__restrict__ x, float *__restrict__ out, int n, int p, int lp, int m,
+                 const float *__restrict__ R, const uint8_t *__restrict__ sign, float scale)
+{
+    extern __shared__ float t[];
+    const float *xv = x + (size_t)blockIdx.x * n;
+    for (int j = threadIdx.x; j < n; j += blockDim.x) {
+        const int i = j / m, a = j - i * m;
+        float acc = 0.0f;
+        for (int b = 0; b < m; b++) {
+            const int k = i * m + b;
+            const float v = xv[k];
+            acc += R[a * m + b] * (((sign[k >> 3] >> (k & 7)) & 1) ? -v : v);
+        }
+        t[j] = acc;
+    }
+    __syncthreads();
+    for (int lh = 0; lh < lp; lh++) { // h = 2^lh: pair (i, i + h) of rows i with bit lh clear
+        const int run = m << lh;
+        for (int e = threadIdx.x; e < n / 2; e += blockDim.x) {
+            const int q = m == 1 ? e : e / m, r = e - q * m; // q: the pair's row among p / 2, r: its column
+            const int u = (((q >> lh) << (lh + 1)) | (q & ((1 << lh) - 1))) * m + r;
+            const float a = t[u], b = t[u + run];
+            t[u] = a + b, t[u + run] = a - b;
+        }
+        __syncthreads();
+    }
+    float *ov = out + (size_t)blockIdx.x * n;
+    for (int j = threadIdx.x; j < n; j += blockDim.x) ov[j] = t[j] * scale;
+}
+
 mpq_status record_table(const mpq_packed *A, uint2 *rec)
 {
     const size_t n = (size_t)((A->rows + kTile - 1) / kTile) * (size_t)A->ngroups;
@@ -1618,7 +1669,8 @@ mpq_status upload(void *ctx, const mpq_packed *A, void **handle)
     if (!c || !A || !handle || !A->buf || A->bytes == 0 || !A->bits || !A->band_off) return MPQ_ERR_ARG;
     const mpq_format_traits *f = mpq_format_get((mpq_format)A->format);
     if (!f) return MPQ_ERR_UNSUPPORTED;
-    if (A->rot.n) return MPQ_ERR_UNSUPPORTED; // rotated matrices: the CPU paths only, so far
+    if (A->rot.n && (size_t)A->cols * sizeof(float) > (size_t)c->rot_smem)
+        return MPQ_ERR_UNSUPPORTED; // V x does not fit one block's shared memory (past about 57000 columns)
     cudaError_t e = cudaSetDevice(c->device);
     if (e != cudaSuccess) return map_error(e);
     const int ntiles = (A->rows + kTile - 1) / kTile;
@@ -1662,6 +1714,10 @@ mpq_status upload(void *ctx, const mpq_packed *A, void **handle)
     M.sp_col32 = dev_ptr<const uint32_t>(h, A->sp_col32);
     M.sp_val = dev_ptr<const uint16_t>(h, A->sp_val);
     M.uniform = A->block_rows % kTile == 0;
+    if (A->rot.n) {
+        M.rot_R = dev_ptr<const float>(h, A->rot.R), M.rot_sign = dev_ptr<const uint8_t>(h, A->rot.sign);
+        M.rot_p = A->rot.p, M.rot_m = A->rot.m;
+    }
     h->fast = A->group % 32 == 0;
     const size_t nbits = (size_t)((A->rows + A->block_rows - 1) / A->block_rows) * (size_t)A->ngroups;
     for (size_t k = 0; k < nbits; k++) h->maxw = A->bits[k] > h->maxw ? A->bits[k] : h->maxw;
@@ -1912,6 +1968,7 @@ mpq_status gemv_batched(cuda_ctx *c, const cuda_handle *h, const float *x, float
 }
 
 mpq_status gemv_device(cuda_ctx *c, const cuda_handle *h, const float *x, float *y, int batch, int skip, bool a8);
+mpq_status gemv_rules(cuda_ctx *c, const cuda_handle *h, const float *x, float *y, int batch, int skip, bool a8);
 
 // 8-bit activations on the kernels that read float ones: the activations
 // quantized and dequantized in packed column order (act8_dequant), the
@@ -1927,7 +1984,7 @@ mpq_status gemv_a8_float(cuda_ctx *c, const cuda_handle *h, const float *x, floa
     if (st != MPQ_OK) return st;
     cuda_handle dense = *h;
     dense.m.p_col = nullptr, dense.m.cscale = nullptr, dense.m.sp_row_ptr = nullptr;
-    st = gemv_device(c, &dense, c->a8x, y, batch, skip, false);
+    st = gemv_rules(c, &dense, c->a8x, y, batch, skip, false);
     if (st != MPQ_OK || !h->m.sp_row_ptr) return st;
     const size_t n = (size_t)batch * h->m.rows;
     add_sparse<<<(unsigned)((n + 255) / 256), 256, 0, c->stream>>>(h->m, x, batch, y);
@@ -2007,7 +2064,7 @@ mpq_status run_pieces(cuda_ctx *c, const cuda_handle *h, const float *x, float *
 {
     mpq_status st = MPQ_OK;
     for (int v = 0; v < batch && st == MPQ_OK; v += 16)
-        st = gemv_device(c, h, x + (size_t)v * h->m.cols, y + (size_t)v * h->m.rows, min(16, batch - v), skip, false);
+        st = gemv_rules(c, h, x + (size_t)v * h->m.cols, y + (size_t)v * h->m.rows, min(16, batch - v), skip, false);
     return st;
 }
 
@@ -2038,7 +2095,27 @@ const kernel_rule kRules[] = {
     {false, 1, 8, kAny, run_plain},                                   // every weight decoded, any group
 };
 
+// A product on device pointers: V x first for a rotated matrix (ROTATION),
+// then the rule table.
 mpq_status gemv_device(cuda_ctx *c, const cuda_handle *h, const float *x, float *y, int batch, int skip, bool a8)
+{
+    if (h->m.rot_m) {
+        const dmat &M = h->m;
+        const size_t bytes = sizeof(float) * (size_t)batch * (size_t)M.cols;
+        mpq_status st = reserve(&c->rotx, &c->rotx_bytes, bytes);
+        if (st != MPQ_OK) return st;
+        int lp = 0;
+        while ((1 << lp) < M.rot_p) lp++;
+        rotate_input<<<batch, 1024, bytes / batch, c->stream>>>(x, c->rotx, M.cols, M.rot_p, lp, M.rot_m, M.rot_R,
+                                                                M.rot_sign, (float)(1.0 / sqrt((double)M.rot_p)));
+        if ((st = map_error(cudaGetLastError())) != MPQ_OK) return st;
+        x = c->rotx;
+    }
+    return gemv_rules(c, h, x, y, batch, skip, a8);
+}
+
+// The rule table on the input the kernels read (V x for a rotated matrix).
+mpq_status gemv_rules(cuda_ctx *c, const cuda_handle *h, const float *x, float *y, int batch, int skip, bool a8)
 {
     if (h->w16) {                                       // the fp16 baseline
         if (skip > 0 || a8) return MPQ_ERR_UNSUPPORTED; // col_scale and the sparse part are inside its weights
@@ -2111,6 +2188,9 @@ extern "C" mpq_status mpq_cuda_backend(int device, mpq_backend *b)
             c->mma_static = (int)fa.sharedSizeBytes;
     }
     c->mma_dmax = per_block - c->mma_static;
+    c->rot_smem = per_block;
+    if (e == cudaSuccess)
+        e = cudaFuncSetAttribute(rotate_input, cudaFuncAttributeMaxDynamicSharedMemorySize, per_block);
     for (int k = 0; k < 12 && e == cudaSuccess; k++)
         if (kMma[k / 6][k / 2 % 3][k % 2])
             e = cudaFuncSetAttribute(kMma[k / 6][k / 2 % 3][k % 2], cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -2160,6 +2240,7 @@ extern "C" void mpq_cuda_backend_destroy(mpq_backend *b)
     cudaFree(c->counters);
     cudaFree(c->stage);
     cudaFree(c->a8x);
+    cudaFree(c->rotx);
     cublasDestroy(c->blas);
     cudaStreamDestroy(c->stream);
     free(c);

@@ -7,14 +7,16 @@
 
    What it does:
    - upload copies a packed matrix (bit-plane or MXINT, with permutations,
-     column scales and sparse part) to device memory as it is, plus a small
+     column scales, sparse part and rotation) to device memory as it is,
+     plus a small
      table of record offsets and plane counts (8 bytes per record of 16 rows
      x group columns); where every group (the last one too) is a multiple of
      32 columns it also builds a copy of the weights' integer codes in 4-bit
      fields (8-bit where a row is wider than 4 bits) for the tensor cores:
      4 or 8 more bits per weight of device memory (without room for it the
      matrix is uploaded without it, and the other kernels take its batches);
-   - gemv: which kernel runs which batch is one table, kRules in
+   - gemv: a rotated matrix's input goes through V first (one kernel,
+     rotate_input); which kernel runs which batch is one table, kRules in
      mpq_cuda.cu (THE BATCH -> KERNEL RULE): lookup tables in shared
      memory for the smallest batches, tensor cores on the code copy up to
      MPQ_CUDA_MMA_MAX, fp16 dequantization and cuBLAS (fp32 accumulation)

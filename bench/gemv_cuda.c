@@ -3,7 +3,7 @@
    bandwidth and cuBLAS fp16 measured in the same run.
 
    usage: bench_gemv_cuda [--quick] [--reorder] [--prefill | --sweep | --batches N1,N2,...] [--floors] [--a8]
-                          [--shape MxN] [--bits B] [--batch N] [--reps R]
+                          [--rotation] [--shape MxN] [--bits B] [--batch N] [--reps R]
 
    --shape, --bits and --batch keep one shape, width or batch (any batch
    from 1; for a profiler or a crossover); --quick keeps the first shape and
@@ -21,7 +21,10 @@
    it, and when it also ends with the LUT kernel's sum of column parts, or
    float atomics instead of it; --a8 also times every product with 8-bit
    activations (mpq_gemv_opts.a8) and gives its time, its speedup over
-   cuBLAS fp16 and over the same product with float activations.
+   cuBLAS fp16 and over the same product with float activations;
+   --rotation also packs every matrix with an incoherence rotation of its
+   input size and times the two in turn, five rounds each, and prints the
+   rotated product's median and the median of the per-round ratios.
 
    For every shape, weight width b (2, 2.5, 3, 3.25, 4, 4.25 bits; fractional
    widths mix floor(b) and ceil(b) over random 16 x 128 blocks, plus 0.25 bpw
@@ -175,6 +178,7 @@ static void call_blas(void *u, int k)
 int main(int argc, char **argv)
 {
     int quick = 0, reorder = 0, prefill = 0, floors = 0, a8 = 0, reps = 15, only_batch = 0, sweep = 0, shape_given = 0;
+    int rotation = 0;
     double only_bits = 0;
     int shapes[6][2] = {{4096, 4096}, {14336, 4096}, {4096, 14336}, {8192, 8192}, {28672, 8192}, {8192, 28672}};
     int nshapes = 6;
@@ -186,6 +190,8 @@ int main(int argc, char **argv)
             reorder = 1;
         else if (!strcmp(argv[a], "--prefill"))
             prefill = 1;
+        else if (!strcmp(argv[a], "--rotation"))
+            rotation = 1;
         else if (!strcmp(argv[a], "--a8"))
             a8 = 1;
         else if (!strcmp(argv[a], "--floors"))
@@ -218,7 +224,7 @@ int main(int argc, char **argv)
             fprintf(stderr,
                     "usage: %s [--quick] [--reorder] [--prefill | --sweep | --batches N1,N2,...] [--floors] [--a8] "
                     "[--shape MxN]"
-                    " [--bits B] [--batch N] [--reps R]\n",
+                    " [--bits B] [--batch N] [--reps R] [--rotation]\n",
                     argv[0]);
             return 2;
         }
@@ -329,9 +335,18 @@ int main(int argc, char **argv)
                 return 1;
             }
             const int copies = (int)(200e6 / (double)A.bytes) + 2;
-            void **h = malloc(sizeof(void *) * copies);
+            void **h = malloc(sizeof(void *) * copies), **hr = NULL;
             for (int c = 0; c < copies; c++)
                 if (be.upload(be.ctx, &A, &h[c]) != MPQ_OK) return 1;
+            mpq_rotation rot = {0};
+            mpq_packed Ar = {0};
+            if (rotation) { /* the same widths with V of size n */
+                d.rotation = &rot;
+                hr = malloc(sizeof(void *) * copies);
+                if (mpq_rotation_init(&rot, n, 1) != MPQ_OK || mpq_pack_alloc(&d, W, &Ar) != MPQ_OK) return 1;
+                for (int c = 0; c < copies; c++)
+                    if (be.upload(be.ctx, &Ar, &hr[c]) != MPQ_OK) return 1;
+            }
             double t1 = 0.0; /* batch 1's time, when it comes first */
             for (int bi = 0; bi < nb; bi++) {
                 mpq_calls mc = {&be, h, copies, batches[bi], x, y, NULL};
@@ -353,6 +368,19 @@ int main(int argc, char **argv)
                        tr * 1e6, 100.0 * tr / t, tb[bi] * 1e6, tb[bi] / t, rel);
                 if (a8) printf(" %9.2f %9.2fx %7.2fx", t8 * 1e6, tb[bi] / t8, t / t8);
                 printf("\n");
+                if (rotation) { /* plain and rotated in turn */
+                    mpq_calls mr = {&be, hr, copies, batches[bi], x, y, NULL};
+                    mc.opts = NULL; /* float activations, both */
+                    double tp[5], tq[5], ratio[5];
+                    for (int k = 0; k < 5; k++) {
+                        tp[k] = time_calls(stream, call_mpq, &mc, reps, 20);
+                        tq[k] = time_calls(stream, call_mpq, &mr, reps, 20);
+                        ratio[k] = tq[k] / tp[k];
+                    }
+                    const double q = median(tq, 5), rr = median(ratio, 5);
+                    printf("%-12s   rotated (V %dx%d): %.2f us (plain %.2f us), rotated / plain %.3fx\n", "", rot.p,
+                           rot.m, q * 1e6, median(tp, 5) * 1e6, rr);
+                }
                 if (floors && batches[bi] == 1) {
                     double f[4];
                     for (int k = 0; k < 4; k++)
@@ -365,7 +393,9 @@ int main(int argc, char **argv)
                 fflush(stdout);
             }
             for (int c = 0; c < copies; c++) be.release(be.ctx, h[c]);
-            free(h), free(bits);
+            for (int c = 0; rotation && c < copies; c++) be.release(be.ctx, hr[c]);
+            mpq_packed_free(&Ar), mpq_rotation_free(&rot);
+            free(h), free(hr), free(bits);
             mpq_packed_free(&A);
         }
         for (int c = 0; c < c16; c++) cudaFree(W16[c]);

@@ -54,6 +54,7 @@ typedef struct cas {
     int m, n, G, br, format;
     int maxb; /* widths drawn from 1 (MXINT 2) .. maxb per block; 0: every block 3 bits (MXINT 4) */
     int perm, sparse;
+    int rot; /* 1: with an incoherence rotation (seed 5) */
 } cas;
 
 /* The LUT and MMA kernels are taken for groups that are a multiple of 32
@@ -64,19 +65,35 @@ typedef struct cas {
    several tiles each with a ragged end. The last case gives each warp of
    the MMA kernel dozens of records, many times its ring. */
 static const cas cases[] = {
-    {16, 32, 32, 16, 1, 0, 0, 0},      {37, 96, 32, 3, 1, 8, 1, 1},
-    {300, 520, 40, 16, 1, 8, 1, 0},    {129, 1000, 128, 16, 1, 8, 1, 1},
-    {512, 4096, 128, 16, 1, 8, 0, 0},  {257, 2048, 256, 32, 1, 8, 1, 1},
-    {200, 768, 64, 5, 1, 8, 1, 0},     {1024, 1024, 128, 16, 1, 0, 1, 1},
-    {96, 640, 32, 16, 2, 8, 1, 1},     {33, 100, 32, 16, 2, 8, 0, 0},
-    {4096, 4096, 128, 16, 1, 8, 0, 0}, {2048, 1536, 32, 16, 2, 8, 1, 0},
-    {3000, 2080, 32, 16, 1, 4, 1, 1},  {5000, 1056, 64, 48, 1, 4, 0, 0},
-    {1003, 2080, 96, 7, 1, 4, 1, 0},   {2500, 1536, 32, 16, 2, 4, 1, 1},
-    {4100, 2048, 128, 16, 1, 2, 0, 1}, {560, 1056, 32, 16, 1, 4, 1, 1},
-    {3000, 1024, 128, 16, 1, 6, 1, 0}, {400, 1536, 32, 9, 2, 6, 0, 1},
+    {16, 32, 32, 16, 1, 0, 0, 0},
+    {37, 96, 32, 3, 1, 8, 1, 1},
+    {300, 520, 40, 16, 1, 8, 1, 0},
+    {129, 1000, 128, 16, 1, 8, 1, 1},
+    {512, 4096, 128, 16, 1, 8, 0, 0},
+    {257, 2048, 256, 32, 1, 8, 1, 1},
+    {200, 768, 64, 5, 1, 8, 1, 0},
+    {1024, 1024, 128, 16, 1, 0, 1, 1},
+    {96, 640, 32, 16, 2, 8, 1, 1},
+    {33, 100, 32, 16, 2, 8, 0, 0},
+    {4096, 4096, 128, 16, 1, 8, 0, 0},
+    {2048, 1536, 32, 16, 2, 8, 1, 0},
+    {3000, 2080, 32, 16, 1, 4, 1, 1},
+    {5000, 1056, 64, 48, 1, 4, 0, 0},
+    {1003, 2080, 96, 7, 1, 4, 1, 0},
+    {2500, 1536, 32, 16, 2, 4, 1, 1},
+    {4100, 2048, 128, 16, 1, 2, 0, 1},
+    {560, 1056, 32, 16, 1, 4, 1, 1},
+    {3000, 1024, 128, 16, 1, 6, 1, 0},
+    {400, 1536, 32, 9, 2, 6, 0, 1},
     {18000, 4096, 32, 16, 1, 4, 0, 0}, /* MMA kernel: dozens of records per warp */
     {260, 2048, 512, 16, 1, 6, 0, 1},  /* groups wider than a slice of batch 2 */
     {100, 4096, 4096, 16, 1, 8, 1, 1}, /* a group per row: past the MMA kernel, the LUT kernel up to batch 8 */
+    /* rotated: V x first, then every kernel of the rule table on it */
+    {37, 96, 32, 3, 1, 8, 1, 1, 1},
+    {576, 576, 128, 16, 1, 4, 1, 1, 1},
+    {300, 1536, 32, 16, 2, 6, 1, 0, 1},
+    {1024, 14336, 128, 16, 1, 4, 0, 0, 1},
+    {129, 200, 40, 16, 1, 8, 1, 1, 1},
 };
 
 /* per output: sum |w x| (wx) and 3 max |w| sum |x c| (row), from the
@@ -144,7 +161,7 @@ static void act8_ref(const mpq_packed *A, const float *x, int batch, float *xh)
    roundings in place of n + 64. Host and device pointers give the same
    bits. */
 static void run_a8(mpq_backend *be, void *h, const mpq_packed *A, const float *Wd, int mma, int skip, synth_rng *r,
-                   const char *what)
+                   const char *what, const mpq_rotation *rot)
 {
     static const int batches[] = {1, 2, 3, 5, 8, 9, 16, 17, 33, 64, 300};
     const int m = A->rows, n = A->cols, last = n - (n - 1) / A->group * A->group;
@@ -164,13 +181,17 @@ static void run_a8(mpq_backend *be, void *h, const mpq_packed *A, const float *W
               *y = malloc(sizeof(float) * batch * m), *y2 = malloc(sizeof(float) * batch * m);
         double *ref = malloc(sizeof(double) * batch * m);
         for (int v = 0; v < batch; v++) synth_activations(r, x + (size_t)v * n, n);
-        act8_ref(A, x, batch, xh);
+        /* rotated (A is then the view without its rotation): what the kernels read is V x */
+        float *xr = malloc(sizeof(float) * batch * n);
+        memcpy(xr, x, sizeof(float) * batch * n);
+        if (rot) mpq_rotation_apply(rot, xr, batch, 0);
+        act8_ref(A, xr, batch, xh);
         mpq_gemv_ref(&D, xh, ref, batch, skip);
         for (int i = 0; A->sp_row_ptr && i < m; i++)
             for (uint32_t e = A->sp_row_ptr[i]; e < A->sp_row_ptr[i + 1]; e++) {
                 const uint32_t col = A->sp_col16 ? A->sp_col16[e] : A->sp_col32[e];
                 for (int v = 0; v < batch; v++)
-                    ref[(size_t)v * m + i] += (double)mpq_f16_to_f32(A->sp_val[e]) * x[(size_t)v * n + col];
+                    ref[(size_t)v * m + i] += (double)mpq_f16_to_f32(A->sp_val[e]) * xr[(size_t)v * n + col];
             }
         float *dx, *dy;
         cudaMalloc((void **)&dx, sizeof(float) * batch * n);
@@ -192,7 +213,7 @@ static void run_a8(mpq_backend *be, void *h, const mpq_packed *A, const float *W
         double *sx = calloc((size_t)batch, sizeof(double)); /* sum |x^| + sum |x| (the sparse part's) */
         char *big = calloc((size_t)batch, 1);               /* past the fp16 range on the fp16 path */
         for (int v = 0; v < batch; v++) {
-            for (int j = 0; j < n; j++) sx[v] += fabs(xh[(size_t)v * n + j]) + fabs(x[(size_t)v * n + j]);
+            for (int j = 0; j < n; j++) sx[v] += fabs(xh[(size_t)v * n + j]) + fabs(xr[(size_t)v * n + j]);
             nbig += big[v] = f16 && past_f16(xh + (size_t)v * n, n);
         }
         for (int k = 0; k < batch * m; k++) {
@@ -212,7 +233,7 @@ static void run_a8(mpq_backend *be, void *h, const mpq_packed *A, const float *W
         if (bad >= 0) printf("# first bad output %d: %.9g vs %.9g\n", bad, (double)y[bad], ref[bad]);
         report(g2 == MPQ_OK && same, "  a8: host pointers give the same bits");
         cudaFree(dx), cudaFree(dy);
-        free(x), free(xh), free(y), free(y2), free(ref), free(sx), free(big);
+        free(x), free(xr), free(xh), free(y), free(y2), free(ref), free(sx), free(big);
     }
     free(wmax);
 }
@@ -235,30 +256,39 @@ static int run_case(mpq_backend *be, const cas *c, synth_rng *r, int fp16)
     mpq_bitplane_desc d = {0};
     d.rows = m, d.cols = n, d.group = c->G, d.block_rows = c->br, d.bits = bits, d.format = c->format;
     if (c->perm) d.p_row = prow, d.p_col = pcol, d.col_scale = cs;
+    mpq_rotation rot = {0};
+    if (c->rot && mpq_rotation_init(&rot, n, 5) == MPQ_OK) d.rotation = &rot;
     mpq_packed A;
     mpq_sparse S = {0};
     int ok = mpq_pack_alloc(&d, W, &A) == MPQ_OK;
-    if (ok && c->sparse) {
-        mpq_packed_dequantize(&A, 0, Wd);
+    if (ok && c->sparse) { /* (rotated: the sparse part of W V^T's first cut, in the coordinates of V x) */
+        mpq_packed U = A;
+        memset(&U.rot, 0, sizeof U.rot);
+        mpq_packed_dequantize(&U, 0, Wd);
+        if (c->rot) mpq_rotation_apply(&rot, W, m, 0);
         for (size_t k = 0; k < (size_t)m * n; k++) mask[k] = synth_unif(r) < 0.01;
         mpq_packed_free(&A);
         ok = mpq_sparse_from_mask(W, Wd, mask, m, n, &S) == MPQ_OK;
+        if (c->rot) mpq_rotation_apply(&rot, W, m, 1); /* back to W, to float rounding (only the input changes) */
         d.sparse = &S;
         ok = ok && mpq_pack_alloc(&d, W, &A) == MPQ_OK;
     }
+    mpq_packed U = A; /* what the kernels multiply: the matrix without its rotation, on V x */
+    memset(&U.rot, 0, sizeof U.rot);
     if (!ok) {
         report(0, "pack %dx%d", m, n);
         return 0;
     }
     void *h = NULL;
     mpq_status st = be->upload(be->ctx, &A, &h);
-    report(st == MPQ_OK, "upload %s %dx%d group %d", c->format == 2 ? "mxint" : "bitplane", m, n, c->G);
+    report(st == MPQ_OK, "upload %s %dx%d group %d%s", c->format == 2 ? "mxint" : "bitplane", m, n, c->G,
+           c->rot ? " rotated" : "");
     static const int batches[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 33, 64, 300, 1024};
     /* the MMA kernel's matrices: groups and the last group of whole quads, and
        groups whose activations for 32 vectors fit its 64 KB (4 * 32 * G bytes) */
     const int last = n - (n - 1) / c->G * c->G, mma = c->G % 32 == 0 && last % 32 == 0 && c->G <= 512;
     for (int skip = 0; skip <= (fp16 ? 0 : 2) && st == MPQ_OK; skip++) {
-        mpq_packed_dequantize(&A, skip, Wd);
+        mpq_packed_dequantize(&U, skip, Wd);
         for (size_t bi = 0; bi < sizeof batches / sizeof batches[0]; bi++) {
             const int batch = batches[bi];
             if (skip && batch > 8 && batch != 11 && batch != 16 && batch != 64) continue; /* 64: the fp16 path */
@@ -270,8 +300,11 @@ static int run_case(mpq_backend *be, const cas *c, synth_rng *r, int fp16)
             double *ref = malloc(sizeof(double) * batch * m), *mag = malloc(sizeof(double) * batch * m),
                    *magr = malloc(sizeof(double) * batch * m);
             for (int v = 0; v < batch; v++) synth_activations(r, x + (size_t)v * n, n);
-            mpq_gemv_ref(&A, x, ref, batch, skip);
-            magnitude(Wd, x, c->perm ? cs : NULL, m, n, batch, mag, magr);
+            mpq_gemv_ref(&A, x, ref, batch, skip); /* rotated: in float64, W~ times V x */
+            float *xr = malloc(sizeof(float) * batch * n);
+            memcpy(xr, x, sizeof(float) * batch * n);
+            if (c->rot) mpq_rotation_apply(&rot, xr, batch, 0);
+            magnitude(Wd, xr, c->perm ? cs : NULL, m, n, batch, mag, magr);
             float *dx, *dy;
             cudaMalloc((void **)&dx, sizeof(float) * batch * n);
             cudaMalloc((void **)&dy, sizeof(float) * batch * m);
@@ -294,7 +327,7 @@ static int run_case(mpq_backend *be, const cas *c, synth_rng *r, int fp16)
             /* dequantized to fp16, cuBLAS; up to MPQ_CUDA_MMA_MAX the MMA kernel in pieces of 16 */
             const int f16 = fp16 || (batch > 16 && !(mma && batch <= MPQ_CUDA_MMA_MAX)) || (batch > 8 && !mma);
             char *big = calloc((size_t)batch, 1); /* past the fp16 range on the fp16 path */
-            for (int v = 0; v < batch; v++) nbig += big[v] = f16 && past_f16(x + (size_t)v * n, n);
+            for (int v = 0; v < batch; v++) nbig += big[v] = f16 && past_f16(xr + (size_t)v * n, n);
             for (int k = 0; k < batch * m; k++) {
                 if (memcmp(&y[k], &y2[k], 4)) same = 0;
                 if (big[k / m] && !isfinite(y[k])) continue;
@@ -306,24 +339,24 @@ static int run_case(mpq_backend *be, const cas *c, synth_rng *r, int fp16)
                 if (e / (mag[k] + 1e-30) > worst) worst = e / (mag[k] + 1e-30);
             }
             report(g1 == MPQ_OK && sy == MPQ_OK && bad < 0,
-                   "%s%s %dx%d G%d br%d%s%s skip %d batch %d: worst |err|/sum|wx| %.2e%s%s",
+                   "%s%s %dx%d G%d br%d%s%s%s skip %d batch %d: worst |err|/sum|wx| %.2e%s%s",
                    fp16 ? "fp16 weights: " : "", c->format == 2 ? "mxint" : "bitplane", m, n, c->G, c->br,
-                   c->perm ? " perm+scale" : "", c->sparse ? " sparse" : "", skip, batch, worst,
-                   nbig ? " (a vector past the fp16 range)" : "", bad < 0 ? "" : " (FAILED)");
+                   c->perm ? " perm+scale" : "", c->sparse ? " sparse" : "", c->rot ? " rotated" : "", skip, batch,
+                   worst, nbig ? " (a vector past the fp16 range)" : "", bad < 0 ? "" : " (FAILED)");
             if (bad >= 0)
                 printf("# first bad output %d: %.9g vs %.9g (sum |wx| %.3g)\n", bad, (double)y[bad], ref[bad],
                        mag[bad]);
             report(g2 == MPQ_OK && same, "  host pointers give the same bits");
             cudaFree(dx), cudaFree(dy);
-            free(x), free(y), free(y2), free(ref), free(mag), free(magr), free(big);
+            free(x), free(xr), free(y), free(y2), free(ref), free(mag), free(magr), free(big);
         }
     }
     for (int skip = 0; skip <= 1 && !fp16 && st == MPQ_OK; skip++) {
         char what[96];
-        snprintf(what, sizeof what, "%s %dx%d G%d br%d%s%s", c->format == 2 ? "mxint" : "bitplane", m, n, c->G, c->br,
-                 c->perm ? " perm+scale" : "", c->sparse ? " sparse" : "");
-        mpq_packed_dequantize(&A, skip, Wd);
-        run_a8(be, h, &A, Wd, mma, skip, r, what);
+        snprintf(what, sizeof what, "%s %dx%d G%d br%d%s%s%s", c->format == 2 ? "mxint" : "bitplane", m, n, c->G, c->br,
+                 c->perm ? " perm+scale" : "", c->sparse ? " sparse" : "", c->rot ? " rotated" : "");
+        mpq_packed_dequantize(&U, skip, Wd);
+        run_a8(be, h, &U, Wd, mma, skip, r, what, c->rot ? &rot : NULL);
     }
     if (st == MPQ_OK && fp16) {
         float *x = calloc((size_t)n, sizeof(float)), *y = malloc(sizeof(float) * m);
@@ -338,6 +371,7 @@ static int run_case(mpq_backend *be, const cas *c, synth_rng *r, int fp16)
     if (st == MPQ_OK) be->release(be->ctx, h);
     mpq_sparse_free(&S);
     mpq_packed_free(&A);
+    mpq_rotation_free(&rot);
     free(W), free(Wd), free(cs), free(bits), free(mask), free(prow), free(pcol);
     return 1;
 }
