@@ -323,8 +323,10 @@ MPQ_DEF double mpq_mxint_value(int mant, int bits, uint8_t e8m0);
    14336 = 2048 x 7, 11008 = 256 x 43); a Hadamard matrix of order 4m would
    also do, but the usual constructions do not give one for every m, while
    R_m exists for every m (docs/DESIGN.md, "Rotations"). Applying V costs
-   n (log2 p + m) multiply-adds. The seed fixes s and R_m bit for bit on
-   every machine. */
+   n (log2 p + m) multiply-adds. The seed fixes s, and R_m up to the
+   rounding of its float64 QR (the same on every machine that does not
+   contract multiply-adds); a packed matrix stores both, so its products
+   never depend on it. */
 typedef struct mpq_rotation {
     int n, p, m; /* n = p m, p a power of two, m odd (at most MPQ_ROTATION_MAX_ODD); n 0: none */
     uint64_t seed;
@@ -8371,8 +8373,8 @@ static void mpq__rot_run(const mpq_rotation *r, float *X, float *tmp, int transp
             }
             memcpy(row, tmp, sizeof(float) * (size_t)m);
         }
-    else if (r->R[0] < 0)
-        for (int j = 0; j < n; j++) X[j] = -X[j];
+    else if (r->R[0] != 1.0f) /* R_1 = -1 (a stored one may be any orthogonal 1 x 1, to rounding) */
+        for (int j = 0; j < n; j++) X[j] *= r->R[0];
     mpq__fwht_rows(X, p, m); /* H_p is symmetric: the same both ways */
     const float scale = (float)(1.0 / sqrt((double)p));
     if (scale != 1.0f)
