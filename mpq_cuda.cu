@@ -1592,9 +1592,6 @@ cudaError_t dequantize(cuda_ctx *c, const cuda_handle *h, int skip, __half *W)
     return cudaGetLastError();
 }
 
-// Record offsets / 16 and plane counts of every (tile, group), as mpq.h
-// lays them out (mpq_packed_records); MPQ_ERR_FORMAT where an offset does
-// not fit.
 // ROTATION (a matrix that carries V): y = W~ (V x). One block per vector
 // computes V x = (H_p / sqrt(p) (x) R_m) diag(s) x into shared memory:
 // each coordinate (i, a) of the p x m view is sum_b R[a][b] s x[i m + b],
@@ -1639,6 +1636,9 @@ __global__ void __launch_bounds__(1024)
     for (int j = threadIdx.x; j < n; j += blockDim.x) ov[j] = t[j] * scale;
 }
 
+// Record offsets / 16 and plane counts of every (tile, group), as mpq.h
+// lays them out (mpq_packed_records); MPQ_ERR_FORMAT where an offset does
+// not fit.
 mpq_status record_table(const mpq_packed *A, uint2 *rec)
 {
     const size_t n = (size_t)((A->rows + kTile - 1) / kTile) * (size_t)A->ngroups;
