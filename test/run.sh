@@ -133,7 +133,9 @@ fuzz_flags=(-g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all
 fuzz_io() {
     rm -rf build/fuzz-seeds build/fuzz-corpus && mkdir -p build/fuzz-seeds build/fuzz-corpus &&
     clang "${fuzz_flags[@]}" test/fuzz/fuzz_io.c mpq_io.c -lcjson -lm -o build/fuzz_io &&
-    (cd build/sanitize && MPQ_FUZZ_CORPUS="$root/build/fuzz-seeds" ./test_io --jobs 1 >/dev/null) &&
+    (cd build/sanitize && MPQ_FUZZ_CORPUS="$root/build/fuzz-seeds" MPQ_SOURCE_ROOT="$root" ./test_io --jobs 1 \
+        >/dev/null) &&
+    cp test/data/packed_v1.safetensors build/fuzz-seeds/ &&
     build/fuzz_io -max_total_time="$fuzz_seconds" -rss_limit_mb=2048 -malloc_limit_mb=1024 \
         -dict=test/fuzz/safetensors.dict build/fuzz-corpus build/fuzz-seeds
 }
