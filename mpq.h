@@ -1218,12 +1218,14 @@ MPQ_DEF mpq_status mpq_requant_significant(mpq_requant_layer *layers, int nlayer
    Delta F_PQI (eq. 6) against its dense part. Memory: besides the masks, 8
    bytes per weight of all the maps at once. */
 typedef struct mpq_requant_map {
-    const float *W;      /* rows x cols (d.rows x d.cols), original coordinates */
-    const float *pqi;    /* rows x cols, finite and >= 0 */
+    const float *W;      /* rows x cols (d.rows x d.cols), original coordinates; with
+                            d.rotation, those of the columns: W V^T (the rotation is stored
+                            with the matrix, not applied to W again) */
+    const float *pqi;    /* rows x cols, finite and >= 0, in the coordinates of W */
     mpq_bitplane_desc d; /* the dense part's description (d.sparse ignored; permutations,
-                            AWQ's col_scale and clip allowed) */
+                            AWQ's col_scale and clip, a rotation allowed) */
     uint8_t *mask;       /* out: rows x cols (the caller's), 1 where the weight goes to the
-                            sparse part */
+                            sparse part; in the coordinates of W */
 } mpq_requant_map;
 
 /* outliers and significant: fractions of all the maps' weights (eq. 9's
@@ -1459,10 +1461,14 @@ typedef struct mpq_recipe {
     int rotate;           /* 1: every map gets the rotation V of its column count from
                              rotate_seed (maps with the same input share V), stored with
                              it; act-order, AWQ and GPTQ see W V^T, X V^T and V H V^T,
-                             computed here from the maps' W, X and H. Not with a planner
-                             or ReQuant (MPQ_ERR_UNSUPPORTED): their salience would have
-                             to be gathered in the rotated basis, which calibration does
-                             not do yet */
+                             computed here from the maps' W, X and H (which stay in
+                             original coordinates). The planners' salience (fisher,
+                             channel, col_sens, layer_sens) and ReQuant's pqi must be
+                             those of W V^T: they do not follow from the unrotated ones
+                             and are gathered in the rotated basis (mpq_model.h's
+                             calibration with the same seed). ReQuant's masks and sparse
+                             parts are then in the coordinates of W V^T, and it holds
+                             W V^T of every map besides W */
     uint64_t rotate_seed; /* the seed of mpq_rotation_init */
 } mpq_recipe;
 
@@ -1553,7 +1559,8 @@ MPQ_DEF mpq_status mpq_recipe_bpw_range(const mpq_recipe *r, const mpq_recipe_ma
 
 /* One map through the chain (steps 1 to 3) under the description of its
    index i (layer i of r->plan, or the uniform fields), with a sparse part
-   for the weights where mask is 1 (mask may be NULL; not with GPTQ).
+   for the weights where mask is 1 (mask may be NULL; not with GPTQ; under
+   r->rotate in the coordinates of W V^T, as ReQuant's masks are).
    r->planner must be NONE and r->requant 0: their choices need every map. */
 MPQ_DEF mpq_status mpq_recipe_quantize(const mpq_recipe *r, int i, const mpq_recipe_map *m, const uint8_t *mask,
                                        mpq_packed *out);
@@ -3033,14 +3040,17 @@ static mpq_status mpq__rotated_copies(const mpq_rotation *r, int rows, const flo
     return MPQ_OK;
 }
 
-MPQ_DEF mpq_status mpq_pack(const mpq_bitplane_desc *d, const float *W, void *buf, size_t bytes, mpq_packed *out)
+/* mpq_pack; rotated: W is already in the coordinates of the columns (W
+   V^T) and d->rotation is only stored. */
+static mpq_status mpq__pack_as(const mpq_bitplane_desc *d, const float *W, int rotated, void *buf, size_t bytes,
+                               mpq_packed *out)
 {
     mpq__shape s;
     mpq__layout L;
     mpq_status st = mpq__pack_check(d, buf, bytes, out, &s, &L);
     if (st != MPQ_OK) return st;
     if (!W) return MPQ_ERR_ARG;
-    if (!d->rotation) return mpq__pack_rows(d, &s, &L, W, buf, out);
+    if (!d->rotation || rotated) return mpq__pack_rows(d, &s, &L, W, buf, out);
     float *Wr, *none; /* the rows of W V^T */
     if ((st = mpq__rotated_copies(d->rotation, s.rows, W, NULL, &Wr, &none)) != MPQ_OK) return st;
     st = mpq__pack_rows(d, &s, &L, Wr, buf, out);
@@ -3048,7 +3058,12 @@ MPQ_DEF mpq_status mpq_pack(const mpq_bitplane_desc *d, const float *W, void *bu
     return st;
 }
 
-MPQ_DEF mpq_status mpq_pack_alloc(const mpq_bitplane_desc *d, const float *W, mpq_packed *out)
+MPQ_DEF mpq_status mpq_pack(const mpq_bitplane_desc *d, const float *W, void *buf, size_t bytes, mpq_packed *out)
+{
+    return mpq__pack_as(d, W, 0, buf, bytes, out);
+}
+
+static mpq_status mpq__pack_alloc_as(const mpq_bitplane_desc *d, const float *W, int rotated, mpq_packed *out)
 {
     size_t bytes;
     mpq_status st = mpq_bitplane_bytes(d, &bytes);
@@ -3056,13 +3071,18 @@ MPQ_DEF mpq_status mpq_pack_alloc(const mpq_bitplane_desc *d, const float *W, mp
     if (!out) return MPQ_ERR_ARG;
     void *buf = mpq_aligned_alloc(bytes);
     if (!buf) return MPQ_ERR_NOMEM;
-    st = mpq_pack(d, W, buf, bytes, out);
+    st = mpq__pack_as(d, W, rotated, buf, bytes, out);
     if (st != MPQ_OK) {
         mpq_aligned_free(buf);
         return st;
     }
     out->owned = 1;
     return MPQ_OK;
+}
+
+MPQ_DEF mpq_status mpq_pack_alloc(const mpq_bitplane_desc *d, const float *W, mpq_packed *out)
+{
+    return mpq__pack_alloc_as(d, W, 0, out);
 }
 
 /* Writes the records of every tile from codes and pairs in packed
@@ -7031,7 +7051,7 @@ static mpq_status mpq__rq_split(const mpq_requant_map *M, const uint8_t *mask, f
     if (!Wz) return MPQ_ERR_NOMEM;
     for (size_t k = 0; k < n; k++) Wz[k] = mask && mask[k] ? 0.0f : M->W[k];
     mpq_bitplane_desc d = M->d;
-    d.sparse = NULL;
+    d.sparse = NULL, d.rotation = NULL; /* W is already in the coordinates of the columns */
     mpq_packed A;
     mpq_status st = mpq_pack_alloc(&d, Wz, &A);
     if (st == MPQ_OK) {
@@ -7056,7 +7076,7 @@ MPQ_DEF mpq_status mpq_requant_pack(const mpq_requant_map *M, mpq_packed *out)
     if (st == MPQ_OK) {
         mpq_bitplane_desc d = M->d;
         d.sparse = &S;
-        st = mpq_pack_alloc(&d, Wz, out);
+        st = mpq__pack_alloc_as(&d, Wz, 1, out);
     }
     mpq_sparse_free(&S);
     MPQ_FREE(D);
@@ -7734,7 +7754,6 @@ static mpq_status mpq__recipe_check_options(const mpq_recipe *r)
     if (r->bits < 0 || r->bits > MPQ_MAX_BITS || r->high_bits < 0 || r->high_bits > MPQ_MAX_BITS) return MPQ_ERR_BITS;
     if (r->requant && r->gptq) return MPQ_ERR_UNSUPPORTED;
     if (r->rotate < 0 || r->rotate > 1) return MPQ_ERR_ARG;
-    if (r->rotate && (r->planner != MPQ_PLANNER_NONE || r->requant)) return MPQ_ERR_UNSUPPORTED;
     if (r->requant && !(mpq__recipe_share(r->outliers) <= 0.5 && mpq__recipe_share(r->significant) <= 0.5))
         return MPQ_ERR_ARG;
     if (r->act_order &&
@@ -7848,6 +7867,21 @@ static mpq_status mpq__recipe_call_planner(const mpq_recipe *r, const mpq_recipe
     return st;
 }
 
+/* GPTQ's act-order of map m: by diag(H), or with the recipe's rotation by
+   diag(V H V^T), the X^T X of the inputs V x (rot: the map's V). */
+static mpq_status mpq__recipe_act_order(const mpq_recipe_map *m, const mpq_rotation *rot, uint32_t *order)
+{
+    if (!rot) return mpq_gptq_act_order(m->H, m->cols, order);
+    const size_t nn = (size_t)m->cols * (size_t)m->cols;
+    float *Hr = (float *)MPQ_MALLOC(sizeof(float) * nn);
+    if (!Hr) return MPQ_ERR_NOMEM;
+    memcpy(Hr, m->H, sizeof(float) * nn);
+    mpq_status st = mpq_rotation_conjugate(rot, Hr);
+    if (st == MPQ_OK) st = mpq_gptq_act_order(Hr, m->cols, order);
+    MPQ_FREE(Hr);
+    return st;
+}
+
 /* The planning step: every map's salience (SFMP under act-order: a copy
    with the columns in act-order, H released at once), then the plan. */
 static mpq_status mpq__recipe_plan(const mpq_recipe *r, mpq_recipe_map *maps, int n, const mpq_recipe_io *io,
@@ -7882,7 +7916,12 @@ static mpq_status mpq__recipe_plan(const mpq_recipe *r, mpq_recipe_map *maps, in
         MPQ_FREE(order);
         order = (uint32_t *)MPQ_MALLOC(sizeof(uint32_t) * (size_t)m->cols);
         own[i] = (float *)MPQ_MALLOC(sizeof(float) * (size_t)m->rows * (size_t)m->cols);
-        st = order && own[i] ? mpq_gptq_act_order(m->H, m->cols, order) : MPQ_ERR_NOMEM;
+        mpq_rotation rot;
+        memset(&rot, 0, sizeof rot);
+        st = order && own[i] ? MPQ_OK : MPQ_ERR_NOMEM;
+        if (st == MPQ_OK && r->rotate) st = mpq_rotation_init(&rot, m->cols, r->rotate_seed);
+        if (st == MPQ_OK) st = mpq__recipe_act_order(m, r->rotate ? &rot : NULL, order);
+        mpq_rotation_free(&rot);
         if (st == MPQ_OK) st = mpq_perm_apply(m->fisher, m->rows, m->cols, NULL, order, own[i]);
         S[i] = own[i];
         mpq__recipe_release(io, i, &maps[i], &fetched[i]);
@@ -7909,6 +7948,7 @@ typedef struct mpq__recipe_job {
     uint32_t *order;  /* act-order (d.p_col) */
     float *cs, *clip; /* AWQ (d.col_scale, d.clip) */
     mpq_rotation rot; /* d.rotation */
+    float *Wr;        /* ReQuant under a rotation: W V^T (mpq__recipe_sparse_w) */
 } mpq__recipe_job;
 
 static void mpq__recipe_job_free(mpq__recipe_job *J)
@@ -7916,8 +7956,21 @@ static void mpq__recipe_job_free(mpq__recipe_job *J)
     MPQ_FREE(J->order);
     MPQ_FREE(J->cs);
     MPQ_FREE(J->clip);
+    MPQ_FREE(J->Wr);
     mpq_rotation_free(&J->rot);
     memset(J, 0, sizeof *J);
+}
+
+/* The weights ReQuant's masks and sparse part are in: W, or under a
+   rotation W V^T (kept in the job), the coordinates of mpq_requant_map. */
+static mpq_status mpq__recipe_sparse_w(const mpq_recipe_map *m, mpq__recipe_job *J, const float **W)
+{
+    *W = m->W;
+    if (!J->d.rotation) return MPQ_OK;
+    float *none;
+    const mpq_status st = mpq__rotated_copies(J->d.rotation, m->rows, m->W, NULL, &J->Wr, &none);
+    *W = J->Wr;
+    return st;
 }
 
 /* Steps before the quantizer: the description (plan layer i, or the
@@ -7947,14 +8000,7 @@ static mpq_status mpq__recipe_prepare(const mpq_recipe *r, const mpq_plan *plan,
         *step = "act-order";
         if (d->p_col) return MPQ_ERR_ARG;
         J->order = (uint32_t *)MPQ_MALLOC(sizeof(uint32_t) * (size_t)m->cols);
-        float *Hr = NULL; /* the order of the inputs V x: diag(V H V^T) */
-        if (J->order && r->rotate && (Hr = (float *)MPQ_MALLOC(sizeof(float) * (size_t)m->cols * (size_t)m->cols))) {
-            memcpy(Hr, m->H, sizeof(float) * (size_t)m->cols * (size_t)m->cols);
-            st = mpq_rotation_conjugate(&J->rot, Hr);
-        }
-        if (st == MPQ_OK)
-            st = J->order && (Hr || !r->rotate) ? mpq_gptq_act_order(Hr ? Hr : m->H, m->cols, J->order) : MPQ_ERR_NOMEM;
-        MPQ_FREE(Hr);
+        st = J->order ? mpq__recipe_act_order(m, r->rotate ? &J->rot : NULL, J->order) : MPQ_ERR_NOMEM;
         d->p_col = J->order;
     }
     if (st == MPQ_OK && r->awq) {
@@ -7980,7 +8026,7 @@ static mpq_status mpq__recipe_pack(const mpq_recipe *r, const mpq_recipe_map *m,
     if (mask) {
         mpq_requant_map M;
         memset(&M, 0, sizeof M);
-        M.W = m->W, M.d = J->d, M.mask = (uint8_t *)(uintptr_t)mask;
+        M.W = J->Wr ? J->Wr : m->W, M.d = J->d, M.mask = (uint8_t *)(uintptr_t)mask;
         return mpq_requant_pack(&M, out);
     }
     if (r->gptq) {
@@ -7999,13 +8045,14 @@ MPQ_DEF mpq_status mpq_recipe_quantize(const mpq_recipe *r, int i, const mpq_rec
     if (st == MPQ_OK) st = mpq__recipe_check_map(r, i, m);
     if (st != MPQ_OK) return st;
     if (r->planner != MPQ_PLANNER_NONE || r->requant || (mask && r->gptq)) return MPQ_ERR_ARG;
-    if (mask && r->rotate) return MPQ_ERR_UNSUPPORTED; /* the sparse part is ReQuant's: see mpq_recipe.rotate */
     mpq_recipe_map c = *m;
     int fetched = 0;
     if ((st = mpq__recipe_fetch(r, NULL, i, mpq_recipe_needs(r), &c, &fetched)) != MPQ_OK) return st;
     mpq__recipe_job J;
     const char *step;
     st = mpq__recipe_prepare(r, r->plan, i, m, &J, &step);
+    const float *Ws;
+    if (st == MPQ_OK && mask) st = mpq__recipe_sparse_w(m, &J, &Ws);
     if (st == MPQ_OK) st = mpq__recipe_pack(r, m, &J, mask, out);
     mpq__recipe_job_free(&J);
     return st;
@@ -8067,8 +8114,9 @@ static mpq_status mpq__recipe_requant(const mpq_recipe *r, const mpq_plan *plan,
         if (st == MPQ_OK && (st = mpq__check_finite(maps[i].pqi, nw)) == MPQ_OK)
             for (size_t k = 0; k < nw && st == MPQ_OK; k++)
                 if (maps[i].pqi[k] < 0.0f) st = MPQ_ERR_RANGE;
+        if (st == MPQ_OK) st = mpq__recipe_sparse_w(&maps[i], &J[i], &M[i].W);
         if (st != MPQ_OK) break;
-        M[i].W = maps[i].W, M[i].pqi = maps[i].pqi, M[i].d = J[i].d;
+        M[i].pqi = maps[i].pqi, M[i].d = J[i].d;
         M[i].mask = (uint8_t *)MPQ_MALLOC((size_t)maps[i].rows * (size_t)maps[i].cols);
         if (!M[i].mask) st = MPQ_ERR_NOMEM;
     }

@@ -535,11 +535,31 @@ typedef struct mpq__cal {
     const mpq_calib_opts *o;
     double t0;
     mpq_llm_train *t;
+    /* rotated statistics */
+    mpq_rotation *rot; /* kinds: V of each input's size; NULL: unrotated */
+    float *rbuf;       /* an input block or a gradient rotated (or one map's W V^T) */
+    float *wo;         /* PQI: the flat weights back in original coordinates */
 } mpq__cal;
 
 static int mpq__cols_of(const mpq_llm_config *c, int kind)
 {
     return kind == 3 ? c->ffn : kind == 1 ? c->heads * c->head_dim : c->dim;
+}
+
+static mpq_linear *mpq__lin(const mpq_llm *m, int i) { return &m->layer[i / MPQ_LIN_COUNT].lin[i % MPQ_LIN_COUNT]; }
+
+/* The rotation of linear map `lin`'s inputs (NULL: unrotated statistics). */
+static const mpq_rotation *mpq__cal_rot(const mpq__cal *C, int lin) { return C->rot ? &C->rot[mpq__kind(lin)] : NULL; }
+
+/* rows vectors of a map with rotation r copied to C->rbuf and rotated (V^T
+   with transpose): the rotated block, or src itself when r is NULL. */
+static const float *mpq__cal_rotated(mpq__cal *C, const mpq_rotation *r, const float *src, int rows, int transpose)
+{
+    if (!r) return src;
+    memcpy(C->rbuf, src, sizeof(float) * (size_t)rows * (size_t)r->n);
+    const mpq_status st = mpq_rotation_apply(r, C->rbuf, rows, transpose);
+    if (st != MPQ_OK) C->st = st;
+    return C->rbuf;
 }
 
 /* The global index (over all windows, positions 1..len-1) of AWQ sample k. */
@@ -555,8 +575,11 @@ static void mpq__cal_observe(void *user, int layer, int lin, const float *x, int
     const int slot = layer * MPQ__KINDS + mpq__kind(lin);
     const float *x1 = x + cols; /* position 0 (the attention sink) left out */
     const int T1 = T - 1;
-    mpq_status st = mpq_hessian_diag_add(&C->xdiag[slot], x1, T1, cols);
-    if (st == MPQ_OK) st = mpq_mean_abs_add(&C->mabs[slot], x1, T1, cols);
+    /* the per-column sums of the inputs the quantizer sees: V x when rotated */
+    const float *xs = mpq__cal_rotated(C, mpq__cal_rot(C, lin), x1, T1, 0);
+    mpq_status st = C->st;
+    if (st == MPQ_OK) st = mpq_hessian_diag_add(&C->xdiag[slot], xs, T1, cols);
+    if (st == MPQ_OK) st = mpq_mean_abs_add(&C->mabs[slot], xs, T1, cols);
     if (st != MPQ_OK) {
         C->st = st;
         return;
@@ -591,8 +614,9 @@ static void mpq__cal_grad(void *user, int layer, int lin, const float *G, int ro
     if (C->st != MPQ_OK) return;
     const int i = layer * MPQ_LIN_COUNT + lin;
     const size_t n = (size_t)rows * (size_t)cols;
-    mpq_status st = MPQ_OK;
-    if (C->fisher) st = mpq_fisher_add(&C->fisher[i], G, n);
+    G = mpq__cal_rotated(C, mpq__cal_rot(C, lin), G, rows, 0); /* G V^T: the gradient at W V^T */
+    mpq_status st = C->st;
+    if (st == MPQ_OK && C->fisher) st = mpq_fisher_add(&C->fisher[i], G, n);
     if (st == MPQ_OK && C->mixllm) st = mpq_mixllm_add(&C->mixllm[i], G, C->delta[i], rows, cols);
     C->st = st;
 }
@@ -603,6 +627,7 @@ static void mpq__pqi_grad_cb(void *user, int layer, int lin, const float *G, int
     mpq__cal *C = (mpq__cal *)user;
     float *g = C->grad + C->off[layer * MPQ_LIN_COUNT + lin];
     const size_t n = (size_t)rows * (size_t)cols;
+    G = mpq__cal_rotated(C, mpq__cal_rot(C, lin), G, rows, 0);
     for (size_t k = 0; k < n; k++) g[k] += (float)(C->wscale * G[k]);
 }
 
@@ -619,7 +644,16 @@ static void mpq__window(mpq__cal *C, int i)
 static mpq_status mpq__pqi_grad(void *user, const float *w, float *grad, size_t n)
 {
     mpq__cal *C = (mpq__cal *)user;
-    for (int i = 0; i < C->nlin; i++) C->Wp[i] = w + C->off[i];
+    for (int i = 0; i < C->nlin; i++) { /* rotated: the model runs at W = W' V */
+        const mpq_rotation *r = mpq__cal_rot(C, i % MPQ_LIN_COUNT);
+        C->Wp[i] = w + C->off[i];
+        if (!r) continue;
+        float *o = C->wo + C->off[i];
+        memcpy(o, w + C->off[i], sizeof(float) * (C->off[i + 1] - C->off[i]));
+        const mpq_status st = mpq_rotation_apply(r, o, mpq__lin(C->m, i)->rows, 1);
+        if (st != MPQ_OK) return st;
+        C->Wp[i] = o;
+    }
     memset(grad, 0, sizeof(float) * n);
     C->grad = grad;
     const int pw = C->s->pqi_windows;
@@ -628,28 +662,36 @@ static mpq_status mpq__pqi_grad(void *user, const float *w, float *grad, size_t 
     for (int k = 0; k < pw && st == MPQ_OK; k++) {
         mpq__window(C, k);
         st = mpq_llm_backward(C->m, C->t, C->win, C->len, C->Wp, NULL, mpq__pqi_grad_cb, C, NULL);
+        if (st == MPQ_OK) st = C->st;
         C->pqi_done++;
         if (C->o->progress) C->o->progress(C->o->user, "pqi", C->pqi_done, C->s->pqi_steps * pw, mpq__now() - C->t0);
     }
     return st;
 }
 
-/* W dequantized after round-to-nearest at `bits` (g128) or MXINT4. */
-static mpq_status mpq__rtn(const mpq_linear *L, int bits, int mxint, float *out)
+/* W dequantized after round-to-nearest at `bits` (g128) or MXINT4; with
+   r, W' = W V^T (written to wr, rows x cols) in its place, and out in the
+   coordinates of W'. */
+static mpq_status mpq__rtn(const mpq_linear *L, const mpq_rotation *r, int bits, int mxint, float *out, float *wr)
 {
     mpq_bitplane_desc d;
     memset(&d, 0, sizeof d);
     d.rows = L->rows, d.cols = L->cols, d.uniform_bits = bits;
     if (mxint) d.format = MPQ_FORMAT_MXINT;
+    const float *W = L->W;
+    if (r) {
+        memcpy(wr, L->W, sizeof(float) * (size_t)L->rows * (size_t)L->cols);
+        const mpq_status st = mpq_rotation_apply(r, wr, L->rows, 0);
+        if (st != MPQ_OK) return st;
+        W = wr;
+    }
     mpq_packed A;
-    mpq_status st = mpq_pack_alloc(&d, L->W, &A);
+    mpq_status st = mpq_pack_alloc(&d, W, &A);
     if (st != MPQ_OK) return st;
     st = mpq_packed_dequantize(&A, 0, out);
     mpq_packed_free(&A);
     return st;
 }
-
-static mpq_linear *mpq__lin(const mpq_llm *m, int i) { return &m->layer[i / MPQ_LIN_COUNT].lin[i % MPQ_LIN_COUNT]; }
 
 void mpq_calib_stats_free(mpq_calib_stats *s)
 {
@@ -700,6 +742,9 @@ static void mpq__cal_free(mpq__cal *C)
     }
     free(C->fisher), free(C->mixllm), free(C->delta), free(C->xdiag), free(C->mabs), free(C->xtx), free(C->awq);
     free(C->awq_got), free(C->off), free(C->Wp), free(C->win);
+    if (C->rot)
+        for (int k = 0; k < MPQ__KINDS; k++) mpq_rotation_free(&C->rot[k]);
+    free(C->rot), free(C->rbuf), free(C->wo);
     mpq_llm_train_free(C->t);
 }
 
@@ -737,10 +782,10 @@ static mpq_status mpq__cal_pqi(mpq__cal *C)
     float *w = (float *)malloc(sizeof(float) * N), *wq = (float *)malloc(sizeof(float) * N);
     float *v = (float *)malloc(sizeof(float) * N);
     mpq_status st = w && wq && v ? MPQ_OK : MPQ_ERR_NOMEM;
-    for (int i = 0; st == MPQ_OK && i < C->nlin; i++) {
+    for (int i = 0; st == MPQ_OK && i < C->nlin; i++) { /* rotated: W' -> Q(W') */
         const mpq_linear *L = mpq__lin(C->m, i);
         memcpy(w + C->off[i], L->W, sizeof(float) * (C->off[i + 1] - C->off[i]));
-        st = mpq__rtn(L, C->s->pqi_bits, 0, wq + C->off[i]);
+        st = mpq__rtn(L, mpq__cal_rot(C, i % MPQ_LIN_COUNT), C->s->pqi_bits, 0, wq + C->off[i], w + C->off[i]);
     }
     if (st == MPQ_OK) st = mpq_pqi(w, wq, N, C->s->pqi_steps, mpq__pqi_grad, C, v);
     for (int i = 0; st == MPQ_OK && i < C->nlin; i++)
@@ -769,7 +814,9 @@ static mpq_status mpq__cal_sens(mpq__cal *C)
     if (st == MPQ_OK) memcpy(ref, C->t->hf, sizeof(float) * (size_t)T * D);
     for (int i = 0; st == MPQ_OK && i < C->nlin; i++) {
         const int l = i / MPQ_LIN_COUNT;
-        if ((st = mpq__rtn(mpq__lin(C->m, i), 4, 1, Wq)) != MPQ_OK) break;
+        const mpq_rotation *r = mpq__cal_rot(C, i % MPQ_LIN_COUNT); /* rotated: MXINT4(W') V */
+        if ((st = mpq__rtn(mpq__lin(C->m, i), r, 4, 1, Wq, C->rbuf)) != MPQ_OK) break;
+        if (r && (st = mpq_rotation_apply(r, Wq, mpq__lin(C->m, i)->rows, 1)) != MPQ_OK) break;
         C->Wp[i] = Wq;
         mpq__forward(C->m, C->t, C->Wp, l, C->t->slot[l].xin, T, 0, NULL, NULL);
         C->Wp[i] = NULL;
@@ -804,9 +851,10 @@ mpq_status mpq_llm_calibrate(const mpq_llm *m, const int32_t *tokens, size_t n, 
     s.pqi_steps = d.pqi_steps ? d.pqi_steps : 4;
     s.pqi_windows = d.pqi_windows ? d.pqi_windows : 4;
     s.sens_tokens = d.sens_tokens ? d.sens_tokens : 256;
-    if (s.what & ~(MPQ_CALIB_ALL | MPQ_CALIB_XTX) || s.length < 2 || s.windows < 1 || s.awq_tokens < 1 ||
-        s.mixllm_bits < 1 || s.mixllm_bits > 8 || s.pqi_bits < 1 || s.pqi_bits > 8 || s.pqi_steps < 1 ||
-        s.pqi_windows < 1 || s.sens_tokens < 2 || d.windows < 0 || d.length < 0)
+    s.rotate = d.rotate, s.rotate_seed = d.rotate ? d.rotate_seed : 0;
+    if (s.what & ~(MPQ_CALIB_ALL | MPQ_CALIB_XTX) || d.rotate < 0 || d.rotate > 1 || s.length < 2 || s.windows < 1 ||
+        s.awq_tokens < 1 || s.mixllm_bits < 1 || s.mixllm_bits > 8 || s.pqi_bits < 1 || s.pqi_bits > 8 ||
+        s.pqi_steps < 1 || s.pqi_windows < 1 || s.sens_tokens < 2 || d.windows < 0 || d.length < 0)
         return mpq__fail(err, MPQ_ERR_ARG, "calibration", "an option is out of range");
     for (size_t i = 0; i < n; i++)
         if (tokens[i] < 0 || tokens[i] >= m->c.vocab)
@@ -837,8 +885,29 @@ mpq_status mpq_llm_calibrate(const mpq_llm *m, const int32_t *tokens, size_t n, 
     C.Wp = (const float **)calloc((size_t)C.nlin, sizeof(float *));
     C.win = (int32_t *)malloc(sizeof(int32_t) * (size_t)s.length);
     st = C.off && C.Wp && C.win ? MPQ_OK : MPQ_ERR_NOMEM;
-    for (int i = 0; st == MPQ_OK && i < C.nlin; i++)
+    size_t maxw = 0;
+    for (int i = 0; st == MPQ_OK && i < C.nlin; i++) {
         C.off[i + 1] = C.off[i] + (size_t)mpq__lin(m, i)->rows * (size_t)mpq__lin(m, i)->cols;
+        maxw = C.off[i + 1] - C.off[i] > maxw ? C.off[i + 1] - C.off[i] : maxw;
+    }
+    if (st == MPQ_OK && s.rotate) {
+        size_t maxc = 0; /* the largest input */
+        for (int k = 0; k < MPQ__KINDS; k++)
+            maxc = (size_t)mpq__cols_of(&m->c, k) > maxc ? (size_t)mpq__cols_of(&m->c, k) : maxc;
+        const size_t block = maxc * (size_t)s.length;
+        C.rot = (mpq_rotation *)calloc(MPQ__KINDS, sizeof(mpq_rotation));
+        C.rbuf = (float *)malloc(sizeof(float) * (block > maxw ? block : maxw));
+        if (!C.rot || !C.rbuf) st = MPQ_ERR_NOMEM;
+        if (st == MPQ_OK && (s.what & MPQ_CALIB_PQI) && !(C.wo = (float *)malloc(sizeof(float) * C.off[C.nlin])))
+            st = MPQ_ERR_NOMEM;
+        for (int k = 0; st == MPQ_OK && k < MPQ__KINDS; k++)
+            st = mpq_rotation_init(&C.rot[k], mpq__cols_of(&m->c, k), s.rotate_seed);
+        if (st == MPQ_ERR_SIZE) {
+            mpq__cal_free(&C);
+            return mpq__fail(err, st, "calibration", "no rotation of this model's input sizes (an odd part above %d)",
+                             MPQ_ROTATION_MAX_ODD);
+        }
+    }
     if (st == MPQ_OK && (s.what & MPQ_CALIB_FISHER)) {
         C.fisher = (mpq_stat *)calloc((size_t)C.nlin, sizeof(mpq_stat));
         st = C.fisher ? MPQ_OK : MPQ_ERR_NOMEM;
@@ -851,10 +920,12 @@ mpq_status mpq_llm_calibrate(const mpq_llm *m, const int32_t *tokens, size_t n, 
         for (int i = 0; st == MPQ_OK && i < C.nlin; i++) {
             const mpq_linear *L = mpq__lin(m, i);
             const size_t nw = C.off[i + 1] - C.off[i];
+            const mpq_rotation *r = mpq__cal_rot(&C, i % MPQ_LIN_COUNT); /* rotated: Q(W') - W' */
             st = mpq_stat_init(&C.mixllm[i], (size_t)L->rows);
             if (st == MPQ_OK && !(C.delta[i] = (float *)malloc(sizeof(float) * nw))) st = MPQ_ERR_NOMEM;
-            if (st == MPQ_OK) st = mpq__rtn(L, s.mixllm_bits, 0, C.delta[i]);
-            for (size_t k = 0; st == MPQ_OK && k < nw; k++) C.delta[i][k] -= L->W[k];
+            if (st == MPQ_OK) st = mpq__rtn(L, r, s.mixllm_bits, 0, C.delta[i], C.rbuf);
+            const float *W = r ? C.rbuf : L->W;
+            for (size_t k = 0; st == MPQ_OK && k < nw; k++) C.delta[i][k] -= W[k];
         }
     }
     if (st == MPQ_OK && (s.what & (MPQ_CALIB_ACTS | MPQ_CALIB_XTX))) {
@@ -932,6 +1003,20 @@ mpq_status mpq_llm_calibrate(const mpq_llm *m, const int32_t *tokens, size_t n, 
 /* The statistics file                                                        */
 /* ========================================================================== */
 
+int mpq_calib_parse_seed(const char *v, uint64_t *seed)
+{
+    if (!v || !*v || strlen(v) > 20) return 0;
+    uint64_t x = 0;
+    for (const char *c = v; *c; c++) {
+        if (*c < '0' || *c > '9') return 0;
+        const uint64_t d = (uint64_t)(*c - '0');
+        if (x > (UINT64_MAX - d) / 10) return 0; /* past 2^64 - 1 */
+        x = x * 10 + d;
+    }
+    *seed = x;
+    return 1;
+}
+
 uint64_t mpq_text_hash(const char *s, size_t n)
 {
     uint64_t h = 1469598103934665603ull; /* FNV-1a, 64 bits */
@@ -980,6 +1065,15 @@ mpq_status mpq_calib_write(const mpq_llm *m, const mpq_calib_stats *s, const cha
     char *meta = NULL;
     mpq_status st = mpq__meta_json(keys, vals, 10, extra_json, path, &meta, err);
     if (st != MPQ_OK) return st;
+    if (s->rotate) { /* the seed as a decimal string: a JSON number would round it past 2^53 */
+        cJSON *o = cJSON_Parse(meta);
+        char seed[24];
+        snprintf(seed, sizeof seed, "%llu", (unsigned long long)s->rotate_seed);
+        free(meta);
+        meta = o && cJSON_AddStringToObject(o, "rotate_seed", seed) ? cJSON_PrintUnformatted(o) : NULL;
+        cJSON_Delete(o);
+        if (!meta) return mpq__fail(err, MPQ_ERR_NOMEM, path, "out of memory");
+    }
     mpq_st_writer *w = NULL;
     st = mpq_st_writer_open(path, &w, err);
     if (st == MPQ_OK) st = mpq_st_write_meta(w, "mpq_calib", meta, err);
@@ -1001,6 +1095,25 @@ mpq_status mpq_calib_write(const mpq_llm *m, const mpq_calib_stats *s, const cha
     }
     if (st == MPQ_OK) return mpq_st_writer_close(w, err);
     mpq_st_writer_abort(w);
+    return st;
+}
+
+mpq_status mpq_calib_file_basis(const mpq_st_file *f, const char *path, int *rotate, uint64_t *seed, mpq_io_err *err)
+{
+    if (!f || !rotate || !seed) return MPQ_ERR_ARG;
+    *rotate = 0, *seed = 0;
+    const char *meta = mpq_st_meta(f, "mpq_calib");
+    if (!meta) return MPQ_OK;
+    cJSON *o = cJSON_Parse(meta);
+    if (!o) return mpq__fail(err, MPQ_ERR_FORMAT, path ? path : "statistics", "mpq_calib metadata is not JSON");
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, "rotate_seed");
+    mpq_status st = MPQ_OK;
+    if (v && mpq_calib_parse_seed(cJSON_IsString(v) ? v->valuestring : NULL, seed))
+        *rotate = 1;
+    else if (v)
+        st = mpq__fail(err, MPQ_ERR_FORMAT, path ? path : "statistics",
+                       "mpq_calib: 'rotate_seed' is not a decimal seed");
+    cJSON_Delete(o);
     return st;
 }
 
@@ -1033,6 +1146,7 @@ mpq_status mpq_calib_read(const mpq_llm *m, const char *path, mpq_calib_stats *o
         s.loss = cJSON_IsNumber(v) ? v->valuedouble : 0;
         v = cJSON_GetObjectItemCaseSensitive(o, "act_tokens");
         s.act_tokens = cJSON_IsNumber(v) ? (long)v->valuedouble : 0;
+        if (st == MPQ_OK) st = mpq_calib_file_basis(f, path, &s.rotate, &s.rotate_seed, err);
     }
     cJSON_Delete(o);
     char name[512], base[448], first[512];

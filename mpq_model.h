@@ -536,7 +536,23 @@ mpq_status mpq_llm_backward_params(const mpq_llm *m, mpq_llm_train *t, const int
    the windows run, about 28 while PQI runs (the weights, their target and
    the result as flat vectors, and mpq_pqi's sums), 4 for each per-weight
    statistic returned; it does not grow with the number of windows.
-   Deterministic for any thread count. */
+   Deterministic for any thread count.
+
+   ROTATED STATISTICS (rotate = 1): what a recipe with rotate and the same
+   seed quantizes is W' = W V^T per map (V of the map's column count, as
+   mpq_rotation_init makes it), and the planners' salience and ReQuant's
+   PQI must be those of W'. None of them follows from the unrotated ones
+   (each is a sum of squares or of absolute values per weight or column),
+   so each is gathered in that basis, exactly: fisher from the window
+   gradients G V^T (the gradient with respect to W'); mixllm from G V^T
+   and d = Q(W') - W'; xtx_diag and mean_abs from the inputs V x; pqi along
+   W' -> Q(W') with the gradients G V^T, the model run at W = W' V; and
+   layer_sens with each map at MXINT4(W') V. The two statistics that are
+   linear in the inputs, the AWQ rows and X^T X, stay in original
+   coordinates: the recipe rotates them exactly (X V^T, V H V^T), so one
+   such file serves rotated and unrotated recipes. The file records the
+   seed ("rotate_seed" in its metadata). V x costs n (log2 p + m) per
+   vector: a few percent more time. */
 #define MPQ_CALIB_FISHER     0x01u
 #define MPQ_CALIB_MIXLLM     0x02u
 #define MPQ_CALIB_ACTS       0x04u /* xtx_diag, mean_abs, awq */
@@ -555,6 +571,8 @@ typedef struct mpq_calib_opts {
     int pqi_steps;   /* 0 -> 4 */
     int pqi_windows; /* 0 -> 4 (at most windows) */
     int sens_tokens; /* 0 -> 256 (at most length) */
+    int rotate;      /* 1: in the basis of mpq_recipe.rotate (see ROTATED STATISTICS) */
+    uint64_t rotate_seed;
     /* called during the passes (may be NULL): phase "windows", "pqi" or
        "sensitivity", steps done of total, seconds since the start */
     void (*progress)(void *user, const char *phase, int done, int total, double seconds);
@@ -565,6 +583,8 @@ typedef struct mpq_calib_stats {
     int nlin; /* layers x MPQ_LIN_COUNT */
     int windows, length, awq_tokens, mixllm_bits, pqi_bits, pqi_steps, pqi_windows, sens_tokens;
     unsigned what;
+    int rotate; /* 1: gathered in the basis of the rotation from rotate_seed */
+    uint64_t rotate_seed;
     double loss;     /* mean loss over the windows (nats per token) */
     long act_tokens; /* tokens in the activation statistics */
     float **fisher, **mixllm, **xtx_diag, **mean_abs, **awq, **xtx, **pqi; /* nlin each, or NULL arrays */
@@ -581,6 +601,10 @@ void mpq_calib_stats_free(mpq_calib_stats *s);
    of the bytes), so that a file's statistics can be matched to their text. */
 uint64_t mpq_text_hash(const char *s, size_t n);
 
+/* A rotation seed as the statistics file and the tool write it: decimal
+   digits only, at most 2^64 - 1. 1 and *seed set, or 0. */
+int mpq_calib_parse_seed(const char *v, uint64_t *seed);
+
 /* THE STATISTICS FILE (safetensors, F32), what `mpq quantize --stats`
    reads: for every linear map with weight name N (the model's own names),
    the tensors N.fisher, N.mixllm, N.xtx_diag, N.mean_abs, N.awq, N.xtx,
@@ -596,6 +620,11 @@ mpq_status mpq_calib_write(const mpq_llm *m, const mpq_calib_stats *s, const cha
    s->what has the flag of every statistic present (MPQ_CALIB_ACTS when
    any of xtx_diag, mean_abs and awq is; the arrays of the others NULL). */
 mpq_status mpq_calib_read(const mpq_llm *m, const char *path, mpq_calib_stats *s, mpq_io_err *err);
+/* The basis of an open statistics file's salience (ROTATED STATISTICS):
+   *rotate 1 and *seed from its "mpq_calib" metadata, or *rotate 0 (also
+   for a file without that metadata). MPQ_ERR_FORMAT (err names path) for
+   metadata that is not JSON or a rotate_seed that is not a seed. */
+mpq_status mpq_calib_file_basis(const mpq_st_file *f, const char *path, int *rotate, uint64_t *seed, mpq_io_err *err);
 
 #ifdef __cplusplus
 }

@@ -38,13 +38,16 @@ static inline void row_progress(void *user, const char *step, int done, int tota
 
 /* Quantizes every linear map of m's layers (and, at --embed-bits, its
    embedding) as the options `args` and then `common` (may be "") say, with
-   the statistics S (mpq calibrate) and Hs (X^T X, mpq calibrate --stats
-   xtx; may be NULL); the packed matrices go into m. progress (may be
+   the statistics S (mpq calibrate), Hs (X^T X, mpq calibrate --stats
+   xtx; may be NULL) and Sr (may be NULL: mpq calibrate --rotate SEED, the
+   planners' and ReQuant's statistics under --rotate SEED, which must be
+   the seed Sr records; AWQ's rows come from S either way); the packed
+   matrices go into m. progress (may be
    NULL) sees the recipe's steps. *res: the recipe's result, *bpw (may be
    NULL): the planner's budget after --bpw min. 0, or an exit code after a
    message. */
 static inline int quantize_row(const char *args, const char *common, mpq_llm *m, const mpq_calib_stats *S,
-                               const mpq_calib_stats *Hs,
+                               const mpq_calib_stats *Hs, const mpq_calib_stats *Sr,
                                void (*progress)(void *, const char *, int, int, const char *), void *user,
                                mpq_recipe_result *res, double *bpw)
 {
@@ -61,6 +64,15 @@ static inline int quantize_row(const char *args, const char *common, mpq_llm *m,
     int rc = cli_parse(&qargs_spec, argc, argv, &q, sizeof q, pos, &npos, &seen);
     if (!rc) rc = qargs_recipe(&q, &seen, &r);
     if (rc) return rc < 0 ? EXIT_USAGE : rc;
+    const mpq_calib_stats *P = r.rotate ? Sr : S; /* the salience and PQI, in the basis of the recipe */
+    if (r.rotate && (mpq_recipe_needs(&r) & (MPQ_RECIPE_SALIENCE | MPQ_RECIPE_PQI)) &&
+        (!Sr || !Sr->rotate || Sr->rotate_seed != r.rotate_seed))
+        return fail(EXIT_INPUT, "%s: needs statistics gathered in the rotated basis (mpq calibrate --rotate %llu)",
+                    args, (unsigned long long)r.rotate_seed);
+    if (!r.rotate && (mpq_recipe_needs(&r) & (MPQ_RECIPE_SALIENCE | MPQ_RECIPE_PQI)) && S->rotate)
+        return fail(EXIT_INPUT, "%s: the statistics are of rotated weights (seed %llu); the row has no --rotate", args,
+                    (unsigned long long)S->rotate_seed);
+    if (!P) P = S;
     const int n = m->c.layers * MPQ_LIN_COUNT;
     mpq_recipe_map *maps = (mpq_recipe_map *)calloc((size_t)n, sizeof *maps);
     char(*names)[80] = (char(*)[80])calloc((size_t)n, 80);
@@ -72,11 +84,11 @@ static inline int quantize_row(const char *args, const char *common, mpq_llm *m,
         p->name = mpq_llm_linear_name(m->c.gguf_names, i / MPQ_LIN_COUNT, i % MPQ_LIN_COUNT, 0, names[i], 80);
         p->X = S->awq ? S->awq[i] : NULL, p->tokens = S->awq_tokens;
         p->H = Hs && Hs->xtx ? Hs->xtx[i] : NULL;
-        p->pqi = S->pqi ? S->pqi[i] : NULL;
-        p->fisher = S->fisher ? S->fisher[i] : NULL;
-        p->channel = S->mixllm ? S->mixllm[i] : NULL;
-        p->col_sens = S->xtx_diag ? S->xtx_diag[i] : NULL;
-        p->layer_sens = S->layer_sens ? S->layer_sens[i] : 1.0f;
+        p->pqi = P->pqi ? P->pqi[i] : NULL;
+        p->fisher = P->fisher ? P->fisher[i] : NULL;
+        p->channel = P->mixllm ? P->mixllm[i] : NULL;
+        p->col_sens = P->xtx_diag ? P->xtx_diag[i] : NULL;
+        p->layer_sens = P->layer_sens ? P->layer_sens[i] : 1.0f;
     }
     if (!rc) rc = qargs_budget(&q, &r, maps, n);
     if (!rc) {

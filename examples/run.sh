@@ -4,8 +4,10 @@
 # (examples/fetch.sh), builds mpq in release mode, gathers the statistics
 # of every method once with `mpq calibrate` (build/llm/stats.safetensors,
 # about 13 minutes on 2 cores, and GPTQ's X^T X over 64 windows in
-# build/llm/hessian.safetensors, about 10 minutes; both reused until the
-# model or the calibration text changes) and runs llm_methods: every
+# build/llm/hessian.safetensors, about 10 minutes, and the Fisher of the
+# rotated weights in build/llm/stats_rot.safetensors, about 5 minutes; each
+# reused until the model or the calibration text changes) and runs
+# llm_methods: every
 # method of the library on the real model - quantization, perplexity as
 # llama.cpp computes it, bits per weight and decode tokens per second -
 # printing the table and writing build/llm/results.md and
@@ -40,7 +42,7 @@ esac
 bash examples/fetch.sh
 ninja -C build/demo llm_methods >/dev/null
 model=build/models/SmolLM2-135M-Instruct.Q4_1.gguf calib=build/text/calib.txt stats=build/llm/stats.safetensors
-hessian=build/llm/hessian.safetensors
+hessian=build/llm/hessian.safetensors rot_stats=build/llm/stats_rot.safetensors
 mkdir -p build/llm
 if [ ! -s "$stats" ] || [ "$model" -nt "$stats" ] || [ "$calib" -nt "$stats" ]; then
     echo "statistics: mpq calibrate $model $calib -o $stats (once; reused until the model or the text changes)"
@@ -50,4 +52,8 @@ if [ ! -s "$hessian" ] || [ "$model" -nt "$hessian" ] || [ "$calib" -nt "$hessia
     echo "GPTQ's X^T X: mpq calibrate --stats xtx --windows 64 $model $calib -o $hessian (once, likewise)"
     build/demo/mpq calibrate --stats xtx --windows 64 "$model" "$calib" -o "$hessian"
 fi
-exec build/demo/llm_methods --stats "$stats" --hessian "$hessian" "$@"
+if [ ! -s "$rot_stats" ] || [ "$model" -nt "$rot_stats" ] || [ "$calib" -nt "$rot_stats" ]; then
+    echo "the rotated weights' Fisher: mpq calibrate --rotate 1 --stats fisher $model $calib -o $rot_stats (once, likewise)"
+    build/demo/mpq calibrate --rotate 1 --stats fisher "$model" "$calib" -o "$rot_stats"
+fi
+exec build/demo/llm_methods --stats "$stats" --hessian "$hessian" --rot-stats "$rot_stats" "$@"

@@ -678,6 +678,237 @@ static int same_stats(const mpq_calib_stats *a, const mpq_calib_stats *b, const 
         same_arrays(a->awq, b->awq, a, m, 3) && !memcmp(a->layer_sens, b->layer_sens, sizeof(float) * (size_t)a->nlin);
 }
 
+/* ---- rotated statistics ------------------------------------------------------ */
+
+/* Row j of V (V^T e_j): where weight j of a row of W' = W V^T moves a row
+   of W = W' V. */
+static void v_row(const mpq_rotation *R, int j, double *v)
+{
+    for (int c = 0; c < R->n; c++) v[c] = c == j;
+    cr_assert_eq(mpq_rotation_apply_f64(R, v, 1, 1), MPQ_OK);
+}
+
+/* Central difference of the reference loss along `dir` (cols) in row `row`
+   of map (l, k): the derivative with respect to a weight of W' when dir is
+   that weight's row of V. */
+static double fd_dir(const tl_model *t, wset *s, int l, int k, int row, const double *dir, const int32_t *tok, int n)
+{
+    const int cols = tl_cols(t, k);
+    float *w = s->w[l][k] + (size_t)row * cols, *w0 = (float *)malloc(sizeof(float) * cols);
+    memcpy(w0, w, sizeof(float) * cols);
+    double nrm = 0, mx = 0;
+    for (int c = 0; c < cols; c++) nrm += dir[c] * dir[c], mx = fmax(mx, fabs(w0[c]));
+    const double h = 2e-3 * (mx + 0.05) / sqrt(nrm);
+    for (int c = 0; c < cols; c++) w[c] = (float)(w0[c] + h * dir[c]);
+    const double lp = ref_loss(t, s->w, tok, n);
+    for (int c = 0; c < cols; c++) w[c] = (float)(w0[c] - h * dir[c]);
+    const double lm = ref_loss(t, s->w, tok, n);
+    memcpy(w, w0, sizeof(float) * cols);
+    free(w0);
+    return (lp - lm) / (2 * h);
+}
+
+/* W' = W V^T of map (l, k) as the quantizers see it, and Q(W') - W' for
+   RTN at `bits` g128 (mx: MXINT4) when d is not NULL. */
+static float *rotated_w(const tl_model *t, const mpq_rotation *R, int l, int k, int bits, int mx, float *d)
+{
+    const int rows = tl_rows(t, k), cols = tl_cols(t, k);
+    float *Wr = (float *)malloc(sizeof(float) * rows * cols);
+    memcpy(Wr, t->w[l][k], sizeof(float) * rows * cols);
+    cr_assert_eq(mpq_rotation_apply(R, Wr, rows, 0), MPQ_OK);
+    if (!d) return Wr;
+    mpq_bitplane_desc q;
+    memset(&q, 0, sizeof q);
+    q.rows = rows, q.cols = cols, q.uniform_bits = bits;
+    if (mx) q.format = MPQ_FORMAT_MXINT;
+    mpq_packed A;
+    cr_assert_eq(mpq_pack_alloc(&q, Wr, &A), MPQ_OK);
+    cr_assert_eq(mpq_packed_dequantize(&A, 0, d), MPQ_OK);
+    mpq_packed_free(&A);
+    for (size_t j = 0; j < (size_t)rows * cols; j++) d[j] -= Wr[j];
+    return Wr;
+}
+
+/* rows x cols A' back to original coordinates, A' V, in float64. */
+static void unrotate(const mpq_rotation *R, const double *Ar, int rows, float *A)
+{
+    double *v = (double *)malloc(sizeof(double) * R->n);
+    for (int i = 0; i < rows; i++) {
+        memcpy(v, Ar + (size_t)i * R->n, sizeof(double) * R->n);
+        cr_assert_eq(mpq_rotation_apply_f64(R, v, 1, 1), MPQ_OK);
+        for (int c = 0; c < R->n; c++) A[(size_t)i * R->n + c] = (float)v[c];
+    }
+    free(v);
+}
+
+Test(calib, rotated_statistics_are_those_of_the_rotated_weights)
+{
+    tl_model t;
+    shape(&t, 0, 1, 0); /* inputs of 40 = 8 x 5, 48 = 16 x 3, 72 = 8 x 9 */
+    tl_make(&t, 66);
+    mpq_llm *m = load_hf(&t);
+    synth_rng r = {17};
+    int32_t text[NTOK], win[WINDOWS][LEN];
+    random_tokens(&r, &t, text, NTOK);
+    for (int i = 0; i < WINDOWS; i++) window(m, text, i, win[i]);
+    const uint64_t seed = 18446744073709551557ull; /* past 2^53: the file keeps it exactly */
+    mpq_calib_opts o;
+    memset(&o, 0, sizeof o);
+    o.what = MPQ_CALIB_ALL | MPQ_CALIB_XTX, o.windows = WINDOWS, o.length = LEN, o.awq_tokens = 7, o.pqi_steps = 3;
+    o.pqi_windows = 2, o.sens_tokens = 8, o.rotate = 1, o.rotate_seed = seed;
+    mpq_calib_stats s, u;
+    mpq_io_err e;
+    cr_assert_eq(mpq_llm_calibrate(m, text, NTOK, &o, &s, &e), MPQ_OK, "%s", e.msg);
+    cr_assert(s.rotate == 1 && s.rotate_seed == seed);
+    o.rotate = 0;
+    cr_assert_eq(mpq_llm_calibrate(m, text, NTOK, &o, &u, &e), MPQ_OK, "%s", e.msg);
+    mpq_rotation R[7];
+    for (int k = 0; k < 7; k++) cr_assert_eq(mpq_rotation_init(&R[k], tl_cols(&t, k), seed), MPQ_OK);
+    /* the statistics linear in the inputs stay in original coordinates, the same as unrotated */
+    for (int i = 0; i < s.nlin; i++) {
+        const size_t c = (size_t)tl_cols(&t, i % 7);
+        cr_assert(!memcmp(s.awq[i], u.awq[i], sizeof(float) * c * 7) && !memcmp(s.xtx[i], u.xtx[i], 4 * c * c));
+    }
+    /* diag(X^T X) and mean |x| of the inputs V x */
+    acts a;
+    memset(&a, 0, sizeof a);
+    for (int l = 0; l < t.layers; l++)
+        for (int k = 0; k < 7; k++) {
+            const size_t c = (size_t)tl_cols(&t, k);
+            a.xdiag[l][k] = (double *)calloc(c, sizeof(double));
+            a.mabs[l][k] = (double *)calloc(c, sizeof(double));
+            a.xtx[l][k] = (double *)calloc(c * c, sizeof(double));
+            a.rows[l][k] = (double *)calloc(c * WINDOWS * LEN, sizeof(double));
+        }
+    for (int i = 0; i < WINDOWS; i++) tl_reference_ex(&t, NULL, win[i], LEN, NULL, NULL, ref_observe, &a);
+    for (int l = 0; l < t.layers; l++)
+        for (int k = 0; k < 7; k++) {
+            const int c = tl_cols(&t, k), li = l * 7 + k;
+            double *xd = (double *)calloc(c, sizeof(double)), *ma = (double *)calloc(c, sizeof(double));
+            for (long q = 0; q < a.count[l][k]; q++) {
+                double *x = a.rows[l][k] + (size_t)q * c;
+                cr_assert_eq(mpq_rotation_apply_f64(&R[k], x, 1, 0), MPQ_OK);
+                for (int j = 0; j < c; j++) xd[j] += x[j] * x[j], ma[j] += fabs(x[j]) / (double)a.count[l][k];
+            }
+            close_rel(s.xtx_diag[li], xd, (size_t)c, 1e-5, "rotated diag(X^T X)", l, k);
+            close_rel(s.mean_abs[li], ma, (size_t)c, 1e-5, "rotated mean |x|", l, k);
+            free(xd), free(ma);
+            free(a.xdiag[l][k]), free(a.mabs[l][k]), free(a.xtx[l][k]), free(a.rows[l][k]);
+        }
+    wset ws;
+    wset_copy(&t, &ws);
+    double *dir = (double *)malloc(sizeof(double) * t.ffn);
+    /* Fisher: mean over windows of the squared derivative with respect to a weight of W' */
+    for (int trial = 0; trial < 8; trial++) {
+        const int l = synth_int(&r, t.layers), k = synth_int(&r, 7), cols = tl_cols(&t, k);
+        const int row = synth_int(&r, tl_rows(&t, k)), j = synth_int(&r, cols);
+        v_row(&R[k], j, dir);
+        double want = 0;
+        for (int i = 0; i < WINDOWS; i++) want += pow(fd_dir(&t, &ws, l, k, row, dir, win[i], LEN), 2) / WINDOWS;
+        const double got = s.fisher[l * 7 + k][(size_t)row * cols + j];
+        cr_assert(fabs(got - want) <= 5e-3 * want + 1e-10,
+                  "rotated Fisher, layer %d map %d weight (%d, %d): %.6g, reference %.6g", l, k, row, j, got, want);
+    }
+    /* MixLLM: g'.d' of a row is the derivative along d' V, d' = Q(W') - W' */
+    for (int trial = 0; trial < 3; trial++) {
+        const int l = synth_int(&r, t.layers), k = trial == 0 ? 1 : trial == 1 ? 3 : 6;
+        const int rows = tl_rows(&t, k), cols = tl_cols(&t, k), row = synth_int(&r, rows);
+        float *d = (float *)malloc(sizeof(float) * rows * cols);
+        free(rotated_w(&t, &R[k], l, k, 4, 0, d));
+        for (int c = 0; c < cols; c++) dir[c] = d[(size_t)row * cols + c];
+        cr_assert_eq(mpq_rotation_apply_f64(&R[k], dir, 1, 1), MPQ_OK);
+        double want = 0;
+        for (int i = 0; i < WINDOWS; i++) {
+            const double gd = fd_dir(&t, &ws, l, k, row, dir, win[i], LEN);
+            want += fabs(gd + gd * gd / 2) / WINDOWS;
+        }
+        free(d);
+        const double got = s.mixllm[l * 7 + k][row];
+        cr_assert(fabs(got - want) <= 5e-3 * want + 1e-9,
+                  "rotated MixLLM, layer %d map %d row %d: %.6g, reference %.6g", l, k, row, got, want);
+    }
+    /* PQI along W' -> Q(W'), the model at (W' + s/3 (Q(W') - W')) V */
+    float *Wr[TL_MAXL][7], *D[TL_MAXL][7];
+    for (int l = 0; l < t.layers; l++)
+        for (int k = 0; k < 7; k++) {
+            D[l][k] = (float *)malloc(sizeof(float) * tl_rows(&t, k) * tl_cols(&t, k));
+            Wr[l][k] = rotated_w(&t, &R[k], l, k, 3, 0, D[l][k]);
+        }
+    int pl[4], pk[4], prow[4], pj[4];
+    double want[4] = {0};
+    for (int q = 0; q < 4; q++)
+        pl[q] = synth_int(&r, t.layers), pk[q] = synth_int(&r, 7), prow[q] = synth_int(&r, tl_rows(&t, pk[q])),
+        pj[q] = synth_int(&r, tl_cols(&t, pk[q]));
+    for (int step = 1; step <= 3; step++) {
+        for (int l = 0; l < t.layers; l++)
+            for (int k = 0; k < 7; k++) {
+                const size_t n = (size_t)tl_rows(&t, k) * tl_cols(&t, k);
+                double *p = (double *)malloc(sizeof(double) * n);
+                for (size_t j = 0; j < n; j++) p[j] = Wr[l][k][j] + (float)step / 3.0f * D[l][k][j];
+                unrotate(&R[k], p, tl_rows(&t, k), ws.w[l][k]);
+                free(p);
+            }
+        for (int q = 0; q < 4; q++) {
+            v_row(&R[pk[q]], pj[q], dir);
+            const double g = (fd_dir(&t, &ws, pl[q], pk[q], prow[q], dir, win[0], LEN) +
+                              fd_dir(&t, &ws, pl[q], pk[q], prow[q], dir, win[1], LEN)) /
+                2;
+            want[q] += fabs(g) / 3;
+        }
+    }
+    for (int q = 0; q < 4; q++) {
+        const double got = s.pqi[pl[q] * 7 + pk[q]][(size_t)prow[q] * tl_cols(&t, pk[q]) + pj[q]];
+        cr_assert(fabs(got - want[q]) <= 5e-3 * want[q] + 1e-6,
+                  "rotated PQI, layer %d map %d weight (%d, %d): %.6g, reference %.6g", pl[q], pk[q], prow[q], pj[q],
+                  got, want[q]);
+    }
+    /* layer sensitivity with each map at MXINT4(W') V */
+    const int T = 8, Dm = t.dim;
+    double *ref = (double *)malloc(sizeof(double) * T * Dm), *h = (double *)malloc(sizeof(double) * T * Dm);
+    tl_reference_ex(&t, NULL, win[0], T, NULL, ref, NULL, NULL);
+    double err[TL_MAXL * 7], mx = 0;
+    for (int l = 0; l < t.layers; l++)
+        for (int k = 0; k < 7; k++) {
+            const int rows = tl_rows(&t, k), cols = tl_cols(&t, k);
+            float *d = (float *)malloc(sizeof(float) * rows * cols), *Wq = (float *)malloc(sizeof(float) * rows * cols);
+            float *w1 = rotated_w(&t, &R[k], l, k, 4, 1, d);
+            double *p = (double *)malloc(sizeof(double) * rows * cols);
+            for (size_t j = 0; j < (size_t)rows * cols; j++) p[j] = (double)w1[j] + d[j];
+            unrotate(&R[k], p, rows, Wq);
+            float *W[TL_MAXL][7];
+            memcpy(W, t.w, sizeof W);
+            W[l][k] = Wq;
+            tl_reference_ex(&t, W, win[0], T, NULL, h, NULL, NULL);
+            double s2 = 0;
+            for (int j = 0; j < T * Dm; j++) s2 += (h[j] - ref[j]) * (h[j] - ref[j]);
+            err[l * 7 + k] = s2, mx = fmax(mx, s2);
+            free(d), free(Wq), free(w1), free(p);
+        }
+    for (int i = 0; i < t.layers * 7; i++)
+        cr_assert(fabs(s.layer_sens[i] - err[i] / mx) <= 2e-3, "map %d: rotated sensitivity %.6f, reference %.6f", i,
+                  s.layer_sens[i], err[i] / mx);
+    /* the file keeps the seed */
+    char path[600];
+    snprintf(path, sizeof path, "%s/rot.safetensors", tmpdir);
+    cr_assert_eq(mpq_calib_write(m, &s, NULL, path, &e), MPQ_OK, "%s", e.msg);
+    mpq_calib_stats b;
+    cr_assert_eq(mpq_calib_read(m, path, &b, &e), MPQ_OK, "%s", e.msg);
+    cr_assert(b.rotate == 1 && b.rotate_seed == seed, "read back: rotate %d, seed %llu", b.rotate,
+              (unsigned long long)b.rotate_seed);
+    cr_assert(same_stats(&s, &b, m));
+    corpus_save(path);
+    unlink(path);
+    mpq_calib_stats_free(&b);
+    for (int l = 0; l < t.layers; l++)
+        for (int k = 0; k < 7; k++) free(Wr[l][k]), free(D[l][k]);
+    for (int k = 0; k < 7; k++) mpq_rotation_free(&R[k]);
+    free(ref), free(h), free(dir);
+    wset_free(&t, &ws);
+    mpq_calib_stats_free(&s), mpq_calib_stats_free(&u);
+    mpq_llm_free(m);
+    tl_free(&t);
+}
+
 Test(calib, deterministic_for_any_thread_count_and_the_file_round_trips)
 {
     tl_model t;

@@ -53,6 +53,16 @@ static void layer_name(int l, char *s, size_t cap) { snprintf(s, cap, "model.lay
 
 static void path_of(const char *name, char *p, size_t cap) { snprintf(p, cap, "%s/%s", dir, name); }
 
+static int exists(const char *name)
+{
+    char p[600];
+    path_of(name, p, sizeof p);
+    return access(p, F_OK) == 0;
+}
+
+/* The mpq_calib metadata of the salience files (NULL: none). */
+static const char *salience_meta;
+
 /* model.safetensors, salience.safetensors (per-weight Fisher, per-row
    salience, per-column diag(X^T X) under separate files) and calib. */
 static void write_inputs(void)
@@ -73,6 +83,11 @@ static void write_inputs(void)
     cr_assert_eq(mpq_st_writer_open(p, &ca, &e), MPQ_OK);
     path_of("hessian.safetensors", p, sizeof p);
     cr_assert_eq(mpq_st_writer_open(p, &hs, &e), MPQ_OK);
+    if (salience_meta) {
+        cr_assert_eq(mpq_st_write_meta(sf, "mpq_calib", salience_meta, &e), MPQ_OK);
+        cr_assert_eq(mpq_st_write_meta(sm, "mpq_calib", salience_meta, &e), MPQ_OK);
+        cr_assert_eq(mpq_st_write_meta(sx, "mpq_calib", salience_meta, &e), MPQ_OK);
+    }
     float emb[50 * 32], norm[96];
     synth_weights(&r, emb, 50, 32);
     for (int j = 0; j < 96; j++) norm[j] = 1.0f + 0.01f * (float)j;
@@ -330,14 +345,48 @@ Test(cli, rotated_gptq_and_rtn_match_the_library, .init = setup, .fini = teardow
     method_case("rtn", "--bits 3 --group 32 --rotate 0", "32");
     cr_assert_eq(run("quantize --bits 3 --group 32 --rotate 0 --exclude '*embed*' model.safetensors o.safetensors"), 0);
     cr_assert_not_null(strstr(text("err.txt"), "--rotate with plain rounding"), "the warning: %s", text("err.txt"));
-    /* where the rotation is not available: a usage error naming why */
-    cr_assert_eq(run("quantize --method sfmp --bpw 3.3 --salience fisher.safetensors --rotate 1 model.safetensors "
-                     "o.safetensors"),
-                 1);
-    cr_assert_not_null(strstr(text("err.txt"), "rotated basis"), "%s", text("err.txt"));
-    cr_assert_eq(run("quantize --method requant --rotate 1 model.safetensors o.safetensors"), 1);
     cr_assert_eq(run("quantize --rotate -3 model.safetensors o.safetensors"), 1);
     cr_assert_eq(run("quantize --rotate x model.safetensors o.safetensors"), 1);
+    cr_assert_eq(run("quantize --rotate 18446744073709551616 model.safetensors o.safetensors"), 1, "past 2^64 - 1");
+}
+
+/* The planners under a rotation read statistics gathered in its basis
+   (mpq calibrate --rotate SEED records the seed); any other file is an
+   input error naming it, and nothing is written. */
+Test(cli, rotated_planners_take_statistics_of_their_basis, .init = setup, .fini = teardown)
+{
+    salience_meta = "{\"windows\":16,\"rotate_seed\":\"5\"}";
+    direct_rotate = 1 + 5;
+    method_case("sfmp", "--bpw 3.3 --group 32 --reorder both --salience fisher.safetensors --rotate 5", "32");
+    method_case("mixllm", "--fraction 0.2 --group 32 --salience rows.safetensors --rotate 5", "32");
+    method_case("mxsens", "--bpw 6.0 --salience cols.safetensors --rotate 5", NULL);
+    static const char *const bad[][2] = {
+        {"--rotate 6", "not 6"},  /* another seed */
+        {"", "needs --rotate 5"}, /* rotated statistics, unrotated recipe */
+    };
+    for (int k = 0; k < 2; k++) {
+        char cmd[512];
+        snprintf(cmd, sizeof cmd,
+                 "quantize --method sfmp --bpw 3.3 --salience fisher.safetensors %s model.safetensors o.safetensors",
+                 bad[k][0]);
+        cr_assert_eq(run(cmd), 2, "%s: %s", cmd, text("err.txt"));
+        cr_assert(strstr(text("err.txt"), "fisher.safetensors") && strstr(text("err.txt"), bad[k][1]), "%s",
+                  text("err.txt"));
+        cr_assert(!exists("o.safetensors"), "nothing written");
+    }
+    salience_meta = NULL; /* unrotated statistics under --rotate */
+    write_inputs();
+    cr_assert_eq(run("quantize --method mixllm --salience rows.safetensors --rotate 5 model.safetensors o.safetensors"),
+                 2);
+    cr_assert(strstr(text("err.txt"), "rows.safetensors") && strstr(text("err.txt"), "mpq calibrate --rotate 5"), "%s",
+              text("err.txt"));
+    cr_assert(!exists("o.safetensors"));
+    salience_meta = "{\"rotate_seed\":7}"; /* not a decimal string */
+    write_inputs();
+    cr_assert_eq(run("quantize --method mixllm --salience rows.safetensors --rotate 7 model.safetensors o.safetensors"),
+                 2);
+    cr_assert_not_null(strstr(text("err.txt"), "rotate_seed"), "%s", text("err.txt"));
+    salience_meta = NULL;
 }
 
 Test(cli, sfmp_with_gptq_matches_the_library, .init = setup, .fini = teardown)

@@ -724,20 +724,29 @@ Test(cli_llm, main_job_rows_are_what_quantize_writes, .init = setup, .fini = tea
     cr_assert_eq(run("calibrate --quiet --stats all,xtx --windows 4 --length 16 --pqi-windows 2 --sens-tokens 12 hf "
                      "text.txt -o s.safetensors"),
                  0, "%s", slurp("err.txt", NULL));
+    /* the rotated rows' Fisher, gathered in the rotated basis */
+    cr_assert_eq(
+        run("calibrate --quiet --stats fisher --rotate 1 --windows 4 --length 16 hf text.txt -o r.safetensors"), 0,
+        "%s", slurp("err.txt", NULL));
     mpq_llm *h = load("hf");
     char p[600];
     path_of("s.safetensors", p, sizeof p);
-    mpq_calib_stats s;
+    mpq_calib_stats s, sr;
     mpq_io_err e;
     cr_assert_eq(mpq_calib_read(h, p, &s, &e), MPQ_OK, "%s", e.msg);
+    path_of("r.safetensors", p, sizeof p);
+    cr_assert_eq(mpq_calib_read(h, p, &sr, &e), MPQ_OK, "%s", e.msg);
+    cr_assert(sr.rotate == 1 && sr.rotate_seed == 1 && !s.rotate);
     for (int k = 0; k < LLM_NROWS; k++) {
         const llm_row *row = &llm_rows[k];
+        const int rot = strstr(row->args, "--rotate") != NULL;
         char args[700];
-        snprintf(args, sizeof args, "quantize --quiet %s %s --stats s.safetensors hf q.safetensors", row->args,
-                 LLM_ROW_COMMON);
+        snprintf(args, sizeof args, "quantize --quiet %s %s --stats s.safetensors%s hf q.safetensors", row->args,
+                 LLM_ROW_COMMON, rot ? " --salience r.safetensors" : "");
         cr_assert_eq(run(args), 0, "mpq %s: %s", args, slurp("err.txt", NULL));
         mpq_recipe_result res;
-        cr_assert_eq(quantize_row(row->args, LLM_ROW_COMMON, h, &s, &s, NULL, NULL, &res, NULL), 0, "%s", row->name);
+        cr_assert_eq(quantize_row(row->args, LLM_ROW_COMMON, h, &s, &s, &sr, NULL, NULL, &res, NULL), 0, "%s",
+                     row->name);
         mpq_llm *q = load("q.safetensors");
         for (int i = 0; i <= 14; i++) {
             const mpq_linear *A = i < 14 ? &h->layer[i / 7].lin[i % 7] : &h->embed;
@@ -750,7 +759,7 @@ Test(cli_llm, main_job_rows_are_what_quantize_writes, .init = setup, .fini = tea
         for (int i = 0; i < 14; i++) mpq_linear_unpack(h, &h->layer[i / 7].lin[i % 7]);
         mpq_linear_unpack(h, &h->embed);
     }
-    mpq_calib_stats_free(&s);
+    mpq_calib_stats_free(&s), mpq_calib_stats_free(&sr);
     mpq_llm_free(h);
     tl_free(&tm);
 }

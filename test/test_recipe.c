@@ -68,7 +68,15 @@ static void plan_by_hand(const mpq_recipe *r, const fixture *F, mpq_plan *p)
             if (!r->act_order) continue;
             uint32_t *o = malloc(4u * m->cols);
             perm[i] = malloc(sizeof(float) * m->rows * m->cols);
-            cr_assert_eq(mpq_gptq_act_order(m->H, m->cols, o), MPQ_OK);
+            float *H = memcpy(malloc(4u * m->cols * m->cols), m->H, 4u * m->cols * m->cols);
+            if (r->rotate) { /* the order of V H V^T's diagonal */
+                mpq_rotation R;
+                cr_assert_eq(mpq_rotation_init(&R, m->cols, r->rotate_seed), MPQ_OK);
+                cr_assert_eq(mpq_rotation_conjugate(&R, H), MPQ_OK);
+                mpq_rotation_free(&R);
+            }
+            cr_assert_eq(mpq_gptq_act_order(H, m->cols, o), MPQ_OK);
+            free(H);
             cr_assert_eq(mpq_perm_apply(m->fisher, m->rows, m->cols, NULL, o, perm[i]), MPQ_OK);
             L[i].S = perm[i];
             free(o);
@@ -144,16 +152,23 @@ static void by_hand(const mpq_recipe *r, const fixture *F, mpq_packed *out)
     }
     if (r->requant) {
         mpq_requant_map M[NM];
+        float *Wr[NM] = {NULL};
         for (int i = 0; i < NM; i++) {
+            const size_t nw = (size_t)F->m[i].rows * F->m[i].cols;
             memset(&M[i], 0, sizeof M[i]);
             M[i].W = F->m[i].W, M[i].pqi = F->m[i].pqi, M[i].d = d[i];
-            M[i].mask = malloc((size_t)F->m[i].rows * F->m[i].cols);
+            if (r->rotate) { /* the masks and the sparse part in the coordinates of W V^T */
+                Wr[i] = memcpy(malloc(4u * nw), F->m[i].W, 4u * nw);
+                cr_assert_eq(mpq_rotation_apply(&rot[i], Wr[i], F->m[i].rows, 0), MPQ_OK);
+                M[i].W = Wr[i];
+            }
+            M[i].mask = malloc(nw);
         }
         const double o = r->outliers == 0 ? 0.0025 : r->outliers, s = r->significant == 0 ? 0.0025 : r->significant;
         cr_assert_eq(mpq_requant_masks(M, NM, o, s, NULL, NULL), MPQ_OK);
         for (int i = 0; i < NM; i++) {
             cr_assert_eq(mpq_requant_pack(&M[i], &out[i]), MPQ_OK);
-            free(M[i].mask);
+            free(M[i].mask), free(Wr[i]);
         }
     } else {
         for (int i = 0; i < NM; i++) {
@@ -226,6 +241,11 @@ Test(recipe, every_chain_is_the_composition_of_its_steps)
     CHAIN((r.bits = 3, r.rotate = 1, r.gptq = 1, r.act_order = 1), "rotated GPTQ act-order");
     CHAIN((r.bits = 4, r.rotate = 1, r.awq = 1, r.gptq = 1, r.act_order = 1), "rotated AWQ + GPTQ act-order");
     CHAIN((r.format = MPQ_FORMAT_MXINT, r.bits = 4, r.rotate = 1, r.gptq = 1), "rotated MXINT4 GPTQ");
+    CHAIN((r.planner = MPQ_PLANNER_SFMP, r.bpw = 3.6, r.gptq = 1, r.act_order = 1, r.rotate = 1, r.rotate_seed = 9),
+          "rotated SFMP + GPTQ planned in act-order");
+    CHAIN((r.planner = MPQ_PLANNER_MIXLLM, r.fraction = 0.2, r.bits = 3, r.rotate = 1), "rotated MixLLM 8/3");
+    CHAIN((r.planner = MPQ_PLANNER_MXSENS, r.bpw = 6.5, r.rotate = 1, r.rotate_seed = 3), "rotated MXSens");
+    CHAIN((r.requant = 1, r.bits = 3, r.awq = 1, r.rotate = 1, r.rotate_seed = 4), "rotated ReQuant on AWQ 3");
     CHAIN((r.requant = 1, r.bits = 3), "ReQuant on RTN 3");
     CHAIN((r.requant = 1, r.bits = 3, r.awq = 1, r.outliers = 0.01, r.significant = 0.005), "ReQuant on AWQ 3");
     CHAIN((r.requant = 1, r.planner = MPQ_PLANNER_SFMP, r.bpw = 3.25, r.awq = 1), "SFMP + AWQ + ReQuant");
@@ -254,6 +274,32 @@ Test(recipe, every_chain_is_the_composition_of_its_steps)
     cr_assert_eq(mpq_recipe_quantize(&r, 1, &F.m[1], NULL, &one), MPQ_OK);
     same(&one, &all[1], "mpq_recipe_quantize", 1);
     mpq_packed_free(&one);
+    /* with a sparse part under a rotation: the mask in the coordinates of W V^T */
+    mpq_recipe rr;
+    memset(&rr, 0, sizeof rr);
+    rr.bits = 3, rr.rotate = 1, rr.rotate_seed = 21;
+    {
+        const mpq_recipe_map *m = &F.m[2];
+        const size_t nw = (size_t)m->rows * m->cols;
+        uint8_t *mask = calloc(nw, 1);
+        for (size_t k = 0; k < nw; k += 37) mask[k] = 1;
+        mpq_rotation R;
+        cr_assert_eq(mpq_rotation_init(&R, m->cols, 21), MPQ_OK);
+        float *Wr = memcpy(malloc(4u * nw), m->W, 4u * nw);
+        cr_assert_eq(mpq_rotation_apply(&R, Wr, m->rows, 0), MPQ_OK);
+        mpq_requant_map M;
+        memset(&M, 0, sizeof M);
+        M.W = Wr, M.mask = mask, M.d = desc_by_hand(&rr, NULL, m, 2);
+        M.d.rotation = &R;
+        mpq_packed want;
+        cr_assert_eq(mpq_requant_pack(&M, &want), MPQ_OK);
+        cr_assert_eq(mpq_recipe_quantize(&rr, 2, m, mask, &one), MPQ_OK);
+        same(&one, &want, "rotated mpq_recipe_quantize with a mask", 2);
+        cr_assert_gt(mpq_packed_sparse_bytes(&one), 0, "a sparse part");
+        mpq_packed_free(&one), mpq_packed_free(&want);
+        mpq_rotation_free(&R);
+        free(Wr), free(mask);
+    }
     for (int i = 0; i < NM; i++) mpq_packed_free(&all[i]);
     mpq_plan_free(&p);
     unmake(&F);
@@ -456,8 +502,6 @@ Test(recipe, bad_input_is_an_error_that_writes_nothing)
     FAILS((r.requant = 1, r.outliers = 0.7), MPQ_ERR_ARG, -1);
     FAILS((r.planner = MPQ_PLANNER_SFMP, r.bpw = 0.5), MPQ_ERR_RANGE, -1);
     FAILS((r.format = MPQ_FORMAT_MXINT, r.bits = 1), MPQ_ERR_BITS, 0);
-    FAILS((r.rotate = 1, r.planner = MPQ_PLANNER_SFMP, r.bpw = 3.5), MPQ_ERR_UNSUPPORTED, -1);
-    FAILS((r.rotate = 1, r.requant = 1), MPQ_ERR_UNSUPPORTED, -1);
     FAILS((r.rotate = 2), MPQ_ERR_ARG, -1);
     /* a statistic the recipe needs is missing in one map */
     const float *H = F.m[1].H;

@@ -697,11 +697,23 @@ int cmd_speed(int argc, char **argv)
    calibrate
    ------------------------------------------------------------------------ */
 
+typedef struct calib_rotate {
+    int on;
+    uint64_t seed;
+} calib_rotate;
+
 typedef struct calib_args {
     llm_opts lo;
     const char *out;
     mpq_calib_opts co;
+    calib_rotate rot;
 } calib_args;
+
+static int parse_rotate(const char *v, void *field)
+{
+    calib_rotate *r = (calib_rotate *)field;
+    return r->on = mpq_calib_parse_seed(v, &r->seed);
+}
 
 /* "fisher,mixllm,..." -> MPQ_CALIB_* flags; 0 when a name is unknown. */
 static int parse_stats(const char *v, void *field)
@@ -739,6 +751,10 @@ static const cli_opt calib_opts[] = {
     {"--pqi-windows", CLI_INT, CA(pqi_windows), "N", 1, 1 << 20, NULL, NULL, "4", "windows of each PQI gradient"},
     {"--sens-tokens", CLI_INT, CA(sens_tokens), "N", 2, 1 << 16, NULL, NULL, "256",
      "tokens of the layer-sensitivity passes"},
+    {"--rotate", CLI_PARSE, CLI_AT(calib_args, rot), "SEED", 0, 0, "a seed, an integer 0..2^64-1", parse_rotate, NULL,
+     "the statistics of W V^T, V the rotation that\n"
+     "`mpq quantize --rotate SEED` stores (the awq rows and xtx\n"
+     "stay in original coordinates)"},
     {NULL, CLI_FLAG, 0, NULL, 0, 0, NULL, NULL, NULL, NULL},
 };
 #undef CA
@@ -757,6 +773,9 @@ static const cli_spec calib_spec = {
     "  N.layer_sensitivity  scalar       MXSens layer sensitivity in [0, 1] (mxsens)\n"
     "  N.xtx                cols x cols  X^T X, position 0 included (only with --stats xtx;\n"
     "                                    GPTQ's --hessian)\n"
+    "With --rotate SEED, fisher, mixllm, xtx_diag, mean_abs, pqi and layer_sensitivity\n"
+    "are those of the rotated weights W V^T that `mpq quantize --rotate SEED` quantizes\n"
+    "(what its planners and requant need); the file records the seed.\n"
     "Windows are taken evenly from the whole text; position 0 of each (BOS, an attention\n"
     "sink) is left out of the activation statistics but X^T X. Memory does not grow with\n"
     "--windows; the result is the same for any --threads. Runs on the CPU, with float\n"
@@ -809,6 +828,7 @@ static int calibrate(const calib_args *a, const mpq_llm *m, const char *model, c
         cp.p.on = !a->lo.quiet;
         mpq_calib_opts co = a->co;
         co.progress = calib_step, co.user = &cp;
+        co.rotate = a->rot.on, co.rotate_seed = a->rot.seed;
         const double t0 = cli_now();
         st = mpq_llm_calibrate(m, tok, nt, &co, &s, &e);
         progress_end(&cp.p);

@@ -167,6 +167,13 @@ static int read_mxsens(qrun *R, const job *J, mpq_recipe_map *m)
     float *X = NULL;
     int tokens = 0;
     int rc = read_calib(R->C, J->name, J->cols, &X, &tokens);
+    if (!rc && R->r.rotate) { /* the rows are in original coordinates: diag(X^T X) of the inputs V x */
+        mpq_rotation V;
+        mpq_status st = mpq_rotation_init(&V, J->cols, R->r.rotate_seed);
+        if (st == MPQ_OK) st = mpq_rotation_apply(&V, X, tokens, 0);
+        mpq_rotation_free(&V);
+        if (st != MPQ_OK) rc = fail(EXIT_INPUT, "%s: tensor '%s': %s", mpq_st_path(R->C), J->name, mpq_status_str(st));
+    }
     mpq_stat h;
     if (!rc && mpq_stat_init(&h, (size_t)J->cols) == MPQ_OK) {
         mpq_status st = mpq_hessian_diag_add(&h, X, tokens, J->cols);
@@ -478,6 +485,27 @@ static int write_meta(qrun *R, int model, mpq_llm_config *cfg)
     return rc;
 }
 
+/* A file the salience or PQI is read from: gathered in the basis the
+   recipe quantizes in (mpq_model.h, ROTATED STATISTICS). */
+static int check_basis(const qargs *q, const mpq_st_file *f, const char *path)
+{
+    mpq_io_err e;
+    int rot;
+    uint64_t seed;
+    if (mpq_calib_file_basis(f, path, &rot, &seed, &e) != MPQ_OK) return fail(EXIT_INPUT, "%s", e.msg);
+    if (rot == q->rotate.on && (!rot || seed == q->rotate.seed)) return 0;
+    if (!rot)
+        return fail(EXIT_INPUT,
+                    "%s: statistics of the unrotated weights; quantize --rotate %llu needs them in the rotated "
+                    "basis (mpq calibrate --rotate %llu)",
+                    path, (unsigned long long)q->rotate.seed, (unsigned long long)q->rotate.seed);
+    if (!q->rotate.on)
+        return fail(EXIT_INPUT, "%s: statistics in the basis of rotation seed %llu; quantize needs --rotate %llu", path,
+                    (unsigned long long)seed, (unsigned long long)seed);
+    return fail(EXIT_INPUT, "%s: statistics in the basis of rotation seed %llu, not %llu (--rotate)", path,
+                (unsigned long long)seed, (unsigned long long)q->rotate.seed);
+}
+
 /* The statistics files the recipe reads. */
 static int open_stats(qrun *R)
 {
@@ -487,7 +515,9 @@ static int open_stats(qrun *R)
     const int need_s =
         (need & (MPQ_RECIPE_PQI | MPQ_RECIPE_SALIENCE)) && (R->r.planner != MPQ_PLANNER_MXSENS || q->salience);
     const int need_c = (need & MPQ_RECIPE_ACTS) || (R->r.planner == MPQ_PLANNER_MXSENS && !q->salience);
+    int rc = 0;
     if (need_s && mpq_st_open(q->salience, &R->S, &e) != MPQ_OK) return fail(EXIT_INPUT, "%s", e.msg);
+    if (need_s && (rc = check_basis(q, R->S, q->salience)) != 0) return rc;
     if (need_c && mpq_st_open(q->calib, &R->C, &e) != MPQ_OK) return fail(EXIT_INPUT, "%s", e.msg);
     if ((need & MPQ_RECIPE_HESSIAN) && mpq_st_open(q->hessian, &R->H, &e) != MPQ_OK)
         return fail(EXIT_INPUT, "%s", e.msg);

@@ -6,6 +6,7 @@
 #define MPQ_QUANTIZE_ARGS_H
 
 #include "cli.h"
+#include "mpq_model.h"
 
 enum { M_RTN, M_AWQ, M_GPTQ, M_SFMP, M_MIXLLM, M_MXSENS, M_REQUANT };
 #define QARGS_METHODS "rtn|awq|gptq|sfmp|mixllm|mxsens|requant"
@@ -49,10 +50,7 @@ static inline int qargs_parse_bpw(const char *v, void *field)
 static inline int qargs_parse_rotate(const char *v, void *field)
 {
     qargs_rotate *r = (qargs_rotate *)field;
-    char *end;
-    if (!*v || *v == '-') return 0;
-    r->seed = (uint64_t)strtoull(v, &end, 10);
-    return r->on = !*end;
+    return r->on = mpq_calib_parse_seed(v, &r->seed);
 }
 
 #define QA(field) CLI_AT(qargs, field)
@@ -91,11 +89,13 @@ static const cli_opt qargs_opts[] = {
      "gptq: columns in order of decreasing diag(X^T X), stored as the packed\n"
      "column permutation (free at inference); sfmp plans in that order (not\n"
      "with --reorder cols or mxsens, which permute the columns themselves)"},
-    {"--rotate", CLI_PARSE, QA(rotate), "SEED", 0, 0, "a seed, an integer >= 0", qargs_parse_rotate, NULL,
-     "rtn, awq, gptq: store each map with the incoherence rotation V of its\n"
+    {"--rotate", CLI_PARSE, QA(rotate), "SEED", 0, 0, "a seed, an integer 0..2^64-1", qargs_parse_rotate, NULL,
+     "every method: store each map with the incoherence rotation V of its\n"
      "input size made from SEED (mpq.h, \"AN INCOHERENCE ROTATION\") and\n"
-     "quantize W V^T; products multiply by V x. Pays under GPTQ (SmolLM2\n"
-     "3-bit: +156 % -> +55 %); hurts plain rounding (rtn), which it warns of"},
+     "quantize W V^T; products multiply by V x. The planners' and requant's\n"
+     "statistics must come from `mpq calibrate --rotate SEED`. Pays under\n"
+     "GPTQ (SmolLM2 3-bit: +156 % -> +55 %); hurts plain rounding (rtn),\n"
+     "which it warns of"},
     {"--static-groups", CLI_FLAG, QA(static_groups), NULL, 0, 0, NULL, NULL, NULL,
      "gptq: every group's scale from the weights before error feedback"},
     {"--damp", CLI_DOUBLE, QA(damp), "X", 0, 1e6, NULL, NULL, "0.01",
@@ -215,10 +215,6 @@ static inline int qargs_recipe(const qargs *q, const cli_seen *seen, mpq_recipe 
     r->gptq_opts.static_groups = q->static_groups;
     r->gptq_opts.damp = q->damp == 0 ? -1.0 : q->damp; /* the library: negative is none */
     r->outliers = q->outliers == 0 ? -1.0 : q->outliers, r->significant = q->significant == 0 ? -1.0 : q->significant;
-    if (q->rotate.on && (planner || r->requant))
-        return fail(EXIT_USAGE,
-                    "quantize --rotate: for rtn, awq and gptq (the planners' and ReQuant's statistics would have to "
-                    "be gathered in the rotated basis, which mpq calibrate does not do yet)");
     r->rotate = q->rotate.on, r->rotate_seed = q->rotate.seed;
     if (r->rotate && !r->gptq && !r->awq && !q->quiet)
         fprintf(stderr,

@@ -79,6 +79,7 @@ typedef struct ctx {
     int chunks;
     mpq_calib_stats S;  /* what mpq calibrate wrote */
     mpq_calib_stats Hs; /* X^T X of every map (mpq calibrate --stats xtx) */
+    mpq_calib_stats Sr; /* Fisher of the rotated weights (mpq calibrate --rotate 1 --stats fisher) */
     int quiet;          /* no progress lines (--quiet) */
     progress P;         /* the step under way: packing maps, perplexity chunks */
     char step[64];      /* what P shows beside its count */
@@ -106,7 +107,8 @@ typedef struct row {
     double kld, kld_err, same_top; /* against the first row (the reference) */
 } row;
 
-static row rows[64];
+enum { MAX_ROWS = 128 };
+static row rows[MAX_ROWS];
 static int nrows;
 
 static void unpack_all(ctx *C)
@@ -159,6 +161,7 @@ static void measure(ctx *C, const char *family, const char *name, const mpq_pmpd
                     double t_quant)
 {
     const double t0 = now();
+    if (nrows == MAX_ROWS) die("rows", MPQ_ERR_SIZE);
     row *r = &rows[nrows++];
     const int a8 = C->m->a8 && C->m->layer[0].lin[0].A.buf; /* 8-bit activations reach packed maps only */
     snprintf(r->name, sizeof r->name, "%s%s", name, a8 ? ", A8" : "");
@@ -241,7 +244,7 @@ static void run_row(ctx *C, const llm_row *row)
     double bpw = 0;
     C->qstep = NULL;
     progress_start(&C->P, "llm_methods", !C->quiet, 1);
-    const int rc = quantize_row(row->args, LLM_ROW_COMMON, C->m, &C->S, &C->Hs, quant_step, C, &res, &bpw);
+    const int rc = quantize_row(row->args, LLM_ROW_COMMON, C->m, &C->S, &C->Hs, &C->Sr, quant_step, C, &res, &bpw);
     progress_end(&C->P);
     if (rc) exit(1);
     char note[160] = "";
@@ -366,13 +369,14 @@ static void write_results(const char *dir, const char *model, const ctx *C, doub
         if (rows[i].note[0]) fprintf(f, "\n%s: %s.\n", rows[i].name, rows[i].note);
     fprintf(f,
             "\nEvery quantized row is what `mpq quantize OPTIONS %s --stats STATS --hessian HESSIAN MODEL OUT` "
-            "writes, byte for byte (the same recipe of mpq.h; test_cli_llm checks it row by row); the options of "
-            "each:\n\n",
+            "writes, byte for byte (the same recipe of mpq.h; test_cli_llm checks it row by row), with "
+            "`--salience ROT_STATS` (the Fisher of the rotated weights) added to the rotated SFMP rows; the options "
+            "of each:\n\n",
             LLM_ROW_COMMON);
     for (int k = 0; k < LLM_NROWS; k++) fprintf(f, "- %s: `%s`\n", llm_rows[k].name, llm_rows[k].args);
     fclose(f);
     printf("wrote %s\n", p);
-    plot_point pts[64];
+    plot_point pts[MAX_ROWS];
     for (int i = 0; i < nrows; i++) pts[i].family = rows[i].family, pts[i].bpw = rows[i].bpw, pts[i].ppl = rows[i].ppl;
     report_plot("llm_methods", dir, pts, nrows, "perplexity (log scale)", "fp32 reference");
 }
@@ -450,7 +454,7 @@ int main(int argc, char **argv)
 {
     const char *model = "build/models/SmolLM2-135M-Instruct.Q4_1.gguf", *eval = "build/text/eval.txt",
                *calib = "build/text/calib.txt", *out = "build/llm", *stats = "build/llm/stats.safetensors",
-               *hessian = "build/llm/hessian.safetensors";
+               *hessian = "build/llm/hessian.safetensors", *rot_stats = "build/llm/stats_rot.safetensors";
     ctx C;
     memset(&C, 0, sizeof C);
     C.chunks = 8;
@@ -466,6 +470,8 @@ int main(int argc, char **argv)
             stats = argv[++i];
         else if (!strcmp(argv[i], "--hessian") && i + 1 < argc)
             hessian = argv[++i];
+        else if (!strcmp(argv[i], "--rot-stats") && i + 1 < argc)
+            rot_stats = argv[++i];
         else if (!strcmp(argv[i], "--out") && i + 1 < argc)
             out = argv[++i];
         else if (!strcmp(argv[i], "--chunks") && i + 1 < argc)
@@ -487,11 +493,14 @@ int main(int argc, char **argv)
             const int help = !strcmp(argv[i], "--help") || !strcmp(argv[i], "-h");
             fprintf(help ? stdout : stderr,
                     "usage: %s [--model PATH] [--eval TEXT] [--calib TEXT] [--stats FILE] [--hessian FILE]\n"
-                    "          [--out DIR] [--chunks N] [--full] [--quick] [--threads T] [--quiet] [--a8]\n"
+                    "          [--rot-stats FILE] [--out DIR] [--chunks N] [--full] [--quick] [--threads T]\n"
+                    "          [--quiet] [--a8]\n"
                     "Every method of mpq on a real model: perplexity (as llama-perplexity), bits per weight and\n"
                     "decode tokens/s; writes DIR/results.md and DIR/ppl_vs_bpw.svg. Statistics: FILE, written by\n"
-                    "`mpq calibrate MODEL CALIB -o FILE`, and GPTQ's X^T X, written by `mpq calibrate --stats xtx\n"
-                    "--windows 64 MODEL CALIB -o FILE` (examples/run.sh runs both once and reuses them). Defaults:\n"
+                    "`mpq calibrate MODEL CALIB -o FILE`, GPTQ's X^T X, written by `mpq calibrate --stats xtx\n"
+                    "--windows 64 MODEL CALIB -o FILE`, and the Fisher of the rotated weights (--rot-stats), written\n"
+                    "by `mpq calibrate --rotate 1 --stats fisher MODEL CALIB -o FILE` (examples/run.sh runs each\n"
+                    "once and reuses them). Defaults:\n"
                     "the files examples/run.sh fetches and writes into build/, 8 evaluation chunks of 512 tokens\n"
                     "(--full: every chunk; --quick: 2 chunks, four methods). --a8: every quantized row with 8-bit\n"
                     "activations (MixLLM's A8; by default only GPTQ 4-bit and MixLLM 8/4 + GPTQ get an A8 row).\n"
@@ -537,6 +546,8 @@ int main(int argc, char **argv)
     const double ts = now();
     read_stats(&C, stats, model, calib, calib_hash, MPQ_CALIB_ALL, "", &C.S);
     read_stats(&C, hessian, model, calib, calib_hash, MPQ_CALIB_XTX, "--stats xtx --windows 64 ", &C.Hs);
+    if (!quick)
+        read_stats(&C, rot_stats, model, calib, calib_hash, MPQ_CALIB_FISHER, "--rotate 1 --stats fisher ", &C.Sr);
     printf("statistics: %s: %d windows of %d tokens, loss %.4f, %d AWQ rows per map, PQI towards RTN %d-bit; %s: "
            "X^T X over %d windows (read in %.1f s)\n",
            stats, C.S.windows, C.S.length, C.S.loss, C.S.awq_tokens, C.S.pqi_bits, hessian, C.Hs.windows, now() - ts);
@@ -551,6 +562,7 @@ int main(int argc, char **argv)
     printf("total %.0f s\n", now() - t0);
     mpq_calib_stats_free(&C.S);
     mpq_calib_stats_free(&C.Hs);
+    mpq_calib_stats_free(&C.Sr);
     mpq_kl_base_free(&C.kl);
     free(C.eval), free(C.calib);
     mpq_llm_free(C.m);

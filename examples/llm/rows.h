@@ -73,6 +73,27 @@ static const llm_row llm_rows[] = {
     /* compositions: SFMP's plan, AWQ's scales and ReQuant's sparse part */
     {"SFMP+AWQ+ReQuant", "SFMP 3.25 g128 + AWQ + ReQuant", "--method sfmp --bpw 3.25 --quantizer awq --requant", 0},
     {"SFMP+AWQ+ReQuant", "SFMP 4.00 g128 + AWQ + ReQuant", "--method sfmp --bpw 4 --quantizer awq --requant", 0},
+    /* the incoherence rotation (mpq.h, "AN INCOHERENCE ROTATION") under the
+       same quantizers; SFMP's Fisher then comes from the statistics of the
+       rotated weights (mpq calibrate --rotate 1 --stats fisher) */
+    {"RTN+rot", "RTN 3-bit g128, rotated", "--method rtn --bits 3 --rotate 1", 0},
+    {"RTN+rot", "RTN 4-bit g128, rotated", "--method rtn --bits 4 --rotate 1", 0},
+    {"AWQ+rot", "AWQ 3-bit g128, rotated", "--method awq --bits 3 --rotate 1", 0},
+    {"AWQ+rot", "AWQ 4-bit g128, rotated", "--method awq --bits 4 --rotate 1", 0},
+    {"GPTQ+rot", "GPTQ 3-bit g128 (act-order), rotated", "--method gptq --bits 3 --act-order --rotate 1", 0},
+    {"GPTQ+rot", "GPTQ 4-bit g128 (act-order), rotated", "--method gptq --bits 4 --act-order --rotate 1", 0},
+    {"AWQ+GPTQ+rot", "AWQ + GPTQ 3-bit g128 (act-order), rotated",
+     "--method gptq --quantizer awq+gptq --bits 3 --act-order --rotate 1", 0},
+    {"AWQ+GPTQ+rot", "AWQ + GPTQ 4-bit g128 (act-order), rotated",
+     "--method gptq --quantizer awq+gptq --bits 4 --act-order --rotate 1", 0},
+    {"SFMP+GPTQ+rot", "SFMP 3.00 g128 + GPTQ (act-order), rotated",
+     "--method sfmp --bpw 3 --quantizer gptq --act-order --rotate 1", 0},
+    {"SFMP+GPTQ+rot", "SFMP 3.25 g256 + GPTQ (act-order), rotated",
+     "--method sfmp --bpw 3.25 --group 256 --quantizer gptq --act-order --rotate 1", 0},
+    {"SFMP+GPTQ+rot", "SFMP 3.50 g128 + GPTQ (act-order), rotated",
+     "--method sfmp --bpw 3.5 --quantizer gptq --act-order --rotate 1", 0},
+    {"SFMP+GPTQ+rot", "SFMP 4.25 g128 + GPTQ (act-order), rotated",
+     "--method sfmp --bpw 4.25 --quantizer gptq --act-order --rotate 1", 0},
 };
 enum { LLM_NROWS = (int)(sizeof llm_rows / sizeof llm_rows[0]) };
 
