@@ -267,6 +267,13 @@ enum {
     MPQ_GGML_Q5_0 = 6,
     MPQ_GGML_Q5_1 = 7,
     MPQ_GGML_Q8_0 = 8,
+    MPQ_GGML_Q2_K = 10, /* the k-quants: super-blocks of 256 (ggml's block layouts) */
+    MPQ_GGML_Q3_K = 11,
+    MPQ_GGML_Q4_K = 12,
+    MPQ_GGML_Q5_K = 13,
+    MPQ_GGML_Q6_K = 14,
+    MPQ_GGML_IQ4_NL = 20, /* 4-bit codes into a fixed non-uniform table, blocks of 32 */
+    MPQ_GGML_IQ4_XS = 23, /* the same in super-blocks of 256 with 6-bit sub-block scales */
     MPQ_GGML_F64 = 28,
     MPQ_GGML_BF16 = 30
 };

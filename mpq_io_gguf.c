@@ -55,7 +55,14 @@ int mpq_gguf_type_is_float(uint32_t type)
     case MPQ_GGML_Q4_0:
     case MPQ_GGML_Q4_1:
     case MPQ_GGML_Q5_0:
-    case MPQ_GGML_Q5_1: return 1;
+    case MPQ_GGML_Q5_1:
+    case MPQ_GGML_Q2_K:
+    case MPQ_GGML_Q3_K:
+    case MPQ_GGML_Q4_K:
+    case MPQ_GGML_Q5_K:
+    case MPQ_GGML_Q6_K:
+    case MPQ_GGML_IQ4_NL:
+    case MPQ_GGML_IQ4_XS: return 1;
     default: return 0;
     }
 }
@@ -653,6 +660,35 @@ static float mpq__h(const uint8_t *p)
     return mpq_f16_to_f32(h);
 }
 
+/* The 4-bit scale and min of sub-block j of a Q4_K / Q5_K super-block
+   (its 12 scale bytes: 8 six-bit scales and 8 six-bit mins; the first four
+   of each whole in bytes 0-3 and 4-7, the last four split between the low
+   and high nibbles of bytes 8-11 and the top two bits of bytes 0-7). */
+static void mpq__k4_scale_min(const uint8_t *q, int j, int *sc, int *m)
+{
+    if (j < 4) {
+        *sc = q[j] & 63, *m = q[j + 4] & 63;
+    } else {
+        *sc = (q[j + 4] & 15) | ((q[j - 4] >> 6) << 4);
+        *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}
+
+/* The 16 six-bit scales of a Q3_K super-block, minus 32: the low four bits
+   of scale j in the nibbles of bytes 0-7 (j < 8: low nibble of byte j;
+   else the high nibble of byte j - 8), the top two bits in bytes 8-11
+   (bits 2 (j % 4) of byte 8 + j / 4). */
+static void mpq__q3k_scales(const uint8_t *q, int *sc)
+{
+    for (int j = 0; j < 16; j++) {
+        const int lo = j < 8 ? q[j] & 15 : q[j - 8] >> 4, hi = (q[8 + j % 4] >> (2 * (j / 4))) & 3;
+        sc[j] = (lo | hi << 4) - 32;
+    }
+}
+
+/* IQ4_NL's and IQ4_XS's levels (ggml's table). */
+static const int8_t mpq__iq4_levels[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+
 /* nb blocks of type `type` from src to floats. */
 static void mpq__gdecode(uint32_t type, const uint8_t *src, size_t nb, float *y)
 {
@@ -716,6 +752,91 @@ static void mpq__gdecode(uint32_t type, const uint8_t *src, size_t nb, float *y)
         }
         break;
     }
+    case MPQ_GGML_Q2_K: /* 16 scale bytes (scale low nibble, min high), 64 bytes of 2-bit codes, d, dmin */
+        for (size_t b = 0; b < nb; b++, src += 84, y += 256) {
+            const float d = mpq__h(src + 80), dmin = mpq__h(src + 82);
+            for (int s = 0; s < 16; s++) { /* sub-block s: 16 values, codes in 32 bytes of half s / 8 */
+                const float dl = d * (float)(src[s] & 15), ml = dmin * (float)(src[s] >> 4);
+                const uint8_t *q = src + 16 + 32 * (s / 8) + 16 * (s % 2);
+                const int shift = 2 * ((s % 8) / 2);
+                for (int l = 0; l < 16; l++) y[16 * s + l] = dl * (float)((q[l] >> shift) & 3) - ml;
+            }
+        }
+        break;
+    case MPQ_GGML_Q3_K: /* 32 bytes of high bits, 64 bytes of 2-bit codes, 12 scale bytes, d */
+        for (size_t b = 0; b < nb; b++, src += 110, y += 256) {
+            const float d = mpq__h(src + 108);
+            int sc[16];
+            mpq__q3k_scales(src + 96, sc);
+            for (int s = 0; s < 16; s++) {
+                const float dl = d * (float)sc[s];
+                const int half = s / 8, shift = 2 * ((s % 8) / 2), o = 16 * (s % 2);
+                const uint8_t *q = src + 32 + 32 * half;
+                const int bit = 4 * half + (s % 8) / 2; /* which bit of the high-bit bytes */
+                for (int l = 0; l < 16; l++) {
+                    const int v = ((q[o + l] >> shift) & 3) - ((src[o + l] >> bit) & 1 ? 0 : 4);
+                    y[16 * s + l] = dl * (float)v;
+                }
+            }
+        }
+        break;
+    case MPQ_GGML_Q4_K: /* d, dmin, 12 scale bytes, 128 bytes of 4-bit codes */
+    case MPQ_GGML_Q5_K: /* d, dmin, 12 scale bytes, 32 bytes of fifth bits, 128 bytes of 4-bit codes */
+    {
+        const int five = type == MPQ_GGML_Q5_K, bs = five ? 176 : 144;
+        for (size_t b = 0; b < nb; b++, src += bs, y += 256) {
+            const float d = mpq__h(src), dmin = mpq__h(src + 2);
+            const uint8_t *qh = src + 16, *qs = src + (five ? 48 : 16);
+            for (int s = 0; s < 8; s++) { /* sub-block s: 32 values, nibble s % 2 of bytes 32 (s / 2) .. */
+                int sc, m;
+                mpq__k4_scale_min(src + 4, s, &sc, &m);
+                const float dl = d * (float)sc, ml = dmin * (float)m;
+                const uint8_t *q = qs + 32 * (s / 2);
+                for (int l = 0; l < 32; l++) {
+                    int v = s % 2 ? q[l] >> 4 : q[l] & 15;
+                    if (five) v |= ((qh[l] >> s) & 1) << 4;
+                    y[32 * s + l] = dl * (float)v - ml;
+                }
+            }
+        }
+        break;
+    }
+    case MPQ_GGML_Q6_K: /* 128 bytes of low nibbles, 64 bytes of high pairs, 16 int8 scales, d */
+        for (size_t b = 0; b < nb; b++, src += 210, y += 256) {
+            const float d = mpq__h(src + 208);
+            const int8_t *sc = (const int8_t *)(const void *)(src + 192);
+            for (int i = 0; i < 256; i++) { /* half h of 128; within it quarter k of 32, position l */
+                const int h = i / 128, k = (i % 128) / 32, l = i % 32;
+                const uint8_t lo = src[64 * h + 32 * (k % 2) + l], hi = src[128 + 32 * h + l];
+                const int v = ((k < 2 ? lo & 15 : lo >> 4) | ((hi >> (2 * k)) & 3) << 4) - 32;
+                y[i] = d * (float)sc[8 * h + 2 * k + l / 16] * (float)v;
+            }
+        }
+        break;
+    case MPQ_GGML_IQ4_NL: /* d, 16 bytes: level of the low nibble of byte j, then of the high ones */
+        for (size_t b = 0; b < nb; b++, src += 18, y += 32) {
+            const float d = mpq__h(src);
+            for (int j = 0; j < 16; j++) {
+                y[j] = d * (float)mpq__iq4_levels[src[2 + j] & 15];
+                y[j + 16] = d * (float)mpq__iq4_levels[src[2 + j] >> 4];
+            }
+        }
+        break;
+    case MPQ_GGML_IQ4_XS: /* d, 16 high scale bits, 4 bytes of low scale nibbles, 8 x 16 bytes as IQ4_NL */
+        for (size_t b = 0; b < nb; b++, src += 136, y += 256) {
+            const float d = mpq__h(src);
+            const unsigned sh = (unsigned)src[2] | (unsigned)src[3] << 8;
+            for (int s = 0; s < 8; s++) {
+                const int ls = ((src[4 + s / 2] >> (4 * (s % 2))) & 15) | (int)((sh >> (2 * s)) & 3) << 4;
+                const float dl = d * (float)(ls - 32);
+                const uint8_t *q = src + 8 + 16 * s;
+                for (int j = 0; j < 16; j++) {
+                    y[32 * s + j] = dl * (float)mpq__iq4_levels[q[j] & 15];
+                    y[32 * s + j + 16] = dl * (float)mpq__iq4_levels[q[j] >> 4];
+                }
+            }
+        }
+        break;
     default: break;
     }
 }
@@ -726,7 +847,8 @@ mpq_status mpq_gguf_read_f32(mpq_gguf_file *f, const mpq_gguf_tensor *t, float *
         return mpq__io_fail(err, MPQ_ERR_ARG, f ? f->in.path : NULL, NULL, "bad argument");
     if (!mpq_gguf_type_is_float(t->type))
         return mpq__io_fail(err, MPQ_ERR_ARG, f->in.path, t->name,
-                            "type %s is not one mpq converts (F32, F16, BF16, F64, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1)",
+                            "type %s is not one mpq converts (F32, F16, BF16, F64, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, "
+                            "Q2_K .. Q6_K, IQ4_NL, IQ4_XS)",
                             mpq_gguf_type_name(t->type));
     if ((uint64_t)n != t->numel)
         return mpq__io_fail(err, MPQ_ERR_SIZE, f->in.path, t->name, "holds %llu values, the caller's buffer %zu",

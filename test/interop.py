@@ -10,6 +10,10 @@ usage: python test/interop.py BUILD_DIR   (BUILD_DIR holds st_tool and mpq)
 3. A checkpoint the package writes, quantized by `mpq quantize`, opens in the
    package; the metadata's section table slices the packed bytes as described
    (magic, permutation).
+4. A GGUF file the `gguf` package (llama.cpp's gguf-py) writes with random
+   blocks of every quantized type mpq reads (Q8_0 .. Q5_1, the k-quants Q2_K ..
+   Q6_K, IQ4_NL, IQ4_XS) is read by mpq to exactly the package's dequantized
+   values.
 Prints one line per check and "interop: N passed, M failed"; exits 1 on failure.
 """
 import json
@@ -153,16 +157,67 @@ def quantized_checkpoint_opens(build, tmp):
               "quantized: %s band index" % name)
 
 
+# ggml types mpq converts (the k-quants and IQ4 among them): block size,
+# bytes per block, and where each block keeps its fp16 scales
+GGUF_TYPES = {
+    "Q8_0": (32, 34, [0]), "Q4_0": (32, 18, [0]), "Q4_1": (32, 20, [0, 2]), "Q5_0": (32, 22, [0]),
+    "Q5_1": (32, 24, [0, 2]), "Q2_K": (256, 84, [80, 82]), "Q3_K": (256, 110, [108]),
+    "Q4_K": (256, 144, [0, 2]), "Q5_K": (256, 176, [0, 2]), "Q6_K": (256, 210, [208]),
+    "IQ4_NL": (32, 18, [0]), "IQ4_XS": (256, 136, [0]),
+}
+
+
+def gguf_package_writes_mpq_reads(build, tmp):
+    """Random blocks of every quantized type mpq reads, written by the gguf
+    package (llama.cpp's gguf-py); mpq's values equal the package's
+    dequantization."""
+    import gguf
+    from gguf.quants import dequantize
+    rng = np.random.default_rng(2026)
+    path = os.path.join(tmp, "k.gguf")
+    w = gguf.GGUFWriter(path, "test")
+    rows, cols = 3, 512
+    want = {}
+    for name, (block, size, halves) in GGUF_TYPES.items():
+        qt = gguf.GGMLQuantizationType[name]
+        nb = rows * cols // block
+        raw = rng.integers(0, 256, size=(nb, size), dtype=np.uint8)
+        for h in halves:  # finite scales of moderate size
+            v = (rng.standard_normal(nb) * 0.05).astype(np.float16)
+            raw[:, h:h + 2] = v.view(np.uint8).reshape(nb, 2)
+        data = raw.reshape(rows, cols // block * size)
+        w.add_tensor(name, data, raw_dtype=qt)
+        want[name] = dequantize(data, qt).reshape(-1).astype(np.float32)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    out = os.path.join(tmp, "dk")
+    os.makedirs(out, exist_ok=True)
+    subprocess.run([os.path.join(build, "st_tool"), "gguf", path, out], check=True)
+    with open(os.path.join(out, "dump.json"), encoding="utf-8") as f:
+        d = json.load(f)
+    for i, t in enumerate(d["tensors"]):
+        name = t["name"]
+        got = np.frombuffer(read(out, i, "f32"), dtype=np.float32)
+        ok = t["type"] == name and t["ne"] == [cols, rows] and got.shape == want[name].shape
+        diff = np.max(np.abs(got - want[name])) if ok else float("inf")
+        check(ok and diff == 0, "gguf %s: mpq and the gguf package differ by up to %g" % (name, diff))
+    check(len(d["tensors"]) == len(GGUF_TYPES), "every type listed")
+
+
 def main():
     build = os.path.abspath(sys.argv[1])
     with tempfile.TemporaryDirectory() as tmp:
-        for fn in (mpq_writes_package_reads, package_writes_mpq_reads, quantized_checkpoint_opens):
+        for fn in (mpq_writes_package_reads, package_writes_mpq_reads, quantized_checkpoint_opens,
+                   gguf_package_writes_mpq_reads):
             try:
                 fn(build, tmp)
             except Exception as e:  # a crash of a step is a failure, with its reason
                 check(False, "%s raised %r" % (fn.__name__, e))
-    print("interop (safetensors %s, numpy %s): %d passed, %d failed"
-          % (safetensors.__version__, np.__version__, passed, failed))
+    from importlib.metadata import version
+    print("interop (safetensors %s, gguf %s, numpy %s): %d passed, %d failed"
+          % (safetensors.__version__, version("gguf"), np.__version__, passed, failed))
     sys.exit(1 if failed else 0)
 
 

@@ -160,7 +160,7 @@ fi
 # files written by mpq open in the reference implementation and vice versa
 interop() {
     { [ -x build/venv/bin/python ] || python3 -m venv build/venv; } &&
-    build/venv/bin/pip install -q --disable-pip-version-check 'safetensors==0.8.0' numpy &&
+    build/venv/bin/pip install -q --disable-pip-version-check 'safetensors==0.8.0' 'gguf==0.19.0' numpy &&
     build/venv/bin/python test/interop.py build/release
 }
 if [ -x build/release/st_tool ]; then

@@ -7,7 +7,11 @@
                                the tensors (name, dtype, shape, packed) and
                                the metadata; DIR/<i>.raw holds tensor i's
                                bytes, DIR/<i>.f32 its values as float32
-                               (float dtypes) */
+                               (float dtypes)
+     st_tool gguf FILE DIR     the same for a GGUF file: DIR/dump.json lists
+                               the tensors (name, type, ne), DIR/<i>.f32
+                               holds the values mpq converts them to (the
+                               types mpq_gguf_type_is_float accepts) */
 #define _XOPEN_SOURCE 700
 #define MPQ_IMPLEMENTATION
 #include "mpq.h"
@@ -146,10 +150,48 @@ static int cmd_dump(const char *path, const char *dir)
     return rc;
 }
 
+static int cmd_gguf(const char *path, const char *dir)
+{
+    mpq_io_err e;
+    mpq_gguf_file *f;
+    if (mpq_gguf_open(path, &f, &e) != MPQ_OK) return die("open", e.msg);
+    cJSON *root = cJSON_CreateObject(), *ts = cJSON_AddArrayToObject(root, "tensors");
+    int rc = 0;
+    for (int i = 0; i < mpq_gguf_count(f) && !rc; i++) {
+        const mpq_gguf_tensor *t = mpq_gguf_at(f, i);
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddItemToArray(ts, o);
+        cJSON_AddStringToObject(o, "name", t->name);
+        cJSON_AddStringToObject(o, "type", mpq_gguf_type_name(t->type) ? mpq_gguf_type_name(t->type) : "?");
+        cJSON *ne = cJSON_AddArrayToObject(o, "ne");
+        for (int k = 0; k < t->ndim; k++) cJSON_AddItemToArray(ne, cJSON_CreateNumber((double)t->ne[k]));
+        if (!mpq_gguf_type_is_float(t->type)) continue;
+        float *x = malloc(sizeof(float) * (size_t)t->numel + 4);
+        if (mpq_gguf_read_f32(f, t, x, (size_t)t->numel, &e) != MPQ_OK) rc = die("read_f32", e.msg);
+        if (!rc) rc = put(dir, i, "f32", x, sizeof(float) * (size_t)t->numel);
+        free(x);
+    }
+    char *s = cJSON_Print(root);
+    char p[4096];
+    snprintf(p, sizeof p, "%s/dump.json", dir);
+    FILE *out = fopen(p, "wb");
+    if (!out || !s)
+        rc = die(p, "cannot write");
+    else {
+        fputs(s, out);
+        fclose(out);
+    }
+    cJSON_free(s);
+    cJSON_Delete(root);
+    mpq_gguf_close(f);
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
     if (argc == 3 && strcmp(argv[1], "write") == 0) return cmd_write(argv[2]);
     if (argc == 4 && strcmp(argv[1], "dump") == 0) return cmd_dump(argv[2], argv[3]);
-    fprintf(stderr, "usage: st_tool write FILE | st_tool dump FILE DIR\n");
+    if (argc == 4 && strcmp(argv[1], "gguf") == 0) return cmd_gguf(argv[2], argv[3]);
+    fprintf(stderr, "usage: st_tool write FILE | st_tool dump FILE DIR | st_tool gguf FILE DIR\n");
     return 1;
 }

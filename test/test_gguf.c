@@ -1,5 +1,6 @@
 /* mpq_io, GGUF: every float type read against a decoder written here from
-   the block definitions, the metadata of every value type, a corpus of
+   the block definitions (the k-quants and IQ4 element by element, from
+   bit positions), the metadata of every value type, a corpus of
    hostile files (each rejected with a reason naming what is wrong), every
    truncation and random corruption; and model sources: a Hugging Face
    directory with an index and shards, and hostile indexes. With
@@ -190,6 +191,133 @@ Test(gguf, every_float_type_reads_as_its_blocks_define, .init = make_tmpdir, .fi
         mpq_gguf_close(f);
     }
     for (int k = 0; k < nt; k++) free(data[k]);
+    free(file);
+}
+
+/* ---- the k-quants and IQ4, decoded here element by element ---------------- */
+
+static const ttype ktypes[] = {
+    {10, "Q2_K", 256, 84},  {11, "Q3_K", 256, 110}, {12, "Q4_K", 256, 144},   {13, "Q5_K", 256, 176},
+    {14, "Q6_K", 256, 210}, {20, "IQ4_NL", 32, 18}, {23, "IQ4_XS", 256, 136},
+};
+
+/* Where each block keeps its fp16 scales: first offset, count. */
+static void khalves(uint32_t id, int *at, int *count)
+{
+    *count = id == 10 || id == 12 || id == 13 ? 2 : 1;
+    *at = id == 10 ? 80 : id == 11 ? 108 : id == 14 ? 208 : 0;
+}
+
+static const int iq4_levels[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+
+/* Bits [lo, lo + n) of a little-endian byte string. */
+static unsigned kbits(const uint8_t *b, int lo, int n)
+{
+    unsigned v = 0;
+    for (int i = 0; i < n; i++) v |= (unsigned)((b[(lo + i) / 8] >> ((lo + i) % 8)) & 1) << i;
+    return v;
+}
+
+/* The 6-bit scale (m = 0) or min (m = 1) of sub-block s of the 96 bits of
+   Q4_K / Q5_K scales: 0-3 in bits 0-5 of bytes s (mins: s + 4); 4-7 with
+   the low four bits in byte s + 4 (mins: its high nibble) and the top two
+   in bits 6-7 of byte s - 4 (mins: of byte s). */
+static int kscale(const uint8_t *q, int s, int m)
+{
+    if (s < 4) return (int)kbits(q, 8 * (s + 4 * m), 6);
+    return (int)(kbits(q, 8 * (s + 4) + 4 * m, 4) | kbits(q, 8 * (s - 4 + 4 * m) + 6, 2) << 4);
+}
+
+/* Element j of a block (float64, rounded once). */
+static float kref(uint32_t id, const uint8_t *b, int j)
+{
+    const int half = j / 128, r = j % 128;
+    switch (id) {
+    case 10: { /* scale and min nibbles per 16; codes: 2 bits, four shifts over 32 bytes per half */
+        const int sc = b[j / 16], q = (int)kbits(b + 16 + 32 * half, 8 * (r % 32) + 2 * (r / 32), 2);
+        return (float)(tc_half(tc_u16(b + 80)) * (sc & 15) * q - tc_half(tc_u16(b + 82)) * (sc >> 4));
+    }
+    case 11: { /* the 16 scales as ggml builds them: four little-endian words of the 12 bytes rearranged */
+        const uint32_t a0 = tc_u32(b + 96), a1 = tc_u32(b + 100), t = tc_u32(b + 104);
+        const uint32_t w[4] = {(a0 & 0x0f0f0f0fu) | ((t & 0x03030303u) << 4),
+                               (a1 & 0x0f0f0f0fu) | (((t >> 2) & 0x03030303u) << 4),
+                               ((a0 >> 4) & 0x0f0f0f0fu) | (((t >> 4) & 0x03030303u) << 4),
+                               ((a1 >> 4) & 0x0f0f0f0fu) | (((t >> 6) & 0x03030303u) << 4)};
+        const int s = j / 16, sc = (int)((w[s / 4] >> (8 * (s % 4))) & 0xffu) - 32;
+        const int low = (int)kbits(b + 32 + 32 * half, 8 * (r % 32) + 2 * (r / 32), 2);
+        const int high = (int)kbits(b, 8 * (r % 32) + 4 * half + r / 32, 1);
+        return (float)(tc_half(tc_u16(b + 108)) * sc * (low - (high ? 0 : 4)));
+    }
+    case 12:
+    case 13: { /* eight sub-blocks of 32: nibble s % 2 of 32 bytes, Q5_K's fifth bit s of qh[l] */
+        const int s = j / 32, l = j % 32, five = id == 13;
+        int q = (int)kbits(b + (five ? 48 : 16) + 32 * (s / 2), 8 * l + 4 * (s % 2), 4);
+        if (five) q |= (int)kbits(b + 16, 8 * l + s, 1) << 4;
+        return (float)(tc_half(tc_u16(b)) * kscale(b + 4, s, 0) * q - tc_half(tc_u16(b + 2)) * kscale(b + 4, s, 1));
+    }
+    case 14: { /* per half: quarter k of 32 takes nibble k / 2 of ql[32 (k % 2) + l], bits 2k of qh[l] */
+        const int k = r / 32, l = r % 32;
+        const int q = (int)(kbits(b + 64 * half + 32 * (k % 2), 8 * l + 4 * (k / 2), 4) |
+                            kbits(b + 128 + 32 * half, 8 * l + 2 * k, 2) << 4) -
+            32;
+        return (float)(tc_half(tc_u16(b + 208)) * (int8_t)b[192 + 8 * half + 2 * k + l / 16] * q);
+    }
+    case 20: return (float)(tc_half(tc_u16(b)) * iq4_levels[kbits(b + 2, 8 * (j % 16) + 4 * (j / 16), 4)]);
+    case 23: {
+        const int s = j / 32, l = j % 32;
+        const int ls = (int)(kbits(b + 4, 4 * s, 4) | kbits(b + 2, 2 * s, 2) << 4);
+        return (float)(tc_half(tc_u16(b)) * (ls - 32) *
+                       iq4_levels[kbits(b + 8 + 16 * s, 8 * (l % 16) + 4 * (l / 16), 4)]);
+    }
+    }
+    return NAN;
+}
+
+Test(gguf, k_quants_and_iq4_read_as_their_blocks_define, .init = make_tmpdir, .fini = remove_tmpdir)
+{
+    synth_rng r = {78};
+    enum { NT = (int)(sizeof ktypes / sizeof ktypes[0]), COLS = 512, ROWS = 3 };
+    uint8_t *data[NT];
+    size_t bytes[NT];
+    const uint64_t ne[2] = {COLS, ROWS};
+    tg_gguf g;
+    tg_begin(&g);
+    tg_kv_str(&g, "general.architecture", "test");
+    for (int k = 0; k < NT; k++) {
+        const ttype *t = &ktypes[k];
+        bytes[k] = (size_t)COLS * ROWS / (size_t)t->block * (size_t)t->size;
+        data[k] = malloc(bytes[k]);
+        for (size_t i = 0; i < bytes[k]; i++) data[k][i] = (uint8_t)synth_u64(&r);
+        int at, count;
+        khalves(t->id, &at, &count);
+        for (size_t o = 0; o < bytes[k]; o += (size_t)t->size)
+            for (int h = 0; h < count; h++) {
+                const uint16_t v = rand_half(&r);
+                memcpy(data[k] + o + at + 2 * h, &v, 2);
+            }
+        tg_tensor(&g, t->name, t->id, 2, ne, data[k], bytes[k]);
+    }
+    size_t n;
+    uint8_t *file = tg_finish(&g, &n);
+    corpus_save(file, n);
+    mpq_gguf_file *f;
+    mpq_io_err e;
+    cr_assert_eq(mpq_gguf_open_memory(file, n, &f, &e), MPQ_OK, "%s", e.msg);
+    float *v = malloc(sizeof(float) * COLS * ROWS);
+    for (int k = 0; k < NT; k++) {
+        const ttype *t = &ktypes[k];
+        const mpq_gguf_tensor *x = mpq_gguf_find(f, t->name);
+        cr_assert(x && x->bytes == bytes[k] && mpq_gguf_type_is_float(x->type), "%s", t->name);
+        cr_assert_str_eq(mpq_gguf_type_name(x->type), t->name);
+        cr_assert_eq(mpq_gguf_read_f32(f, x, v, COLS * ROWS, &e), MPQ_OK, "%s", e.msg);
+        for (int i = 0; i < COLS * ROWS; i++) {
+            const float want = kref(t->id, data[k] + (size_t)(i / t->block) * t->size, i % t->block);
+            cr_assert(v[i] == want, "%s element %d: %.9g, want %.9g", t->name, i, v[i], want);
+        }
+        free(data[k]);
+    }
+    free(v);
+    mpq_gguf_close(f);
     free(file);
 }
 
