@@ -562,6 +562,21 @@ static const float *mpq__cal_rotated(mpq__cal *C, const mpq_rotation *r, const f
     return C->rbuf;
 }
 
+/* acc (cols x cols, float64) += X^T X of the T rows of x: columns as rows
+   of the transpose, then one product. */
+static mpq_status mpq__xtx_add(double *acc, const float *x, int T, int cols)
+{
+    float *xt = (float *)malloc(sizeof(float) * (size_t)cols * ((size_t)T + (size_t)cols));
+    if (!xt) return MPQ_ERR_NOMEM;
+    float *prod = xt + (size_t)cols * T;
+    for (int j = 0; j < cols; j++)
+        for (int i = 0; i < T; i++) xt[(size_t)j * T + i] = x[(size_t)i * cols + j];
+    mpq__sgemm(xt, cols, xt, cols, T, prod);
+    for (size_t i = 0; i < (size_t)cols * cols; i++) acc[i] += prod[i];
+    free(xt);
+    return MPQ_OK;
+}
+
 /* The global index (over all windows, positions 1..len-1) of AWQ sample k. */
 static long mpq__awq_index(const mpq__cal *C, int k)
 {
@@ -590,22 +605,9 @@ static void mpq__cal_observe(void *user, int layer, int lin, const float *x, int
         if (g < 0 || g >= T1) break;
         memcpy(C->awq[slot] + (size_t)C->awq_got[slot]++ * cols, x1 + (size_t)g * cols, sizeof(float) * (size_t)cols);
     }
-    if (C->xtx) { /* X^T X += X^T X of the window, position 0 included (GPTQ's Hessian is of every input the
-                     map sees, the sink's massive activations first of all): columns as rows of the transpose,
-                     then one product */
-        float *xt = (float *)malloc(sizeof(float) * (size_t)cols * ((size_t)T + (size_t)cols));
-        if (!xt) {
-            C->st = MPQ_ERR_NOMEM;
-            return;
-        }
-        float *prod = xt + (size_t)cols * T;
-        for (int j = 0; j < cols; j++)
-            for (int i = 0; i < T; i++) xt[(size_t)j * T + i] = x[(size_t)i * cols + j];
-        mpq__sgemm(xt, cols, xt, cols, T, prod);
-        double *acc = C->xtx[slot];
-        for (size_t i = 0; i < (size_t)cols * cols; i++) acc[i] += prod[i];
-        free(xt);
-    }
+    /* X^T X of every position: GPTQ's Hessian is of every input the map sees, the sink's massive activations
+       first of all */
+    if (C->xtx) C->st = mpq__xtx_add(C->xtx[slot], x, T, cols);
 }
 
 static void mpq__cal_grad(void *user, int layer, int lin, const float *G, int rows, int cols)
@@ -996,6 +998,127 @@ mpq_status mpq_llm_calibrate(const mpq_llm *m, const int32_t *tokens, size_t n, 
         return mpq__fail(err, st, "calibration", "%s", mpq_status_str(st));
     }
     *out = s;
+    return MPQ_OK;
+}
+
+/* ========================================================================== */
+/* Sequential quantization                                                    */
+/* ========================================================================== */
+
+typedef struct mpq__seq {
+    double *xtx[MPQ__KINDS]; /* the current layer's inputs, cols x cols each */
+    mpq_status st;
+} mpq__seq;
+
+static void mpq__seq_observe(void *user, int layer, int lin, const float *x, int T, int cols)
+{
+    mpq__seq *S = (mpq__seq *)user;
+    (void)layer;
+    if (S->st == MPQ_OK) S->st = mpq__xtx_add(S->xtx[mpq__kind(lin)], x, T, cols);
+}
+
+mpq_status mpq_llm_quantize_sequential(const mpq_llm *m, const int32_t *tokens, size_t n, const mpq_seq_opts *o,
+                                       const mpq_recipe *r, const mpq_recipe_map *maps, mpq_packed *out,
+                                       mpq_io_err *err)
+{
+    if (!m || !tokens || !r || !maps || !out) return MPQ_ERR_ARG;
+    mpq_seq_opts d;
+    memset(&d, 0, sizeof d);
+    if (o) d = *o;
+    const int len = d.length ? d.length : 512, nlin = m->c.layers * MPQ_LIN_COUNT;
+    int windows = d.windows ? d.windows : 64;
+    if (d.windows < 0 || d.length < 0 || len < 2 || len > (1 << 16))
+        return mpq__fail(err, MPQ_ERR_ARG, "sequential quantization", "an option is out of range");
+    if (r->planner != MPQ_PLANNER_NONE || r->requant)
+        return mpq__fail(err, MPQ_ERR_ARG, "sequential quantization",
+                         "the recipe needs every map at once (a planner: give its plan as r->plan; ReQuant: not "
+                         "with GPTQ)");
+    for (int i = 0; i < nlin; i++)
+        if (maps[i].rows != mpq__lin(m, i)->rows || maps[i].cols != mpq__lin(m, i)->cols)
+            return mpq__fail(err, MPQ_ERR_SIZE, "sequential quantization", "map %d: %d x %d, the model's %d x %d", i,
+                             maps[i].rows, maps[i].cols, mpq__lin(m, i)->rows, mpq__lin(m, i)->cols);
+    for (size_t i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= m->c.vocab)
+            return mpq__fail(err, MPQ_ERR_ARG, "calibration text", "token %d at %zu is outside the vocabulary",
+                             (int)tokens[i], i);
+    if (n < (size_t)len)
+        return mpq__fail(err, MPQ_ERR_SIZE, "calibration text", "%zu tokens, shorter than one window of %d", n, len);
+    if ((size_t)windows > n / (size_t)len) windows = (int)(n / (size_t)len);
+    mpq__cal C; /* the windows as calibration takes them */
+    memset(&C, 0, sizeof C);
+    C.m = m, C.len = len, C.tokens = tokens, C.n = n, C.nwin = windows;
+    mpq_status st = mpq_llm_train_init(m, len, &C.t);
+    if (st == MPQ_ERR_UNSUPPORTED)
+        return mpq__fail(err, st, m->path ? m->path : "model", "sequential quantization needs float weights");
+    if (st != MPQ_OK) return mpq__fail(err, st, "sequential quantization", "%s", mpq_status_str(st));
+    const mpq_llm_config *c = &m->c;
+    const size_t TD = (size_t)len * c->dim;
+    mpq__seq S;
+    memset(&S, 0, sizeof S);
+    float *h = (float *)malloc(sizeof(float) * TD * (size_t)windows); /* every window's hidden state */
+    float *H = NULL, *Wq[MPQ_LIN_COUNT] = {NULL};
+    const float **Wp = (const float **)calloc((size_t)nlin, sizeof(float *));
+    C.win = (int32_t *)malloc(sizeof(int32_t) * (size_t)len);
+    size_t maxc = 0;
+    for (int k = 0; k < MPQ__KINDS; k++) maxc = (size_t)mpq__cols_of(c, k) > maxc ? (size_t)mpq__cols_of(c, k) : maxc;
+    H = (float *)malloc(sizeof(float) * maxc * maxc);
+    st = h && Wp && C.win && H ? MPQ_OK : MPQ_ERR_NOMEM;
+    for (int k = 0; st == MPQ_OK && k < MPQ__KINDS; k++) {
+        const size_t cc = (size_t)mpq__cols_of(c, k);
+        if (!(S.xtx[k] = (double *)malloc(sizeof(double) * cc * cc))) st = MPQ_ERR_NOMEM;
+    }
+    for (int k = 0; st == MPQ_OK && k < MPQ_LIN_COUNT; k++) {
+        const mpq_linear *L = mpq__lin(m, k);
+        if (!(Wq[k] = (float *)malloc(sizeof(float) * (size_t)L->rows * (size_t)L->cols))) st = MPQ_ERR_NOMEM;
+    }
+    for (int w = 0; st == MPQ_OK && w < windows; w++) {
+        mpq__window(&C, w);
+        for (int i = 0; i < len; i++)
+            memcpy(h + (size_t)w * TD + (size_t)i * c->dim, m->embed.W + (size_t)C.win[i] * c->dim,
+                   sizeof(float) * (size_t)c->dim);
+    }
+    int done = 0, at = -1;
+    const double t0 = mpq__now();
+    mpq__slot *scratch = &C.t->slot[c->layers];
+    for (int l = 0; l < c->layers && st == MPQ_OK; l++) {
+        /* X^T X of layer l's inputs with layers 0 .. l-1 quantized, layer l still float */
+        for (int k = 0; k < MPQ__KINDS; k++) {
+            const size_t cc = (size_t)mpq__cols_of(c, k);
+            memset(S.xtx[k], 0, sizeof(double) * cc * cc);
+        }
+        for (int w = 0; w < windows && S.st == MPQ_OK; w++)
+            mpq__layer_fwd(m, C.t, NULL, l, h + (size_t)w * TD, scratch, C.t->xf, len, mpq__seq_observe, &S);
+        st = S.st;
+        for (int k = 0; st == MPQ_OK && k < MPQ_LIN_COUNT; k++) {
+            const int i = l * MPQ_LIN_COUNT + k, cols = maps[i].cols;
+            const double *acc = S.xtx[mpq__kind(k)];
+            for (size_t j = 0; j < (size_t)cols * cols; j++) H[j] = (float)acc[j];
+            if (d.hessian) d.hessian(d.user, i, H, cols);
+            mpq_recipe_map mc = maps[i];
+            mc.H = H;
+            at = i;
+            if ((st = mpq_recipe_quantize(r, i, &mc, NULL, &out[i])) != MPQ_OK) break;
+            done = i + 1;
+            if ((st = mpq_packed_dequantize(&out[i], 0, Wq[k])) != MPQ_OK) break;
+            Wp[i] = Wq[k];
+        }
+        /* the next layer's input: layer l quantized */
+        for (int w = 0; w < windows && st == MPQ_OK; w++) {
+            mpq__layer_fwd(m, C.t, Wp, l, h + (size_t)w * TD, scratch, C.t->xf, len, NULL, NULL);
+            memcpy(h + (size_t)w * TD, C.t->xf, sizeof(float) * TD);
+        }
+        for (int k = 0; k < MPQ_LIN_COUNT; k++) Wp[l * MPQ_LIN_COUNT + k] = NULL;
+        if (st == MPQ_OK && d.progress) d.progress(d.user, l + 1, c->layers, mpq__now() - t0);
+    }
+    if (st != MPQ_OK)
+        for (int i = 0; i < done; i++) mpq_packed_free(&out[i]);
+    for (int k = 0; k < MPQ__KINDS; k++) free(S.xtx[k]);
+    for (int k = 0; k < MPQ_LIN_COUNT; k++) free(Wq[k]);
+    free(h), free(H), free((void *)Wp), free(C.win);
+    mpq_llm_train_free(C.t);
+    if (st != MPQ_OK)
+        return at >= 0 ? mpq__fail(err, st, "sequential quantization", "map %d: %s", at, mpq_status_str(st))
+                       : mpq__fail(err, st, "sequential quantization", "%s", mpq_status_str(st));
     return MPQ_OK;
 }
 

@@ -597,6 +597,42 @@ mpq_status mpq_llm_calibrate(const mpq_llm *m, const int32_t *tokens, size_t n, 
                              mpq_calib_stats *out, mpq_io_err *err);
 void mpq_calib_stats_free(mpq_calib_stats *s);
 
+/* SEQUENTIAL QUANTIZATION (GPTQ's own order, and GPTQModel's default):
+   the linear maps of layer l are quantized with X^T X of the inputs they
+   see when layers 0 .. l-1 are already quantized, so that each layer's
+   error feedback also absorbs what the earlier layers' rounding changed.
+   Over `windows` windows of `length` tokens of the text, taken as
+   mpq_llm_calibrate takes them: every window's hidden state is kept
+   (windows x length x dim floats); for each layer, one pass with the layer
+   in float gathers X^T X of its four inputs (position 0 included, as
+   MPQ_CALIB_XTX), its seven maps are quantized by mpq_recipe_quantize(r,
+   i, maps[i] with H replaced), and a second pass with the layer's maps
+   dequantized gives the next layer's input. Layer 0's X^T X are therefore
+   exactly the float model's (MPQ_CALIB_XTX over the same windows). Memory:
+   the hidden states, one window's training scratch, X^T X of one layer's
+   inputs in float64, one layer's maps dequantized. Cost: two forward passes
+   of the model over the windows, plus the products X^T X. Only H is
+   sequential: AWQ's rows and the rest of maps[i] are the caller's (the
+   float model's). */
+typedef struct mpq_seq_opts {
+    int windows; /* 0 -> 64 */
+    int length;  /* tokens per window; 0 -> 512 */
+    /* each map's X^T X as it is used (may be NULL): map i, cols x cols */
+    void (*hessian)(void *user, int i, const float *H, int cols);
+    /* after each layer (may be NULL) */
+    void (*progress)(void *user, int layers_done, int layers, double seconds);
+    void *user;
+} mpq_seq_opts;
+
+/* maps[i] for every linear map i = layer * 7 + lin of m (the model's
+   shapes; H is ignored), quantized into out[i] (free each with
+   mpq_packed_free). r->planner must be NONE (a plan made over all the maps
+   goes in r->plan) and r->requant 0: MPQ_ERR_ARG. m must have float
+   weights. On an error err names the map; out holds nothing. */
+mpq_status mpq_llm_quantize_sequential(const mpq_llm *m, const int32_t *tokens, size_t n, const mpq_seq_opts *o,
+                                       const mpq_recipe *r, const mpq_recipe_map *maps, mpq_packed *out,
+                                       mpq_io_err *err);
+
 /* The hash of a text that mpq calibrate records in its file (64-bit FNV-1a
    of the bytes), so that a file's statistics can be matched to their text. */
 uint64_t mpq_text_hash(const char *s, size_t n);

@@ -909,6 +909,112 @@ Test(calib, rotated_statistics_are_those_of_the_rotated_weights)
     tl_free(&t);
 }
 
+/* ---- sequential quantization -------------------------------------------------- */
+
+typedef struct seq_ref {
+    const tl_model *t;
+    int layer;
+    double *xtx[7]; /* layer `layer`'s map inputs, every position */
+} seq_ref;
+
+static void seq_observe(void *user, int l, int k, int t, const double *x, int cols)
+{
+    seq_ref *a = (seq_ref *)user;
+    (void)t;
+    if (l != a->layer) return;
+    for (int j = 0; j < cols; j++)
+        for (int i = 0; i < cols; i++) a->xtx[k][(size_t)j * cols + i] += x[j] * x[i];
+}
+
+typedef struct seq_seen {
+    float *H[TL_MAXL * 7];
+} seq_seen;
+
+static void seq_hessian(void *user, int i, const float *H, int cols)
+{
+    seq_seen *s = (seq_seen *)user;
+    s->H[i] = memcpy(malloc(sizeof(float) * cols * cols), H, sizeof(float) * cols * cols);
+}
+
+Test(calib, sequential_quantization_takes_each_layers_inputs_after_the_quantized_layers_before)
+{
+    tl_model t;
+    shape(&t, 0, 1, 0);
+    tl_make(&t, 77);
+    mpq_llm *m = load_hf(&t);
+    synth_rng r = {19};
+    int32_t text[NTOK], win[WINDOWS][LEN];
+    random_tokens(&r, &t, text, NTOK);
+    for (int i = 0; i < WINDOWS; i++) window(m, text, i, win[i]);
+    enum { NL = 2 * 7 };
+    mpq_recipe rc;
+    memset(&rc, 0, sizeof rc);
+    rc.bits = 3, rc.group = 8, rc.gptq = 1, rc.act_order = 1;
+    mpq_recipe_map maps[NL];
+    memset(maps, 0, sizeof maps);
+    for (int i = 0; i < NL; i++)
+        maps[i].rows = tl_rows(&t, i % 7), maps[i].cols = tl_cols(&t, i % 7), maps[i].W = t.w[i / 7][i % 7];
+    seq_seen seen;
+    memset(&seen, 0, sizeof seen);
+    mpq_seq_opts so;
+    memset(&so, 0, sizeof so);
+    so.windows = WINDOWS, so.length = LEN, so.hessian = seq_hessian, so.user = &seen;
+    mpq_packed out[NL];
+    mpq_io_err e;
+    cr_assert_eq(mpq_llm_quantize_sequential(m, text, NTOK, &so, &rc, maps, out, &e), MPQ_OK, "%s", e.msg);
+    /* the float model's X^T X over the same windows */
+    mpq_calib_opts o;
+    memset(&o, 0, sizeof o);
+    o.what = MPQ_CALIB_XTX, o.windows = WINDOWS, o.length = LEN;
+    mpq_calib_stats fl;
+    cr_assert_eq(mpq_llm_calibrate(m, text, NTOK, &o, &fl, &e), MPQ_OK, "%s", e.msg);
+    float *Wcur[TL_MAXL][7];
+    memcpy(Wcur, t.w, sizeof Wcur);
+    float *deq[NL];
+    int later_differs = 0;
+    for (int l = 0; l < t.layers; l++) {
+        /* the reference: layer l's inputs in float64 with the layers before at their quantized weights */
+        seq_ref a = {&t, l, {NULL}};
+        for (int k = 0; k < 7; k++) a.xtx[k] = calloc((size_t)tl_cols(&t, k) * tl_cols(&t, k), sizeof(double));
+        for (int w = 0; w < WINDOWS; w++) tl_reference_ex(&t, Wcur, win[w], LEN, NULL, NULL, seq_observe, &a);
+        for (int k = 0; k < 7; k++) {
+            const int i = l * 7 + k, c = tl_cols(&t, k), rows = tl_rows(&t, k);
+            cr_assert_not_null(seen.H[i], "map %d: its X^T X was reported", i);
+            close_rel(seen.H[i], a.xtx[k], (size_t)c * c, 1e-5, "sequential X^T X", l, k);
+            if (l == 0) /* layer 0 sees the float model's inputs: exactly calibration's X^T X */
+                cr_assert(!memcmp(seen.H[i], fl.xtx[i], sizeof(float) * c * c), "map %d: layer 0's X^T X", i);
+            else
+                later_differs |= memcmp(seen.H[i], fl.xtx[i], sizeof(float) * c * c) != 0;
+            /* and the map is the recipe's on that X^T X */
+            mpq_recipe_map mc = maps[i];
+            mc.H = seen.H[i];
+            mpq_packed want;
+            cr_assert_eq(mpq_recipe_quantize(&rc, i, &mc, NULL, &want), MPQ_OK);
+            cr_assert(want.bytes == out[i].bytes && !memcmp(want.buf, out[i].buf, want.bytes), "map %d", i);
+            mpq_packed_free(&want);
+            deq[i] = malloc(sizeof(float) * rows * c);
+            cr_assert_eq(mpq_packed_dequantize(&out[i], 0, deq[i]), MPQ_OK);
+            Wcur[l][k] = deq[i];
+            free(a.xtx[k]);
+        }
+    }
+    cr_assert(later_differs, "layer 1 sees layer 0's rounding");
+    /* a planner over all the maps, ReQuant, a wrong shape: refused, nothing out */
+    mpq_recipe bad = rc;
+    bad.planner = MPQ_PLANNER_SFMP, bad.bpw = 3;
+    mpq_packed none[NL];
+    cr_assert_eq(mpq_llm_quantize_sequential(m, text, NTOK, &so, &bad, maps, none, &e), MPQ_ERR_ARG);
+    maps[3].cols++;
+    cr_assert_eq(mpq_llm_quantize_sequential(m, text, NTOK, &so, &rc, maps, none, &e), MPQ_ERR_SIZE);
+    cr_assert_not_null(strstr(e.msg, "map 3"), "%s", e.msg);
+    maps[3].cols--;
+    cr_assert_eq(mpq_llm_quantize_sequential(m, text, LEN - 1, &so, &rc, maps, none, &e), MPQ_ERR_SIZE);
+    for (int i = 0; i < NL; i++) free(seen.H[i]), free(deq[i]), mpq_packed_free(&out[i]);
+    mpq_calib_stats_free(&fl);
+    mpq_llm_free(m);
+    tl_free(&t);
+}
+
 Test(calib, deterministic_for_any_thread_count_and_the_file_round_trips)
 {
     tl_model t;
