@@ -36,25 +36,65 @@ static inline void row_progress(void *user, const char *step, int done, int tota
     if (r->progress) r->progress(r->user, step, done, total, name);
 }
 
+/* What the rows read besides the model. */
+typedef struct row_stats {
+    const mpq_calib_stats *S;  /* mpq calibrate */
+    const mpq_calib_stats *Hs; /* X^T X, mpq calibrate --stats xtx (may be NULL) */
+    const mpq_calib_stats *Sr; /* the planners' and ReQuant's statistics under --rotate SEED (mpq
+                                  calibrate --rotate SEED, the same seed; may be NULL) */
+    const int32_t *text;       /* --sequential: the calibration text as mpq_tokenize (flags 0) gives
+                                  the whole file, as `mpq quantize --sequential TEXT` reads it (may be
+                                  NULL); the path in the options is not read */
+    size_t ntext;
+} row_stats;
+
+/* The maps quantized sequentially (mpq_llm_quantize_sequential) after the
+   planner's plan, stored into m as the recipe's store would. */
+static inline int quantize_row_sequential(const qargs *q, mpq_recipe r, mpq_llm *m, const row_stats *rs,
+                                          mpq_recipe_map *maps, int n, mpq_recipe_result *res)
+{
+    if (!rs->text) return fail(EXIT_USAGE, "--sequential: no calibration text");
+    mpq_plan plan;
+    memset(&plan, 0, sizeof plan);
+    memset(res, 0, sizeof *res), res->map = -1;
+    mpq_status st = MPQ_OK;
+    if (r.planner != MPQ_PLANNER_NONE && (st = mpq_recipe_plan(&r, maps, n, NULL, &plan)) == MPQ_OK)
+        res->bpw = plan.bpw, r.planner = MPQ_PLANNER_NONE, r.plan = &plan;
+    mpq_packed *out = (mpq_packed *)calloc((size_t)n, sizeof *out);
+    mpq_seq_opts so;
+    memset(&so, 0, sizeof so);
+    so.windows = q->seq_windows, so.length = q->seq_length;
+    mpq_io_err e;
+    e.msg[0] = 0;
+    if (st == MPQ_OK)
+        st = out ? mpq_llm_quantize_sequential(m, rs->text, rs->ntext, &so, &r, maps, out, &e) : MPQ_ERR_NOMEM;
+    for (int i = 0; i < n && st == MPQ_OK && out; i++) {
+        st = mpq_linear_set_packed(m, &m->layer[i / MPQ_LIN_COUNT].lin[i % MPQ_LIN_COUNT], &out[i]);
+        if (st == MPQ_OK) memset(&out[i], 0, sizeof out[i]);
+    }
+    for (int i = 0; i < n && out; i++) mpq_packed_free(&out[i]);
+    free(out);
+    mpq_plan_free(&plan);
+    return st == MPQ_OK ? 0 : fail(EXIT_QUANT, "--sequential: %s", e.msg[0] ? e.msg : mpq_status_str(st));
+}
+
 /* Quantizes every linear map of m's layers (and, at --embed-bits, its
    embedding) as the options `args` and then `common` (may be "") say, with
-   the statistics S (mpq calibrate), Hs (X^T X, mpq calibrate --stats
-   xtx; may be NULL) and Sr (may be NULL: mpq calibrate --rotate SEED, the
-   planners' and ReQuant's statistics under --rotate SEED, which must be
-   the seed Sr records; AWQ's rows come from S either way); the packed
-   matrices go into m. progress (may be
-   NULL) sees the recipe's steps. *res: the recipe's result, *bpw (may be
-   NULL): the planner's budget after --bpw min. 0, or an exit code after a
-   message. */
-static inline int quantize_row(const char *args, const char *common, mpq_llm *m, const mpq_calib_stats *S,
-                               const mpq_calib_stats *Hs, const mpq_calib_stats *Sr,
+   the statistics of rs (AWQ's rows always from rs->S; the salience and PQI
+   from rs->Sr under --rotate, whose seed must be the one Sr records); the
+   packed matrices go into m. progress (may be NULL) sees the recipe's
+   steps. *res: the recipe's result, *bpw (may be NULL): the planner's
+   budget after --bpw min. 0, or an exit code after a message. */
+static inline int quantize_row(const char *args, const char *common, mpq_llm *m, const row_stats *rs,
                                void (*progress)(void *, const char *, int, int, const char *), void *user,
                                mpq_recipe_result *res, double *bpw)
 {
-    char buf[512];
+    const mpq_calib_stats *S = rs->S, *Hs = rs->Hs, *Sr = rs->Sr;
+    char buf[1024];
     char *argv[64];
     int argc = 0;
-    snprintf(buf, sizeof buf, "quantize %s %s IN OUT", args, common);
+    if (snprintf(buf, sizeof buf, "quantize %s %s IN OUT", args, common) >= (int)sizeof buf)
+        return fail(EXIT_USAGE, "%s: the options are too long", args);
     for (char *t = strtok(buf, " "); t && argc < 63; t = strtok(NULL, " ")) argv[argc++] = t;
     qargs q;
     const char *pos[2];
@@ -91,7 +131,10 @@ static inline int quantize_row(const char *args, const char *common, mpq_llm *m,
         p->layer_sens = P->layer_sens ? P->layer_sens[i] : 1.0f;
     }
     if (!rc) rc = qargs_budget(&q, &r, maps, n);
-    if (!rc) {
+    if (!rc && q.sequential) {
+        rc = quantize_row_sequential(&q, r, m, rs, maps, n, res);
+        if (bpw) *bpw = r.bpw;
+    } else if (!rc) {
         row_io ri = {m, progress, user};
         mpq_recipe_io io = {NULL, NULL, row_store, row_progress, &ri};
         const mpq_status s = mpq_recipe_run(&r, maps, n, &io, NULL, res);

@@ -6,7 +6,9 @@
 # about 13 minutes on 2 cores, and GPTQ's X^T X over 64 windows in
 # build/llm/hessian.safetensors, about 10 minutes, and the Fisher of the
 # rotated weights in build/llm/stats_rot.safetensors, about 5 minutes; each
-# reused until the model or the calibration text changes) and runs
+# reused until the model or the calibration text changes), makes llama.cpp's
+# quantizations of the same model (bench/llama_peers.sh: llama.cpp built
+# once from PyPI's llama-cpp-python sources, about 15 minutes) and runs
 # llm_methods: every
 # method of the library on the real model - quantization, perplexity as
 # llama.cpp computes it, bits per weight and decode tokens per second -
@@ -22,7 +24,7 @@
 set -eu
 cd "$(dirname "$0")/.."
 . util/need.sh
-need_debs meson ninja-build pkg-config gcc g++ libcjson-dev libstb-dev python3 python3-venv
+need_debs meson ninja-build pkg-config gcc g++ cmake libcjson-dev libstb-dev python3 python3-venv
 [ -d build/demo ] || meson setup build/demo --buildtype=release -Dtests=false -Dbenches=false >/dev/null
 # a build directory configured before cJSON was installed lacks the model targets
 ninja -C build/demo mpq >/dev/null 2>&1 ||
@@ -56,4 +58,10 @@ if [ ! -s "$rot_stats" ] || [ "$model" -nt "$rot_stats" ] || [ "$calib" -nt "$ro
     echo "the rotated weights' Fisher: mpq calibrate --rotate 1 --stats fisher $model $calib -o $rot_stats (once, likewise)"
     build/demo/mpq calibrate --rotate 1 --stats fisher "$model" "$calib" -o "$rot_stats"
 fi
-exec build/demo/llm_methods --stats "$stats" --hessian "$hessian" --rot-stats "$rot_stats" "$@"
+# llama.cpp's quantizations of the same model with its importance matrix (once; built from PyPI's
+# llama-cpp-python sources outside the repository), measured beside the rows
+case " $* " in
+*" --quick "*) ;; # no peer rows in the quick run
+*) bash bench/llama_peers.sh "$model" "$calib" build/peers ;;
+esac
+exec build/demo/llm_methods --stats "$stats" --hessian "$hessian" --rot-stats "$rot_stats" --peers build/peers "$@"

@@ -737,16 +737,24 @@ Test(cli_llm, main_job_rows_are_what_quantize_writes, .init = setup, .fini = tea
     path_of("r.safetensors", p, sizeof p);
     cr_assert_eq(mpq_calib_read(h, p, &sr, &e), MPQ_OK, "%s", e.msg);
     cr_assert(sr.rotate == 1 && sr.rotate_seed == 1 && !s.rotate);
-    for (int k = 0; k < LLM_NROWS; k++) {
-        const llm_row *row = &llm_rows[k];
-        const int rot = strstr(row->args, "--rotate") != NULL;
-        char args[700];
-        snprintf(args, sizeof args, "quantize --quiet %s %s --stats s.safetensors%s hf q.safetensors", row->args,
+    int32_t *seq_text = NULL; /* the text as mpq quantize --sequential reads it */
+    size_t nseq = 0;
+    cr_assert_eq(mpq_tokenize(h->tok, text, len, 0, &seq_text, &nseq, &e), MPQ_OK);
+    /* every row, and a sequential one (ROW_SEQ: the main job adds --sequential CALIB) */
+    static const llm_row seq_row = {"AWQ+GPTQ+rot+seq", "AWQ + GPTQ 3-bit, rotated, sequential",
+                                    "--method gptq --quantizer awq+gptq --bits 3 --act-order --rotate 1", ROW_SEQ};
+    for (int k = 0; k <= LLM_NROWS; k++) {
+        const llm_row *row = k < LLM_NROWS ? &llm_rows[k] : &seq_row;
+        const int rot = strstr(row->args, "--rotate") != NULL, seq = (row->flags & ROW_SEQ) != 0;
+        char args[700], rargs[600];
+        snprintf(rargs, sizeof rargs, "%s%s", row->args,
+                 seq ? " --sequential text.txt --seq-windows 4 --seq-length 16" : "");
+        snprintf(args, sizeof args, "quantize --quiet %s %s --stats s.safetensors%s hf q.safetensors", rargs,
                  LLM_ROW_COMMON, rot ? " --salience r.safetensors" : "");
         cr_assert_eq(run(args), 0, "mpq %s: %s", args, slurp("err.txt", NULL));
         mpq_recipe_result res;
-        cr_assert_eq(quantize_row(row->args, LLM_ROW_COMMON, h, &s, &s, &sr, NULL, NULL, &res, NULL), 0, "%s",
-                     row->name);
+        const row_stats rs = {&s, &s, &sr, seq_text, nseq};
+        cr_assert_eq(quantize_row(rargs, LLM_ROW_COMMON, h, &rs, NULL, NULL, &res, NULL), 0, "%s", row->name);
         mpq_llm *q = load("q.safetensors");
         for (int i = 0; i <= 14; i++) {
             const mpq_linear *A = i < 14 ? &h->layer[i / 7].lin[i % 7] : &h->embed;
@@ -759,7 +767,22 @@ Test(cli_llm, main_job_rows_are_what_quantize_writes, .init = setup, .fini = tea
         for (int i = 0; i < 14; i++) mpq_linear_unpack(h, &h->layer[i / 7].lin[i % 7]);
         mpq_linear_unpack(h, &h->embed);
     }
+    /* --sequential: only under GPTQ, over every linear map, from a text that exists */
+    cr_assert_eq(run("quantize --quiet --bits 3 --sequential text.txt hf q2.safetensors"), 1);
+    cr_assert_not_null(strstr(slurp("err.txt", NULL), "GPTQ"), "%s", slurp("err.txt", NULL));
+    cr_assert_eq(run("quantize --quiet --method gptq --sequential text.txt --seq-length 16 --include '*q_proj*' "
+                     "--stats s.safetensors hf q2.safetensors"),
+                 1);
+    cr_assert_not_null(strstr(slurp("err.txt", NULL), "every linear map"), "%s", slurp("err.txt", NULL));
+    cr_assert_eq(run("quantize --quiet --method gptq --sequential none.txt --stats s.safetensors hf q2.safetensors"),
+                 2);
+    cr_assert_not_null(strstr(slurp("err.txt", NULL), "none.txt"), "%s", slurp("err.txt", NULL));
+    cr_assert_eq(run("quantize --quiet --method gptq --sequential text.txt --stats s.safetensors hf q2.safetensors"), 2,
+                 "a text shorter than one window of 512");
+    path_of("q2.safetensors", p, sizeof p);
+    cr_assert_eq(access(p, F_OK), -1, "nothing written");
     mpq_calib_stats_free(&s), mpq_calib_stats_free(&sr);
+    free(seq_text);
     mpq_llm_free(h);
     tl_free(&tm);
 }

@@ -5,6 +5,7 @@
 #define _XOPEN_SOURCE 700
 #include "mpq.h"
 #include "mpq_io.h"
+#include "model_cmd.h"
 #include "mpq_model.h"
 #include "quantize_args.h"
 #include "table.h"
@@ -524,6 +525,78 @@ static int open_stats(qrun *R)
     return 0;
 }
 
+/* --sequential: the model loaded as float weights, the plan made first (a
+   planner's), then mpq_llm_quantize_sequential over every linear map with
+   the AWQ rows fetched, each result stored as the recipe would. */
+static int run_sequential(qrun *R, mpq_recipe_map *maps, int n, const char *in)
+{
+    const qargs *q = R->q;
+    mpq_io_err e;
+    mpq_llm *m = NULL;
+    if (mpq_llm_load(in, &m, &e) != MPQ_OK) return fail(EXIT_INPUT, "%s", e.msg);
+    int rc = 0;
+    const int nlin = m->c.layers * MPQ_LIN_COUNT;
+    for (int i = 0; !rc && i < n; i++) {
+        const job *J = &R->jobs[R->maps[i]];
+        if (n != nlin || J->layer != i / MPQ_LIN_COUNT || J->lin != i % MPQ_LIN_COUNT) rc = 1;
+    }
+    if (rc)
+        rc = fail(EXIT_USAGE,
+                  "quantize --sequential: %s: quantizes every linear map of the %d layers (%d selected, %d "
+                  "maps)",
+                  in, m->c.layers, n, nlin);
+    char *text = NULL;
+    size_t len = 0, nt = 0;
+    int32_t *tok = NULL;
+    if (!rc) rc = text_read(q->sequential, &text, &len);
+    if (!rc && mpq_tokenize(m->tok, text, len, 0, &tok, &nt, &e) != MPQ_OK)
+        rc = fail(EXIT_INPUT, "%s: %s", q->sequential, e.msg);
+    mpq_recipe r = R->r;
+    mpq_plan plan;
+    memset(&plan, 0, sizeof plan);
+    mpq_recipe_io io = {fetch, release, NULL, show, R};
+    if (!rc && r.planner != MPQ_PLANNER_NONE) {
+        const mpq_status st = mpq_recipe_plan(&r, maps, n, &io, &plan);
+        if (R->rc)
+            rc = R->rc;
+        else if (st != MPQ_OK)
+            rc = fail(EXIT_QUANT, "planning over %d tensors failed: %s", n, mpq_status_str(st));
+        r.planner = MPQ_PLANNER_NONE, r.plan = &plan;
+    }
+    int *fetched = (int *)calloc((size_t)n, sizeof(int));
+    mpq_packed *out = (mpq_packed *)calloc((size_t)n, sizeof *out);
+    if (!rc && (!fetched || !out)) rc = fail(EXIT_QUANT, "out of memory");
+    for (int i = 0; !rc && i < n; i++) { /* W: the loaded model's; AWQ's rows from --calib */
+        if (r.awq) {
+            if (fetch(R, i, MPQ_RECIPE_ACTS, &maps[i]) != MPQ_OK) rc = R->rc ? R->rc : fail(EXIT_INPUT, "fetch");
+            fetched[i] = 1;
+        }
+        maps[i].W = m->layer[i / MPQ_LIN_COUNT].lin[i % MPQ_LIN_COUNT].W;
+    }
+    if (!rc) {
+        mpq_seq_opts so;
+        memset(&so, 0, sizeof so);
+        so.windows = q->seq_windows, so.length = q->seq_length;
+        progress_start(&R->p, "mpq", !q->quiet, n);
+        const mpq_status st = mpq_llm_quantize_sequential(m, tok, nt, &so, &r, maps, out, &e);
+        progress_end(&R->p);
+        if (st != MPQ_OK) rc = fail(st == MPQ_ERR_SIZE ? EXIT_INPUT : EXIT_QUANT, "%s: %s", in, e.msg);
+    }
+    for (int i = 0; !rc && i < n; i++) {
+        if (store(R, i, &out[i]) != MPQ_OK) rc = R->rc ? R->rc : fail(EXIT_OUTPUT, "store");
+        memset(&out[i], 0, sizeof out[i]);
+    }
+    for (int i = 0; i < n; i++) {
+        if (out) mpq_packed_free(&out[i]);
+        maps[i].W = NULL; /* the model's */
+        if (fetched && fetched[i]) release(R, i, &maps[i]);
+    }
+    free(out), free(fetched), free(tok), free(text);
+    mpq_plan_free(&plan);
+    mpq_llm_free(m);
+    return rc;
+}
+
 /* The recipe over the maps, then whatever is left to copy. */
 static int run_recipe(qrun *R)
 {
@@ -536,7 +609,9 @@ static int run_recipe(qrun *R)
     }
     int rc = qargs_budget(R->q, &R->r, maps, n);
     if (!rc) rc = open_stats(R);
-    if (!rc) {
+    if (!rc && R->q->sequential) {
+        rc = run_sequential(R, maps, n, mpq_source_path(R->in));
+    } else if (!rc) {
         mpq_recipe_io io = {fetch, release, store, show, R};
         mpq_recipe_result res;
         progress_start(&R->p, "mpq", !R->q->quiet, n);
@@ -634,8 +709,10 @@ static int check_files(qargs *q, const mpq_recipe *r)
     if (r->awq && !q->calib)
         return fail(EXIT_USAGE, "quantize --quantizer %s: needs --calib FILE or --stats FILE",
                     cli_nth(QARGS_QUANTIZERS, q->quantizer, qn, sizeof qn));
-    if ((r->gptq || r->act_order) && !q->hessian)
-        return fail(EXIT_USAGE, "quantize: GPTQ needs --hessian FILE (mpq calibrate --stats xtx) or --stats FILE");
+    if ((r->gptq || r->act_order) && !q->hessian &&
+        (!q->sequential || (r->act_order && r->planner == MPQ_PLANNER_SFMP)))
+        return fail(EXIT_USAGE, "quantize: GPTQ needs --hessian FILE (mpq calibrate --stats xtx) or --stats FILE%s",
+                    q->sequential ? " (sfmp plans in act-order from it)" : "");
     return 0;
 }
 

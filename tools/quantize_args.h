@@ -27,11 +27,11 @@ typedef struct qargs_rotate {
 
 typedef struct qargs {
     int method, bits, format, symmetric, group, block_rows, reorder, quantizer, requant, act_order, static_groups;
-    int embed_bits, threads, quiet;
+    int embed_bits, threads, quiet, seq_windows, seq_length;
     double fraction, outliers, significant, damp;
     qargs_bpw bpw;
     qargs_rotate rotate;
-    const char *salience, *calib, *hessian, *stats;
+    const char *salience, *calib, *hessian, *stats, *sequential;
     cli_list include, exclude;
 } qargs;
 
@@ -118,6 +118,14 @@ static const cli_opt qargs_opts[] = {
     {"--hessian", CLI_STR, QA(hessian), "FILE", 0, 0, NULL, NULL, NULL,
      "gptq, --act-order: X^T X of each weight's inputs, cols x cols, named as\n"
      "the weight or '<name>.xtx' (`mpq calibrate --stats xtx`)"},
+    {"--sequential", CLI_STR, QA(sequential), "TEXT", 0, 0, NULL, NULL, NULL,
+     "gptq: each layer's X^T X from the calibration text TEXT run through\n"
+     "the layers before it as they are quantized (GPTQ's order; needs a\n"
+     "model input and every linear map of its layers; --hessian then only\n"
+     "for sfmp's act-order planning)"},
+    {"--seq-windows", CLI_INT, QA(seq_windows), "N", 1, 1 << 20, NULL, NULL, "64",
+     "--sequential: windows taken evenly from TEXT"},
+    {"--seq-length", CLI_INT, QA(seq_length), "N", 2, 1 << 16, NULL, NULL, "512", "--sequential: tokens per window"},
     {"--embed-bits", CLI_INT, QA(embed_bits), "B", 0, 8, NULL, NULL, "0",
      "the embedding and head by round-to-nearest at B bits, g128 (0: kept)"},
     {"--include", CLI_LIST, QA(include), "GLOB", 0, 0, NULL, NULL, NULL,
@@ -195,6 +203,8 @@ static inline int qargs_recipe(const qargs *q, const cli_seen *seen, mpq_recipe 
         return fail(EXIT_USAGE,
                     "quantize: --act-order, --static-groups and --damp are for GPTQ (--method gptq or "
                     "--quantizer gptq)");
+    if ((q->sequential || cli_was_given(seen, "--seq-windows") || cli_was_given(seen, "--seq-length")) && !r->gptq)
+        return fail(EXIT_USAGE, "quantize --sequential: changes GPTQ's X^T X only (--method gptq or --quantizer gptq)");
     if (q->act_order && (q->method == M_MXSENS || (q->method == M_SFMP && (q->reorder & MPQ_REORDER_COLS))))
         return fail(EXIT_USAGE, "quantize --act-order: not with %s, which orders the columns itself",
                     q->method == M_MXSENS ? "mxsens" : "--reorder cols");

@@ -35,7 +35,15 @@
       4-bit model (the prompt at 4 bits, the decode lowered, and the static
       scheduler's choice on calibration text); MixLLM's W4A8 (GPTQ 4-bit)
       and W4.4A8 (MixLLM 8/4 + GPTQ) again with 8-bit activations (", A8"
-      rows; --a8: every quantized row). Every model is measured on the
+      rows; --a8: every quantized row); the rotated rows: RTN, AWQ, GPTQ
+      and AWQ + GPTQ at 3 and 4 bits and SFMP + GPTQ at 3 to 4.25 bpw with
+      the incoherence rotation (SFMP's Fisher gathered in the rotated basis,
+      a third file: `mpq calibrate --rotate 1 --stats fisher`).
+   4. The peers: llama.cpp's own quantizations of the same GGUF with its
+      importance matrix from the same calibration text (k-quants and
+      IQ4_XS, made by bench/llama_peers.sh), read as float and measured
+      the same way (no decode speed: mpq runs them as float weights).
+   Every model is measured on the
       evaluation text (the tutorial and the FAQ, never calibrated on):
       perplexity over the first --chunks chunks of 512 tokens, the second
       half of each scored; bits per weight of the linear maps (scales,
@@ -46,6 +54,7 @@
 #define _POSIX_C_SOURCE 200809L
 #define MPQ_IMPLEMENTATION
 #include "mpq.h"
+#include "mpq_io.h"
 #include "mpq_model.h"
 #include "report.h"
 #include "progress.h"
@@ -57,6 +66,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
@@ -85,6 +95,11 @@ typedef struct ctx {
     char step[64];      /* what P shows beside its count */
     const char *qstep;  /* the recipe's step P counts (quantizing) */
     mpq_kl_base kl;     /* the reference's predictions on the scored tokens (the first row) */
+    int32_t *seq_text;  /* the calibration text as `mpq quantize --sequential` tokenizes it */
+    size_t nseq;
+    const char *calib_path;
+    double peer_bpw; /* a peer's row (llama.cpp's file, read as float): its bpw; 0 otherwise */
+    double peer_mb;  /* and the MB of its tensors */
 } ctx;
 
 static mpq_linear *lin_at(ctx *C, int i) { return &C->m->layer[i / MPQ_LIN_COUNT].lin[i % MPQ_LIN_COUNT]; }
@@ -184,11 +199,11 @@ static void measure(ctx *C, const char *family, const char *name, const mpq_pmpd
     if (st != MPQ_OK) die(name, st);
     r->ppl = res.ppl, r->ppl_err = res.ppl_err;
     r->kld = res.kl.kld, r->kld_err = res.kl.kld_err, r->same_top = r == rows ? 1.0 : res.kl.same_top;
-    r->bpw = C->m->layer[0].lin[0].A.buf ? bpw_all_bytes(C) : 32.0;
-    r->mb = (double)mpq_llm_weight_bytes(C->m) / 1e6;
+    r->bpw = C->peer_bpw ? C->peer_bpw : C->m->layer[0].lin[0].A.buf ? bpw_all_bytes(C) : 32.0;
+    r->mb = C->peer_bpw ? C->peer_mb : (double)mpq_llm_weight_bytes(C->m) / 1e6;
     double ms_at[MPQ_MAX_BITS] = {0};
     int n_at[MPQ_MAX_BITS] = {0};
-    r->decode = decode_rate(C, sched, ms_at, n_at);
+    r->decode = C->peer_bpw ? 0 : decode_rate(C, sched, ms_at, n_at); /* a peer runs as float weights here */
     if (sched) { /* bits read while decoding (every byte, as above), and the time per token at each level */
         double bits[MPQ_MAX_BITS];
         const double extra = r->bpw - mpq_llm_bpw(C->m, 1, 0); /* the bytes besides weights and scales */
@@ -244,7 +259,11 @@ static void run_row(ctx *C, const llm_row *row)
     double bpw = 0;
     C->qstep = NULL;
     progress_start(&C->P, "llm_methods", !C->quiet, 1);
-    const int rc = quantize_row(row->args, LLM_ROW_COMMON, C->m, &C->S, &C->Hs, &C->Sr, quant_step, C, &res, &bpw);
+    const row_stats rs = {&C->S, &C->Hs, &C->Sr, C->seq_text, C->nseq};
+    char args[512];
+    snprintf(args, sizeof args, "%s%s%s", row->args, row->flags & ROW_SEQ ? " --sequential " : "",
+             row->flags & ROW_SEQ ? C->calib_path : "");
+    const int rc = quantize_row(args, LLM_ROW_COMMON, C->m, &rs, quant_step, C, &res, &bpw);
     progress_end(&C->P);
     if (rc) exit(1);
     char note[160] = "";
@@ -322,7 +341,7 @@ static void write_results(const char *dir, const char *model, const ctx *C, doub
     fprintf(f,
             "| method | bpw | weights MB | perplexity | +/- | vs fp32 | KLD | +/- | same top | decode tokens/s |\n"
             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
-    char vs[64][32];
+    char vs[MAX_ROWS][32];
     for (int i = 0; i < nrows; i++) {
         const row *r = &rows[i];
         const double x = r->ppl / rows[0].ppl;
@@ -330,11 +349,13 @@ static void write_results(const char *dir, const char *model, const ctx *C, doub
             snprintf(vs[i], sizeof vs[i], "%+.1f %%", 100.0 * (x - 1.0));
         else
             snprintf(vs[i], sizeof vs[i], "x %.3g", x);
-        fprintf(f, "| %s | %.3f | %.1f | %.4g | %.3g | %s | %.4f | %.4f | %.1f %% | %.1f |\n", r->name, r->bpw, r->mb,
-                r->ppl, r->ppl_err, vs[i], r->kld, r->kld_err, 100 * r->same_top, r->decode);
+        char dec[32] = "-";
+        if (r->decode > 0) snprintf(dec, sizeof dec, "%.1f", r->decode);
+        fprintf(f, "| %s | %.3f | %.1f | %.4g | %.3g | %s | %.4f | %.4f | %.1f %% | %s |\n", r->name, r->bpw, r->mb,
+                r->ppl, r->ppl_err, vs[i], r->kld, r->kld_err, 100 * r->same_top, dec);
     }
     /* the rows again, by KL divergence to the reference (the reference first) */
-    int order[64];
+    int order[MAX_ROWS];
     for (int i = 0; i < nrows; i++) order[i] = i;
     for (int i = 1; i < nrows; i++)
         for (int j = i; j > 1 && rows[order[j]].kld < rows[order[j - 1]].kld; j--) {
@@ -373,12 +394,67 @@ static void write_results(const char *dir, const char *model, const ctx *C, doub
             "`--salience ROT_STATS` (the Fisher of the rotated weights) added to the rotated SFMP rows; the options "
             "of each:\n\n",
             LLM_ROW_COMMON);
-    for (int k = 0; k < LLM_NROWS; k++) fprintf(f, "- %s: `%s`\n", llm_rows[k].name, llm_rows[k].args);
+    for (int k = 0; k < LLM_NROWS; k++)
+        fprintf(f, "- %s: `%s%s`\n", llm_rows[k].name, llm_rows[k].args,
+                llm_rows[k].flags & ROW_SEQ ? " --sequential CALIB" : "");
     fclose(f);
     printf("wrote %s\n", p);
     plot_point pts[MAX_ROWS];
     for (int i = 0; i < nrows; i++) pts[i].family = rows[i].family, pts[i].bpw = rows[i].bpw, pts[i].ppl = rows[i].ppl;
     report_plot("llm_methods", dir, pts, nrows, "perplexity (log scale)", "fp32 reference");
+}
+
+/* ---- peers ------------------------------------------------------------------- */
+
+/* llama.cpp's quantizations of the same GGUF (bench/llama_peers.sh), in
+   order of size: what of them the directory holds is measured as the rows
+   are, against the same reference, read as float weights (mpq reads the
+   k-quants and IQ4; the IQ3 and IQ2 types, whose codes index lattice
+   tables, it does not). */
+static const char *const peer_types[] = {"Q2_K",   "Q3_K_S", "Q3_K_M", "Q3_K_L", "IQ4_XS",
+                                         "Q4_K_S", "Q4_K_M", "Q5_K_M", "Q6_K"};
+
+static void run_peers(ctx *C, const char *dir)
+{
+    for (size_t k = 0; k < sizeof peer_types / sizeof *peer_types; k++) {
+        char path[1024], name[64];
+        snprintf(path, sizeof path, "%s/peer-%s.gguf", dir, peer_types[k]);
+        mpq_gguf_file *g = NULL;
+        mpq_io_err e;
+        if (access(path, R_OK) != 0) continue;
+        if (mpq_gguf_open(path, &g, &e) != MPQ_OK) {
+            fprintf(stderr, "llm_methods: %s\n", e.msg);
+            exit(1);
+        }
+        /* every stored byte of the linear maps of the layers, per weight, as for the rows */
+        double bytes = 0, w = 0, all = 0;
+        for (int i = 0; i < mpq_gguf_count(g); i++) all += (double)mpq_gguf_at(g, i)->bytes;
+        for (int i = 0; i < C->nl; i++) {
+            char tn[96];
+            mpq_llm_linear_name(1, i / MPQ_LIN_COUNT, i % MPQ_LIN_COUNT, 0, tn, sizeof tn);
+            const mpq_gguf_tensor *t = mpq_gguf_find(g, tn);
+            if (!t) {
+                fprintf(stderr, "llm_methods: %s: no tensor %s (not a file of this model)\n", path, tn);
+                exit(1);
+            }
+            bytes += (double)t->bytes, w += (double)t->numel;
+        }
+        mpq_gguf_close(g);
+        mpq_llm *peer = NULL, *own = C->m;
+        if (mpq_llm_load(path, &peer, &e) != MPQ_OK) {
+            fprintf(stderr, "llm_methods: %s\n", e.msg);
+            exit(1);
+        }
+        if (peer->c.layers != own->c.layers || peer->c.dim != own->c.dim || peer->c.vocab != own->c.vocab) {
+            fprintf(stderr, "llm_methods: %s is not a file of %s's shape\n", path, own->path ? own->path : "the model");
+            exit(1);
+        }
+        C->m = peer, C->peer_bpw = 8.0 * bytes / w, C->peer_mb = all / 1e6;
+        snprintf(name, sizeof name, "llama.cpp %s (imatrix)", peer_types[k]);
+        measure(C, "llama.cpp", name, NULL, NULL, 0);
+        C->m = own, C->peer_bpw = 0, C->peer_mb = 0;
+        mpq_llm_free(peer);
+    }
 }
 
 /* ---- main -------------------------------------------------------------------- */
@@ -454,7 +530,8 @@ int main(int argc, char **argv)
 {
     const char *model = "build/models/SmolLM2-135M-Instruct.Q4_1.gguf", *eval = "build/text/eval.txt",
                *calib = "build/text/calib.txt", *out = "build/llm", *stats = "build/llm/stats.safetensors",
-               *hessian = "build/llm/hessian.safetensors", *rot_stats = "build/llm/stats_rot.safetensors";
+               *hessian = "build/llm/hessian.safetensors", *rot_stats = "build/llm/stats_rot.safetensors",
+               *peers = "build/peers";
     ctx C;
     memset(&C, 0, sizeof C);
     C.chunks = 8;
@@ -472,6 +549,8 @@ int main(int argc, char **argv)
             hessian = argv[++i];
         else if (!strcmp(argv[i], "--rot-stats") && i + 1 < argc)
             rot_stats = argv[++i];
+        else if (!strcmp(argv[i], "--peers") && i + 1 < argc)
+            peers = argv[++i];
         else if (!strcmp(argv[i], "--out") && i + 1 < argc)
             out = argv[++i];
         else if (!strcmp(argv[i], "--chunks") && i + 1 < argc)
@@ -493,14 +572,15 @@ int main(int argc, char **argv)
             const int help = !strcmp(argv[i], "--help") || !strcmp(argv[i], "-h");
             fprintf(help ? stdout : stderr,
                     "usage: %s [--model PATH] [--eval TEXT] [--calib TEXT] [--stats FILE] [--hessian FILE]\n"
-                    "          [--rot-stats FILE] [--out DIR] [--chunks N] [--full] [--quick] [--threads T]\n"
-                    "          [--quiet] [--a8]\n"
+                    "          [--rot-stats FILE] [--peers DIR] [--out DIR] [--chunks N] [--full] [--quick]\n"
+                    "          [--threads T] [--quiet] [--a8]\n"
                     "Every method of mpq on a real model: perplexity (as llama-perplexity), bits per weight and\n"
                     "decode tokens/s; writes DIR/results.md and DIR/ppl_vs_bpw.svg. Statistics: FILE, written by\n"
                     "`mpq calibrate MODEL CALIB -o FILE`, GPTQ's X^T X, written by `mpq calibrate --stats xtx\n"
                     "--windows 64 MODEL CALIB -o FILE`, and the Fisher of the rotated weights (--rot-stats), written\n"
                     "by `mpq calibrate --rotate 1 --stats fisher MODEL CALIB -o FILE` (examples/run.sh runs each\n"
-                    "once and reuses them). Defaults:\n"
+                    "once and reuses them). --peers: llama.cpp's quantizations of the model (peer-TYPE.gguf, made\n"
+                    "by bench/llama_peers.sh) measured beside the rows, those the directory holds. Defaults:\n"
                     "the files examples/run.sh fetches and writes into build/, 8 evaluation chunks of 512 tokens\n"
                     "(--full: every chunk; --quick: 2 chunks, four methods). --a8: every quantized row with 8-bit\n"
                     "activations (MixLLM's A8; by default only GPTQ 4-bit and MixLLM 8/4 + GPTQ get an A8 row).\n"
@@ -526,6 +606,21 @@ int main(int argc, char **argv)
     uint64_t calib_hash = 0;
     C.eval = tokenize_file(C.m, eval, &C.neval, NULL);
     C.calib = tokenize_file(C.m, calib, &C.ncalib, &calib_hash);
+    C.calib_path = calib;
+    { /* as `mpq quantize --sequential` reads it: every byte, no BOS added */
+        FILE *f = fopen(calib, "rb");
+        char *s = NULL;
+        long len = -1;
+        if (f && fseek(f, 0, SEEK_END) == 0 && (len = ftell(f)) >= 0 && fseek(f, 0, SEEK_SET) == 0 &&
+            (s = (char *)malloc((size_t)len + 1)) && fread(s, 1, (size_t)len, f) == (size_t)len) {
+            if (mpq_tokenize(C.m->tok, s, (size_t)len, 0, &C.seq_text, &C.nseq, &e) != MPQ_OK)
+                die(calib, MPQ_ERR_FORMAT);
+        } else {
+            die(calib, MPQ_ERR_IO);
+        }
+        free(s);
+        fclose(f);
+    }
     const int have = (int)(C.neval / 512);
     if (C.chunks > have) C.chunks = have;
     if (C.chunks < 1 || C.ncalib < (size_t)512 * SCHED_CHUNKS) {
@@ -558,13 +653,14 @@ int main(int argc, char **argv)
     measure(&C, "fp32", "fp32 reference (dequantized Q4_1)", NULL, NULL, 0);
     for (int k = 0; k < LLM_NROWS; k++)
         if (!quick || (llm_rows[k].flags & ROW_QUICK)) run_row(&C, &llm_rows[k]);
+    if (!quick) run_peers(&C, peers);
     write_results(out, model, &C, now() - t0);
     printf("total %.0f s\n", now() - t0);
     mpq_calib_stats_free(&C.S);
     mpq_calib_stats_free(&C.Hs);
     mpq_calib_stats_free(&C.Sr);
     mpq_kl_base_free(&C.kl);
-    free(C.eval), free(C.calib);
+    free(C.eval), free(C.calib), free(C.seq_text);
     mpq_llm_free(C.m);
     return 0;
 }

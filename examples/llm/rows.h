@@ -12,7 +12,8 @@
 enum {
     ROW_QUICK = 1, /* also in --quick */
     ROW_A8 = 2,    /* measured again with 8-bit activations (MixLLM's W*A8) */
-    ROW_PMPD = 4   /* PMPD's schedules measured on this model afterwards */
+    ROW_PMPD = 4,  /* PMPD's schedules measured on this model afterwards */
+    ROW_SEQ = 8    /* with --sequential CALIB: GPTQ's X^T X through the quantized layers before */
 };
 
 typedef struct llm_row {
