@@ -7961,15 +7961,15 @@ static void mpq__recipe_job_free(mpq__recipe_job *J)
     memset(J, 0, sizeof *J);
 }
 
-/* The weights ReQuant's masks and sparse part are in: W, or under a
-   rotation W V^T (kept in the job), the coordinates of mpq_requant_map. */
+/* The weights ReQuant's masks and sparse part are in (*W, unless W is
+   NULL): W, or under a rotation W V^T, made here and kept in J->Wr; the
+   coordinates of mpq_requant_map. */
 static mpq_status mpq__recipe_sparse_w(const mpq_recipe_map *m, mpq__recipe_job *J, const float **W)
 {
-    *W = m->W;
-    if (!J->d.rotation) return MPQ_OK;
+    mpq_status st = MPQ_OK;
     float *none;
-    const mpq_status st = mpq__rotated_copies(J->d.rotation, m->rows, m->W, NULL, &J->Wr, &none);
-    *W = J->Wr;
+    if (J->d.rotation) st = mpq__rotated_copies(J->d.rotation, m->rows, m->W, NULL, &J->Wr, &none);
+    if (W) *W = J->d.rotation ? J->Wr : m->W;
     return st;
 }
 
@@ -8051,8 +8051,7 @@ MPQ_DEF mpq_status mpq_recipe_quantize(const mpq_recipe *r, int i, const mpq_rec
     mpq__recipe_job J;
     const char *step;
     st = mpq__recipe_prepare(r, r->plan, i, m, &J, &step);
-    const float *Ws;
-    if (st == MPQ_OK && mask) st = mpq__recipe_sparse_w(m, &J, &Ws);
+    if (st == MPQ_OK && mask) st = mpq__recipe_sparse_w(m, &J, NULL);
     if (st == MPQ_OK) st = mpq__recipe_pack(r, m, &J, mask, out);
     mpq__recipe_job_free(&J);
     return st;

@@ -552,7 +552,8 @@ mpq_status mpq_llm_backward_params(const mpq_llm *m, mpq_llm_train *t, const int
    coordinates: the recipe rotates them exactly (X V^T, V H V^T), so one
    such file serves rotated and unrotated recipes. The file records the
    seed ("rotate_seed" in its metadata). V x costs n (log2 p + m) per
-   vector: a few percent more time. */
+   vector: a few percent more time; memory grows by one window's largest
+   input block (or map) and, with PQI, 4 bytes per weight. */
 #define MPQ_CALIB_FISHER     0x01u
 #define MPQ_CALIB_MIXLLM     0x02u
 #define MPQ_CALIB_ACTS       0x04u /* xtx_diag, mean_abs, awq */
