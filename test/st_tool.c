@@ -39,6 +39,25 @@ static int put(const char *dir, int i, const char *ext, const void *p, size_t n)
     return 0;
 }
 
+/* DIR/dump.json from root (freed here). 0, or 1 after a message. */
+static int write_json(cJSON *root, const char *dir)
+{
+    char *s = cJSON_Print(root);
+    char p[4096];
+    int rc = 0;
+    snprintf(p, sizeof p, "%s/dump.json", dir);
+    FILE *out = fopen(p, "wb");
+    if (!out || !s)
+        rc = die(p, "cannot write");
+    else {
+        fputs(s, out);
+        fclose(out);
+    }
+    cJSON_free(s);
+    cJSON_Delete(root);
+    return rc;
+}
+
 static int cmd_write(const char *path)
 {
     mpq_io_err e;
@@ -134,18 +153,7 @@ static int cmd_dump(const char *path, const char *dir)
                 mpq_packed_free(&A);
         }
     }
-    char *s = cJSON_Print(root);
-    char p[4096];
-    snprintf(p, sizeof p, "%s/dump.json", dir);
-    FILE *out = fopen(p, "wb");
-    if (!out || !s)
-        rc = die(p, "cannot write");
-    else {
-        fputs(s, out);
-        fclose(out);
-    }
-    cJSON_free(s);
-    cJSON_Delete(root);
+    if (write_json(root, dir) && !rc) rc = 1;
     mpq_st_close(f);
     return rc;
 }
@@ -171,18 +179,7 @@ static int cmd_gguf(const char *path, const char *dir)
         if (!rc) rc = put(dir, i, "f32", x, sizeof(float) * (size_t)t->numel);
         free(x);
     }
-    char *s = cJSON_Print(root);
-    char p[4096];
-    snprintf(p, sizeof p, "%s/dump.json", dir);
-    FILE *out = fopen(p, "wb");
-    if (!out || !s)
-        rc = die(p, "cannot write");
-    else {
-        fputs(s, out);
-        fclose(out);
-    }
-    cJSON_free(s);
-    cJSON_Delete(root);
+    if (write_json(root, dir) && !rc) rc = 1;
     mpq_gguf_close(f);
     return rc;
 }

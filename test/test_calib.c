@@ -427,6 +427,27 @@ typedef struct acts {
     long count[TL_MAXL][7];
 } acts;
 
+/* Zeroed sums for every map of t, and room for every input row of WINDOWS windows. */
+static void acts_alloc(acts *a, const tl_model *t)
+{
+    memset(a, 0, sizeof *a);
+    a->t = t;
+    for (int l = 0; l < t->layers; l++)
+        for (int k = 0; k < 7; k++) {
+            const size_t c = (size_t)tl_cols(t, k);
+            a->xdiag[l][k] = (double *)calloc(c, sizeof(double));
+            a->mabs[l][k] = (double *)calloc(c, sizeof(double));
+            a->xtx[l][k] = (double *)calloc(c * c, sizeof(double));
+            a->rows[l][k] = (double *)calloc(c * WINDOWS * LEN, sizeof(double));
+        }
+}
+
+static void acts_free(acts *a, const tl_model *t)
+{
+    for (int l = 0; l < t->layers; l++)
+        for (int k = 0; k < 7; k++) free(a->xdiag[l][k]), free(a->mabs[l][k]), free(a->xtx[l][k]), free(a->rows[l][k]);
+}
+
 static void ref_observe(void *user, int l, int k, int t, const double *x, int cols)
 {
     acts *a = (acts *)user;
@@ -476,15 +497,7 @@ Test(calib, activation_statistics_match_the_reference)
     cr_assert_eq(s.awq_tokens, 7);
     cr_assert_null(s.fisher);
     acts a;
-    memset(&a, 0, sizeof a);
-    for (int l = 0; l < t.layers; l++)
-        for (int k = 0; k < 7; k++) {
-            const size_t c = (size_t)tl_cols(&t, k);
-            a.xdiag[l][k] = (double *)calloc(c, sizeof(double));
-            a.mabs[l][k] = (double *)calloc(c, sizeof(double));
-            a.xtx[l][k] = (double *)calloc(c * c, sizeof(double));
-            a.rows[l][k] = (double *)calloc(c * WINDOWS * LEN, sizeof(double));
-        }
+    acts_alloc(&a, &t);
     for (int i = 0; i < WINDOWS; i++) {
         window(m, text, i, w);
         tl_reference_ex(&t, NULL, w, LEN, NULL, NULL, ref_observe, &a);
@@ -501,8 +514,8 @@ Test(calib, activation_statistics_match_the_reference)
                 const long g = (long)(((2.0 * q + 1.0) * (double)a.count[l][k]) / 14.0);
                 close_rel(s.awq[li] + (size_t)q * c, a.rows[l][k] + (size_t)g * c, (size_t)c, 1e-5, "AWQ sample", l, k);
             }
-            free(a.xdiag[l][k]), free(a.mabs[l][k]), free(a.xtx[l][k]), free(a.rows[l][k]);
         }
+    acts_free(&a, &t);
     mpq_calib_stats_free(&s);
     mpq_llm_free(m);
     tl_free(&t);
@@ -771,15 +784,7 @@ Test(calib, rotated_statistics_are_those_of_the_rotated_weights)
     }
     /* diag(X^T X) and mean |x| of the inputs V x */
     acts a;
-    memset(&a, 0, sizeof a);
-    for (int l = 0; l < t.layers; l++)
-        for (int k = 0; k < 7; k++) {
-            const size_t c = (size_t)tl_cols(&t, k);
-            a.xdiag[l][k] = (double *)calloc(c, sizeof(double));
-            a.mabs[l][k] = (double *)calloc(c, sizeof(double));
-            a.xtx[l][k] = (double *)calloc(c * c, sizeof(double));
-            a.rows[l][k] = (double *)calloc(c * WINDOWS * LEN, sizeof(double));
-        }
+    acts_alloc(&a, &t);
     for (int i = 0; i < WINDOWS; i++) tl_reference_ex(&t, NULL, win[i], LEN, NULL, NULL, ref_observe, &a);
     for (int l = 0; l < t.layers; l++)
         for (int k = 0; k < 7; k++) {
@@ -793,8 +798,8 @@ Test(calib, rotated_statistics_are_those_of_the_rotated_weights)
             close_rel(s.xtx_diag[li], xd, (size_t)c, 1e-5, "rotated diag(X^T X)", l, k);
             close_rel(s.mean_abs[li], ma, (size_t)c, 1e-5, "rotated mean |x|", l, k);
             free(xd), free(ma);
-            free(a.xdiag[l][k]), free(a.mabs[l][k]), free(a.xtx[l][k]), free(a.rows[l][k]);
         }
+    acts_free(&a, &t);
     wset ws;
     wset_copy(&t, &ws);
     double *dir = (double *)malloc(sizeof(double) * t.ffn);
@@ -1062,17 +1067,19 @@ Test(calib, deterministic_for_any_thread_count_and_the_file_round_trips)
 
 /* A statistics file with one thing wrong: the reader names the file, the
    tensor and the rule, and returns nothing. */
+static const char *bad_meta = ""; /* added to the metadata object of bad_file's files */
+
 static void bad_file(const mpq_llm *m, const mpq_calib_stats *s, const char *p, const char *tensor, int what,
                      mpq_status want, const char *msg)
 {
     mpq_io_err e;
     mpq_st_writer *w = NULL;
     cr_assert_eq(mpq_st_writer_open(p, &w, &e), MPQ_OK);
-    char meta[256];
+    char meta[512];
     snprintf(meta, sizeof meta,
              "{\"windows\":%d,\"length\":%d,\"awq_tokens\":%d,\"mixllm_bits\":4,\"pqi_bits\":3,"
-             "\"pqi_steps\":3,\"pqi_windows\":2,\"sens_tokens\":8,\"loss\":1}",
-             s->windows, s->length, s->awq_tokens);
+             "\"pqi_steps\":3,\"pqi_windows\":2,\"sens_tokens\":8,\"loss\":1%s}",
+             s->windows, s->length, s->awq_tokens, bad_meta);
     cr_assert_eq(mpq_st_write_meta(w, "mpq_calib", meta, &e), MPQ_OK);
     char name[256];
     for (int i = 0; i < s->nlin; i++) {
@@ -1101,6 +1108,7 @@ static void bad_file(const mpq_llm *m, const mpq_calib_stats *s, const char *p, 
     cr_assert_not_null(strstr(e.msg, p), "%s", e.msg);
     cr_assert_not_null(strstr(e.msg, tensor), "%s", e.msg);
     cr_assert_not_null(strstr(e.msg, msg), "%s", e.msg);
+    corpus_save(p);
     unlink(p);
 }
 
@@ -1152,6 +1160,11 @@ Test(calib, bad_inputs)
     bad_file(m, &s, p, name, 1, MPQ_ERR_NONFINITE, "not finite");
     bad_file(m, &s, p, name, 2, MPQ_ERR_RANGE, "negative");
     bad_file(m, &s, p, name, 3, MPQ_ERR_FORMAT, "not found");
+    static const char *const seeds[] = {",\"rotate_seed\":\"12x\"", ",\"rotate_seed\":7",
+                                        ",\"rotate_seed\":\"18446744073709551616\"", ",\"rotate_seed\":\"\""};
+    for (int k = 0; k < 4; k++) /* a rotation seed that is not one: past 2^64 - 1, a number, empty */
+        bad_meta = seeds[k], bad_file(m, &s, p, "rotate_seed", -1, MPQ_ERR_FORMAT, "not a decimal seed");
+    bad_meta = "";
     mpq_calib_stats_free(&s);
     mpq_llm_free(m);
     tl_free(&t);

@@ -571,6 +571,10 @@ Test(gguf, hostile_files_are_rejected_with_a_reason, .init = make_tmpdir, .fini 
     reject_tensor(i, 256, "unknown ggml type 1000", "type 1000");
     i = ok, i.type = 2, i.ne[0] = 48;
     reject_tensor(i, 256, "not a multiple of the Q4_0 block", "Q4_0 of 48 columns");
+    i = ok, i.type = 12, i.ne[0] = 576, i.ne[1] = 1; /* SmolLM2's rows as a k-quant */
+    reject_tensor(i, 4096, "not a multiple of the Q4_K block", "Q4_K of 576 columns");
+    i = ok, i.type = 14, i.ne[0] = 256, i.ne[1] = 2;
+    reject_tensor(i, 256, "past the end of the file", "Q6_K cut short");
     i = ok, i.off = 8;
     reject_tensor(i, 256, "not a multiple of the alignment", "offset 8");
     i = ok;
