@@ -76,12 +76,13 @@
                             and the sparse part, 4.3 packing, 4.4 opening,
                             4.5 dequantization
      5. Products .......... lookup tables, GEMV / small GEMM, the path a product
-                            takes (mpq_gemv_path), float64 reference;
-                            implementation: 5.1 tables and the CPU probe, 5.2
-                            workspace, 5.3 records, 5.4 kernels per path, 5.5
-                            the table of paths (one row per path: feature,
-                            tables, tiles per task, kernel) and the product,
-                            5.6 the reference
+                            takes (mpq_gemv_path), products in phases for
+                            callers with their own threads (mpq_gemv_job),
+                            float64 reference; implementation: 5.1 tables and
+                            the CPU probe, 5.2 workspace, 5.3 records, 5.4
+                            kernels per path, 5.5 the table of paths (one row
+                            per path: feature, tables, tiles per task, kernel),
+                            the phases and the product, 5.6 the reference
      6. Formats, backends . format traits table, backend dispatch table; the
                             entry points of 4 and 5 that go through the format
                             table (mpq_packed_open, mpq_packed_dequantize[_row],
@@ -202,6 +203,10 @@ MPQ_DEF void mpq_aligned_free(void *p);
    negative count. */
 typedef void (*mpq_task_fn)(void *ctx, int task);
 MPQ_DEF mpq_status mpq_parallel(int ntasks, int threads, mpq_task_fn fn, void *ctx);
+/* The threads mpq_parallel would run on now for `threads` (0: the OpenMP
+   default), for a caller that opens its own parallel region (1 without
+   OpenMP). */
+MPQ_DEF int mpq_threads(int threads);
 
 /* ========================================================================== */
 /* 2. Half precision                                                          */
@@ -656,6 +661,54 @@ MPQ_DEF size_t mpq_gemv_work_bytes(const mpq_packed *A, int batch);
    the call allocates and frees it). x must be finite. */
 MPQ_DEF mpq_status mpq_gemv(const mpq_packed *A, const float *x, float *y, int batch, const mpq_gemv_opts *opts,
                             void *work, size_t work_bytes);
+
+/* PRODUCTS IN PHASES, for callers that run their own threads. mpq_gemv
+   runs each product in a parallel region of its own. A caller that runs
+   many small products in a row (a model's decode step: seven per layer) can
+   instead run a whole layer or token in one parallel region and split each
+   product between its threads. mpq_gemv_job_init checks one product and
+   describes it; its work is MPQ_GEMV_PHASES phases of j->tasks[phase]
+   independent tasks, each phase reading what the one before wrote:
+     0  V x of each vector (a rotated matrix; no tasks otherwise)
+     1  x~, the group sums and the tables: one task per vector and group
+     2  the rows: one task per block of tiles, their sparse part included
+   mpq_gemv_job_run(j, phase, t0, t1) runs tasks t0 .. t1-1 of a phase. Any
+   thread may run any task, in any order, provided that every task of a
+   phase has finished before a task of the next one starts (a barrier). y
+   is then mpq_gemv's result bit for bit, whatever the split. Phases 0 and 1
+   check x: a task that meets NaN or Inf returns MPQ_ERR_NONFINITE, and the
+   caller must then not run phase 2 (y is untouched until phase 2).
+   Products of one input share their tables: a job made with `tables`, the
+   job of an earlier product of the same x, batch and options whose matrix
+   has the same tables (mpq_gemv_tables_shared), has no tasks in phases 0
+   and 1 and reads that job's workspace, which must stay as it is until the
+   job's phase 2 has run; its own work may then be NULL. mpq_gemv_job_init
+   does not read x and does not allocate; opts->threads is not read (the
+   caller's threads run the tasks). Its errors are mpq_gemv's for the same
+   arguments, except MPQ_ERR_NONFINITE (see above), plus MPQ_ERR_ARG for
+   tables that cannot be shared and for a NULL work without them; on error
+   *j has no tasks. */
+#define MPQ_GEMV_PHASES 3
+typedef struct mpq_gemv_job {
+    int tasks[MPQ_GEMV_PHASES]; /* tasks of each phase */
+    /* the rest is private to the library */
+    const mpq_packed *A;
+    const float *x;  /* the vectors as given */
+    const float *xs; /* what the tables and the sparse part read: x, or V x in the workspace */
+    float *y;
+    uint8_t *work; /* the tables: this job's workspace, or the shared job's */
+    size_t vstride;
+    int batch, skip, a8, path, tiles;
+} mpq_gemv_job;
+
+MPQ_DEF mpq_status mpq_gemv_job_init(mpq_gemv_job *j, const mpq_packed *A, const float *x, float *y, int batch,
+                                     const mpq_gemv_opts *opts, void *work, size_t work_bytes,
+                                     const mpq_gemv_job *tables);
+MPQ_DEF mpq_status mpq_gemv_job_run(const mpq_gemv_job *j, int phase, int t0, int t1);
+/* Whether A's tables are B's for every x: the same columns, groups, column
+   permutation, column scales and rotation (contents compared, so matrices
+   packed apart with the same AWQ scales share); 0 for NULL. */
+MPQ_DEF int mpq_gemv_tables_shared(const mpq_packed *A, const mpq_packed *B);
 
 /* The reference: the dequantized matrix (mpq_packed_dequantize) times x,
    accumulated in float64, row by row; with a rotation, the rotated matrix
@@ -1844,6 +1897,18 @@ static void mpq__run(int ntasks, int nth, mpq_task_fn fn, void *ctx)
     for (int t = 0; t < ntasks; t++) fn(ctx, t);
 }
 
+MPQ_DEF int mpq_threads(int threads)
+{
+#ifdef _OPENMP
+    if (threads <= 0) threads = omp_get_max_threads();
+    const int n = mpq__load_threads(threads);
+    return n > 1 ? n : 1;
+#else
+    (void)threads;
+    return 1;
+#endif
+}
+
 MPQ_DEF mpq_status mpq_parallel(int ntasks, int threads, mpq_task_fn fn, void *ctx)
 {
     if (ntasks < 0 || threads < 0 || !fn) return MPQ_ERR_ARG;
@@ -2951,6 +3016,15 @@ static int mpq__thread_id(void)
 #endif
 }
 
+static int mpq__team_size(void)
+{
+#ifdef _OPENMP
+    return omp_get_num_threads();
+#else
+    return 1;
+#endif
+}
+
 /* mpq_pack after its checks, W in the coordinates of the columns (rotated). */
 static mpq_status mpq__pack_rows(const mpq_bitplane_desc *d, const mpq__shape *sp, const mpq__layout *Lp,
                                  const float *W, void *buf, mpq_packed *out)
@@ -3516,7 +3590,7 @@ static unsigned mpq__cpu(void)
 #endif
 }
 
-/* The kinds of lookup table a path reads (built by mpq__build_tables). */
+/* The kinds of lookup table a path reads (built by mpq__build_group). */
 typedef enum mpq__tab {
     MPQ__TAB_FLOAT256,   /* 256-entry float tables per chunk (the mirror halves written out) */
     MPQ__TAB_FLOAT16,    /* two 16-entry float tables per chunk */
@@ -3553,12 +3627,11 @@ static mpq__vecwork mpq__vec_layout(const mpq_packed *A)
 }
 
 /* Bytes after the vectors' workspaces: with a rotation, V x of every vector
-   (batch x cols floats) and the m floats mpq__rot_run needs. */
+   (batch x cols floats). */
 static size_t mpq__rot_work_bytes(const mpq_packed *A, int batch)
 {
     if (!A->rot.n) return 0;
-    return mpq__align64(sizeof(float) * (size_t)batch * (size_t)A->cols) +
-        mpq__align64(sizeof(float) * (size_t)A->rot.m);
+    return mpq__align64(sizeof(float) * (size_t)batch * (size_t)A->cols);
 }
 
 static size_t mpq__bp_work_bytes(const mpq_packed *A, int batch)
@@ -3651,34 +3724,37 @@ MPQ__T_AVX2 static void mpq__build_q16_avx2(const float *xt, int nch, float inv,
 }
 #endif
 
-/* Tables for one vector. x~ and the group sums first, then the tables of
-   kind `tab`. */
-static void mpq__build_tables(const mpq_packed *A, const float *x, mpq__tab tab, int a8, uint8_t *w)
+/* Tables of group g of one vector: its part of x~ and its group sum first,
+   then its tables of kind `tab`. MPQ_ERR_NONFINITE (and nothing written)
+   when the group's columns of x hold NaN or Inf. */
+static mpq_status mpq__build_group(const mpq_packed *A, const float *x, mpq__tab tab, int a8, uint8_t *w, int g)
 {
     const mpq__vecwork L = mpq__vec_layout(A);
     const int nchunks = (A->cols + 7) / 8, cpg = A->group / 8;
+    const int j0 = g * A->group, j1 = j0 + A->group < 8 * nchunks ? j0 + A->group : 8 * nchunks;
+    const int c1 = (g + 1) * cpg < nchunks ? (g + 1) * cpg : nchunks;
     float *xt = (float *)(void *)(w + L.xt), *gsum = (float *)(void *)(w + L.gsum);
     float *gscale = (float *)(void *)(w + L.gscale);
-    for (int g = 0; g < A->ngroups; g++) gsum[g] = 0.0f;
-    for (int j = 0; j < 8 * nchunks; j++)
+    for (int j = j0; j < j1 && j < A->cols; j++)
+        if (!mpq__finite(x[A->p_col ? A->p_col[j] : (uint32_t)j])) return MPQ_ERR_NONFINITE;
+    for (int j = j0; j < j1; j++)
         xt[j] = j < A->cols ? x[A->p_col ? A->p_col[j] : (uint32_t)j] * (A->col_scale ? A->col_scale[j] : 1.0f) : 0.0f;
-    if (a8) /* x~ = q s^_a per group; s^_a is the group's table scale on the int16 paths */
-        for (int g = 0; g < A->ngroups; g++) {
-            const int j0 = g * A->group, j1 = j0 + A->group < 8 * nchunks ? j0 + A->group : 8 * nchunks;
-            float amax = 0.0f;
-            for (int j = j0; j < j1; j++) amax = fabsf(xt[j]) > amax ? fabsf(xt[j]) : amax;
-            const float sh = mpq_f16_to_f32(mpq__act8_scale(amax));
-            for (int j = j0; j < j1; j++) xt[j] = mpq__act8_code(xt[j], sh) * sh;
-            gscale[g] = sh;
-        }
-    for (int c = 0; c < nchunks; c++) {
+    if (a8) { /* x~ = q s^_a per group; s^_a is the group's table scale on the int16 paths */
+        float amax = 0.0f;
+        for (int j = j0; j < j1; j++) amax = fabsf(xt[j]) > amax ? fabsf(xt[j]) : amax;
+        const float sh = mpq_f16_to_f32(mpq__act8_scale(amax));
+        for (int j = j0; j < j1; j++) xt[j] = mpq__act8_code(xt[j], sh) * sh;
+        gscale[g] = sh;
+    }
+    gsum[g] = 0.0f;
+    for (int c = g * cpg; c < c1; c++) {
         const float *x8 = xt + 8 * c;
-        gsum[c / cpg] += ((x8[0] + x8[1]) + (x8[2] + x8[3])) + ((x8[4] + x8[5]) + (x8[6] + x8[7]));
+        gsum[g] += ((x8[0] + x8[1]) + (x8[2] + x8[3])) + ((x8[4] + x8[5]) + (x8[6] + x8[7]));
     }
     float *ft = (float *)(void *)(w + L.tab);
     switch (tab) {
     case MPQ__TAB_FLOAT256:
-        for (int c = 0; c < nchunks; c++) { /* the mirrored half written out: entry p >= 128 is -T[255 - p] */
+        for (int c = g * cpg; c < c1; c++) { /* the mirrored half written out: entry p >= 128 is -T[255 - p] */
             float *T = ft + (size_t)c * 256u;
             mpq_lut128(xt + 8 * c, T);
             for (int p = 128; p < 256; p++) T[p] = -T[255 - p];
@@ -3687,79 +3763,78 @@ static void mpq__build_tables(const mpq_packed *A, const float *x, mpq__tab tab,
     case MPQ__TAB_INT16:
     case MPQ__TAB_INT16_LANES: {
         const int ufull = mpq__units(cpg), avx2 = tab == MPQ__TAB_INT16_LANES;
-        for (int g = 0; g < A->ngroups; g++) {
-            const int c0 = g * cpg, nch = (A->cols - g * A->group < A->group ? (A->cols - g * A->group + 7) / 8 : cpg);
-            float inv;
-            if (a8) /* the tables are s^_a times integers: Q / s^_a rounds to them exactly */
-                inv = gscale[g] > 0.0f ? 1.0f / gscale[g] : 0.0f;
-            else { /* the power-of-two scale: smallest e with max|Q| / 2^e <= 32767 */
-                float mx = 0.0f;
-                for (int c = c0; c < c0 + nch; c++)
-                    for (int h = 0; h < 2; h++) {
-                        const float *a = xt + 8 * c + 4 * h;
-                        float sabs = ((fabsf(a[0]) + fabsf(a[1])) + fabsf(a[2])) + fabsf(a[3]);
-                        mx = sabs > mx ? sabs : mx;
-                    }
-                int e = 0;
-                if (mx > 0.0f) {
-                    frexpf(mx, &e);
-                    e -= 15;
-                    if (ldexpf(mx, -e) > MPQ__Q16_MAX) e++;
+        const int c0 = g * cpg, nch = (A->cols - g * A->group < A->group ? (A->cols - g * A->group + 7) / 8 : cpg);
+        float inv;
+        if (a8) /* the tables are s^_a times integers: Q / s^_a rounds to them exactly */
+            inv = gscale[g] > 0.0f ? 1.0f / gscale[g] : 0.0f;
+        else { /* the power-of-two scale: smallest e with max|Q| / 2^e <= 32767 */
+            float mx = 0.0f;
+            for (int c = c0; c < c0 + nch; c++)
+                for (int h = 0; h < 2; h++) {
+                    const float *a = xt + 8 * c + 4 * h;
+                    float sabs = ((fabsf(a[0]) + fabsf(a[1])) + fabsf(a[2])) + fabsf(a[3]);
+                    mx = sabs > mx ? sabs : mx;
                 }
-                gscale[g] = mx > 0.0f ? ldexpf(1.0f, e) : 0.0f;
-                inv = mx > 0.0f ? ldexpf(1.0f, -e) : 0.0f;
+            int e = 0;
+            if (mx > 0.0f) {
+                frexpf(mx, &e);
+                e -= 15;
+                if (ldexpf(mx, -e) > MPQ__Q16_MAX) e++;
             }
-            uint8_t *T = w + L.tab + (size_t)g * (size_t)ufull * 256u;
-            const int nq = nch / 4, nu = mpq__units(nch);
+            gscale[g] = mx > 0.0f ? ldexpf(1.0f, e) : 0.0f;
+            inv = mx > 0.0f ? ldexpf(1.0f, -e) : 0.0f;
+        }
+        uint8_t *T = w + L.tab + (size_t)g * (size_t)ufull * 256u;
+        const int nq = nch / 4, nu = mpq__units(nch);
 #ifdef MPQ__HAVE_VNNI
-            if (!avx2 && nch % 4 == 0) { /* every unit full: 16 entries a register */
-                mpq__build_q16_vnni(xt + 8 * c0, nch, inv, T);
-                continue;
-            }
+        if (!avx2 && nch % 4 == 0) { /* every unit full: 16 entries a register */
+            mpq__build_q16_vnni(xt + 8 * c0, nch, inv, T);
+            break;
+        }
 #endif
 #ifdef MPQ__HAVE_AVX2
-            if (avx2 && nch % 4 == 0) {
-                mpq__build_q16_avx2(xt + 8 * c0, nch, inv, T);
-                continue;
-            }
+        if (avx2 && nch % 4 == 0) {
+            mpq__build_q16_avx2(xt + 8 * c0, nch, inv, T);
+            break;
+        }
 #endif
-            memset(T, 0, (size_t)nu * 256u);
-            for (int u = 0; u < nu; u++) {
-                int first, count; /* chunks of this unit, as the record's segments */
-                if (u < nq)
-                    first = 4 * u, count = 4;
-                else if (u == nq && (nch & 2))
-                    first = 4 * nq, count = 2;
-                else
-                    first = nch - 1, count = 1;
-                for (int pos = 0; pos < count; pos++)
-                    for (int h = 0; h < 2; h++) {
-                        float Q[16];
-                        mpq_lut16(xt + 8 * (c0 + first + pos) + 4 * h, Q);
-                        for (int p = 0; p < 16; p++) {
-                            float qv = mpq__rne(Q[p] * inv);
-                            /* clamped; NaN (activations whose sums overflow, Inf * 0) to 0 */
-                            qv = qv > MPQ__Q16_MAX ? MPQ__Q16_MAX : (qv < -MPQ__Q16_MAX ? -MPQ__Q16_MAX : qv);
-                            qv = qv == qv ? qv : 0.0f;
-                            int q = (int)qv, lo = (int)(int8_t)(uint8_t)(q & 0xFF), hi = (q - lo) / 256;
-                            uint8_t *e = T + (size_t)u * 256u +
-                                (avx2 ? mpq__q16_avx2_at(count, pos, h) + (size_t)p
-                                      : (size_t)h * 128u + (size_t)(16 * pos + p));
-                            e[0] = (uint8_t)(lo & 0xFF);
-                            e[avx2 ? 32 : 64] = (uint8_t)(hi & 0xFF);
-                        }
+        memset(T, 0, (size_t)nu * 256u);
+        for (int u = 0; u < nu; u++) {
+            int first, count; /* chunks of this unit, as the record's segments */
+            if (u < nq)
+                first = 4 * u, count = 4;
+            else if (u == nq && (nch & 2))
+                first = 4 * nq, count = 2;
+            else
+                first = nch - 1, count = 1;
+            for (int pos = 0; pos < count; pos++)
+                for (int h = 0; h < 2; h++) {
+                    float Q[16];
+                    mpq_lut16(xt + 8 * (c0 + first + pos) + 4 * h, Q);
+                    for (int p = 0; p < 16; p++) {
+                        float qv = mpq__rne(Q[p] * inv);
+                        /* clamped; NaN (activations whose sums overflow, Inf * 0) to 0 */
+                        qv = qv > MPQ__Q16_MAX ? MPQ__Q16_MAX : (qv < -MPQ__Q16_MAX ? -MPQ__Q16_MAX : qv);
+                        qv = qv == qv ? qv : 0.0f;
+                        int q = (int)qv, lo = (int)(int8_t)(uint8_t)(q & 0xFF), hi = (q - lo) / 256;
+                        uint8_t *e = T + (size_t)u * 256u +
+                            (avx2 ? mpq__q16_avx2_at(count, pos, h) + (size_t)p
+                                  : (size_t)h * 128u + (size_t)(16 * pos + p));
+                        e[0] = (uint8_t)(lo & 0xFF);
+                        e[avx2 ? 32 : 64] = (uint8_t)(hi & 0xFF);
                     }
-            }
+                }
         }
         break;
     }
     case MPQ__TAB_FLOAT16:
-        for (int c = 0; c < nchunks; c++) {
+        for (int c = g * cpg; c < c1; c++) {
             mpq_lut16(xt + 8 * c, ft + (size_t)c * 32u);
             mpq_lut16(xt + 8 * c + 4, ft + (size_t)c * 32u + 16u);
         }
         break;
     }
+    return MPQ_OK;
 }
 
 /* ---- 5.3 Records as the kernels see them ---- */
@@ -3809,13 +3884,14 @@ static void mpq__rec_setup(const mpq__shape *s, const uint8_t *data, uint64_t po
             }
 }
 
-/* Walkers of tiles t0 .. t0+nt-1, a block of a kernel that takes `stride`
-   tiles at a time; the first records of the next block are prefetched. */
-static void mpq__walk_block(const mpq__shape *s, const mpq_packed *A, int t0, int nt, int stride, mpq__walk *w)
+/* Walkers of tiles t0 .. t0+nt-1, one task's; the first records of the
+   next nt tiles (the task a thread takes next: threads take runs of tasks)
+   are prefetched. */
+static void mpq__walk_block(const mpq__shape *s, const mpq_packed *A, int t0, int nt, mpq__walk *w)
 {
     for (int k = 0; k < nt; k++) {
         mpq__walk_init(&w[k], s, A->band_off, A->data, t0 + k);
-        mpq__walk_warm(s, A->band_off, A->data, t0 + stride + k, MPQ__LOOKAHEAD);
+        mpq__walk_warm(s, A->band_off, A->data, t0 + nt + k, MPQ__LOOKAHEAD);
     }
 }
 
@@ -4106,7 +4182,7 @@ MPQ__T_VNNI static void mpq__tiles_vnni(const mpq__shape *s, const mpq_packed *A
     const int cpg = s->group / 8, ng = s->ngroups, nch_last = mpq__nch(s, ng - 1);
     const size_t qstride = (size_t)mpq__units(cpg) * 256u;
     mpq__walk w[MPQ__VNNI_TILES];
-    mpq__walk_block(s, A, t0, nt, MPQ__VNNI_TILES, w);
+    mpq__walk_block(s, A, t0, nt, w);
     for (int k = 0; k < nt; k++)
         for (int v = 0; v < nb; v++) _mm512_storeu_ps(yt[k][v], _mm512_setzero_ps());
     mpq__qrec R[MPQ__VNNI_TILES];
@@ -4365,7 +4441,7 @@ MPQ__T_AVX2 static void mpq__tiles_avx2q(const mpq__shape *s, const mpq_packed *
     const int cpg = s->group / 8, ng = s->ngroups;
     const size_t qstride = (size_t)mpq__units(cpg) * 256u;
     mpq__walk w[MPQ__AVX2Q_TILES];
-    mpq__walk_block(s, A, t0, nt, MPQ__AVX2Q_TILES, w);
+    mpq__walk_block(s, A, t0, nt, w);
     memset(yt, 0, sizeof yt[0] * (size_t)nt);
     mpq__rec R;
     __m256i ix[MPQ__AVX2Q_IX], tot[MPQ__BATCH_STEP][2];
@@ -4479,7 +4555,7 @@ static void mpq__tiles_neon(const mpq__shape *s, const mpq_packed *A, int t0, in
     const int cpg = s->group / 8, ng = s->ngroups;
     const size_t qstride = (size_t)mpq__units(cpg) * 256u;
     mpq__walk w[MPQ__NEON_TILES];
-    mpq__walk_block(s, A, t0, nt, MPQ__NEON_TILES, w);
+    mpq__walk_block(s, A, t0, nt, w);
     memset(yt, 0, sizeof yt[0] * (size_t)nt);
     mpq__rec R;
     int32x4_t tot[MPQ__BATCH_STEP][4];
@@ -4600,7 +4676,7 @@ MPQ__NOINLINE static void mpq__tiles_scalar(const mpq__shape *s, const mpq_packe
     const mpq__vecwork L = mpq__vec_layout(A);
     const int cpg = s->group / 8, ng = s->ngroups;
     mpq__walk w[MPQ__SCALAR_TILES];
-    mpq__walk_block(s, A, t0, nt, MPQ__SCALAR_TILES, w);
+    mpq__walk_block(s, A, t0, nt, w);
     memset(yt, 0, sizeof yt[0] * (size_t)nt);
     mpq__rec R;
     for (int g = 0; g < ng; g++)
@@ -4620,62 +4696,48 @@ MPQ__NOINLINE static void mpq__tiles_scalar(const mpq__shape *s, const mpq_packe
         }
 }
 
-/* y += S x for the sparse part (rows in parallel; float64 sums per row). */
-typedef struct mpq__sparse_job {
-    const mpq_packed *A;
-    const float *x;
-    float *y;
-    int batch;
-} mpq__sparse_job;
-
-#define MPQ__SPARSE_ROWS 64 /* rows of the sparse part per task */
-
-static void mpq__sparse_task(void *ctx, int task)
-{
-    const mpq__sparse_job *J = (const mpq__sparse_job *)ctx;
-    const mpq_packed *A = J->A;
-    const int rows = A->rows,
-              i1 = rows - task * MPQ__SPARSE_ROWS < MPQ__SPARSE_ROWS ? rows : (task + 1) * MPQ__SPARSE_ROWS;
-    for (int i = task * MPQ__SPARSE_ROWS; i < i1; i++) {
-        const uint32_t k0 = A->sp_row_ptr[i], k1 = A->sp_row_ptr[i + 1];
-        if (k0 == k1) continue;
-        for (int v = 0; v < J->batch; v++) {
-            const float *xv = J->x + (size_t)v * (size_t)A->cols;
-            double acc = 0.0;
-            for (uint32_t k = k0; k < k1; k++)
-                acc += (double)mpq_f16_to_f32(A->sp_val[k]) * (double)xv[mpq__sp_col(A, k)];
-            float *yo = J->y + (size_t)v * (size_t)rows + (size_t)i;
-            *yo = (float)((double)*yo + acc);
-        }
-    }
-}
-
-/* y += the sparse part times x; threads only past 65536 entries. */
-static void mpq__sparse_gemv(const mpq_packed *A, const float *x, float *y, int batch, int nth)
-{
-    if (!A->sp_row_ptr || !A->sp_nnz) return;
-    mpq__sparse_job J = {A, x, y, batch};
-    mpq__run((A->rows + MPQ__SPARSE_ROWS - 1) / MPQ__SPARSE_ROWS, A->sp_nnz > 65536 ? nth : 1, mpq__sparse_task, &J);
-}
-
-/* One product's tasks (mpq__run): blocks of tiles, or tiles. */
+/* One product's phase-2 tasks: blocks of tiles, or tiles. */
 typedef struct mpq__gemv_job {
     const mpq__shape *s;
     const mpq_packed *A;
     float *y;
     const uint8_t *w; /* the vectors' tables */
+    const float *xs;  /* the vectors the sparse part multiplies */
     size_t vstride;
     int batch, skip;
+    int tiles; /* tiles a task takes: at most the row's */
     const mpq__path_row *row;
 } mpq__gemv_job;
 
-/* y rows of tile t from yt (rows of the tile, vectors b0 .. b0+nb-1). */
+/* y rows of tile t from yt (rows of the tile, vectors b0 .. b0+nb-1), each
+   with its row of the sparse part added (float64 sums in entry order). */
 static void mpq__gemv_store(const mpq__gemv_job *J, int t, int b0, int nb, const float *yt, size_t vstep)
 {
-    const mpq__shape *s = J->s;
-    for (int r = 0; r < MPQ_TILE_ROWS && t * MPQ_TILE_ROWS + r < s->rows; r++) {
-        const int i = t * MPQ_TILE_ROWS + r, oi = J->A->p_row ? (int)J->A->p_row[i] : i;
-        for (int v = 0; v < nb; v++) J->y[(size_t)(b0 + v) * (size_t)s->rows + (size_t)oi] = yt[(size_t)v * vstep + r];
+    const mpq_packed *A = J->A;
+    const size_t rows = (size_t)A->rows;
+    const int nr = A->rows - t * MPQ_TILE_ROWS < MPQ_TILE_ROWS ? A->rows - t * MPQ_TILE_ROWS : MPQ_TILE_ROWS;
+    float *y = J->y + (size_t)b0 * rows;
+    if (!A->p_row) {
+        for (int v = 0; v < nb; v++)
+            memcpy(y + (size_t)v * rows + (size_t)t * MPQ_TILE_ROWS, yt + (size_t)v * vstep,
+                   sizeof(float) * (size_t)nr);
+    } else
+        for (int r = 0; r < nr; r++) {
+            const size_t oi = A->p_row[t * MPQ_TILE_ROWS + r];
+            for (int v = 0; v < nb; v++) y[(size_t)v * rows + oi] = yt[(size_t)v * vstep + r];
+        }
+    if (!A->sp_row_ptr || !A->sp_nnz) return;
+    for (int r = 0; r < nr; r++) {
+        const int i = t * MPQ_TILE_ROWS + r, oi = A->p_row ? (int)A->p_row[i] : i;
+        const uint32_t k0 = A->sp_row_ptr[oi], k1 = A->sp_row_ptr[oi + 1];
+        for (int v = 0; k0 < k1 && v < nb; v++) {
+            const float *xv = J->xs + (size_t)(b0 + v) * (size_t)A->cols;
+            double acc = 0.0;
+            for (uint32_t k = k0; k < k1; k++)
+                acc += (double)mpq_f16_to_f32(A->sp_val[k]) * (double)xv[mpq__sp_col(A, k)];
+            float *yo = y + (size_t)v * rows + (size_t)oi;
+            *yo = (float)((double)*yo + acc);
+        }
     }
 }
 
@@ -4688,7 +4750,7 @@ static void mpq__gemv_store(const mpq__gemv_job *J, int t, int b0, int nb, const
    paths (bench/results/NOTES.md, "One task per path"). */
 MPQ__INLINE void mpq__gemv_tiles(const mpq__gemv_job *J, int blk, mpq__tiles_fn kernel, const int T)
 {
-    const int t0 = blk * T, nt = J->s->ntiles - t0 < T ? J->s->ntiles - t0 : T;
+    const int per = J->tiles < T ? J->tiles : T, t0 = blk * per, nt = J->s->ntiles - t0 < per ? J->s->ntiles - t0 : per;
     float yt[MPQ__MAX_TILES][MPQ__BATCH_STEP][MPQ_TILE_ROWS];
     for (int b0 = 0; b0 < J->batch; b0 += MPQ__BATCH_STEP) {
         const int nb = J->batch - b0 < MPQ__BATCH_STEP ? J->batch - b0 : MPQ__BATCH_STEP;
@@ -4792,10 +4854,46 @@ MPQ_DEF mpq_status mpq_gemv_path(const mpq_packed *A, const mpq_gemv_opts *opts,
     return MPQ_OK;
 }
 
-static mpq_status mpq__bp_gemv(const mpq_packed *A, const float *x, float *y, int batch, const mpq_gemv_opts *opts,
-                               void *work, size_t work_bytes)
+/* ---- the phases of a product (mpq_gemv_job), and mpq_gemv ---- */
+
+/* Tiles per phase-2 task: the path's (tiles that share each group's tables
+   in the cache), fewer for matrices of under 32 x that many tiles, so that
+   a small matrix (SmolLM2's 576 rows: 36 tiles) still splits evenly
+   between threads; at least one. */
+#define MPQ__TASKS_WANTED 32
+static int mpq__task_tiles(int ntiles, int path_tiles)
 {
-    if (!A || !x || !y || !A->data || !A->band_off) return MPQ_ERR_ARG;
+    const int t = ntiles / MPQ__TASKS_WANTED;
+    return t < 1 ? 1 : t < path_tiles ? t : path_tiles;
+}
+
+static int mpq__rot_same(const mpq_rotation *a, const mpq_rotation *b)
+{
+    if (a->n != b->n) return 0;
+    if (!a->n) return 1;
+    return a->p == b->p && a->m == b->m && a->seed == b->seed &&
+        (a->sign == b->sign || !memcmp(a->sign, b->sign, ((size_t)a->n + 7u) / 8u)) &&
+        (a->R == b->R || !memcmp(a->R, b->R, sizeof(float) * (size_t)a->m * (size_t)a->m));
+}
+
+MPQ_DEF int mpq_gemv_tables_shared(const mpq_packed *A, const mpq_packed *B)
+{
+    if (!A || !B || A->cols != B->cols || A->group != B->group || !A->p_col != !B->p_col ||
+        !A->col_scale != !B->col_scale)
+        return 0;
+    const size_t n = (size_t)A->cols;
+    if (A->p_col && A->p_col != B->p_col && memcmp(A->p_col, B->p_col, n * sizeof(uint32_t))) return 0;
+    if (A->col_scale && A->col_scale != B->col_scale && memcmp(A->col_scale, B->col_scale, n * sizeof(float))) return 0;
+    return mpq__rot_same(&A->rot, &B->rot);
+}
+
+MPQ_DEF mpq_status mpq_gemv_job_init(mpq_gemv_job *j, const mpq_packed *A, const float *x, float *y, int batch,
+                                     const mpq_gemv_opts *opts, void *work, size_t work_bytes,
+                                     const mpq_gemv_job *tables)
+{
+    if (!j) return MPQ_ERR_ARG;
+    memset(j, 0, sizeof *j);
+    if (!A || !x || !y || !A->data || !A->band_off || !mpq_format_get((mpq_format)A->format)) return MPQ_ERR_ARG;
     if (batch < 1) return MPQ_ERR_SIZE;
     mpq_gemv_opts o;
     memset(&o, 0, sizeof o);
@@ -4804,33 +4902,102 @@ static mpq_status mpq__bp_gemv(const mpq_packed *A, const float *x, float *y, in
     mpq_path path;
     const mpq_status ps = mpq_gemv_path(A, &o, &path);
     if (ps != MPQ_OK) return ps;
-    const size_t need = mpq__bp_work_bytes(A, batch);
-    if (work && work_bytes < need) return MPQ_ERR_SIZE;
-    if (work && ((uintptr_t)work % 64u)) return MPQ_ERR_ALIGN;
-    for (size_t k = 0; k < (size_t)batch * (size_t)A->cols; k++)
-        if (!mpq__finite(x[k])) return MPQ_ERR_NONFINITE;
-    uint8_t *w = (uint8_t *)work;
-    if (!w && !(w = (uint8_t *)mpq_aligned_alloc(need))) return MPQ_ERR_NOMEM;
-
+    const size_t vstride = mpq__vec_layout(A).bytes;
+    if (tables) {
+        if (tables->batch != batch || tables->a8 != o.a8 || tables->path != (int)path || !tables->work ||
+            tables->xs != (A->rot.n ? (const float *)(const void *)(tables->work + (size_t)batch * vstride) : x) ||
+            !mpq_gemv_tables_shared(A, tables->A))
+            return MPQ_ERR_ARG;
+        j->work = tables->work;
+        j->xs = tables->xs;
+    } else {
+        if (!work) return MPQ_ERR_ARG;
+        if (work_bytes < mpq__bp_work_bytes(A, batch)) return MPQ_ERR_SIZE;
+        if ((uintptr_t)work % 64u) return MPQ_ERR_ALIGN;
+        j->work = (uint8_t *)work;
+        j->xs = A->rot.n ? (const float *)(const void *)(j->work + (size_t)batch * vstride) : x;
+        j->tasks[0] = A->rot.n ? batch : 0;
+        j->tasks[1] = batch * A->ngroups;
+    }
+    const mpq__path_row *row = mpq__path_row_of(path);
     mpq__shape s;
     mpq__shape_of(A, &s);
-    const mpq__path_row *row = mpq__path_row_of(path);
-    const size_t vstride = mpq__vec_layout(A).bytes;
-    if (A->rot.n) { /* every path multiplies W~ by V x */
-        float *xr = (float *)(void *)(w + (size_t)batch * vstride);
-        float *tmp = xr + mpq__align64(sizeof(float) * (size_t)batch * (size_t)A->cols) / sizeof(float);
-        memcpy(xr, x, sizeof(float) * (size_t)batch * (size_t)A->cols);
-        for (int v = 0; v < batch; v++) mpq__rot_run(&A->rot, xr + (size_t)v * (size_t)A->cols, tmp, 0);
-        x = xr;
-    }
-    for (int v = 0; v < batch; v++)
-        mpq__build_tables(A, x + (size_t)v * (size_t)A->cols, row->tables, o.a8, w + (size_t)v * vstride);
-    const int nth = o.threads ? o.threads : mpq__max_threads();
-    mpq__gemv_job J = {&s, A, y, w, vstride, batch, o.skip_planes, row};
-    mpq__run((s.ntiles + row->tiles - 1) / row->tiles, nth, row->task, &J);
-    mpq__sparse_gemv(A, x, y, batch, nth);
-    if (w != (uint8_t *)work) mpq_aligned_free(w);
+    j->tiles = mpq__task_tiles(s.ntiles, row->tiles);
+    j->tasks[2] = (s.ntiles + j->tiles - 1) / j->tiles;
+    j->A = A;
+    j->y = y;
+    j->vstride = vstride;
+    j->x = x;
+    j->batch = batch, j->skip = o.skip_planes, j->a8 = o.a8, j->path = (int)path;
     return MPQ_OK;
+}
+
+MPQ_DEF mpq_status mpq_gemv_job_run(const mpq_gemv_job *j, int phase, int t0, int t1)
+{
+    if (!j || phase < 0 || phase >= MPQ_GEMV_PHASES || t0 < 0 || t1 > j->tasks[phase]) return MPQ_ERR_ARG;
+    const mpq_packed *A = j->A;
+    const mpq__path_row *row = t0 < t1 ? mpq__path_row_of((mpq_path)j->path) : NULL;
+    if (phase == 0) /* V x of vectors t0 .. t1-1, into the workspace */
+        for (int v = t0; v < t1; v++) {
+            const float *xv = j->x + (size_t)v * (size_t)A->cols;
+            float *xr = (float *)(void *)(j->work + (size_t)j->batch * j->vstride) + (size_t)v * (size_t)A->cols;
+            float tmp[MPQ_ROTATION_MAX_ODD];
+            const mpq_status st = mpq__check_finite(xv, (size_t)A->cols);
+            if (st != MPQ_OK) return st;
+            memcpy(xr, xv, sizeof(float) * (size_t)A->cols);
+            mpq__rot_run(&A->rot, xr, tmp, 0);
+        }
+    else if (phase == 1) /* task v * ngroups + g: group g of vector v */
+        for (int t = t0; t < t1; t++) {
+            const int v = t / A->ngroups, g = t % A->ngroups;
+            const mpq_status st = mpq__build_group(A, j->xs + (size_t)v * (size_t)A->cols, row->tables, j->a8,
+                                                   j->work + (size_t)v * j->vstride, g);
+            if (st != MPQ_OK) return st;
+        }
+    else if (t0 < t1) {
+        mpq__shape s;
+        mpq__shape_of(A, &s);
+        mpq__gemv_job J = {&s, A, j->y, j->work, j->xs, j->vstride, j->batch, j->skip, j->tiles, row};
+        for (int t = t0; t < t1; t++) row->task(&J, t);
+    }
+    return MPQ_OK;
+}
+
+static mpq_status mpq__bp_gemv(const mpq_packed *A, const float *x, float *y, int batch, const mpq_gemv_opts *opts,
+                               void *work, size_t work_bytes)
+{
+    mpq_gemv_job j;
+    uint8_t *own = NULL;
+    if (A && !work && batch >= 1 && !(work = own = (uint8_t *)mpq_aligned_alloc(mpq__bp_work_bytes(A, batch))))
+        return MPQ_ERR_NOMEM;
+    if (own) work_bytes = mpq__bp_work_bytes(A, batch);
+    mpq_status st = mpq_gemv_job_init(&j, A, x, y, batch, opts, work, work_bytes, NULL);
+    if (st == MPQ_OK) { /* one parallel region: the phases split between its threads, a barrier after each */
+        const int most = j.tasks[1] > j.tasks[2] ? j.tasks[1] : j.tasks[2];
+        const int want = opts && opts->threads ? opts->threads : mpq__max_threads();
+        int n = mpq__load_threads(want < most ? want : most);
+        n = n > 1 ? n : 1;
+        (void)n;
+#ifdef _OPENMP
+#pragma omp parallel num_threads(n) if (n > 1)
+#endif
+        {
+            const int tid = mpq__thread_id(), nt = mpq__team_size();
+            for (int ph = 0; ph < MPQ_GEMV_PHASES; ph++) {
+                if (!j.tasks[ph]) continue;
+                const mpq_status e = mpq_gemv_job_run(&j, ph, (int)((long long)j.tasks[ph] * tid / nt),
+                                                      (int)((long long)j.tasks[ph] * (tid + 1) / nt));
+                if (e != MPQ_OK) __atomic_store_n(&st, e, __ATOMIC_RELAXED);
+                if (ph == MPQ_GEMV_PHASES - 1) break;
+#ifdef _OPENMP
+#pragma omp barrier
+#endif
+                if (__atomic_load_n(&st, __ATOMIC_RELAXED) != MPQ_OK) break; /* every thread sees it */
+            }
+        }
+    }
+    mpq_aligned_free(own);
+    return st;
 }
 
 /* ---- 5.6 The float64 reference (mpq_gemv_ref) ---- */

@@ -923,6 +923,7 @@ typedef struct mpq__sgemm_job {
     const float *X, *W;
     float *Y;
     int T, M, K;
+    int tasks; /* (M + MPQ__SGEMM_ROWS - 1) / MPQ__SGEMM_ROWS */
 } mpq__sgemm_job;
 
 #define MPQ__SGEMM_ROWS 16 /* rows of Y per task, a multiple of 4 */
@@ -949,8 +950,8 @@ static void mpq__sgemm_task(void *ctx, int task)
 
 void mpq__sgemm(const float *X, int T, const float *W, int M, int K, float *Y)
 {
-    mpq__sgemm_job J = {X, W, Y, T, M, K};
-    mpq_parallel((M + MPQ__SGEMM_ROWS - 1) / MPQ__SGEMM_ROWS, 0, mpq__sgemm_task, &J);
+    mpq__sgemm_job J = {X, W, Y, T, M, K, (M + MPQ__SGEMM_ROWS - 1) / MPQ__SGEMM_ROWS};
+    mpq_parallel(J.tasks, 0, mpq__sgemm_task, &J);
 }
 
 mpq_status mpq_llm_state_init(const mpq_llm *m, int ctx, int batch, mpq_llm_state *s)
@@ -998,6 +999,8 @@ void mpq_llm_state_free(mpq_llm_state *s)
     mpq_aligned_free(s->work);
     memset(s, 0, sizeof *s);
 }
+
+static size_t mpq__align(size_t x) { return (x + 63u) & ~(size_t)63u; }
 
 /* y[T x rows] = L x[T x cols] (+ bias); L is linear map `lin` of `layer`
    (layer -1: the head, not observed). */
@@ -1071,14 +1074,73 @@ void mpq__rotate(const mpq_llm_config *c, const float *rope, float *v, int T, in
     }
 }
 
-/* Causal attention of T new tokens at positions pos.. over the cache of
-   layer l (already holding their keys and values): s->nthreads tasks, each
-   a range of (token, head) pairs with its own row of s->scores. */
-typedef struct mpq__attention_job {
+/* THE THREADS OF A PIECE. A piece runs every layer inside one OpenMP
+   parallel region (a team) when it can: each step below is split between
+   the team's threads and ends at a barrier, so that a decoded token costs
+   one region instead of one per product (211 for SmolLM2), the products'
+   tables are built in parallel (mpq_gemv_job's phases), and q, k, v and
+   gate, up run as one list of tasks over tables built once. The team has
+   mpq_threads(s->nthreads) threads: fewer while other processes keep cores
+   busy, as mpq_parallel would. A piece runs without a team (each step
+   through mpq_parallel, each product through mpq__linear) when a product
+   goes to another backend, when the model is observed (the callbacks run
+   regions of their own) and on one thread. Either way every output is
+   the same float: a product's tiles and a step's rows are computed alike
+   whatever the split.
+   Errors: every thread meets every barrier; a step that fails stores its
+   status in P->st, and later steps do nothing once it is set. */
+typedef struct mpq__piece_ctx {
     const mpq_llm *m;
     mpq_llm_state *s;
     mpq_llm_state *const *seq; /* NULL: every row in s, row t at pos + t; else row t in seq[t] at seq[t]->pos */
-    int l, T, pos;
+    const int32_t *tok;
+    int T, skip, lo, pos;
+    float *logits;
+    const uint8_t *shared; /* per layer: bit 0 k, bit 1 v share q's tables, bit 2 up shares gate's */
+    int st;                /* the first error (mpq_status), set atomically */
+} mpq__piece_ctx;
+
+static int mpq__piece_failed(mpq__piece_ctx *P) { return __atomic_load_n(&P->st, __ATOMIC_RELAXED) != MPQ_OK; }
+static void mpq__piece_fail(mpq__piece_ctx *P, mpq_status st)
+{
+    if (st != MPQ_OK) __atomic_store_n(&P->st, (int)st, __ATOMIC_RELAXED);
+}
+
+/* The thread running a piece: id of n in its team (n 1: no team). */
+typedef struct mpq__me {
+    int id, n;
+} mpq__me;
+
+static void mpq__barrier(mpq__me me)
+{
+    if (me.n > 1) {
+#pragma omp barrier
+    }
+}
+
+/* Tasks 0 .. n-1 of fn: this thread's share of them in a team (then the
+   barrier), else through mpq_parallel on `threads` (1: on the caller). */
+static void mpq__step(mpq__piece_ctx *P, mpq__me me, int n, int threads, mpq_task_fn fn, void *ctx)
+{
+    if (me.n > 1) {
+        if (!mpq__piece_failed(P))
+            for (int t = (int)((long long)n * me.id / me.n); t < (int)((long long)n * (me.id + 1) / me.n); t++)
+                fn(ctx, t);
+        mpq__barrier(me);
+    } else if (threads > 1)
+        mpq_parallel(n, threads, fn, ctx);
+    else
+        for (int t = 0; t < n; t++) fn(ctx, t);
+}
+
+/* Causal attention of T new tokens at positions pos.. over the cache of
+   layer l (already holding their keys and values): `tasks` tasks, each a
+   range of (token, head) pairs with its own row of s->scores. */
+typedef struct mpq__attention_job {
+    const mpq_llm *m;
+    mpq_llm_state *s;
+    mpq_llm_state *const *seq;
+    int l, T, pos, tasks;
 } mpq__attention_job;
 
 static void mpq__attention_task(void *ctx, int task)
@@ -1090,8 +1152,8 @@ static void mpq__attention_task(void *ctx, int task)
     const size_t kvd = (size_t)c->kv_heads * hd, qd = (size_t)H * hd;
     const float scale = (float)(1.0 / sqrt((double)hd));
     float *sc = s->scores + (size_t)task * s->ctx;
-    const int th1 = (int)((long long)n * (task + 1) / s->nthreads);
-    for (int th = (int)((long long)n * task / s->nthreads); th < th1; th++) {
+    const int th1 = (int)((long long)n * (task + 1) / J->tasks);
+    for (int th = (int)((long long)n * task / J->tasks); th < th1; th++) {
         const int t = th / H, h = th % H, g = h / group;
         const mpq_llm_state *own = J->seq ? J->seq[t] : s; /* the cache row t reads */
         const int P = J->seq ? own->pos : J->pos + t;
@@ -1114,18 +1176,12 @@ static void mpq__attention_task(void *ctx, int task)
     }
 }
 
-static void mpq__attention(const mpq_llm *m, mpq_llm_state *s, mpq_llm_state *const *seq, int l, int T, int pos)
-{
-    mpq__attention_job J = {m, s, seq, l, T, pos};
-    mpq_parallel(s->nthreads, s->nthreads, mpq__attention_task, &J);
-}
-
 /* g = silu(g) * u over n floats of the state (an expf each: at a prompt of
-   512 tokens and an ffn of 28672 it is 15 M of them per layer): below 65536
-   floats on the caller, else in one slice per thread of the state, so the
-   OpenMP team keeps the size of the attention's (teams of other sizes in
-   between, or one woken for a single token, cost more than they saved:
-   bench/results/NOTES.md). */
+   512 tokens and an ffn of 28672 it is 15 M of them per layer), in slices.
+   Without a team: below 65536 floats on the caller, else one slice per
+   thread of the state, so the OpenMP team keeps the size of the
+   attention's (teams of other sizes in between, or one woken for a single
+   token, cost more than they saved: bench/results/NOTES.md). */
 typedef struct mpq__swiglu_job {
     float *g;
     const float *u;
@@ -1143,13 +1199,183 @@ static void mpq__swiglu_task(void *ctx, int task)
     }
 }
 
-static void mpq__swiglu(mpq_llm_state *s, size_t n)
+/* Per-token steps: token t's embedding and rotary table; its residual and
+   norm; its rotary and cache rows. */
+typedef struct mpq__token_job {
+    mpq__piece_ctx *P;
+    int l;           /* the layer (the norm and cache steps) */
+    int add;         /* norm step: x += h first */
+    const float *nw; /* norm step: the weights; NULL: only the residual */
+    float *out;      /* norm step: where row t - first goes */
+    int first;       /* norm step: the first row normed */
+} mpq__token_job;
+
+static void mpq__embed_task(void *ctx, int t)
 {
-    mpq__swiglu_job J = {s->g, s->u, n, n < 65536 ? 1 : s->nthreads};
-    if (J.tasks == 1)
-        mpq__swiglu_task(&J, 0);
+    const mpq__token_job *J = (const mpq__token_job *)ctx;
+    mpq__piece_ctx *P = J->P;
+    const mpq_llm *m = P->m;
+    const int D = m->c.dim, hd = m->c.head_dim;
+    float *x = P->s->x + (size_t)t * D;
+    if (m->embed.A.buf)
+        mpq__piece_fail(P, mpq_packed_dequantize_row(&m->embed.A, 0, P->tok[t], x));
     else
-        mpq_parallel(J.tasks, s->nthreads, mpq__swiglu_task, &J);
+        memcpy(x, m->embed.W + (size_t)P->tok[t] * D, sizeof(float) * (size_t)D);
+    mpq__rope_table(m, P->seq ? P->seq[t]->pos : P->pos + t, 1, P->s->rope + (size_t)t * hd);
+}
+
+static void mpq__norm_task(void *ctx, int t)
+{
+    const mpq__token_job *J = (const mpq__token_job *)ctx;
+    mpq_llm_state *s = J->P->s;
+    const mpq_llm_config *c = &J->P->m->c;
+    const int D = c->dim;
+    float *x = s->x + (size_t)t * D;
+    if (J->add)
+        for (int i = 0; i < D; i++) x[i] += s->h[(size_t)t * D + i];
+    if (J->nw && t >= J->first) mpq__rmsnorm(x, J->nw, J->out + (size_t)(t - J->first) * D, 1, D, c->norm_eps);
+}
+
+static void mpq__cache_task(void *ctx, int t)
+{
+    const mpq__token_job *J = (const mpq__token_job *)ctx;
+    const mpq__piece_ctx *P = J->P;
+    const mpq_llm_config *c = &P->m->c;
+    mpq_llm_state *s = P->s;
+    const int hd = c->head_dim;
+    const size_t kvd = (size_t)c->kv_heads * hd, qd = (size_t)c->heads * hd;
+    const float *rope = s->rope + (size_t)t * hd;
+    float *k = s->k + (size_t)t * kvd, *v = s->v + (size_t)t * kvd;
+    mpq__rotate(c, rope, s->q + (size_t)t * qd, 1, c->heads, 0);
+    mpq__rotate(c, rope, k, 1, c->kv_heads, 0);
+    mpq_llm_state *own = P->seq ? P->seq[t] : s;
+    const size_t at = ((size_t)J->l * own->ctx + (size_t)(P->seq ? own->pos : P->pos + t)) * kvd;
+    memcpy(own->kc + at, k, sizeof(float) * kvd);
+    memcpy(own->vc + at, v, sizeof(float) * kvd);
+}
+
+/* One to three products of one input x (T vectors): linear maps lin[0..n)
+   of layer `layer` (-1: the head) into y[0..n). In a team: as
+   mpq_gemv_jobs, the tasks of each phase of all of them split between the
+   threads as one list, with the tables of those marked in `share` (bit k:
+   map k reads map 0's) built once; float maps through mpq__sgemm's tasks. */
+typedef struct mpq__bias_job {
+    const mpq_linear *const *L;
+    float *const *y;
+    int n;
+} mpq__bias_job;
+
+static void mpq__bias_task(void *ctx, int t)
+{
+    const mpq__bias_job *J = (const mpq__bias_job *)ctx;
+    for (int k = 0; k < J->n; k++)
+        if (J->L[k]->bias)
+            for (int i = 0; i < J->L[k]->rows; i++) J->y[k][(size_t)t * J->L[k]->rows + i] += J->L[k]->bias[i];
+}
+
+static void mpq__products(mpq__piece_ctx *P, mpq__me me, const mpq_linear *const *L, const int *lin, int n, int layer,
+                          const float *x, float *const *y, int T, unsigned share)
+{
+    const mpq_llm *m = P->m;
+    mpq_llm_state *s = P->s;
+    const int skip = layer >= 0 ? P->skip : 0;
+    if (me.n == 1) {
+        for (int k = 0; k < n && !mpq__piece_failed(P); k++)
+            mpq__piece_fail(P, mpq__linear(m, s, L[k], layer, lin[k], x, y[k], T, skip));
+        return;
+    }
+    mpq_gemv_job J[3];
+    mpq__sgemm_job F[3];
+    int packed[3];
+    size_t used = 0;
+    mpq_gemv_opts o;
+    memset(&o, 0, sizeof o);
+    o.skip_planes = skip, o.a8 = m->a8;
+    for (int k = 0; k < n; k++) {
+        memset(&J[k], 0, sizeof J[k]);
+        packed[k] = L[k]->A.buf != NULL;
+        if (!packed[k]) {
+            F[k] = (mpq__sgemm_job){x, L[k]->W, y[k], T, L[k]->rows, L[k]->cols, 0};
+            F[k].tasks = (F[k].M + MPQ__SGEMM_ROWS - 1) / MPQ__SGEMM_ROWS;
+            continue;
+        }
+        const int sh = k > 0 && (share >> k & 1u) && packed[0];
+        const size_t wb = sh ? 0 : mpq_gemv_work_bytes(&L[k]->A, T);
+        const mpq_status st =
+            mpq_gemv_job_init(&J[k], &L[k]->A, x, y[k], T, &o, (uint8_t *)s->work + used, wb, sh ? &J[0] : NULL);
+        used += mpq__align(wb);
+        if (st != MPQ_OK) mpq__piece_fail(P, st); /* the same on every thread */
+    }
+    for (int ph = 0; ph < MPQ_GEMV_PHASES; ph++) {
+        int nk[3], total = 0;
+        for (int k = 0; k < n; k++) total += nk[k] = packed[k] ? J[k].tasks[ph] : ph == 2 ? F[k].tasks : 0;
+        if (!total) continue;
+        const int a = (int)((long long)total * me.id / me.n), b = (int)((long long)total * (me.id + 1) / me.n);
+        for (int k = 0, base = 0; k < n && !mpq__piece_failed(P); base += nk[k], k++) {
+            const int t0 = a > base ? a - base : 0, t1 = b - base < nk[k] ? b - base : nk[k];
+            if (t0 >= t1) continue;
+            if (packed[k])
+                mpq__piece_fail(P, mpq_gemv_job_run(&J[k], ph, t0, t1));
+            else
+                for (int t = t0; t < t1; t++) mpq__sgemm_task(&F[k], t);
+        }
+        mpq__barrier(me);
+    }
+    int bias = 0;
+    for (int k = 0; k < n; k++) bias |= L[k]->bias != NULL;
+    if (bias) {
+        mpq__bias_job B = {L, y, n};
+        mpq__step(P, me, T, 1, mpq__bias_task, &B);
+    }
+}
+
+/* The piece, on thread `me` of its team. */
+static void mpq__piece_run(mpq__piece_ctx *P, mpq__me me)
+{
+    const mpq_llm *m = P->m;
+    const mpq_llm_config *c = &m->c;
+    mpq_llm_state *s = P->s;
+    const int T = P->T, th = s->nthreads;
+    mpq__token_job tj = {P, 0, 0, NULL, NULL, 0};
+    mpq__step(P, me, T, 1, mpq__embed_task, &tj);
+    for (int l = 0; l < c->layers; l++) {
+        const mpq_llm_layer *Ly = &m->layer[l];
+        const unsigned sh = P->shared ? P->shared[l] : 0u;
+        tj = (mpq__token_job){P, l, l > 0, Ly->attn_norm, s->h, 0}; /* the last layer's down product added */
+        mpq__step(P, me, T, 1, mpq__norm_task, &tj);
+        const mpq_linear *qkv[3] = {&Ly->lin[MPQ_LIN_Q], &Ly->lin[MPQ_LIN_K], &Ly->lin[MPQ_LIN_V]};
+        const int lqkv[3] = {MPQ_LIN_Q, MPQ_LIN_K, MPQ_LIN_V};
+        float *const yqkv[3] = {s->q, s->k, s->v};
+        mpq__products(P, me, qkv, lqkv, 3, l, s->h, yqkv, T, (sh & 3u) << 1);
+        mpq__step(P, me, T, 1, mpq__cache_task, &tj);
+        mpq__attention_job aj = {m, s, P->seq, l, T, P->pos, me.n > 1 ? me.n : th};
+        mpq__step(P, me, aj.tasks, th, mpq__attention_task, &aj);
+        const mpq_linear *lo[1] = {&Ly->lin[MPQ_LIN_O]};
+        const int llo[1] = {MPQ_LIN_O};
+        float *const yo[1] = {s->h};
+        mpq__products(P, me, lo, llo, 1, l, s->a, yo, T, 0);
+        tj = (mpq__token_job){P, l, 1, Ly->ffn_norm, s->h, 0};
+        mpq__step(P, me, T, 1, mpq__norm_task, &tj);
+        const mpq_linear *gu[2] = {&Ly->lin[MPQ_LIN_GATE], &Ly->lin[MPQ_LIN_UP]};
+        const int lgu[2] = {MPQ_LIN_GATE, MPQ_LIN_UP};
+        float *const ygu[2] = {s->g, s->u};
+        mpq__products(P, me, gu, lgu, 2, l, s->h, ygu, T, (sh >> 2 & 1u) << 1);
+        const size_t nf = (size_t)T * (size_t)c->ffn;
+        mpq__swiglu_job sj = {s->g, s->u, nf, me.n > 1 ? me.n : nf < 65536 ? 1 : th};
+        mpq__step(P, me, sj.tasks, sj.tasks, mpq__swiglu_task, &sj);
+        const mpq_linear *dn[1] = {&Ly->lin[MPQ_LIN_DOWN]};
+        const int ldn[1] = {MPQ_LIN_DOWN};
+        mpq__products(P, me, dn, ldn, 1, l, s->g, yo, T, 0);
+    }
+    /* the last down product added; the norm of rows lo.. into s->a, which the head reads */
+    tj = (mpq__token_job){P, 0, c->layers > 0, P->logits && P->lo < T ? m->out_norm : NULL, s->a, P->lo};
+    mpq__step(P, me, T, 1, mpq__norm_task, &tj);
+    if (P->logits && P->lo < T) {
+        const mpq_linear *hd[1] = {&m->head};
+        const int lhd[1] = {0};
+        float *const yl[1] = {P->logits};
+        mpq__products(P, me, hd, lhd, 1, -1, s->a, yl, T - P->lo, 0);
+    }
 }
 
 /* One piece of at most s->batch tokens; logits of tokens lo.. (may be NULL).
@@ -1160,51 +1386,58 @@ static mpq_status mpq__piece(const mpq_llm *m, mpq_llm_state *s, mpq_llm_state *
                              int skip, float *logits, int lo)
 {
     const mpq_llm_config *c = &m->c;
-    const int D = c->dim, F = c->ffn, hd = c->head_dim, pos = s->pos;
-    const size_t kvd = (size_t)c->kv_heads * hd;
-    mpq_status st = MPQ_OK;
-    for (int t = 0; t < T && st == MPQ_OK; t++) {
-        float *x = s->x + (size_t)t * D;
-        if (m->embed.A.buf)
-            st = mpq_packed_dequantize_row(&m->embed.A, 0, tok[t], x);
-        else
-            memcpy(x, m->embed.W + (size_t)tok[t] * D, sizeof(float) * (size_t)D);
-    }
-    if (!seq) mpq__rope_table(m, pos, T, s->rope);
-    for (int t = 0; seq && t < T; t++) mpq__rope_table(m, seq[t]->pos, 1, s->rope + (size_t)t * hd);
-    for (int l = 0; l < c->layers && st == MPQ_OK; l++) {
-        const mpq_llm_layer *L = &m->layer[l];
-        mpq__rmsnorm(s->x, L->attn_norm, s->h, T, D, c->norm_eps);
-        st = mpq__linear(m, s, &L->lin[MPQ_LIN_Q], l, MPQ_LIN_Q, s->h, s->q, T, skip);
-        if (st == MPQ_OK) st = mpq__linear(m, s, &L->lin[MPQ_LIN_K], l, MPQ_LIN_K, s->h, s->k, T, skip);
-        if (st == MPQ_OK) st = mpq__linear(m, s, &L->lin[MPQ_LIN_V], l, MPQ_LIN_V, s->h, s->v, T, skip);
-        if (st != MPQ_OK) break;
-        mpq__rotate(c, s->rope, s->q, T, c->heads, 0);
-        mpq__rotate(c, s->rope, s->k, T, c->kv_heads, 0);
-        if (!seq) {
-            memcpy(s->kc + ((size_t)l * s->ctx + pos) * kvd, s->k, sizeof(float) * (size_t)T * kvd);
-            memcpy(s->vc + ((size_t)l * s->ctx + pos) * kvd, s->v, sizeof(float) * (size_t)T * kvd);
+    mpq__piece_ctx P = {m, s, seq, tok, T, skip, lo, s->pos, logits, NULL, MPQ_OK};
+    int team = !m->observe && s->nthreads > 1 && (!m->head.A.buf || !m->head.handle);
+    for (int l = 0; team && l < c->layers; l++)
+        for (int k = 0; k < MPQ_LIN_COUNT; k++) team &= !m->layer[l].lin[k].handle;
+    uint8_t *shared = NULL;
+    if (team && (team = mpq_threads(s->nthreads)) > 1) {
+        /* which maps share tables, and the workspace of the widest product group */
+        shared = (uint8_t *)calloc((size_t)c->layers, 1);
+        if (!shared) return MPQ_ERR_NOMEM;
+        size_t need = m->head.A.buf ? mpq__align(mpq_gemv_work_bytes(&m->head.A, T)) : 0;
+        for (int l = 0; l < c->layers; l++) {
+            const mpq_linear *L = m->layer[l].lin;
+            const int g[2][3] = {{MPQ_LIN_Q, MPQ_LIN_K, MPQ_LIN_V}, {MPQ_LIN_GATE, MPQ_LIN_UP, -1}};
+            for (int k = 0; k < MPQ_LIN_COUNT; k++)
+                if (L[k].A.buf && mpq__align(mpq_gemv_work_bytes(&L[k].A, T)) > need)
+                    need = mpq__align(mpq_gemv_work_bytes(&L[k].A, T));
+            for (int q = 0; q < 2; q++) {
+                size_t sum = 0;
+                for (int k = 0; k < 3 && g[q][k] >= 0; k++) {
+                    const mpq_linear *A = &L[g[q][k]], *F = &L[g[q][0]];
+                    const int sh = k > 0 && A->A.buf && F->A.buf && mpq_gemv_tables_shared(&A->A, &F->A);
+                    if (sh) shared[l] |= (uint8_t)(1u << (q == 0 ? k - 1 : 2));
+                    if (A->A.buf && !sh) sum += mpq__align(mpq_gemv_work_bytes(&A->A, T));
+                }
+                need = sum > need ? sum : need;
+            }
         }
-        for (int t = 0; seq && t < T; t++) {
-            const size_t at = ((size_t)l * seq[t]->ctx + seq[t]->pos) * kvd;
-            memcpy(seq[t]->kc + at, s->k + (size_t)t * kvd, sizeof(float) * kvd);
-            memcpy(seq[t]->vc + at, s->v + (size_t)t * kvd, sizeof(float) * kvd);
+        if (need > s->work_bytes) {
+            void *w = mpq_aligned_alloc(need);
+            if (!w) {
+                free(shared);
+                return MPQ_ERR_NOMEM;
+            }
+            mpq_aligned_free(s->work);
+            s->work = w, s->work_bytes = need;
         }
-        mpq__attention(m, s, seq, l, T, pos);
-        if ((st = mpq__linear(m, s, &L->lin[MPQ_LIN_O], l, MPQ_LIN_O, s->a, s->h, T, skip)) != MPQ_OK) break;
-        for (size_t i = 0; i < (size_t)T * D; i++) s->x[i] += s->h[i];
-        mpq__rmsnorm(s->x, L->ffn_norm, s->h, T, D, c->norm_eps);
-        st = mpq__linear(m, s, &L->lin[MPQ_LIN_GATE], l, MPQ_LIN_GATE, s->h, s->g, T, skip);
-        if (st == MPQ_OK) st = mpq__linear(m, s, &L->lin[MPQ_LIN_UP], l, MPQ_LIN_UP, s->h, s->u, T, skip);
-        if (st != MPQ_OK) break;
-        mpq__swiglu(s, (size_t)T * F);
-        if ((st = mpq__linear(m, s, &L->lin[MPQ_LIN_DOWN], l, MPQ_LIN_DOWN, s->g, s->h, T, skip)) != MPQ_OK) break;
-        for (size_t i = 0; i < (size_t)T * D; i++) s->x[i] += s->h[i];
+        P.shared = shared;
+        int got = 1;
+#pragma omp parallel num_threads(team)
+        {
+            const mpq__me me = {omp_get_thread_num(), omp_get_num_threads()};
+            if (me.id == 0) got = me.n;
+            mpq__piece_run(&P, me);
+        }
+        free(shared);
+        s->team = got;
+    } else {
+        const mpq__me me = {0, 1};
+        mpq__piece_run(&P, me);
+        s->team = 1;
     }
-    if (st == MPQ_OK && logits && lo < T) {
-        mpq__rmsnorm(s->x + (size_t)lo * D, m->out_norm, s->h, T - lo, D, c->norm_eps);
-        st = mpq__linear(m, s, &m->head, -1, 0, s->h, logits, T - lo, 0);
-    }
+    const mpq_status st = (mpq_status)P.st;
     if (st == MPQ_OK && !seq) s->pos += T;
     for (int t = 0; st == MPQ_OK && seq && t < T; t++) seq[t]->pos++;
     return st;

@@ -244,7 +244,9 @@ typedef struct mpq_llm_state {
     float *x, *h, *q, *k, *v, *a, *g, *u, *scores, *rope;
     void *work; /* mpq_gemv tables */
     size_t work_bytes;
-    int nthreads;
+    int nthreads; /* the most threads a piece runs on (omp_get_max_threads() at init) */
+    int team;     /* threads of the last piece's parallel region; 1: it ran without one
+                     (another backend, an observed model, one thread free) */
 } mpq_llm_state;
 
 mpq_status mpq_llm_state_init(const mpq_llm *m, int ctx, int batch, mpq_llm_state *s);

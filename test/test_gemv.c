@@ -568,3 +568,167 @@ Test(gemv, bad_inputs_are_errors_and_write_nothing)
     mpq_aligned_free(w);
     mpq_packed_free(&A);
 }
+
+/* Products in phases (mpq_gemv_job): the tasks of each phase cut at random
+   points and run piece by piece in a random order give mpq_gemv's result
+   bit for bit, on every path, with permutations, column scales, a rotation
+   and a sparse part; a second and third matrix of the same columns, column
+   scales and rotation read the first one's tables (none built for them). */
+static void run_phase_shuffled(synth_rng *r, const mpq_gemv_job *j, int ph)
+{
+    enum { MAXP = 64 };
+    const int n = j->tasks[ph];
+    int cut[MAXP + 1], np = 0, order[MAXP];
+    cut[np++] = 0;
+    for (int t = 1; t < n && np < MAXP; t++)
+        if (synth_int(r, 3) == 0) cut[np++] = t;
+    cut[np] = n;
+    for (int k = 0; k < np; k++) order[k] = k;
+    for (int k = np - 1; k > 0; k--) {
+        const int o = synth_int(r, k + 1), tmp = order[k];
+        order[k] = order[o], order[o] = tmp;
+    }
+    for (int k = 0; k < np; k++) cr_assert_eq(mpq_gemv_job_run(j, ph, cut[order[k]], cut[order[k] + 1]), MPQ_OK);
+}
+
+static void sparse_rows(synth_rng *r, int m, int n, mpq_sparse *S)
+{
+    S->rows = m, S->cols = n;
+    S->row_ptr = malloc(4u * (m + 1));
+    S->col = malloc(4u * (size_t)m * 3);
+    S->val = malloc(4u * (size_t)m * 3);
+    S->nnz = 0;
+    for (int i = 0; i < m; i++) {
+        S->row_ptr[i] = (uint32_t)S->nnz;
+        for (int j = synth_int(r, 17); j < n && S->nnz < (size_t)(i + 1) * 3; j += 1 + synth_int(r, n / 2 + 1)) {
+            S->col[S->nnz] = (uint32_t)j;
+            S->val[S->nnz++] = (float)synth_unif(r) - 0.5f;
+        }
+    }
+    S->row_ptr[m] = (uint32_t)S->nnz;
+}
+
+Test(gemv, jobs_split_any_way_give_mpq_gemv_bit_for_bit)
+{
+    synth_rng r = {41};
+    const shape shp[] = {{37, 200, 64, 3}, {300, 576, 128, 16}, {1, 8, 8, 16}, {129, 257, 128, 256}, {70, 96, 32, 5}};
+    for (size_t si = 0; si < sizeof shp / sizeof shp[0]; si++)
+        for (int variant = 0; variant < 4; variant++) { /* 1: perms and scales, 2: + rotation, 3: + sparse part */
+            const shape *s = &shp[si];
+            const int bmax = 11, ng = (s->n + s->G - 1) / s->G, nb = ((s->m + s->br - 1) / s->br) * ng;
+            float *W = malloc(4u * s->m * s->n * 3), *x = malloc(4u * s->n * bmax), *cs = malloc(4u * s->n);
+            float *cs2 = malloc(4u * s->n), *y = malloc(4u * s->m * bmax * 3), *e = malloc(4u * s->m * bmax * 3);
+            uint32_t *pc = malloc(4u * s->n), *pr = malloc(4u * s->m);
+            uint8_t *bits = malloc((size_t)nb);
+            synth_weights(&r, W, 3 * s->m, s->n);
+            for (int v = 0; v < bmax; v++) synth_activations(&r, x + v * s->n, s->n);
+            synth_perm(&r, pc, s->n);
+            synth_perm(&r, pr, s->m);
+            for (int j = 0; j < s->n; j++) cs[j] = cs2[j] = 0.3f + 2.0f * (float)synth_unif(&r);
+            cs2[s->n / 2] *= 1.5f;
+            mpq_rotation rot;
+            cr_assert_eq(mpq_rotation_init(&rot, s->n, 7 + si), MPQ_OK);
+            mpq_sparse S = {0};
+            mpq_packed A[4];
+            for (int k = 0; k < 4; k++) { /* A[3]: A[0]'s columns but other column scales */
+                for (int b = 0; b < nb; b++) bits[b] = (uint8_t)(1 + synth_int(&r, 8));
+                mpq_bitplane_desc d = {0};
+                d.rows = s->m, d.cols = s->n, d.group = s->G, d.block_rows = s->br, d.bits = bits;
+                if (variant >= 1) d.p_row = k == 1 ? NULL : pr, d.p_col = pc, d.col_scale = k == 3 ? cs2 : cs;
+                if (variant >= 2) d.rotation = &rot;
+                if (variant >= 3 && k != 2) {
+                    sparse_rows(&r, s->m, s->n, &S);
+                    d.sparse = &S;
+                }
+                cr_assert_eq(mpq_pack_alloc(&d, W + (size_t)(k % 3) * s->m * s->n, &A[k]), MPQ_OK);
+                if (S.row_ptr) mpq_sparse_free(&S);
+                memset(&S, 0, sizeof S);
+            }
+            cr_assert(mpq_gemv_tables_shared(&A[0], &A[1]) && mpq_gemv_tables_shared(&A[2], &A[0]));
+            cr_assert_eq(mpq_gemv_tables_shared(&A[0], &A[3]), variant == 0, "other column scales, variant %d",
+                         variant);
+            for (int p = 0; p < NPATHS; p++) {
+                if (!mpq_path_available(paths[p])) continue;
+                for (int batch = 1; batch <= bmax; batch += 5) {
+                    mpq_gemv_opts o = {0};
+                    o.path = paths[p], o.skip_planes = batch == 6;
+                    for (int k = 0; k < 3; k++)
+                        cr_assert_eq(mpq_gemv(&A[k], x, e + (size_t)k * s->m * batch, batch, &o, NULL, 0), MPQ_OK);
+                    const size_t wb = mpq_gemv_work_bytes(&A[0], batch);
+                    void *w = tc_alloc(wb);
+                    mpq_gemv_job J[3];
+                    for (size_t q = 0; q < 4u * s->m * batch * 3; q++) ((uint8_t *)y)[q] = 0xA5;
+                    for (int k = 0; k < 3; k++)
+                        cr_assert_eq(mpq_gemv_job_init(&J[k], &A[k], x, y + (size_t)k * s->m * batch, batch, &o,
+                                                       k ? NULL : w, k ? 0 : wb, k ? &J[0] : NULL),
+                                     MPQ_OK);
+                    cr_assert_eq(J[0].tasks[0], variant >= 2 ? batch : 0);
+                    cr_assert_eq(J[0].tasks[1], batch * ng);
+                    for (int k = 1; k < 3; k++) cr_assert_eq(J[k].tasks[0] + J[k].tasks[1], 0);
+                    for (int ph = 0; ph < MPQ_GEMV_PHASES; ph++)
+                        for (int k = 0; k < 3; k++) run_phase_shuffled(&r, &J[k], ph);
+                    cr_assert(!memcmp(y, e, 4u * s->m * batch * 3), "%s, shape %zu, variant %d, batch %d",
+                              mpq_path_name(paths[p]), si, variant, batch);
+                    mpq_aligned_free(w);
+                }
+            }
+            for (int k = 0; k < 4; k++) mpq_packed_free(&A[k]);
+            mpq_rotation_free(&rot);
+            free(W), free(x), free(cs), free(cs2), free(y), free(e), free(pc), free(pr), free(bits);
+        }
+}
+
+/* Jobs refuse what mpq_gemv refuses, tables of other columns, a missing
+   workspace and tasks out of range; NaN or Inf in x is found by phase 0
+   or 1, before phase 2 writes y. */
+Test(gemv, jobs_refuse_bad_input)
+{
+    synth_rng r = {43};
+    const shape s = {40, 64, 32, 16};
+    float W[40 * 64], x[2 * 64], y[80];
+    synth_weights(&r, W, 40, 64);
+    synth_activations(&r, x, 128);
+    mpq_packed A = pack_random(&r, &s, 1, 2, 3, W), B = pack_random(&r, &s, 1, 2, 3, W);
+    mpq_rotation rot;
+    cr_assert_eq(mpq_rotation_init(&rot, 64, 3), MPQ_OK);
+    mpq_bitplane_desc d = {0};
+    d.rows = 40, d.cols = 64, d.group = 32, d.rotation = &rot;
+    mpq_packed R;
+    cr_assert_eq(mpq_pack_alloc(&d, W, &R), MPQ_OK);
+    const size_t wb = mpq_gemv_work_bytes(&A, 2);
+    uint8_t *w = tc_alloc(wb + 64), *wr = tc_alloc(mpq_gemv_work_bytes(&R, 2));
+    mpq_gemv_job j, k;
+    cr_assert_eq(mpq_gemv_job_init(&j, &A, x, y, 2, NULL, NULL, 0, NULL), MPQ_ERR_ARG, "no workspace");
+    cr_assert_eq(j.tasks[0] + j.tasks[1] + j.tasks[2], 0);
+    cr_assert_eq(mpq_gemv_job_init(&j, &A, x, y, 2, NULL, w, wb - 1, NULL), MPQ_ERR_SIZE);
+    cr_assert_eq(mpq_gemv_job_init(&j, &A, x, y, 2, NULL, w + 16, wb, NULL), MPQ_ERR_ALIGN);
+    cr_assert_eq(mpq_gemv_job_init(&j, &A, x, y, 0, NULL, w, wb, NULL), MPQ_ERR_SIZE);
+    cr_assert_eq(mpq_gemv_job_init(&j, NULL, x, y, 2, NULL, w, wb, NULL), MPQ_ERR_ARG);
+    cr_assert_eq(mpq_gemv_job_init(NULL, &A, x, y, 2, NULL, w, wb, NULL), MPQ_ERR_ARG);
+    mpq_gemv_opts o = {0};
+    o.path = (mpq_path)42;
+    cr_assert_eq(mpq_gemv_job_init(&j, &A, x, y, 2, &o, w, wb, NULL), MPQ_ERR_UNSUPPORTED);
+    cr_assert_eq(mpq_gemv_job_init(&j, &A, x, y, 2, NULL, w, wb, NULL), MPQ_OK);
+    /* B has its own column permutation: its tables are not A's */
+    cr_assert(!mpq_gemv_tables_shared(&A, &B) && !mpq_gemv_tables_shared(&A, &R) && !mpq_gemv_tables_shared(&A, NULL));
+    cr_assert_eq(mpq_gemv_job_init(&k, &B, x, y, 2, NULL, NULL, 0, &j), MPQ_ERR_ARG);
+    cr_assert_eq(mpq_gemv_job_init(&k, &A, x, y, 1, NULL, NULL, 0, &j), MPQ_ERR_ARG, "another batch");
+    cr_assert_eq(mpq_gemv_job_init(&k, &A, x + 1, y, 2, NULL, NULL, 0, &j), MPQ_ERR_ARG, "another x");
+    o.path = MPQ_PATH_SCALAR, o.a8 = 0;
+    if (mpq_path_available(MPQ_PATH_AVX2) || mpq_path_available(MPQ_PATH_AVX512_VNNI))
+        cr_assert_eq(mpq_gemv_job_init(&k, &A, x, y, 2, &o, NULL, 0, &j), MPQ_ERR_ARG, "another path");
+    cr_assert_eq(mpq_gemv_job_run(&j, 3, 0, 1), MPQ_ERR_ARG);
+    cr_assert_eq(mpq_gemv_job_run(&j, 2, 0, j.tasks[2] + 1), MPQ_ERR_ARG);
+    cr_assert_eq(mpq_gemv_job_run(&j, 1, -1, 1), MPQ_ERR_ARG);
+    cr_assert_eq(mpq_gemv_job_run(NULL, 1, 0, 1), MPQ_ERR_ARG);
+    /* non-finite input: phase 1 (phase 0 with a rotation) reports it */
+    x[70] = NAN;
+    cr_assert_eq(mpq_gemv_job_run(&j, 1, 0, j.tasks[1]), MPQ_ERR_NONFINITE);
+    cr_assert_eq(mpq_gemv_job_init(&j, &R, x, y, 2, NULL, wr, mpq_gemv_work_bytes(&R, 2), NULL), MPQ_OK);
+    cr_assert_eq(j.tasks[0], 2);
+    cr_assert_eq(mpq_gemv_job_run(&j, 0, 0, 1), MPQ_OK, "vector 0 is finite");
+    cr_assert_eq(mpq_gemv_job_run(&j, 0, 1, 2), MPQ_ERR_NONFINITE);
+    mpq_aligned_free(w), mpq_aligned_free(wr);
+    mpq_packed_free(&A), mpq_packed_free(&B), mpq_packed_free(&R);
+    mpq_rotation_free(&rot);
+}

@@ -14,6 +14,7 @@
 #include "mpq_model.h"
 #include "tmpdir.h"
 
+#include <omp.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -282,6 +283,112 @@ Test(model, every_batch_and_the_cache_give_the_same_logits, .init = make_tmpdir,
         mpq_llm_state_free(&work);
         free(whole);
     }
+    mpq_llm_free(m);
+    tl_free(&tm);
+}
+
+/* A piece runs on a team of threads in one parallel region (mpq_model.c,
+   "THE THREADS OF A PIECE") unless its model is observed or it has one
+   thread: the team's logits must be a lone thread's and the observed
+   model's, bit for bit. The maps: q, k and v under one column scale (their
+   products read one set of tables), gate and up under scales of their own,
+   o and down rotated, one float down map among the packed ones, Qwen2's
+   biases, a packed head. A NaN weight makes every thread stop with
+   MPQ_ERR_NONFINITE, the cache untouched. */
+static int observed_calls;
+static void count_observe(void *user, int layer, int lin, const float *x, int tokens, int cols)
+{
+    (void)user, (void)layer, (void)lin, (void)x, (void)tokens, (void)cols;
+    observed_calls++;
+}
+
+static float *logits_on(const mpq_llm *m, const int32_t *tok, int n, int threads, int *team)
+{
+    omp_set_num_threads(threads);
+    mpq_llm_state s;
+    cr_assert_eq(mpq_llm_state_init(m, n, 8, &s), MPQ_OK);
+    float *z = malloc(sizeof(float) * (size_t)n * m->c.vocab);
+    for (int t = 0; t < n; t += 5) { /* a prompt of 5, then pieces of 5 */
+        cr_assert_eq(mpq_llm_forward(m, &s, tok + t, n - t < 5 ? n - t : 5, 0, z + (size_t)t * m->c.vocab, 0), MPQ_OK);
+        *team = s.team > *team ? s.team : *team;
+    }
+    mpq_llm_state_free(&s);
+    return z;
+}
+
+Test(model, a_team_of_threads_gives_the_logits_of_one_thread, .init = make_tmpdir, .fini = remove_tmpdir)
+{
+    tl_model tm;
+    shape(&tm, 1, 0, 1);
+    char hf[600], gguf[600];
+    paths(hf, gguf);
+    tl_make(&tm, 47);
+    tl_write_gguf(&tm, gguf);
+    mpq_llm *m = load(gguf);
+    synth_rng r = {5};
+    const int D = m->c.dim, F = m->c.ffn;
+    float *cs = malloc(sizeof(float) * (size_t)(F > D ? F : D) * 3);
+    for (int j = 0; j < 3 * (F > D ? F : D); j++) cs[j] = 0.5f + (float)synth_unif(&r);
+    mpq_rotation rot[2];
+    cr_assert_eq(mpq_rotation_init(&rot[0], m->c.heads * m->c.head_dim, 11), MPQ_OK);
+    cr_assert_eq(mpq_rotation_init(&rot[1], F, 12), MPQ_OK);
+    for (int i = -1; i < m->c.layers * MPQ_LIN_COUNT; i++) {
+        const int lin = i % MPQ_LIN_COUNT;
+        if (i == MPQ_LIN_DOWN) continue; /* layer 0's down map stays float */
+        mpq_linear *L = i < 0 ? &m->head : &m->layer[i / MPQ_LIN_COUNT].lin[lin];
+        mpq_bitplane_desc d = {0};
+        d.rows = L->rows, d.cols = L->cols, d.uniform_bits = i < 0 ? 8 : 3 + (i & 1), d.group = 16;
+        if (i >= 0 && lin <= MPQ_LIN_V) d.col_scale = cs;
+        if (lin == MPQ_LIN_GATE || lin == MPQ_LIN_UP) d.col_scale = cs + (lin - MPQ_LIN_GATE + 1) * D;
+        if (i >= 0 && lin == MPQ_LIN_O) d.rotation = &rot[0];
+        if (i >= 0 && lin == MPQ_LIN_DOWN) d.rotation = &rot[1];
+        mpq_packed A;
+        const mpq_status st = mpq_pack_alloc(&d, L->W, &A);
+        cr_assert_eq(st, MPQ_OK, "map %d: %s", i, mpq_status_str(st));
+        cr_assert_eq(mpq_linear_set_packed(m, L, &A), MPQ_OK);
+    }
+    const mpq_linear *L0 = m->layer[0].lin;
+    cr_assert(mpq_gemv_tables_shared(&L0[MPQ_LIN_Q].A, &L0[MPQ_LIN_V].A));
+    cr_assert(!mpq_gemv_tables_shared(&L0[MPQ_LIN_GATE].A, &L0[MPQ_LIN_UP].A));
+    enum { N = 23 };
+    int32_t tok[N];
+    random_tokens(&r, tok, N, m->c.vocab);
+    int team = 0, one = 0;
+    float *z1 = logits_on(m, tok, N, 1, &one);
+    cr_assert_eq(one, 1);
+    float *zt = NULL;
+    for (int attempt = 0; attempt < 5 && team < 2; attempt++) { /* a busy machine may leave one core */
+        free(zt);
+        zt = logits_on(m, tok, N, 3, &team);
+    }
+    if (team < 2) {
+        free(z1), free(zt), free(cs);
+        mpq_rotation_free(&rot[0]), mpq_rotation_free(&rot[1]);
+        mpq_llm_free(m);
+        tl_free(&tm);
+        cr_skip_test("no second core was free for a team");
+    }
+    cr_assert(!memcmp(zt, z1, sizeof(float) * N * m->c.vocab), "a team of %d: not bit for bit", team);
+    m->observe = count_observe;
+    int obs = 0;
+    float *zo = logits_on(m, tok, N, 3, &obs);
+    cr_assert_eq(obs, 1, "an observed model runs without a team");
+    cr_assert_eq(observed_calls, 5 * m->c.layers * MPQ_LIN_COUNT);
+    cr_assert(!memcmp(zo, z1, sizeof(float) * N * m->c.vocab), "observed: not bit for bit");
+    m->observe = NULL;
+    /* a NaN weight in layer 0's float down map: h is NaN from there on */
+    m->layer[0].lin[MPQ_LIN_DOWN].W[7] = NAN;
+    for (int threads = 1; threads <= 3; threads += 2) {
+        omp_set_num_threads(threads);
+        mpq_llm_state s;
+        cr_assert_eq(mpq_llm_state_init(m, N, 8, &s), MPQ_OK);
+        cr_assert_eq(mpq_llm_forward(m, &s, tok, 4, 0, zo, 0), MPQ_ERR_NONFINITE, "%d threads", threads);
+        cr_assert_eq(s.pos, 0);
+        mpq_llm_state_free(&s);
+    }
+    omp_set_num_threads(omp_get_num_procs());
+    free(z1), free(zt), free(zo), free(cs);
+    mpq_rotation_free(&rot[0]), mpq_rotation_free(&rot[1]);
     mpq_llm_free(m);
     tl_free(&tm);
 }
