@@ -2629,6 +2629,7 @@ typedef struct mpq__walk {
     const uint8_t *data;
     const uint8_t *brow; /* the tile's block row of the bits map, when uniform */
     int t, nt, g, pf_g, uniform;
+    int skip; /* planes a product skips (prefetches leave them out); 0 after init */
     uint64_t tl, sec, pf_sec;
 } mpq__walk;
 
@@ -2641,6 +2642,7 @@ static void mpq__walk_init(mpq__walk *w, const mpq__shape *s, const uint64_t *in
     w->data = data;
     w->t = t;
     w->g = w->pf_g = 0;
+    w->skip = 0;
     w->tl = (uint64_t)(t - t0);
     w->sec = w->pf_sec = index[band];
     /* with block_rows a multiple of 16 every tile lies in one block row */
@@ -2653,12 +2655,27 @@ static int mpq__walk_planes(const mpq__walk *w, int g)
     return w->uniform ? w->brow[g] : mpq__tile_planes(w->s, w->t, g);
 }
 
+/* Prefetches what a product reads of record p (group g, B planes): its
+   metadata and the planes from the first one read after w->skip on (every
+   plane when the tile's rows differ in width), so that skipped planes
+   (PMPD) cost no memory traffic. */
+MPQ__INLINE void mpq__walk_prefetch(const mpq__walk *w, const uint8_t *p, int g, int B)
+{
+    const mpq__shape *s = w->s;
+    const uint64_t rb = mpq__rec_size(s, B, g);
+    uint64_t from = (uint64_t)s->meta;
+    if (w->skip && w->uniform) from += (uint64_t)mpq_first_plane(B, w->skip) * (uint64_t)mpq__nch(s, g) * 16u;
+    for (uint64_t o = 0; o < (uint64_t)s->meta; o += 64) MPQ__PREFETCH(p + o);
+    for (uint64_t o = from; o < rb; o += 64) MPQ__PREFETCH(p + o);
+}
+
 /* The record of group w->g; moves to the next group. */
 static const uint8_t *mpq__walk_next(mpq__walk *w, int lookahead)
 {
     for (; lookahead && w->pf_g < w->s->ngroups && w->pf_g <= w->g + lookahead; w->pf_g++) {
-        const uint64_t rb = mpq__rec_size(w->s, mpq__walk_planes(w, w->pf_g), w->pf_g);
-        for (uint64_t o = 0; o < rb; o += 64) MPQ__PREFETCH(w->data + w->pf_sec + w->tl * rb + o);
+        const int B = mpq__walk_planes(w, w->pf_g);
+        const uint64_t rb = mpq__rec_size(w->s, B, w->pf_g);
+        mpq__walk_prefetch(w, w->data + w->pf_sec + w->tl * rb, w->pf_g, B);
         w->pf_sec += (uint64_t)w->nt * rb;
     }
     const uint64_t rb = mpq__rec_size(w->s, mpq__walk_planes(w, w->g), w->g);
@@ -2670,15 +2687,15 @@ static const uint8_t *mpq__walk_next(mpq__walk *w, int lookahead)
 
 /* Prefetches the first n records of tile t (a tile this thread takes next),
    so that its streams do not start cold. */
-static void mpq__walk_warm(const mpq__shape *s, const uint64_t *index, const uint8_t *data, int t, int n)
+static void mpq__walk_warm(const mpq__shape *s, const uint64_t *index, const uint8_t *data, int t, int n, int skip)
 {
     if (t >= s->ntiles) return;
     mpq__walk w;
     mpq__walk_init(&w, s, index, data, t);
+    w.skip = skip;
     for (int g = 0; g < n && g < s->ngroups; g++) {
-        const uint64_t rb = mpq__rec_size(s, mpq__walk_planes(&w, g), g);
-        const uint8_t *p = mpq__walk_next(&w, 0);
-        for (uint64_t o = 0; o < rb; o += 64) MPQ__PREFETCH(p + o);
+        const int B = mpq__walk_planes(&w, g);
+        mpq__walk_prefetch(&w, mpq__walk_next(&w, 0), g, B);
     }
 }
 
@@ -3887,11 +3904,12 @@ static void mpq__rec_setup(const mpq__shape *s, const uint8_t *data, uint64_t po
 /* Walkers of tiles t0 .. t0+nt-1, one task's; the first records of the
    next nt tiles (the task a thread takes next: threads take runs of tasks)
    are prefetched. */
-static void mpq__walk_block(const mpq__shape *s, const mpq_packed *A, int t0, int nt, mpq__walk *w)
+static void mpq__walk_block(const mpq__shape *s, const mpq_packed *A, int t0, int nt, int skip, mpq__walk *w)
 {
     for (int k = 0; k < nt; k++) {
         mpq__walk_init(&w[k], s, A->band_off, A->data, t0 + k);
-        mpq__walk_warm(s, A->band_off, A->data, t0 + nt + k, MPQ__LOOKAHEAD);
+        w[k].skip = skip;
+        mpq__walk_warm(s, A->band_off, A->data, t0 + nt + k, MPQ__LOOKAHEAD, skip);
     }
 }
 
@@ -4182,7 +4200,7 @@ MPQ__T_VNNI static void mpq__tiles_vnni(const mpq__shape *s, const mpq_packed *A
     const int cpg = s->group / 8, ng = s->ngroups, nch_last = mpq__nch(s, ng - 1);
     const size_t qstride = (size_t)mpq__units(cpg) * 256u;
     mpq__walk w[MPQ__VNNI_TILES];
-    mpq__walk_block(s, A, t0, nt, w);
+    mpq__walk_block(s, A, t0, nt, skip, w);
     for (int k = 0; k < nt; k++)
         for (int v = 0; v < nb; v++) _mm512_storeu_ps(yt[k][v], _mm512_setzero_ps());
     mpq__qrec R[MPQ__VNNI_TILES];
@@ -4441,7 +4459,7 @@ MPQ__T_AVX2 static void mpq__tiles_avx2q(const mpq__shape *s, const mpq_packed *
     const int cpg = s->group / 8, ng = s->ngroups;
     const size_t qstride = (size_t)mpq__units(cpg) * 256u;
     mpq__walk w[MPQ__AVX2Q_TILES];
-    mpq__walk_block(s, A, t0, nt, w);
+    mpq__walk_block(s, A, t0, nt, skip, w);
     memset(yt, 0, sizeof yt[0] * (size_t)nt);
     mpq__rec R;
     __m256i ix[MPQ__AVX2Q_IX], tot[MPQ__BATCH_STEP][2];
@@ -4555,7 +4573,7 @@ static void mpq__tiles_neon(const mpq__shape *s, const mpq_packed *A, int t0, in
     const int cpg = s->group / 8, ng = s->ngroups;
     const size_t qstride = (size_t)mpq__units(cpg) * 256u;
     mpq__walk w[MPQ__NEON_TILES];
-    mpq__walk_block(s, A, t0, nt, w);
+    mpq__walk_block(s, A, t0, nt, skip, w);
     memset(yt, 0, sizeof yt[0] * (size_t)nt);
     mpq__rec R;
     int32x4_t tot[MPQ__BATCH_STEP][4];
@@ -4629,7 +4647,8 @@ static void mpq__tile(const mpq__shape *s, const mpq_packed *A, mpq__rec_fn kern
         for (int r = 0; r < MPQ_TILE_ROWS; r++) yt[v][r] = 0.0f;
     mpq__walk w;
     mpq__walk_init(&w, s, A->band_off, A->data, t);
-    mpq__walk_warm(s, A->band_off, A->data, t + 1, MPQ__LOOKAHEAD); /* the next tile */
+    w.skip = skip;
+    mpq__walk_warm(s, A->band_off, A->data, t + 1, MPQ__LOOKAHEAD, skip); /* the next tile */
     mpq__rec R;
     for (int g = 0; g < ng; g++) {
         const int B = mpq__walk_rec(s, A->data, &w, g, skip, &R);
@@ -4676,7 +4695,7 @@ MPQ__NOINLINE static void mpq__tiles_scalar(const mpq__shape *s, const mpq_packe
     const mpq__vecwork L = mpq__vec_layout(A);
     const int cpg = s->group / 8, ng = s->ngroups;
     mpq__walk w[MPQ__SCALAR_TILES];
-    mpq__walk_block(s, A, t0, nt, w);
+    mpq__walk_block(s, A, t0, nt, skip, w);
     memset(yt, 0, sizeof yt[0] * (size_t)nt);
     mpq__rec R;
     for (int g = 0; g < ng; g++)
