@@ -1012,7 +1012,7 @@ static mpq_status mpq__linear(const mpq_llm *m, mpq_llm_state *s, const mpq_line
     if (L->A.buf) {
         mpq_gemv_opts o;
         memset(&o, 0, sizeof o);
-        o.skip_planes = skip, o.a8 = m->a8;
+        o.skip_planes = skip, o.a8 = m->a8, o.path = m->cpu_path;
         if (L->handle) {
             st = m->backend->gemv(m->backend->ctx, L->handle, x, y, T, &o);
         } else {
@@ -1290,7 +1290,7 @@ static void mpq__products(mpq__piece_ctx *P, mpq__me me, const mpq_linear *const
     size_t used = 0;
     mpq_gemv_opts o;
     memset(&o, 0, sizeof o);
-    o.skip_planes = skip, o.a8 = m->a8;
+    o.skip_planes = skip, o.a8 = m->a8, o.path = m->cpu_path;
     for (int k = 0; k < n; k++) {
         memset(&J[k], 0, sizeof J[k]);
         packed[k] = L[k]->A.buf != NULL;

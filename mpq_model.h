@@ -148,6 +148,8 @@ typedef struct mpq_llm {
     int a8;                     /* 1: packed linear maps multiply 8-bit activations
                                    (mpq_gemv_opts.a8; the CPU and the "cuda" backend,
                                    not "cuda-fp16"); 0 -> float */
+    mpq_path cpu_path;          /* the CPU kernels of packed products (mpq_gemv_opts.path);
+                                   0 -> MPQ_PATH_AUTO */
     char *path;                 /* what it was loaded from */
     /* Called (when set) with the input of every linear map of the layers
        just before its product: x is tokens x cols. Calibration statistics

@@ -227,6 +227,31 @@ Test(cli_llm, eval_quantize_and_run_on_gguf_and_hf, .init = setup, .fini = teard
         cr_assert_eq(run("calibrate --a8 hf text.txt -o s.safetensors"), 1);
         cr_assert(strstr(slurp("err.txt", NULL), "float activations"), "%s", slurp("err.txt", NULL));
     }
+    /* --cpu-path: the packed maps run on the kernels named, as the library
+       does with m->cpu_path (the float-table path's perplexity differs from
+       the int16-table paths' in the last digits at most); a path this build
+       or CPU lacks is a usage error */
+    {
+        qg->cpu_path = MPQ_PATH_SCALAR;
+        const double ppls = library_ppl(qg, text, len);
+        qg->cpu_path = MPQ_PATH_AUTO;
+        char args[700], want[64], other[64];
+        mpq_path autop;
+        cr_assert_eq(mpq_gemv_path(&qg->layer[0].lin[0].A, NULL, &autop), MPQ_OK);
+        snprintf(other, sizeof other, "perplexity: %.4f ", library_ppl(qg, text, len));
+        snprintf(args, sizeof args, "eval --quiet --cpu-path scalar --ctx %d qg.safetensors text.txt", CTX);
+        cr_assert_eq(run(args), 0, "%s", slurp("err.txt", NULL));
+        snprintf(want, sizeof want, "perplexity: %.4f ", ppls);
+        cr_assert(strstr(slurp("out.txt", NULL), want), "%s: %s", want, slurp("out.txt", NULL));
+        if (autop != MPQ_PATH_SCALAR && autop != MPQ_PATH_AVX2 && autop != MPQ_PATH_AVX512)
+            cr_assert(strcmp(want, other), "the int16 tables print another perplexity (%s)", other);
+        const mpq_path absent = mpq_path_available(MPQ_PATH_NEON) ? MPQ_PATH_AVX2 : MPQ_PATH_NEON;
+        if (!mpq_path_available(absent)) {
+            snprintf(args, sizeof args, "eval --cpu-path %s qg.safetensors text.txt", mpq_path_name(absent));
+            cr_assert_eq(run(args), 1);
+            cr_assert(strstr(slurp("err.txt", NULL), "does not have it"), "%s", slurp("err.txt", NULL));
+        }
+    }
     /* without --embed-bits the embedding (= head) stays as it was */
     cr_assert_eq(run("quantize --quiet --bits 4 m.gguf qd.safetensors"), 0, "%s", slurp("err.txt", NULL));
     mpq_llm *qd = load("qd.safetensors");

@@ -129,6 +129,7 @@ typedef struct llm_opts {
     int threads, quiet;
     int device; /* cpu, cuda, cuda-fp16 */
     int a8;     /* packed maps multiply 8-bit activations */
+    int path;   /* --cpu-path: an mpq_path (the choices are in enum order) */
     int skip;   /* --skip-planes, for the commands that take cli_skip_opts */
 } llm_opts;
 
@@ -143,6 +144,8 @@ static const cli_opt cli_model_opts[] = {
     {"--quiet", CLI_FLAG, CLI_AT(llm_opts, quiet), NULL, 0, 0, NULL, NULL, NULL, "no progress"},
     {"--a8", CLI_FLAG, CLI_AT(llm_opts, a8), NULL, 0, 0, NULL, NULL, NULL,
      "packed linear maps multiply activations quantized to int8 per group\n(MixLLM's W*A8; CPU and cuda)"},
+    {"--cpu-path", CLI_CHOICE, CLI_AT(llm_opts, path), "P", 0, 0, "auto|scalar|avx2|avx512|avx512-vnni|avx2-int|neon",
+     NULL, "auto", "the CPU kernels of the packed products (auto: the fastest this CPU has)"},
     {NULL, CLI_FLAG, 0, NULL, 0, 0, NULL, NULL, NULL, NULL},
 };
 

@@ -69,8 +69,12 @@ int model_load(const char *path, const llm_opts *o, loaded *L)
     if (o->a8 && o->device == DEVICE_CUDA_FP16)
         return fail(EXIT_USAGE,
                     "--a8: 8-bit activations run on --device cpu or cuda (cuda-fp16 holds float16 weights)");
+    if (!mpq_path_available((mpq_path)o->path))
+        return fail(EXIT_USAGE, "--cpu-path %s: this build or this CPU does not have it",
+                    mpq_path_name((mpq_path)o->path));
     if (mpq_llm_load(path, &L->m, &e) != MPQ_OK) return fail(EXIT_INPUT, "%s", e.msg);
     L->m->a8 = o->a8;
+    L->m->cpu_path = (mpq_path)o->path;
     int rc = o->device != DEVICE_CPU ? use_device(o, L) : 0;
     if (rc) {
         model_unload(L);
