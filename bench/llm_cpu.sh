@@ -84,6 +84,7 @@ m4g32=build/bench/smollm2-rtn4-g32.safetensors
 if [ "$big" -gt 0 ]; then
     bd=build/bench/llama3-8b-shape-L$big
     if [ ! -f "$bd/hf/model.safetensors" ]; then
+        mkdir -p "$bd"
         build/release/bench_random_llm --dim 4096 --ffn 14336 --heads 32 --kv-heads 8 --layers "$big" \
             --vocab 32000 "$bd/hf" >/dev/null
     fi
