@@ -2657,8 +2657,9 @@ static int mpq__walk_planes(const mpq__walk *w, int g)
 
 /* Prefetches what a product reads of record p (group g, B planes): its
    metadata and the planes from the first one read after w->skip on (every
-   plane when the tile's rows differ in width), so that skipped planes
-   (PMPD) cost no memory traffic. */
+   plane when the tile's rows differ in width), so that the product does
+   not ask for the planes PMPD skips (the CPU's own stream prefetcher may
+   still bring them in: bench/results/NOTES.md, "Whole models on the CPU"). */
 MPQ__INLINE void mpq__walk_prefetch(const mpq__walk *w, const uint8_t *p, int g, int B)
 {
     const mpq__shape *s = w->s;
@@ -4987,8 +4988,9 @@ static mpq_status mpq__bp_gemv(const mpq_packed *A, const float *x, float *y, in
 {
     mpq_gemv_job j;
     uint8_t *own = NULL;
-    if (A && !work && batch >= 1 && !(work = own = (uint8_t *)mpq_aligned_alloc(mpq__bp_work_bytes(A, batch))))
-        return MPQ_ERR_NOMEM;
+    if (!A || !x || !y || !A->data || !A->band_off) return MPQ_ERR_ARG;
+    if (batch < 1) return MPQ_ERR_SIZE;
+    if (!work && !(work = own = (uint8_t *)mpq_aligned_alloc(mpq__bp_work_bytes(A, batch)))) return MPQ_ERR_NOMEM;
     if (own) work_bytes = mpq__bp_work_bytes(A, batch);
     mpq_status st = mpq_gemv_job_init(&j, A, x, y, batch, opts, work, work_bytes, NULL);
     if (st == MPQ_OK) { /* one parallel region: the phases split between its threads, a barrier after each */
@@ -5000,18 +5002,23 @@ static mpq_status mpq__bp_gemv(const mpq_packed *A, const float *x, float *y, in
 #ifdef _OPENMP
 #pragma omp parallel num_threads(n) if (n > 1)
 #endif
-        {
+        { /* every thread meets every barrier; an error only stops the work. Phase 2
+             (the one that writes y) starts after the last barrier, when every
+             error of phases 0 and 1 has been stored and no other can come. */
             const int tid = mpq__thread_id(), nt = mpq__team_size();
             for (int ph = 0; ph < MPQ_GEMV_PHASES; ph++) {
-                if (!j.tasks[ph]) continue;
-                const mpq_status e = mpq_gemv_job_run(&j, ph, (int)((long long)j.tasks[ph] * tid / nt),
-                                                      (int)((long long)j.tasks[ph] * (tid + 1) / nt));
-                if (e != MPQ_OK) __atomic_store_n(&st, e, __ATOMIC_RELAXED);
-                if (ph == MPQ_GEMV_PHASES - 1) break;
+                if (!j.tasks[ph] || (ph == MPQ_GEMV_PHASES - 1 && __atomic_load_n(&st, __ATOMIC_RELAXED) != MPQ_OK))
+                    continue;
+                if (__atomic_load_n(&st, __ATOMIC_RELAXED) == MPQ_OK) {
+                    const mpq_status e = mpq_gemv_job_run(&j, ph, (int)((long long)j.tasks[ph] * tid / nt),
+                                                          (int)((long long)j.tasks[ph] * (tid + 1) / nt));
+                    if (e != MPQ_OK) __atomic_store_n(&st, e, __ATOMIC_RELAXED);
+                }
 #ifdef _OPENMP
+                if (ph < MPQ_GEMV_PHASES - 1) {
 #pragma omp barrier
+                }
 #endif
-                if (__atomic_load_n(&st, __ATOMIC_RELAXED) != MPQ_OK) break; /* every thread sees it */
             }
         }
     }

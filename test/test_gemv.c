@@ -728,6 +728,14 @@ Test(gemv, jobs_refuse_bad_input)
     cr_assert_eq(j.tasks[0], 2);
     cr_assert_eq(mpq_gemv_job_run(&j, 0, 0, 1), MPQ_OK, "vector 0 is finite");
     cr_assert_eq(mpq_gemv_job_run(&j, 0, 1, 2), MPQ_ERR_NONFINITE);
+    /* finite x whose V x overflows: phase 1 finds it, on every thread of
+       mpq_gemv's team (which must all leave the region), y untouched */
+    for (int k = 0; k < 128; k++) x[k] = 3e38f;
+    for (int k = 0; k < 80; k++) y[k] = 7.0f;
+    mpq_gemv_opts two = {0};
+    two.threads = 2;
+    cr_assert_eq(mpq_gemv(&R, x, y, 2, &two, NULL, 0), MPQ_ERR_NONFINITE);
+    for (int k = 0; k < 80; k++) cr_assert_eq(y[k], 7.0f);
     mpq_aligned_free(w), mpq_aligned_free(wr);
     mpq_packed_free(&A), mpq_packed_free(&B), mpq_packed_free(&R);
     mpq_rotation_free(&rot);
