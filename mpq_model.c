@@ -1097,7 +1097,7 @@ typedef struct mpq__piece_ctx {
     int T, skip, lo, pos;
     float *logits;
     const uint8_t *shared; /* per layer: bit 0 k, bit 1 v share q's tables, bit 2 up shares gate's */
-    int st;                /* the first error (mpq_status), set atomically */
+    int st;                /* an error of the piece (mpq_status), stored atomically */
 } mpq__piece_ctx;
 
 static int mpq__piece_failed(mpq__piece_ctx *P) { return __atomic_load_n(&P->st, __ATOMIC_RELAXED) != MPQ_OK; }
