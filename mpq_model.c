@@ -1424,12 +1424,17 @@ static mpq_status mpq__piece(const mpq_llm *m, mpq_llm_state *s, mpq_llm_state *
         }
         P.shared = shared;
         int got = 1;
+#ifdef _OPENMP
 #pragma omp parallel num_threads(team)
         {
             const mpq__me me = {omp_get_thread_num(), omp_get_num_threads()};
             if (me.id == 0) got = me.n;
             mpq__piece_run(&P, me);
         }
+#else
+        const mpq__me me = {0, 1}; /* not reached: mpq_threads is 1 without OpenMP */
+        mpq__piece_run(&P, me);
+#endif
         free(shared);
         s->team = got;
     } else {

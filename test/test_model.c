@@ -14,8 +14,10 @@
 #include "mpq_model.h"
 #include "tmpdir.h"
 
-#include <omp.h>
 #include <sys/stat.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 #include <unistd.h>
 
 static char tmpdir[256];
@@ -302,9 +304,18 @@ static void count_observe(void *user, int layer, int lin, const float *x, int to
     observed_calls++;
 }
 
+static void set_threads(int n)
+{
+#ifdef _OPENMP
+    omp_set_num_threads(n > 0 ? n : omp_get_num_procs());
+#else
+    (void)n;
+#endif
+}
+
 static float *logits_on(const mpq_llm *m, const int32_t *tok, int n, int threads, int *team)
 {
-    omp_set_num_threads(threads);
+    set_threads(threads);
     mpq_llm_state s;
     cr_assert_eq(mpq_llm_state_init(m, n, 8, &s), MPQ_OK);
     float *z = malloc(sizeof(float) * (size_t)n * m->c.vocab);
@@ -379,14 +390,14 @@ Test(model, a_team_of_threads_gives_the_logits_of_one_thread, .init = make_tmpdi
     /* a NaN weight in layer 0's float down map: h is NaN from there on */
     m->layer[0].lin[MPQ_LIN_DOWN].W[7] = NAN;
     for (int threads = 1; threads <= 3; threads += 2) {
-        omp_set_num_threads(threads);
+        set_threads(threads);
         mpq_llm_state s;
         cr_assert_eq(mpq_llm_state_init(m, N, 8, &s), MPQ_OK);
         cr_assert_eq(mpq_llm_forward(m, &s, tok, 4, 0, zo, 0), MPQ_ERR_NONFINITE, "%d threads", threads);
         cr_assert_eq(s.pos, 0);
         mpq_llm_state_free(&s);
     }
-    omp_set_num_threads(omp_get_num_procs());
+    set_threads(0);
     free(z1), free(zt), free(zo), free(cs);
     mpq_rotation_free(&rot[0]), mpq_rotation_free(&rot[1]);
     mpq_llm_free(m);
