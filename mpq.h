@@ -4990,8 +4990,10 @@ static mpq_status mpq__bp_gemv(const mpq_packed *A, const float *x, float *y, in
     uint8_t *own = NULL;
     if (!A || !x || !y || !A->data || !A->band_off) return MPQ_ERR_ARG;
     if (batch < 1) return MPQ_ERR_SIZE;
-    if (!work && !(work = own = (uint8_t *)mpq_aligned_alloc(mpq__bp_work_bytes(A, batch)))) return MPQ_ERR_NOMEM;
-    if (own) work_bytes = mpq__bp_work_bytes(A, batch);
+    if (!work) {
+        work_bytes = mpq__bp_work_bytes(A, batch);
+        if (!(work = own = (uint8_t *)mpq_aligned_alloc(work_bytes))) return MPQ_ERR_NOMEM;
+    }
     mpq_status st = mpq_gemv_job_init(&j, A, x, y, batch, opts, work, work_bytes, NULL);
     if (st == MPQ_OK) { /* one parallel region: the phases split between its threads, a barrier after each */
         const int most = j.tasks[1] > j.tasks[2] ? j.tasks[1] : j.tasks[2];

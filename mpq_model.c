@@ -1399,9 +1399,10 @@ static mpq_status mpq__piece(const mpq_llm *m, mpq_llm_state *s, mpq_llm_state *
         for (int l = 0; l < c->layers; l++) {
             const mpq_linear *L = m->layer[l].lin;
             const int g[2][3] = {{MPQ_LIN_Q, MPQ_LIN_K, MPQ_LIN_V}, {MPQ_LIN_GATE, MPQ_LIN_UP, -1}};
-            for (int k = 0; k < MPQ_LIN_COUNT; k++)
-                if (L[k].A.buf && mpq__align(mpq_gemv_work_bytes(&L[k].A, T)) > need)
-                    need = mpq__align(mpq_gemv_work_bytes(&L[k].A, T));
+            for (int k = 0; k < MPQ_LIN_COUNT; k++) {
+                const size_t wb = L[k].A.buf ? mpq__align(mpq_gemv_work_bytes(&L[k].A, T)) : 0;
+                need = wb > need ? wb : need;
+            }
             for (int q = 0; q < 2; q++) {
                 size_t sum = 0;
                 for (int k = 0; k < 3 && g[q][k] >= 0; k++) {
