@@ -67,7 +67,7 @@ mpq_status mpq_llm_train_init(const mpq_llm *m, int len, mpq_llm_train **out)
     for (int l = 0; l < c->layers; l++)
         for (int k = 0; k < MPQ_LIN_COUNT; k++)
             if (!m->layer[l].lin[k].W) return MPQ_ERR_UNSUPPORTED;
-    if (!m->head.W) return MPQ_ERR_UNSUPPORTED;
+    if (!m->head.W || !m->embed.W) return MPQ_ERR_UNSUPPORTED;
     mpq_llm_train *t = (mpq_llm_train *)calloc(1, sizeof *t);
     if (!t) return MPQ_ERR_NOMEM;
     const size_t T = (size_t)len, D = (size_t)c->dim, F = (size_t)c->ffn, V = (size_t)c->vocab;

@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -150,6 +151,7 @@ mpq_status mpq__io_in_file(mpq__io_in *in, const char *path, mpq_io_err *err)
     if (fstat(in->fd, &sb) != 0 || !S_ISREG(sb.st_mode))
         return mpq__io_fail(err, MPQ_ERR_IO, path, NULL, "not a regular file");
     in->bytes = (uint64_t)sb.st_size;
+    in->mtime_ns = (int64_t)sb.st_mtim.tv_sec * 1000000000 + sb.st_mtim.tv_nsec;
     return MPQ_OK;
 }
 
@@ -165,6 +167,7 @@ mpq_status mpq__io_in_memory(mpq__io_in *in, const void *buf, size_t bytes, mpq_
 
 void mpq__io_in_close(mpq__io_in *in)
 {
+    if (in->map) munmap(in->map, (size_t)in->bytes);
     if (in->fd >= 0) close(in->fd);
     free(in->path);
     memset(in, 0, sizeof *in);
@@ -189,6 +192,40 @@ mpq_status mpq__io_read(const mpq__io_in *in, uint64_t off, void *dst, size_t n,
             return mpq__io_fail(err, MPQ_ERR_IO, in->path, name, "file ended early (changed since it was opened?)");
         d += got, off += (uint64_t)got, n -= (size_t)got;
     }
+    return MPQ_OK;
+}
+
+mpq_status mpq__io_map(mpq__io_in *in, const uint8_t **base, mpq_io_err *err)
+{
+    if (in->fd < 0) {
+        *base = in->mem;
+        return MPQ_OK;
+    }
+    if (!in->map) {
+        if (in->bytes == 0 || in->bytes > (uint64_t)SIZE_MAX)
+            return mpq__io_fail(err, MPQ_ERR_IO, in->path, NULL, "cannot map %llu bytes",
+                                (unsigned long long)in->bytes);
+        mpq_status st = mpq__io_check(in, err);
+        if (st != MPQ_OK) return st;
+        void *p = mmap(NULL, (size_t)in->bytes, PROT_READ, MAP_SHARED, in->fd, 0);
+        if (p == MAP_FAILED) return mpq__io_fail(err, MPQ_ERR_IO, in->path, NULL, "cannot map: %s", strerror(errno));
+        in->map = p;
+    }
+    *base = (const uint8_t *)in->map;
+    return MPQ_OK;
+}
+
+mpq_status mpq__io_check(const mpq__io_in *in, mpq_io_err *err)
+{
+    if (in->fd < 0) return MPQ_OK;
+    struct stat sb;
+    if (fstat(in->fd, &sb) != 0)
+        return mpq__io_fail(err, MPQ_ERR_IO, in->path, NULL, "stat failed: %s", strerror(errno));
+    const int64_t mt = (int64_t)sb.st_mtim.tv_sec * 1000000000 + sb.st_mtim.tv_nsec;
+    if ((uint64_t)sb.st_size != in->bytes || mt != in->mtime_ns)
+        return mpq__io_fail(err, MPQ_ERR_IO, in->path, NULL,
+                            "changed since it was opened (%llu bytes then, %llu now%s)", (unsigned long long)in->bytes,
+                            (unsigned long long)sb.st_size, (uint64_t)sb.st_size == in->bytes ? ", modified" : "");
     return MPQ_OK;
 }
 
@@ -715,6 +752,21 @@ mpq_status mpq_st_read(mpq_st_file *f, const mpq_st_tensor *t, void *dst, size_t
         return mpq__io_fail(err, MPQ_ERR_SIZE, f->in.path, t->name, "holds %llu bytes, the caller's buffer %zu",
                             (unsigned long long)(t->end - t->begin), bytes);
     return mpq__read_at(f, f->data_start + t->begin, dst, bytes, t->name, err);
+}
+
+mpq_status mpq_st_map(mpq_st_file *f, const mpq_st_tensor *t, const void **data, mpq_io_err *err)
+{
+    if (!mpq__owns(f, t) || !data) return mpq__io_fail(err, MPQ_ERR_ARG, f ? f->in.path : NULL, NULL, "bad argument");
+    const uint8_t *base;
+    mpq_status st = mpq__io_map(&f->in, &base, err);
+    if (st == MPQ_OK) *data = base + f->data_start + t->begin;
+    return st;
+}
+
+mpq_status mpq_st_check(const mpq_st_file *f, mpq_io_err *err)
+{
+    if (!f) return mpq__io_fail(err, MPQ_ERR_ARG, NULL, NULL, "bad argument");
+    return mpq__io_check(&f->in, err);
 }
 
 mpq_status mpq_st_read_f32(mpq_st_file *f, const mpq_st_tensor *t, float *dst, size_t n, mpq_io_err *err)

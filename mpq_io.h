@@ -169,6 +169,16 @@ mpq_status mpq_st_read(mpq_st_file *f, const mpq_st_tensor *t, void *dst, size_t
    before the first byte is read; only MPQ_ERR_IO (a file that shrank or
    failed under the reader) can leave dst partly written. */
 mpq_status mpq_st_read_f32(mpq_st_file *f, const mpq_st_tensor *t, float *dst, size_t n, mpq_io_err *err);
+/* A tensor's bytes in place: the file is mapped read-only, whole, on the
+   first call (a file opened from memory: the buffer), and the pointer stays
+   valid until mpq_st_close. Not aligned beyond what the file's offsets
+   give. A mapped file that shrinks under the reader makes reads of the
+   lost pages fault (SIGBUS): callers that keep using a mapping check the
+   file first. */
+mpq_status mpq_st_map(mpq_st_file *f, const mpq_st_tensor *t, const void **data, mpq_io_err *err);
+/* MPQ_ERR_IO naming the file when its size or modification time is not
+   what it was when it was opened. */
+mpq_status mpq_st_check(const mpq_st_file *f, mpq_io_err *err);
 /* A packed matrix stored under `name` (see PACKED MATRICES): read into a
    64-byte aligned buffer, validated, metadata checked; free with
    mpq_packed_free. */
@@ -321,6 +331,17 @@ mpq_status mpq_gguf_read(mpq_gguf_file *f, const mpq_gguf_tensor *t, void *dst, 
    names the type otherwise. Every check comes before the first byte is
    read; only MPQ_ERR_IO can leave dst partly written. */
 mpq_status mpq_gguf_read_f32(mpq_gguf_file *f, const mpq_gguf_tensor *t, float *dst, size_t n, mpq_io_err *err);
+/* The conversion of mpq_gguf_read_f32 on bytes already in memory: n values
+   of a type it converts, stored at src, to float (n a multiple of the
+   type's block; MPQ_ERR_ARG otherwise). No check of the values. */
+mpq_status mpq_gguf_decode(uint32_t type, const void *src, uint64_t n, float *dst);
+/* The bytes n values of a type take; 0 for an unknown type or an n that is
+   not a multiple of its block. */
+uint64_t mpq_gguf_type_bytes(uint32_t type, uint64_t n);
+/* A tensor's bytes in place, and whether the file changed: as mpq_st_map
+   and mpq_st_check. */
+mpq_status mpq_gguf_map(mpq_gguf_file *f, const mpq_gguf_tensor *t, const void **data, mpq_io_err *err);
+mpq_status mpq_gguf_check(const mpq_gguf_file *f, mpq_io_err *err);
 
 /* Key-value pairs in file order, and by key (NULL when absent). */
 int mpq_gguf_kv_count(const mpq_gguf_file *f);
@@ -388,6 +409,15 @@ const mpq_source_tensor *mpq_source_find(const mpq_source *s, const char *name);
 mpq_status mpq_source_read_f32(mpq_source *s, const mpq_source_tensor *t, float *dst, size_t n, mpq_io_err *err);
 /* A packed matrix (t->packed), as mpq_st_read_packed. */
 mpq_status mpq_source_read_packed(mpq_source *s, const mpq_source_tensor *t, mpq_packed *out, mpq_io_err *err);
+/* IN PLACE. The stored bytes of a tensor that converts to float (is_float),
+   in its file's read-only mapping (mpq_st_map, mpq_gguf_map), and their
+   type as a ggml type number for mpq_gguf_decode (safetensors F32, F16,
+   BF16 and F64 are MPQ_GGML_F32, _F16, _BF16 and _F64); valid until
+   mpq_source_close. mpq_source_check: MPQ_ERR_IO naming the first file
+   whose size or modification time changed since the source was opened. */
+mpq_status mpq_source_map(mpq_source *s, const mpq_source_tensor *t, const void **data, uint32_t *type,
+                          mpq_io_err *err);
+mpq_status mpq_source_check(const mpq_source *s, mpq_io_err *err);
 
 /* The files underneath, for what is format-specific: the GGUF file (NULL
    for other sources), and the safetensors file holding t (with its entry

@@ -841,6 +841,39 @@ static void mpq__gdecode(uint32_t type, const uint8_t *src, size_t nb, float *y)
     }
 }
 
+uint64_t mpq_gguf_type_bytes(uint32_t type, uint64_t n)
+{
+    if (type >= MPQ__GGML_COUNT || !mpq__ggml[type].name || n % mpq__ggml[type].block) return 0;
+    const uint64_t blocks = n / mpq__ggml[type].block;
+    return blocks > UINT64_MAX / mpq__ggml[type].size ? 0 : blocks * mpq__ggml[type].size;
+}
+
+mpq_status mpq_gguf_decode(uint32_t type, const void *src, uint64_t n, float *dst)
+{
+    if (!mpq_gguf_type_is_float(type) || n % mpq__ggml[type].block || (n && (!src || !dst)) || n > SIZE_MAX / 8)
+        return MPQ_ERR_ARG;
+    if (type == MPQ_GGML_F32)
+        memcpy(dst, src, (size_t)n * 4);
+    else
+        mpq__gdecode(type, (const uint8_t *)src, (size_t)(n / mpq__ggml[type].block), dst);
+    return MPQ_OK;
+}
+
+mpq_status mpq_gguf_map(mpq_gguf_file *f, const mpq_gguf_tensor *t, const void **data, mpq_io_err *err)
+{
+    if (!mpq__gowns(f, t) || !data) return mpq__io_fail(err, MPQ_ERR_ARG, f ? f->in.path : NULL, NULL, "bad argument");
+    const uint8_t *base;
+    mpq_status st = mpq__io_map(&f->in, &base, err);
+    if (st == MPQ_OK) *data = base + f->data_start + t->offset;
+    return st;
+}
+
+mpq_status mpq_gguf_check(const mpq_gguf_file *f, mpq_io_err *err)
+{
+    if (!f) return mpq__io_fail(err, MPQ_ERR_ARG, NULL, NULL, "bad argument");
+    return mpq__io_check(&f->in, err);
+}
+
 mpq_status mpq_gguf_read_f32(mpq_gguf_file *f, const mpq_gguf_tensor *t, float *dst, size_t n, mpq_io_err *err)
 {
     if (!mpq__gowns(f, t) || (!dst && n))

@@ -342,6 +342,37 @@ mpq_status mpq_source_read_f32(mpq_source *s, const mpq_source_tensor *t, float 
     return mpq_st_read_f32(s->files[e->file], e->st, dst, n, err);
 }
 
+mpq_status mpq_source_map(mpq_source *s, const mpq_source_tensor *t, const void **data, uint32_t *type, mpq_io_err *err)
+{
+    const mpq__stensor *e = mpq__own(s, t);
+    if (!e || !data || !type)
+        return mpq__io_fail(err, MPQ_ERR_ARG, s ? s->path : NULL, NULL, "not a tensor of this source");
+    if (!e->pub.is_float)
+        return mpq__io_fail(err, MPQ_ERR_ARG, e->gg ? s->path : mpq_st_path(s->files[e->file]), t->name,
+                            "type %s is not one mpq converts to float", t->type);
+    if (e->gg) {
+        mpq_status st = mpq_gguf_map(s->gguf, e->gg, data, err);
+        if (st == MPQ_OK) *type = e->gg->type;
+        return st;
+    }
+    const mpq_dtype d = e->st->dtype;
+    mpq_status st = mpq_st_map(s->files[e->file], e->st, data, err);
+    if (st == MPQ_OK)
+        *type = d == MPQ_DT_F32 ? MPQ_GGML_F32
+            : d == MPQ_DT_F16   ? MPQ_GGML_F16
+            : d == MPQ_DT_BF16  ? MPQ_GGML_BF16
+                                : MPQ_GGML_F64;
+    return st;
+}
+
+mpq_status mpq_source_check(const mpq_source *s, mpq_io_err *err)
+{
+    if (!s) return mpq__io_fail(err, MPQ_ERR_ARG, NULL, NULL, "bad argument");
+    mpq_status st = s->gguf ? mpq_gguf_check(s->gguf, err) : MPQ_OK;
+    for (int k = 0; k < s->nfiles && st == MPQ_OK; k++) st = mpq_st_check(s->files[k], err);
+    return st;
+}
+
 mpq_status mpq_source_read_packed(mpq_source *s, const mpq_source_tensor *t, mpq_packed *out, mpq_io_err *err)
 {
     const mpq__stensor *e = mpq__own(s, t);

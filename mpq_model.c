@@ -6,6 +6,7 @@
 
 #include <cjson/cJSON.h>
 
+#include <assert.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -452,6 +453,7 @@ void mpq_llm_free(mpq_llm *m)
     free(m->out_norm);
     free(m->rope_freq);
     mpq_tokenizer_free(m->tok);
+    mpq_source_close(m->src);
     free(m->path);
     free(m);
 }
@@ -495,7 +497,41 @@ static mpq_status mpq__load_vector(mpq_source *s, const char *name, int n, float
     return mpq__read_floats(s, t, out, err);
 }
 
-static mpq_status mpq__load_linear(mpq_source *s, const char *name, int rows, int cols, mpq_linear *L, mpq_io_err *err)
+/* A float matrix left in its file (see IN PLACE): mapped, its row size
+   checked against the tensor's bytes, every value converted once to check
+   that it is finite. */
+static mpq_status mpq__map_linear(mpq_source *s, const mpq_source_tensor *t, mpq_linear *L, mpq_io_err *err)
+{
+    const char *O = mpq_source_path(s);
+    const void *data;
+    uint32_t type;
+    mpq_status st = mpq_source_map(s, t, &data, &type, err);
+    if (st != MPQ_OK) return st;
+    const uint64_t row = mpq_gguf_type_bytes(type, (uint64_t)L->cols);
+    if (row == 0 || row * (uint64_t)L->rows != t->bytes)
+        return mpq__fail(err, MPQ_ERR_FORMAT, O, "tensor '%s': %llu bytes do not hold %d rows of %d %s values", t->name,
+                         (unsigned long long)t->bytes, L->rows, L->cols, t->type);
+    enum { CHUNK = 16384 };
+    const int per = L->cols >= CHUNK ? 1 : CHUNK / L->cols;
+    float *v = (float *)malloc(sizeof(float) * (size_t)per * (size_t)L->cols);
+    if (!v) return mpq__fail(err, MPQ_ERR_NOMEM, O, "tensor '%s': out of memory", t->name);
+    for (int r = 0; r < L->rows && st == MPQ_OK; r += per) {
+        const int n = L->rows - r < per ? L->rows - r : per;
+        const size_t nv = (size_t)n * (size_t)L->cols;
+        st = mpq_gguf_decode(type, (const uint8_t *)data + (size_t)r * row, nv, v);
+        for (size_t i = 0; st == MPQ_OK && i < nv; i++)
+            if (!isfinite(v[i]))
+                st = mpq__fail(err, MPQ_ERR_NONFINITE, O, "tensor '%s': value %llu is %s", t->name,
+                               (unsigned long long)((uint64_t)r * (uint64_t)L->cols + i),
+                               isnan(v[i]) ? "NaN" : "infinite");
+    }
+    free(v);
+    if (st == MPQ_OK) L->Ws = data, L->ws_type = type, L->ws_row = (size_t)row;
+    return st;
+}
+
+static mpq_status mpq__load_linear(mpq_source *s, const char *name, int rows, int cols, int in_place, mpq_linear *L,
+                                   mpq_io_err *err)
 {
     mpq_status st = MPQ_OK;
     const mpq_source_tensor *t = mpq__need(s, name, err, &st);
@@ -516,6 +552,7 @@ static mpq_status mpq__load_linear(mpq_source *s, const char *name, int rows, in
     }
     if (t->ndim != 2 || t->shape[0] != (uint64_t)rows || t->shape[1] != (uint64_t)cols)
         return mpq__fail(err, MPQ_ERR_FORMAT, O, "tensor '%s': shape is not %d x %d", name, rows, cols);
+    if (in_place && t->is_float) return mpq__map_linear(s, t, L, err);
     return mpq__read_floats(s, t, &L->W, err);
 }
 
@@ -568,7 +605,21 @@ static mpq_status mpq__rope_freqs(mpq_llm *m, mpq_source *s, mpq_io_err *err)
 
 mpq_status mpq_llm_load(const char *path, mpq_llm **out, mpq_io_err *err)
 {
-    if (!path || !out) return mpq__fail(err, MPQ_ERR_ARG, path, "NULL argument");
+    mpq_llm_load_opts o;
+    memset(&o, 0, sizeof o);
+    return mpq_llm_load_with(path, &o, out, err);
+}
+
+mpq_status mpq_llm_check_files(const mpq_llm *m, mpq_io_err *err)
+{
+    if (!m) return mpq__fail(err, MPQ_ERR_ARG, NULL, "NULL argument");
+    return m->src ? mpq_source_check(m->src, err) : MPQ_OK;
+}
+
+mpq_status mpq_llm_load_with(const char *path, const mpq_llm_load_opts *o, mpq_llm **out, mpq_io_err *err)
+{
+    if (!path || !o || !out) return mpq__fail(err, MPQ_ERR_ARG, path, "NULL argument");
+    const int ip = o->in_place != 0;
     mpq_source *s = NULL;
     mpq_status st = mpq_source_open(path, &s, err);
     if (st != MPQ_OK) return st;
@@ -607,11 +658,11 @@ mpq_status mpq_llm_load(const char *path, mpq_llm **out, mpq_io_err *err)
                        mpq_tokenizer_size(m->tok), c->vocab);
         goto done;
     }
-    if ((st = mpq__load_linear(s, e->name, c->vocab, c->dim, &m->embed, err)) != MPQ_OK) goto done;
+    if ((st = mpq__load_linear(s, e->name, c->vocab, c->dim, ip, &m->embed, err)) != MPQ_OK) goto done;
     if (c->tied) {
         m->head = m->embed;
     } else if ((st = mpq__load_linear(s, mpq_llm_tensor_name(c->gguf_names, "head", 0, name, sizeof name), c->vocab,
-                                      c->dim, &m->head, err)) != MPQ_OK) {
+                                      c->dim, ip, &m->head, err)) != MPQ_OK) {
         goto done;
     }
     if ((st = mpq__load_vector(s, mpq_llm_tensor_name(c->gguf_names, "out_norm", 0, name, sizeof name), c->dim,
@@ -633,7 +684,7 @@ mpq_status mpq_llm_load(const char *path, mpq_llm **out, mpq_io_err *err)
                                   &L->ffn_norm, err);
         for (int k = 0; k < MPQ_LIN_COUNT && st == MPQ_OK; k++) {
             st = mpq__load_linear(s, mpq_llm_linear_name(c->gguf_names, l, k, 0, name, sizeof name), shape[k][0],
-                                  shape[k][1], &L->lin[k], err);
+                                  shape[k][1], ip, &L->lin[k], err);
             /* q, k and v must have biases where the config says so (Qwen2);
                any other bias there is (Llama's attention_bias and mlp_bias) is
                taken too */
@@ -643,6 +694,7 @@ mpq_status mpq_llm_load(const char *path, mpq_llm **out, mpq_io_err *err)
         }
     }
     if (st == MPQ_OK) st = mpq__rope_freqs(m, s, err);
+    if (st == MPQ_OK && ip) m->src = s, s = NULL; /* the mappings stay */
 done:
     mpq_source_close(s);
     if (st != MPQ_OK) {
@@ -826,7 +878,9 @@ double mpq_llm_bpw(const mpq_llm *m, int level, int skip_planes)
 
 static uint64_t mpq__linear_bytes(const mpq_linear *L)
 {
-    return L->A.buf ? (uint64_t)L->A.bytes : (uint64_t)L->rows * (uint64_t)L->cols * 4u;
+    return L->A.buf ? (uint64_t)L->A.bytes
+        : L->Ws     ? (uint64_t)L->rows * (uint64_t)L->ws_row
+                    : (uint64_t)L->rows * (uint64_t)L->cols * 4u;
 }
 
 uint64_t mpq_llm_weight_bytes(const mpq_llm *m)
@@ -923,35 +977,99 @@ typedef struct mpq__sgemm_job {
     const float *X, *W;
     float *Y;
     int T, M, K;
-    int tasks; /* (M + MPQ__SGEMM_ROWS - 1) / MPQ__SGEMM_ROWS */
+    int tasks;           /* (M + MPQ__SGEMM_ROWS - 1) / MPQ__SGEMM_ROWS */
+    const mpq_linear *S; /* W in place (S->Ws) instead of W, or NULL */
+    float *dec;          /* S: 4 x K floats per thread for the converted rows */
+    int ndec;            /* threads dec has room for (others allocate their own) */
 } mpq__sgemm_job;
 
 #define MPQ__SGEMM_ROWS 16 /* rows of Y per task, a multiple of 4 */
+
+static int mpq__max_threads(void)
+{
+#ifdef _OPENMP
+    return omp_get_max_threads();
+#else
+    return 1;
+#endif
+}
+
+static int mpq__thread_id(void)
+{
+#ifdef _OPENMP
+    return omp_get_thread_num();
+#else
+    return 0;
+#endif
+}
 
 static void mpq__sgemm_task(void *ctx, int task)
 {
     const mpq__sgemm_job *J = (const mpq__sgemm_job *)ctx;
     const float *X = J->X, *W = J->W;
-    float *Y = J->Y;
+    float *Y = J->Y, *own = NULL;
     const int T = J->T, M = J->M, K = J->K;
+    if (J->S) { /* rows converted four at a time into this thread's slot, then the same sums */
+        const int id = mpq__thread_id();
+        assert(id < J->ndec); /* mpq__dec_room made a slot for every thread */
+        own = J->dec + (size_t)id * 4 * (size_t)K;
+    }
     const int end = M - task * MPQ__SGEMM_ROWS < MPQ__SGEMM_ROWS ? M : (task + 1) * MPQ__SGEMM_ROWS;
     for (int m0 = task * MPQ__SGEMM_ROWS; m0 < end; m0 += 4) {
         const int mr = M - m0 < 4 ? M - m0 : 4;
+        const float *Wr = W + (size_t)m0 * K;
+        if (J->S) {
+            mpq_gguf_decode(J->S->ws_type, (const uint8_t *)J->S->Ws + (size_t)m0 * J->S->ws_row,
+                            (uint64_t)mr * (uint64_t)K, own);
+            Wr = own;
+        }
         int t = 0;
 #if defined(__GNUC__) || defined(__clang__)
         if (mr == 4)
-            for (; t + 4 <= T; t += 4) mpq__tile4(X + (size_t)t * K, W + (size_t)m0 * K, Y + (size_t)t * M + m0, M, K);
+            for (; t + 4 <= T; t += 4) mpq__tile4(X + (size_t)t * K, Wr, Y + (size_t)t * M + m0, M, K);
 #endif
         for (; t < T; t++)
             for (int i = 0; i < mr; i++)
-                Y[(size_t)t * M + m0 + i] = mpq__mdot(X + (size_t)t * K, W + (size_t)(m0 + i) * K, K);
+                Y[(size_t)t * M + m0 + i] = mpq__mdot(X + (size_t)t * K, Wr + (size_t)i * K, K);
     }
 }
 
 void mpq__sgemm(const float *X, int T, const float *W, int M, int K, float *Y)
 {
-    mpq__sgemm_job J = {X, W, Y, T, M, K, (M + MPQ__SGEMM_ROWS - 1) / MPQ__SGEMM_ROWS};
+    mpq__sgemm_job J = {X, W, Y, T, M, K, (M + MPQ__SGEMM_ROWS - 1) / MPQ__SGEMM_ROWS, NULL, NULL, 0};
     mpq_parallel(J.tasks, 0, mpq__sgemm_task, &J);
+}
+
+/* Room in s->dec for `threads` threads' rows of in-place weights (none
+   needed when m has none). */
+static mpq_status mpq__dec_room(const mpq_llm *m, mpq_llm_state *s, int threads)
+{
+    if (!m->src || threads <= s->dec_threads) return MPQ_OK;
+    const mpq_llm_config *c = &m->c;
+    const int qd = c->heads * c->head_dim;
+    int cols = c->dim > c->ffn ? c->dim : c->ffn;
+    cols = qd > cols ? qd : cols;
+    float *d = (float *)malloc(sizeof(float) * 4 * (size_t)cols * (size_t)threads);
+    if (!d) return MPQ_ERR_NOMEM;
+    free(s->dec);
+    s->dec = d, s->dec_threads = threads;
+    return MPQ_OK;
+}
+
+/* The float product of map L, its weights in memory or in place. */
+static mpq__sgemm_job mpq__sgemm_of(const mpq_llm_state *s, const mpq_linear *L, const float *X, int T, float *Y)
+{
+    mpq__sgemm_job J = {X,
+                        L->W,
+                        Y,
+                        T,
+                        L->rows,
+                        L->cols,
+                        (L->rows + MPQ__SGEMM_ROWS - 1) / MPQ__SGEMM_ROWS,
+                        L->W ? NULL : L,
+                        s->dec,
+                        s->dec_threads};
+    return J;
 }
 
 mpq_status mpq_llm_state_init(const mpq_llm *m, int ctx, int batch, mpq_llm_state *s)
@@ -968,6 +1086,7 @@ mpq_status mpq_llm_state_init(const mpq_llm *m, int ctx, int batch, mpq_llm_stat
     s->nthreads = 1;
 #endif
     s->ctx = ctx, s->batch = batch;
+    if (mpq__dec_room(m, s, s->nthreads) != MPQ_OK) return MPQ_ERR_NOMEM;
     s->kc = (float *)malloc(sizeof(float) * (size_t)c->layers * (size_t)ctx * kvd);
     s->vc = (float *)malloc(sizeof(float) * (size_t)c->layers * (size_t)ctx * kvd);
     const size_t per = B * (2 * D + qd + 2 * kvd + wide + 2 * F + (size_t)c->head_dim);
@@ -997,6 +1116,7 @@ void mpq_llm_state_free(mpq_llm_state *s)
     free(s->vc);
     free(s->mem);
     mpq_aligned_free(s->work);
+    free(s->dec);
     memset(s, 0, sizeof *s);
 }
 
@@ -1026,7 +1146,9 @@ static mpq_status mpq__linear(const mpq_llm *m, mpq_llm_state *s, const mpq_line
             st = mpq_gemv(&L->A, x, y, T, &o, s->work, s->work_bytes);
         }
     } else {
-        mpq__sgemm(x, T, L->W, L->rows, L->cols, y);
+        if (!L->W && (st = mpq__dec_room(m, s, mpq__max_threads())) != MPQ_OK) return st;
+        mpq__sgemm_job J = mpq__sgemm_of(s, L, x, T, y);
+        mpq_parallel(J.tasks, 0, mpq__sgemm_task, &J);
     }
     if (st == MPQ_OK && L->bias)
         for (int t = 0; t < T; t++)
@@ -1219,6 +1341,11 @@ static void mpq__embed_task(void *ctx, int t)
     float *x = P->s->x + (size_t)t * D;
     if (m->embed.A.buf)
         mpq__piece_fail(P, mpq_packed_dequantize_row(&m->embed.A, 0, P->tok[t], x));
+    else if (!m->embed.W)
+        mpq__piece_fail(P,
+                        mpq_gguf_decode(m->embed.ws_type,
+                                        (const uint8_t *)m->embed.Ws + (size_t)P->tok[t] * m->embed.ws_row, (uint64_t)D,
+                                        x));
     else
         memcpy(x, m->embed.W + (size_t)P->tok[t] * D, sizeof(float) * (size_t)D);
     mpq__rope_table(m, P->seq ? P->seq[t]->pos : P->pos + t, 1, P->s->rope + (size_t)t * hd);
@@ -1295,8 +1422,7 @@ static void mpq__products(mpq__piece_ctx *P, mpq__me me, const mpq_linear *const
         memset(&J[k], 0, sizeof J[k]);
         packed[k] = L[k]->A.buf != NULL;
         if (!packed[k]) {
-            F[k] = (mpq__sgemm_job){x, L[k]->W, y[k], T, L[k]->rows, L[k]->cols, 0};
-            F[k].tasks = (F[k].M + MPQ__SGEMM_ROWS - 1) / MPQ__SGEMM_ROWS;
+            F[k] = mpq__sgemm_of(s, L[k], x, T, y[k]);
             continue;
         }
         const int sh = k > 0 && (share >> k & 1u) && packed[0];
@@ -1386,6 +1512,7 @@ static mpq_status mpq__piece(const mpq_llm *m, mpq_llm_state *s, mpq_llm_state *
                              int skip, float *logits, int lo)
 {
     const mpq_llm_config *c = &m->c;
+    if (m->src && mpq_source_check(m->src, NULL) != MPQ_OK) return MPQ_ERR_IO; /* weights in place: see IN PLACE */
     mpq__piece_ctx P = {m, s, seq, tok, T, skip, lo, s->pos, logits, NULL, MPQ_OK};
     int team = !m->observe && s->nthreads > 1 && (!m->head.A.buf || !m->head.handle);
     for (int l = 0; team && l < c->layers; l++)

@@ -129,6 +129,12 @@ typedef struct mpq_linear {
     mpq_packed A; /* packed weights (A.buf NULL when none) */
     float *bias;  /* rows, or NULL */
     void *handle; /* A on the model's backend (not the CPU's), or NULL */
+    /* The float weights in place instead of W (a model loaded with
+       in_place): rows of ws_row bytes in the model file's read-only
+       mapping, of ggml type ws_type (mpq_gguf_decode converts them). */
+    const void *Ws;
+    uint32_t ws_type;
+    size_t ws_row;
 } mpq_linear;
 
 typedef struct mpq_llm_layer {
@@ -151,6 +157,7 @@ typedef struct mpq_llm {
     mpq_path cpu_path;          /* the CPU kernels of packed products (mpq_gemv_opts.path);
                                    0 -> MPQ_PATH_AUTO */
     char *path;                 /* what it was loaded from */
+    mpq_source *src;            /* the files, open while weights are used in place; else NULL */
     /* Called (when set) with the input of every linear map of the layers
        just before its product: x is tokens x cols. Calibration statistics
        (diag(X^T X), AWQ's activations) are gathered this way. */
@@ -180,6 +187,25 @@ mpq_status mpq_llm_config_json(const mpq_llm_config *c, char **json);
    are read as float (GGUF's quantized types dequantized), packed matrices
    stay packed. */
 mpq_status mpq_llm_load(const char *path, mpq_llm **out, mpq_io_err *err);
+
+/* IN PLACE. With in_place, the matrices (the embedding, the head and every
+   linear map) that are not packed stay in their files, in their stored type
+   (F32, F16, BF16, F64, GGUF's block types), mapped read-only
+   (mpq_linear.Ws): a product converts four rows at a time as it reaches
+   them, so a model needs no float32 copy of its weights and the mapped
+   pages count as the page cache, not as the process's own memory. The
+   products give the bits of the float32 model (the same conversion, the
+   same sums). Loading still reads every weight once to check that all are
+   finite. The model keeps its files open; the forward pass checks before
+   each call that none changed size or modification time since loading
+   (MPQ_ERR_IO; mpq_llm_check_files names the file). What changes or
+   differentiates weights needs them as float32 (training, calibration:
+   MPQ_ERR_UNSUPPORTED on a model in place). Norms and biases are float. */
+typedef struct mpq_llm_load_opts {
+    int in_place;
+} mpq_llm_load_opts;
+mpq_status mpq_llm_load_with(const char *path, const mpq_llm_load_opts *o, mpq_llm **out, mpq_io_err *err);
+mpq_status mpq_llm_check_files(const mpq_llm *m, mpq_io_err *err);
 void mpq_llm_free(mpq_llm *m); /* NULL is accepted */
 
 /* A model built in memory (to train one, or a synthetic test): description
@@ -210,7 +236,7 @@ typedef struct mpq_llm_param {
     int lin;        /* LINEAR and BIAS: MPQ_LIN_*; else -1 */
     int rows, cols; /* a matrix; a vector has cols 0 and rows values */
     size_t n;       /* values */
-    float *data;    /* the model's float values (NULL where only packed) */
+    float *data;    /* the model's float values (NULL where only packed or in place) */
     char name[96];  /* the tensor name in the model's naming scheme */
 } mpq_llm_param;
 
@@ -246,9 +272,11 @@ typedef struct mpq_llm_state {
     float *x, *h, *q, *k, *v, *a, *g, *u, *scores, *rope;
     void *work; /* mpq_gemv tables */
     size_t work_bytes;
-    int nthreads; /* the most threads a piece runs on (omp_get_max_threads() at init) */
-    int team;     /* threads of the last piece's parallel region; 1: it ran without one
-                     (another backend, an observed model, one thread free) */
+    float *dec;      /* rows of in-place weights converted, 4 x the widest map's cols per thread; or NULL */
+    int dec_threads; /* threads dec has room for */
+    int nthreads;    /* the most threads a piece runs on (omp_get_max_threads() at init) */
+    int team;        /* threads of the last piece's parallel region; 1: it ran without one
+                        (another backend, an observed model, one thread free) */
 } mpq_llm_state;
 
 mpq_status mpq_llm_state_init(const mpq_llm *m, int ctx, int batch, mpq_llm_state *s);

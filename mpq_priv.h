@@ -37,12 +37,15 @@ size_t mpq__utf8_next(const uint8_t *s, size_t n, size_t i, uint32_t *cp);
 size_t mpq__io_utf8_check(const uint8_t *s, size_t n);
 
 /* What a reader reads from: a regular file through positioned reads, or a
-   caller's bytes in memory. */
+   caller's bytes in memory. A file can also be mapped read-only, whole, on
+   first demand (mpq__io_map); the mapping lives until the file is closed. */
 typedef struct mpq__io_in {
     char *path; /* the file's name, or "(memory)" */
     int fd;     /* -1 for memory */
     const uint8_t *mem;
-    uint64_t bytes; /* size of the file or of the buffer */
+    uint64_t bytes;   /* size of the file or of the buffer */
+    int64_t mtime_ns; /* the file's modification time when opened */
+    void *map;        /* the mapping, or NULL */
 } mpq__io_in;
 
 mpq_status mpq__io_in_file(mpq__io_in *in, const char *path, mpq_io_err *err);
@@ -50,5 +53,10 @@ mpq_status mpq__io_in_memory(mpq__io_in *in, const void *buf, size_t bytes, mpq_
 void mpq__io_in_close(mpq__io_in *in); /* idempotent */
 /* n bytes at off; past the end is MPQ_ERR_FORMAT, a failing system MPQ_ERR_IO. */
 mpq_status mpq__io_read(const mpq__io_in *in, uint64_t off, void *dst, size_t n, const char *name, mpq_io_err *err);
+/* The whole file's bytes in place (bytes in memory: the buffer itself). */
+mpq_status mpq__io_map(mpq__io_in *in, const uint8_t **base, mpq_io_err *err);
+/* MPQ_ERR_IO when the file's size or modification time is no longer what it
+   was when it was opened (bytes in memory: always MPQ_OK). */
+mpq_status mpq__io_check(const mpq__io_in *in, mpq_io_err *err);
 
 #endif /* MPQ_PRIV_H_INCLUDED */

@@ -304,9 +304,54 @@ static inline int tl_gguf_row(int r, int hd)
     return head * hd + (within % 2 ? hd / 2 : 0) + within / 2;
 }
 
+/* rows x cols floats in ggml type `type` (F32, F16, BF16, Q8_0, Q4_1),
+   encoded the plain way (Q8_0: d = amax / 127; Q4_1: d = (max - min) / 15,
+   m = min; both rounded to nearest), malloc'ed; *bytes their size. */
+static inline uint8_t *tl_encode(const float *w, int rows, int cols, uint32_t type, size_t *bytes)
+{
+    const size_t n = (size_t)rows * cols;
+    const size_t b = type == 0 ? 4 * n : type == 1 || type == 30 ? 2 * n : type == 8 ? n / 32 * 34 : n / 32 * 20;
+    const size_t step = type <= 1 || type == 30 ? 1 : 32;
+    uint8_t *o = (uint8_t *)malloc(b), *p = o;
+    for (size_t i = 0; i < n; i += step) {
+        if (type == 0) {
+            memcpy(p, &w[i], 4), p += 4;
+        } else if (type == 1 || type == 30) {
+            const uint16_t h = type == 1 ? mpq_f32_to_f16(w[i]) : mpq_f32_to_bf16(w[i]);
+            memcpy(p, &h, 2), p += 2;
+        } else {
+            float lo = w[i], hi = w[i], amax = 0;
+            for (int k = 0; k < 32; k++) {
+                lo = w[i + k] < lo ? w[i + k] : lo, hi = w[i + k] > hi ? w[i + k] : hi;
+                amax = fabsf(w[i + k]) > amax ? fabsf(w[i + k]) : amax;
+            }
+            const uint16_t d = mpq_f32_to_f16(type == 8 ? amax / 127.0f : (hi - lo) / 15.0f), mn = mpq_f32_to_f16(lo);
+            const float df = mpq_f16_to_f32(d), mf = mpq_f16_to_f32(mn);
+            memcpy(p, &d, 2), p += 2;
+            if (type == 3) memcpy(p, &mn, 2), p += 2;
+            if (type == 8) {
+                for (int k = 0; k < 32; k++) p[k] = (uint8_t)(int8_t)(df > 0 ? lrintf(w[i + k] / df) : 0);
+                p += 32;
+            } else {
+                int q[32];
+                for (int k = 0; k < 32; k++) {
+                    const long v = df > 0 ? lrintf((w[i + k] - mf) / df) : 0;
+                    q[k] = v < 0 ? 0 : v > 15 ? 15 : (int)v;
+                }
+                for (int k = 0; k < 16; k++) p[k] = (uint8_t)(q[k] | q[k + 16] << 4);
+                p += 16;
+            }
+        }
+    }
+    *bytes = b;
+    return o;
+}
+
 /* The GGUF form: llama metadata, the tokenizer, F32 tensors (q and k rows
-   permuted for a llama model). Returns the bytes (free them). */
-static inline uint8_t *tl_gguf(const tl_model *m, size_t *bytes)
+   permuted for a llama model), the linear maps' weights in ggml type
+   lin_type (see tl_encode; their cols a multiple of 32 for the block
+   types). Returns the bytes (free them). */
+static inline uint8_t *tl_gguf_typed(const tl_model *m, uint32_t lin_type, size_t *bytes)
 {
     const char *arch = m->qwen ? "qwen2" : "llama";
     char key[128], name[128];
@@ -352,7 +397,10 @@ static inline uint8_t *tl_gguf(const tl_model *m, size_t *bytes)
             }
             const uint64_t sh[2] = {(uint64_t)cols, (uint64_t)rows}, b1[1] = {(uint64_t)rows};
             snprintf(name, sizeof name, "blk.%d.%s.weight", l, tl_gguf_lin[k]);
-            tg_tensor(&g, name, 0, 2, sh, wk, sizeof(float) * (size_t)rows * cols);
+            size_t nb;
+            uint8_t *enc = tl_encode(wk, rows, cols, lin_type, &nb);
+            tg_tensor(&g, name, lin_type, 2, sh, enc, nb);
+            free(enc);
             if (bk) {
                 snprintf(name, sizeof name, "blk.%d.%s.bias", l, tl_gguf_lin[k]);
                 tg_tensor(&g, name, 0, 1, b1, bk, sizeof(float) * (size_t)rows);
@@ -361,6 +409,19 @@ static inline uint8_t *tl_gguf(const tl_model *m, size_t *bytes)
         }
     }
     return tg_finish(&g, bytes);
+}
+
+static inline uint8_t *tl_gguf(const tl_model *m, size_t *bytes) { return tl_gguf_typed(m, 0, bytes); }
+
+static inline void tl_write_gguf_typed(const tl_model *m, const char *path, uint32_t lin_type)
+{
+    size_t n;
+    uint8_t *b = tl_gguf_typed(m, lin_type, &n);
+    FILE *f = fopen(path, "wb");
+    cr_assert_not_null(f, "%s", path);
+    cr_assert_eq(fwrite(b, 1, n, f), n);
+    fclose(f);
+    free(b);
 }
 
 static inline void tl_write_gguf(const tl_model *m, const char *path)

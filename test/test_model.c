@@ -14,6 +14,7 @@
 #include "mpq_model.h"
 #include "tmpdir.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
 #ifdef _OPENMP
 #include <omp.h>
@@ -401,6 +402,182 @@ Test(model, a_team_of_threads_gives_the_logits_of_one_thread, .init = make_tmpdi
     free(z1), free(zt), free(zo), free(cs);
     mpq_rotation_free(&rot[0]), mpq_rotation_free(&rot[1]);
     mpq_llm_free(m);
+    tl_free(&tm);
+}
+
+/* ---- weights in place --------------------------------------------------------------- */
+
+/* A model loaded with in_place keeps its float matrices in the file (Ws, no
+   W) and gives the logits of the same file loaded as float32, bit for bit,
+   on one thread and on a team: Hugging Face directories with F32, F16 and
+   BF16 maps (an untied head in place too, a tied one, Qwen2's biases) and
+   GGUF files with F32, F16, BF16, Q8_0 and Q4_1 maps (shapes whose columns
+   are whole blocks of 32). What differentiates weights refuses the model. */
+static mpq_llm *load_in_place(const char *path)
+{
+    mpq_llm *m = NULL;
+    mpq_io_err e;
+    mpq_llm_load_opts o = {1};
+    cr_assert_eq(mpq_llm_load_with(path, &o, &m, &e), MPQ_OK, "%s", e.msg);
+    return m;
+}
+
+Test(model, weights_in_place_give_the_float32_logits_bit_for_bit, .init = make_tmpdir, .fini = remove_tmpdir)
+{
+    static const struct {
+        int gguf;
+        uint32_t type; /* ggml type (GGUF) or mpq_dtype (HF) */
+        int qwen, tied;
+    } cases[] = {{0, MPQ_DT_BF16, 0, 0}, {0, MPQ_DT_F16, 1, 1}, {0, MPQ_DT_F32, 0, 1}, {1, 0, 0, 0},
+                 {1, 1, 1, 0},           {1, 30, 0, 1},         {1, 8, 0, 0},          {1, 3, 1, 1}};
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        tl_model tm;
+        shape(&tm, cases[c].qwen, cases[c].tied, cases[c].qwen);
+        tm.dim = 64, tm.heads = 4, tm.kv_heads = 2, tm.head_dim = 16, tm.ffn = 96; /* columns of 64 and 96 */
+        tl_make(&tm, 60 + c);
+        char hf[600], gguf[600];
+        paths(hf, gguf);
+        if (cases[c].gguf)
+            tl_write_gguf_typed(&tm, gguf, cases[c].type);
+        else
+            tl_write_hf(&tm, hf, (mpq_dtype)cases[c].type);
+        const char *path = cases[c].gguf ? gguf : hf;
+        mpq_llm *f = load(path), *p = load_in_place(path);
+        cr_assert_not_null(p->src);
+        cr_assert_eq(mpq_llm_check_files(p, NULL), MPQ_OK);
+        for (int l = 0; l < p->c.layers; l++)
+            for (int k = 0; k < MPQ_LIN_COUNT; k++) {
+                const mpq_linear *L = &p->layer[l].lin[k];
+                cr_assert(!L->W && L->Ws && L->ws_row == mpq_gguf_type_bytes(L->ws_type, (uint64_t)L->cols),
+                          "case %zu: map %d.%d is not in place", c, l, k);
+            }
+        cr_assert(!p->embed.W && p->embed.Ws && !p->head.W && p->head.Ws, "case %zu", c);
+        if (cases[c].type != 0 && cases[c].type != MPQ_DT_F32)
+            cr_assert_lt(mpq_llm_weight_bytes(p), mpq_llm_weight_bytes(f), "case %zu", c);
+        mpq_llm_param par[64];
+        const int np = mpq_llm_params(p, par, 64);
+        for (int i = 0; i < np && i < 64; i++)
+            if (par[i].role == MPQ_PARAM_LINEAR) cr_assert_null(par[i].data);
+        mpq_llm_train *t = NULL;
+        cr_assert_eq(mpq_llm_train_init(p, 8, &t), MPQ_ERR_UNSUPPORTED, "case %zu", c);
+        synth_rng r = {70 + c};
+        enum { N = 17 };
+        int32_t tok[N];
+        random_tokens(&r, tok, N, p->c.vocab);
+        int t1 = 0, tt = 0, tf = 0;
+        float *zf = logits_on(f, tok, N, 1, &tf), *z1 = logits_on(p, tok, N, 1, &t1), *zt = NULL;
+        for (int attempt = 0; attempt < 5 && tt < 2; attempt++) {
+            free(zt);
+            zt = logits_on(p, tok, N, 3, &tt);
+        }
+        cr_assert(!memcmp(z1, zf, sizeof(float) * N * p->c.vocab), "case %zu: one thread, not bit for bit", c);
+        cr_assert(!memcmp(zt, zf, sizeof(float) * N * p->c.vocab), "case %zu: a team of %d, not bit for bit", c, tt);
+        /* two sequences decoded side by side, their first tokens after a prompt of 3 */
+        set_threads(0);
+        mpq_llm_state a[2], b[2], scratch[2];
+        float za[2 * 512], zb[2 * 512];
+        cr_assert_leq(p->c.vocab, 512);
+        for (int q = 0; q < 2; q++) {
+            const mpq_llm *mm = q ? p : f;
+            mpq_llm_state *S = q ? b : a;
+            cr_assert_eq(mpq_llm_state_init(mm, 8, 2, &scratch[q]), MPQ_OK);
+            for (int i = 0; i < 2; i++) {
+                cr_assert_eq(mpq_llm_state_init(mm, 8, 4, &S[i]), MPQ_OK);
+                cr_assert_eq(mpq_llm_forward(mm, &S[i], tok + 3 * i, 3, 0, NULL, 0), MPQ_OK);
+            }
+            mpq_llm_state *const seqs[2] = {&S[0], &S[1]};
+            cr_assert_eq(mpq_llm_decode(mm, seqs, 2, tok + 10, 0, &scratch[q], q ? zb : za), MPQ_OK);
+        }
+        cr_assert(!memcmp(za, zb, sizeof(float) * 2 * p->c.vocab), "case %zu: decode, not bit for bit", c);
+        for (int q = 0; q < 2; q++) {
+            mpq_llm_state_free(&scratch[q]);
+            mpq_llm_state_free(&a[q]), mpq_llm_state_free(&b[q]);
+        }
+        free(zf), free(z1), free(zt);
+        mpq_llm_free(f), mpq_llm_free(p);
+        tl_free(&tm);
+    }
+}
+
+/* A file that changes under a model in place stops the forward pass
+   (MPQ_ERR_IO, the cache untouched) with the file named; a weight that is
+   not finite, or one stored where a GGUF block's scale is infinite, is
+   refused at load naming the tensor; the pieces below the model refuse bad
+   arguments. */
+Test(model, weights_in_place_refuse_changed_files_and_bad_values, .init = make_tmpdir, .fini = remove_tmpdir)
+{
+    tl_model tm;
+    shape(&tm, 0, 0, 0);
+    tm.dim = 64, tm.heads = 4, tm.kv_heads = 2, tm.head_dim = 16, tm.ffn = 96;
+    tl_make(&tm, 81);
+    char hf[600], gguf[600], st[700];
+    paths(hf, gguf);
+    tl_write_hf(&tm, hf, MPQ_DT_BF16);
+    snprintf(st, sizeof st, "%s/model.safetensors", hf);
+    const int32_t tok[4] = {1, 2, 3, 4};
+    for (int how = 0; how < 2; how++) {
+        mpq_llm *p = load_in_place(hf);
+        mpq_llm_state s;
+        cr_assert_eq(mpq_llm_state_init(p, 16, 4, &s), MPQ_OK);
+        cr_assert_eq(mpq_llm_forward(p, &s, tok, 2, 0, NULL, 0), MPQ_OK);
+        if (how == 0) { /* grows by a byte */
+            FILE *f = fopen(st, "ab");
+            cr_assert_not_null(f);
+            fputc(0, f);
+            fclose(f);
+        } else { /* the same size, another modification time */
+            struct timespec ts[2] = {{1000000000, 0}, {1000000000, 0}};
+            cr_assert_eq(utimensat(AT_FDCWD, st, ts, 0), 0);
+        }
+        cr_assert_eq(mpq_llm_forward(p, &s, tok + 2, 2, 0, NULL, 0), MPQ_ERR_IO, "change %d", how);
+        cr_assert_eq(s.pos, 2);
+        mpq_io_err e;
+        cr_assert_eq(mpq_llm_check_files(p, &e), MPQ_ERR_IO);
+        cr_assert(strstr(e.msg, "model.safetensors") && strstr(e.msg, "changed since it was opened"), "%s", e.msg);
+        mpq_llm_state_free(&s);
+        mpq_llm_free(p);
+        tl_write_hf(&tm, hf, MPQ_DT_BF16); /* a fresh file for the next change */
+    }
+    /* a NaN weight: refused in place as in float32, naming the tensor */
+    tm.w[1][MPQ_LIN_UP][17] = NAN;
+    tl_write_hf(&tm, hf, MPQ_DT_BF16);
+    mpq_llm *m = NULL;
+    mpq_io_err e;
+    mpq_llm_load_opts o = {1};
+    cr_assert_eq(mpq_llm_load_with(hf, &o, &m, &e), MPQ_ERR_NONFINITE);
+    cr_assert(strstr(e.msg, "model.layers.1.mlp.up_proj.weight") && strstr(e.msg, "value 17 is NaN"), "%s", e.msg);
+    cr_assert_null(m);
+    tm.w[1][MPQ_LIN_UP][17] = 0.0f;
+    /* a Q8_0 block whose scale is infinite */
+    tm.w[0][MPQ_LIN_K][40] = 1e9f; /* d = 1e9 / 127 is beyond fp16 */
+    tl_write_gguf_typed(&tm, gguf, 8);
+    cr_assert_eq(mpq_llm_load_with(gguf, &o, &m, &e), MPQ_ERR_NONFINITE);
+    cr_assert(strstr(e.msg, "blk.0.attn_k.weight") && strstr(e.msg, "m.gguf"), "%s", e.msg);
+    cr_assert_eq(mpq_llm_load_with(gguf, NULL, &m, &e), MPQ_ERR_ARG);
+    /* the conversion and the mapping below the model */
+    float v[64];
+    const uint8_t raw[64] = {0};
+    cr_assert_eq(mpq_gguf_decode(4, raw, 32, v), MPQ_ERR_ARG);                 /* no such type */
+    cr_assert_eq(mpq_gguf_decode(MPQ_GGML_Q8_0, raw, 33, v), MPQ_ERR_ARG);     /* not whole blocks */
+    cr_assert_eq(mpq_gguf_decode(MPQ_GGML_Q2_K - 1, raw, 32, v), MPQ_ERR_ARG); /* Q8_1: not converted */
+    cr_assert_eq(mpq_gguf_decode(MPQ_GGML_F16, NULL, 2, v), MPQ_ERR_ARG);
+    cr_assert_eq(mpq_gguf_decode(MPQ_GGML_Q8_0, raw, 32, v), MPQ_OK);
+    cr_assert_eq(mpq_gguf_type_bytes(MPQ_GGML_Q4_1, 64), 40);
+    cr_assert_eq(mpq_gguf_type_bytes(MPQ_GGML_Q4_1, 63), 0);
+    cr_assert_eq(mpq_gguf_type_bytes(4, 32), 0);
+    cr_assert_eq(mpq_gguf_type_bytes(MPQ_GGML_BF16, 5), 10);
+    mpq_source *src = NULL;
+    cr_assert_eq(mpq_source_open(gguf, &src, &e), MPQ_OK, "%s", e.msg);
+    const void *data = NULL;
+    uint32_t type = 99;
+    const mpq_source_tensor *t = mpq_source_find(src, "blk.0.attn_q.weight");
+    cr_assert_eq(mpq_source_map(src, t, &data, NULL, &e), MPQ_ERR_ARG);
+    cr_assert_eq(mpq_source_map(src, NULL, &data, &type, &e), MPQ_ERR_ARG);
+    cr_assert_eq(mpq_source_map(src, t, &data, &type, &e), MPQ_OK, "%s", e.msg);
+    cr_assert(data && type == MPQ_GGML_Q8_0);
+    cr_assert_eq(mpq_source_check(src, &e), MPQ_OK);
+    cr_assert_eq(mpq_source_check(NULL, &e), MPQ_ERR_ARG);
+    mpq_source_close(src);
     tl_free(&tm);
 }
 

@@ -131,6 +131,7 @@ typedef struct llm_opts {
     int a8;     /* packed maps multiply 8-bit activations */
     int path;   /* --cpu-path: an mpq_path (the choices are in enum order) */
     int skip;   /* --skip-planes, for the commands that take cli_skip_opts */
+    int floats; /* not an option: load float weights as float32 (what calibrates needs), not in place */
 } llm_opts;
 
 enum { DEVICE_CPU, DEVICE_CUDA, DEVICE_CUDA_FP16 };

@@ -72,7 +72,10 @@ int model_load(const char *path, const llm_opts *o, loaded *L)
     if (!mpq_path_available((mpq_path)o->path))
         return fail(EXIT_USAGE, "--cpu-path %s: this build or this CPU does not have it",
                     mpq_path_name((mpq_path)o->path));
-    if (mpq_llm_load(path, &L->m, &e) != MPQ_OK) return fail(EXIT_INPUT, "%s", e.msg);
+    mpq_llm_load_opts lo;
+    memset(&lo, 0, sizeof lo);
+    lo.in_place = !o->floats;
+    if (mpq_llm_load_with(path, &lo, &L->m, &e) != MPQ_OK) return fail(EXIT_INPUT, "%s", e.msg);
     L->m->a8 = o->a8;
     L->m->cpu_path = (mpq_path)o->path;
     int rc = o->device != DEVICE_CPU ? use_device(o, L) : 0;
@@ -87,7 +90,7 @@ int model_load(const char *path, const llm_opts *o, loaded *L)
         if (bpw > 0)
             snprintf(lin, sizeof lin, "linear maps packed, %.3f bpw", bpw);
         else
-            snprintf(lin, sizeof lin, "float weights");
+            snprintf(lin, sizeof lin, "float weights%s", L->m->src ? " (in place)" : "");
         fprintf(stderr,
                 "mpq: %s: %s, %d layers, dim %d, %d/%d heads, vocab %d; %s; %.1f MB of weights; loaded in "
                 "%.1f s\n",
@@ -876,6 +879,7 @@ int cmd_calibrate(int argc, char **argv)
     size_t len = 0;
     if ((rc = text_read(pos[1], &text, &len)) != 0) return rc;
     loaded L;
+    a.lo.floats = 1; /* the backward pass differentiates float32 weights */
     if ((rc = model_load(pos[0], &a.lo, &L)) == 0) rc = calibrate(&a, L.m, pos[0], pos[1], text, len);
     free(text);
     model_unload(&L);
