@@ -6,10 +6,13 @@
 
 #include <cjson/cJSON.h>
 
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
 
 /* ========================================================================== */
 /* The training forward pass and the backward pass                            */
@@ -59,15 +62,34 @@ void mpq_llm_train_free(mpq_llm_train *t)
     free(t);
 }
 
-mpq_status mpq_llm_train_init(const mpq_llm *m, int len, mpq_llm_train **out)
+/* Rows r0 .. r0 + n of map L as float into dst: its float weights, or
+   converted from their file (in place). */
+static void mpq__lin_rows(const mpq_linear *L, int r0, int n, float *dst)
+{
+    if (L->W)
+        memcpy(dst, L->W + (size_t)r0 * L->cols, sizeof(float) * (size_t)n * (size_t)L->cols);
+    else
+        mpq_gguf_decode(L->ws_type, (const uint8_t *)L->Ws + (size_t)r0 * L->ws_row, (uint64_t)n * (uint64_t)L->cols,
+                        dst);
+}
+
+/* Whether map L has float weights, in memory or in place. */
+static int mpq__lin_float(const mpq_linear *L) { return L->W || L->Ws; }
+
+/* The training scratch with `slots` activation slots (layers + 1 for a pass
+   over the whole model, 1 for the layer-at-a-time passes); in_place: maps
+   whose weights are in place are accepted (the caller converts a layer's
+   maps before they are used). */
+static mpq_status mpq__train_new(const mpq_llm *m, int len, int slots, int in_place, mpq_llm_train **out)
 {
     if (!m || !out || len < 2 || len > (1 << 16)) return MPQ_ERR_ARG;
     *out = NULL;
     const mpq_llm_config *c = &m->c;
     for (int l = 0; l < c->layers; l++)
         for (int k = 0; k < MPQ_LIN_COUNT; k++)
-            if (!m->layer[l].lin[k].W) return MPQ_ERR_UNSUPPORTED;
-    if (!m->head.W || !m->embed.W) return MPQ_ERR_UNSUPPORTED;
+            if (in_place ? !mpq__lin_float(&m->layer[l].lin[k]) : !m->layer[l].lin[k].W) return MPQ_ERR_UNSUPPORTED;
+    if (in_place ? !mpq__lin_float(&m->head) || !mpq__lin_float(&m->embed) : !m->head.W || !m->embed.W)
+        return MPQ_ERR_UNSUPPORTED;
     mpq_llm_train *t = (mpq_llm_train *)calloc(1, sizeof *t);
     if (!t) return MPQ_ERR_NOMEM;
     const size_t T = (size_t)len, D = (size_t)c->dim, F = (size_t)c->ffn, V = (size_t)c->vocab;
@@ -80,13 +102,12 @@ mpq_status mpq_llm_train_init(const mpq_llm *m, int len, mpq_llm_train **out)
         maxw = n > maxw ? n : maxw;
     }
     const size_t per = T * (4 * D + 2 * qd + 2 * kvd + 2 * F);
-    t->len = len, t->nslots = c->layers + 1;
+    t->len = len, t->nslots = slots;
     const size_t total = per * (size_t)t->nslots + T * (2 * D + V + (size_t)c->head_dim) + 2 * H * T * T + T * F +
         T * wide + T * (2 * D + 2 * qd + 2 * kvd + 3 * F) + 2 * T * maxd + 2 * maxw;
     t->slot = (mpq__slot *)calloc((size_t)t->nslots, sizeof *t->slot);
     t->mem = (float *)malloc(sizeof(float) * total);
-    t->headT = (float *)malloc(sizeof(float) * D * V);
-    if (!t->slot || !t->mem || !t->headT) {
+    if (!t->slot || !t->mem) {
         mpq_llm_train_free(t);
         return MPQ_ERR_NOMEM;
     }
@@ -128,6 +149,11 @@ mpq_status mpq_llm_train_init(const mpq_llm *m, int len, mpq_llm_train **out)
     mpq__rope_table(m, 0, len, t->rope);
     *out = t;
     return MPQ_OK;
+}
+
+mpq_status mpq_llm_train_init(const mpq_llm *m, int len, mpq_llm_train **out)
+{
+    return mpq__train_new(m, len, m ? m->c.layers + 1 : 0, 0, out);
 }
 
 /* out[c x r] = in[r x c]^T */
@@ -351,22 +377,49 @@ static void mpq__bias_grad(const float *dy, int T, int rows, float *b)
     }
 }
 
-/* mpq_llm_backward, and with pg every parameter's gradient added there
-   (on_grad and user are then pg's). */
-static mpq_status mpq__backward(const mpq_llm *m, mpq_llm_train *t, const int32_t *tokens, int n, const float *const *W,
-                                mpq_observe_cb observe, mpq_grad_cb on_grad, void *user, double *loss, mpq__pgrad *pg)
+/* The embedding rows of the tokens into x (T x dim). */
+static void mpq__embed(const mpq_llm *m, const int32_t *tokens, int T, float *x)
 {
-    if (!m || !t || !tokens || n < 2 || n > t->len) return MPQ_ERR_ARG;
+    for (int i = 0; i < T; i++) mpq__lin_rows(&m->embed, tokens[i], 1, x + (size_t)i * m->c.dim);
+}
+
+/* The head transposed into t->headT (dim x vocab, allocated on first use),
+   from float weights or from the file a block of rows at a time. */
+static mpq_status mpq__head_T(const mpq_llm *m, mpq_llm_train *t)
+{
+    const mpq_linear *H = &m->head;
+    const int V = H->rows, D = H->cols;
+    if (!t->headT && !(t->headT = (float *)malloc(sizeof(float) * (size_t)D * (size_t)V))) return MPQ_ERR_NOMEM;
+    if (H->W) {
+        mpq__transpose(H->W, V, D, t->headT);
+        return MPQ_OK;
+    }
+    enum { ROWS = 256 };
+    float *b = (float *)malloc(sizeof(float) * ROWS * (size_t)D);
+    if (!b) return MPQ_ERR_NOMEM;
+    for (int r0 = 0; r0 < V; r0 += ROWS) {
+        const int n = V - r0 < ROWS ? V - r0 : ROWS;
+        mpq__lin_rows(H, r0, n, b);
+        for (int j = 0; j < D; j++)
+            for (int i = 0; i < n; i++) t->headT[(size_t)j * V + r0 + i] = b[(size_t)i * D + j];
+    }
+    free(b);
+    return MPQ_OK;
+}
+
+/* The head and the loss of a window whose final residual is t->xf: t->hf
+   normed, the logits, *loss (mean over positions 0 .. T-2); with grads,
+   dlogits = (softmax - onehot) / (T - 1) in t->logits and the gradient at
+   the last layer's output in t->dx (the head's and the output norm's
+   gradients into pg when given). */
+static mpq_status mpq__head_bwd(const mpq_llm *m, mpq_llm_train *t, const int32_t *tokens, int T, int grads,
+                                double *loss, mpq__pgrad *pg)
+{
     const mpq_llm_config *c = &m->c;
-    for (int i = 0; i < n; i++)
-        if (tokens[i] < 0 || tokens[i] >= c->vocab) return MPQ_ERR_ARG;
-    if (pg) on_grad = mpq__add_grad, user = pg;
-    const int T = n, D = c->dim, F = c->ffn, V = c->vocab;
-    float *x0 = t->slot[0].xin;
-    for (int i = 0; i < T; i++) memcpy(x0 + (size_t)i * D, m->embed.W + (size_t)tokens[i] * D, sizeof(float) * D);
-    mpq__forward(m, t, W, 0, x0, T, 1, observe, user);
-    /* the head and the loss: dlogits = (softmax - onehot) / (T - 1) */
-    mpq__sgemm(t->hf, T, m->head.W, V, D, t->logits);
+    const int D = c->dim, V = c->vocab;
+    mpq__rmsnorm(t->xf, m->out_norm, t->hf, T, D, c->norm_eps);
+    mpq_status st = mpq__sgemm_lin(&m->head, t->hf, T, t->logits);
+    if (st != MPQ_OK) return st;
     double *row = (double *)malloc(sizeof(double) * (size_t)T);
     if (!row) return MPQ_ERR_NOMEM;
 #ifdef _OPENMP
@@ -392,7 +445,7 @@ static mpq_status mpq__backward(const mpq_llm *m, mpq_llm_train *t, const int32_
     for (int i = 0; i < T; i++) total += row[i];
     free(row);
     if (loss) *loss = total / (T - 1);
-    if (!on_grad) return MPQ_OK;
+    if (!grads) return MPQ_OK;
     if (pg) { /* the head: dW = dlogits^T hf */
         mpq__transpose(t->logits, T, V, pg->tA);
         mpq__transpose(t->hf, T, D, pg->tB);
@@ -400,53 +453,80 @@ static mpq_status mpq__backward(const mpq_llm *m, mpq_llm_train *t, const int32_
         for (size_t i = 0; i < (size_t)V * D; i++) pg->head[i] += pg->G[i];
     }
     /* dhf = dlogits head; dx = rmsnorm backward (the head as it is now) */
-    mpq__transpose(m->head.W, V, D, t->headT);
+    if ((st = mpq__head_T(m, t)) != MPQ_OK) return st;
     mpq__sgemm(t->logits, T, t->headT, D, V, t->dh);
     memset(t->dx, 0, sizeof(float) * (size_t)T * D);
+    mpq__rms_bwd(t->xf, m->out_norm, t->dh, t->dx, T, D, c->norm_eps, pg ? pg->out_norm : NULL, pg ? pg->r : NULL);
+    return MPQ_OK;
+}
+
+/* Layer l backward: t->dx, the gradient at its output, becomes the gradient
+   at its input; S holds its forward activations (S->xin its input); each
+   linear map's weight gradient goes to on_grad, and with pg the biases' and
+   norms' gradients are added there. */
+static void mpq__layer_bwd(const mpq_llm *m, mpq_llm_train *t, const float *const *W, int l, const mpq__slot *S, int T,
+                           mpq_grad_cb on_grad, void *user, mpq__pgrad *pg)
+{
+    const mpq_llm_config *c = &m->c;
+    const mpq_llm_layer *L = &m->layer[l];
+    const int D = c->dim, F = c->ffn, base = l * MPQ_LIN_COUNT;
+    float *const *bg = pg ? pg->bias + base : NULL;
     double *r = pg ? pg->r : NULL;
-    mpq__rms_bwd(t->xf, m->out_norm, t->dh, t->dx, T, D, c->norm_eps, pg ? pg->out_norm : NULL, r);
-    for (int l = c->layers - 1; l >= 0; l--) {
-        const mpq_llm_layer *L = &m->layer[l];
-        mpq__slot *S = &t->slot[l];
-        const int base = l * MPQ_LIN_COUNT;
-        float *const *bg = pg ? pg->bias + base : NULL;
-        /* MLP: y = xmid + Wd (silu(gp) * u) */
-        for (size_t i = 0; i < (size_t)T * F; i++) t->act[i] = mpq__silu(S->gp[i]) * S->u[i];
-        mpq__lin_dw(t, &L->lin[MPQ_LIN_DOWN], t->dx, t->act, T, l, MPQ_LIN_DOWN, on_grad, user);
-        if (bg) mpq__bias_grad(t->dx, T, D, bg[MPQ_LIN_DOWN]);
-        mpq__lin_dx(t, &L->lin[MPQ_LIN_DOWN], mpq__W(m, W, base + MPQ_LIN_DOWN), t->dx, t->dact, T, 0);
-        for (size_t i = 0; i < (size_t)T * F; i++) {
-            const float g = S->gp[i], sg = 1.0f / (1.0f + expf(-g));
-            t->du[i] = t->dact[i] * g * sg;
-            t->dgp[i] = t->dact[i] * S->u[i] * sg * (1.0f + g * (1.0f - sg));
-        }
-        mpq__lin_dw(t, &L->lin[MPQ_LIN_GATE], t->dgp, S->h2, T, l, MPQ_LIN_GATE, on_grad, user);
-        mpq__lin_dw(t, &L->lin[MPQ_LIN_UP], t->du, S->h2, T, l, MPQ_LIN_UP, on_grad, user);
-        if (bg) mpq__bias_grad(t->dgp, T, F, bg[MPQ_LIN_GATE]), mpq__bias_grad(t->du, T, F, bg[MPQ_LIN_UP]);
-        mpq__lin_dx(t, &L->lin[MPQ_LIN_GATE], mpq__W(m, W, base + MPQ_LIN_GATE), t->dgp, t->dh, T, 0);
-        mpq__lin_dx(t, &L->lin[MPQ_LIN_UP], mpq__W(m, W, base + MPQ_LIN_UP), t->du, t->dh, T, 1);
-        mpq__rms_bwd(S->xmid, L->ffn_norm, t->dh, t->dx, T, D, c->norm_eps, pg ? pg->ffn_norm[l] : NULL, r);
-        /* attention: xmid = xin + Wo att */
-        mpq__lin_dw(t, &L->lin[MPQ_LIN_O], t->dx, S->att, T, l, MPQ_LIN_O, on_grad, user);
-        if (bg) mpq__bias_grad(t->dx, T, D, bg[MPQ_LIN_O]);
-        mpq__lin_dx(t, &L->lin[MPQ_LIN_O], mpq__W(m, W, base + MPQ_LIN_O), t->dx, t->da, T, 0);
-        mpq__attn_fwd(c, S->q, S->k, S->v, t->dq, t->P, T); /* P again (dq is scratch here) */
-        mpq__attn_bwd(c, S->q, S->k, S->v, t->P, t->da, t->dS, t->dq, t->dk, t->dv, T);
-        mpq__rotate(c, t->rope, t->dq, T, c->heads, 1);
-        mpq__rotate(c, t->rope, t->dk, T, c->kv_heads, 1);
-        mpq__lin_dw(t, &L->lin[MPQ_LIN_Q], t->dq, S->h1, T, l, MPQ_LIN_Q, on_grad, user);
-        mpq__lin_dw(t, &L->lin[MPQ_LIN_K], t->dk, S->h1, T, l, MPQ_LIN_K, on_grad, user);
-        mpq__lin_dw(t, &L->lin[MPQ_LIN_V], t->dv, S->h1, T, l, MPQ_LIN_V, on_grad, user);
-        if (bg) {
-            mpq__bias_grad(t->dq, T, L->lin[MPQ_LIN_Q].rows, bg[MPQ_LIN_Q]);
-            mpq__bias_grad(t->dk, T, L->lin[MPQ_LIN_K].rows, bg[MPQ_LIN_K]);
-            mpq__bias_grad(t->dv, T, L->lin[MPQ_LIN_V].rows, bg[MPQ_LIN_V]);
-        }
-        mpq__lin_dx(t, &L->lin[MPQ_LIN_Q], mpq__W(m, W, base + MPQ_LIN_Q), t->dq, t->dh, T, 0);
-        mpq__lin_dx(t, &L->lin[MPQ_LIN_K], mpq__W(m, W, base + MPQ_LIN_K), t->dk, t->dh, T, 1);
-        mpq__lin_dx(t, &L->lin[MPQ_LIN_V], mpq__W(m, W, base + MPQ_LIN_V), t->dv, t->dh, T, 1);
-        mpq__rms_bwd(S->xin, L->attn_norm, t->dh, t->dx, T, D, c->norm_eps, pg ? pg->attn_norm[l] : NULL, r);
+    /* MLP: y = xmid + Wd (silu(gp) * u) */
+    for (size_t i = 0; i < (size_t)T * F; i++) t->act[i] = mpq__silu(S->gp[i]) * S->u[i];
+    mpq__lin_dw(t, &L->lin[MPQ_LIN_DOWN], t->dx, t->act, T, l, MPQ_LIN_DOWN, on_grad, user);
+    if (bg) mpq__bias_grad(t->dx, T, D, bg[MPQ_LIN_DOWN]);
+    mpq__lin_dx(t, &L->lin[MPQ_LIN_DOWN], mpq__W(m, W, base + MPQ_LIN_DOWN), t->dx, t->dact, T, 0);
+    for (size_t i = 0; i < (size_t)T * F; i++) {
+        const float g = S->gp[i], sg = 1.0f / (1.0f + expf(-g));
+        t->du[i] = t->dact[i] * g * sg;
+        t->dgp[i] = t->dact[i] * S->u[i] * sg * (1.0f + g * (1.0f - sg));
     }
+    mpq__lin_dw(t, &L->lin[MPQ_LIN_GATE], t->dgp, S->h2, T, l, MPQ_LIN_GATE, on_grad, user);
+    mpq__lin_dw(t, &L->lin[MPQ_LIN_UP], t->du, S->h2, T, l, MPQ_LIN_UP, on_grad, user);
+    if (bg) mpq__bias_grad(t->dgp, T, F, bg[MPQ_LIN_GATE]), mpq__bias_grad(t->du, T, F, bg[MPQ_LIN_UP]);
+    mpq__lin_dx(t, &L->lin[MPQ_LIN_GATE], mpq__W(m, W, base + MPQ_LIN_GATE), t->dgp, t->dh, T, 0);
+    mpq__lin_dx(t, &L->lin[MPQ_LIN_UP], mpq__W(m, W, base + MPQ_LIN_UP), t->du, t->dh, T, 1);
+    mpq__rms_bwd(S->xmid, L->ffn_norm, t->dh, t->dx, T, D, c->norm_eps, pg ? pg->ffn_norm[l] : NULL, r);
+    /* attention: xmid = xin + Wo att */
+    mpq__lin_dw(t, &L->lin[MPQ_LIN_O], t->dx, S->att, T, l, MPQ_LIN_O, on_grad, user);
+    if (bg) mpq__bias_grad(t->dx, T, D, bg[MPQ_LIN_O]);
+    mpq__lin_dx(t, &L->lin[MPQ_LIN_O], mpq__W(m, W, base + MPQ_LIN_O), t->dx, t->da, T, 0);
+    mpq__attn_fwd(c, S->q, S->k, S->v, t->dq, t->P, T); /* P again (dq is scratch here) */
+    mpq__attn_bwd(c, S->q, S->k, S->v, t->P, t->da, t->dS, t->dq, t->dk, t->dv, T);
+    mpq__rotate(c, t->rope, t->dq, T, c->heads, 1);
+    mpq__rotate(c, t->rope, t->dk, T, c->kv_heads, 1);
+    mpq__lin_dw(t, &L->lin[MPQ_LIN_Q], t->dq, S->h1, T, l, MPQ_LIN_Q, on_grad, user);
+    mpq__lin_dw(t, &L->lin[MPQ_LIN_K], t->dk, S->h1, T, l, MPQ_LIN_K, on_grad, user);
+    mpq__lin_dw(t, &L->lin[MPQ_LIN_V], t->dv, S->h1, T, l, MPQ_LIN_V, on_grad, user);
+    if (bg) {
+        mpq__bias_grad(t->dq, T, L->lin[MPQ_LIN_Q].rows, bg[MPQ_LIN_Q]);
+        mpq__bias_grad(t->dk, T, L->lin[MPQ_LIN_K].rows, bg[MPQ_LIN_K]);
+        mpq__bias_grad(t->dv, T, L->lin[MPQ_LIN_V].rows, bg[MPQ_LIN_V]);
+    }
+    mpq__lin_dx(t, &L->lin[MPQ_LIN_Q], mpq__W(m, W, base + MPQ_LIN_Q), t->dq, t->dh, T, 0);
+    mpq__lin_dx(t, &L->lin[MPQ_LIN_K], mpq__W(m, W, base + MPQ_LIN_K), t->dk, t->dh, T, 1);
+    mpq__lin_dx(t, &L->lin[MPQ_LIN_V], mpq__W(m, W, base + MPQ_LIN_V), t->dv, t->dh, T, 1);
+    mpq__rms_bwd(S->xin, L->attn_norm, t->dh, t->dx, T, D, c->norm_eps, pg ? pg->attn_norm[l] : NULL, r);
+}
+
+/* mpq_llm_backward, and with pg every parameter's gradient added there
+   (on_grad and user are then pg's). */
+static mpq_status mpq__backward(const mpq_llm *m, mpq_llm_train *t, const int32_t *tokens, int n, const float *const *W,
+                                mpq_observe_cb observe, mpq_grad_cb on_grad, void *user, double *loss, mpq__pgrad *pg)
+{
+    if (!m || !t || !tokens || n < 2 || n > t->len || t->nslots < m->c.layers + 1) return MPQ_ERR_ARG;
+    const mpq_llm_config *c = &m->c;
+    for (int i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= c->vocab) return MPQ_ERR_ARG;
+    if (pg) on_grad = mpq__add_grad, user = pg;
+    const int T = n, D = c->dim;
+    float *x0 = t->slot[0].xin;
+    mpq__embed(m, tokens, T, x0);
+    mpq__forward(m, t, W, 0, x0, T, 1, observe, user);
+    mpq_status st = mpq__head_bwd(m, t, tokens, T, on_grad != NULL, loss, pg);
+    if (st != MPQ_OK || !on_grad) return st;
+    for (int l = c->layers - 1; l >= 0; l--) mpq__layer_bwd(m, t, W, l, &t->slot[l], T, on_grad, user, pg);
     if (pg) /* the embedding rows of the tokens, in token order */
         for (int i = 0; i < T; i++) {
             float *e = pg->embed + (size_t)tokens[i] * D;
@@ -511,6 +591,74 @@ enum { MPQ__KINDS = 4 }; /* linear-map inputs: attention (q, k, v), o, MLP (gate
 
 static int mpq__kind(int lin) { return lin <= MPQ_LIN_V ? 0 : lin == MPQ_LIN_O ? 1 : lin == MPQ_LIN_DOWN ? 3 : 2; }
 
+/* Every window's input of every layer, kept from the forward pass for the
+   backward pass: in memory up to a limit, else in an unlinked file. */
+typedef struct mpq__keep {
+    float *mem;
+    FILE *f;
+    char *path;  /* the directory of the file (errors name it) */
+    size_t per;  /* floats per (layer, window) */
+    int windows; /* per layer */
+} mpq__keep;
+
+static void mpq__keep_close(mpq__keep *K)
+{
+    free(K->mem);
+    if (K->f) fclose(K->f);
+    free(K->path);
+    memset(K, 0, sizeof *K);
+}
+
+static mpq_status mpq__keep_open(mpq__keep *K, int layers, int windows, size_t per, size_t limit, const char *dir,
+                                 mpq_io_err *err)
+{
+    memset(K, 0, sizeof *K);
+    K->per = per, K->windows = windows;
+    const double bytes = (double)layers * windows * (double)per * sizeof(float);
+    if (bytes <= (double)limit) {
+        K->mem = (float *)malloc((size_t)bytes + 1);
+        return K->mem ? MPQ_OK : MPQ_ERR_NOMEM;
+    }
+    if (!dir || !*dir) dir = getenv("TMPDIR");
+    if (!dir || !*dir) dir = "/tmp";
+    const size_t n = strlen(dir) + 32;
+    if (!(K->path = (char *)malloc(n))) return MPQ_ERR_NOMEM;
+    snprintf(K->path, n, "%s/mpq-keep-XXXXXX", dir);
+    struct statvfs vs;
+    if (statvfs(dir, &vs) == 0 && (double)vs.f_bavail * (double)vs.f_frsize < bytes)
+        return mpq__fail(err, MPQ_ERR_IO, dir,
+                         "the kept hidden states need %.2f GB here, %.2f GB are free (give another directory)",
+                         bytes / 1e9, (double)vs.f_bavail * (double)vs.f_frsize / 1e9);
+    const int fd = mkstemp(K->path);
+    if (fd < 0)
+        return mpq__fail(err, MPQ_ERR_IO, dir, "cannot create a file for the kept hidden states: %s", strerror(errno));
+    unlink(K->path);
+    snprintf(K->path, n, "%s", dir);
+    if (!(K->f = fdopen(fd, "w+b"))) {
+        close(fd);
+        return mpq__fail(err, MPQ_ERR_IO, dir, "cannot open the file of the kept hidden states");
+    }
+    return MPQ_OK;
+}
+
+static mpq_status mpq__keep_io(mpq__keep *K, int l, int w, float *v, int write, mpq_io_err *err)
+{
+    const size_t at = ((size_t)l * (size_t)K->windows + (size_t)w) * K->per;
+    if (K->mem) {
+        if (write)
+            memcpy(K->mem + at, v, sizeof(float) * K->per);
+        else
+            memcpy(v, K->mem + at, sizeof(float) * K->per);
+        return MPQ_OK;
+    }
+    const int ok = fseeko(K->f, (off_t)(at * sizeof(float)), SEEK_SET) == 0 &&
+        (write ? fwrite(v, sizeof(float), K->per, K->f) : fread(v, sizeof(float), K->per, K->f)) == K->per;
+    if (!ok)
+        return mpq__fail(err, MPQ_ERR_IO, K->path, "%s the kept hidden states failed: %s",
+                         write ? "writing" : "reading", errno ? strerror(errno) : "short");
+    return MPQ_OK;
+}
+
 typedef struct mpq__cal {
     const mpq_llm *m;
     mpq_calib_stats *s;
@@ -539,6 +687,14 @@ typedef struct mpq__cal {
     mpq_rotation *rot; /* kinds: V of each input's size; NULL: unrotated */
     float *rbuf;       /* an input block or a gradient rotated (or one map's W V^T) */
     float *wo;         /* PQI: the flat weights back in original coordinates */
+    /* the passes a layer at a time */
+    float *lw[MPQ_LIN_COUNT]; /* a layer's weights converted from their file (a model in place) */
+    mpq__keep keep;           /* every layer's input of every window, for the backward pass */
+    float *ebuf;              /* one statistic of one map on its way out */
+    /* each finished statistic (kind: index into mpq__kinds) of map i goes here */
+    mpq_status (*put)(struct mpq__cal *C, int kind, int i, const float *v, size_t n);
+    void *put_user;
+    mpq_io_err *err;
 } mpq__cal;
 
 static int mpq__cols_of(const mpq_llm_config *c, int kind)
@@ -674,15 +830,15 @@ static mpq_status mpq__pqi_grad(void *user, const float *w, float *grad, size_t 
 /* W dequantized after round-to-nearest at `bits` (g128) or MXINT4; with
    r, W' = W V^T (written to wr, rows x cols) in its place, and out in the
    coordinates of W'. */
-static mpq_status mpq__rtn(const mpq_linear *L, const mpq_rotation *r, int bits, int mxint, float *out, float *wr)
+static mpq_status mpq__rtn(const mpq_linear *L, const float *W, const mpq_rotation *r, int bits, int mxint, float *out,
+                           float *wr)
 {
     mpq_bitplane_desc d;
     memset(&d, 0, sizeof d);
     d.rows = L->rows, d.cols = L->cols, d.uniform_bits = bits;
     if (mxint) d.format = MPQ_FORMAT_MXINT;
-    const float *W = L->W;
     if (r) {
-        memcpy(wr, L->W, sizeof(float) * (size_t)L->rows * (size_t)L->cols);
+        memcpy(wr, W, sizeof(float) * (size_t)L->rows * (size_t)L->cols);
         const mpq_status st = mpq_rotation_apply(r, wr, L->rows, 0);
         if (st != MPQ_OK) return st;
         W = wr;
@@ -747,6 +903,9 @@ static void mpq__cal_free(mpq__cal *C)
     if (C->rot)
         for (int k = 0; k < MPQ__KINDS; k++) mpq_rotation_free(&C->rot[k]);
     free(C->rot), free(C->rbuf), free(C->wo);
+    for (int k = 0; k < MPQ_LIN_COUNT; k++) free(C->lw[k]);
+    free(C->ebuf);
+    mpq__keep_close(&C->keep);
     mpq_llm_train_free(C->t);
 }
 
@@ -755,26 +914,210 @@ static void mpq__progress(const mpq__cal *C, const char *phase, int done, int to
     if (C->o->progress) C->o->progress(C->o->user, phase, done, total, mpq__now() - C->t0);
 }
 
-/* Phase 1: every window forward (activations) and backward (Fisher,
-   MixLLM). */
-static mpq_status mpq__cal_windows(mpq__cal *C)
+/* Layer l's weights as float: the model's own, or (a model in place)
+   converted from their file into C->lw, with C->Wp[l * 7 + k] pointing at
+   them for the passes. */
+static void mpq__cal_layer_w(mpq__cal *C, int l)
 {
+    for (int k = 0; k < MPQ_LIN_COUNT; k++) {
+        const mpq_linear *L = &C->m->layer[l].lin[k];
+        if (L->W) continue;
+        mpq__lin_rows(L, 0, L->rows, C->lw[k]);
+        C->Wp[l * MPQ_LIN_COUNT + k] = C->lw[k];
+    }
+}
+
+static const float *mpq__cal_W(const mpq__cal *C, int i) { return C->Wp[i] ? C->Wp[i] : mpq__lin(C->m, i)->W; }
+
+/* The sums of layer l's four inputs (activation statistics, X^T X). */
+static mpq_status mpq__cal_acts_init(mpq__cal *C, int l)
+{
+    mpq_status st = MPQ_OK;
+    for (int k = 0; st == MPQ_OK && k < MPQ__KINDS; k++) {
+        const int slot = l * MPQ__KINDS + k;
+        const size_t cols = (size_t)mpq__cols_of(&C->m->c, k);
+        st = mpq_stat_init(&C->xdiag[slot], cols);
+        if (st == MPQ_OK) st = mpq_stat_init(&C->mabs[slot], cols);
+        if (st == MPQ_OK && !(C->awq[slot] = (float *)malloc(sizeof(float) * cols * (size_t)C->s->awq_tokens)))
+            st = MPQ_ERR_NOMEM;
+        if (st == MPQ_OK && C->xtx && !(C->xtx[slot] = (double *)calloc(cols * cols, sizeof(double))))
+            st = MPQ_ERR_NOMEM;
+    }
+    return st;
+}
+
+static void mpq__cal_acts_free(mpq__cal *C, int l)
+{
+    for (int k = 0; k < MPQ__KINDS; k++) {
+        const int slot = l * MPQ__KINDS + k;
+        mpq_stat_free(&C->xdiag[slot]), mpq_stat_free(&C->mabs[slot]);
+        free(C->awq[slot]), C->awq[slot] = NULL;
+        if (C->xtx) free(C->xtx[slot]), C->xtx[slot] = NULL;
+    }
+}
+
+/* Layer l's activation statistics, final once every window has passed it,
+   out through C->put (mpq__kinds order: xtx_diag 2, mean_abs 3, awq 4,
+   xtx 5). */
+static mpq_status mpq__cal_acts_emit(mpq__cal *C, int l)
+{
+    mpq_status st = MPQ_OK;
+    const int acts = (C->s->what & MPQ_CALIB_ACTS) != 0;
+    for (int lin = 0; st == MPQ_OK && lin < MPQ_LIN_COUNT; lin++) {
+        const int i = l * MPQ_LIN_COUNT + lin, slot = l * MPQ__KINDS + mpq__kind(lin);
+        const size_t cols = (size_t)mpq__lin(C->m, i)->cols;
+        if (acts) {
+            st = mpq_stat_sum(&C->xdiag[slot], C->ebuf);
+            if (st == MPQ_OK) st = C->put(C, 2, i, C->ebuf, cols);
+            if (st == MPQ_OK) st = mpq_stat_mean(&C->mabs[slot], C->ebuf);
+            if (st == MPQ_OK) st = C->put(C, 3, i, C->ebuf, cols);
+            if (st == MPQ_OK && C->awq_got[slot] != C->s->awq_tokens)
+                st = MPQ_ERR_SIZE; /* every index falls in a window */
+            if (st == MPQ_OK) st = C->put(C, 4, i, C->awq[slot], cols * (size_t)C->s->awq_tokens);
+        }
+        if (st == MPQ_OK && C->xtx) {
+            for (size_t j = 0; j < cols * cols; j++) C->ebuf[j] = (float)C->xtx[slot][j];
+            st = C->put(C, 5, i, C->ebuf, cols * cols);
+        }
+    }
+    mpq__cal_acts_free(C, l);
+    return st;
+}
+
+/* The sums of layer l's maps' gradients (Fisher, MixLLM with its delta). */
+static mpq_status mpq__cal_grads_init(mpq__cal *C, int l)
+{
+    mpq_status st = MPQ_OK;
+    for (int lin = 0; st == MPQ_OK && lin < MPQ_LIN_COUNT; lin++) {
+        const int i = l * MPQ_LIN_COUNT + lin;
+        const mpq_linear *L = mpq__lin(C->m, i);
+        const size_t nw = (size_t)L->rows * (size_t)L->cols;
+        if (C->fisher) st = mpq_stat_init(&C->fisher[i], nw);
+        if (st != MPQ_OK || !C->mixllm) continue;
+        const mpq_rotation *r = mpq__cal_rot(C, lin); /* rotated: Q(W') - W' */
+        const float *W = mpq__cal_W(C, i);
+        st = mpq_stat_init(&C->mixllm[i], (size_t)L->rows);
+        if (st == MPQ_OK && !(C->delta[i] = (float *)malloc(sizeof(float) * nw))) st = MPQ_ERR_NOMEM;
+        if (st == MPQ_OK) st = mpq__rtn(L, W, r, C->s->mixllm_bits, 0, C->delta[i], C->rbuf);
+        const float *Wd = r ? C->rbuf : W;
+        for (size_t k = 0; st == MPQ_OK && k < nw; k++) C->delta[i][k] -= Wd[k];
+    }
+    return st;
+}
+
+static void mpq__cal_grads_free(mpq__cal *C, int l)
+{
+    for (int lin = 0; lin < MPQ_LIN_COUNT; lin++) {
+        const int i = l * MPQ_LIN_COUNT + lin;
+        if (C->fisher) mpq_stat_free(&C->fisher[i]);
+        if (C->mixllm) mpq_stat_free(&C->mixllm[i]);
+        if (C->delta) free(C->delta[i]), C->delta[i] = NULL;
+    }
+}
+
+/* Layer l's gradient statistics out through C->put (fisher 0, mixllm 1). */
+static mpq_status mpq__cal_grads_emit(mpq__cal *C, int l)
+{
+    mpq_status st = MPQ_OK;
+    for (int lin = 0; st == MPQ_OK && lin < MPQ_LIN_COUNT; lin++) {
+        const int i = l * MPQ_LIN_COUNT + lin;
+        const mpq_linear *L = mpq__lin(C->m, i);
+        if (C->fisher) {
+            st = mpq_stat_mean(&C->fisher[i], C->ebuf);
+            if (st == MPQ_OK) st = C->put(C, 0, i, C->ebuf, (size_t)L->rows * (size_t)L->cols);
+        }
+        if (st == MPQ_OK && C->mixllm) {
+            st = mpq_stat_mean(&C->mixllm[i], C->ebuf);
+            if (st == MPQ_OK) st = C->put(C, 1, i, C->ebuf, (size_t)L->rows);
+        }
+    }
+    mpq__cal_grads_free(C, l);
+    return st;
+}
+
+/* Phase 1, a layer at a time. Forward: every window's hidden state passes
+   layer l (the activation statistics of l's inputs are then final and go
+   out) and is kept for the backward pass when gradients are wanted. The
+   head gives each window's loss and the gradient at the last layer's
+   output. Backward, from the top layer down: every window's gradient
+   passes layer l, whose activations are recomputed from the kept input
+   (the Fisher and MixLLM sums of l's maps are then final and go out).
+   Each statistic gets the same sums in the same order as when each window
+   runs through the whole model, so the results are those bits; memory
+   holds one layer's weights and sums, every window's hidden state and
+   gradient, and the kept inputs (C->keep). */
+static mpq_status mpq__cal_layers(mpq__cal *C)
+{
+    const mpq_llm *m = C->m;
+    const mpq_llm_config *c = &m->c;
     mpq_calib_stats *s = C->s;
+    mpq_llm_train *t = C->t;
+    mpq__slot *S = &t->slot[0];
+    const int NW = s->windows, T = C->len, L = c->layers;
     const int grads = (s->what & (MPQ_CALIB_FISHER | MPQ_CALIB_MIXLLM)) != 0;
     const int acts = (s->what & (MPQ_CALIB_ACTS | MPQ_CALIB_XTX)) != 0;
-    double loss_sum = 0;
-    for (int w = 0; w < s->windows && C->st == MPQ_OK; w++) {
-        C->window = w;
+    const size_t TD = (size_t)T * (size_t)c->dim;
+    float *h = (float *)malloc(sizeof(float) * TD * (size_t)NW);
+    float *dx = grads ? (float *)malloc(sizeof(float) * TD * (size_t)NW) : NULL;
+    mpq_status st = h && (dx || !grads) ? MPQ_OK : MPQ_ERR_NOMEM;
+    if (st == MPQ_OK && grads)
+        st = mpq__keep_open(&C->keep, L, NW, TD, C->o->keep_bytes ? C->o->keep_bytes : MPQ_CALIB_KEEP_BYTES,
+                            C->o->spill_dir, C->err);
+    for (int w = 0; st == MPQ_OK && w < NW; w++) {
         mpq__window(C, w);
-        double loss = 0;
-        mpq_status st = mpq_llm_backward(C->m, C->t, C->win, C->len, NULL, acts ? mpq__cal_observe : NULL,
-                                         grads ? mpq__cal_grad : NULL, C, &loss);
-        if (st != MPQ_OK) return st;
-        loss_sum += loss;
-        mpq__progress(C, "windows", w + 1, s->windows);
+        mpq__embed(m, C->win, T, h + (size_t)w * TD);
     }
-    s->loss = loss_sum / s->windows;
-    return C->st;
+    for (int l = 0; st == MPQ_OK && l < L; l++) {
+        mpq__cal_layer_w(C, l);
+        if (acts) st = mpq__cal_acts_init(C, l);
+        for (int w = 0; st == MPQ_OK && w < NW; w++) {
+            float *x = h + (size_t)w * TD;
+            C->window = w;
+            if (grads) st = mpq__keep_io(&C->keep, l, w, x, 1, C->err);
+            if (st != MPQ_OK) break;
+            mpq__layer_fwd(m, t, C->Wp, l, x, S, t->xf, T, acts ? mpq__cal_observe : NULL, C);
+            memcpy(x, t->xf, sizeof(float) * TD);
+            st = C->st;
+            mpq__progress(C, "forward", l * NW + w + 1, L * NW);
+        }
+        if (acts && st == MPQ_OK)
+            st = mpq__cal_acts_emit(C, l);
+        else if (acts)
+            mpq__cal_acts_free(C, l);
+        for (int k = 0; k < MPQ_LIN_COUNT; k++) C->Wp[l * MPQ_LIN_COUNT + k] = NULL;
+    }
+    double loss_sum = 0;
+    for (int w = 0; st == MPQ_OK && w < NW; w++) {
+        mpq__window(C, w);
+        memcpy(t->xf, h + (size_t)w * TD, sizeof(float) * TD);
+        double loss = 0;
+        st = mpq__head_bwd(m, t, C->win, T, grads, &loss, NULL);
+        loss_sum += loss;
+        if (grads) memcpy(dx + (size_t)w * TD, t->dx, sizeof(float) * TD);
+    }
+    s->loss = loss_sum / NW;
+    free(t->headT), t->headT = NULL; /* the largest buffer, not needed below */
+    for (int l = L - 1; grads && st == MPQ_OK && l >= 0; l--) {
+        mpq__cal_layer_w(C, l);
+        st = mpq__cal_grads_init(C, l);
+        for (int w = 0; st == MPQ_OK && w < NW; w++) {
+            if ((st = mpq__keep_io(&C->keep, l, w, S->xin, 0, C->err)) != MPQ_OK) break;
+            mpq__layer_fwd(m, t, C->Wp, l, S->xin, S, t->xf, T, NULL, NULL);
+            memcpy(t->dx, dx + (size_t)w * TD, sizeof(float) * TD);
+            mpq__layer_bwd(m, t, C->Wp, l, S, T, mpq__cal_grad, C, NULL);
+            memcpy(dx + (size_t)w * TD, t->dx, sizeof(float) * TD);
+            st = C->st;
+            mpq__progress(C, "backward", (L - 1 - l) * NW + w + 1, L * NW);
+        }
+        if (st == MPQ_OK)
+            st = mpq__cal_grads_emit(C, l);
+        else
+            mpq__cal_grads_free(C, l);
+        for (int k = 0; k < MPQ_LIN_COUNT; k++) C->Wp[l * MPQ_LIN_COUNT + k] = NULL;
+    }
+    mpq__keep_close(&C->keep);
+    free(h), free(dx);
+    return st;
 }
 
 /* Phase 2: PQI along W -> RTN(W), all linear maps as one vector. */
@@ -787,7 +1130,7 @@ static mpq_status mpq__cal_pqi(mpq__cal *C)
     for (int i = 0; st == MPQ_OK && i < C->nlin; i++) { /* rotated: W' -> Q(W') */
         const mpq_linear *L = mpq__lin(C->m, i);
         memcpy(w + C->off[i], L->W, sizeof(float) * (C->off[i + 1] - C->off[i]));
-        st = mpq__rtn(L, mpq__cal_rot(C, i % MPQ_LIN_COUNT), C->s->pqi_bits, 0, wq + C->off[i], w + C->off[i]);
+        st = mpq__rtn(L, L->W, mpq__cal_rot(C, i % MPQ_LIN_COUNT), C->s->pqi_bits, 0, wq + C->off[i], w + C->off[i]);
     }
     if (st == MPQ_OK) st = mpq_pqi(w, wq, N, C->s->pqi_steps, mpq__pqi_grad, C, v);
     for (int i = 0; st == MPQ_OK && i < C->nlin; i++)
@@ -817,7 +1160,7 @@ static mpq_status mpq__cal_sens(mpq__cal *C)
     for (int i = 0; st == MPQ_OK && i < C->nlin; i++) {
         const int l = i / MPQ_LIN_COUNT;
         const mpq_rotation *r = mpq__cal_rot(C, i % MPQ_LIN_COUNT); /* rotated: MXINT4(W') V */
-        if ((st = mpq__rtn(mpq__lin(C->m, i), r, 4, 1, Wq, C->rbuf)) != MPQ_OK) break;
+        if ((st = mpq__rtn(mpq__lin(C->m, i), mpq__lin(C->m, i)->W, r, 4, 1, Wq, C->rbuf)) != MPQ_OK) break;
         if (r && (st = mpq_rotation_apply(r, Wq, mpq__lin(C->m, i)->rows, 1)) != MPQ_OK) break;
         C->Wp[i] = Wq;
         mpq__forward(C->m, C->t, C->Wp, l, C->t->slot[l].xin, T, 0, NULL, NULL);
@@ -835,8 +1178,32 @@ static mpq_status mpq__cal_sens(mpq__cal *C)
     return st;
 }
 
-mpq_status mpq_llm_calibrate(const mpq_llm *m, const int32_t *tokens, size_t n, const mpq_calib_opts *o,
-                             mpq_calib_stats *out, mpq_io_err *err)
+/* The in-memory destination of the statistics: s's arrays. */
+static mpq_status mpq__put_memory(mpq__cal *C, int kind, int i, const float *v, size_t n)
+{
+    mpq_calib_stats *s = C->s;
+    float ***a = kind == 0 ? &s->fisher
+        : kind == 1        ? &s->mixllm
+        : kind == 2        ? &s->xtx_diag
+        : kind == 3        ? &s->mean_abs
+        : kind == 4        ? &s->awq
+                           : &s->xtx;
+    if (!*a && !(*a = (float **)calloc((size_t)s->nlin, sizeof(float *)))) return MPQ_ERR_NOMEM;
+    float *d = (float *)malloc(sizeof(float) * (n ? n : 1));
+    if (!d) return MPQ_ERR_NOMEM;
+    memcpy(d, v, sizeof(float) * n);
+    free((*a)[i]);
+    (*a)[i] = d;
+    return MPQ_OK;
+}
+
+/* Every statistic o asks for: those of phase 1 (a layer at a time) through
+   put as each is final, PQI and the layer sensitivity (over the whole
+   model) into out's arrays; out's counts and loss. */
+static mpq_status mpq__calibrate(const mpq_llm *m, const int32_t *tokens, size_t n, const mpq_calib_opts *o,
+                                 mpq_calib_stats *out,
+                                 mpq_status (*put)(mpq__cal *C, int kind, int i, const float *v, size_t n),
+                                 void *put_user, mpq_io_err *err)
 {
     if (!m || !tokens || !out) return MPQ_ERR_ARG;
     mpq_calib_opts d;
@@ -876,26 +1243,33 @@ mpq_status mpq_llm_calibrate(const mpq_llm *m, const int32_t *tokens, size_t n, 
     mpq__cal C;
     memset(&C, 0, sizeof C);
     C.m = m, C.s = &s, C.nlin = s.nlin, C.len = s.length, C.tokens = tokens, C.n = n, C.nwin = s.windows;
-    C.o = &d, C.t0 = mpq__now(), C.act_total = act_total;
-    mpq_status st = mpq_llm_train_init(m, s.length, &C.t);
+    C.o = &d, C.t0 = mpq__now(), C.act_total = act_total, C.put = put, C.put_user = put_user, C.err = err;
+    mpq_status st = mpq__train_new(m, s.length, 1, 1, &C.t);
     if (st == MPQ_ERR_UNSUPPORTED)
         return mpq__fail(err, st, m->path ? m->path : "model",
                          "calibration needs float weights (a packed model cannot be calibrated)");
     if (st != MPQ_OK) return mpq__fail(err, st, "calibration", "%s", mpq_status_str(st));
+    int all_float = m->head.W && m->embed.W; /* PQI and the layer sensitivity need every weight as float32 */
+    for (int i = 0; i < m->c.layers * MPQ_LIN_COUNT; i++) all_float &= mpq__lin(m, i)->W != NULL;
+    if ((s.what & (MPQ_CALIB_PQI | MPQ_CALIB_LAYER_SENS)) && !all_float) {
+        mpq_llm_train_free(C.t);
+        return mpq__fail(err, MPQ_ERR_UNSUPPORTED, m->path ? m->path : "model",
+                         "PQI and the layer sensitivity run over the whole model at once and need its weights as "
+                         "float32 (load it so, not in place)");
+    }
     const int slots = m->c.layers * MPQ__KINDS;
     C.off = (size_t *)calloc((size_t)C.nlin + 1, sizeof(size_t));
     C.Wp = (const float **)calloc((size_t)C.nlin, sizeof(float *));
     C.win = (int32_t *)malloc(sizeof(int32_t) * (size_t)s.length);
     st = C.off && C.Wp && C.win ? MPQ_OK : MPQ_ERR_NOMEM;
-    size_t maxw = 0;
+    size_t maxw = 0, maxc = 0; /* the largest map, the largest input */
     for (int i = 0; st == MPQ_OK && i < C.nlin; i++) {
         C.off[i + 1] = C.off[i] + (size_t)mpq__lin(m, i)->rows * (size_t)mpq__lin(m, i)->cols;
         maxw = C.off[i + 1] - C.off[i] > maxw ? C.off[i + 1] - C.off[i] : maxw;
     }
+    for (int k = 0; k < MPQ__KINDS; k++)
+        maxc = (size_t)mpq__cols_of(&m->c, k) > maxc ? (size_t)mpq__cols_of(&m->c, k) : maxc;
     if (st == MPQ_OK && s.rotate) {
-        size_t maxc = 0; /* the largest input */
-        for (int k = 0; k < MPQ__KINDS; k++)
-            maxc = (size_t)mpq__cols_of(&m->c, k) > maxc ? (size_t)mpq__cols_of(&m->c, k) : maxc;
         const size_t block = maxc * (size_t)s.length;
         C.rot = (mpq_rotation *)calloc(MPQ__KINDS, sizeof(mpq_rotation));
         C.rbuf = (float *)malloc(sizeof(float) * (block > maxw ? block : maxw));
@@ -910,80 +1284,34 @@ mpq_status mpq_llm_calibrate(const mpq_llm *m, const int32_t *tokens, size_t n, 
                              MPQ_ROTATION_MAX_ODD);
         }
     }
-    if (st == MPQ_OK && (s.what & MPQ_CALIB_FISHER)) {
-        C.fisher = (mpq_stat *)calloc((size_t)C.nlin, sizeof(mpq_stat));
-        st = C.fisher ? MPQ_OK : MPQ_ERR_NOMEM;
-        for (int i = 0; st == MPQ_OK && i < C.nlin; i++) st = mpq_stat_init(&C.fisher[i], C.off[i + 1] - C.off[i]);
-    }
-    if (st == MPQ_OK && (s.what & MPQ_CALIB_MIXLLM)) {
-        C.mixllm = (mpq_stat *)calloc((size_t)C.nlin, sizeof(mpq_stat));
-        C.delta = (float **)calloc((size_t)C.nlin, sizeof(float *));
-        st = C.mixllm && C.delta ? MPQ_OK : MPQ_ERR_NOMEM;
-        for (int i = 0; st == MPQ_OK && i < C.nlin; i++) {
-            const mpq_linear *L = mpq__lin(m, i);
-            const size_t nw = C.off[i + 1] - C.off[i];
-            const mpq_rotation *r = mpq__cal_rot(&C, i % MPQ_LIN_COUNT); /* rotated: Q(W') - W' */
-            st = mpq_stat_init(&C.mixllm[i], (size_t)L->rows);
-            if (st == MPQ_OK && !(C.delta[i] = (float *)malloc(sizeof(float) * nw))) st = MPQ_ERR_NOMEM;
-            if (st == MPQ_OK) st = mpq__rtn(L, r, s.mixllm_bits, 0, C.delta[i], C.rbuf);
-            const float *W = r ? C.rbuf : L->W;
-            for (size_t k = 0; st == MPQ_OK && k < nw; k++) C.delta[i][k] -= W[k];
+    const int phase1 = (s.what & (MPQ_CALIB_FISHER | MPQ_CALIB_MIXLLM | MPQ_CALIB_ACTS | MPQ_CALIB_XTX)) != 0;
+    if (st == MPQ_OK && phase1) { /* the sums: pointers for every map and input, arrays for one layer at a time */
+        const size_t eb = s.what & MPQ_CALIB_XTX ? maxc * maxc : maxc * (size_t)s.awq_tokens;
+        C.ebuf = (float *)malloc(sizeof(float) * (eb > maxw ? eb : maxw));
+        if (s.what & MPQ_CALIB_FISHER) C.fisher = (mpq_stat *)calloc((size_t)C.nlin, sizeof(mpq_stat));
+        if (s.what & MPQ_CALIB_MIXLLM) {
+            C.mixllm = (mpq_stat *)calloc((size_t)C.nlin, sizeof(mpq_stat));
+            C.delta = (float **)calloc((size_t)C.nlin, sizeof(float *));
         }
-    }
-    if (st == MPQ_OK && (s.what & (MPQ_CALIB_ACTS | MPQ_CALIB_XTX))) {
         C.xdiag = (mpq_stat *)calloc((size_t)slots, sizeof(mpq_stat));
         C.mabs = (mpq_stat *)calloc((size_t)slots, sizeof(mpq_stat));
         C.awq = (float **)calloc((size_t)slots, sizeof(float *));
         C.awq_got = (int *)calloc((size_t)slots, sizeof(int));
         if (s.what & MPQ_CALIB_XTX) C.xtx = (double **)calloc((size_t)slots, sizeof(double *));
-        st = C.xdiag && C.mabs && C.awq && C.awq_got && (C.xtx || !(s.what & MPQ_CALIB_XTX)) ? MPQ_OK : MPQ_ERR_NOMEM;
-        for (int k = 0; st == MPQ_OK && k < slots; k++) {
-            const size_t cols = (size_t)mpq__cols_of(&m->c, k % MPQ__KINDS);
-            st = mpq_stat_init(&C.xdiag[k], cols);
-            if (st == MPQ_OK) st = mpq_stat_init(&C.mabs[k], cols);
-            if (st == MPQ_OK && !(C.awq[k] = (float *)malloc(sizeof(float) * cols * (size_t)s.awq_tokens)))
+        if (!C.ebuf || (!C.fisher && (s.what & MPQ_CALIB_FISHER)) ||
+            ((!C.mixllm || !C.delta) && (s.what & MPQ_CALIB_MIXLLM)) || !C.xdiag || !C.mabs || !C.awq || !C.awq_got ||
+            (!C.xtx && (s.what & MPQ_CALIB_XTX)))
+            st = MPQ_ERR_NOMEM;
+        for (int k = 0; st == MPQ_OK && k < MPQ_LIN_COUNT; k++) /* a model in place: one layer converted */
+            if (!mpq__lin(m, k)->W &&
+                !(C.lw[k] = (float *)malloc(sizeof(float) * (size_t)mpq__lin(m, k)->rows * mpq__lin(m, k)->cols)))
                 st = MPQ_ERR_NOMEM;
-            if (st == MPQ_OK && C.xtx && !(C.xtx[k] = (double *)calloc(cols * cols, sizeof(double))))
-                st = MPQ_ERR_NOMEM;
-        }
     }
-    if (st == MPQ_OK && (s.what & (MPQ_CALIB_FISHER | MPQ_CALIB_MIXLLM | MPQ_CALIB_ACTS | MPQ_CALIB_XTX)))
-        st = mpq__cal_windows(&C);
-    /* results per linear map */
-    if (st == MPQ_OK && C.fisher) {
-        st = (s.fisher = mpq__arrays(C.nlin, m, 0, 0)) ? MPQ_OK : MPQ_ERR_NOMEM;
-        for (int i = 0; st == MPQ_OK && i < C.nlin; i++) st = mpq_stat_mean(&C.fisher[i], s.fisher[i]);
-    }
-    if (st == MPQ_OK && C.mixllm) {
-        st = (s.mixllm = mpq__arrays(C.nlin, m, 1, 0)) ? MPQ_OK : MPQ_ERR_NOMEM;
-        for (int i = 0; st == MPQ_OK && i < C.nlin; i++) st = mpq_stat_mean(&C.mixllm[i], s.mixllm[i]);
-    }
-    if (st == MPQ_OK && (s.what & MPQ_CALIB_ACTS)) {
-        s.xtx_diag = mpq__arrays(C.nlin, m, 2, 0);
-        s.mean_abs = mpq__arrays(C.nlin, m, 2, 0);
-        s.awq = mpq__arrays(C.nlin, m, 3, s.awq_tokens);
-        st = s.xtx_diag && s.mean_abs && s.awq ? MPQ_OK : MPQ_ERR_NOMEM;
-        for (int i = 0; st == MPQ_OK && i < C.nlin; i++) {
-            const int k = (i / MPQ_LIN_COUNT) * MPQ__KINDS + mpq__kind(i % MPQ_LIN_COUNT);
-            st = mpq_stat_sum(&C.xdiag[k], s.xtx_diag[i]);
-            if (st == MPQ_OK) st = mpq_stat_mean(&C.mabs[k], s.mean_abs[i]);
-            if (C.awq_got[k] != s.awq_tokens) st = MPQ_ERR_SIZE; /* every sample index falls in a window */
-            memcpy(s.awq[i], C.awq[k], sizeof(float) * (size_t)s.awq_tokens * (size_t)mpq__lin(m, i)->cols);
-        }
-    }
-    if (st == MPQ_OK && (s.what & MPQ_CALIB_XTX)) {
-        st = (s.xtx = mpq__arrays(C.nlin, m, 4, 0)) ? MPQ_OK : MPQ_ERR_NOMEM;
-        for (int i = 0; st == MPQ_OK && i < C.nlin; i++) {
-            const int k = (i / MPQ_LIN_COUNT) * MPQ__KINDS + mpq__kind(i % MPQ_LIN_COUNT);
-            const size_t cc = (size_t)mpq__lin(m, i)->cols * (size_t)mpq__lin(m, i)->cols;
-            for (size_t j = 0; j < cc; j++) s.xtx[i][j] = (float)C.xtx[k][j];
-        }
-    }
-    /* the per-window sums are not needed past here */
-    for (int i = 0; i < C.nlin && st == MPQ_OK; i++) {
-        if (C.fisher) mpq_stat_free(&C.fisher[i]);
-        if (C.delta) free(C.delta[i]), C.delta[i] = NULL;
-    }
+    if (st == MPQ_OK && phase1) st = mpq__cal_layers(&C);
+    mpq_llm_train_free(C.t);
+    C.t = NULL;
+    if (st == MPQ_OK && (s.what & (MPQ_CALIB_PQI | MPQ_CALIB_LAYER_SENS))) /* over the whole model */
+        st = mpq_llm_train_init(m, s.length, &C.t);
     if (st == MPQ_OK && (s.what & MPQ_CALIB_PQI)) {
         st = (s.pqi = mpq__arrays(C.nlin, m, 0, 0)) ? MPQ_OK : MPQ_ERR_NOMEM;
         if (st == MPQ_OK) st = mpq__cal_pqi(&C);
@@ -995,10 +1323,18 @@ mpq_status mpq_llm_calibrate(const mpq_llm *m, const int32_t *tokens, size_t n, 
     mpq__cal_free(&C);
     if (st != MPQ_OK) {
         mpq_calib_stats_free(&s);
-        return mpq__fail(err, st, "calibration", "%s", mpq_status_str(st));
+        if (err && !err->msg[0]) mpq__fail(err, st, "calibration", "%s", mpq_status_str(st));
+        return st;
     }
     *out = s;
     return MPQ_OK;
+}
+
+mpq_status mpq_llm_calibrate(const mpq_llm *m, const int32_t *tokens, size_t n, const mpq_calib_opts *o,
+                             mpq_calib_stats *out, mpq_io_err *err)
+{
+    if (err) err->msg[0] = 0;
+    return mpq__calibrate(m, tokens, n, o, out, mpq__put_memory, NULL, err);
 }
 
 /* ========================================================================== */
@@ -1177,10 +1513,10 @@ static void mpq__kind_shape(const mpq_calib_stats *s, const mpq_linear *L, int s
     if (shape == 2) dims[0] = (uint64_t)L->cols;
 }
 
-mpq_status mpq_calib_write(const mpq_llm *m, const mpq_calib_stats *s, const char *extra_json, const char *path,
-                           mpq_io_err *err)
+/* The "mpq_calib" metadata of a statistics file (malloc'ed). */
+static mpq_status mpq__calib_meta(const mpq_calib_stats *s, const char *extra_json, const char *path, char **out,
+                                  mpq_io_err *err)
 {
-    if (!m || !s || !path || s->nlin != m->c.layers * MPQ_LIN_COUNT) return MPQ_ERR_ARG;
     static const char *const keys[] = {"windows",   "length",      "awq_tokens",  "mixllm_bits", "pqi_bits",
                                        "pqi_steps", "pqi_windows", "sens_tokens", "act_tokens",  "loss"};
     const double vals[] = {s->windows,   s->length,      s->awq_tokens,  s->mixllm_bits,        s->pqi_bits,
@@ -1197,6 +1533,17 @@ mpq_status mpq_calib_write(const mpq_llm *m, const mpq_calib_stats *s, const cha
         cJSON_Delete(o);
         if (!meta) return mpq__fail(err, MPQ_ERR_NOMEM, path, "out of memory");
     }
+    *out = meta;
+    return MPQ_OK;
+}
+
+mpq_status mpq_calib_write(const mpq_llm *m, const mpq_calib_stats *s, const char *extra_json, const char *path,
+                           mpq_io_err *err)
+{
+    if (!m || !s || !path || s->nlin != m->c.layers * MPQ_LIN_COUNT) return MPQ_ERR_ARG;
+    char *meta = NULL;
+    mpq_status st = mpq__calib_meta(s, extra_json, path, &meta, err);
+    if (st != MPQ_OK) return st;
     mpq_st_writer *w = NULL;
     st = mpq_st_writer_open(path, &w, err);
     if (st == MPQ_OK) st = mpq_st_write_meta(w, "mpq_calib", meta, err);
@@ -1218,6 +1565,68 @@ mpq_status mpq_calib_write(const mpq_llm *m, const mpq_calib_stats *s, const cha
     }
     if (st == MPQ_OK) return mpq_st_writer_close(w, err);
     mpq_st_writer_abort(w);
+    return st;
+}
+
+/* A statistic of calibration written to the file as soon as it is final. */
+static mpq_status mpq__put_file(mpq__cal *C, int kind, int i, const float *v, size_t n)
+{
+    mpq_st_writer *w = (mpq_st_writer *)C->put_user;
+    char name[512], base[448];
+    mpq_llm_linear_name(C->m->c.gguf_names, i / MPQ_LIN_COUNT, i % MPQ_LIN_COUNT, 0, base, sizeof base);
+    snprintf(name, sizeof name, "%s.%s", base, mpq__kinds[kind].suffix);
+    int ndim;
+    uint64_t dims[2];
+    mpq__kind_shape(C->s, mpq__lin(C->m, i), mpq__kinds[kind].shape, &ndim, dims);
+    if ((uint64_t)n != dims[0] * (ndim == 2 ? dims[1] : 1)) return MPQ_ERR_SIZE; /* internal: shapes agree */
+    return mpq_st_write_f32(w, name, MPQ_DT_F32, ndim, dims, v, C->err);
+}
+
+mpq_status mpq_llm_calibrate_file(const mpq_llm *m, const int32_t *tokens, size_t n, const mpq_calib_opts *o,
+                                  const char *extra_json, const char *path, mpq_calib_stats *info, mpq_io_err *err)
+{
+    if (err) err->msg[0] = 0;
+    if (!m || !tokens || !path) return mpq__fail(err, MPQ_ERR_ARG, path, "NULL argument");
+    if (extra_json) { /* refused before the work, as mpq_calib_write would refuse it after */
+        cJSON *x = cJSON_Parse(extra_json);
+        const int ok = x != NULL;
+        cJSON_Delete(x);
+        if (!ok) return mpq__fail(err, MPQ_ERR_ARG, path, "the extra metadata is not JSON");
+    }
+    mpq_st_writer *w = NULL;
+    mpq_status st = mpq_st_writer_open(path, &w, err);
+    if (st != MPQ_OK) return st;
+    mpq_calib_stats s;
+    memset(&s, 0, sizeof s);
+    st = mpq__calibrate(m, tokens, n, o, &s, mpq__put_file, w, err);
+    char name[512], base[448];
+    for (int i = 0; st == MPQ_OK && i < s.nlin; i++) { /* the statistics of the whole model, last */
+        const mpq_linear *L = mpq__lin(m, i);
+        mpq_llm_linear_name(m->c.gguf_names, i / MPQ_LIN_COUNT, i % MPQ_LIN_COUNT, 0, base, sizeof base);
+        for (int k = 6; st == MPQ_OK && k < MPQ__NKINDS; k++) {
+            if (!(s.what & mpq__kinds[k].flag)) continue;
+            int ndim;
+            uint64_t dims[2];
+            mpq__kind_shape(&s, L, mpq__kinds[k].shape, &ndim, dims);
+            snprintf(name, sizeof name, "%s.%s", base, mpq__kinds[k].suffix);
+            st = mpq_st_write_f32(w, name, MPQ_DT_F32, ndim, dims, k == 6 ? s.pqi[i] : &s.layer_sens[i], err);
+        }
+    }
+    char *meta = NULL;
+    if (st == MPQ_OK) st = mpq__calib_meta(&s, extra_json, path, &meta, err);
+    if (st == MPQ_OK) st = mpq_st_write_meta(w, "mpq_calib", meta, err);
+    free(meta);
+    mpq_calib_stats sum = s; /* the counts and the loss */
+    sum.fisher = sum.mixllm = sum.xtx_diag = sum.mean_abs = sum.awq = sum.xtx = sum.pqi = NULL;
+    sum.layer_sens = NULL;
+    mpq_calib_stats_free(&s);
+    if (st == MPQ_OK) { /* the writer is gone after close, whatever the result */
+        st = mpq_st_writer_close(w, err);
+        if (st == MPQ_OK && info) *info = sum;
+        return st;
+    }
+    mpq_st_writer_abort(w);
+    if (err && !err->msg[0]) mpq__fail(err, st, path, "%s", mpq_status_str(st));
     return st;
 }
 

@@ -1056,6 +1056,21 @@ static mpq_status mpq__dec_room(const mpq_llm *m, mpq_llm_state *s, int threads)
     return MPQ_OK;
 }
 
+mpq_status mpq__sgemm_lin(const mpq_linear *L, const float *X, int T, float *Y)
+{
+    if (L->W) {
+        mpq__sgemm(X, T, L->W, L->rows, L->cols, Y);
+        return MPQ_OK;
+    }
+    const int th = mpq__max_threads();
+    float *dec = (float *)malloc(sizeof(float) * 4 * (size_t)L->cols * (size_t)th);
+    if (!dec) return MPQ_ERR_NOMEM;
+    mpq__sgemm_job J = {X, NULL, Y, T, L->rows, L->cols, (L->rows + MPQ__SGEMM_ROWS - 1) / MPQ__SGEMM_ROWS, L, dec, th};
+    mpq_parallel(J.tasks, 0, mpq__sgemm_task, &J);
+    free(dec);
+    return MPQ_OK;
+}
+
 /* The float product of map L, its weights in memory or in place. */
 static mpq__sgemm_job mpq__sgemm_of(const mpq_llm_state *s, const mpq_linear *L, const float *X, int T, float *Y)
 {

@@ -593,6 +593,7 @@ mpq_status mpq_llm_backward_params(const mpq_llm *m, mpq_llm_train *t, const int
 #define MPQ_CALIB_LAYER_SENS 0x10u
 #define MPQ_CALIB_XTX        0x20u
 #define MPQ_CALIB_ALL        0x1Fu /* everything but the full X^T X */
+#define MPQ_CALIB_KEEP_BYTES ((size_t)1 << 30)
 
 typedef struct mpq_calib_opts {
     unsigned what;   /* MPQ_CALIB_*; 0 -> MPQ_CALIB_ALL */
@@ -606,6 +607,12 @@ typedef struct mpq_calib_opts {
     int sens_tokens; /* 0 -> 256 (at most length) */
     int rotate;      /* 1: in the basis of mpq_recipe.rotate (see ROTATED STATISTICS) */
     uint64_t rotate_seed;
+    /* With Fisher or MixLLM, every window's input of every layer is kept
+       for the backward pass (layers x windows x length x dim floats): in
+       memory up to keep_bytes (0 -> MPQ_CALIB_KEEP_BYTES), else in an
+       unlinked file in spill_dir (NULL -> $TMPDIR, else /tmp). */
+    size_t keep_bytes;
+    const char *spill_dir;
     /* called during the passes (may be NULL): phase "windows", "pqi" or
        "sensitivity", steps done of total, seconds since the start */
     void (*progress)(void *user, const char *phase, int done, int total, double seconds);
@@ -683,6 +690,18 @@ int mpq_calib_parse_seed(const char *v, uint64_t *seed);
    text it came from). */
 mpq_status mpq_calib_write(const mpq_llm *m, const mpq_calib_stats *s, const char *extra_json, const char *path,
                            mpq_io_err *err);
+/* Calibration straight into the file mpq_calib_write would write (the same
+   tensors, bit for bit; in another order): each statistic is written as
+   soon as it is final (the activation statistics of a layer after the
+   forward pass leaves it, the gradient statistics as the backward pass
+   does), into the writer's spool on disk, so that memory holds the sums
+   of one layer, not every map's results. A model in place (IN PLACE) is
+   calibrated with one layer's weights converted at a time; PQI and the
+   layer sensitivity, which run over the whole model, need a model loaded
+   as float32 (MPQ_ERR_UNSUPPORTED). info (may be NULL) receives the counts
+   and the loss, its arrays NULL. On any error no file is left. */
+mpq_status mpq_llm_calibrate_file(const mpq_llm *m, const int32_t *tokens, size_t n, const mpq_calib_opts *o,
+                                  const char *extra_json, const char *path, mpq_calib_stats *info, mpq_io_err *err);
 /* Reads a statistics file for model m back (every tensor's name, dtype,
    shape and values checked: finite, and >= 0 where a statistic cannot be
    negative). A statistic the first linear map has must be there for all;

@@ -13,6 +13,9 @@ double mpq__now(void);
 /* Y[T x M] = X[T x K] W[M x K]^T in float, OpenMP over M; every output is
    one dot product in a fixed order, whatever the thread count. */
 void mpq__sgemm(const float *X, int T, const float *W, int M, int K, float *Y);
+/* The same product with map L's weights, float (L->W) or in place (L->Ws,
+   converted four rows at a time: the same bits). */
+mpq_status mpq__sgemm_lin(const mpq_linear *L, const float *X, int T, float *Y);
 /* y = x / sqrt(mean(x^2) + eps) * w for T rows of D. */
 void mpq__rmsnorm(const float *x, const float *w, float *y, int T, int D, double eps);
 /* The cos (first half of each row) and sin (second half) of the rotary

@@ -688,7 +688,124 @@ static int same_stats(const mpq_calib_stats *a, const mpq_calib_stats *b, const 
     return a->what == b->what && a->windows == b->windows && same_arrays(a->fisher, b->fisher, a, m, 0) &&
         same_arrays(a->pqi, b->pqi, a, m, 0) && same_arrays(a->mixllm, b->mixllm, a, m, 1) &&
         same_arrays(a->xtx_diag, b->xtx_diag, a, m, 2) && same_arrays(a->mean_abs, b->mean_abs, a, m, 2) &&
-        same_arrays(a->awq, b->awq, a, m, 3) && !memcmp(a->layer_sens, b->layer_sens, sizeof(float) * (size_t)a->nlin);
+        same_arrays(a->awq, b->awq, a, m, 3) &&
+        (a->layer_sens && b->layer_sens ? !memcmp(a->layer_sens, b->layer_sens, sizeof(float) * (size_t)a->nlin)
+                                        : a->layer_sens == b->layer_sens);
+}
+
+/* ---- a layer at a time, in place, into the file ------------------------------ */
+
+static void fisher_sum(void *user, int layer, int lin, const float *G, int rows, int cols)
+{
+    mpq_stat *f = (mpq_stat *)user;
+    cr_assert_eq(mpq_fisher_add(&f[layer * 7 + lin], G, (size_t)rows * cols), MPQ_OK);
+}
+
+static int same_xtx(const mpq_calib_stats *a, const mpq_calib_stats *b, const mpq_llm *m)
+{
+    if (!a->xtx || !b->xtx) return a->xtx == b->xtx;
+    for (int i = 0; i < a->nlin; i++) {
+        const size_t c = (size_t)m->layer[i / 7].lin[i % 7].cols;
+        if (memcmp(a->xtx[i], b->xtx[i], sizeof(float) * c * c)) return 0;
+    }
+    return 1;
+}
+
+/* Calibration runs a layer at a time (every window through layer l, then
+   l + 1; the backward pass from the top layer down, each layer's
+   activations recomputed from its kept input). Its Fisher diagonal is
+   checked bit for bit against the squared gradients of mpq_llm_backward,
+   one window at a time through the whole model, summed the way
+   mpq_fisher_add sums them. A model in place (BF16 maps, so that they are
+   converted a layer at a time) gives the statistics of the model loaded
+   as float32, in memory and through mpq_llm_calibrate_file with the kept
+   inputs spilled to a file, rotated or not. What cannot work is refused
+   and leaves no file. */
+Test(calib, a_layer_at_a_time_in_place_and_into_the_file_equals_the_whole_model_passes, .init = make_tmpdir,
+     .fini = remove_tmpdir)
+{
+    tl_model t;
+    shape(&t, 1, 0, 1);
+    tl_make(&t, 33);
+    char dir[600], out[700], bad[700];
+    snprintf(dir, sizeof dir, "%s/hf", tmpdir);
+    mkdir(dir, 0700);
+    tl_write_hf(&t, dir, MPQ_DT_BF16);
+    mpq_llm *m = NULL, *p = NULL;
+    mpq_io_err e;
+    cr_assert_eq(mpq_llm_load(dir, &m, &e), MPQ_OK, "%s", e.msg);
+    mpq_llm_load_opts lo = {1};
+    cr_assert_eq(mpq_llm_load_with(dir, &lo, &p, &e), MPQ_OK, "%s", e.msg);
+    cr_assert(p->src && !p->layer[0].lin[0].W);
+    synth_rng r = {9};
+    int32_t text[NTOK], win[LEN];
+    random_tokens(&r, &t, text, NTOK);
+    const unsigned what = MPQ_CALIB_FISHER | MPQ_CALIB_MIXLLM | MPQ_CALIB_ACTS | MPQ_CALIB_XTX;
+    mpq_calib_stats s = calibrate(m, text, what);
+    /* the whole-model passes, one window at a time */
+    mpq_stat f[2 * 7];
+    for (int i = 0; i < 14; i++)
+        cr_assert_eq(mpq_stat_init(&f[i], (size_t)m->layer[i / 7].lin[i % 7].rows * m->layer[i / 7].lin[i % 7].cols),
+                     MPQ_OK);
+    mpq_llm_train *tr = NULL;
+    cr_assert_eq(mpq_llm_train_init(m, LEN, &tr), MPQ_OK);
+    double loss = 0;
+    for (int w = 0; w < WINDOWS; w++) {
+        window(m, text, w, win);
+        double lw = 0;
+        cr_assert_eq(mpq_llm_backward(m, tr, win, LEN, NULL, NULL, fisher_sum, f, &lw), MPQ_OK);
+        loss += lw;
+    }
+    cr_assert_eq(loss / WINDOWS, s.loss, "loss %.17g, whole model %.17g", s.loss, loss / WINDOWS);
+    for (int i = 0; i < 14; i++) {
+        float *v = malloc(sizeof(float) * f[i].n);
+        cr_assert_eq(mpq_stat_mean(&f[i], v), MPQ_OK);
+        cr_assert(!memcmp(v, s.fisher[i], sizeof(float) * f[i].n), "map %d: Fisher differs from the whole model's", i);
+        free(v);
+        mpq_stat_free(&f[i]);
+    }
+    mpq_llm_train_free(tr);
+    /* in place, in memory */
+    mpq_calib_stats sp = calibrate(p, text, what);
+    cr_assert(same_stats(&s, &sp, m) && same_xtx(&s, &sp, m) && s.loss == sp.loss, "in place differs");
+    /* in place, into the file, the kept inputs in a file (a limit of one byte) */
+    mpq_calib_opts o;
+    memset(&o, 0, sizeof o);
+    o.what = what, o.windows = WINDOWS, o.length = LEN, o.awq_tokens = 7, o.keep_bytes = 1, o.spill_dir = tmpdir;
+    snprintf(out, sizeof out, "%s/stats.safetensors", tmpdir);
+    mpq_calib_stats info, sf;
+    cr_assert_eq(mpq_llm_calibrate_file(p, text, NTOK, &o, "{\"text\": \"t\"}", out, &info, &e), MPQ_OK, "%s", e.msg);
+    cr_assert(info.loss == s.loss && info.windows == WINDOWS && !info.fisher && !info.xtx);
+    cr_assert_eq(mpq_calib_read(m, out, &sf, &e), MPQ_OK, "%s", e.msg);
+    cr_assert(same_stats(&s, &sf, m) && same_xtx(&s, &sf, m) && sf.loss == s.loss, "the file differs");
+    mpq_calib_stats_free(&sf);
+    /* rotated: the file from the model in place against the float32 model in memory */
+    o.rotate = 1, o.rotate_seed = 77, o.keep_bytes = 0;
+    mpq_calib_stats sr;
+    cr_assert_eq(mpq_llm_calibrate(m, text, NTOK, &o, &sr, &e), MPQ_OK, "%s", e.msg);
+    cr_assert_eq(mpq_llm_calibrate_file(p, text, NTOK, &o, NULL, out, NULL, &e), MPQ_OK, "%s", e.msg);
+    cr_assert_eq(mpq_calib_read(m, out, &sf, &e), MPQ_OK, "%s", e.msg);
+    cr_assert(same_stats(&sr, &sf, m) && same_xtx(&sr, &sf, m), "rotated: the file differs");
+    cr_assert(!same_stats(&s, &sr, m), "the rotation changed nothing");
+    mpq_calib_stats_free(&sf), mpq_calib_stats_free(&sr);
+    unlink(out);
+    /* refused, nothing left behind */
+    o.rotate = 0, o.what = MPQ_CALIB_PQI;
+    cr_assert_eq(mpq_llm_calibrate_file(p, text, NTOK, &o, NULL, out, NULL, &e), MPQ_ERR_UNSUPPORTED);
+    cr_assert(strstr(e.msg, "float32") && strstr(e.msg, dir), "%s", e.msg);
+    cr_assert_neq(access(out, F_OK), 0);
+    o.what = what;
+    cr_assert_eq(mpq_llm_calibrate_file(p, text, NTOK, &o, "{not json", out, NULL, &e), MPQ_ERR_ARG);
+    cr_assert_neq(access(out, F_OK), 0);
+    snprintf(bad, sizeof bad, "%s/no-such-dir", tmpdir);
+    o.keep_bytes = 1, o.spill_dir = bad;
+    cr_assert_eq(mpq_llm_calibrate_file(p, text, NTOK, &o, NULL, out, NULL, &e), MPQ_ERR_IO);
+    cr_assert(strstr(e.msg, "no-such-dir") && strstr(e.msg, "kept hidden states"), "%s", e.msg);
+    cr_assert_neq(access(out, F_OK), 0);
+    cr_assert_eq(mpq_llm_calibrate_file(p, text, NTOK, NULL, NULL, NULL, NULL, &e), MPQ_ERR_ARG);
+    mpq_calib_stats_free(&s), mpq_calib_stats_free(&sp);
+    mpq_llm_free(m), mpq_llm_free(p);
+    tl_free(&t);
 }
 
 /* ---- rotated statistics ------------------------------------------------------ */

@@ -825,6 +825,19 @@ static int calibrate(const calib_args *a, const mpq_llm *m, const char *model, c
         rc = fail(EXIT_INPUT, "%s: %zu tokens, shorter than one calibration window of %d (--length)", path, nt, length);
     mpq_calib_stats s;
     memset(&s, 0, sizeof s);
+    char *j = NULL;
+    if (!rc) { /* what the file records of its model and text */
+        char hash[32];
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddStringToObject(o, "model", model);
+        cJSON_AddStringToObject(o, "text", path);
+        cJSON_AddNumberToObject(o, "text_bytes", (double)len);
+        snprintf(hash, sizeof hash, "%016llx", (unsigned long long)mpq_text_hash(text, len));
+        cJSON_AddStringToObject(o, "text_fnv1a", hash);
+        j = cJSON_PrintUnformatted(o);
+        cJSON_Delete(o);
+        if (!j) rc = fail(EXIT_QUANT, "out of memory");
+    }
     if (!rc) {
         const int fit = (size_t)windows <= nt / (size_t)length;
         if (!a->lo.quiet)
@@ -837,30 +850,20 @@ static int calibrate(const calib_args *a, const mpq_llm *m, const char *model, c
         co.progress = calib_step, co.user = &cp;
         co.rotate = a->rot.on, co.rotate_seed = a->rot.seed;
         const double t0 = cli_now();
-        st = mpq_llm_calibrate(m, tok, nt, &co, &s, &e);
+        st = mpq_llm_calibrate_file(m, tok, nt, &co, j, a->out, &s, &e);
         progress_end(&cp.p);
         if (st != MPQ_OK)
-            rc = fail(st == MPQ_ERR_NOMEM ? EXIT_QUANT : EXIT_INPUT, "%s", e.msg);
-        else if (!a->lo.quiet)
+            rc = fail(st == MPQ_ERR_NOMEM                  ? EXIT_QUANT
+                          : strstr(e.msg, a->out) == e.msg ? EXIT_OUTPUT
+                                                           : EXIT_INPUT,
+                      "%s", e.msg);
+        else if (!a->lo.quiet) {
             fprintf(stderr, "mpq: calibration loss %.4f over %d windows (%.1f s)\n", s.loss, s.windows, cli_now() - t0);
-    }
-    if (!rc) {
-        char hash[32];
-        cJSON *o = cJSON_CreateObject();
-        cJSON_AddStringToObject(o, "model", model);
-        cJSON_AddStringToObject(o, "text", path);
-        cJSON_AddNumberToObject(o, "text_bytes", (double)len);
-        snprintf(hash, sizeof hash, "%016llx", (unsigned long long)mpq_text_hash(text, len));
-        cJSON_AddStringToObject(o, "text_fnv1a", hash);
-        char *j = cJSON_PrintUnformatted(o);
-        cJSON_Delete(o);
-        if (!j || (st = mpq_calib_write(m, &s, j, a->out, &e)) != MPQ_OK)
-            rc = fail(EXIT_OUTPUT, "%s", j ? e.msg : "out of memory");
-        else if (!a->lo.quiet)
             printf("%s: statistics of %d linear maps from %d windows of %d tokens\n", a->out, s.nlin, s.windows,
                    s.length);
-        free(j);
+        }
     }
+    free(j);
     mpq_calib_stats_free(&s);
     free(tok);
     return rc;
@@ -879,7 +882,9 @@ int cmd_calibrate(int argc, char **argv)
     size_t len = 0;
     if ((rc = text_read(pos[1], &text, &len)) != 0) return rc;
     loaded L;
-    a.lo.floats = 1; /* the backward pass differentiates float32 weights */
+    /* PQI and the layer sensitivity run over the whole model in float32; the rest a layer at a time, the
+       weights in place */
+    a.lo.floats = (a.co.what == 0 || (a.co.what & (MPQ_CALIB_PQI | MPQ_CALIB_LAYER_SENS))) != 0;
     if ((rc = model_load(pos[0], &a.lo, &L)) == 0) rc = calibrate(&a, L.m, pos[0], pos[1], text, len);
     free(text);
     model_unload(&L);
