@@ -1383,7 +1383,7 @@ mpq_status mpq_llm_quantize_sequential(const mpq_llm *m, const int32_t *tokens, 
     mpq__cal C; /* the windows as calibration takes them */
     memset(&C, 0, sizeof C);
     C.m = m, C.len = len, C.tokens = tokens, C.n = n, C.nwin = windows;
-    mpq_status st = mpq_llm_train_init(m, len, &C.t);
+    mpq_status st = mpq__train_new(m, len, 1, 1, &C.t);
     if (st == MPQ_ERR_UNSUPPORTED)
         return mpq__fail(err, st, m->path ? m->path : "model", "sequential quantization needs float weights");
     if (st != MPQ_OK) return mpq__fail(err, st, "sequential quantization", "%s", mpq_status_str(st));
@@ -1392,13 +1392,15 @@ mpq_status mpq_llm_quantize_sequential(const mpq_llm *m, const int32_t *tokens, 
     mpq__seq S;
     memset(&S, 0, sizeof S);
     float *h = (float *)malloc(sizeof(float) * TD * (size_t)windows); /* every window's hidden state */
-    float *H = NULL, *Wq[MPQ_LIN_COUNT] = {NULL};
+    float *H = NULL, *Wq[MPQ_LIN_COUNT] = {NULL}, *Wf[MPQ_LIN_COUNT] = {NULL};
     const float **Wp = (const float **)calloc((size_t)nlin, sizeof(float *));
+    const float **Wfl =
+        (const float **)calloc((size_t)nlin, sizeof(float *)); /* the float layer (in place: converted) */
     C.win = (int32_t *)malloc(sizeof(int32_t) * (size_t)len);
     size_t maxc = 0;
     for (int k = 0; k < MPQ__KINDS; k++) maxc = (size_t)mpq__cols_of(c, k) > maxc ? (size_t)mpq__cols_of(c, k) : maxc;
     H = (float *)malloc(sizeof(float) * maxc * maxc);
-    st = h && Wp && C.win && H ? MPQ_OK : MPQ_ERR_NOMEM;
+    st = h && Wp && Wfl && C.win && H ? MPQ_OK : MPQ_ERR_NOMEM;
     for (int k = 0; st == MPQ_OK && k < MPQ__KINDS; k++) {
         const size_t cc = (size_t)mpq__cols_of(c, k);
         if (!(S.xtx[k] = (double *)malloc(sizeof(double) * cc * cc))) st = MPQ_ERR_NOMEM;
@@ -1406,24 +1408,29 @@ mpq_status mpq_llm_quantize_sequential(const mpq_llm *m, const int32_t *tokens, 
     for (int k = 0; st == MPQ_OK && k < MPQ_LIN_COUNT; k++) {
         const mpq_linear *L = mpq__lin(m, k);
         if (!(Wq[k] = (float *)malloc(sizeof(float) * (size_t)L->rows * (size_t)L->cols))) st = MPQ_ERR_NOMEM;
+        if (st == MPQ_OK && !L->W && !(Wf[k] = (float *)malloc(sizeof(float) * (size_t)L->rows * (size_t)L->cols)))
+            st = MPQ_ERR_NOMEM;
     }
     for (int w = 0; st == MPQ_OK && w < windows; w++) {
         mpq__window(&C, w);
-        for (int i = 0; i < len; i++)
-            memcpy(h + (size_t)w * TD + (size_t)i * c->dim, m->embed.W + (size_t)C.win[i] * c->dim,
-                   sizeof(float) * (size_t)c->dim);
+        mpq__embed(m, C.win, len, h + (size_t)w * TD);
     }
     int done = 0, at = -1;
     const double t0 = mpq__now();
-    mpq__slot *scratch = &C.t->slot[c->layers];
+    mpq__slot *scratch = &C.t->slot[0];
     for (int l = 0; l < c->layers && st == MPQ_OK; l++) {
+        for (int k = 0; k < MPQ_LIN_COUNT; k++) { /* a model in place: the layer converted */
+            const mpq_linear *L = &m->layer[l].lin[k];
+            if (!L->W) mpq__lin_rows(L, 0, L->rows, Wf[k]);
+            Wfl[l * MPQ_LIN_COUNT + k] = L->W ? NULL : Wf[k];
+        }
         /* X^T X of layer l's inputs with layers 0 .. l-1 quantized, layer l still float */
         for (int k = 0; k < MPQ__KINDS; k++) {
             const size_t cc = (size_t)mpq__cols_of(c, k);
             memset(S.xtx[k], 0, sizeof(double) * cc * cc);
         }
         for (int w = 0; w < windows && S.st == MPQ_OK; w++)
-            mpq__layer_fwd(m, C.t, NULL, l, h + (size_t)w * TD, scratch, C.t->xf, len, mpq__seq_observe, &S);
+            mpq__layer_fwd(m, C.t, Wfl, l, h + (size_t)w * TD, scratch, C.t->xf, len, mpq__seq_observe, &S);
         st = S.st;
         for (int k = 0; st == MPQ_OK && k < MPQ_LIN_COUNT; k++) {
             const int i = l * MPQ_LIN_COUNT + k, cols = maps[i].cols;
@@ -1432,25 +1439,27 @@ mpq_status mpq_llm_quantize_sequential(const mpq_llm *m, const int32_t *tokens, 
             if (d.hessian) d.hessian(d.user, i, H, cols);
             mpq_recipe_map mc = maps[i];
             mc.H = H;
+            if (!mc.W) mc.W = Wfl[i] ? Wfl[i] : mpq__lin(m, i)->W; /* the model's own weights */
             at = i;
             if ((st = mpq_recipe_quantize(r, i, &mc, NULL, &out[i])) != MPQ_OK) break;
             done = i + 1;
             if ((st = mpq_packed_dequantize(&out[i], 0, Wq[k])) != MPQ_OK) break;
             Wp[i] = Wq[k];
+            if (d.store && (st = d.store(d.user, i, &out[i])) != MPQ_OK) break; /* handed over as it is made */
         }
         /* the next layer's input: layer l quantized */
         for (int w = 0; w < windows && st == MPQ_OK; w++) {
             mpq__layer_fwd(m, C.t, Wp, l, h + (size_t)w * TD, scratch, C.t->xf, len, NULL, NULL);
             memcpy(h + (size_t)w * TD, C.t->xf, sizeof(float) * TD);
         }
-        for (int k = 0; k < MPQ_LIN_COUNT; k++) Wp[l * MPQ_LIN_COUNT + k] = NULL;
+        for (int k = 0; k < MPQ_LIN_COUNT; k++) Wp[l * MPQ_LIN_COUNT + k] = Wfl[l * MPQ_LIN_COUNT + k] = NULL;
         if (st == MPQ_OK && d.progress) d.progress(d.user, l + 1, c->layers, mpq__now() - t0);
     }
     if (st != MPQ_OK)
         for (int i = 0; i < done; i++) mpq_packed_free(&out[i]);
     for (int k = 0; k < MPQ__KINDS; k++) free(S.xtx[k]);
-    for (int k = 0; k < MPQ_LIN_COUNT; k++) free(Wq[k]);
-    free(h), free(H), free((void *)Wp), free(C.win);
+    for (int k = 0; k < MPQ_LIN_COUNT; k++) free(Wq[k]), free(Wf[k]);
+    free(h), free(H), free((void *)Wp), free((void *)Wfl), free(C.win);
     mpq_llm_train_free(C.t);
     if (st != MPQ_OK)
         return at >= 0 ? mpq__fail(err, st, "sequential quantization", "map %d: %s", at, mpq_status_str(st))

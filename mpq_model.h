@@ -650,7 +650,8 @@ void mpq_calib_stats_free(mpq_calib_stats *s);
    dequantized gives the next layer's input. Layer 0's X^T X are therefore
    exactly the float model's (MPQ_CALIB_XTX over the same windows). Memory:
    the hidden states, one window's training scratch, X^T X of one layer's
-   inputs in float64, one layer's maps dequantized. Cost: two forward passes
+   inputs in float64, one layer's maps dequantized (and converted, for a
+   model in place), and the packed maps unless o->store takes them. Cost: two forward passes
    of the model over the windows, plus the products X^T X. Only H is
    sequential: AWQ's rows and the rest of maps[i] are the caller's (the
    float model's). */
@@ -661,14 +662,20 @@ typedef struct mpq_seq_opts {
     void (*hessian)(void *user, int i, const float *H, int cols);
     /* after each layer (may be NULL) */
     void (*progress)(void *user, int layers_done, int layers, double seconds);
+    /* when set, each map as soon as it is quantized: store takes *A (frees
+       it; out[i] is left empty), so that the packed maps need not all be
+       held; an error from it stops the run */
+    mpq_status (*store)(void *user, int i, mpq_packed *A);
     void *user;
 } mpq_seq_opts;
 
 /* maps[i] for every linear map i = layer * 7 + lin of m (the model's
-   shapes; H is ignored), quantized into out[i] (free each with
-   mpq_packed_free). r->planner must be NONE (a plan made over all the maps
-   goes in r->plan) and r->requant 0: MPQ_ERR_ARG. m must have float
-   weights. On an error err names the map; out holds nothing. */
+   shapes; H is ignored; W NULL: the model's own weights), quantized into
+   out[i] (free each with mpq_packed_free), or handed to o->store. r->planner
+   must be NONE (a plan made over all the maps goes in r->plan) and
+   r->requant 0: MPQ_ERR_ARG. m must have float weights, in memory or in
+   place (a layer is converted at a time). On an error err names the map;
+   out holds nothing (what store took is the caller's). */
 mpq_status mpq_llm_quantize_sequential(const mpq_llm *m, const int32_t *tokens, size_t n, const mpq_seq_opts *o,
                                        const mpq_recipe *r, const mpq_recipe_map *maps, mpq_packed *out,
                                        mpq_io_err *err);

@@ -1058,6 +1058,21 @@ static void seq_hessian(void *user, int i, const float *H, int cols)
     s->H[i] = memcpy(malloc(sizeof(float) * cols * cols), H, sizeof(float) * cols * cols);
 }
 
+typedef struct seq_store {
+    const mpq_packed *want;
+    int n, fail_at;
+} seq_store;
+
+static mpq_status seq_store_cmp(void *user, int i, mpq_packed *A)
+{
+    seq_store *s = (seq_store *)user;
+    cr_assert_eq(i, s->n, "maps are handed over in order");
+    cr_assert(A->bytes == s->want[i].bytes && !memcmp(A->buf, s->want[i].buf, A->bytes), "map %d", i);
+    mpq_packed_free(A);
+    s->n++;
+    return i == s->fail_at ? MPQ_ERR_IO : MPQ_OK;
+}
+
 Test(calib, sequential_quantization_takes_each_layers_inputs_after_the_quantized_layers_before)
 {
     tl_model t;
@@ -1121,6 +1136,28 @@ Test(calib, sequential_quantization_takes_each_layers_inputs_after_the_quantized
         }
     }
     cr_assert(later_differs, "layer 1 sees layer 0's rounding");
+    /* the model in place, the maps' W NULL (the model's own), each map handed over as it is made: the same
+       bytes; a store that fails stops the run with its error */
+    char dir[600];
+    snprintf(dir, sizeof dir, "%s/hf", tmpdir);
+    mpq_llm *p = NULL;
+    mpq_llm_load_opts lo = {1};
+    cr_assert_eq(mpq_llm_load_with(dir, &lo, &p, &e), MPQ_OK, "%s", e.msg);
+    cr_assert(p->src && !p->layer[1].lin[MPQ_LIN_DOWN].W);
+    mpq_recipe_map own[NL];
+    memcpy(own, maps, sizeof own);
+    for (int i = 0; i < NL; i++) own[i].W = NULL;
+    seq_store ss = {out, 0, -1};
+    mpq_seq_opts so2 = so;
+    so2.hessian = NULL, so2.store = seq_store_cmp, so2.user = &ss;
+    mpq_packed empty[NL];
+    cr_assert_eq(mpq_llm_quantize_sequential(p, text, NTOK, &so2, &rc, own, empty, &e), MPQ_OK, "%s", e.msg);
+    cr_assert_eq(ss.n, NL);
+    for (int i = 0; i < NL; i++) cr_assert_null(empty[i].buf, "map %d stayed in out", i);
+    ss.n = 0, ss.fail_at = 9;
+    cr_assert_eq(mpq_llm_quantize_sequential(p, text, NTOK, &so2, &rc, own, empty, &e), MPQ_ERR_IO);
+    cr_assert(ss.n == 10 && strstr(e.msg, "map 9"), "%d maps; %s", ss.n, e.msg);
+    mpq_llm_free(p);
     /* a planner over all the maps, ReQuant, a wrong shape: refused, nothing out */
     mpq_recipe bad = rc;
     bad.planner = MPQ_PLANNER_SFMP, bad.bpw = 3;

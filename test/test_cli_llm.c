@@ -792,6 +792,25 @@ Test(cli_llm, main_job_rows_are_what_quantize_writes, .init = setup, .fini = tea
         for (int i = 0; i < 14; i++) mpq_linear_unpack(h, &h->layer[i / 7].lin[i % 7]);
         mpq_linear_unpack(h, &h->embed);
     }
+    /* --sequential gathers its own X^T X: no statistics file is needed (the same maps as with one) */
+    cr_assert_eq(run("quantize --quiet --method gptq --bits 3 --sequential text.txt --seq-windows 4 --seq-length 16 "
+                     "hf q2.safetensors"),
+                 0, "%s", slurp("err.txt", NULL));
+    cr_assert_eq(run("quantize --quiet --method gptq --bits 3 --sequential text.txt --seq-windows 4 --seq-length 16 "
+                     "--stats s.safetensors hf q3.safetensors"),
+                 0, "%s", slurp("err.txt", NULL));
+    {
+        mpq_llm *a = load("q2.safetensors"), *b = load("q3.safetensors");
+        for (int i = 0; i < 14; i++) {
+            const mpq_packed *A = &a->layer[i / 7].lin[i % 7].A, *B = &b->layer[i / 7].lin[i % 7].A;
+            cr_assert(A->buf && A->bytes == B->bytes && !memcmp(A->buf, B->buf, A->bytes), "map %d", i);
+        }
+        mpq_llm_free(a), mpq_llm_free(b);
+        path_of("q3.safetensors", p, sizeof p);
+        unlink(p);
+        path_of("q2.safetensors", p, sizeof p);
+        unlink(p);
+    }
     /* --sequential: only under GPTQ, over every linear map, from a text that exists */
     cr_assert_eq(run("quantize --quiet --bits 3 --sequential text.txt hf q2.safetensors"), 1);
     cr_assert_not_null(strstr(slurp("err.txt", NULL), "GPTQ"), "%s", slurp("err.txt", NULL));

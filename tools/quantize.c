@@ -520,20 +520,25 @@ static int open_stats(qrun *R)
     if (need_s && mpq_st_open(q->salience, &R->S, &e) != MPQ_OK) return fail(EXIT_INPUT, "%s", e.msg);
     if (need_s && (rc = check_basis(q, R->S, q->salience)) != 0) return rc;
     if (need_c && mpq_st_open(q->calib, &R->C, &e) != MPQ_OK) return fail(EXIT_INPUT, "%s", e.msg);
-    if ((need & MPQ_RECIPE_HESSIAN) && mpq_st_open(q->hessian, &R->H, &e) != MPQ_OK)
+    /* --sequential gathers its own X^T X: a file is read only when given (check_files asks for it otherwise) */
+    if ((need & MPQ_RECIPE_HESSIAN) && q->hessian && mpq_st_open(q->hessian, &R->H, &e) != MPQ_OK)
         return fail(EXIT_INPUT, "%s", e.msg);
     return 0;
 }
 
-/* --sequential: the model loaded as float weights, the plan made first (a
+/* --sequential: the model loaded in place, the plan made first (a
    planner's), then mpq_llm_quantize_sequential over every linear map with
-   the AWQ rows fetched, each result stored as the recipe would. */
+   the AWQ rows fetched, each result stored as soon as it is made, as the
+   recipe would store it. */
 static int run_sequential(qrun *R, mpq_recipe_map *maps, int n, const char *in)
 {
     const qargs *q = R->q;
     mpq_io_err e;
     mpq_llm *m = NULL;
-    if (mpq_llm_load(in, &m, &e) != MPQ_OK) return fail(EXIT_INPUT, "%s", e.msg);
+    mpq_llm_load_opts lo;
+    memset(&lo, 0, sizeof lo);
+    lo.in_place = 1; /* a layer's weights are converted to float32 as the run reaches it */
+    if (mpq_llm_load_with(in, &lo, &m, &e) != MPQ_OK) return fail(EXIT_INPUT, "%s", e.msg);
     int rc = 0;
     const int nlin = m->c.layers * MPQ_LIN_COUNT;
     for (int i = 0; !rc && i < n; i++) {
@@ -566,29 +571,28 @@ static int run_sequential(qrun *R, mpq_recipe_map *maps, int n, const char *in)
     int *fetched = (int *)calloc((size_t)n, sizeof(int));
     mpq_packed *out = (mpq_packed *)calloc((size_t)n, sizeof *out);
     if (!rc && (!fetched || !out)) rc = fail(EXIT_QUANT, "out of memory");
-    for (int i = 0; !rc && i < n; i++) { /* W: the loaded model's; AWQ's rows from --calib */
+    for (int i = 0; !rc && i < n; i++) { /* W: the loaded model's (NULL); AWQ's rows from --calib */
         if (r.awq) {
             if (fetch(R, i, MPQ_RECIPE_ACTS, &maps[i]) != MPQ_OK) rc = R->rc ? R->rc : fail(EXIT_INPUT, "fetch");
             fetched[i] = 1;
         }
-        maps[i].W = m->layer[i / MPQ_LIN_COUNT].lin[i % MPQ_LIN_COUNT].W;
+        maps[i].W = NULL;
     }
     if (!rc) {
         mpq_seq_opts so;
         memset(&so, 0, sizeof so);
         so.windows = q->seq_windows, so.length = q->seq_length;
+        so.store = store, so.user = R; /* each map written as it is made */
         progress_start(&R->p, "mpq", !q->quiet, n);
         const mpq_status st = mpq_llm_quantize_sequential(m, tok, nt, &so, &r, maps, out, &e);
         progress_end(&R->p);
-        if (st != MPQ_OK) rc = fail(st == MPQ_ERR_SIZE ? EXIT_INPUT : EXIT_QUANT, "%s: %s", in, e.msg);
-    }
-    for (int i = 0; !rc && i < n; i++) {
-        if (store(R, i, &out[i]) != MPQ_OK) rc = R->rc ? R->rc : fail(EXIT_OUTPUT, "store");
-        memset(&out[i], 0, sizeof out[i]);
+        if (R->rc)
+            rc = R->rc;
+        else if (st != MPQ_OK)
+            rc = fail(st == MPQ_ERR_SIZE ? EXIT_INPUT : EXIT_QUANT, "%s: %s", in, e.msg);
     }
     for (int i = 0; i < n; i++) {
         if (out) mpq_packed_free(&out[i]);
-        maps[i].W = NULL; /* the model's */
         if (fetched && fetched[i]) release(R, i, &maps[i]);
     }
     free(out), free(fetched), free(tok), free(text);
