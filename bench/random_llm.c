@@ -13,6 +13,11 @@
 
      --dim N --ffn N --heads N --kv-heads N --layers N --vocab N --seed N
 
+   --dtype bf16 stores the matrices in BF16 instead; --shards N writes N
+   files model-0000i-of-0000N.safetensors (the embedding in the first, the
+   head in the last, the layers spread evenly) and the index
+   model.safetensors.index.json, as Hugging Face shards a checkpoint.
+
    Weights: Student-t(4) scaled to 1 / sqrt(columns) with a few outlier rows
    and columns (see fill); the same seed gives the same file for any thread
    count. Their values do not matter to a speed test. */
@@ -110,20 +115,26 @@ static int arg_int(const char *opt, const char *v, int lo, int hi, int *out)
 
 int main(int argc, char **argv)
 {
-    int dim = 8192, ffn = 28672, heads = 64, kv_heads = 8, layers = 2, vocab = 32000, seed = 1;
+    int dim = 8192, ffn = 28672, heads = 64, kv_heads = 8, layers = 2, vocab = 32000, seed = 1, shards = 1;
+    mpq_dtype dt = MPQ_DT_F16;
     const char *dir = NULL;
-    static const char *const names[] = {"--dim", "--ffn", "--heads", "--kv-heads", "--layers", "--vocab", "--seed"};
-    int *vals[] = {&dim, &ffn, &heads, &kv_heads, &layers, &vocab, &seed};
+    static const char *const names[] = {"--dim",    "--ffn",   "--heads", "--kv-heads",
+                                        "--layers", "--vocab", "--seed",  "--shards"};
+    int *vals[] = {&dim, &ffn, &heads, &kv_heads, &layers, &vocab, &seed, &shards};
     for (int i = 1; i < argc; i++) {
         int k = 0;
-        while (k < 7 && strcmp(argv[i], names[k])) k++;
-        if (k < 7) {
-            if (!arg_int(names[k], i + 1 < argc ? argv[i + 1] : NULL, k == 6 ? 0 : 1, 1 << 20, vals[k])) return 1;
+        while (k < 8 && strcmp(argv[i], names[k])) k++;
+        if (k < 8) {
+            if (!arg_int(names[k], i + 1 < argc ? argv[i + 1] : NULL, k == 6 ? 0 : 1, k == 7 ? 99 : 1 << 20, vals[k]))
+                return 1;
             i++;
+        } else if (!strcmp(argv[i], "--dtype") && i + 1 < argc &&
+                   (!strcmp(argv[i + 1], "f16") || !strcmp(argv[i + 1], "bf16"))) {
+            dt = strcmp(argv[++i], "bf16") ? MPQ_DT_F16 : MPQ_DT_BF16;
         } else if (argv[i][0] == '-' || dir) {
             fprintf(stderr,
                     "usage: bench_random_llm [--dim N --ffn N --heads N --kv-heads N --layers N --vocab N "
-                    "--seed N] DIR\n");
+                    "--seed N --dtype f16|bf16 --shards N] DIR\n");
             return 1;
         } else {
             dir = argv[i];
@@ -144,12 +155,24 @@ int main(int argc, char **argv)
              "{\"architectures\": [\"LlamaForCausalLM\"], \"hidden_size\": %d, \"intermediate_size\": %d, "
              "\"num_hidden_layers\": %d, \"num_attention_heads\": %d, \"num_key_value_heads\": %d, "
              "\"max_position_embeddings\": 8192, \"rms_norm_eps\": 1e-05, \"rope_theta\": 500000.0, "
-             "\"tie_word_embeddings\": false, \"vocab_size\": %d, \"torch_dtype\": \"float16\"}\n",
-             dim, ffn, layers, heads, kv_heads, vocab);
+             "\"tie_word_embeddings\": false, \"vocab_size\": %d, \"torch_dtype\": \"%s\"}\n",
+             dim, ffn, layers, heads, kv_heads, vocab, dt == MPQ_DT_BF16 ? "bfloat16" : "float16");
     if (!write_text(dir, "config.json", cfg) || !write_tokenizer(dir)) return 1;
+    if (shards > layers + 2) shards = layers + 2;
 
-    char path[4096], name[128];
-    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    char path[4096], name[128], shard[64];
+    FILE *index = NULL; /* the index of the shards: tensor -> file, as it is written */
+    if (shards > 1) {
+        snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+        if (!(index = fopen(path, "wb"))) {
+            fprintf(stderr, "bench_random_llm: cannot write %s: %s\n", path, strerror(errno));
+            return 1;
+        }
+        fprintf(index, "{\"metadata\": {}, \"weight_map\": {");
+    }
+    int at = 0, nidx = 0; /* the shard being written; entries in the index */
+    snprintf(shard, sizeof shard, shards > 1 ? "model-%05d-of-%05d.safetensors" : "model.safetensors", 1, shards);
+    snprintf(path, sizeof path, "%s/%s", dir, shard);
     mpq_st_writer *w = NULL;
     mpq_io_err e;
     if (mpq_st_writer_open(path, &w, &e) != MPQ_OK) {
@@ -172,26 +195,47 @@ int main(int argc, char **argv)
     for (int i = 0; i < dim; i++) ones[i] = 1.0f + 0.1f * (float)synth_gauss(&r);
     mpq_status st = MPQ_OK;
     const uint64_t d1[1] = {(uint64_t)dim};
-    for (int t = -2; t < layers * 9 && st == MPQ_OK; t++) {
-        /* -2: embedding, -1: head and final norm, then per layer 2 norms and 7 maps */
+    /* the tensors in order: the embedding (-2), the layers (2 norms and 7 maps each), the head and the final
+       norm (-1, last); the shard changes where the part of the order it covers ends */
+    const int total = layers * 9 + 2;
+    for (int u = 0; u < total && st == MPQ_OK; u++) {
+        const int t = u == 0 ? -2 : u == total - 1 ? -1 : u - 1;
+        const int want = (int)((long long)u * shards / total); /* the shard of tensor u */
+        if (want != at) {
+            if ((st = mpq_st_writer_close(w, &e)) != MPQ_OK) {
+                w = NULL;
+                break;
+            }
+            at = want;
+            snprintf(shard, sizeof shard, "model-%05d-of-%05d.safetensors", at + 1, shards);
+            snprintf(path, sizeof path, "%s/%s", dir, shard);
+            if ((st = mpq_st_writer_open(path, &w, &e)) != MPQ_OK) {
+                w = NULL;
+                break;
+            }
+        }
         const int l = t < 0 ? -1 : t / 9, k = t < 0 ? 0 : t % 9;
         if (t >= 0 && k < 2) {
             snprintf(name, sizeof name, "model.layers.%d.%s.weight", l,
                      k ? "post_attention_layernorm" : "input_layernorm");
             st = mpq_st_write_f32(w, name, MPQ_DT_F32, 1, d1, ones, &e);
-            continue;
+        } else {
+            const int m = t < 0 ? vocab : rows[k - 2], n = t < 0 ? dim : cols[k - 2];
+            fill(W, m, n, synth_u64(&r));
+            const uint64_t sh[2] = {(uint64_t)m, (uint64_t)n};
+            if (t == -2)
+                snprintf(name, sizeof name, "model.embed_tokens.weight");
+            else if (t == -1)
+                snprintf(name, sizeof name, "lm_head.weight");
+            else
+                snprintf(name, sizeof name, "model.layers.%d.%s.weight", l, lin[k - 2]);
+            st = mpq_st_write_f32(w, name, dt, 2, sh, W, &e);
         }
-        const int m = t < 0 ? vocab : rows[k - 2], n = t < 0 ? dim : cols[k - 2];
-        fill(W, m, n, synth_u64(&r));
-        const uint64_t sh[2] = {(uint64_t)m, (uint64_t)n};
-        if (t == -2)
-            snprintf(name, sizeof name, "model.embed_tokens.weight");
-        else if (t == -1)
-            snprintf(name, sizeof name, "lm_head.weight");
-        else
-            snprintf(name, sizeof name, "model.layers.%d.%s.weight", l, lin[k - 2]);
-        st = mpq_st_write_f32(w, name, MPQ_DT_F16, 2, sh, W, &e);
-        if (st == MPQ_OK && t == -1) st = mpq_st_write_f32(w, "model.norm.weight", MPQ_DT_F32, 1, d1, ones, &e);
+        if (index) fprintf(index, "%s\"%s\": \"%s\"", nidx++ ? ", " : "", name, shard);
+        if (st == MPQ_OK && t == -1) {
+            st = mpq_st_write_f32(w, "model.norm.weight", MPQ_DT_F32, 1, d1, ones, &e);
+            if (index) fprintf(index, ", \"model.norm.weight\": \"%s\"", shard);
+        }
         if (t >= 0 && k == 8) fprintf(stderr, "\rbench_random_llm: layer %d of %d", l + 1, layers);
     }
     fprintf(stderr, "\n");
@@ -199,10 +243,16 @@ int main(int argc, char **argv)
     if (st != MPQ_OK) {
         fprintf(stderr, "bench_random_llm: %s\n", e.msg);
         mpq_st_writer_abort(w);
+        if (index) fclose(index);
         return 1;
     }
     if (mpq_st_writer_close(w, &e) != MPQ_OK) {
         fprintf(stderr, "bench_random_llm: %s\n", e.msg);
+        if (index) fclose(index);
+        return 1;
+    }
+    if (index && (fprintf(index, "}}\n") < 0 || fclose(index) != 0)) {
+        fprintf(stderr, "bench_random_llm: cannot write the index: %s\n", strerror(errno));
         return 1;
     }
     return 0;

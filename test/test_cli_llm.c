@@ -333,10 +333,15 @@ Test(cli_llm, eval_kl_divergence_and_schedules_print_the_library, .init = setup,
     snprintf(want, sizeof want, "mean %.3f %%, mean |Delta p| %.3f %%, RMS %.3f %%", 100 * k.dp_mean, 100 * k.dp_abs,
              100 * k.dp_rms);
     cr_assert(strstr(out, want), "%s", out);
-    /* the reference against itself, and the chunks taken from the file */
-    cr_assert_eq(run("eval --quiet --kl base.klb m.gguf text.txt"), 0, "%s", slurp("err.txt", NULL));
-    out = slurp("out.txt", NULL);
-    cr_assert(strstr(out, "KL divergence: 0.000000 +/- 0.000000") && strstr(out, "same top token: 100.000"), "%s", out);
+    /* the reference against itself, in place and read into memory, and the chunks taken from the file */
+    for (int k = 0; k < 2; k++) {
+        cr_assert_eq(run(k ? "eval --quiet --in-memory --kl base.klb m.gguf text.txt"
+                           : "eval --quiet --kl base.klb m.gguf text.txt"),
+                     0, "%s", slurp("err.txt", NULL));
+        out = slurp("out.txt", NULL);
+        cr_assert(strstr(out, "KL divergence: 0.000000 +/- 0.000000") && strstr(out, "same top token: 100.000"), "%s",
+                  out);
+    }
     /* a static PMPD schedule: the library's scheduled perplexity */
     mpq_pmpd_schedule s;
     memset(&s, 0, sizeof s);
@@ -712,6 +717,25 @@ Test(cli_llm, bad_statistics_exit_2, .init = setup, .fini = teardown)
     mpq_io_err err;
     cr_assert_eq(mpq_calib_read(h, p, &s, &err), MPQ_OK, "%s", err.msg);
     cr_assert_eq(s.what, MPQ_CALIB_FISHER | MPQ_CALIB_ACTS);
+    { /* --in-memory: the model as float32, the statistics held to the end; the same values */
+        cr_assert_eq(run("calibrate --quiet --in-memory --windows 2 --length 16 --stats fisher,acts hf text.txt -o "
+                         "s2.safetensors"),
+                     0, "%s", slurp("err.txt", NULL));
+        char q[600];
+        path_of("s2.safetensors", q, sizeof q);
+        mpq_calib_stats s2;
+        cr_assert_eq(mpq_calib_read(h, q, &s2, &err), MPQ_OK, "%s", err.msg);
+        for (int i = 0; i < s.nlin; i++) {
+            const mpq_linear *L = &h->layer[i / 7].lin[i % 7];
+            const size_t nw = (size_t)L->rows * L->cols, nc = (size_t)L->cols;
+            cr_assert(!memcmp(s.fisher[i], s2.fisher[i], 4 * nw) && !memcmp(s.xtx_diag[i], s2.xtx_diag[i], 4 * nc) &&
+                          !memcmp(s.mean_abs[i], s2.mean_abs[i], 4 * nc) &&
+                          !memcmp(s.awq[i], s2.awq[i], 4 * nc * (size_t)s.awq_tokens) && s.loss == s2.loss,
+                      "map %d: --in-memory differs", i);
+        }
+        mpq_calib_stats_free(&s2);
+        unlink(q);
+    }
     static const char *const why[] = {"not finite", "negative"};
     for (int k = 0; k < 2; k++) {
         s.fisher[9][5] = k ? -1.0f : NAN;

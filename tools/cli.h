@@ -131,7 +131,7 @@ typedef struct llm_opts {
     int a8;     /* packed maps multiply 8-bit activations */
     int path;   /* --cpu-path: an mpq_path (the choices are in enum order) */
     int skip;   /* --skip-planes, for the commands that take cli_skip_opts */
-    int floats; /* not an option: load float weights as float32 (what calibrates needs), not in place */
+    int floats; /* --in-memory: float weights read into memory as float32, not used in place */
 } llm_opts;
 
 enum { DEVICE_CPU, DEVICE_CUDA, DEVICE_CUDA_FP16 };
@@ -147,6 +147,9 @@ static const cli_opt cli_model_opts[] = {
      "packed linear maps multiply activations quantized to int8 per group\n(MixLLM's W*A8; CPU and cuda)"},
     {"--cpu-path", CLI_CHOICE, CLI_AT(llm_opts, path), "P", 0, 0, "auto|scalar|avx2|avx512|avx512-vnni|avx2-int|neon",
      NULL, "auto", "the CPU kernels of the packed products (auto: the fastest this CPU has)"},
+    {"--in-memory", CLI_FLAG, CLI_AT(llm_opts, floats), NULL, 0, 0, NULL, NULL, NULL,
+     "read float weights into memory as float32 (default: used in place from the\n"
+     "mapped file in their stored type, converted as products need them: the same results)"},
     {NULL, CLI_FLAG, 0, NULL, 0, 0, NULL, NULL, NULL, NULL},
 };
 

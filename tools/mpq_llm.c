@@ -714,6 +714,7 @@ typedef struct calib_args {
     const char *out;
     mpq_calib_opts co;
     calib_rotate rot;
+    int in_memory; /* not an option: --in-memory as given (lo.floats is also set for PQI) */
 } calib_args;
 
 static int parse_rotate(const char *v, void *field)
@@ -850,7 +851,15 @@ static int calibrate(const calib_args *a, const mpq_llm *m, const char *model, c
         co.progress = calib_step, co.user = &cp;
         co.rotate = a->rot.on, co.rotate_seed = a->rot.seed;
         const double t0 = cli_now();
-        st = mpq_llm_calibrate_file(m, tok, nt, &co, j, a->out, &s, &e);
+        if (a->in_memory) { /* the model as float32 and every statistic held until the end, then the file */
+            st = mpq_llm_calibrate(m, tok, nt, &co, &s, &e);
+            if (st == MPQ_OK && (st = mpq_calib_write(m, &s, j, a->out, &e)) != MPQ_OK) {
+                mpq_calib_stats_free(&s);
+                memset(&s, 0, sizeof s);
+            }
+        } else {
+            st = mpq_llm_calibrate_file(m, tok, nt, &co, j, a->out, &s, &e);
+        }
         progress_end(&cp.p);
         if (st != MPQ_OK)
             rc = fail(st == MPQ_ERR_NOMEM                  ? EXIT_QUANT
@@ -884,7 +893,8 @@ int cmd_calibrate(int argc, char **argv)
     loaded L;
     /* PQI and the layer sensitivity run over the whole model in float32; the rest a layer at a time, the
        weights in place */
-    a.lo.floats = (a.co.what == 0 || (a.co.what & (MPQ_CALIB_PQI | MPQ_CALIB_LAYER_SENS))) != 0;
+    a.in_memory = a.lo.floats;
+    a.lo.floats |= (a.co.what == 0 || (a.co.what & (MPQ_CALIB_PQI | MPQ_CALIB_LAYER_SENS))) != 0;
     if ((rc = model_load(pos[0], &a.lo, &L)) == 0) rc = calibrate(&a, L.m, pos[0], pos[1], text, len);
     free(text);
     model_unload(&L);
