@@ -1605,6 +1605,13 @@ mpq_status mpq_llm_calibrate_file(const mpq_llm *m, const int32_t *tokens, size_
     mpq_st_writer *w = NULL;
     mpq_status st = mpq_st_writer_open(path, &w, err);
     if (st != MPQ_OK) return st;
+    /* the header's room: every statistic of every map, the metadata; the data is then not copied at the end */
+    const uint64_t room =
+        (uint64_t)m->c.layers * MPQ_LIN_COUNT * MPQ__NKINDS * 192 + 4096 + (extra_json ? 2 * strlen(extra_json) : 0);
+    if ((st = mpq_st_writer_reserve(w, room, err)) != MPQ_OK) {
+        mpq_st_writer_abort(w);
+        return st;
+    }
     mpq_calib_stats s;
     memset(&s, 0, sizeof s);
     st = mpq__calibrate(m, tokens, n, o, &s, mpq__put_file, w, err);

@@ -4,6 +4,7 @@
    read_at (positioned reads, or memcpy for a file held in memory), so the
    same checks serve files, memory and the fuzz target. */
 #define _XOPEN_SOURCE 700
+#define _GNU_SOURCE   /* O_TMPFILE */
 #include "mpq_io.h"
 #include "mpq_priv.h"
 
@@ -864,7 +865,9 @@ typedef struct mpq__wentry {
 
 struct mpq_st_writer {
     char *path;
-    int spool; /* unlinked file holding the tensor bytes */
+    int spool;     /* unlinked file holding the tensor bytes, from byte `base` on */
+    int tmpfile;   /* the spool is an O_TMPFILE file: it can be given a name at the end */
+    uint64_t base; /* bytes reserved before the data for the header (mpq_st_writer_reserve) */
     uint64_t pos;
     mpq__wentry *e;
     int ne, cape;
@@ -931,16 +934,42 @@ mpq_status mpq_st_writer_open(const char *path, mpq_st_writer **out, mpq_io_err 
         return mpq__io_fail(err, MPQ_ERR_NOMEM, path, NULL, "out of memory");
     }
     char *spool = NULL;
-    w->spool = mpq__mktemp(path, ".spool-", &spool);
+    w->spool = -1;
+#ifdef O_TMPFILE
+    { /* a nameless file in the target's directory, which close can link in place of a copy */
+        char *dir = mpq__io_strdup(path);
+        if (dir) {
+            char *slash = strrchr(dir, '/');
+            const char *d = slash ? (slash == dir ? "/" : (*slash = 0, dir)) : ".";
+            w->spool = open(d, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+            w->tmpfile = w->spool >= 0;
+            free(dir);
+        }
+    }
+#endif
+    if (w->spool < 0) w->spool = mpq__mktemp(path, ".spool-", &spool);
     if (w->spool < 0) {
         mpq_status st =
             mpq__io_fail(err, MPQ_ERR_IO, path, NULL, "cannot create a file beside it: %s", strerror(errno));
         mpq__writer_free(w);
         return st;
     }
-    unlink(spool); /* the bytes live as long as the descriptor */
+    if (spool) unlink(spool); /* the bytes live as long as the descriptor */
     free(spool);
     *out = w;
+    return MPQ_OK;
+}
+
+mpq_status mpq_st_writer_reserve(mpq_st_writer *w, uint64_t header_bytes, mpq_io_err *err)
+{
+    if (!w) return mpq__io_fail(err, MPQ_ERR_ARG, NULL, NULL, "NULL writer");
+    if (w->pos || w->ne) return mpq__io_fail(err, MPQ_ERR_ARG, w->path, NULL, "reserve before the first tensor");
+    for (int i = 0; i < w->nmeta; i++) { /* the metadata given so far, with room for escapes */
+        const uint64_t kv = strlen(w->mkey[i]) + strlen(w->mval[i]);
+        header_bytes += kv + kv / 8 + 16;
+    }
+    if (header_bytes > MPQ_ST_MAX_HEADER) header_bytes = MPQ_ST_MAX_HEADER;
+    w->base = w->tmpfile ? (8 + header_bytes + 7) / 8 * 8 : 0; /* without a nameless file the data is copied anyway */
     return MPQ_OK;
 }
 
@@ -992,7 +1021,7 @@ static mpq_status mpq__add_entry(mpq_st_writer *w, const char *name, mpq_dtype d
    tail is overwritten by the next tensor (positions come from w->pos). */
 static mpq_status mpq__spool(mpq_st_writer *w, const char *name, uint64_t at, const void *p, size_t n, mpq_io_err *err)
 {
-    if (lseek(w->spool, (off_t)at, SEEK_SET) < 0 || mpq__write_all(w->spool, p, n) != 0)
+    if (lseek(w->spool, (off_t)(w->base + at), SEEK_SET) < 0 || mpq__write_all(w->spool, p, n) != 0)
         return mpq__io_fail(err, MPQ_ERR_IO, w->path, name, "write failed: %s", strerror(errno));
     return MPQ_OK;
 }
@@ -1142,6 +1171,35 @@ static char *mpq__header_json(mpq_st_writer *w)
     return s;
 }
 
+/* The spool made the file: the header (N = base - 8, the JSON padded with
+   spaces) written at its start, synced, and the nameless file linked under
+   a temporary name beside the target (*tmpname). 0 on success; otherwise
+   nothing is linked and the caller copies. */
+static int mpq__finish_in_place(mpq_st_writer *w, const char *json, size_t hn, char **tmpname)
+{
+    const uint64_t n = w->base - 8;
+    uint8_t *h = (uint8_t *)malloc((size_t)w->base);
+    if (!h) return -1;
+    for (int i = 0; i < 8; i++) h[i] = (uint8_t)(n >> (8 * i));
+    memcpy(h + 8, json, hn);
+    memset(h + 8 + hn, ' ', (size_t)(n - hn));
+    int bad = lseek(w->spool, 0, SEEK_SET) < 0 || mpq__write_all(w->spool, h, (size_t)w->base) != 0;
+    free(h);
+    bad = bad || fchmod(w->spool, 0644) != 0 || fsync(w->spool) != 0;
+    char *name = NULL, proc[64];
+    const int fd = bad ? -1 : mpq__mktemp(w->path, ".tmp-", &name);
+    if (fd < 0) return -1;
+    close(fd);
+    unlink(name); /* the name, free again, for the link */
+    snprintf(proc, sizeof proc, "/proc/self/fd/%d", w->spool);
+    if (linkat(AT_FDCWD, proc, AT_FDCWD, name, AT_SYMLINK_FOLLOW) != 0) {
+        free(name);
+        return -1;
+    }
+    *tmpname = name;
+    return 0;
+}
+
 mpq_status mpq_st_writer_close(mpq_st_writer *w, mpq_io_err *err)
 {
     if (!w) return mpq__io_fail(err, MPQ_ERR_ARG, NULL, NULL, "NULL writer");
@@ -1155,6 +1213,8 @@ mpq_status mpq_st_writer_close(mpq_st_writer *w, mpq_io_err *err)
     }
     size_t hn = strlen(json);
     const size_t padded = (8 + hn + 7) / 8 * 8 - 8;
+    if (w->base && 8 + padded <= w->base && mpq__finish_in_place(w, json, hn, &tmpname) == 0)
+        goto renamed; /* the header written into the room before the data: no copy */
     fd = mpq__mktemp(w->path, ".tmp-", &tmpname);
     copy = (uint8_t *)malloc(MPQ_ST_CHUNK);
     if (fd < 0 || !copy) {
@@ -1169,7 +1229,7 @@ mpq_status mpq_st_writer_close(mpq_st_writer *w, mpq_io_err *err)
     for (size_t p = hn; !bad && p < padded; p += 8) bad = mpq__write_all(fd, copy, padded - p < 8 ? padded - p : 8);
     for (uint64_t at = 0; !bad && at < w->pos;) {
         const size_t want = w->pos - at < MPQ_ST_CHUNK ? (size_t)(w->pos - at) : MPQ_ST_CHUNK;
-        ssize_t got = pread(w->spool, copy, want, (off_t)at);
+        ssize_t got = pread(w->spool, copy, want, (off_t)(w->base + at));
         if (got < 0 && errno == EINTR) continue;
         if (got <= 0) {
             bad = 1;
@@ -1189,6 +1249,7 @@ mpq_status mpq_st_writer_close(mpq_st_writer *w, mpq_io_err *err)
         goto done;
     }
     fd = -1;
+renamed:
     if (rename(tmpname, w->path) != 0) {
         st = mpq__io_fail(err, MPQ_ERR_IO, w->path, NULL, "cannot rename into place: %s", strerror(errno));
         goto done;

@@ -75,7 +75,8 @@
      (their bytes go to an unlinked spool file beside the target, so memory
      stays flat); mpq_st_writer_close writes the header and the data to a
      temporary name in the same directory, syncs it and renames it into
-     place. A crash or an error at any point never leaves a half-written
+     place (after mpq_st_writer_reserve, the spool itself becomes the file,
+     with no copy). A crash or an error at any point never leaves a half-written
      file under the final name; mpq_st_writer_abort discards everything. The
      header is padded with spaces to a multiple of 8 bytes, as the reference
      writer does. */
@@ -200,6 +201,15 @@ mpq_status mpq_st_write_f32(mpq_st_writer *w, const char *name, mpq_dtype dtype,
 mpq_status mpq_st_write_packed(mpq_st_writer *w, const char *name, const mpq_packed *A, mpq_io_err *err);
 /* One __metadata__ entry; keys starting with "mpq." are the writer's own. */
 mpq_status mpq_st_write_meta(mpq_st_writer *w, const char *key, const char *value, mpq_io_err *err);
+/* Room for the header before the data, asked before the first tensor
+   (header_bytes: for the tensors' entries and the metadata still to come;
+   the writer adds what the metadata given so far takes): when
+   the header then fits (padded with spaces, as the format allows) and the
+   system gives nameless files (Linux O_TMPFILE), close writes it there and
+   links the spool into place instead of copying every byte, which halves
+   the disk space and the writes of a large file. Otherwise nothing
+   changes. */
+mpq_status mpq_st_writer_reserve(mpq_st_writer *w, uint64_t header_bytes, mpq_io_err *err);
 /* Write the file (temporary name, sync, rename) and free the writer, which
    is gone whatever the result. */
 mpq_status mpq_st_writer_close(mpq_st_writer *w, mpq_io_err *err);

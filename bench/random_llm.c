@@ -175,7 +175,7 @@ int main(int argc, char **argv)
     snprintf(path, sizeof path, "%s/%s", dir, shard);
     mpq_st_writer *w = NULL;
     mpq_io_err e;
-    if (mpq_st_writer_open(path, &w, &e) != MPQ_OK) {
+    if (mpq_st_writer_open(path, &w, &e) != MPQ_OK || mpq_st_writer_reserve(w, 65536, &e) != MPQ_OK) {
         fprintf(stderr, "bench_random_llm: %s\n", e.msg);
         return 1;
     }
@@ -213,6 +213,7 @@ int main(int argc, char **argv)
                 w = NULL;
                 break;
             }
+            if ((st = mpq_st_writer_reserve(w, 65536, &e)) != MPQ_OK) break;
         }
         const int l = t < 0 ? -1 : t / 9, k = t < 0 ? 0 : t % 9;
         if (t >= 0 && k < 2) {

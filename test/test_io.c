@@ -561,6 +561,51 @@ static void reject_json(const char *json, size_t data, const char *needle, const
 
 #define T1 "\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}"
 
+/* Room reserved for the header: the file has the tensors, the metadata and
+   the reserved size (the header padded with spaces) when the header fits,
+   or the plain layout when it does not (the copy); either reads back the
+   same; reserving after a tensor is refused; nothing is left beside it. */
+Test(io, writer_with_room_for_the_header_gives_the_same_tensors, .init = make_tmpdir, .fini = remove_tmpdir)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/r.safetensors", tmpdir);
+    const float v[6] = {1, -2, 3.5f, 4, 5, 6};
+    const uint64_t sh[2] = {2, 3};
+    mpq_io_err e;
+    for (int room = 0; room < 3; room++) { /* none, too little, enough */
+        const uint64_t want[3] = {0, 8, 4096};
+        mpq_st_writer *w;
+        cr_assert_eq(mpq_st_writer_open(path, &w, &e), MPQ_OK, "%s", e.msg);
+        if (room) cr_assert_eq(mpq_st_writer_reserve(w, want[room], &e), MPQ_OK, "%s", e.msg);
+        cr_assert_eq(mpq_st_write_f32(w, "a", MPQ_DT_F32, 2, sh, v, &e), MPQ_OK);
+        cr_assert_eq(mpq_st_writer_reserve(w, 64, &e), MPQ_ERR_ARG, "after a tensor");
+        cr_assert_eq(mpq_st_write_f32(w, "b", MPQ_DT_BF16, 2, sh, v, &e), MPQ_OK);
+        cr_assert_eq(mpq_st_write_meta(w, "k", "v", &e), MPQ_OK);
+        cr_assert_eq(mpq_st_writer_close(w, &e), MPQ_OK, "%s", e.msg);
+        cr_assert_eq(count_files(tmpdir), 1, "room %d: only the file", room);
+        size_t n;
+        uint8_t *b = slurp(path, &n);
+        uint64_t hl = 0;
+        for (int i = 0; i < 8; i++) hl |= (uint64_t)b[i] << (8 * i);
+        cr_assert_eq(n, 8 + hl + 24 + 12);
+#ifdef __linux__
+        if (room == 2) cr_assert_eq(8 + hl, 4104, "the header fills the room");
+#endif
+        if (room < 2) cr_assert_eq((8 + hl) % 8, 0);
+        free(b);
+        mpq_st_file *f;
+        cr_assert_eq(mpq_st_open(path, &f, &e), MPQ_OK, "room %d: %s", room, e.msg);
+        float got[6];
+        cr_assert_eq(mpq_st_read_f32(f, mpq_st_find(f, "a"), got, 6, &e), MPQ_OK);
+        cr_assert(!memcmp(got, v, sizeof v));
+        cr_assert_eq(mpq_st_read_f32(f, mpq_st_find(f, "b"), got, 6, &e), MPQ_OK);
+        for (int i = 0; i < 6; i++) cr_assert_eq(got[i], v[i]); /* exact in bf16 */
+        cr_assert_str_eq(mpq_st_meta(f, "k"), "v");
+        mpq_st_close(f);
+    }
+    cr_assert_eq(mpq_st_writer_reserve(NULL, 8, &e), MPQ_ERR_ARG);
+}
+
 Test(io, hostile_headers_are_rejected_with_a_reason, .init = make_tmpdir, .fini = remove_tmpdir)
 {
     size_t n;

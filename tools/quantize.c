@@ -671,6 +671,10 @@ static int quantize_run(qrun *R, const char *in, const char *out)
     if (!rc && !R->written) rc = fail(EXIT_QUANT, "out of memory");
     if (!rc && mpq_st_writer_open(out, &R->w, &e) != MPQ_OK) rc = fail(EXIT_OUTPUT, "%s", e.msg);
     if (!rc) rc = write_meta(R, model, &cfg);
+    /* the header's room (a packed tensor's entry and metadata take under 1 KiB), so that the data is not copied
+       at the end */
+    if (!rc && mpq_st_writer_reserve(R->w, (uint64_t)mpq_source_count(R->in) * 1024 + 4096, &e) != MPQ_OK)
+        rc = fail(EXIT_OUTPUT, "%s", e.msg);
     if (!rc && arrlen(R->maps)) rc = run_recipe(R);
     if (!rc) rc = write_before(R, mpq_source_count(R->in));
     if (R->w) {
