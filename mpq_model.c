@@ -980,7 +980,7 @@ typedef struct mpq__sgemm_job {
     int tasks;           /* (M + MPQ__SGEMM_ROWS - 1) / MPQ__SGEMM_ROWS */
     const mpq_linear *S; /* W in place (S->Ws) instead of W, or NULL */
     float *dec;          /* S: 4 x K floats per thread for the converted rows */
-    int ndec;            /* threads dec has room for (others allocate their own) */
+    int ndec;            /* threads dec has room for (every thread that runs a task) */
 } mpq__sgemm_job;
 
 #define MPQ__SGEMM_ROWS 16 /* rows of Y per task, a multiple of 4 */
@@ -1017,12 +1017,12 @@ static void mpq__sgemm_task(void *ctx, int task)
     const int end = M - task * MPQ__SGEMM_ROWS < MPQ__SGEMM_ROWS ? M : (task + 1) * MPQ__SGEMM_ROWS;
     for (int m0 = task * MPQ__SGEMM_ROWS; m0 < end; m0 += 4) {
         const int mr = M - m0 < 4 ? M - m0 : 4;
-        const float *Wr = W + (size_t)m0 * K;
-        if (J->S) {
+        const float *Wr = own;
+        if (J->S)
             mpq_gguf_decode(J->S->ws_type, (const uint8_t *)J->S->Ws + (size_t)m0 * J->S->ws_row,
                             (uint64_t)mr * (uint64_t)K, own);
-            Wr = own;
-        }
+        else
+            Wr = W + (size_t)m0 * K;
         int t = 0;
 #if defined(__GNUC__) || defined(__clang__)
         if (mr == 4)

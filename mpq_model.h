@@ -563,12 +563,22 @@ mpq_status mpq_llm_backward_params(const mpq_llm *m, mpq_llm_train *t, const int
    would be that one token's (bench/results/NOTES.md). GPTQ's X^T X keeps
    it: without it GPTQ moves the weights of those channels freely (they
    look ordinary on the other tokens) and the sink's outputs break (SmolLM2
-   3-bit: perplexity 102 without, 56 with). Memory, per weight of the
-   linear maps: 8 bytes for the Fisher sums and 4 for MixLLM's delta while
-   the windows run, about 28 while PQI runs (the weights, their target and
-   the result as flat vectors, and mpq_pqi's sums), 4 for each per-weight
-   statistic returned; it does not grow with the number of windows.
-   Deterministic for any thread count.
+   3-bit: perplexity 102 without, 56 with). A LAYER AT A TIME: every
+   statistic but PQI and layer_sens is gathered by passes that take one
+   layer at a time: every window's hidden state passes layer l before any
+   passes l + 1 (the activation statistics of l are then final), and the
+   backward pass goes from the top layer down, each layer's activations
+   recomputed from its input kept by the forward pass (memory up to
+   keep_bytes, else a spill file). The sums are those of one window at a
+   time through the whole model, in the same order: the same bits. Memory:
+   one layer's weights as float32 (converted, for a model in place) and its
+   sums (8 bytes per weight for Fisher, 4 for MixLLM's delta, X^T X of its
+   four inputs in float64), every window's hidden state and gradient, and
+   the results (all of them with mpq_llm_calibrate; one map's at a time
+   with mpq_llm_calibrate_file). PQI and layer_sens run over the whole
+   model: about 28 bytes per weight while PQI runs (the weights, their
+   target and the result as flat vectors, and mpq_pqi's sums), and every
+   layer's activations of a window. Deterministic for any thread count.
 
    ROTATED STATISTICS (rotate = 1): what a recipe with rotate and the same
    seed quantizes is W' = W V^T per map (V of the map's column count, as

@@ -106,24 +106,33 @@ static void gguf_input(const uint8_t *data, size_t size)
     }
     mpq_gguf_close(f);
 
-    /* the same bytes as a model file */
+    /* the same bytes as a model file, read into memory and used in place (mapped): the same logits */
     char path[64];
     const int written = to_file(data, size, "gguf", path, sizeof path);
-    mpq_llm *m = NULL;
-    e.msg[0] = 0;
-    if (written && mpq_llm_load(path, &m, &e) == MPQ_OK) {
-        mpq_llm_state s;
-        if (mpq_llm_state_init(m, 4, 2, &s) == MPQ_OK) {
-            const int32_t ids[3] = {0, m->c.vocab - 1, m->c.vocab / 2};
-            float *z = (float *)malloc(sizeof(float) * 3 * (size_t)m->c.vocab);
-            if (!z || mpq_llm_forward(m, &s, ids, 3, 0, z, 0) != MPQ_OK) abort();
-            free(z);
-            mpq_llm_state_free(&s);
+    float *zz[2] = {NULL, NULL};
+    int ok[2] = {0, 0};
+    size_t nz = 0;
+    for (int in_place = 0; in_place < 2; in_place++) {
+        mpq_llm *m = NULL;
+        mpq_llm_load_opts lo = {in_place};
+        e.msg[0] = 0;
+        if (written && mpq_llm_load_with(path, &lo, &m, &e) == MPQ_OK) {
+            mpq_llm_state s;
+            if (mpq_llm_state_init(m, 4, 2, &s) == MPQ_OK) {
+                const int32_t ids[3] = {0, m->c.vocab - 1, m->c.vocab / 2};
+                nz = 3 * (size_t)m->c.vocab;
+                float *z = zz[in_place] = (float *)malloc(sizeof(float) * nz);
+                if (!z || mpq_llm_forward(m, &s, ids, 3, 0, z, 0) != MPQ_OK) abort();
+                mpq_llm_state_free(&s);
+                ok[in_place] = 1;
+            }
+            mpq_llm_free(m);
+        } else if (written && !e.msg[0]) {
+            abort();
         }
-        mpq_llm_free(m);
-    } else if (written && !e.msg[0]) {
-        abort();
     }
+    if (ok[0] && ok[1] && memcmp(zz[0], zz[1], sizeof(float) * nz) != 0) abort(); /* NaN logits compare by bits */
+    free(zz[0]), free(zz[1]);
     remove(path);
 }
 
