@@ -180,8 +180,10 @@ typedef enum mpq_status {
     MPQ_ERR_DEVICE = -12,      /* the accelerator runtime reported an error */
     MPQ_ERR_IO = -13,          /* a file could not be opened, read or written (file
                                   I/O lives beside the header, in mpq_io.h) */
-    MPQ_ERR_NOTPD = -14        /* a matrix that must be positive definite is not (GPTQ's
+    MPQ_ERR_NOTPD = -14,       /* a matrix that must be positive definite is not (GPTQ's
                                   Hessian after dampening) */
+    MPQ_ERR_CANCELLED = -15    /* the caller asked a long run to stop (it can be resumed
+                                  where it says so) */
 } mpq_status;
 
 /* A short English description of a status code; never NULL. */
@@ -1763,6 +1765,7 @@ MPQ_DEF const char *mpq_status_str(mpq_status st)
     case MPQ_ERR_DEVICE: return "accelerator runtime error";
     case MPQ_ERR_IO: return "file could not be opened, read or written";
     case MPQ_ERR_NOTPD: return "matrix is not positive definite (raise the dampening)";
+    case MPQ_ERR_CANCELLED: return "stopped at the caller's request";
     }
     return "unknown status";
 }

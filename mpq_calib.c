@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
@@ -610,11 +611,19 @@ static void mpq__keep_close(mpq__keep *K)
 }
 
 static mpq_status mpq__keep_open(mpq__keep *K, int layers, int windows, size_t per, size_t limit, const char *dir,
-                                 mpq_io_err *err)
+                                 const char *resume, mpq_io_err *err)
 {
     memset(K, 0, sizeof *K);
     K->per = per, K->windows = windows;
     const double bytes = (double)layers * windows * (double)per * sizeof(float);
+    if (resume) { /* a named file that outlives the run, continued where it was */
+        const size_t n = strlen(resume) + 16;
+        if (!(K->path = (char *)malloc(n))) return MPQ_ERR_NOMEM;
+        snprintf(K->path, n, "%s/keep.bin", resume);
+        if (!(K->f = fopen(K->path, "r+b")) && !(K->f = fopen(K->path, "w+b")))
+            return mpq__fail(err, MPQ_ERR_IO, K->path, "cannot open: %s", strerror(errno));
+        return MPQ_OK;
+    }
     if (bytes <= (double)limit) {
         K->mem = (float *)malloc((size_t)bytes + 1);
         return K->mem ? MPQ_OK : MPQ_ERR_NOMEM;
@@ -695,7 +704,207 @@ typedef struct mpq__cal {
     mpq_status (*put)(struct mpq__cal *C, int kind, int i, const float *v, size_t n);
     void *put_user;
     mpq_io_err *err;
+    struct mpq__resume *res; /* resumable passes, or NULL */
 } mpq__cal;
+
+/* ---- resumable passes ----------------------------------------------------- */
+
+/* Where the resumable passes stand, and the files that say so in the
+   directory: state.json (identity, phase, layer, the loss summed so far),
+   h.bin (every window's hidden state at the forward pass's layer) or
+   dx.bin (the gradients at the backward pass's layer), keep.bin (the kept
+   inputs), and stats-fNNNN / stats-bNNNN.safetensors (a layer's
+   statistics from the forward and the backward pass, tensors named
+   "kind.map"). */
+typedef struct mpq__resume {
+    const char *dir;
+    char *ident;      /* what the directory must be from */
+    int phase, layer; /* 0: forward at layer; 1: backward at layer (the head done); 2: all done */
+    double loss_sum;  /* phase >= 1 */
+    mpq_st_writer *w; /* the statistics of the layer being run */
+    mpq_status (*put)(struct mpq__cal *C, int kind, int i, const float *v, size_t n); /* the caller's */
+} mpq__resume;
+
+static char *mpq__rpath(const mpq__resume *R, const char *name)
+{
+    const size_t n = strlen(R->dir) + strlen(name) + 2;
+    char *p = (char *)malloc(n);
+    if (p) snprintf(p, n, "%s/%s", R->dir, name);
+    return p;
+}
+
+/* bytes to dir/name, whole: a temporary name, synced, renamed into place */
+static mpq_status mpq__rwrite(const mpq__resume *R, const char *name, const void *b, size_t n, mpq_io_err *err)
+{
+    char *p = mpq__rpath(R, name), *t = p ? (char *)malloc(strlen(p) + 5) : NULL;
+    if (!t) {
+        free(p);
+        return MPQ_ERR_NOMEM;
+    }
+    sprintf(t, "%s.tmp", p);
+    FILE *f = fopen(t, "wb");
+    int ok = f && fwrite(b, 1, n, f) == n;
+    ok = ok && fflush(f) == 0 && fsync(fileno(f)) == 0;
+    if (f && fclose(f) != 0) ok = 0;
+    ok = ok && rename(t, p) == 0;
+    mpq_status st = ok ? MPQ_OK : mpq__fail(err, MPQ_ERR_IO, p, "cannot write: %s", strerror(errno));
+    if (!ok) unlink(t);
+    free(p), free(t);
+    return st;
+}
+
+/* dir/name, exactly n bytes */
+static mpq_status mpq__rread(const mpq__resume *R, const char *name, void *b, size_t n, mpq_io_err *err)
+{
+    char *p = mpq__rpath(R, name);
+    if (!p) return MPQ_ERR_NOMEM;
+    FILE *f = fopen(p, "rb");
+    const int ok = f && fread(b, 1, n, f) == n && fgetc(f) == EOF;
+    if (f) fclose(f);
+    mpq_status st =
+        ok ? MPQ_OK : mpq__fail(err, MPQ_ERR_FORMAT, p, "missing or not %zu bytes: not what this run wrote", n);
+    free(p);
+    return st;
+}
+
+static mpq_status mpq__res_state(mpq__resume *R, int phase, int layer, double loss_sum, mpq_io_err *err)
+{
+    uint64_t bits;
+    memcpy(&bits, &loss_sum, 8);
+    cJSON *o = cJSON_CreateObject();
+    char lb[24], *j = NULL;
+    snprintf(lb, sizeof lb, "%016llx", (unsigned long long)bits);
+    if (o && cJSON_AddStringToObject(o, "identity", R->ident) && cJSON_AddNumberToObject(o, "phase", phase) &&
+        cJSON_AddNumberToObject(o, "layer", layer) && cJSON_AddStringToObject(o, "loss_sum_bits", lb))
+        j = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    if (!j) return MPQ_ERR_NOMEM;
+    mpq_status st = mpq__rwrite(R, "state.json", j, strlen(j), err);
+    free(j);
+    if (st == MPQ_OK) R->phase = phase, R->layer = layer, R->loss_sum = loss_sum;
+    return st;
+}
+
+/* Where a run in R->dir stopped (a directory without state.json: from the
+   start); MPQ_ERR_ARG for a directory of another run. */
+static mpq_status mpq__res_load(mpq__resume *R, int layers, mpq_io_err *err)
+{
+    R->phase = 0, R->layer = 0, R->loss_sum = 0;
+    char *p = mpq__rpath(R, "state.json");
+    if (!p) return MPQ_ERR_NOMEM;
+    struct stat sb;
+    if (stat(R->dir, &sb) != 0 || !S_ISDIR(sb.st_mode)) {
+        mpq_status st = mpq__fail(err, MPQ_ERR_IO, R->dir, "not a directory (the resume directory must exist)");
+        free(p);
+        return st;
+    }
+    FILE *f = fopen(p, "rb");
+    if (!f) {
+        free(p);
+        return MPQ_OK;
+    }
+    char buf[8192];
+    const size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    cJSON *o = cJSON_Parse(buf);
+    const cJSON *id = cJSON_GetObjectItemCaseSensitive(o, "identity"),
+                *ph = cJSON_GetObjectItemCaseSensitive(o, "phase"), *ly = cJSON_GetObjectItemCaseSensitive(o, "layer"),
+                *ls = cJSON_GetObjectItemCaseSensitive(o, "loss_sum_bits");
+    mpq_status st = MPQ_OK;
+    unsigned long long bits = 0;
+    if (!cJSON_IsString(id) || !cJSON_IsNumber(ph) || !cJSON_IsNumber(ly) || !cJSON_IsString(ls) ||
+        sscanf(ls->valuestring, "%16llx", &bits) != 1 || ph->valueint < 0 || ph->valueint > 2 || ly->valueint < -1 ||
+        ly->valueint > layers)
+        st = mpq__fail(err, MPQ_ERR_FORMAT, p, "not a state mpq wrote");
+    else if (strcmp(id->valuestring, R->ident) != 0)
+        st = mpq__fail(err, MPQ_ERR_ARG, R->dir,
+                       "holds a run of another model, text or options (empty it, or give another directory)");
+    if (st == MPQ_OK) {
+        R->phase = ph->valueint, R->layer = ly->valueint;
+        const uint64_t b = bits;
+        memcpy(&R->loss_sum, &b, 8);
+    }
+    cJSON_Delete(o);
+    free(p);
+    return st;
+}
+
+/* A statistic into the file of the layer being run. */
+static mpq_status mpq__put_resume(mpq__cal *C, int kind, int i, const float *v, size_t n)
+{
+    char name[32];
+    snprintf(name, sizeof name, "%d.%d", kind, i);
+    const uint64_t shape = (uint64_t)n;
+    return mpq_st_write_f32(C->res->w, name, MPQ_DT_F32, 1, &shape, v, C->err);
+}
+
+static mpq_status mpq__res_layer_open(mpq__resume *R, char pass, int l, mpq_io_err *err)
+{
+    char name[40];
+    snprintf(name, sizeof name, "stats-%c%04d.safetensors", pass, l);
+    char *p = mpq__rpath(R, name);
+    if (!p) return MPQ_ERR_NOMEM;
+    mpq_status st = mpq_st_writer_open(p, &R->w, err);
+    free(p);
+    return st;
+}
+
+static mpq_status mpq__res_layer_close(mpq__resume *R, mpq_status st, mpq_io_err *err)
+{
+    if (!R->w) return st;
+    if (st == MPQ_OK)
+        st = mpq_st_writer_close(R->w, err);
+    else
+        mpq_st_writer_abort(R->w);
+    R->w = NULL;
+    return st;
+}
+
+/* Every layer's statistics from the directory to the caller's put, in the
+   order the passes made them; then the directory's files are removed. */
+static mpq_status mpq__res_deliver(mpq__cal *C, int fwd, int bwd)
+{
+    mpq__resume *R = C->res;
+    const int L = C->m->c.layers;
+    mpq_status st = MPQ_OK;
+    for (int k = 0; st == MPQ_OK && k < 2 * L; k++) {
+        const int back = k >= L, l = back ? 2 * L - 1 - k : k;
+        if (back ? !bwd : !fwd) continue;
+        char name[40];
+        snprintf(name, sizeof name, "stats-%c%04d.safetensors", back ? 'b' : 'f', l);
+        char *p = mpq__rpath(R, name);
+        mpq_st_file *f = NULL;
+        st = p ? mpq_st_open(p, &f, C->err) : MPQ_ERR_NOMEM;
+        for (int t = 0; st == MPQ_OK && t < mpq_st_count(f); t++) {
+            const mpq_st_tensor *e = mpq_st_at(f, t);
+            int kind, i;
+            char tail;
+            if (sscanf(e->name, "%d.%d%c", &kind, &i, &tail) != 2 || kind < 0 || kind > 5 || i < l * MPQ_LIN_COUNT ||
+                i >= (l + 1) * MPQ_LIN_COUNT || e->ndim != 1 || e->dtype != MPQ_DT_F32)
+                st = mpq__fail(C->err, MPQ_ERR_FORMAT, p, "tensor '%s' is not one mpq wrote", e->name);
+            if (st == MPQ_OK) st = mpq_st_read_f32(f, e, C->ebuf, (size_t)e->numel, C->err);
+            if (st == MPQ_OK) st = R->put(C, kind, i, C->ebuf, (size_t)e->numel);
+        }
+        mpq_st_close(f);
+        free(p);
+    }
+    if (st != MPQ_OK) return st;
+    static const char *const names[] = {"state.json", "h.bin", "dx.bin", "keep.bin"};
+    for (int k = 0; k < 2 * L; k++) {
+        char name[40];
+        snprintf(name, sizeof name, "stats-%c%04d.safetensors", k >= L ? 'b' : 'f', k % L);
+        char *p = mpq__rpath(R, name);
+        if (p) unlink(p);
+        free(p);
+    }
+    for (size_t k = 0; k < sizeof names / sizeof names[0]; k++) {
+        char *p = mpq__rpath(R, names[k]);
+        if (p) unlink(p);
+        free(p);
+    }
+    return MPQ_OK;
+}
 
 static int mpq__cols_of(const mpq_llm_config *c, int kind)
 {
@@ -1052,6 +1261,7 @@ static mpq_status mpq__cal_layers(mpq__cal *C)
     const mpq_llm_config *c = &m->c;
     mpq_calib_stats *s = C->s;
     mpq_llm_train *t = C->t;
+    mpq__resume *R = C->res;
     mpq__slot *S = &t->slot[0];
     const int NW = s->windows, T = C->len, L = c->layers;
     const int grads = (s->what & (MPQ_CALIB_FISHER | MPQ_CALIB_MIXLLM)) != 0;
@@ -1062,14 +1272,21 @@ static mpq_status mpq__cal_layers(mpq__cal *C)
     mpq_status st = h && (dx || !grads) ? MPQ_OK : MPQ_ERR_NOMEM;
     if (st == MPQ_OK && grads)
         st = mpq__keep_open(&C->keep, L, NW, TD, C->o->keep_bytes ? C->o->keep_bytes : MPQ_CALIB_KEEP_BYTES,
-                            C->o->spill_dir, C->err);
-    for (int w = 0; st == MPQ_OK && w < NW; w++) {
-        mpq__window(C, w);
-        mpq__embed(m, C->win, T, h + (size_t)w * TD);
+                            C->o->spill_dir, R ? R->dir : NULL, C->err);
+    const int phase = R ? R->phase : 0; /* where a resumed run starts */
+    double loss_sum = phase ? R->loss_sum : 0.0;
+    if (st == MPQ_OK && phase == 0 && R && R->layer > 0) {
+        st = mpq__rread(R, "h.bin", h, sizeof(float) * TD * (size_t)NW, C->err);
+    } else if (st == MPQ_OK && phase == 0) {
+        for (int w = 0; w < NW; w++) {
+            mpq__window(C, w);
+            mpq__embed(m, C->win, T, h + (size_t)w * TD);
+        }
     }
-    for (int l = 0; st == MPQ_OK && l < L; l++) {
+    for (int l = phase == 0 && R ? R->layer : phase == 0 ? 0 : L; st == MPQ_OK && l < L; l++) {
         mpq__cal_layer_w(C, l);
         if (acts) st = mpq__cal_acts_init(C, l);
+        if (st == MPQ_OK && R && acts) st = mpq__res_layer_open(R, 'f', l, C->err);
         for (int w = 0; st == MPQ_OK && w < NW; w++) {
             float *x = h + (size_t)w * TD;
             C->window = w;
@@ -1085,21 +1302,35 @@ static mpq_status mpq__cal_layers(mpq__cal *C)
         else if (acts)
             mpq__cal_acts_free(C, l);
         for (int k = 0; k < MPQ_LIN_COUNT; k++) C->Wp[l * MPQ_LIN_COUNT + k] = NULL;
+        if (R) { /* the layer's results, then where the pass stands */
+            st = mpq__res_layer_close(R, st, C->err);
+            if (st == MPQ_OK && grads && fflush(C->keep.f) != 0)
+                st = mpq__fail(C->err, MPQ_ERR_IO, C->keep.path, "write failed");
+            if (st == MPQ_OK && l + 1 < L) st = mpq__rwrite(R, "h.bin", h, sizeof(float) * TD * (size_t)NW, C->err);
+            if (st == MPQ_OK && l + 1 < L) st = mpq__res_state(R, 0, l + 1, 0.0, C->err);
+        }
+        if (st == MPQ_OK && l + 1 < L && C->o->cancel && C->o->cancel(C->o->user)) st = MPQ_ERR_CANCELLED;
     }
-    double loss_sum = 0;
-    for (int w = 0; st == MPQ_OK && w < NW; w++) {
-        mpq__window(C, w);
-        memcpy(t->xf, h + (size_t)w * TD, sizeof(float) * TD);
-        double loss = 0;
-        st = mpq__head_bwd(m, t, C->win, T, grads, &loss, NULL);
-        loss_sum += loss;
-        if (grads) memcpy(dx + (size_t)w * TD, t->dx, sizeof(float) * TD);
+    if (st == MPQ_OK && phase == 0) {
+        for (int w = 0; st == MPQ_OK && w < NW; w++) {
+            mpq__window(C, w);
+            memcpy(t->xf, h + (size_t)w * TD, sizeof(float) * TD);
+            double loss = 0;
+            st = mpq__head_bwd(m, t, C->win, T, grads, &loss, NULL);
+            loss_sum += loss;
+            if (grads) memcpy(dx + (size_t)w * TD, t->dx, sizeof(float) * TD);
+        }
+        free(t->headT), t->headT = NULL; /* the largest buffer, not needed below */
+        if (st == MPQ_OK && R && grads) st = mpq__rwrite(R, "dx.bin", dx, sizeof(float) * TD * (size_t)NW, C->err);
+        if (st == MPQ_OK && R) st = mpq__res_state(R, grads ? 1 : 2, L - 1, loss_sum, C->err);
+    } else if (st == MPQ_OK && phase == 1) {
+        st = mpq__rread(R, "dx.bin", dx, sizeof(float) * TD * (size_t)NW, C->err);
     }
     s->loss = loss_sum / NW;
-    free(t->headT), t->headT = NULL; /* the largest buffer, not needed below */
-    for (int l = L - 1; grads && st == MPQ_OK && l >= 0; l--) {
+    for (int l = phase == 1 ? R->layer : L - 1; grads && phase < 2 && st == MPQ_OK && l >= 0; l--) {
         mpq__cal_layer_w(C, l);
         st = mpq__cal_grads_init(C, l);
+        if (st == MPQ_OK && R) st = mpq__res_layer_open(R, 'b', l, C->err);
         for (int w = 0; st == MPQ_OK && w < NW; w++) {
             if ((st = mpq__keep_io(&C->keep, l, w, S->xin, 0, C->err)) != MPQ_OK) break;
             mpq__layer_fwd(m, t, C->Wp, l, S->xin, S, t->xf, T, NULL, NULL);
@@ -1114,9 +1345,19 @@ static mpq_status mpq__cal_layers(mpq__cal *C)
         else
             mpq__cal_grads_free(C, l);
         for (int k = 0; k < MPQ_LIN_COUNT; k++) C->Wp[l * MPQ_LIN_COUNT + k] = NULL;
+        if (R) {
+            st = mpq__res_layer_close(R, st, C->err);
+            if (st == MPQ_OK && l > 0) st = mpq__rwrite(R, "dx.bin", dx, sizeof(float) * TD * (size_t)NW, C->err);
+            if (st == MPQ_OK) st = mpq__res_state(R, l > 0 ? 1 : 2, l - 1, loss_sum, C->err);
+        }
+        if (st == MPQ_OK && l > 0 && C->o->cancel && C->o->cancel(C->o->user)) st = MPQ_ERR_CANCELLED;
     }
     mpq__keep_close(&C->keep);
     free(h), free(dx);
+    if (st == MPQ_OK && R) { /* every layer done: the statistics to the caller, the directory emptied */
+        C->put = R->put;
+        st = mpq__res_deliver(C, acts, grads);
+    }
     return st;
 }
 
@@ -1176,6 +1417,39 @@ static mpq_status mpq__cal_sens(mpq__cal *C)
     if (st == MPQ_OK) st = mpq_mxsens_layer_sensitivity(err, C->nlin, C->s->layer_sens);
     free(ref), free(Wq), free(err);
     return st;
+}
+
+/* What a resume directory must be from: the model (its description and the
+   first row of every linear map), the tokens and the options. */
+static mpq_status mpq__res_identity(const mpq_llm *m, const int32_t *tokens, size_t n, const mpq_calib_stats *s,
+                                    char **out)
+{
+    char *cfg = NULL;
+    mpq_status st = mpq_llm_config_json(&m->c, &cfg);
+    if (st != MPQ_OK) return st;
+    uint64_t hw = 1469598103934665603ull, ht = hw;
+    float *row = (float *)malloc(sizeof(float) * (size_t)(m->c.ffn > m->c.dim ? m->c.ffn : m->c.dim) * 2);
+    for (int i = 0; row && i < m->c.layers * MPQ_LIN_COUNT; i++) {
+        const mpq_linear *L = mpq__lin(m, i);
+        mpq__lin_rows(L, 0, 1, row);
+        const uint8_t *b = (const uint8_t *)row;
+        for (size_t k = 0; k < sizeof(float) * (size_t)L->cols; k++) hw = (hw ^ b[k]) * 1099511628211ull;
+    }
+    const uint8_t *tb = (const uint8_t *)tokens;
+    for (size_t k = 0; k < n * sizeof(int32_t); k++) ht = (ht ^ tb[k]) * 1099511628211ull;
+    const size_t cap = strlen(cfg) + 512;
+    char *id = row ? (char *)malloc(cap) : NULL;
+    if (id)
+        snprintf(
+            id, cap,
+            "weights %016llx; tokens %zu %016llx; what %u windows %d length %d awq %d mixllm %d rotate %d %llu; %s",
+            (unsigned long long)hw, n, (unsigned long long)ht, s->what, s->windows, s->length, s->awq_tokens,
+            s->mixllm_bits, s->rotate, (unsigned long long)s->rotate_seed, cfg);
+    free(row);
+    free(cfg);
+    if (!id) return MPQ_ERR_NOMEM;
+    *out = id;
+    return MPQ_OK;
 }
 
 /* The in-memory destination of the statistics: s's arrays. */
@@ -1307,7 +1581,17 @@ static mpq_status mpq__calibrate(const mpq_llm *m, const int32_t *tokens, size_t
                 !(C.lw[k] = (float *)malloc(sizeof(float) * (size_t)mpq__lin(m, k)->rows * mpq__lin(m, k)->cols)))
                 st = MPQ_ERR_NOMEM;
     }
+    mpq__resume R;
+    memset(&R, 0, sizeof R);
+    if (st == MPQ_OK && phase1 && d.resume_dir) {
+        R.dir = d.resume_dir, R.put = put;
+        st = mpq__res_identity(m, tokens, n, &s, &R.ident);
+        if (st == MPQ_OK) st = mpq__res_load(&R, m->c.layers, err);
+        if (st == MPQ_OK) C.res = &R, C.put = mpq__put_resume;
+    }
     if (st == MPQ_OK && phase1) st = mpq__cal_layers(&C);
+    if (R.w) mpq_st_writer_abort(R.w);
+    free(R.ident);
     mpq_llm_train_free(C.t);
     C.t = NULL;
     if (st == MPQ_OK && (s.what & (MPQ_CALIB_PQI | MPQ_CALIB_LAYER_SENS))) /* over the whole model */

@@ -623,8 +623,23 @@ typedef struct mpq_calib_opts {
        unlinked file in spill_dir (NULL -> $TMPDIR, else /tmp). */
     size_t keep_bytes;
     const char *spill_dir;
-    /* called during the passes (may be NULL): phase "windows", "pqi" or
-       "sensitivity", steps done of total, seconds since the start */
+    /* RESUMABLE (the statistics gathered a layer at a time): with
+       resume_dir (a directory that exists), each layer's results, the
+       hidden states or gradients where the passes stand, and the kept
+       inputs go there as each layer ends (each file written whole, then
+       renamed into place), so that a run stopped at any point continues
+       from the last finished layer when called again with the same
+       directory, model, tokens and options; another model, text or options
+       there is MPQ_ERR_ARG naming the directory. The statistics reach the
+       caller once all layers are done (then the directory's files are
+       removed); PQI and layer_sens, over the whole model, are not kept.
+       cancel (may be NULL) is asked after each layer: non-zero stops the
+       run with MPQ_ERR_CANCELLED, resumable from there. */
+    const char *resume_dir;
+    int (*cancel)(void *user);
+    /* called during the passes (may be NULL): phase "forward", "backward"
+       (layers x windows steps), "pqi" or "sensitivity", steps done of total,
+       seconds since the start; user is also cancel's */
     void (*progress)(void *user, const char *phase, int done, int total, double seconds);
     void *user;
 } mpq_calib_opts;

@@ -8,7 +8,7 @@ Test(basics, every_status_has_a_distinct_name)
     const mpq_status all[] = {MPQ_OK,         MPQ_ERR_ARG,   MPQ_ERR_SIZE,        MPQ_ERR_NONFINITE,
                               MPQ_ERR_BITS,   MPQ_ERR_PERM,  MPQ_ERR_RANGE,       MPQ_ERR_FORMAT,
                               MPQ_ERR_ALIGN,  MPQ_ERR_NOMEM, MPQ_ERR_UNSUPPORTED, MPQ_ERR_NODEVICE,
-                              MPQ_ERR_DEVICE, MPQ_ERR_IO,    MPQ_ERR_NOTPD};
+                              MPQ_ERR_DEVICE, MPQ_ERR_IO,    MPQ_ERR_NOTPD,       MPQ_ERR_CANCELLED};
     const int n = sizeof all / sizeof all[0];
     for (int a = 0; a < n; a++) {
         cr_assert(all[a] <= 0, "errors are negative");

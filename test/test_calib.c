@@ -12,6 +12,7 @@
 #include "mpq_model.h"
 #include "tmpdir.h"
 
+#include <dirent.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #ifdef _OPENMP
@@ -24,6 +25,8 @@ static void remove_tmpdir(void)
 {
     char p[600];
     snprintf(p, sizeof p, "%s/hf", tmpdir);
+    tc_tmpdir_remove(p);
+    snprintf(p, sizeof p, "%s/resume", tmpdir);
     tc_tmpdir_remove(p);
     tc_tmpdir_remove(tmpdir);
 }
@@ -805,6 +808,96 @@ Test(calib, a_layer_at_a_time_in_place_and_into_the_file_equals_the_whole_model_
     cr_assert_eq(mpq_llm_calibrate_file(p, text, NTOK, NULL, NULL, NULL, NULL, &e), MPQ_ERR_ARG);
     mpq_calib_stats_free(&s), mpq_calib_stats_free(&sp);
     mpq_llm_free(m), mpq_llm_free(p);
+    tl_free(&t);
+}
+
+/* Stopped after `left` more layers (the cancel callback's count). */
+static int stop_after(void *user)
+{
+    int *left = (int *)user;
+    return --*left < 0;
+}
+
+static int dir_files(const char *dir)
+{
+    int n = 0;
+    DIR *d = opendir(dir);
+    for (struct dirent *e; d && (e = readdir(d));) n += e->d_name[0] != '.';
+    if (d) closedir(d);
+    return n;
+}
+
+/* A run with a resume directory, stopped after some layers of the forward
+   pass, again in the backward pass, and then finished, gives the
+   statistics of a run that never stopped, bit for bit, into the file and in
+   memory; the directory is empty afterwards. Another text there, or a
+   state file cut short, is refused naming it. */
+Test(calib, a_stopped_run_resumes_from_its_last_layer, .init = make_tmpdir, .fini = remove_tmpdir)
+{
+    tl_model t;
+    shape(&t, 0, 0, 0);
+    t.layers = 3;
+    tl_make(&t, 35);
+    mpq_llm *m = load_hf(&t);
+    synth_rng r = {11};
+    int32_t text[NTOK], other[NTOK];
+    random_tokens(&r, &t, text, NTOK);
+    random_tokens(&r, &t, other, NTOK);
+    const unsigned what = MPQ_CALIB_FISHER | MPQ_CALIB_MIXLLM | MPQ_CALIB_ACTS | MPQ_CALIB_XTX;
+    mpq_calib_stats ref = calibrate(m, text, what);
+    char rd[600], out[700];
+    snprintf(rd, sizeof rd, "%s/resume", tmpdir);
+    cr_assert_eq(mkdir(rd, 0700), 0);
+    snprintf(out, sizeof out, "%s/stats.safetensors", tmpdir);
+    mpq_calib_opts o;
+    memset(&o, 0, sizeof o);
+    o.what = what, o.windows = WINDOWS, o.length = LEN, o.awq_tokens = 7, o.resume_dir = rd, o.cancel = stop_after;
+    int left = 1;
+    o.user = &left;
+    mpq_io_err e;
+    mpq_calib_stats s;
+    for (int into_file = 1; into_file >= 0; into_file--) {
+        int stops = 0;
+        mpq_status st;
+        for (int round = 0;; round++) { /* a layer a round: forward 0 | 1 | 2 and backward 2 | 1 | 0 */
+            left = 0;                   /* a layer, then stop */
+            st = into_file ? mpq_llm_calibrate_file(m, text, NTOK, &o, NULL, out, NULL, &e)
+                           : mpq_llm_calibrate(m, text, NTOK, &o, &s, &e);
+            if (st != MPQ_ERR_CANCELLED) break;
+            stops++;
+            cr_assert_gt(dir_files(rd), 0, "round %d: the state is kept", round);
+            if (into_file) cr_assert_neq(access(out, F_OK), 0, "no file before the end");
+            if (round == 0 && into_file) { /* another text, the same directory: refused */
+                o.cancel = NULL;
+                cr_assert_eq(mpq_llm_calibrate_file(m, other, NTOK, &o, NULL, out, NULL, &e), MPQ_ERR_ARG);
+                cr_assert(strstr(e.msg, rd) && strstr(e.msg, "another model, text or options"), "%s", e.msg);
+                o.cancel = stop_after;
+            }
+        }
+        cr_assert_eq(st, MPQ_OK, "%s", e.msg);
+        cr_assert_geq(stops, 3, "stopped in both passes (%d stops)", stops);
+        cr_assert_eq(dir_files(rd), 0, "the directory is emptied");
+        if (into_file) cr_assert_eq(mpq_calib_read(m, out, &s, &e), MPQ_OK, "%s", e.msg);
+        cr_assert(same_stats(&ref, &s, m) && same_xtx(&ref, &s, m) && s.loss == ref.loss, "resumed %s: differs",
+                  into_file ? "into the file" : "in memory");
+        mpq_calib_stats_free(&s);
+    }
+    /* a state whose hidden states were cut short */
+    left = 0;
+    cr_assert_eq(mpq_llm_calibrate_file(m, text, NTOK, &o, NULL, out, NULL, &e), MPQ_ERR_CANCELLED);
+    char h[700];
+    snprintf(h, sizeof h, "%s/h.bin", rd);
+    cr_assert_eq(truncate(h, 100), 0);
+    o.cancel = NULL;
+    cr_assert_eq(mpq_llm_calibrate_file(m, text, NTOK, &o, NULL, out, NULL, &e), MPQ_ERR_FORMAT);
+    cr_assert(strstr(e.msg, "h.bin"), "%s", e.msg);
+    /* a directory that is not there */
+    snprintf(h, sizeof h, "%s/none", tmpdir);
+    o.resume_dir = h;
+    cr_assert_eq(mpq_llm_calibrate_file(m, text, NTOK, &o, NULL, out, NULL, &e), MPQ_ERR_IO);
+    cr_assert(strstr(e.msg, "none") && strstr(e.msg, "must exist"), "%s", e.msg);
+    mpq_calib_stats_free(&ref);
+    mpq_llm_free(m);
     tl_free(&t);
 }
 

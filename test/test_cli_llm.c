@@ -735,6 +735,23 @@ Test(cli_llm, bad_statistics_exit_2, .init = setup, .fini = teardown)
         }
         mpq_calib_stats_free(&s2);
         unlink(q);
+        /* --resume DIR: the same values; the statistics over the whole model refused; another text there refused */
+        char rd[600];
+        path_of("rd", rd, sizeof rd);
+        cr_assert_eq(mkdir(rd, 0700), 0);
+        cr_assert_eq(run("calibrate --quiet --resume rd --windows 2 --length 16 --stats fisher,acts hf text.txt -o "
+                         "s2.safetensors"),
+                     0, "%s", slurp("err.txt", NULL));
+        cr_assert_eq(mpq_calib_read(h, q, &s2, &err), MPQ_OK, "%s", err.msg);
+        for (int i = 0; i < s.nlin; i++)
+            cr_assert(!memcmp(s.fisher[i], s2.fisher[i],
+                              4 * (size_t)h->layer[i / 7].lin[i % 7].rows * h->layer[i / 7].lin[i % 7].cols),
+                      "map %d: --resume differs", i);
+        mpq_calib_stats_free(&s2);
+        unlink(q);
+        cr_assert_eq(run("calibrate --quiet --resume rd --windows 2 --length 16 hf text.txt -o s2.safetensors"), 1);
+        cr_assert_not_null(strstr(slurp("err.txt", NULL), "--resume"), "%s", slurp("err.txt", NULL));
+        cr_assert_eq(rmdir(rd), 0, "the resume directory is emptied");
     }
     static const char *const why[] = {"not finite", "negative"};
     for (int k = 0; k < 2; k++) {

@@ -19,6 +19,7 @@
 #include <cjson/cJSON.h>
 
 #include <errno.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -763,6 +764,11 @@ static const cli_opt calib_opts[] = {
      "the statistics of W V^T, V the rotation that\n"
      "`mpq quantize --rotate SEED` stores (the awq rows and xtx\n"
      "stay in original coordinates)"},
+    {"--resume", CLI_STR, CA(resume_dir), "DIR", 0, 0, NULL, NULL, NULL,
+     "keep where the passes stand in the directory DIR (it must exist)\n"
+     "after every layer: a run stopped at any point (Ctrl-C stops it\n"
+     "after the current layer) continues from there when run again\n"
+     "with the same DIR, model, text and options (not pqi, sensitivity)"},
     {NULL, CLI_FLAG, 0, NULL, 0, 0, NULL, NULL, NULL, NULL},
 };
 #undef CA
@@ -785,9 +791,11 @@ static const cli_spec calib_spec = {
     "are those of the rotated weights W V^T that `mpq quantize --rotate SEED` quantizes\n"
     "(what its planners and requant need); the file records the seed.\n"
     "Windows are taken evenly from the whole text; position 0 of each (BOS, an attention\n"
-    "sink) is left out of the activation statistics but X^T X. Memory does not grow with\n"
-    "--windows; the result is the same for any --threads. Runs on the CPU, with float\n"
-    "activations (not --device cuda, not --a8).",
+    "sink) is left out of the activation statistics but X^T X. The passes take one layer\n"
+    "at a time with the weights in place (pqi and sensitivity: the whole model, in\n"
+    "float32), and each statistic is written as it is final: memory holds one layer's\n"
+    "weights and sums and every window's hidden state. The result is the same for any\n"
+    "--threads. Runs on the CPU, with float activations (not --device cuda, not --a8).",
     {{calib_opts, 0}, {cli_model_opts, CLI_AT(calib_args, lo)}, {NULL, 0}, {NULL, 0}},
     2,
     2,
@@ -797,6 +805,18 @@ typedef struct calib_progress {
     progress p;
     const char *phase;
 } calib_progress;
+
+static volatile sig_atomic_t calib_interrupted;
+static void calib_sigint(int sig)
+{
+    (void)sig;
+    calib_interrupted = 1;
+}
+static int calib_cancel(void *user)
+{
+    (void)user;
+    return calib_interrupted != 0;
+}
 
 static void calib_step(void *user, const char *phase, int done, int total, double seconds)
 {
@@ -850,6 +870,10 @@ static int calibrate(const calib_args *a, const mpq_llm *m, const char *model, c
         mpq_calib_opts co = a->co;
         co.progress = calib_step, co.user = &cp;
         co.rotate = a->rot.on, co.rotate_seed = a->rot.seed;
+        if (co.resume_dir) { /* Ctrl-C stops after the layer that runs, resumable */
+            co.cancel = calib_cancel;
+            signal(SIGINT, calib_sigint);
+        }
         const double t0 = cli_now();
         if (a->in_memory) { /* the model as float32 and every statistic held until the end, then the file */
             st = mpq_llm_calibrate(m, tok, nt, &co, &s, &e);
@@ -861,7 +885,10 @@ static int calibrate(const calib_args *a, const mpq_llm *m, const char *model, c
             st = mpq_llm_calibrate_file(m, tok, nt, &co, j, a->out, &s, &e);
         }
         progress_end(&cp.p);
-        if (st != MPQ_OK)
+        if (co.resume_dir) signal(SIGINT, SIG_DFL);
+        if (st == MPQ_ERR_CANCELLED)
+            rc = fail(EXIT_QUANT, "%s: stopped; run the same command again to continue from %s", a->out, co.resume_dir);
+        else if (st != MPQ_OK)
             rc = fail(st == MPQ_ERR_NOMEM                  ? EXIT_QUANT
                           : strstr(e.msg, a->out) == e.msg ? EXIT_OUTPUT
                                                            : EXIT_INPUT,
@@ -885,6 +912,10 @@ int cmd_calibrate(int argc, char **argv)
     int npos = 0, rc = cli_parse(&calib_spec, argc, argv, &a, sizeof a, pos, &npos, NULL);
     if (rc) return rc < 0 ? 0 : rc;
     if (a.lo.a8) return fail(EXIT_USAGE, "calibrate --a8: the statistics are gathered with float activations");
+    if (a.co.resume_dir && (a.co.what == 0 || (a.co.what & (MPQ_CALIB_PQI | MPQ_CALIB_LAYER_SENS))))
+        return fail(EXIT_USAGE,
+                    "calibrate --resume: the statistics a layer at a time only (--stats without pqi, "
+                    "sensitivity)");
     if (!a.out) return fail(EXIT_USAGE, "calibrate: needs MODEL TEXT -o FILE (see mpq calibrate --help)");
     if (a.lo.device != DEVICE_CPU) return fail(EXIT_USAGE, "calibrate: runs on the CPU only (--device cpu)");
     char *text = NULL;
