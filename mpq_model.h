@@ -198,9 +198,11 @@ mpq_status mpq_llm_load(const char *path, mpq_llm **out, mpq_io_err *err);
    same sums). Loading still reads every weight once to check that all are
    finite. The model keeps its files open; the forward pass checks before
    each call that none changed size or modification time since loading
-   (MPQ_ERR_IO; mpq_llm_check_files names the file). What changes or
-   differentiates weights needs them as float32 (training, calibration:
-   MPQ_ERR_UNSUPPORTED on a model in place). Norms and biases are float. */
+   (MPQ_ERR_IO; mpq_llm_check_files names the file). Training, and PQI and
+   the layer sensitivity (which run over the whole model), need the weights
+   as float32 (MPQ_ERR_UNSUPPORTED on a model in place); the other
+   statistics and sequential GPTQ convert one layer at a time. Norms and
+   biases are float. */
 typedef struct mpq_llm_load_opts {
     int in_place;
 } mpq_llm_load_opts;
@@ -634,7 +636,7 @@ typedef struct mpq_calib_opts {
        caller once all layers are done (then the directory's files are
        removed); PQI and layer_sens, over the whole model, are not kept.
        cancel (may be NULL) is asked after each layer: non-zero stops the
-       run with MPQ_ERR_CANCELLED, resumable from there. */
+       run with MPQ_ERR_CANCELLED (with resume_dir, resumable from there). */
     const char *resume_dir;
     int (*cancel)(void *user);
     /* called during the passes (may be NULL): phase "forward", "backward"
