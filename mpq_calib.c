@@ -337,8 +337,8 @@ static void mpq__layer_fwd(const mpq_llm *m, mpq_llm_train *t, const float *cons
     for (size_t i = 0; i < (size_t)T * D; i++) xout[i] = S->xmid[i] + t->tmp[i];
 }
 
-/* Forward from layer `from` (its input in xin) to the normed final state
-   t->hf; keep: every layer's activations in its slot (from must be 0),
+/* Forward from layer `from` (its input in xin) to the last layer's output
+   t->xf; keep: every layer's activations in its slot (from must be 0),
    else one scratch slot. */
 static void mpq__forward(const mpq_llm *m, mpq_llm_train *t, const float *const *W, int from, const float *xin, int T,
                          int keep, mpq_observe_cb observe, void *user)
@@ -354,7 +354,6 @@ static void mpq__forward(const mpq_llm *m, mpq_llm_train *t, const float *const 
         x = out;
     }
     if (x != t->xf) memcpy(t->xf, x, sizeof(float) * TD);
-    mpq__rmsnorm(t->xf, m->out_norm, t->hf, T, c->dim, c->norm_eps);
 }
 
 /* mpq_llm_backward's on_grad when every parameter's gradient is summed */
@@ -1388,10 +1387,10 @@ static mpq_status mpq__cal_sens(mpq__cal *C)
     const mpq_llm_config *c = &C->m->c;
     const int T = C->s->sens_tokens, D = c->dim;
     mpq__window(C, 0);
-    const float *E = C->m->embed.W;
     float *x0 = C->t->slot[0].xin;
-    for (int i = 0; i < T; i++) memcpy(x0 + (size_t)i * D, E + (size_t)C->win[i] * D, sizeof(float) * D);
+    mpq__embed(C->m, C->win, T, x0);
     mpq__forward(C->m, C->t, NULL, 0, x0, T, 1, NULL, NULL);
+    mpq__rmsnorm(C->t->xf, C->m->out_norm, C->t->hf, T, D, c->norm_eps);
     size_t maxn = 0;
     for (int i = 0; i < C->nlin; i++) maxn = C->off[i + 1] - C->off[i] > maxn ? C->off[i + 1] - C->off[i] : maxn;
     float *ref = (float *)malloc(sizeof(float) * (size_t)T * D), *Wq = (float *)malloc(sizeof(float) * maxn);
@@ -1405,6 +1404,7 @@ static mpq_status mpq__cal_sens(mpq__cal *C)
         if (r && (st = mpq_rotation_apply(r, Wq, mpq__lin(C->m, i)->rows, 1)) != MPQ_OK) break;
         C->Wp[i] = Wq;
         mpq__forward(C->m, C->t, C->Wp, l, C->t->slot[l].xin, T, 0, NULL, NULL);
+        mpq__rmsnorm(C->t->xf, C->m->out_norm, C->t->hf, T, D, c->norm_eps);
         C->Wp[i] = NULL;
         double e = 0;
         for (size_t k = 0; k < (size_t)T * D; k++) {

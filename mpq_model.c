@@ -1095,11 +1095,7 @@ mpq_status mpq_llm_state_init(const mpq_llm *m, int ctx, int batch, mpq_llm_stat
     const size_t kvd = (size_t)c->kv_heads * c->head_dim, qd = (size_t)c->heads * c->head_dim;
     const size_t B = (size_t)batch, D = (size_t)c->dim, F = (size_t)c->ffn;
     const size_t wide = qd > D ? qd : D;
-#ifdef _OPENMP
-    s->nthreads = omp_get_max_threads();
-#else
-    s->nthreads = 1;
-#endif
+    s->nthreads = mpq__max_threads();
     s->ctx = ctx, s->batch = batch;
     if (mpq__dec_room(m, s, s->nthreads) != MPQ_OK) return MPQ_ERR_NOMEM;
     s->kc = (float *)malloc(sizeof(float) * (size_t)c->layers * (size_t)ctx * kvd);

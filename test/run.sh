@@ -132,7 +132,7 @@ fuzz_seconds=${MPQ_FUZZ_SECONDS:-60}
 fuzz_flags=(-g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -I.)
 fuzz_io() {
     rm -rf build/fuzz-seeds build/fuzz-corpus && mkdir -p build/fuzz-seeds build/fuzz-corpus &&
-    clang "${fuzz_flags[@]}" test/fuzz/fuzz_io.c mpq_io.c -lcjson -lm -o build/fuzz_io &&
+    clang "${fuzz_flags[@]}" test/fuzz/fuzz_io.c mpq_io.c mpq_io_gguf.c -lcjson -lm -o build/fuzz_io &&
     (cd build/sanitize && MPQ_FUZZ_CORPUS="$root/build/fuzz-seeds" MPQ_SOURCE_ROOT="$root" ./test_io --jobs 1 \
         >/dev/null) &&
     cp test/data/packed_v1.safetensors build/fuzz-seeds/ &&

@@ -891,6 +891,16 @@ Test(calib, a_stopped_run_resumes_from_its_last_layer, .init = make_tmpdir, .fin
     o.cancel = NULL;
     cr_assert_eq(mpq_llm_calibrate_file(m, text, NTOK, &o, NULL, out, NULL, &e), MPQ_ERR_FORMAT);
     cr_assert(strstr(e.msg, "h.bin"), "%s", e.msg);
+    /* a state file that is not one mpq wrote */
+    snprintf(h, sizeof h, "%s/state.json", rd);
+    FILE *sf = fopen(h, "wb");
+    cr_assert_not_null(sf);
+    fputs("{\"identity\": 3, \"phase\": 9}", sf);
+    fclose(sf);
+    unlink(out); /* the finished runs' file */
+    cr_assert_eq(mpq_llm_calibrate_file(m, text, NTOK, &o, NULL, out, NULL, &e), MPQ_ERR_FORMAT);
+    cr_assert(strstr(e.msg, "state.json") && strstr(e.msg, "not a state"), "%s", e.msg);
+    cr_assert_neq(access(out, F_OK), 0);
     /* a directory that is not there */
     snprintf(h, sizeof h, "%s/none", tmpdir);
     o.resume_dir = h;

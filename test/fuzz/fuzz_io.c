@@ -1,6 +1,7 @@
 /* libFuzzer target: the safetensors reader and the packed-matrix loader on
    arbitrary bytes. Whatever opens is read completely: every float tensor
-   converted, every packed matrix validated, dequantized and multiplied.
+   converted (read, and mapped in place: the same values), every packed
+   matrix validated, dequantized and multiplied.
    Built and run by test/run.sh (clang -fsanitize=fuzzer,address,undefined)
    for a bounded time, seeded with the files test_io writes. */
 #define MPQ_IMPLEMENTATION
@@ -26,8 +27,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
            bounded by it (F16 and BF16 at most double) */
         if (t->dtype == MPQ_DT_F32 || t->dtype == MPQ_DT_F16 || t->dtype == MPQ_DT_BF16 || t->dtype == MPQ_DT_F64) {
             float *x = (float *)malloc(sizeof(float) * (size_t)t->numel + 1);
-            if (!x || mpq_st_read_f32(f, t, x, (size_t)t->numel, &e) != MPQ_OK) abort();
-            free(x);
+            float *y = (float *)malloc(sizeof(float) * (size_t)t->numel + 1);
+            if (!x || !y || mpq_st_read_f32(f, t, x, (size_t)t->numel, &e) != MPQ_OK) abort();
+            /* the same values in place: the mapped bytes (here the input itself) converted */
+            const void *p = NULL;
+            const uint32_t g = t->dtype == MPQ_DT_F32 ? MPQ_GGML_F32
+                : t->dtype == MPQ_DT_F16              ? MPQ_GGML_F16
+                : t->dtype == MPQ_DT_BF16             ? MPQ_GGML_BF16
+                                                      : MPQ_GGML_F64;
+            if (mpq_st_map(f, t, &p, &e) != MPQ_OK || mpq_gguf_decode(g, p, t->numel, y) != MPQ_OK) abort();
+            for (uint64_t k = 0; k < t->numel; k++) /* bit for bit; a NaN may come back quieted */
+                if (memcmp(&x[k], &y[k], 4) != 0 && !(x[k] != x[k] && y[k] != y[k])) abort();
+            free(x), free(y);
         }
         if (!t->packed) continue;
         mpq_packed A;
