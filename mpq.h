@@ -867,11 +867,22 @@ MPQ_DEF mpq_status mpq_awq_search(const mpq_bitplane_desc *d, const float *W, co
                             w_k -= e_j U[j][k]   for every k > j,
 
    where U is the upper Cholesky factor of the inverse of the damped
-   Hessian, (H + lambda I)^-1 = U^T U. mpq computes U without forming the
-   inverse: with H + lambda I = R R^T, R upper triangular (the Cholesky
-   factor taken from the last column backwards), U = R^-1, one Cholesky
-   factorisation and one triangular inverse in float64 (2 cols^3 / 3 flops).
-   The loss sum e_j^2 is ||(W - Q) X||^2 under H + lambda I. As in the paper:
+   Hessian, (H + lambda I)^-1 = U^T U. mpq forms neither that inverse nor
+   U whole: with H + lambda I = R R^T, R upper triangular (the Cholesky
+   factor taken from the last column backwards), U = R^-1, and the loop
+   above gives W - Q = E U (E the errors e_j), so E = (W - Q) R. Hence,
+   with d_i = w_i - q_i (original weights) and a_k = sum_{i < b} d_i R[i][k]
+   over the columns of the blocks before the one that starts at b, the
+   weights the loop sees at the start of that block are
+
+     w~_k = w_k + sum_{b <= l <= k} a_l U[l][k]
+
+   which needs U only inside the block's diagonal block (the inverse of
+   R's, block x block). So: one Cholesky factorisation in float64
+   (cols^3 / 3 flops), the diagonal blocks inverted, and inside a block
+   the paper's loop through U; the sums a cross blocks through R (the
+   lazy batch below). The loss sum e_j^2 is ||(W - Q) X||^2 under
+   H + lambda I. As in the paper:
 
    - dampening: lambda = damp * mean(diag H) (damp 0.01 by default);
    - dead columns (H[j][j] = 0: an input that is always zero) get
@@ -899,19 +910,33 @@ MPQ_DEF mpq_status mpq_awq_search(const mpq_bitplane_desc *d, const float *W, co
    diag(c) H diag(c): AWQ's scales and clips applied first), and a sparse
    part, which is stored as given. The output is an ordinary packed matrix.
    The Cholesky factorisation is in float64; the weights and their updates
-   are float32. Memory: cols^2 (8 + 4) bytes besides the packed buffer and a
+   are float32. Memory: cols^2 (8 + 2) bytes besides the packed buffer and a
    float copy of W. */
+/* Maps with the same inputs (q, k, v; gate, up) share one X^T X, so
+   GPTQ's factorisation of it can be shared: a cache keeps the last one,
+   with a copy of the H (lower triangle), p_col and col_scale it was made
+   from, and a call whose H, p_col, col_scale (all bit for bit), damp and
+   block match reuses it; any other call replaces it. The result is the
+   same bits with or without the cache. It holds about cols^2 (2 + 2)
+   bytes until freed or replaced. Not for two calls at once. */
+typedef struct mpq_gptq_cache mpq_gptq_cache;
+MPQ_DEF mpq_gptq_cache *mpq_gptq_cache_new(void); /* NULL without memory */
+MPQ_DEF void mpq_gptq_cache_free(mpq_gptq_cache *c);
+
 typedef struct mpq_gptq_desc {
-    const float *H;    /* cols x cols, X^T X of the layer's inputs (any positive
-                          multiple: GPTQ's 2 X^T X is the same), ORIGINAL column
-                          order; symmetric: only H[i][j] with j <= i is read
-                          (required; finite, diag >= 0) */
-    double damp;       /* lambda = damp * mean(diag H); 0 -> 0.01; negative: no
-                          dampening */
-    int block;         /* columns per lazy batch; 0 -> 128 (rounded to whole
-                          groups, at least one group) */
-    int static_groups; /* 1: every group's pair from the weights before any
-                          error feedback */
+    const float *H;        /* cols x cols, X^T X of the layer's inputs (any positive
+                              multiple: GPTQ's 2 X^T X is the same), ORIGINAL column
+                              order; symmetric: only H[i][j] with j <= i is read
+                              (required; finite, diag >= 0) */
+    double damp;           /* lambda = damp * mean(diag H); 0 -> 0.01; negative: no
+                              dampening */
+    int block;             /* columns per lazy batch; 0 -> 128 (rounded to whole
+                              groups, at least one group) */
+    int static_groups;     /* 1: every group's pair from the weights before any
+                              error feedback */
+    mpq_gptq_cache *cache; /* optional (mpq_gptq_cache_new): the last
+                              factorisation, reused by a call with the same H,
+                              p_col, col_scale, damp and block */
 } mpq_gptq_desc;
 
 typedef struct mpq_gptq_result {
@@ -5240,8 +5265,7 @@ MPQ_DEF void mpq_backend_cpu(mpq_backend *b)
 /* ========================================================================== */
 
 /* Dense products of AWQ's objective and of GPTQ (the Cholesky
-   factorisation, the triangular inverse and the lazy batches) are one
-   register tile:
+   factorisation and the lazy batches) are one register tile:
 
      C[r][0 .. NC) += sum_{k < K} A[r][k] B[k][0 .. NC)   for r < MPQ__GR,
 
@@ -5389,6 +5413,52 @@ static void mpq__gtile_f64(int K, const double *A, size_t lda, const double *B, 
             const double a = A[r * lda + (size_t)k];
             for (int j = 0; j < MPQ__GCD; j++) C[r * ldc + (size_t)j] += a * B[(size_t)k * ldb + (size_t)j];
         }
+}
+
+/* y[0 .. n) += a x[0 .. n): GPTQ's steps inside a block. */
+#ifdef MPQ__HAVE_AVX512
+MPQ__T_AVX512 static void mpq__axpy_f32_avx512(int n, float a, const float *x, float *y)
+{
+    const __m512 va = _mm512_set1_ps(a);
+    int k = 0;
+    for (; k + 16 <= n; k += 16)
+        _mm512_storeu_ps(y + k, _mm512_fmadd_ps(va, _mm512_loadu_ps(x + k), _mm512_loadu_ps(y + k)));
+    if (k < n) {
+        const __mmask16 m = (__mmask16)((1u << (n - k)) - 1u);
+        _mm512_mask_storeu_ps(y + k, m,
+                              _mm512_fmadd_ps(va, _mm512_maskz_loadu_ps(m, x + k), _mm512_maskz_loadu_ps(m, y + k)));
+    }
+}
+#endif
+
+#ifdef MPQ__HAVE_AVX2
+MPQ__T_AVX2 static void mpq__axpy_f32_avx2(int n, float a, const float *x, float *y)
+{
+    const __m256 va = _mm256_set1_ps(a);
+    int k = 0;
+    for (; k + 8 <= n; k += 8)
+        _mm256_storeu_ps(y + k, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + k), _mm256_loadu_ps(y + k)));
+    for (; k < n; k++) y[k] = fmaf(a, x[k], y[k]);
+}
+#endif
+
+static void mpq__axpy_f32(int n, float a, const float *x, float *y)
+{
+    const unsigned f = mpq__cpu();
+    (void)f;
+#ifdef MPQ__HAVE_AVX512
+    if (f & MPQ__CPU_AVX512) {
+        mpq__axpy_f32_avx512(n, a, x, y);
+        return;
+    }
+#endif
+#ifdef MPQ__HAVE_AVX2
+    if (f & MPQ__CPU_AVX2) {
+        mpq__axpy_f32_avx2(n, a, x, y);
+        return;
+    }
+#endif
+    for (int k = 0; k < n; k++) y[k] += a * x[k];
 }
 
 /* Everything one evaluation of the AWQ objective needs. */
@@ -5678,8 +5748,6 @@ MPQ_DEF mpq_status mpq_awq_search(const mpq_bitplane_desc *d, const float *W, co
 
 #define MPQ__CHOL_NB 256 /* columns per panel of the factorisation */
 #define MPQ__CHOL_CB 128 /* columns per block of its trailing update (a slab of the panel that stays in cache) */
-#define MPQ__INV_NB  128 /* rows per block row of the triangular inverse */
-#define MPQ__INV_KB  256 /* columns of the inverse's product per pass */
 
 /* Lower Cholesky factor of the n x n matrix F (row stride ld, at least
    round_up(n, 32) rows and columns, rows and columns past n zero but for
@@ -5747,64 +5815,6 @@ static mpq_status mpq__cholesky(double *F, int n, size_t ld, double *P, int nth)
     return MPQ_OK;
 }
 
-/* In place, the lower triangular factor L that mpq__cholesky left in F
-   becomes L^-1 (its strict upper triangle is cleared first). By block rows
-   of MPQ__INV_NB from the top, with X = L^-1 already in the rows above:
-   T = L[block][0 .. i0) X[0 .. i0)[0 .. i0) as one product (in passes of
-   MPQ__INV_KB columns of L, so that its slab stays in cache), then the
-   block row of X solves L_bb X[block][0 .. i0) = -T and X_bb = L_bb^-1,
-   both by substitution. T: MPQ__INV_NB x ld doubles of scratch. */
-static void mpq__trinv(double *F, int n, size_t ld, double *T, int nth)
-{
-    for (int i = 0; i < n; i++) memset(F + (size_t)i * ld + i + 1, 0, sizeof(double) * (ld - (size_t)i - 1));
-    (void)nth;
-    for (int i0 = 0; i0 < n; i0 += MPQ__INV_NB) {
-        const int ie = i0 + MPQ__INV_NB < n ? i0 + MPQ__INV_NB : n, nb = ie - i0;
-        const int nbr = (nb + MPQ__GR - 1) / MPQ__GR * MPQ__GR;
-        for (int r = 0; r < nbr; r++) memset(T + (size_t)r * ld, 0, sizeof(double) * ld);
-        for (int kb = 0; kb < i0; kb += MPQ__INV_KB) {
-            const int ke = kb + MPQ__INV_KB < i0 ? kb + MPQ__INV_KB : i0, nchunk = (ke + MPQ__GCD - 1) / MPQ__GCD;
-#ifdef _OPENMP
-#pragma omp parallel for schedule(dynamic, 4) num_threads(nth)
-#endif
-            for (int c = 0; c < nchunk; c++) { /* X is lower: its rows k < j0 add nothing to columns j0.. */
-                const int j0 = c * MPQ__GCD, k0 = j0 > kb ? j0 : kb;
-                for (int r = 0; r < nbr; r += MPQ__GR)
-                    mpq__gtile_f64(ke - k0, F + (size_t)(i0 + r) * ld + (size_t)k0, ld,
-                                   F + (size_t)k0 * ld + (size_t)j0, ld, T + (size_t)r * ld + (size_t)j0, ld);
-            }
-        }
-        const int nsol = (i0 + 255) / 256;
-#ifdef _OPENMP
-#pragma omp parallel for schedule(static) num_threads(nth)
-#endif
-        for (int c = 0; c < nsol; c++) { /* L_bb X[block][j0 .. j1) = -T, row by row, the columns as vectors */
-            const int j0 = c * 256, j1 = j0 + 256 < i0 ? j0 + 256 : i0;
-            for (int r = 0; r < nb; r++) {
-                double *xr = F + (size_t)(i0 + r) * ld;
-                const double *tr = T + (size_t)r * ld, rinv = 1.0 / xr[i0 + r];
-                for (int j = j0; j < j1; j++) xr[j] = -tr[j];
-                for (int k = 0; k < r; k++) {
-                    const double l = xr[i0 + k], *xk = F + (size_t)(i0 + k) * ld;
-                    for (int j = j0; j < j1; j++) xr[j] -= l * xk[j];
-                }
-                for (int j = j0; j < j1; j++) xr[j] *= rinv;
-            }
-        }
-        for (int j = 0; j < nb; j++) { /* X_bb = L_bb^-1 column by column from the left, each from the top:
-                                          it reads L only right of and below what it has overwritten */
-            double *xjj = F + (size_t)(i0 + j) * ld + (size_t)(i0 + j);
-            *xjj = 1.0 / *xjj;
-            for (int r = j + 1; r < nb; r++) {
-                const double *fr = F + (size_t)(i0 + r) * ld + (size_t)i0;
-                double t = 0.0;
-                for (int k = j; k < r; k++) t += fr[k] * F[(size_t)(i0 + k) * ld + (size_t)(i0 + j)];
-                F[(size_t)(i0 + r) * ld + (size_t)(i0 + j)] = -t / fr[r];
-            }
-        }
-    }
-}
-
 /* The quantization grid of one group of one row: the stored metadata and
    what the column loop needs to place a value on it. */
 typedef struct mpq__gq {
@@ -5831,27 +5841,34 @@ static uint8_t mpq__gq_code(const mpq__gq *q, float v, float *value)
 typedef struct mpq__gptq {
     const mpq__shape *s;
     const mpq_bitplane_desc *d;
-    float *Wp;        /* rows (padded to MPQ__GR) x ld: W~ / c in packed coordinates, updated in place */
-    const float *Ut;  /* cols x ld: Ut[j][k] = U[j][k] for k > j, 0 elsewhere */
-    const double *ud; /* U[j][j] */
-    size_t ld;        /* row stride of Wp and Ut: round_up(cols, 32) + 32 */
+    const float *Wp;    /* rows (padded to MPQ__GR) x ld: W~ / c in packed coordinates */
+    const float *Rp;    /* R right of each block, as panels (mpq__gptq_rows) */
+    const size_t *roff; /* where each block's panels start in Rp */
+    const float *Ub;    /* U inside each block, block x block floats a block */
+    const double *ud;   /* U[j][j] = 1 / R[j][j] */
+    size_t ld;          /* row stride of Wp: round_up(cols, 32) + 32 */
     int block, static_groups;
     uint8_t *codes;    /* rows x cols, packed coordinates */
     uint16_t *sh, *zh; /* rows x ngroups */
 } mpq__gptq;
 
-#define MPQ__GPTQ_TILE 64 /* rows of W per task: each task runs GPTQ on its rows alone */
+#define MPQ__GPTQ_TILE  64 /* rows of W per task: each task runs GPTQ on its rows alone */
+#define MPQ__GPTQ_ROWS  8  /* rows whose column loops run side by side (a divisor of MPQ__GPTQ_TILE) */
+/* A task's sums a (mpq__gptq_tile) lie by panels of MPQ__GCF columns, each
+   MPQ__GPTQ_TILE rows x MPQ__GCF floats: column k of a row at this offset
+   from the row's start in the first panel. */
+#define MPQ__GPTQ_AT(k) ((size_t)((k) / MPQ__GCF) * MPQ__GPTQ_TILE * MPQ__GCF + (size_t)((k) % MPQ__GCF))
 
-/* The pair of group g of packed row i from its current weights w (the row). */
-static int mpq__gptq_pair(const mpq__gptq *G, int i, int g, const float *w, float *tmp, uint8_t *qtmp, mpq__gq *q)
+/* The pair of group g of packed row i from the group's current weights v. */
+static int mpq__gptq_pair(const mpq__gptq *G, int i, int g, const float *v, float *tmp, uint8_t *qtmp, mpq__gq *q)
 {
     const mpq__shape *s = G->s;
-    const int b = mpq__bits_at(s, i, g), o = g * s->group, gw = mpq__group_cols(s, g);
+    const int b = mpq__bits_at(s, i, g), gw = mpq__group_cols(s, g);
     const float clip = G->d->clip ? G->d->clip[(size_t)i * (size_t)s->ngroups + (size_t)g] : 0.0f;
     uint16_t sh, zh;
     for (int k = 0; k < gw; k++)
-        if (!(fabsf(w[o + k]) <= s->f->max_abs)) return 0;
-    mpq__quant_any(s->f, b, (int)((s->symmetric >> b) & 1u), w + o, gw, clip, tmp, qtmp, &sh, &zh);
+        if (!(fabsf(v[k]) <= s->f->max_abs)) return 0;
+    mpq__quant_any(s->f, b, (int)((s->symmetric >> b) & 1u), v, gw, clip, tmp, qtmp, &sh, &zh);
     if (!s->f->meta_valid(sh, zh)) return 0;
     mpq__gq_set(q, s->f, b, sh, zh);
     G->sh[(size_t)i * (size_t)s->ngroups + (size_t)g] = sh;
@@ -5860,50 +5877,71 @@ static int mpq__gptq_pair(const mpq__gptq *G, int i, int g, const float *w, floa
 }
 
 /* GPTQ on the rows [r0, r1) (a multiple of MPQ__GR rows, the last ones
-   padding), block by block. D: MPQ__GPTQ_TILE x block floats (-e of the
-   block's columns); tmp: a group of floats and of codes; gq: ngroups grids.
-   Returns 0 when a group's pair leaves the fp16 range. */
-static int mpq__gptq_tile(const mpq__gptq *G, int r0, int r1, float *D, float *tmp, mpq__gq *gq, double *loss)
+   padding), block by block (section 8's note on R and U). A: MPQ__GPTQ_TILE
+   x ld floats, the sums a_k = sum_{i < b0} d_i R[i][k] of the blocks before
+   (d_i = w_i - q_i); D: MPQ__GPTQ_TILE x block floats, d of the block's
+   columns; v: a block of floats, the block's current weights; tmp: a group
+   of floats and one of codes; gq: ngroups grids. Returns 0 when a group's
+   pair leaves the fp16 range. */
+static int mpq__gptq_tile(const mpq__gptq *G, int r0, int r1, float *A, float *D, float *v, float *tmp, mpq__gq *gq,
+                          double *loss)
 {
     const mpq__shape *s = G->s;
     const int n = s->cols, B = G->block, rows = s->rows;
     const size_t ld = G->ld;
     uint8_t *qtmp = (uint8_t *)(void *)(tmp + s->group);
     double acc = 0.0;
+    memset(A, 0, sizeof(float) * MPQ__GPTQ_TILE * ld);
     if (G->static_groups)
         for (int i = r0; i < r1 && i < rows; i++)
             for (int g = 0; g < s->ngroups; g++)
-                if (!mpq__gptq_pair(G, i, g, G->Wp + (size_t)i * ld, tmp, qtmp, &gq[(size_t)(i - r0) * s->ngroups + g]))
+                if (!mpq__gptq_pair(G, i, g, G->Wp + (size_t)i * ld + (size_t)g * (size_t)s->group, tmp, qtmp,
+                                    &gq[(size_t)(i - r0) * s->ngroups + g]))
                     return 0;
     for (int b0 = 0; b0 < n; b0 += B) {
         const int b1 = b0 + B < n ? b0 + B : n, bw = b1 - b0;
-        for (int i = r0; i < r1; i++) {
-            float *w = G->Wp + (size_t)i * ld, *dr = D + (size_t)(i - r0) * (size_t)B;
-            if (i >= rows) { /* padding rows: no error to feed back */
-                memset(dr, 0, sizeof(float) * (size_t)bw);
-                continue;
+        const float *ub = G->Ub + (size_t)(b0 / B) * (size_t)B * (size_t)B;
+        for (int i0 = r0; i0 < r1; i0 += MPQ__GPTQ_ROWS) {
+            /* MPQ__GPTQ_ROWS rows side by side, a column at a time: each row's
+               column loop is a chain of dependent steps, the rows' chains are
+               independent */
+            const int ie = i0 + MPQ__GPTQ_ROWS < rows ? i0 + MPQ__GPTQ_ROWS : rows;
+            for (int i = i0; i < i0 + MPQ__GPTQ_ROWS; i++) {
+                const float *w = G->Wp + (size_t)i * ld;
+                const float *a = A + (size_t)(i - r0) * MPQ__GCF; /* a_k at a[MPQ__GPTQ_AT(k)] */
+                float *vi = v + (size_t)(i - i0) * (size_t)B;
+                if (i >= rows) { /* padding rows: nothing to feed forward */
+                    memset(D + (size_t)(i - r0) * (size_t)B, 0, sizeof(float) * (size_t)bw);
+                    continue;
+                }
+                /* the block as the earlier blocks left it: v_k = w_k + sum_{b0 <= l <= k} a_l U[l][k] */
+                for (int k = b0; k < b1; k++) vi[k - b0] = w[k] + (float)((double)a[MPQ__GPTQ_AT(k)] * G->ud[k]);
+                for (int l = 0; l < bw; l++)
+                    mpq__axpy_f32(bw - l - 1, a[MPQ__GPTQ_AT(b0 + l)], ub + (size_t)l * (size_t)B + l + 1, vi + l + 1);
             }
-            mpq__gq *q = gq + (size_t)(i - r0) * s->ngroups;
-            uint8_t *code = G->codes + (size_t)i * (size_t)n;
-            for (int j = b0; j < b1; j++) {
-                const int g = j / s->group;
-                if (!G->static_groups && j == g * s->group && !mpq__gptq_pair(G, i, g, w, tmp, qtmp, &q[g])) return 0;
-                float value;
-                code[j] = mpq__gq_code(&q[g], w[j], &value);
-                const float e = (float)((double)(w[j] - value) / G->ud[j]);
-                acc += (double)e * e;
-                dr[j - b0] = -e;
-                const float *ut = G->Ut + (size_t)j * ld;
-                for (int k = j + 1; k < b1; k++) w[k] -= e * ut[k];
+            for (int j = b0; j < b1; j++) { /* then the paper's column loop inside the block */
+                const int g = j / s->group, jb = j - b0;
+                const float *uj = ub + (size_t)jb * (size_t)B + jb + 1;
+                for (int i = i0; i < ie; i++) {
+                    float *vi = v + (size_t)(i - i0) * (size_t)B, value;
+                    mpq__gq *q = gq + (size_t)(i - r0) * s->ngroups + g;
+                    if (!G->static_groups && j == g * s->group && !mpq__gptq_pair(G, i, g, vi + jb, tmp, qtmp, q))
+                        return 0;
+                    G->codes[(size_t)i * (size_t)n + (size_t)j] = mpq__gq_code(q, vi[jb], &value);
+                    const float e = (float)((double)(vi[jb] - value) / G->ud[j]);
+                    acc += (double)e * e;
+                    D[(size_t)(i - r0) * (size_t)B + (size_t)jb] = G->Wp[(size_t)i * ld + (size_t)j] - value;
+                    mpq__axpy_f32(bw - jb - 1, -e, uj, vi + jb + 1);
+                }
             }
         }
         if (b1 >= n) break;
         /* the lazy batch: every later column of these rows at once */
-        const size_t jend = (size_t)b1 + ((size_t)(n - b1) + MPQ__GCF - 1) / MPQ__GCF * MPQ__GCF;
-        for (size_t j0 = (size_t)b1; j0 < jend; j0 += MPQ__GCF)
+        const float *rp = G->Rp + G->roff[b0 / B];
+        for (int j0 = b1 / MPQ__GCF * MPQ__GCF; j0 < n; j0 += MPQ__GCF, rp += (size_t)bw * MPQ__GCF)
             for (int i = r0; i < r1; i += MPQ__GR)
-                mpq__gtile_f32(bw, D + (size_t)(i - r0) * (size_t)B, (size_t)B, G->Ut + (size_t)b0 * ld + j0, ld,
-                               G->Wp + (size_t)i * ld + j0, ld);
+                mpq__gtile_f32(bw, D + (size_t)(i - r0) * (size_t)B, (size_t)B, rp, MPQ__GCF,
+                               A + MPQ__GPTQ_AT(j0) + (size_t)(i - r0) * MPQ__GCF, MPQ__GCF);
     }
     *loss += acc;
     return 1;
@@ -5919,6 +5957,214 @@ MPQ_DEF mpq_status mpq_gptq_act_order(const float *H, int cols, uint32_t *p_col)
     mpq_status st = mpq_argsort_desc(diag, (size_t)cols, p_col);
     MPQ_FREE(diag);
     return st;
+}
+
+/* One factorisation of GPTQ's Hessian, in the form the row tiles read. */
+typedef struct mpq__gfac {
+    int n, B, ndead;
+    double lambda;
+    uint8_t *dead;  /* packed columns with H[j][j] = 0 */
+    double *ud;     /* U[j][j] */
+    size_t *roff;   /* where each block's panels start in Rp */
+    float *Rp, *Ub; /* as mpq__gptq's */
+} mpq__gfac;
+
+static void mpq__gfac_free(mpq__gfac *f)
+{
+    MPQ_FREE(f->dead);
+    MPQ_FREE(f->ud);
+    MPQ_FREE(f->roff);
+    mpq_aligned_free(f->Rp);
+    mpq_aligned_free(f->Ub);
+    memset(f, 0, sizeof *f);
+}
+
+/* The factorisation of H~ = diag(c) H[p][p] diag(c) + lambda I (packed
+   order, d's p_col and col_scale) for lazy batches of B columns. */
+static mpq_status mpq__gfac_make(const mpq_bitplane_desc *d, const float *H, int n, int B, double damp, mpq__gfac *f)
+{
+    memset(f, 0, sizeof *f);
+    const size_t np = ((size_t)n + MPQ__GPAD - 1) / MPQ__GPAD * MPQ__GPAD;
+    const int nth = mpq__max_threads(), nblk = (n + B - 1) / B;
+    double *F = (double *)mpq_aligned_alloc(sizeof(double) * np * np);
+    double *P = (double *)mpq_aligned_alloc(sizeof(double) * MPQ__CHOL_NB * np);
+    if (P) memset(P, 0, sizeof(double) * MPQ__CHOL_NB * np);
+    double *urow = NULL, mean = 0.0;
+    size_t rbytes = 0;
+    mpq_status st = MPQ_OK;
+    f->n = n, f->B = B;
+    f->ud = (double *)MPQ_MALLOC(sizeof(double) * (size_t)n);
+    f->dead = (uint8_t *)MPQ_MALLOC((size_t)n);
+    f->roff = (size_t *)MPQ_MALLOC(sizeof(size_t) * (size_t)nblk);
+    if (!F || !P || !f->ud || !f->dead || !f->roff) {
+        st = MPQ_ERR_NOMEM;
+        goto done;
+    }
+    /* H~ in packed order, flipped (row a of F is packed column n-1-a):
+       F = L L^T makes H~ = R R^T with the upper R[j][k] = L[n-1-j][n-1-k].
+       By tiles of MPQ__GPAD x MPQ__GPAD, so that the reads of H (along its
+       rows when there is no permutation) and the writes of F both stay in
+       cache. */
+    {
+        const int nt = (int)(np / MPQ__GPAD);
+#ifdef _OPENMP
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nth)
+#endif
+        for (int ta = 0; ta < nt; ta++) {
+            const int a0 = ta * MPQ__GPAD, a1 = a0 + MPQ__GPAD < n ? a0 + MPQ__GPAD : n;
+            memset(F + (size_t)a0 * np, 0, sizeof(double) * np * MPQ__GPAD);
+            for (int b0 = 0; b0 < a1; b0 += MPQ__GPAD)
+                for (int b = b0; b < b0 + MPQ__GPAD && b < a1; b++) {
+                    const int y = n - 1 - b;
+                    const uint32_t py = d->p_col ? d->p_col[y] : (uint32_t)y;
+                    const double cy = d->col_scale ? (double)d->col_scale[y] : 1.0;
+                    for (int a = a0 > b ? a0 : b; a < a1; a++) {
+                        const int x = n - 1 - a;
+                        const uint32_t px = d->p_col ? d->p_col[x] : (uint32_t)x;
+                        const double cx = d->col_scale ? (double)d->col_scale[x] : 1.0;
+                        const size_t at = px >= py ? (size_t)px * (size_t)n + py : (size_t)py * (size_t)n + px;
+                        F[(size_t)a * np + (size_t)b] = cx * cy * (double)H[at];
+                    }
+                }
+        }
+    }
+    for (int a = 0; a < n; a++) {
+        const int x = n - 1 - a;
+        double *fa = F + (size_t)a * np;
+        f->dead[x] = fa[a] == 0.0;
+        if (f->dead[x]) fa[a] = 1.0, f->ndead++;
+        mean += fa[a];
+    }
+    f->lambda = damp * mean / n;
+    for (int a = 0; a < n; a++) F[(size_t)a * np + (size_t)a] += f->lambda;
+    for (size_t a = (size_t)n; a < np; a++) F[a * np + a] = 1.0;
+    if ((st = mpq__cholesky(F, n, np, P, nth)) != MPQ_OK) goto done;
+    mpq_aligned_free(P);
+    P = NULL;
+    /* Rp: for each block, R[b0 .. b1)[c0 ..) with c0 = b1 rounded down to
+       MPQ__GCF, as panels of MPQ__GCF columns, each bw x MPQ__GCF floats
+       contiguous (the right-hand operand of the lazy batch, read by every
+       row tile), zero left of b1 and past n. Ub: U inside each block, B x B
+       floats, row j - b0, column k - b0, zero on and below the diagonal. */
+    for (int bb = 0; bb < nblk; bb++) {
+        const int b0 = bb * B, b1 = b0 + B < n ? b0 + B : n;
+        const int c0 = b1 / MPQ__GCF * MPQ__GCF;
+        f->roff[bb] = rbytes;
+        if (b1 < n) rbytes += (size_t)(b1 - b0) * (((size_t)(n - c0) + MPQ__GCF - 1) / MPQ__GCF * MPQ__GCF);
+    }
+    f->Rp = (float *)mpq_aligned_alloc(sizeof(float) * (rbytes ? rbytes : 1u));
+    f->Ub = (float *)mpq_aligned_alloc(sizeof(float) * (size_t)nblk * (size_t)B * (size_t)B);
+    urow = (double *)MPQ_MALLOC(sizeof(double) * (size_t)B * ((size_t)B + 1u) * (size_t)nth);
+    if (!f->Rp || !f->Ub || !urow) {
+        st = MPQ_ERR_NOMEM;
+        goto done;
+    }
+#ifdef _OPENMP
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nth)
+#endif
+    for (int bb = 0; bb < nblk; bb++) { /* R[j][k] = L[n-1-j][n-1-k]; U's diagonal blocks invert R's */
+        const int b0 = bb * B, b1 = b0 + B < n ? b0 + B : n, bw = b1 - b0;
+        const int c0 = b1 / MPQ__GCF * MPQ__GCF, npan = b1 < n ? (n - c0 + MPQ__GCF - 1) / MPQ__GCF : 0;
+        double *rb = urow + (size_t)B * ((size_t)B + 1u) * (size_t)mpq__thread_id(), *t = rb + (size_t)B * B;
+        float *ub = f->Ub + (size_t)bb * (size_t)B * (size_t)B;
+        for (int j = b0; j < b1; j++) {
+            const double *fj = F + (size_t)(n - 1 - j) * np + (n - 1); /* fj[-k] = R[j][k] */
+            for (int p = 0; p < npan; p++) {
+                float *pr = f->Rp + f->roff[bb] + ((size_t)p * (size_t)bw + (size_t)(j - b0)) * MPQ__GCF;
+                const int k0 = c0 + p * MPQ__GCF;
+                for (int c = 0; c < MPQ__GCF; c++) pr[c] = k0 + c >= b1 && k0 + c < n ? (float)fj[-(k0 + c)] : 0.0f;
+            }
+            for (int k = j; k < b1; k++) rb[(size_t)(j - b0) * bw + (k - b0)] = fj[-k];
+            f->ud[j] = 1.0 / fj[-j];
+        }
+        memset(ub, 0, sizeof(float) * (size_t)B * (size_t)B);
+        for (int j = 0; j < bw; j++) { /* row j of U inside the block: U R = I, by substitution */
+            float *uj = ub + (size_t)j * (size_t)B;
+            for (int k = j; k < bw; k++) t[k] = 0.0;
+            for (int l = j; l < bw; l++) {
+                const double *rl = rb + (size_t)l * bw, u = l == j ? 1.0 / rl[l] : -t[l] / rl[l];
+                if (l > j) uj[l] = (float)u;
+                for (int k = l + 1; k < bw; k++) t[k] += u * rl[k];
+            }
+        }
+    }
+done:
+    mpq_aligned_free(F);
+    mpq_aligned_free(P);
+    MPQ_FREE(urow);
+    if (st != MPQ_OK) mpq__gfac_free(f);
+    return st;
+}
+
+/* The last factorisation and what it was made from (mpq_gptq_cache). */
+struct mpq_gptq_cache {
+    mpq__gfac f; /* f.n == 0: none */
+    double damp;
+    float *H;         /* its lower triangle, row by row: n (n + 1) / 2 floats */
+    uint32_t *p_col;  /* NULL: none */
+    float *col_scale; /* NULL: none */
+};
+
+MPQ_DEF mpq_gptq_cache *mpq_gptq_cache_new(void)
+{
+    mpq_gptq_cache *c = (mpq_gptq_cache *)MPQ_MALLOC(sizeof *c);
+    if (c) memset(c, 0, sizeof *c);
+    return c;
+}
+
+static void mpq__gcache_clear(mpq_gptq_cache *c)
+{
+    mpq__gfac_free(&c->f);
+    MPQ_FREE(c->H);
+    MPQ_FREE(c->p_col);
+    MPQ_FREE(c->col_scale);
+    c->H = NULL, c->p_col = NULL, c->col_scale = NULL;
+}
+
+MPQ_DEF void mpq_gptq_cache_free(mpq_gptq_cache *c)
+{
+    if (!c) return;
+    mpq__gcache_clear(c);
+    MPQ_FREE(c);
+}
+
+/* Whether c holds the factorisation of exactly this H, p_col, col_scale,
+   dampening and batch: every value compared bit for bit. */
+static int mpq__gcache_hit(const mpq_gptq_cache *c, const mpq_bitplane_desc *d, const float *H, int n, int B,
+                           double damp)
+{
+    if (!c || c->f.n != n || c->f.B != B || memcmp(&c->damp, &damp, sizeof damp) != 0) return 0;
+    if (!d->p_col != !c->p_col || (d->p_col && memcmp(d->p_col, c->p_col, sizeof(uint32_t) * (size_t)n) != 0)) return 0;
+    if (!d->col_scale != !c->col_scale ||
+        (d->col_scale && memcmp(d->col_scale, c->col_scale, sizeof(float) * (size_t)n) != 0))
+        return 0;
+    const float *h = c->H;
+    for (int i = 0; i < n; h += i + 1, i++)
+        if (memcmp(h, H + (size_t)i * (size_t)n, sizeof(float) * ((size_t)i + 1u)) != 0) return 0;
+    return 1;
+}
+
+/* Keeps f in c with what it was made from; without the memory for the
+   copies c is left empty and f is freed. */
+static void mpq__gcache_keep(mpq_gptq_cache *c, const mpq_bitplane_desc *d, const float *H, int n, double damp,
+                             mpq__gfac *f)
+{
+    mpq__gcache_clear(c);
+    c->H = (float *)MPQ_MALLOC(sizeof(float) * ((size_t)n * ((size_t)n + 1u) / 2u));
+    c->p_col = d->p_col ? (uint32_t *)MPQ_MALLOC(sizeof(uint32_t) * (size_t)n) : NULL;
+    c->col_scale = d->col_scale ? (float *)MPQ_MALLOC(sizeof(float) * (size_t)n) : NULL;
+    if (!c->H || (d->p_col && !c->p_col) || (d->col_scale && !c->col_scale)) {
+        mpq__gcache_clear(c);
+        mpq__gfac_free(f);
+        return;
+    }
+    float *h = c->H;
+    for (int i = 0; i < n; h += i + 1, i++) memcpy(h, H + (size_t)i * (size_t)n, sizeof(float) * ((size_t)i + 1u));
+    if (d->p_col) memcpy(c->p_col, d->p_col, sizeof(uint32_t) * (size_t)n);
+    if (d->col_scale) memcpy(c->col_scale, d->col_scale, sizeof(float) * (size_t)n);
+    c->damp = damp;
+    c->f = *f;
+    memset(f, 0, sizeof *f);
 }
 
 /* mpq_gptq with W and H in the coordinates of the columns (rotated). */
@@ -5953,86 +6199,46 @@ static mpq_status mpq__gptq_rows(const mpq_bitplane_desc *d, const float *W, con
     const size_t np = ((size_t)n + MPQ__GPAD - 1) / MPQ__GPAD * MPQ__GPAD, ld = np + MPQ__GPAD;
     const size_t mp = ((size_t)m + MPQ__GR - 1) / MPQ__GR * MPQ__GR;
     const int nth = mpq__max_threads();
-    double *F = (double *)mpq_aligned_alloc(sizeof(double) * np * np);
-    double *P = (double *)mpq_aligned_alloc(sizeof(double) * MPQ__CHOL_NB * np);
-    if (P) memset(P, 0, sizeof(double) * MPQ__CHOL_NB * np);
-    double *ud = (double *)MPQ_MALLOC(sizeof(double) * (size_t)n);
-    uint8_t *dead = (uint8_t *)MPQ_MALLOC((size_t)n);
-    float *Ut = NULL, *Wp = NULL;
-    double mean = 0.0, lambda = 0.0;
-    int ndead = 0;
-    if (!F || !P || !ud || !dead) {
+    mpq__gfac own, *f = &own;
+    memset(&own, 0, sizeof own);
+    if (mpq__gcache_hit(g->cache, d, H, n, B, damp)) {
+        f = &g->cache->f;
+    } else {
+        if (g->cache) mpq__gcache_clear(g->cache); /* its memory first */
+        if ((st = mpq__gfac_make(d, H, n, B, damp, &own)) != MPQ_OK) return st;
+    }
+    float *Wp = (float *)mpq_aligned_alloc(sizeof(float) * mp * ld);
+    if (!Wp) {
         st = MPQ_ERR_NOMEM;
         goto done;
     }
-    /* H~ = diag(c) H[p][p] diag(c) in packed order, flipped (row a of F is
-       packed column n-1-a): F = L L^T makes H~ = R R^T with the upper
-       R[j][k] = L[n-1-j][n-1-k], so U = R^-1 is U[j][k] = L^-1[n-1-j][n-1-k] */
-    memset(F, 0, sizeof(double) * np * np);
-    for (int a = 0; a < n; a++) {
-        const int x = n - 1 - a;
-        const uint32_t px = d->p_col ? d->p_col[x] : (uint32_t)x;
-        const double cx = d->col_scale ? (double)d->col_scale[x] : 1.0;
-        double *fa = F + (size_t)a * np;
-        for (int b = 0; b <= a; b++) {
-            const int y = n - 1 - b;
-            const uint32_t py = d->p_col ? d->p_col[y] : (uint32_t)y;
-            const double cy = d->col_scale ? (double)d->col_scale[y] : 1.0;
-            const size_t at = px >= py ? (size_t)px * (size_t)n + py : (size_t)py * (size_t)n + px;
-            fa[b] = cx * cy * (double)H[at];
-        }
-        dead[x] = fa[a] == 0.0;
-        if (dead[x]) fa[a] = 1.0, ndead++;
-        mean += fa[a];
-    }
-    lambda = damp * mean / n;
-    for (int a = 0; a < n; a++) F[(size_t)a * np + (size_t)a] += lambda;
-    for (size_t a = (size_t)n; a < np; a++) F[a * np + a] = 1.0;
-    if ((st = mpq__cholesky(F, n, np, P, nth)) != MPQ_OK) goto done;
-    mpq__trinv(F, n, np, P, nth);
-    mpq_aligned_free(P);
-    P = NULL;
-    Ut = (float *)mpq_aligned_alloc(sizeof(float) * (size_t)n * ld);
-    Wp = (float *)mpq_aligned_alloc(sizeof(float) * mp * ld);
-    if (!Ut || !Wp) {
-        st = MPQ_ERR_NOMEM;
-        goto done;
-    }
-    for (int j = 0; j < n; j++) ud[j] = F[(size_t)(n - 1 - j) * np + (size_t)(n - 1 - j)];
-#ifdef _OPENMP
-#pragma omp parallel for schedule(static) num_threads(nth)
-#endif
-    for (int j = 0; j < n; j++) { /* U[j][k] = L^-1[n-1-j][n-1-k] */
-        const double *fa = F + (size_t)(n - 1 - j) * np;
-        float *ut = Ut + (size_t)j * ld;
-        memset(ut, 0, sizeof(float) * ld);
-        for (int k = j + 1; k < n; k++) ut[k] = (float)fa[n - 1 - k];
-    }
-    mpq_aligned_free(F);
-    F = NULL;
     for (size_t i = 0; i < mp; i++) { /* the weights GPTQ works on: W~ / c, dead columns zero */
         float *w = Wp + i * ld;
         memset(w, 0, sizeof(float) * ld);
         if (i >= (size_t)m) continue;
         const float *src = W + (size_t)(d->p_row ? d->p_row[i] : (uint32_t)i) * (size_t)n;
         for (int j = 0; j < n; j++)
-            if (!dead[j])
+            if (!f->dead[j])
                 w[j] = d->col_scale ? src[d->p_col ? d->p_col[j] : (uint32_t)j] / d->col_scale[j]
                                     : src[d->p_col ? d->p_col[j] : (uint32_t)j];
     }
     {
         uint8_t *codes = (uint8_t *)MPQ_MALLOC((size_t)m * (size_t)n);
         uint16_t *pairs = (uint16_t *)MPQ_MALLOC(sizeof(uint16_t) * 2u * (size_t)m * (size_t)s.ngroups);
-        const size_t per = mpq__align64(sizeof(float) * MPQ__GPTQ_TILE * (size_t)B) +
-            mpq__align64(sizeof(float) * (size_t)s.group + (size_t)s.group) +
-            mpq__align64(sizeof(mpq__gq) * MPQ__GPTQ_TILE * (size_t)s.ngroups);
+        const size_t sa = sizeof(float) * MPQ__GPTQ_TILE * ld,
+                     sd = mpq__align64(sizeof(float) * MPQ__GPTQ_TILE * (size_t)B);
+        const size_t sv = mpq__align64(sizeof(float) * MPQ__GPTQ_ROWS * (size_t)B);
+        const size_t stmp = mpq__align64(sizeof(float) * (size_t)s.group + (size_t)s.group);
+        const size_t per = sa + sd + sv + stmp + mpq__align64(sizeof(mpq__gq) * MPQ__GPTQ_TILE * (size_t)s.ngroups);
         uint8_t *scratch = (uint8_t *)mpq_aligned_alloc(per * (size_t)nth);
         if (!codes || !pairs || !scratch) st = MPQ_ERR_NOMEM;
         mpq__gptq G = {&s,
                        d,
                        Wp,
-                       Ut,
-                       ud,
+                       f->Rp,
+                       f->roff,
+                       f->Ub,
+                       f->ud,
                        ld,
                        B,
                        g->static_groups != 0,
@@ -6048,12 +6254,11 @@ static mpq_status mpq__gptq_rows(const mpq_bitplane_desc *d, const float *W, con
 #endif
             for (int t = 0; t < ntask; t++) {
                 uint8_t *mine = scratch + per * (size_t)mpq__thread_id();
-                float *D = (float *)(void *)mine;
-                float *tmp = (float *)(void *)(mine + mpq__align64(sizeof(float) * MPQ__GPTQ_TILE * (size_t)B));
-                mpq__gq *gq = (mpq__gq *)(void *)((uint8_t *)tmp +
-                                                  mpq__align64(sizeof(float) * (size_t)s.group + (size_t)s.group));
+                float *A = (float *)(void *)mine, *D = (float *)(void *)(mine + sa);
+                float *v = (float *)(void *)(mine + sa + sd), *tmp = (float *)(void *)(mine + sa + sd + sv);
+                mpq__gq *gq = (mpq__gq *)(void *)((uint8_t *)tmp + stmp);
                 const int r0 = t * MPQ__GPTQ_TILE, r1 = r0 + MPQ__GPTQ_TILE < (int)mp ? r0 + MPQ__GPTQ_TILE : (int)mp;
-                ok = ok && mpq__gptq_tile(&G, r0, r1, D, tmp, gq, &loss);
+                ok = ok && mpq__gptq_tile(&G, r0, r1, A, D, v, tmp, gq, &loss);
             }
             if (!ok) st = MPQ_ERR_RANGE;
         }
@@ -6064,8 +6269,8 @@ static mpq_status mpq__gptq_rows(const mpq_bitplane_desc *d, const float *W, con
             mpq__view(out, &s, &L, b8, mpq__desc_flags(d));
             if (res) {
                 res->loss = loss / m;
-                res->lambda = lambda;
-                res->dead = ndead;
+                res->lambda = f->lambda;
+                res->dead = f->ndead;
                 res->block = B;
             }
         }
@@ -6074,12 +6279,13 @@ static mpq_status mpq__gptq_rows(const mpq_bitplane_desc *d, const float *W, con
         mpq_aligned_free(scratch);
     }
 done:
-    mpq_aligned_free(F);
-    mpq_aligned_free(P);
-    mpq_aligned_free(Ut);
     mpq_aligned_free(Wp);
-    MPQ_FREE(ud);
-    MPQ_FREE(dead);
+    if (f == &own) {
+        if (g->cache && st == MPQ_OK)
+            mpq__gcache_keep(g->cache, d, H, n, damp, &own);
+        else
+            mpq__gfac_free(&own);
+    }
     return st;
 }
 
@@ -8216,10 +8422,11 @@ static mpq_status mpq__recipe_prepare(const mpq_recipe *r, const mpq_plan *plan,
     return st;
 }
 
-/* The quantizer on a prepared map: GPTQ, or round to nearest, with the
-   sparse part of mask (ReQuant). */
+/* The quantizer on a prepared map: GPTQ (its factorisations through
+   cache where the recipe's settings name none), or round to nearest, with
+   the sparse part of mask (ReQuant). */
 static mpq_status mpq__recipe_pack(const mpq_recipe *r, const mpq_recipe_map *m, const mpq__recipe_job *J,
-                                   const uint8_t *mask, mpq_packed *out)
+                                   const uint8_t *mask, mpq_gptq_cache *cache, mpq_packed *out)
 {
     if (mask) {
         mpq_requant_map M;
@@ -8230,6 +8437,7 @@ static mpq_status mpq__recipe_pack(const mpq_recipe *r, const mpq_recipe_map *m,
     if (r->gptq) {
         mpq_gptq_desc g = r->gptq_opts;
         g.H = m->H;
+        if (!g.cache) g.cache = cache;
         return mpq_gptq_alloc(&J->d, m->W, &g, out, NULL);
     }
     return mpq_pack_alloc(&J->d, m->W, out);
@@ -8250,7 +8458,7 @@ MPQ_DEF mpq_status mpq_recipe_quantize(const mpq_recipe *r, int i, const mpq_rec
     const char *step;
     st = mpq__recipe_prepare(r, r->plan, i, m, &J, &step);
     if (st == MPQ_OK && mask) st = mpq__recipe_sparse_w(m, &J, NULL);
-    if (st == MPQ_OK) st = mpq__recipe_pack(r, m, &J, mask, out);
+    if (st == MPQ_OK) st = mpq__recipe_pack(r, m, &J, mask, NULL, out);
     mpq__recipe_job_free(&J);
     return st;
 }
@@ -8376,6 +8584,7 @@ MPQ_DEF mpq_status mpq_recipe_run(const mpq_recipe *r, mpq_recipe_map *maps, int
         st = mpq__recipe_requant(r, plan, maps, n, io, tmp, res);
     } else {
         const unsigned need = mpq_recipe_needs(r) & ~(MPQ_RECIPE_SALIENCE | MPQ_RECIPE_PQI);
+        mpq_gptq_cache *cache = r->gptq && !r->gptq_opts.cache ? mpq_gptq_cache_new() : NULL; /* q, k, v; gate, up */
         for (int i = 0; i < n && st == MPQ_OK; i++) {
             mpq__recipe_progress(io, "quantizing", i, n, maps[i].name);
             int fetched = 0;
@@ -8386,12 +8595,13 @@ MPQ_DEF mpq_status mpq_recipe_run(const mpq_recipe *r, mpq_recipe_map *maps, int
             memset(&A, 0, sizeof A);
             st = mpq__recipe_fetch(r, io, i, need, &maps[i], &fetched);
             if (st == MPQ_OK) st = mpq__recipe_prepare(r, plan, i, &maps[i], &J, &step);
-            if (st == MPQ_OK) st = mpq__recipe_pack(r, &maps[i], &J, NULL, &A);
+            if (st == MPQ_OK) st = mpq__recipe_pack(r, &maps[i], &J, NULL, cache, &A);
             mpq__recipe_job_free(&J);
             mpq__recipe_release(io, i, &maps[i], &fetched);
             if (st == MPQ_OK) step = "store", st = mpq__recipe_store(io, i, &A, tmp);
             if (st != MPQ_OK) mpq__recipe_fail(res, st, i, step);
         }
+        mpq_gptq_cache_free(cache);
     }
     if (st == MPQ_OK) mpq__recipe_progress(io, "quantizing", n, n, NULL);
     mpq_plan_free(&own);

@@ -1684,6 +1684,10 @@ mpq_status mpq_llm_quantize_sequential(const mpq_llm *m, const int32_t *tokens, 
     size_t maxc = 0;
     for (int k = 0; k < MPQ__KINDS; k++) maxc = (size_t)mpq__cols_of(c, k) > maxc ? (size_t)mpq__cols_of(c, k) : maxc;
     H = (float *)malloc(sizeof(float) * maxc * maxc);
+    mpq_recipe rq = *r; /* q, k, v and gate, up share one factorisation of their X^T X (without memory
+                           for the cache, each makes its own) */
+    mpq_gptq_cache *cache = r->gptq && !r->gptq_opts.cache ? mpq_gptq_cache_new() : NULL;
+    if (cache) rq.gptq_opts.cache = cache;
     st = h && Wp && Wfl && C.win && H ? MPQ_OK : MPQ_ERR_NOMEM;
     for (int k = 0; st == MPQ_OK && k < MPQ__KINDS; k++) {
         const size_t cc = (size_t)mpq__cols_of(c, k);
@@ -1725,7 +1729,7 @@ mpq_status mpq_llm_quantize_sequential(const mpq_llm *m, const int32_t *tokens, 
             mc.H = H;
             if (!mc.W) mc.W = Wfl[i] ? Wfl[i] : mpq__lin(m, i)->W; /* the model's own weights */
             at = i;
-            if ((st = mpq_recipe_quantize(r, i, &mc, NULL, &out[i])) != MPQ_OK) break;
+            if ((st = mpq_recipe_quantize(&rq, i, &mc, NULL, &out[i])) != MPQ_OK) break;
             done = i + 1;
             if ((st = mpq_packed_dequantize(&out[i], 0, Wq[k])) != MPQ_OK) break;
             Wp[i] = Wq[k];
@@ -1744,6 +1748,7 @@ mpq_status mpq_llm_quantize_sequential(const mpq_llm *m, const int32_t *tokens, 
     for (int k = 0; k < MPQ__KINDS; k++) free(S.xtx[k]);
     for (int k = 0; k < MPQ_LIN_COUNT; k++) free(Wq[k]), free(Wf[k]);
     free(h), free(H), free((void *)Wp), free((void *)Wfl), free(C.win);
+    mpq_gptq_cache_free(cache);
     mpq_llm_train_free(C.t);
     if (st != MPQ_OK)
         return at >= 0 ? mpq__fail(err, st, "sequential quantization", "map %d: %s", at, mpq_status_str(st))

@@ -498,6 +498,95 @@ Test(gptq, deterministic_across_threads)
 #endif
 }
 
+/* GPTQ of W under the descriptor and g, with and without g.cache: the
+   same bytes. Returns them (a hash of the packed matrix). */
+static uint64_t same_with_cache(const mpq_bitplane_desc *d, const float *W, mpq_gptq_desc g, mpq_gptq_cache *cache,
+                                const char *what)
+{
+    mpq_packed A, B;
+    mpq_gptq_result ra, rb;
+    g.cache = NULL;
+    cr_assert_eq(mpq_gptq_alloc(d, W, &g, &A, &ra), MPQ_OK, "%s", what);
+    g.cache = cache;
+    cr_assert_eq(mpq_gptq_alloc(d, W, &g, &B, &rb), MPQ_OK, "%s", what);
+    cr_assert_eq(A.bytes, B.bytes, "%s", what);
+    cr_assert_eq(memcmp(A.buf, B.buf, A.bytes), 0, "%s: the cache changed the result", what);
+    cr_assert_eq(ra.loss, rb.loss, "%s", what);
+    cr_assert_eq(ra.lambda, rb.lambda, "%s", what);
+    cr_assert_eq(ra.dead, rb.dead, "%s", what);
+    uint64_t h = 1469598103934665603ull;
+    for (size_t k = 0; k < A.bytes; k++) h = (h ^ ((const uint8_t *)A.buf)[k]) * 1099511628211ull;
+    mpq_packed_free(&A), mpq_packed_free(&B);
+    return h;
+}
+
+/* A cache shared by maps with one H (q, k, v) gives each map the bytes it
+   gets alone, and anything the factorisation depends on (one value of H's
+   lower triangle, p_col, col_scale, damp, block, the width of H) changed
+   between calls is not served from the cache: each change moves the
+   result, so a stale factorisation would show. */
+Test(gptq, a_shared_factorisation_changes_nothing)
+{
+    synth_rng r = {16};
+    const int n = 192, T = 400;
+    float *X = make_tokens(&r, T, n, 2), *H = hessian(X, T, n), *W[3];
+    const int rows[3] = {40, 24, 9};
+    for (int k = 0; k < 3; k++) {
+        W[k] = malloc(sizeof(float) * (size_t)rows[k] * n);
+        synth_weights(&r, W[k], rows[k], n);
+    }
+    uint32_t *pc = malloc(4u * n);
+    cr_assert_eq(mpq_gptq_act_order(H, n, pc), MPQ_OK);
+    float *cs = malloc(sizeof(float) * n);
+    for (int j = 0; j < n; j++) cs[j] = 0.5f + (float)synth_unif(&r);
+    mpq_gptq_cache *cache = mpq_gptq_cache_new();
+    cr_assert_not_null(cache);
+    mpq_bitplane_desc d = {0};
+    d.cols = n, d.uniform_bits = 3, d.group = 64, d.p_col = pc;
+    mpq_gptq_desc g = {0};
+    g.H = H;
+    uint64_t first = 0;
+    for (int k = 0; k < 3; k++) { /* three maps on one input, twice over */
+        d.rows = rows[k];
+        const uint64_t h = same_with_cache(&d, W[k], g, cache, "q, k, v");
+        cr_assert_eq(same_with_cache(&d, W[k], g, cache, "again"), h);
+        if (k == 0) first = h;
+    }
+    d.rows = rows[0];
+    const float keep = H[(size_t)pc[0] * n + pc[0]];
+    H[(size_t)pc[0] * n + pc[0]] = 1.25f * keep; /* one value of the lower triangle */
+    uint64_t h = same_with_cache(&d, W[0], g, cache, "H changed");
+    cr_assert_neq(h, first);
+    H[(size_t)pc[0] * n + pc[0]] = keep;
+    H[3 * n + 5] = 1e6f; /* the upper triangle is not read */
+    cr_assert_eq(same_with_cache(&d, W[0], g, cache, "upper triangle"), first);
+    d.p_col = NULL;
+    cr_assert_neq(h = same_with_cache(&d, W[0], g, cache, "no permutation"), first);
+    d.p_col = pc;
+    pc[0] ^= pc[1], pc[1] ^= pc[0], pc[0] ^= pc[1];
+    cr_assert_neq(same_with_cache(&d, W[0], g, cache, "another permutation"), first);
+    d.col_scale = cs;
+    cr_assert_neq(h = same_with_cache(&d, W[0], g, cache, "column scales"), first);
+    cs[7] *= 1.5f;
+    uint64_t h2 = same_with_cache(&d, W[0], g, cache, "other column scales");
+    cr_assert_neq(h2, h);
+    g.damp = 0.05;
+    cr_assert_neq(h = same_with_cache(&d, W[0], g, cache, "damp"), h2);
+    g.block = 64;
+    same_with_cache(&d, W[0], g, cache, "block"); /* a stale factorisation would not fit: other blocks */
+    float *Hs = hessian(X, T, n - 32);
+    for (int i = 0; i < n - 32; i++) /* the first n - 32 columns: another width */
+        for (int j = 0; j < n - 32; j++) Hs[(size_t)i * (n - 32) + j] = H[(size_t)i * n + j];
+    mpq_bitplane_desc ds = {0};
+    ds.rows = rows[1], ds.cols = n - 32, ds.uniform_bits = 3, ds.group = 64;
+    g.H = Hs;
+    same_with_cache(&ds, W[1], g, cache, "narrower H");
+    mpq_gptq_cache_free(cache);
+    mpq_gptq_cache_free(NULL);
+    free(X), free(H), free(Hs), free(pc), free(cs);
+    for (int k = 0; k < 3; k++) free(W[k]);
+}
+
 /* Bad inputs get statuses and leave the buffer untouched. */
 Test(gptq, bad_inputs)
 {
