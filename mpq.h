@@ -912,16 +912,7 @@ MPQ_DEF mpq_status mpq_awq_search(const mpq_bitplane_desc *d, const float *W, co
    The Cholesky factorisation is in float64; the weights and their updates
    are float32. Memory: cols^2 (8 + 2) bytes besides the packed buffer and a
    float copy of W. */
-/* Maps with the same inputs (q, k, v; gate, up) share one X^T X, so
-   GPTQ's factorisation of it can be shared: a cache keeps the last one,
-   with a copy of the H (lower triangle), p_col and col_scale it was made
-   from, and a call whose H, p_col, col_scale (all bit for bit), damp and
-   block match reuses it; any other call replaces it. The result is the
-   same bits with or without the cache. It holds about cols^2 (2 + 2)
-   bytes until freed or replaced. Not for two calls at once. */
-typedef struct mpq_gptq_cache mpq_gptq_cache;
-MPQ_DEF mpq_gptq_cache *mpq_gptq_cache_new(void); /* NULL without memory */
-MPQ_DEF void mpq_gptq_cache_free(mpq_gptq_cache *c);
+typedef struct mpq_gptq_cache mpq_gptq_cache; /* below */
 
 typedef struct mpq_gptq_desc {
     const float *H;        /* cols x cols, X^T X of the layer's inputs (any positive
@@ -966,6 +957,16 @@ MPQ_DEF mpq_status mpq_gptq_alloc(const mpq_bitplane_desc *d, const float *W, co
    a bits map whose widths do not vary along columns, or one planned in that
    order). */
 MPQ_DEF mpq_status mpq_gptq_act_order(const float *H, int cols, uint32_t *p_col);
+
+/* Maps with the same inputs (q, k, v; gate, up) share one X^T X, so
+   GPTQ's factorisation of it can be shared: a cache (mpq_gptq_desc.cache)
+   keeps the last one, with a copy of the H (lower triangle), p_col and
+   col_scale it was made from, and a call whose H, p_col, col_scale (all bit
+   for bit), damp and block match reuses it; any other call replaces it.
+   The result is the same bits with or without the cache. It holds about
+   cols^2 (2 + 2) bytes until freed or replaced. Not for two calls at once. */
+MPQ_DEF mpq_gptq_cache *mpq_gptq_cache_new(void); /* NULL without memory */
+MPQ_DEF void mpq_gptq_cache_free(mpq_gptq_cache *c);
 
 /* ========================================================================== */
 /* 9. Selection, permutations                                                 */
