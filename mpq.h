@@ -5880,9 +5880,10 @@ static int mpq__gptq_pair(const mpq__gptq *G, int i, int g, const float *v, floa
 /* GPTQ on the rows [r0, r1) (a multiple of MPQ__GR rows, the last ones
    padding), block by block (section 8's note on R and U). A: MPQ__GPTQ_TILE
    x ld floats, the sums a_k = sum_{i < b0} d_i R[i][k] of the blocks before
-   (d_i = w_i - q_i); D: MPQ__GPTQ_TILE x block floats, d of the block's
-   columns; v: a block of floats, the block's current weights; tmp: a group
-   of floats and one of codes; gq: ngroups grids. Returns 0 when a group's
+   (d_i = w_i - q_i), laid out as MPQ__GPTQ_AT says; D: MPQ__GPTQ_TILE x
+   block floats, d of the block's columns; v: MPQ__GPTQ_ROWS x block floats,
+   those rows' current weights in the block; tmp: a group of floats and one
+   of codes; gq: MPQ__GPTQ_TILE x ngroups grids. Returns 0 when a group's
    pair leaves the fp16 range. */
 static int mpq__gptq_tile(const mpq__gptq *G, int r0, int r1, float *A, float *D, float *v, float *tmp, mpq__gq *gq,
                           double *loss)
