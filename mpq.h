@@ -5853,8 +5853,8 @@ typedef struct mpq__gptq {
     uint16_t *sh, *zh; /* rows x ngroups */
 } mpq__gptq;
 
-#define MPQ__GPTQ_TILE  64 /* rows of W per task: each task runs GPTQ on its rows alone */
-#define MPQ__GPTQ_ROWS  8  /* rows whose column loops run side by side (a divisor of MPQ__GPTQ_TILE) */
+#define MPQ__GPTQ_TILE  64      /* rows of W per task: each task runs GPTQ on its rows alone */
+#define MPQ__GPTQ_ROWS  MPQ__GR /* rows whose column loops run side by side (tasks are whole multiples of it) */
 /* A task's sums a (mpq__gptq_tile) lie by panels of MPQ__GCF columns, each
    MPQ__GPTQ_TILE rows x MPQ__GCF floats: column k of a row at this offset
    from the row's start in the first panel. */
@@ -5992,7 +5992,7 @@ static mpq_status mpq__gfac_make(const mpq_bitplane_desc *d, const float *H, int
     double *P = (double *)mpq_aligned_alloc(sizeof(double) * MPQ__CHOL_NB * np);
     if (P) memset(P, 0, sizeof(double) * MPQ__CHOL_NB * np);
     double *urow = NULL, mean = 0.0;
-    size_t rbytes = 0;
+    size_t rfloats = 0;
     mpq_status st = MPQ_OK;
     f->n = n, f->B = B;
     f->ud = (double *)MPQ_MALLOC(sizeof(double) * (size_t)n);
@@ -6051,10 +6051,10 @@ static mpq_status mpq__gfac_make(const mpq_bitplane_desc *d, const float *H, int
     for (int bb = 0; bb < nblk; bb++) {
         const int b0 = bb * B, b1 = b0 + B < n ? b0 + B : n;
         const int c0 = b1 / MPQ__GCF * MPQ__GCF;
-        f->roff[bb] = rbytes;
-        if (b1 < n) rbytes += (size_t)(b1 - b0) * (((size_t)(n - c0) + MPQ__GCF - 1) / MPQ__GCF * MPQ__GCF);
+        f->roff[bb] = rfloats;
+        if (b1 < n) rfloats += (size_t)(b1 - b0) * (((size_t)(n - c0) + MPQ__GCF - 1) / MPQ__GCF * MPQ__GCF);
     }
-    f->Rp = (float *)mpq_aligned_alloc(sizeof(float) * (rbytes ? rbytes : 1u));
+    f->Rp = (float *)mpq_aligned_alloc(sizeof(float) * (rfloats ? rfloats : 1u));
     f->Ub = (float *)mpq_aligned_alloc(sizeof(float) * (size_t)nblk * (size_t)B * (size_t)B);
     urow = (double *)MPQ_MALLOC(sizeof(double) * (size_t)B * ((size_t)B + 1u) * (size_t)nth);
     if (!f->Rp || !f->Ub || !urow) {
@@ -8749,8 +8749,8 @@ MPQ_DEF mpq_status mpq_rotation_init(mpq_rotation *r, int n, uint64_t seed)
     const int m = n / p;
     if (m > MPQ_ROTATION_MAX_ODD) return MPQ_ERR_SIZE;
     /* one block: R (m x m floats), then the sign bits */
-    const size_t rbytes = sizeof(float) * (size_t)m * (size_t)m, sbytes = ((size_t)n + 7u) / 8u;
-    uint8_t *mem = (uint8_t *)MPQ_MALLOC(rbytes + sbytes);
+    const size_t rfloats = sizeof(float) * (size_t)m * (size_t)m, sbytes = ((size_t)n + 7u) / 8u;
+    uint8_t *mem = (uint8_t *)MPQ_MALLOC(rfloats + sbytes);
     double *A = (double *)MPQ_MALLOC(sizeof(double) * (2 * (size_t)m * (size_t)m + (size_t)m));
     if (!mem || !A) {
         MPQ_FREE(A);
@@ -8758,7 +8758,7 @@ MPQ_DEF mpq_status mpq_rotation_init(mpq_rotation *r, int n, uint64_t seed)
         return MPQ_ERR_NOMEM;
     }
     float *R = (float *)(void *)mem;
-    uint8_t *sign = mem + rbytes;
+    uint8_t *sign = mem + rfloats;
     memset(sign, 0, sbytes);
     uint64_t s = seed ^ 0x6D70712D726F7461ull; /* the stream of rotations */
     for (int j = 0; j < n; j++)

@@ -6,10 +6,10 @@
    14336 x 4096; down 4096 x 14336, rows x cols) would take at the measured
    rates. GPTQ is timed twice on each shape through one mpq_gptq_cache:
    making the factorisation of X^T X, then reusing it, as k, v reuse q's
-   and up reuses gate's in mpq quantize. Synthetic LLM-like weights and activations; GPTQ's X^T X is a
-   positive definite matrix with correlated columns built in O(cols^2) (its
-   cost does not depend on the values); AWQ gets --tokens input rows (mpq
-   calibrate keeps 128 per map).
+   and up reuses gate's in mpq quantize. Synthetic LLM-like weights and
+   activations; GPTQ's X^T X is a positive definite matrix with correlated
+   columns built in O(cols^2) (its cost does not depend on the values); AWQ
+   gets --tokens input rows (mpq calibrate keeps 128 per map).
 
    usage: quantize [--shape RxC]... [--tokens T] [--quick] */
 #define MPQ_IMPLEMENTATION
