@@ -46,6 +46,9 @@
      MPQ_NO_F16C          convert halves in software even where F16C exists
      MPQ_NO_LOAD          always use the threads asked for (no reading of
                           /proc/stat; see "THREADS ON A SHARED MACHINE")
+     MPQ_GPTQ_F32_TOL     GPTQ keeps a float32 factorisation when its backward
+                          error is at most this times the dampening
+                          (default 0.01; 0: always float64; section 8)
 
      SIMD paths. With GCC or Clang on x86 every path is compiled whatever the
      flags (each kernel carries its own target attribute) and MPQ_PATH_AUTO
@@ -909,10 +912,22 @@ MPQ_DEF mpq_status mpq_awq_search(const mpq_bitplane_desc *d, const float *W, co
    the scaled layer, W~ / c with inputs x~ = c x, whose Hessian is
    diag(c) H diag(c): AWQ's scales and clips applied first), and a sparse
    part, which is stored as given. The output is an ordinary packed matrix.
-   The Cholesky factorisation is in float64; the weights and their updates
-   are float32. Memory: cols^2 (8 + 2) bytes besides the packed buffer and a
-   float copy of W. */
+   The factorisation is made in float32 first when there is dampening, and
+   kept when its backward error, measured on two fixed vectors, is at most
+   MPQ_GPTQ_F32_TOL (0.01) times lambda: it is then the exact factor of a
+   matrix that differs from H + lambda I by at most a hundredth of what the
+   dampening already changes (measured on SmolLM2's and synthetic 4096- and
+   14336-column Hessians: 0.0001-0.0013 lambda; bench/results/NOTES.md,
+   "Models larger than memory"). Otherwise (no dampening, a pivot that is
+   not positive, a larger error) it is made in float64.
+   mpq_gptq_result.factor_bits says which was kept. The weights and their
+   updates are float32. Memory: cols^2 (4 + 2) bytes besides the packed
+   buffer and a float copy of W (cols^2 (8 + 2) in float64). */
 typedef struct mpq_gptq_cache mpq_gptq_cache; /* below */
+
+#ifndef MPQ_GPTQ_F32_TOL
+#define MPQ_GPTQ_F32_TOL 0.01
+#endif
 
 typedef struct mpq_gptq_desc {
     const float *H;        /* cols x cols, X^T X of the layer's inputs (any positive
@@ -927,16 +942,20 @@ typedef struct mpq_gptq_desc {
                               error feedback */
     mpq_gptq_cache *cache; /* optional (mpq_gptq_cache_new): the last
                               factorisation, reused by a call with the same H,
-                              p_col, col_scale, damp and block */
+                              p_col, col_scale, damp, block and float64 */
+    int float64;           /* 1: factorise in float64 only (0: float32 first,
+                              kept when its check passes; see above) */
 } mpq_gptq_desc;
 
 typedef struct mpq_gptq_result {
-    double loss;   /* sum over columns and rows of e_j^2 / rows: the
-                      mean over rows of ||(W - Q) X||^2 under H + lambda I,
-                      in the coordinates of W (col_scale undone) */
-    double lambda; /* the dampening added to the diagonal */
-    int dead;      /* columns with H[j][j] = 0 */
-    int block;     /* the lazy batch used */
+    double loss;     /* sum over columns and rows of e_j^2 / rows: the
+                        mean over rows of ||(W - Q) X||^2 under H + lambda I,
+                        in the coordinates of W (col_scale undone) */
+    double lambda;   /* the dampening added to the diagonal */
+    int dead;        /* columns with H[j][j] = 0 */
+    int block;       /* the lazy batch used */
+    int factor_bits; /* 32 or 64: the precision of the factorisation kept
+                        (MPQ_GPTQ_F32_TOL) */
 } mpq_gptq_result;
 
 /* Quantize W (rows x cols float32, original coordinates, as for mpq_pack)
@@ -962,7 +981,8 @@ MPQ_DEF mpq_status mpq_gptq_act_order(const float *H, int cols, uint32_t *p_col)
    GPTQ's factorisation of it can be shared: a cache (mpq_gptq_desc.cache)
    keeps the last one, with a copy of the H (lower triangle), p_col and
    col_scale it was made from, and a call whose H, p_col, col_scale (all bit
-   for bit), damp and block match reuses it; any other call replaces it.
+   for bit), damp, block and float64 match reuses it; any other call
+   replaces it.
    The result is the same bits with or without the cache. It holds about
    cols^2 (2 + 2) bytes until freed or replaced. Not for two calls at once. */
 MPQ_DEF mpq_gptq_cache *mpq_gptq_cache_new(void); /* NULL without memory */
@@ -5816,6 +5836,73 @@ static mpq_status mpq__cholesky(double *F, int n, size_t ld, double *P, int nth)
     return MPQ_OK;
 }
 
+/* mpq__cholesky in float32 (the products through mpq__gtile_f32, column
+   tiles of MPQ__GCF; the diagonal blocks' sums in float64), with P by
+   panels: the negated panel's transpose as ld / MPQ__GCF pieces of nb x
+   MPQ__GCF floats, each contiguous (element (k, i) of P^T at
+   ((i / MPQ__GCF) nb + k) MPQ__GCF + i % MPQ__GCF), so that the product's
+   right-hand operand is read from a few pages. P: scratch of MPQ__CHOL_NB x
+   ld floats, zero past row n. */
+static mpq_status mpq__cholesky_f32(float *F, int n, size_t ld, float *P, int nth)
+{
+    const int nr = (n + MPQ__GR - 1) / MPQ__GR * MPQ__GR;
+    float *LT = (float *)MPQ_MALLOC(sizeof(float) * (MPQ__CHOL_NB * MPQ__CHOL_NB + MPQ__CHOL_NB));
+    if (!LT) return MPQ_ERR_NOMEM;
+    float *inv = LT + MPQ__CHOL_NB * MPQ__CHOL_NB;
+    for (int kb = 0; kb < n; kb += MPQ__CHOL_NB) {
+        const int ke = kb + MPQ__CHOL_NB < n ? kb + MPQ__CHOL_NB : n, nb = ke - kb;
+        for (int j = kb; j < ke; j++) { /* the diagonal block */
+            float *fj = F + (size_t)j * ld;
+            double s = fj[j];
+            for (int k = kb; k < j; k++) s -= (double)fj[k] * fj[k];
+            if (!(s > 0.0) || !(s < HUGE_VAL) || !((float)sqrt(s) > 0.0f)) {
+                MPQ_FREE(LT);
+                return MPQ_ERR_NOTPD;
+            }
+            fj[j] = (float)sqrt(s);
+            for (int i = j + 1; i < ke; i++) {
+                float *fi = F + (size_t)i * ld;
+                double t = fi[j];
+                for (int k = kb; k < j; k++) t -= (double)fi[k] * fj[k];
+                fi[j] = (float)(t / fj[j]);
+            }
+        }
+        for (int j = 0; j < nb; j++) { /* its transpose and reciprocal diagonal, for the panel */
+            inv[j] = 1.0f / F[(size_t)(kb + j) * ld + (size_t)(kb + j)];
+            for (int i = j + 1; i < nb; i++)
+                LT[(size_t)j * nb + (size_t)i] = F[(size_t)(kb + i) * ld + (size_t)(kb + j)];
+        }
+        (void)nth;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static) num_threads(nth)
+#endif
+        for (int i = ke; i < nr; i++) { /* the panel: F[i][kb..ke) L_kk^-T; then P = -panel^T */
+            float *fi = F + (size_t)i * ld + (size_t)kb;
+            for (int j = 0; j < nb; j++) {
+                const float x = fi[j] * inv[j], *lt = LT + (size_t)j * nb;
+                fi[j] = x;
+                for (int k = j + 1; k < nb; k++) fi[k] -= x * lt[k];
+            }
+            float *pi = P + ((size_t)(i / MPQ__GCF) * (size_t)nb) * MPQ__GCF + (size_t)(i % MPQ__GCF);
+            for (int k = 0; k < nb; k++) pi[(size_t)k * MPQ__GCF] = -fi[k];
+        }
+        const int ncb = ke < n ? (nr - ke + MPQ__CHOL_CB - 1) / MPQ__CHOL_CB : 0; /* none after the last panel */
+#ifdef _OPENMP
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nth)
+#endif
+        for (int cb = 0; cb < ncb; cb++) { /* the trailing lower triangle, a block of columns at a time */
+            const int jb = ke + cb * MPQ__CHOL_CB, je = jb + MPQ__CHOL_CB < nr ? jb + MPQ__CHOL_CB : nr;
+            for (int i0 = jb; i0 < nr; i0 += MPQ__GR)
+                for (int j0 = jb; j0 < je && j0 < i0 + MPQ__GR; j0 += MPQ__GCF)
+                    mpq__gtile_f32(nb, F + (size_t)i0 * ld + (size_t)kb, ld,
+                                   P + (size_t)(j0 / MPQ__GCF) * (size_t)nb * MPQ__GCF, MPQ__GCF,
+                                   F + (size_t)i0 * ld + (size_t)j0, ld);
+        }
+    }
+    MPQ_FREE(LT);
+    return MPQ_OK;
+}
+
 /* The quantization grid of one group of one row: the stored metadata and
    what the column loop needs to place a value on it. */
 typedef struct mpq__gq {
@@ -5963,7 +6050,7 @@ MPQ_DEF mpq_status mpq_gptq_act_order(const float *H, int cols, uint32_t *p_col)
 
 /* One factorisation of GPTQ's Hessian, in the form the row tiles read. */
 typedef struct mpq__gfac {
-    int n, B, ndead;
+    int n, B, ndead, bits; /* bits: 32 or 64, the factorisation's precision */
     double lambda;
     uint8_t *dead;  /* packed columns with H[j][j] = 0 */
     double *ud;     /* U[j][j] */
@@ -5981,68 +6068,179 @@ static void mpq__gfac_free(mpq__gfac *f)
     memset(f, 0, sizeof *f);
 }
 
+/* H~ = diag(c) H[p][p] diag(c) in packed order, flipped (row a of F is
+   packed column n-1-a), into the lower triangle of Fd (float64) or Ff
+   (float32), np x np, zero elsewhere: F = L L^T then makes H~ = R R^T with
+   the upper R[j][k] = L[n-1-j][n-1-k]. By tiles of MPQ__GPAD x MPQ__GPAD,
+   so that the reads of H (along its rows when there is no permutation)
+   and the writes of F both stay in cache. */
+static void mpq__gfac_fill(const mpq_bitplane_desc *d, const float *H, int n, size_t np, double *Fd, float *Ff, int nth)
+{
+    const int nt = (int)(np / MPQ__GPAD);
+    (void)nth;
+#ifdef _OPENMP
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nth)
+#endif
+    for (int ta = 0; ta < nt; ta++) {
+        const int a0 = ta * MPQ__GPAD, a1 = a0 + MPQ__GPAD < n ? a0 + MPQ__GPAD : n;
+        if (Fd)
+            memset(Fd + (size_t)a0 * np, 0, sizeof(double) * np * MPQ__GPAD);
+        else
+            memset(Ff + (size_t)a0 * np, 0, sizeof(float) * np * MPQ__GPAD);
+        for (int b0 = 0; b0 < a1; b0 += MPQ__GPAD)
+            for (int b = b0; b < b0 + MPQ__GPAD && b < a1; b++) {
+                const int y = n - 1 - b;
+                const uint32_t py = d->p_col ? d->p_col[y] : (uint32_t)y;
+                const double cy = d->col_scale ? (double)d->col_scale[y] : 1.0;
+                for (int a = a0 > b ? a0 : b; a < a1; a++) {
+                    const int x = n - 1 - a;
+                    const uint32_t px = d->p_col ? d->p_col[x] : (uint32_t)x;
+                    const double cx = d->col_scale ? (double)d->col_scale[x] : 1.0;
+                    const size_t at = px >= py ? (size_t)px * (size_t)n + py : (size_t)py * (size_t)n + px;
+                    const double v = cx * cy * (double)H[at];
+                    if (Fd)
+                        Fd[(size_t)a * np + (size_t)b] = v;
+                    else
+                        Ff[(size_t)a * np + (size_t)b] = (float)v;
+                }
+            }
+    }
+}
+
+/* y = A v for the symmetric A whose lower triangle is F's (n x n, row
+   stride np), in float64. */
+static void mpq__sym_mv(const double *Fd, const float *Ff, int n, size_t np, const double *v, double *y)
+{
+    for (int a = 0; a < n; a++) y[a] = 0.0;
+    for (int a = 0; a < n; a++) {
+        double s = 0.0;
+        for (int b = 0; b < a; b++) {
+            const double x = Fd ? Fd[(size_t)a * np + (size_t)b] : (double)Ff[(size_t)a * np + (size_t)b];
+            s += x * v[b];
+            y[b] += x * v[a];
+        }
+        y[a] += s + (Fd ? Fd[(size_t)a * np + (size_t)a] : (double)Ff[(size_t)a * np + (size_t)a]) * v[a];
+    }
+}
+
+/* y = L L^T v for the lower L in Ff, in float64 (t: n doubles). */
+static void mpq__llt_mv(const float *Ff, int n, size_t np, const double *v, double *t, double *y)
+{
+    for (int i = 0; i < n; i++) t[i] = 0.0;
+    for (int a = 0; a < n; a++) /* t = L^T v */
+        for (int i = 0; i <= a; i++) t[i] += (double)Ff[(size_t)a * np + (size_t)i] * v[a];
+    for (int a = 0; a < n; a++) { /* y = L t */
+        double s = 0.0;
+        for (int i = 0; i <= a; i++) s += (double)Ff[(size_t)a * np + (size_t)i] * t[i];
+        y[a] = s;
+    }
+}
+
+#define MPQ__GFAC_PROBES 2 /* vectors the float32 factorisation is checked on */
+
 /* The factorisation of H~ = diag(c) H[p][p] diag(c) + lambda I (packed
-   order, d's p_col and col_scale) for lazy batches of B columns. */
-static mpq_status mpq__gfac_make(const mpq_bitplane_desc *d, const float *H, int n, int B, double damp, mpq__gfac *f)
+   order, d's p_col and col_scale) for lazy batches of B columns. With
+   dampening it is first made in float32 and kept when its backward error
+   is small against lambda: for MPQ__GFAC_PROBES fixed vectors v of +-1,
+   ||(L L^T - A) v|| <= MPQ_GPTQ_F32_TOL lambda ||v||, A the matrix it
+   factorised; the float32 factor is then the exact one of a matrix that
+   differs from A by far less than the dampening already does. Otherwise
+   (no dampening, a pivot not positive, a larger error) in float64. */
+static mpq_status mpq__gfac_make(const mpq_bitplane_desc *d, const float *H, int n, int B, double damp, int f64,
+                                 mpq__gfac *f)
 {
     memset(f, 0, sizeof *f);
     const size_t np = ((size_t)n + MPQ__GPAD - 1) / MPQ__GPAD * MPQ__GPAD;
     const int nth = mpq__max_threads(), nblk = (n + B - 1) / B;
-    double *F = (double *)mpq_aligned_alloc(sizeof(double) * np * np);
-    double *P = (double *)mpq_aligned_alloc(sizeof(double) * MPQ__CHOL_NB * np);
-    if (P) memset(P, 0, sizeof(double) * MPQ__CHOL_NB * np);
-    double *urow = NULL, mean = 0.0;
+    double *F = NULL, *P = NULL, *urow = NULL, mean = 0.0;
+    float *Ff = NULL, *Pf = NULL;
     size_t rfloats = 0;
     mpq_status st = MPQ_OK;
     f->n = n, f->B = B;
     f->ud = (double *)MPQ_MALLOC(sizeof(double) * (size_t)n);
     f->dead = (uint8_t *)MPQ_MALLOC((size_t)n);
     f->roff = (size_t *)MPQ_MALLOC(sizeof(size_t) * (size_t)nblk);
-    if (!F || !P || !f->ud || !f->dead || !f->roff) {
+    if (!f->ud || !f->dead || !f->roff) {
         st = MPQ_ERR_NOMEM;
         goto done;
     }
-    /* H~ in packed order, flipped (row a of F is packed column n-1-a):
-       F = L L^T makes H~ = R R^T with the upper R[j][k] = L[n-1-j][n-1-k].
-       By tiles of MPQ__GPAD x MPQ__GPAD, so that the reads of H (along its
-       rows when there is no permutation) and the writes of F both stay in
-       cache. */
-    {
-        const int nt = (int)(np / MPQ__GPAD);
-#ifdef _OPENMP
-#pragma omp parallel for schedule(dynamic, 1) num_threads(nth)
-#endif
-        for (int ta = 0; ta < nt; ta++) {
-            const int a0 = ta * MPQ__GPAD, a1 = a0 + MPQ__GPAD < n ? a0 + MPQ__GPAD : n;
-            memset(F + (size_t)a0 * np, 0, sizeof(double) * np * MPQ__GPAD);
-            for (int b0 = 0; b0 < a1; b0 += MPQ__GPAD)
-                for (int b = b0; b < b0 + MPQ__GPAD && b < a1; b++) {
-                    const int y = n - 1 - b;
-                    const uint32_t py = d->p_col ? d->p_col[y] : (uint32_t)y;
-                    const double cy = d->col_scale ? (double)d->col_scale[y] : 1.0;
-                    for (int a = a0 > b ? a0 : b; a < a1; a++) {
-                        const int x = n - 1 - a;
-                        const uint32_t px = d->p_col ? d->p_col[x] : (uint32_t)x;
-                        const double cx = d->col_scale ? (double)d->col_scale[x] : 1.0;
-                        const size_t at = px >= py ? (size_t)px * (size_t)n + py : (size_t)py * (size_t)n + px;
-                        F[(size_t)a * np + (size_t)b] = cx * cy * (double)H[at];
-                    }
-                }
+    for (int prec = damp > 0.0 && !f64 ? 32 : 64; prec <= 64; prec += 32) {
+        if (prec == 32) {
+            Ff = (float *)mpq_aligned_alloc(sizeof(float) * np * np);
+            Pf = (float *)mpq_aligned_alloc(sizeof(float) * MPQ__CHOL_NB * np);
+            if (!Ff || !Pf) {
+                st = MPQ_ERR_NOMEM;
+                goto done;
+            }
+            memset(Pf, 0, sizeof(float) * MPQ__CHOL_NB * np);
+        } else {
+            F = (double *)mpq_aligned_alloc(sizeof(double) * np * np);
+            P = (double *)mpq_aligned_alloc(sizeof(double) * MPQ__CHOL_NB * np);
+            if (!F || !P) {
+                st = MPQ_ERR_NOMEM;
+                goto done;
+            }
+            memset(P, 0, sizeof(double) * MPQ__CHOL_NB * np);
         }
+        mpq__gfac_fill(d, H, n, np, F, Ff, nth);
+        mean = 0.0, f->ndead = 0;
+        for (int a = 0; a < n; a++) {
+            const int x = n - 1 - a;
+            const size_t at = (size_t)a * np + (size_t)a;
+            f->dead[x] = (F ? F[at] : (double)Ff[at]) == 0.0;
+            if (f->dead[x]) {
+                if (F)
+                    F[at] = 1.0;
+                else
+                    Ff[at] = 1.0f;
+                f->ndead++;
+            }
+            mean += F ? F[at] : (double)Ff[at];
+        }
+        f->lambda = damp * mean / n;
+        for (size_t a = 0; a < np; a++) {
+            const size_t at = a * np + a;
+            if (F)
+                F[at] = a < (size_t)n ? F[at] + f->lambda : 1.0;
+            else
+                Ff[at] = a < (size_t)n ? (float)((double)Ff[at] + f->lambda) : 1.0f;
+        }
+        if (prec == 64) {
+            if ((st = mpq__cholesky(F, n, np, P, nth)) != MPQ_OK) goto done;
+            break;
+        }
+        /* float32: A v for the probes before the factorisation overwrites A */
+        double *pv = (double *)MPQ_MALLOC(sizeof(double) * (size_t)n * (2u * MPQ__GFAC_PROBES + 2u));
+        if (!pv) {
+            st = MPQ_ERR_NOMEM;
+            goto done;
+        }
+        double *Av = pv + (size_t)n * MPQ__GFAC_PROBES, *y = Av + (size_t)n * MPQ__GFAC_PROBES, *t = y + n;
+        uint64_t x = 0x9E3779B97F4A7C15ull;
+        for (int q = 0; q < MPQ__GFAC_PROBES; q++) {
+            for (int a = 0; a < n; a++) {
+                x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+                pv[(size_t)q * n + (size_t)a] = (x >> 40) & 1u ? 1.0 : -1.0;
+            }
+            mpq__sym_mv(NULL, Ff, n, np, pv + (size_t)q * n, Av + (size_t)q * n);
+        }
+        int keep = mpq__cholesky_f32(Ff, n, np, Pf, nth) == MPQ_OK;
+        for (int q = 0; q < MPQ__GFAC_PROBES && keep; q++) {
+            mpq__llt_mv(Ff, n, np, pv + (size_t)q * n, t, y);
+            double e = 0.0;
+            for (int a = 0; a < n; a++) e += (y[a] - Av[(size_t)q * n + a]) * (y[a] - Av[(size_t)q * n + a]);
+            keep = sqrt(e) <= MPQ_GPTQ_F32_TOL * f->lambda * sqrt((double)n);
+        }
+        MPQ_FREE(pv);
+        mpq_aligned_free(Pf);
+        Pf = NULL;
+        if (keep) break;
+        mpq_aligned_free(Ff);
+        Ff = NULL;
     }
-    for (int a = 0; a < n; a++) {
-        const int x = n - 1 - a;
-        double *fa = F + (size_t)a * np;
-        f->dead[x] = fa[a] == 0.0;
-        if (f->dead[x]) fa[a] = 1.0, f->ndead++;
-        mean += fa[a];
-    }
-    f->lambda = damp * mean / n;
-    for (int a = 0; a < n; a++) F[(size_t)a * np + (size_t)a] += f->lambda;
-    for (size_t a = (size_t)n; a < np; a++) F[a * np + a] = 1.0;
-    if ((st = mpq__cholesky(F, n, np, P, nth)) != MPQ_OK) goto done;
     mpq_aligned_free(P);
     P = NULL;
+    f->bits = Ff ? 32 : 64;
     /* Rp: for each block, R[b0 .. b1)[c0 ..) with c0 = b1 rounded down to
        MPQ__GCF, as panels of MPQ__GCF columns, each bw x MPQ__GCF floats
        contiguous (the right-hand operand of the lazy batch, read by every
@@ -6070,14 +6268,16 @@ static mpq_status mpq__gfac_make(const mpq_bitplane_desc *d, const float *H, int
         double *rb = urow + (size_t)B * ((size_t)B + 1u) * (size_t)mpq__thread_id(), *t = rb + (size_t)B * B;
         float *ub = f->Ub + (size_t)bb * (size_t)B * (size_t)B;
         for (int j = b0; j < b1; j++) {
-            const double *fj = F + (size_t)(n - 1 - j) * np + (n - 1); /* fj[-k] = R[j][k] */
+            const size_t rj = (size_t)(n - 1 - j) * np + (size_t)(n - 1); /* R[j][k] at rj - k */
+#define MPQ__R(k) (F ? F[rj - (size_t)(k)] : (double)Ff[rj - (size_t)(k)])
             for (int p = 0; p < npan; p++) {
                 float *pr = f->Rp + f->roff[bb] + ((size_t)p * (size_t)bw + (size_t)(j - b0)) * MPQ__GCF;
                 const int k0 = c0 + p * MPQ__GCF;
-                for (int c = 0; c < MPQ__GCF; c++) pr[c] = k0 + c >= b1 && k0 + c < n ? (float)fj[-(k0 + c)] : 0.0f;
+                for (int c = 0; c < MPQ__GCF; c++) pr[c] = k0 + c >= b1 && k0 + c < n ? (float)MPQ__R(k0 + c) : 0.0f;
             }
-            for (int k = j; k < b1; k++) rb[(size_t)(j - b0) * bw + (k - b0)] = fj[-k];
-            f->ud[j] = 1.0 / fj[-j];
+            for (int k = j; k < b1; k++) rb[(size_t)(j - b0) * bw + (k - b0)] = MPQ__R(k);
+            f->ud[j] = 1.0 / MPQ__R(j);
+#undef MPQ__R
         }
         memset(ub, 0, sizeof(float) * (size_t)B * (size_t)B);
         for (int j = 0; j < bw; j++) { /* row j of U inside the block: U R = I, by substitution */
@@ -6093,6 +6293,8 @@ static mpq_status mpq__gfac_make(const mpq_bitplane_desc *d, const float *H, int
 done:
     mpq_aligned_free(F);
     mpq_aligned_free(P);
+    mpq_aligned_free(Ff);
+    mpq_aligned_free(Pf);
     MPQ_FREE(urow);
     if (st != MPQ_OK) mpq__gfac_free(f);
     return st;
@@ -6102,6 +6304,7 @@ done:
 struct mpq_gptq_cache {
     mpq__gfac f; /* f.n == 0: none */
     double damp;
+    int f64;          /* mpq_gptq_desc.float64 */
     float *H;         /* its lower triangle, row by row: n (n + 1) / 2 floats */
     uint32_t *p_col;  /* NULL: none */
     float *col_scale; /* NULL: none */
@@ -6133,9 +6336,9 @@ MPQ_DEF void mpq_gptq_cache_free(mpq_gptq_cache *c)
 /* Whether c holds the factorisation of exactly this H, p_col, col_scale,
    dampening and batch: every value compared bit for bit. */
 static int mpq__gcache_hit(const mpq_gptq_cache *c, const mpq_bitplane_desc *d, const float *H, int n, int B,
-                           double damp)
+                           double damp, int f64)
 {
-    if (!c || c->f.n != n || c->f.B != B || memcmp(&c->damp, &damp, sizeof damp) != 0) return 0;
+    if (!c || c->f.n != n || c->f.B != B || c->f64 != f64 || memcmp(&c->damp, &damp, sizeof damp) != 0) return 0;
     if (!d->p_col != !c->p_col || (d->p_col && memcmp(d->p_col, c->p_col, sizeof(uint32_t) * (size_t)n) != 0)) return 0;
     if (!d->col_scale != !c->col_scale ||
         (d->col_scale && memcmp(d->col_scale, c->col_scale, sizeof(float) * (size_t)n) != 0))
@@ -6148,7 +6351,7 @@ static int mpq__gcache_hit(const mpq_gptq_cache *c, const mpq_bitplane_desc *d, 
 
 /* Keeps f in c with what it was made from; without the memory for the
    copies c is left empty and f is freed. */
-static void mpq__gcache_keep(mpq_gptq_cache *c, const mpq_bitplane_desc *d, const float *H, int n, double damp,
+static void mpq__gcache_keep(mpq_gptq_cache *c, const mpq_bitplane_desc *d, const float *H, int n, double damp, int f64,
                              mpq__gfac *f)
 {
     mpq__gcache_clear(c);
@@ -6164,7 +6367,7 @@ static void mpq__gcache_keep(mpq_gptq_cache *c, const mpq_bitplane_desc *d, cons
     for (int i = 0; i < n; h += i + 1, i++) memcpy(h, H + (size_t)i * (size_t)n, sizeof(float) * ((size_t)i + 1u));
     if (d->p_col) memcpy(c->p_col, d->p_col, sizeof(uint32_t) * (size_t)n);
     if (d->col_scale) memcpy(c->col_scale, d->col_scale, sizeof(float) * (size_t)n);
-    c->damp = damp;
+    c->damp = damp, c->f64 = f64;
     c->f = *f;
     memset(f, 0, sizeof *f);
 }
@@ -6203,11 +6406,11 @@ static mpq_status mpq__gptq_rows(const mpq_bitplane_desc *d, const float *W, con
     const int nth = mpq__max_threads();
     mpq__gfac own, *f = &own;
     memset(&own, 0, sizeof own);
-    if (mpq__gcache_hit(g->cache, d, H, n, B, damp)) {
+    if (mpq__gcache_hit(g->cache, d, H, n, B, damp, g->float64 != 0)) {
         f = &g->cache->f;
     } else {
         if (g->cache) mpq__gcache_clear(g->cache); /* its memory first */
-        if ((st = mpq__gfac_make(d, H, n, B, damp, &own)) != MPQ_OK) return st;
+        if ((st = mpq__gfac_make(d, H, n, B, damp, g->float64 != 0, &own)) != MPQ_OK) return st;
     }
     float *Wp = (float *)mpq_aligned_alloc(sizeof(float) * mp * ld);
     if (!Wp) {
@@ -6274,6 +6477,7 @@ static mpq_status mpq__gptq_rows(const mpq_bitplane_desc *d, const float *W, con
                 res->lambda = f->lambda;
                 res->dead = f->ndead;
                 res->block = B;
+                res->factor_bits = f->bits;
             }
         }
         MPQ_FREE(codes);
@@ -6284,7 +6488,7 @@ done:
     mpq_aligned_free(Wp);
     if (f == &own) {
         if (g->cache && st == MPQ_OK)
-            mpq__gcache_keep(g->cache, d, H, n, damp, &own);
+            mpq__gcache_keep(g->cache, d, H, n, damp, g->float64 != 0, &own);
         else
             mpq__gfac_free(&own);
     }
