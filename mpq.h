@@ -6107,19 +6107,19 @@ static void mpq__gfac_fill(const mpq_bitplane_desc *d, const float *H, int n, si
     }
 }
 
-/* y = A v for the symmetric A whose lower triangle is F's (n x n, row
+/* y = A v for the symmetric A whose lower triangle is Ff's (n x n, row
    stride np), in float64. */
-static void mpq__sym_mv(const double *Fd, const float *Ff, int n, size_t np, const double *v, double *y)
+static void mpq__sym_mv(const float *Ff, int n, size_t np, const double *v, double *y)
 {
     for (int a = 0; a < n; a++) y[a] = 0.0;
     for (int a = 0; a < n; a++) {
+        const float *fa = Ff + (size_t)a * np;
         double s = 0.0;
         for (int b = 0; b < a; b++) {
-            const double x = Fd ? Fd[(size_t)a * np + (size_t)b] : (double)Ff[(size_t)a * np + (size_t)b];
-            s += x * v[b];
-            y[b] += x * v[a];
+            s += (double)fa[b] * v[b];
+            y[b] += (double)fa[b] * v[a];
         }
-        y[a] += s + (Fd ? Fd[(size_t)a * np + (size_t)a] : (double)Ff[(size_t)a * np + (size_t)a]) * v[a];
+        y[a] += s + (double)fa[a] * v[a];
     }
 }
 
@@ -6222,7 +6222,7 @@ static mpq_status mpq__gfac_make(const mpq_bitplane_desc *d, const float *H, int
                 x ^= x << 13, x ^= x >> 7, x ^= x << 17;
                 pv[(size_t)q * n + (size_t)a] = (x >> 40) & 1u ? 1.0 : -1.0;
             }
-            mpq__sym_mv(NULL, Ff, n, np, pv + (size_t)q * n, Av + (size_t)q * n);
+            mpq__sym_mv(Ff, n, np, pv + (size_t)q * n, Av + (size_t)q * n);
         }
         int keep = mpq__cholesky_f32(Ff, n, np, Pf, nth) == MPQ_OK;
         for (int q = 0; q < MPQ__GFAC_PROBES && keep; q++) {
