@@ -680,12 +680,13 @@ typedef struct mpq__cal {
     long act_total; /* activation tokens over all windows */
     /* PQI */
     size_t *off;      /* nlin + 1 offsets into the flat weights */
-    float *grad;      /* the flat gradient being summed */
+    float *grad;      /* the gradient of the layer's maps being summed (from off[goff]) */
+    int goff;         /* the first map of that layer */
     const float **Wp; /* overrides, nlin */
     int32_t *win;     /* the window's tokens */
     const int32_t *tokens;
     size_t n;
-    int nwin, pqi_done;
+    int nwin;
     double wscale;
     mpq_status st;
     const mpq_calib_opts *o;
@@ -694,7 +695,6 @@ typedef struct mpq__cal {
     /* rotated statistics */
     mpq_rotation *rot; /* kinds: V of each input's size; NULL: unrotated */
     float *rbuf;       /* an input block or a gradient rotated (or one map's W V^T) */
-    float *wo;         /* PQI: the flat weights back in original coordinates */
     /* the passes a layer at a time */
     float *lw[MPQ_LIN_COUNT]; /* a layer's weights converted from their file (a model in place) */
     mpq__keep keep;           /* every layer's input of every window, for the backward pass */
@@ -987,11 +987,11 @@ static void mpq__cal_grad(void *user, int layer, int lin, const float *G, int ro
     C->st = st;
 }
 
-/* The PQI pass sums the gradients of its windows into the flat vector. */
+/* The PQI pass sums the gradients of its windows into the layer's vector. */
 static void mpq__pqi_grad_cb(void *user, int layer, int lin, const float *G, int rows, int cols)
 {
     mpq__cal *C = (mpq__cal *)user;
-    float *g = C->grad + C->off[layer * MPQ_LIN_COUNT + lin];
+    float *g = C->grad + (C->off[layer * MPQ_LIN_COUNT + lin] - C->off[C->goff]);
     const size_t n = (size_t)rows * (size_t)cols;
     G = mpq__cal_rotated(C, mpq__cal_rot(C, lin), G, rows, 0);
     for (size_t k = 0; k < n; k++) g[k] += (float)(C->wscale * G[k]);
@@ -1005,34 +1005,6 @@ static void mpq__window(mpq__cal *C, int i)
     memcpy(C->win, C->tokens + at, sizeof(int32_t) * (size_t)C->len);
     if (C->m->tok && mpq_tokenizer_adds_bos(C->m->tok) && mpq_tokenizer_bos(C->m->tok) >= 0)
         C->win[0] = mpq_tokenizer_bos(C->m->tok);
-}
-
-static mpq_status mpq__pqi_grad(void *user, const float *w, float *grad, size_t n)
-{
-    mpq__cal *C = (mpq__cal *)user;
-    for (int i = 0; i < C->nlin; i++) { /* rotated: the model runs at W = W' V */
-        const mpq_rotation *r = mpq__cal_rot(C, i % MPQ_LIN_COUNT);
-        C->Wp[i] = w + C->off[i];
-        if (!r) continue;
-        float *o = C->wo + C->off[i];
-        memcpy(o, w + C->off[i], sizeof(float) * (C->off[i + 1] - C->off[i]));
-        const mpq_status st = mpq_rotation_apply(r, o, mpq__lin(C->m, i)->rows, 1);
-        if (st != MPQ_OK) return st;
-        C->Wp[i] = o;
-    }
-    memset(grad, 0, sizeof(float) * n);
-    C->grad = grad;
-    const int pw = C->s->pqi_windows;
-    C->wscale = 1.0 / pw;
-    mpq_status st = MPQ_OK;
-    for (int k = 0; k < pw && st == MPQ_OK; k++) {
-        mpq__window(C, k);
-        st = mpq_llm_backward(C->m, C->t, C->win, C->len, C->Wp, NULL, mpq__pqi_grad_cb, C, NULL);
-        if (st == MPQ_OK) st = C->st;
-        C->pqi_done++;
-        if (C->o->progress) C->o->progress(C->o->user, "pqi", C->pqi_done, C->s->pqi_steps * pw, mpq__now() - C->t0);
-    }
-    return st;
 }
 
 /* W dequantized after round-to-nearest at `bits` (g128) or MXINT4; with
@@ -1072,26 +1044,6 @@ void mpq_calib_stats_free(mpq_calib_stats *s)
     memset(s, 0, sizeof *s);
 }
 
-static float **mpq__arrays(int nlin, const mpq_llm *m, int what, int awq)
-{
-    float **a = (float **)calloc((size_t)nlin, sizeof(float *));
-    if (!a) return NULL;
-    for (int i = 0; i < nlin; i++) {
-        const mpq_linear *L = mpq__lin(m, i);
-        const size_t n = what == 0 ? (size_t)L->rows * L->cols
-            : what == 1            ? (size_t)L->rows
-            : what == 2            ? (size_t)L->cols
-            : what == 3            ? (size_t)awq * L->cols
-                                   : (size_t)L->cols * L->cols;
-        if (!(a[i] = (float *)malloc(sizeof(float) * (n ? n : 1)))) {
-            for (int j = 0; j < i; j++) free(a[j]);
-            free(a);
-            return NULL;
-        }
-    }
-    return a;
-}
-
 static void mpq__cal_free(mpq__cal *C)
 {
     const int slots = C->m->c.layers * MPQ__KINDS;
@@ -1110,7 +1062,7 @@ static void mpq__cal_free(mpq__cal *C)
     free(C->awq_got), free(C->off), free(C->Wp), free(C->win);
     if (C->rot)
         for (int k = 0; k < MPQ__KINDS; k++) mpq_rotation_free(&C->rot[k]);
-    free(C->rot), free(C->rbuf), free(C->wo);
+    free(C->rot), free(C->rbuf);
     for (int k = 0; k < MPQ_LIN_COUNT; k++) free(C->lw[k]);
     free(C->ebuf);
     mpq__keep_close(&C->keep);
@@ -1360,62 +1312,223 @@ static mpq_status mpq__cal_layers(mpq__cal *C)
     return st;
 }
 
-/* Phase 2: PQI along W -> RTN(W), all linear maps as one vector. */
-static mpq_status mpq__cal_pqi(mpq__cal *C)
+/* The points of PQI's path for layer l at step k of N (mpq_pqi's
+   (float)(w + k/N (w~ - w)) per weight, w and w~ = RTN(w) in W' = W V^T
+   when rotated): into P->p, and the layer's maps pointed at them (or at
+   P->o, P->p V, when rotated). */
+typedef struct mpq__pqi_layer {
+    float *w, *wq, *p, *o; /* the layer's maps one after another: W' (rotated), RTN(W'), the point, p V */
+    double *acc;           /* sum over the steps of |gradient| */
+    float *g;              /* the gradient summed over the windows */
+} mpq__pqi_layer;
+
+/* RTN(W') of layer l's maps into P->wq (and W' into P->w when rotated). */
+static mpq_status mpq__pqi_targets(mpq__cal *C, mpq__pqi_layer *P, int l)
 {
-    const size_t N = C->off[C->nlin];
-    float *w = (float *)malloc(sizeof(float) * N), *wq = (float *)malloc(sizeof(float) * N);
-    float *v = (float *)malloc(sizeof(float) * N);
-    mpq_status st = w && wq && v ? MPQ_OK : MPQ_ERR_NOMEM;
-    for (int i = 0; st == MPQ_OK && i < C->nlin; i++) { /* rotated: W' -> Q(W') */
+    mpq_status st = MPQ_OK;
+    const size_t base = C->off[l * MPQ_LIN_COUNT];
+    for (int k = 0; st == MPQ_OK && k < MPQ_LIN_COUNT; k++) {
+        const int i = l * MPQ_LIN_COUNT + k;
+        const size_t at = C->off[i] - base, nw = C->off[i + 1] - C->off[i];
         const mpq_linear *L = mpq__lin(C->m, i);
-        memcpy(w + C->off[i], L->W, sizeof(float) * (C->off[i + 1] - C->off[i]));
-        st = mpq__rtn(L, L->W, mpq__cal_rot(C, i % MPQ_LIN_COUNT), C->s->pqi_bits, 0, wq + C->off[i], w + C->off[i]);
+        const mpq_rotation *r = mpq__cal_rot(C, k);
+        st = mpq__rtn(L, mpq__cal_W(C, i), r, C->s->pqi_bits, 0, P->wq + at, r ? P->w + at : C->rbuf);
+        const float *w = r ? P->w + at : mpq__cal_W(C, i);
+        for (size_t j = 0; st == MPQ_OK && j < nw; j++) /* mpq_pqi's inputs must be finite */
+            if (!(w[j] - w[j] == 0.0f) || !(P->wq[at + j] - P->wq[at + j] == 0.0f)) st = MPQ_ERR_NONFINITE;
     }
-    if (st == MPQ_OK) st = mpq_pqi(w, wq, N, C->s->pqi_steps, mpq__pqi_grad, C, v);
-    for (int i = 0; st == MPQ_OK && i < C->nlin; i++)
-        memcpy(C->s->pqi[i], v + C->off[i], sizeof(float) * (C->off[i + 1] - C->off[i]));
-    for (int i = 0; i < C->nlin; i++) C->Wp[i] = NULL;
-    free(w), free(wq), free(v);
     return st;
 }
 
-/* Phase 3: MXSens layer sensitivity, one linear map at MXINT4 at a time,
-   the forward pass restarted at its layer from the kept activations. */
+static mpq_status mpq__pqi_point(mpq__cal *C, mpq__pqi_layer *P, const float *const *W, int l, int k)
+{
+    const double t = (double)k / (double)C->s->pqi_steps;
+    const size_t base = C->off[l * MPQ_LIN_COUNT];
+    for (int lin = 0; lin < MPQ_LIN_COUNT; lin++) {
+        const int i = l * MPQ_LIN_COUNT + lin;
+        const size_t at = C->off[i] - base, nw = C->off[i + 1] - C->off[i];
+        const mpq_rotation *r = mpq__cal_rot(C, lin);
+        const float *w = r ? P->w + at : W[lin];
+        const float *wq = P->wq + at;
+        float *p = P->p + at;
+        for (size_t j = 0; j < nw; j++) p[j] = (float)((double)w[j] + t * ((double)wq[j] - (double)w[j]));
+        C->Wp[i] = p;
+        if (!r) continue;
+        memcpy(P->o + at, p, sizeof(float) * nw);
+        const mpq_status st = mpq_rotation_apply(r, P->o + at, mpq__lin(C->m, i)->rows, 1);
+        if (st != MPQ_OK) return st;
+        C->Wp[i] = P->o + at;
+    }
+    return MPQ_OK;
+}
+
+/* Phase 2: PQI along W -> RTN(W) (every map moved at once), a layer at a
+   time. mpq_pqi's gradient at step k is the mean over the PQI windows of
+   the loss gradient with every map at its step-k point; here every
+   (step, window) pair is a sequence of its own: all of them pass layer l
+   (its maps at their points of that step) before any passes l + 1, their
+   inputs kept as phase 1 keeps them (C->keep); the head gives each one's
+   gradient; backward from the top, layer l's gradients of each step are
+   summed over the windows in window order, then |.| summed over the steps
+   in float64, as mpq_pqi does: the same bits as the whole model at once.
+   Memory: a layer's weights 4 times over (6 when rotated), its sums in
+   float64, and 2 x steps x windows hidden states. */
+static mpq_status mpq__cal_pqi(mpq__cal *C)
+{
+    const mpq_llm *m = C->m;
+    const mpq_llm_config *c = &m->c;
+    mpq_llm_train *t = C->t;
+    mpq__slot *S = &t->slot[0];
+    const int N = C->s->pqi_steps, PW = C->s->pqi_windows, T = C->len, L = c->layers, NS = N * PW;
+    const size_t TD = (size_t)T * (size_t)c->dim, LW = C->off[MPQ_LIN_COUNT];
+    const int rot = C->rot != NULL;
+    mpq__pqi_layer P;
+    memset(&P, 0, sizeof P);
+    float *h = (float *)malloc(sizeof(float) * TD * (size_t)NS), *dx = (float *)malloc(sizeof(float) * TD * (size_t)NS);
+    P.wq = (float *)malloc(sizeof(float) * LW), P.p = (float *)malloc(sizeof(float) * LW);
+    P.g = (float *)malloc(sizeof(float) * LW), P.acc = (double *)malloc(sizeof(double) * LW);
+    if (rot) P.w = (float *)malloc(sizeof(float) * LW), P.o = (float *)malloc(sizeof(float) * LW);
+    mpq_status st = h && dx && P.wq && P.p && P.g && P.acc && (!rot || (P.w && P.o)) ? MPQ_OK : MPQ_ERR_NOMEM;
+    if (st == MPQ_OK)
+        st = mpq__keep_open(&C->keep, L, NS, TD, C->o->keep_bytes ? C->o->keep_bytes : MPQ_CALIB_KEEP_BYTES,
+                            C->o->spill_dir, NULL, C->err);
+    for (int w = 0; st == MPQ_OK && w < PW; w++) { /* sequence k * PW + w: window w at step k + 1 */
+        mpq__window(C, w);
+        mpq__embed(m, C->win, T, h + (size_t)w * TD);
+        for (int k = 1; k < N; k++) memcpy(h + ((size_t)k * PW + w) * TD, h + (size_t)w * TD, sizeof(float) * TD);
+    }
+    const float *W[MPQ_LIN_COUNT];
+    for (int l = 0; st == MPQ_OK && l < L; l++) { /* forward */
+        mpq__cal_layer_w(C, l);
+        for (int k = 0; k < MPQ_LIN_COUNT; k++) W[k] = mpq__cal_W(C, l * MPQ_LIN_COUNT + k);
+        st = mpq__pqi_targets(C, &P, l);
+        for (int k = 0; st == MPQ_OK && k < N; k++) {
+            st = mpq__pqi_point(C, &P, W, l, k + 1);
+            for (int w = 0; st == MPQ_OK && w < PW; w++) {
+                float *x = h + ((size_t)k * PW + w) * TD;
+                if ((st = mpq__keep_io(&C->keep, l, k * PW + w, x, 1, C->err)) != MPQ_OK) break;
+                mpq__layer_fwd(m, t, C->Wp, l, x, S, t->xf, T, NULL, NULL);
+                memcpy(x, t->xf, sizeof(float) * TD);
+            }
+        }
+        for (int k = 0; k < MPQ_LIN_COUNT; k++) C->Wp[l * MPQ_LIN_COUNT + k] = NULL;
+        mpq__progress(C, "pqi", l + 1, 2 * L);
+        if (st == MPQ_OK && C->o->cancel && C->o->cancel(C->o->user)) st = MPQ_ERR_CANCELLED;
+    }
+    for (int q = 0; st == MPQ_OK && q < NS; q++) { /* the head: each sequence's gradient at the top */
+        mpq__window(C, q % PW);
+        memcpy(t->xf, h + (size_t)q * TD, sizeof(float) * TD);
+        st = mpq__head_bwd(m, t, C->win, T, 1, NULL, NULL);
+        memcpy(dx + (size_t)q * TD, t->dx, sizeof(float) * TD);
+    }
+    free(t->headT), t->headT = NULL;
+    C->wscale = 1.0 / PW;
+    for (int l = L - 1; st == MPQ_OK && l >= 0; l--) { /* backward */
+        mpq__cal_layer_w(C, l);
+        for (int k = 0; k < MPQ_LIN_COUNT; k++) W[k] = mpq__cal_W(C, l * MPQ_LIN_COUNT + k);
+        st = mpq__pqi_targets(C, &P, l);
+        for (size_t j = 0; j < LW; j++) P.acc[j] = 0.0;
+        C->grad = P.g, C->goff = l * MPQ_LIN_COUNT;
+        for (int k = 0; st == MPQ_OK && k < N; k++) {
+            st = mpq__pqi_point(C, &P, W, l, k + 1);
+            memset(P.g, 0, sizeof(float) * LW);
+            for (int w = 0; st == MPQ_OK && w < PW; w++) {
+                const int q = k * PW + w;
+                if ((st = mpq__keep_io(&C->keep, l, q, S->xin, 0, C->err)) != MPQ_OK) break;
+                mpq__layer_fwd(m, t, C->Wp, l, S->xin, S, t->xf, T, NULL, NULL);
+                memcpy(t->dx, dx + (size_t)q * TD, sizeof(float) * TD);
+                mpq__layer_bwd(m, t, C->Wp, l, S, T, mpq__pqi_grad_cb, C, NULL);
+                memcpy(dx + (size_t)q * TD, t->dx, sizeof(float) * TD);
+                st = C->st;
+            }
+            for (size_t j = 0; st == MPQ_OK && j < LW; j++)
+                if (!(P.g[j] - P.g[j] == 0.0f)) st = MPQ_ERR_NONFINITE;
+            for (size_t j = 0; st == MPQ_OK && j < LW; j++) P.acc[j] += fabs((double)P.g[j]);
+        }
+        for (int k = 0; k < MPQ_LIN_COUNT; k++) C->Wp[l * MPQ_LIN_COUNT + k] = NULL;
+        for (int k = 0; st == MPQ_OK && k < MPQ_LIN_COUNT; k++) { /* v = the mean over the steps, out */
+            const int i = l * MPQ_LIN_COUNT + k;
+            const size_t at = C->off[i] - C->off[l * MPQ_LIN_COUNT], nw = C->off[i + 1] - C->off[i];
+            for (size_t j = 0; j < nw; j++) P.g[j] = (float)(P.acc[at + j] / N);
+            st = C->put(C, 6, i, P.g, nw);
+        }
+        mpq__progress(C, "pqi", 2 * L - l, 2 * L);
+        if (st == MPQ_OK && l > 0 && C->o->cancel && C->o->cancel(C->o->user)) st = MPQ_ERR_CANCELLED;
+    }
+    mpq__keep_close(&C->keep);
+    free(h), free(dx), free(P.w), free(P.wq), free(P.p), free(P.o), free(P.g), free(P.acc);
+    return st;
+}
+
+/* Phase 3: MXSens layer sensitivity, one linear map at MXINT4 at a time:
+   e_i = ||rmsnorm(x_L) - rmsnorm(x_L with map i quantized)||^2 over the
+   first sens_tokens tokens of window 0. A layer at a time: the float
+   sequence and one sequence per map already quantized pass layer l, after
+   which each of l's maps starts a sequence of its own from the float
+   sequence's input of l (the same computations as restarting the forward
+   pass there). Memory: one layer's weights and nlin + 1 hidden states of
+   sens_tokens x dim (kept as phase 1 keeps its inputs: C->keep). */
 static mpq_status mpq__cal_sens(mpq__cal *C)
 {
-    const mpq_llm_config *c = &C->m->c;
-    const int T = C->s->sens_tokens, D = c->dim;
-    mpq__window(C, 0);
-    float *x0 = C->t->slot[0].xin;
-    mpq__embed(C->m, C->win, T, x0);
-    mpq__forward(C->m, C->t, NULL, 0, x0, T, 1, NULL, NULL);
-    mpq__rmsnorm(C->t->xf, C->m->out_norm, C->t->hf, T, D, c->norm_eps);
+    const mpq_llm *m = C->m;
+    const mpq_llm_config *c = &m->c;
+    mpq_llm_train *t = C->t;
+    mpq__slot *S = &t->slot[0];
+    const int T = C->s->sens_tokens, D = c->dim, L = c->layers;
+    const size_t TD = (size_t)T * (size_t)D;
     size_t maxn = 0;
-    for (int i = 0; i < C->nlin; i++) maxn = C->off[i + 1] - C->off[i] > maxn ? C->off[i + 1] - C->off[i] : maxn;
-    float *ref = (float *)malloc(sizeof(float) * (size_t)T * D), *Wq = (float *)malloc(sizeof(float) * maxn);
+    for (int k = 0; k < MPQ_LIN_COUNT; k++) maxn = C->off[k + 1] - C->off[k] > maxn ? C->off[k + 1] - C->off[k] : maxn;
+    float *ref = (float *)malloc(sizeof(float) * TD), *refn = (float *)malloc(sizeof(float) * TD);
+    float *Wq = (float *)malloc(sizeof(float) * maxn);
     double *err = (double *)malloc(sizeof(double) * (size_t)C->nlin);
-    mpq_status st = ref && Wq && err ? MPQ_OK : MPQ_ERR_NOMEM;
-    if (st == MPQ_OK) memcpy(ref, C->t->hf, sizeof(float) * (size_t)T * D);
+    mpq_status st = ref && refn && Wq && err ? MPQ_OK : MPQ_ERR_NOMEM;
+    if (st == MPQ_OK)
+        st = mpq__keep_open(&C->keep, 1, C->nlin, TD, C->o->keep_bytes ? C->o->keep_bytes : MPQ_CALIB_KEEP_BYTES,
+                            C->o->spill_dir, NULL, C->err);
+    if (st == MPQ_OK) {
+        mpq__window(C, 0);
+        mpq__embed(m, C->win, T, ref);
+    }
+    for (int l = 0; st == MPQ_OK && l < L; l++) {
+        mpq__cal_layer_w(C, l);
+        for (int i = 0; st == MPQ_OK && i < l * MPQ_LIN_COUNT; i++) { /* the maps of the layers below */
+            if ((st = mpq__keep_io(&C->keep, 0, i, S->xin, 0, C->err)) != MPQ_OK) break;
+            mpq__layer_fwd(m, t, C->Wp, l, S->xin, S, t->xf, T, NULL, NULL);
+            st = mpq__keep_io(&C->keep, 0, i, t->xf, 1, C->err);
+        }
+        for (int k = 0; st == MPQ_OK && k < MPQ_LIN_COUNT; k++) { /* l's own maps, from the float input */
+            const int i = l * MPQ_LIN_COUNT + k;
+            const mpq_rotation *r = mpq__cal_rot(C, k); /* rotated: MXINT4(W') V */
+            const float *keep = C->Wp[i];
+            if ((st = mpq__rtn(mpq__lin(m, i), mpq__cal_W(C, i), r, 4, 1, Wq, C->rbuf)) != MPQ_OK) break;
+            if (r && (st = mpq_rotation_apply(r, Wq, mpq__lin(m, i)->rows, 1)) != MPQ_OK) break;
+            C->Wp[i] = Wq;
+            mpq__layer_fwd(m, t, C->Wp, l, ref, S, t->xf, T, NULL, NULL);
+            C->Wp[i] = keep;
+            st = mpq__keep_io(&C->keep, 0, i, t->xf, 1, C->err);
+        }
+        if (st == MPQ_OK) {
+            mpq__layer_fwd(m, t, C->Wp, l, ref, S, t->xf, T, NULL, NULL);
+            memcpy(ref, t->xf, sizeof(float) * TD);
+        }
+        for (int k = 0; k < MPQ_LIN_COUNT; k++) C->Wp[l * MPQ_LIN_COUNT + k] = NULL;
+        mpq__progress(C, "sensitivity", l + 1, L);
+        if (st == MPQ_OK && l + 1 < L && C->o->cancel && C->o->cancel(C->o->user)) st = MPQ_ERR_CANCELLED;
+    }
+    if (st == MPQ_OK) mpq__rmsnorm(ref, m->out_norm, refn, T, D, c->norm_eps);
     for (int i = 0; st == MPQ_OK && i < C->nlin; i++) {
-        const int l = i / MPQ_LIN_COUNT;
-        const mpq_rotation *r = mpq__cal_rot(C, i % MPQ_LIN_COUNT); /* rotated: MXINT4(W') V */
-        if ((st = mpq__rtn(mpq__lin(C->m, i), mpq__lin(C->m, i)->W, r, 4, 1, Wq, C->rbuf)) != MPQ_OK) break;
-        if (r && (st = mpq_rotation_apply(r, Wq, mpq__lin(C->m, i)->rows, 1)) != MPQ_OK) break;
-        C->Wp[i] = Wq;
-        mpq__forward(C->m, C->t, C->Wp, l, C->t->slot[l].xin, T, 0, NULL, NULL);
-        mpq__rmsnorm(C->t->xf, C->m->out_norm, C->t->hf, T, D, c->norm_eps);
-        C->Wp[i] = NULL;
+        if ((st = mpq__keep_io(&C->keep, 0, i, S->xin, 0, C->err)) != MPQ_OK) break;
+        mpq__rmsnorm(S->xin, m->out_norm, t->hf, T, D, c->norm_eps);
         double e = 0;
-        for (size_t k = 0; k < (size_t)T * D; k++) {
-            const double d = (double)C->t->hf[k] - ref[k];
+        for (size_t k = 0; k < TD; k++) {
+            const double d = (double)t->hf[k] - refn[k];
             e += d * d;
         }
         err[i] = e;
-        if ((i + 1) % MPQ_LIN_COUNT == 0 || i + 1 == C->nlin) mpq__progress(C, "sensitivity", i + 1, C->nlin);
     }
+    mpq__keep_close(&C->keep);
     if (st == MPQ_OK) st = mpq_mxsens_layer_sensitivity(err, C->nlin, C->s->layer_sens);
-    free(ref), free(Wq), free(err);
+    free(ref), free(refn), free(Wq), free(err);
     return st;
 }
 
@@ -1461,7 +1574,8 @@ static mpq_status mpq__put_memory(mpq__cal *C, int kind, int i, const float *v, 
         : kind == 2        ? &s->xtx_diag
         : kind == 3        ? &s->mean_abs
         : kind == 4        ? &s->awq
-                           : &s->xtx;
+        : kind == 5        ? &s->xtx
+                           : &s->pqi;
     if (!*a && !(*a = (float **)calloc((size_t)s->nlin, sizeof(float *)))) return MPQ_ERR_NOMEM;
     float *d = (float *)malloc(sizeof(float) * (n ? n : 1));
     if (!d) return MPQ_ERR_NOMEM;
@@ -1523,14 +1637,6 @@ static mpq_status mpq__calibrate(const mpq_llm *m, const int32_t *tokens, size_t
         return mpq__fail(err, st, m->path ? m->path : "model",
                          "calibration needs float weights (a packed model cannot be calibrated)");
     if (st != MPQ_OK) return mpq__fail(err, st, "calibration", "%s", mpq_status_str(st));
-    int all_float = m->head.W && m->embed.W; /* PQI and the layer sensitivity need every weight as float32 */
-    for (int i = 0; i < m->c.layers * MPQ_LIN_COUNT; i++) all_float &= mpq__lin(m, i)->W != NULL;
-    if ((s.what & (MPQ_CALIB_PQI | MPQ_CALIB_LAYER_SENS)) && !all_float) {
-        mpq_llm_train_free(C.t);
-        return mpq__fail(err, MPQ_ERR_UNSUPPORTED, m->path ? m->path : "model",
-                         "PQI and the layer sensitivity run over the whole model at once and need its weights as "
-                         "float32 (load it so, not in place)");
-    }
     const int slots = m->c.layers * MPQ__KINDS;
     C.off = (size_t *)calloc((size_t)C.nlin + 1, sizeof(size_t));
     C.Wp = (const float **)calloc((size_t)C.nlin, sizeof(float *));
@@ -1548,8 +1654,6 @@ static mpq_status mpq__calibrate(const mpq_llm *m, const int32_t *tokens, size_t
         C.rot = (mpq_rotation *)calloc(MPQ__KINDS, sizeof(mpq_rotation));
         C.rbuf = (float *)malloc(sizeof(float) * (block > maxw ? block : maxw));
         if (!C.rot || !C.rbuf) st = MPQ_ERR_NOMEM;
-        if (st == MPQ_OK && (s.what & MPQ_CALIB_PQI) && !(C.wo = (float *)malloc(sizeof(float) * C.off[C.nlin])))
-            st = MPQ_ERR_NOMEM;
         for (int k = 0; st == MPQ_OK && k < MPQ__KINDS; k++)
             st = mpq_rotation_init(&C.rot[k], mpq__cols_of(&m->c, k), s.rotate_seed);
         if (st == MPQ_ERR_SIZE) {
@@ -1576,11 +1680,11 @@ static mpq_status mpq__calibrate(const mpq_llm *m, const int32_t *tokens, size_t
             ((!C.mixllm || !C.delta) && (s.what & MPQ_CALIB_MIXLLM)) || !C.xdiag || !C.mabs || !C.awq || !C.awq_got ||
             (!C.xtx && (s.what & MPQ_CALIB_XTX)))
             st = MPQ_ERR_NOMEM;
-        for (int k = 0; st == MPQ_OK && k < MPQ_LIN_COUNT; k++) /* a model in place: one layer converted */
-            if (!mpq__lin(m, k)->W &&
-                !(C.lw[k] = (float *)malloc(sizeof(float) * (size_t)mpq__lin(m, k)->rows * mpq__lin(m, k)->cols)))
-                st = MPQ_ERR_NOMEM;
     }
+    for (int k = 0; st == MPQ_OK && k < MPQ_LIN_COUNT; k++) /* a model in place: one layer converted */
+        if (!mpq__lin(m, k)->W &&
+            !(C.lw[k] = (float *)malloc(sizeof(float) * (size_t)mpq__lin(m, k)->rows * mpq__lin(m, k)->cols)))
+            st = MPQ_ERR_NOMEM;
     mpq__resume R;
     memset(&R, 0, sizeof R);
     if (st == MPQ_OK && phase1 && d.resume_dir) {
@@ -1592,14 +1696,7 @@ static mpq_status mpq__calibrate(const mpq_llm *m, const int32_t *tokens, size_t
     if (st == MPQ_OK && phase1) st = mpq__cal_layers(&C);
     if (R.w) mpq_st_writer_abort(R.w);
     free(R.ident);
-    mpq_llm_train_free(C.t);
-    C.t = NULL;
-    if (st == MPQ_OK && (s.what & (MPQ_CALIB_PQI | MPQ_CALIB_LAYER_SENS))) /* over the whole model */
-        st = mpq_llm_train_init(m, s.length, &C.t);
-    if (st == MPQ_OK && (s.what & MPQ_CALIB_PQI)) {
-        st = (s.pqi = mpq__arrays(C.nlin, m, 0, 0)) ? MPQ_OK : MPQ_ERR_NOMEM;
-        if (st == MPQ_OK) st = mpq__cal_pqi(&C);
-    }
+    if (st == MPQ_OK && (s.what & MPQ_CALIB_PQI)) st = mpq__cal_pqi(&C);
     if (st == MPQ_OK && (s.what & MPQ_CALIB_LAYER_SENS)) {
         st = (s.layer_sens = (float *)malloc(sizeof(float) * (size_t)C.nlin)) ? MPQ_OK : MPQ_ERR_NOMEM;
         if (st == MPQ_OK) st = mpq__cal_sens(&C);
@@ -1905,17 +2002,11 @@ mpq_status mpq_llm_calibrate_file(const mpq_llm *m, const int32_t *tokens, size_
     memset(&s, 0, sizeof s);
     st = mpq__calibrate(m, tokens, n, o, &s, mpq__put_file, w, err);
     char name[512], base[448];
-    for (int i = 0; st == MPQ_OK && i < s.nlin; i++) { /* the statistics of the whole model, last */
-        const mpq_linear *L = mpq__lin(m, i);
+    for (int i = 0; st == MPQ_OK && (s.what & MPQ_CALIB_LAYER_SENS) && i < s.nlin; i++) { /* known at the end */
         mpq_llm_linear_name(m->c.gguf_names, i / MPQ_LIN_COUNT, i % MPQ_LIN_COUNT, 0, base, sizeof base);
-        for (int k = 6; st == MPQ_OK && k < MPQ__NKINDS; k++) {
-            if (!(s.what & mpq__kinds[k].flag)) continue;
-            int ndim;
-            uint64_t dims[2];
-            mpq__kind_shape(&s, L, mpq__kinds[k].shape, &ndim, dims);
-            snprintf(name, sizeof name, "%s.%s", base, mpq__kinds[k].suffix);
-            st = mpq_st_write_f32(w, name, MPQ_DT_F32, ndim, dims, k == 6 ? s.pqi[i] : &s.layer_sens[i], err);
-        }
+        snprintf(name, sizeof name, "%s.layer_sensitivity", base);
+        const uint64_t one = 1;
+        st = mpq_st_write_f32(w, name, MPQ_DT_F32, 0, &one, &s.layer_sens[i], err);
     }
     char *meta = NULL;
     if (st == MPQ_OK) st = mpq__calib_meta(&s, extra_json, path, &meta, err);

@@ -566,21 +566,28 @@ mpq_status mpq_llm_backward_params(const mpq_llm *m, mpq_llm_train *t, const int
    it: without it GPTQ moves the weights of those channels freely (they
    look ordinary on the other tokens) and the sink's outputs break (SmolLM2
    3-bit: perplexity 102 without, 56 with). A LAYER AT A TIME: every
-   statistic but PQI and layer_sens is gathered by passes that take one
-   layer at a time: every window's hidden state passes layer l before any
-   passes l + 1 (the activation statistics of l are then final), and the
-   backward pass goes from the top layer down, each layer's activations
-   recomputed from its input kept by the forward pass (memory up to
-   keep_bytes, else a spill file). The sums are those of one window at a
-   time through the whole model, in the same order: the same bits. Memory:
-   one layer's weights as float32 (converted, for a model in place) and its
-   sums (8 bytes per weight for Fisher, 4 for MixLLM's delta, X^T X of its
-   four inputs in float64), every window's hidden state and gradient, and
-   the results (all of them with mpq_llm_calibrate; one map's at a time
-   with mpq_llm_calibrate_file). PQI and layer_sens run over the whole
-   model: about 28 bytes per weight while PQI runs (the weights, their
-   target and the result as flat vectors, and mpq_pqi's sums), and every
-   layer's activations of a window. Deterministic for any thread count.
+   statistic is gathered by passes that take one layer at a time: every
+   window's hidden state passes layer l before any passes l + 1 (the
+   activation statistics of l are then final), and the backward pass goes
+   from the top layer down, each layer's activations recomputed from its
+   input kept by the forward pass (memory up to keep_bytes, else a spill
+   file). The sums are those of one window at a time through the whole
+   model, in the same order: the same bits. Memory: one layer's weights as
+   float32 (converted, for a model in place) and its sums (8 bytes per
+   weight for Fisher, 4 for MixLLM's delta, X^T X of its four inputs in
+   float64), every window's hidden state and gradient, and the results (all
+   of them with mpq_llm_calibrate; one map's at a time with
+   mpq_llm_calibrate_file). PQI (a pass of its own after those) runs every
+   (step, window) pair as a sequence of its own, with every map at its
+   point of that step: pqi_steps x pqi_windows hidden states and gradients,
+   their kept inputs, and a layer's weights, points, target, gradient and
+   float64 sums (24 bytes per weight of one layer, 32 rotated); the same
+   bits as mpq_pqi along the flat vector of every map. layer_sens runs the
+   float sequence and one sequence per map already quantized through layer
+   l, then starts one from l's float input for each of l's maps: nlin + 1
+   hidden states of sens_tokens x dim (kept as the inputs are), the same
+   bits as restarting the whole forward pass at each map's layer.
+   Deterministic for any thread count.
 
    ROTATED STATISTICS (rotate = 1): what a recipe with rotate and the same
    seed quantizes is W' = W V^T per map (V of the map's column count, as
@@ -620,9 +627,11 @@ typedef struct mpq_calib_opts {
     int rotate;      /* 1: in the basis of mpq_recipe.rotate (see ROTATED STATISTICS) */
     uint64_t rotate_seed;
     /* With Fisher or MixLLM, every window's input of every layer is kept
-       for the backward pass (layers x windows x length x dim floats): in
-       memory up to keep_bytes (0 -> MPQ_CALIB_KEEP_BYTES), else in an
-       unlinked file in spill_dir (NULL -> $TMPDIR, else /tmp). */
+       for the backward pass (layers x windows x length x dim floats; PQI:
+       layers x pqi_steps x pqi_windows of them; layer_sens: nlin + 1
+       sequences of sens_tokens x dim): in memory up to keep_bytes (0 ->
+       MPQ_CALIB_KEEP_BYTES), else in an unlinked file in spill_dir (NULL ->
+       $TMPDIR, else /tmp). */
     size_t keep_bytes;
     const char *spill_dir;
     /* RESUMABLE (the statistics gathered a layer at a time): with
@@ -634,7 +643,7 @@ typedef struct mpq_calib_opts {
        directory, model, tokens and options; another model, text or options
        there is MPQ_ERR_ARG naming the directory. The statistics reach the
        caller once all layers are done (then the directory's files are
-       removed); PQI and layer_sens, over the whole model, are not kept.
+       removed); PQI and layer_sens are not kept (they run after).
        cancel (may be NULL) is asked after each layer: non-zero stops the
        run with MPQ_ERR_CANCELLED (with resume_dir, resumable from there). */
     const char *resume_dir;

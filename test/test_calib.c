@@ -793,11 +793,7 @@ Test(calib, a_layer_at_a_time_in_place_and_into_the_file_equals_the_whole_model_
     mpq_calib_stats_free(&sf), mpq_calib_stats_free(&sr);
     unlink(out);
     /* refused, nothing left behind */
-    o.rotate = 0, o.what = MPQ_CALIB_PQI;
-    cr_assert_eq(mpq_llm_calibrate_file(p, text, NTOK, &o, NULL, out, NULL, &e), MPQ_ERR_UNSUPPORTED);
-    cr_assert(strstr(e.msg, "float32") && strstr(e.msg, dir), "%s", e.msg);
-    cr_assert_neq(access(out, F_OK), 0);
-    o.what = what;
+    o.rotate = 0, o.what = what;
     cr_assert_eq(mpq_llm_calibrate_file(p, text, NTOK, &o, "{not json", out, NULL, &e), MPQ_ERR_ARG);
     cr_assert_neq(access(out, F_OK), 0);
     snprintf(bad, sizeof bad, "%s/no-such-dir", tmpdir);
@@ -807,6 +803,130 @@ Test(calib, a_layer_at_a_time_in_place_and_into_the_file_equals_the_whole_model_
     cr_assert_neq(access(out, F_OK), 0);
     cr_assert_eq(mpq_llm_calibrate_file(p, text, NTOK, NULL, NULL, NULL, NULL, &e), MPQ_ERR_ARG);
     mpq_calib_stats_free(&s), mpq_calib_stats_free(&sp);
+    mpq_llm_free(m), mpq_llm_free(p);
+    tl_free(&t);
+}
+
+/* PQI's gradient at one point of its path: every map at p (flat), the
+   mean over the PQI windows of mpq_llm_backward's gradients, summed into
+   the flat g window by window as float (1 / windows) G. */
+typedef struct pqi_ref {
+    const mpq_llm *m;
+    mpq_llm_train *tr;
+    const int32_t *text;
+    int windows;
+    size_t off[TL_MAXL * 7 + 1];
+    float *g;
+} pqi_ref;
+
+static void pqi_ref_add(void *user, int layer, int lin, const float *G, int rows, int cols)
+{
+    pqi_ref *R = (pqi_ref *)user;
+    float *g = R->g + R->off[layer * 7 + lin];
+    for (size_t k = 0; k < (size_t)rows * cols; k++) g[k] += (float)(1.0 / R->windows * G[k]);
+}
+
+static mpq_status pqi_ref_grad(void *user, const float *w, float *grad, size_t n)
+{
+    pqi_ref *R = (pqi_ref *)user;
+    const float *W[TL_MAXL * 7];
+    for (int i = 0; i < R->m->c.layers * 7; i++) W[i] = w + R->off[i];
+    memset(grad, 0, sizeof(float) * n);
+    R->g = grad;
+    int32_t win[LEN];
+    for (int k = 0; k < R->windows; k++) {
+        window(R->m, R->text, k, win);
+        const mpq_status st = mpq_llm_backward(R->m, R->tr, win, LEN, W, NULL, pqi_ref_add, R, NULL);
+        if (st != MPQ_OK) return st;
+    }
+    return MPQ_OK;
+}
+
+/* PQI and the MXSens layer sensitivity run a layer at a time too. PQI is
+   checked bit for bit against mpq_pqi along the flat vector of every map
+   with mpq_llm_backward's gradients (the whole model at once), the float64
+   reference of both in the tests above; the model in place (BF16 maps),
+   in memory and into the file with its sequences spilled to a file, gives
+   the bits of the model loaded as float32, rotated or not. */
+Test(calib, pqi_and_the_layer_sensitivity_a_layer_at_a_time_in_place_and_into_the_file, .init = make_tmpdir,
+     .fini = remove_tmpdir)
+{
+    tl_model t;
+    shape(&t, 0, 1, 0);
+    tl_make(&t, 35);
+    char dir[600], out[700];
+    snprintf(dir, sizeof dir, "%s/hf", tmpdir);
+    mkdir(dir, 0700);
+    tl_write_hf(&t, dir, MPQ_DT_BF16);
+    mpq_llm *m = NULL, *p = NULL;
+    mpq_io_err e;
+    cr_assert_eq(mpq_llm_load(dir, &m, &e), MPQ_OK, "%s", e.msg);
+    mpq_llm_load_opts lo = {1};
+    cr_assert_eq(mpq_llm_load_with(dir, &lo, &p, &e), MPQ_OK, "%s", e.msg);
+    cr_assert(p->src && !p->layer[0].lin[0].W);
+    synth_rng r = {21};
+    int32_t text[NTOK];
+    random_tokens(&r, &t, text, NTOK);
+    const unsigned what = MPQ_CALIB_PQI | MPQ_CALIB_LAYER_SENS;
+    mpq_calib_stats s = calibrate(m, text, what);
+    cr_assert(s.pqi && s.layer_sens && s.pqi_steps == 3 && s.pqi_windows == 2);
+    /* the whole model at once */
+    pqi_ref R;
+    memset(&R, 0, sizeof R);
+    R.m = m, R.text = text, R.windows = s.pqi_windows;
+    const int nlin = m->c.layers * 7;
+    for (int i = 0; i < nlin; i++)
+        R.off[i + 1] = R.off[i] + (size_t)m->layer[i / 7].lin[i % 7].rows * m->layer[i / 7].lin[i % 7].cols;
+    const size_t N = R.off[nlin];
+    float *w = malloc(sizeof(float) * N), *wq = malloc(sizeof(float) * N), *v = malloc(sizeof(float) * N);
+    for (int i = 0; i < nlin; i++) {
+        const mpq_linear *L = &m->layer[i / 7].lin[i % 7];
+        memcpy(w + R.off[i], L->W, sizeof(float) * (R.off[i + 1] - R.off[i]));
+        mpq_bitplane_desc d;
+        memset(&d, 0, sizeof d);
+        d.rows = L->rows, d.cols = L->cols, d.uniform_bits = s.pqi_bits;
+        mpq_packed A;
+        cr_assert_eq(mpq_pack_alloc(&d, L->W, &A), MPQ_OK);
+        cr_assert_eq(mpq_packed_dequantize(&A, 0, wq + R.off[i]), MPQ_OK);
+        mpq_packed_free(&A);
+    }
+    cr_assert_eq(mpq_llm_train_init(m, LEN, &R.tr), MPQ_OK);
+    cr_assert_eq(mpq_pqi(w, wq, N, s.pqi_steps, pqi_ref_grad, &R, v), MPQ_OK);
+    for (int i = 0; i < nlin; i++)
+        cr_assert(!memcmp(v + R.off[i], s.pqi[i], sizeof(float) * (R.off[i + 1] - R.off[i])),
+                  "map %d: PQI differs from the whole model's", i);
+    mpq_llm_train_free(R.tr);
+    free(w), free(wq), free(v);
+    /* in place, in memory; in place into the file, the sequences spilled */
+    mpq_calib_stats sp = calibrate(p, text, what), sf;
+    cr_assert(same_stats(&s, &sp, m), "in place differs");
+    mpq_calib_opts o;
+    memset(&o, 0, sizeof o);
+    o.what = what, o.windows = WINDOWS, o.length = LEN, o.pqi_steps = 3, o.pqi_windows = 2, o.sens_tokens = 8;
+    o.keep_bytes = 1, o.spill_dir = tmpdir;
+    snprintf(out, sizeof out, "%s/stats.safetensors", tmpdir);
+    cr_assert_eq(mpq_llm_calibrate_file(p, text, NTOK, &o, NULL, out, NULL, &e), MPQ_OK, "%s", e.msg);
+    cr_assert_eq(mpq_calib_read(m, out, &sf, &e), MPQ_OK, "%s", e.msg);
+    cr_assert(same_stats(&s, &sf, m), "the file differs");
+    mpq_calib_stats_free(&sf), mpq_calib_stats_free(&sp);
+    /* rotated */
+    o.rotate = 1, o.rotate_seed = 5, o.keep_bytes = 0;
+    mpq_calib_stats sr;
+    cr_assert_eq(mpq_llm_calibrate(m, text, NTOK, &o, &sr, &e), MPQ_OK, "%s", e.msg);
+    cr_assert_eq(mpq_llm_calibrate_file(p, text, NTOK, &o, NULL, out, NULL, &e), MPQ_OK, "%s", e.msg);
+    cr_assert_eq(mpq_calib_read(m, out, &sf, &e), MPQ_OK, "%s", e.msg);
+    cr_assert(same_stats(&sr, &sf, m), "rotated: the file differs");
+    cr_assert(!same_stats(&s, &sr, m), "the rotation changed nothing");
+    mpq_calib_stats_free(&sf), mpq_calib_stats_free(&sr);
+    /* a spill directory that does not exist: refused, no file */
+    unlink(out);
+    char bad[700];
+    snprintf(bad, sizeof bad, "%s/no-such-dir", tmpdir);
+    o.rotate = 0, o.keep_bytes = 1, o.spill_dir = bad;
+    cr_assert_eq(mpq_llm_calibrate_file(p, text, NTOK, &o, NULL, out, NULL, &e), MPQ_ERR_IO);
+    cr_assert(strstr(e.msg, "no-such-dir") && strstr(e.msg, "kept hidden states"), "%s", e.msg);
+    cr_assert_neq(access(out, F_OK), 0);
+    mpq_calib_stats_free(&s);
     mpq_llm_free(m), mpq_llm_free(p);
     tl_free(&t);
 }

@@ -735,7 +735,7 @@ Test(cli_llm, bad_statistics_exit_2, .init = setup, .fini = teardown)
         }
         mpq_calib_stats_free(&s2);
         unlink(q);
-        /* --resume DIR: the same values; the statistics over the whole model refused; another text there refused */
+        /* --resume DIR: the same values; pqi and sensitivity (not resumable) refused; another text there refused */
         char rd[600];
         path_of("rd", rd, sizeof rd);
         cr_assert_eq(mkdir(rd, 0700), 0);

@@ -715,7 +715,7 @@ typedef struct calib_args {
     const char *out;
     mpq_calib_opts co;
     calib_rotate rot;
-    int in_memory; /* not an option: --in-memory as given (lo.floats is also set for PQI) */
+    int in_memory; /* not an option: --in-memory as given */
 } calib_args;
 
 static int parse_rotate(const char *v, void *field)
@@ -792,9 +792,9 @@ static const cli_spec calib_spec = {
     "(what its planners and requant need); the file records the seed.\n"
     "Windows are taken evenly from the whole text; position 0 of each (BOS, an attention\n"
     "sink) is left out of the activation statistics but X^T X. The passes take one layer\n"
-    "at a time with the weights in place (pqi and sensitivity: the whole model, in\n"
-    "float32), and each statistic is written as it is final: memory holds one layer's\n"
-    "weights and sums and every window's hidden state. The result is the same for any\n"
+    "at a time with the weights in place, and each statistic is written as it is final:\n"
+    "memory holds one layer's weights and sums and every window's hidden state (pqi:\n"
+    "steps x windows of them; sensitivity: one per linear map). The result is the same for any\n"
     "--threads. Runs on the CPU, with float activations (not --device cuda, not --a8).",
     {{calib_opts, 0}, {cli_model_opts, CLI_AT(calib_args, lo)}, {NULL, 0}, {NULL, 0}},
     2,
@@ -914,18 +914,14 @@ int cmd_calibrate(int argc, char **argv)
     if (a.lo.a8) return fail(EXIT_USAGE, "calibrate --a8: the statistics are gathered with float activations");
     if (a.co.resume_dir && (a.co.what == 0 || (a.co.what & (MPQ_CALIB_PQI | MPQ_CALIB_LAYER_SENS))))
         return fail(EXIT_USAGE,
-                    "calibrate --resume: the statistics a layer at a time only (--stats without pqi, "
-                    "sensitivity)");
+                    "calibrate --resume: pqi and sensitivity cannot be resumed (--stats without them)");
     if (!a.out) return fail(EXIT_USAGE, "calibrate: needs MODEL TEXT -o FILE (see mpq calibrate --help)");
     if (a.lo.device != DEVICE_CPU) return fail(EXIT_USAGE, "calibrate: runs on the CPU only (--device cpu)");
     char *text = NULL;
     size_t len = 0;
     if ((rc = text_read(pos[1], &text, &len)) != 0) return rc;
     loaded L;
-    /* PQI and the layer sensitivity run over the whole model in float32; the rest a layer at a time, the
-       weights in place */
-    a.in_memory = a.lo.floats;
-    a.lo.floats |= (a.co.what == 0 || (a.co.what & (MPQ_CALIB_PQI | MPQ_CALIB_LAYER_SENS))) != 0;
+    a.in_memory = a.lo.floats; /* else every pass a layer at a time, the weights in place */
     if ((rc = model_load(pos[0], &a.lo, &L)) == 0) rc = calibrate(&a, L.m, pos[0], pos[1], text, len);
     free(text);
     model_unload(&L);
