@@ -6,16 +6,18 @@
 #     with their index: about 16 GB with all 32 layers (--layers N: the
 #     first N, for a shorter run; each step's memory does not depend on N
 #     but for the kept hidden states);
-#   - calibrate: X^T X and the Fisher diagonal over --windows windows of
-#     --length tokens of the calibration text, a layer at a time, the
-#     weights used in place;
-#   - quantize: GPTQ 4-bit (group 128) from those X^T X, and SFMP at 3.5
-#     bpw with GPTQ under it; the head at 6 bits, the embedding kept;
-#   - eval: perplexity of the float model (in place) and of both results on
+#   - calibrate: --stats (default xtx,fisher,mixllm,acts: X^T X, the Fisher
+#     diagonal and the rest) over --windows windows of --length tokens of
+#     the calibration text, a layer at a time, the weights used in place;
+#   - quantize: GPTQ 4-bit (group 128) from those X^T X, and (with fisher)
+#     SFMP at 3.5 bpw with GPTQ under it; the head at 6 bits, the embedding
+#     kept;
+#   - eval: perplexity of the float model (in place) and of the results on
 #     --chunks chunks of 512 tokens of the evaluation text;
-#   - speed: decode of the SFMP result (`mpq speed`, 64 tokens), its bytes
-#     read per token against the rate bench_gemv reaches on the same shapes
-#     at 3 bits (3.25 bpw with metadata) and threads.
+#   - speed: decode of the SFMP result (`mpq speed`, 64 tokens; without
+#     fisher the GPTQ one), its bytes read per token against the rate
+#     bench_gemv reaches on the same shapes at 3 bits (3.25 bpw with
+#     metadata; 4 for the GPTQ result) and threads.
 # For each step: wall time, and the peaks of the process's anonymous memory
 # (RssAnon, sampled every 0.1 s from /proc) and of its resident set (VmHWM,
 # which counts mapped file pages too).
@@ -27,22 +29,25 @@
 # perplexity).
 #
 #   bash bench/big_model.sh [--layers N] [--windows W] [--length T] [--chunks C]
-#                           [--threads T] [--dir DIR] [--out FILE] [--smollm2]
+#                           [--stats LIST] [--threads T] [--dir DIR] [--out FILE] [--smollm2]
 #
 # DIR (default build/bench/llama3-8b-bf16-L<N>) keeps the checkpoint between
-# runs; the statistics file of 32 layers takes about 40 GB (X^T X of every
-# map), the checkpoint 16 GB. Writes the table to FILE (default
+# runs; with 32 layers the statistics file takes about 16 GB for X^T X
+# (once per input, its triangle) and 28 GB for the Fisher diagonal (4 bytes
+# a weight), the checkpoint 16 GB (--stats xtx where the disk has no room
+# for both). Writes the table to FILE (default
 # bench/results/cpu-big-model[-smollm2]-DATE.txt).
 set -eu
 cd "$(dirname "$0")/.."
-layers=32 windows=2 length=256 chunks=1 threads=2 dir="" out="" smol=0
-usage="usage: bash bench/big_model.sh [--layers N] [--windows W] [--length T] [--chunks C] [--threads T] [--dir DIR] [--out FILE] [--smollm2]"
+layers=32 windows=2 length=256 chunks=1 threads=2 dir="" out="" smol=0 stats_list=xtx,fisher,mixllm,acts
+usage="usage: bash bench/big_model.sh [--layers N] [--windows W] [--length T] [--chunks C] [--stats LIST] [--threads T] [--dir DIR] [--out FILE] [--smollm2]"
 while [ $# -gt 0 ]; do
     case "$1" in
     --layers) layers=$2; shift 2 ;;
     --windows) windows=$2; shift 2 ;;
     --length) length=$2; shift 2 ;;
     --chunks) chunks=$2; shift 2 ;;
+    --stats) stats_list=$2; shift 2 ;;
     --threads) threads=$2; shift 2 ;;
     --dir) dir=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
@@ -107,10 +112,10 @@ if [ $smol = 0 ] && [ ! -f "$model/model.safetensors.index.json" ]; then
         --vocab 128256 --dtype bf16 --shards $(((layers + 3) / 4)) "$model"
 fi
 stats=$work/stats.safetensors
-step calibrate "$mpq" calibrate --quiet --stats xtx,fisher,mixllm,acts --windows "$windows" --length "$length" \
+step calibrate "$mpq" calibrate --quiet --stats "$stats_list" --windows "$windows" --length "$length" \
     "$model" "$calib" -o "$stats"
 if [ $smol = 1 ]; then
-    step calibrate-in-memory "$mpq" calibrate --quiet --in-memory --stats xtx,fisher,mixllm,acts \
+    step calibrate-in-memory "$mpq" calibrate --quiet --in-memory --stats "$stats_list" \
         --windows "$windows" --length "$length" "$model" "$calib" -o "$work/stats-mem.safetensors"
     python3 - "$stats" "$work/stats-mem.safetensors" <<'EOF' | tee -a "$out"
 import json, struct, sys
@@ -133,10 +138,13 @@ sys.exit(0 if same else 1)
 EOF
 fi
 q4=$work/gptq4.safetensors s35=$work/sfmp35.safetensors
+case ",$stats_list," in *,fisher,*) sfmp=1 ;; *) sfmp=0 ;; esac
 step quantize-gptq4 "$mpq" quantize --quiet --method gptq --bits 4 --group 128 --embed-bits 6 --stats "$stats" \
     "$model" "$q4"
-step quantize-sfmp3.5-gptq "$mpq" quantize --quiet --method sfmp --bpw 3.5 --quantizer gptq --group 128 \
-    --embed-bits 6 --stats "$stats" "$model" "$s35"
+if [ $sfmp = 1 ]; then
+    step quantize-sfmp3.5-gptq "$mpq" quantize --quiet --method sfmp --bpw 3.5 --quantizer gptq --group 128 \
+        --embed-bits 6 --stats "$stats" "$model" "$s35"
+fi
 step eval-float "$mpq" eval --quiet --chunks "$chunks" "$model" "$text"
 if [ $smol = 1 ]; then
     step eval-float-in-memory "$mpq" eval --quiet --in-memory --chunks "$chunks" "$model" "$text"
@@ -146,21 +154,22 @@ if [ $smol = 1 ]; then
     echo "# eval in place against --in-memory: $r ($a)" | tee -a "$out"
 fi
 step eval-gptq4 "$mpq" eval --quiet --chunks "$chunks" "$q4" "$text"
-step eval-sfmp3.5 "$mpq" eval --quiet --chunks "$chunks" "$s35" "$text"
+if [ $sfmp = 1 ]; then step eval-sfmp3.5 "$mpq" eval --quiet --chunks "$chunks" "$s35" "$text"; fi
 for f in eval-float eval-gptq4 eval-sfmp3.5; do
-    echo "# $f: $(grep -m1 '^perplexity' "$work/$f.log")" | tee -a "$out"
+    if [ -f "$work/$f.log" ]; then echo "# $f: $(grep -m1 '^perplexity' "$work/$f.log")" | tee -a "$out"; fi
 done
-step speed-sfmp3.5 "$mpq" speed --threads "$threads" "$s35"
-echo "# speed: $(grep 'tg' "$work/speed-sfmp3.5.log" | tail -1)" | tee -a "$out"
+if [ $sfmp = 1 ]; then sp=sfmp3.5 sf=$s35 sb=3; else sp=gptq4 sf=$q4 sb=4; fi
+step speed-$sp "$mpq" speed --threads "$threads" "$sf"
+echo "# speed: $(grep 'tg' "$work/speed-$sp.log" | tail -1)" | tee -a "$out"
 if [ $smol = 0 ]; then
     # bytes a decoded token reads: the packed maps of the layers and the head
-    bytes=$("$mpq" inspect "$s35" | awk '$3 == "bitplane" && $1 != "model.embed_tokens.weight" { b += $NF } END { print b }')
-    tg=$(grep 'tg' "$work/speed-sfmp3.5.log" | tail -1 | awk -F'|' '{ split($7, v, " "); print v[1] }')
+    bytes=$("$mpq" inspect "$sf" | awk '$3 == "bitplane" && $1 != "model.embed_tokens.weight" { b += $NF } END { print b }')
+    tg=$(grep 'tg' "$work/speed-$sp.log" | tail -1 | awk -F'|' '{ split($7, v, " "); print v[1] }')
     build/release/bench_gemv --threads "$threads" >"$work/gemv.log" 2>&1 # the three shapes of these layers
-    awk -v bytes="$bytes" -v tg="$tg" '
-        $2 == "3.00" && $3 ~ /^[0-9]+$/ { gbs[$1] = $5 }
+    awk -v bytes="$bytes" -v tg="$tg" -v sb="$sb" '
+        $2 == sb ".00" && $3 ~ /^[0-9]+$/ { gbs[$1] = $5 }
         END {
-            printf "# decode reads %.3f GB per token at %.2f tokens/s: %.1f GB/s; bench_gemv at 3 bits: ", bytes / 1e9, tg, bytes * tg / 1e9
+            printf "# decode reads %.3f GB per token at %.2f tokens/s: %.1f GB/s; bench_gemv at %d bits: ", bytes / 1e9, tg, bytes * tg / 1e9, sb
             for (s in gbs) printf "%s %.1f GB/s  ", s, gbs[s]
             printf "\n"
         }' "$work/gemv.log" | tee -a "$out"
