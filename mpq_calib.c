@@ -1932,6 +1932,62 @@ static mpq_status mpq__calib_meta(const mpq_calib_stats *s, const char *extra_js
     return MPQ_OK;
 }
 
+/* The map whose X^T X tensor holds lin's (the first that reads its input). */
+static int mpq__xtx_owner(int lin)
+{
+    return lin == MPQ_LIN_K || lin == MPQ_LIN_V ? MPQ_LIN_Q : lin == MPQ_LIN_UP ? MPQ_LIN_GATE : lin;
+}
+
+/* X^T X of map i as the file holds it (THE STATISTICS FILE): nothing for a
+   map that is not its input's owner, else the lower triangle by rows. */
+static mpq_status mpq__write_xtx(mpq_st_writer *w, const char *name, int i, const float *H, size_t cols,
+                                 mpq_io_err *err)
+{
+    if (mpq__xtx_owner(i % MPQ_LIN_COUNT) != i % MPQ_LIN_COUNT) return MPQ_OK;
+    const uint64_t n = (uint64_t)cols * (cols + 1) / 2;
+    float *p = (float *)malloc(sizeof(float) * (size_t)n);
+    if (!p) return MPQ_ERR_NOMEM;
+    for (size_t r = 0, at = 0; r < cols; at += ++r) memcpy(p + at, H + r * cols, sizeof(float) * (r + 1));
+    const mpq_status st = mpq_st_write_f32(w, name, MPQ_DT_F32, 1, &n, p, err);
+    free(p);
+    return st;
+}
+
+mpq_status mpq_calib_read_xtx(mpq_st_file *f, const char *path, const char *name, const char *owner, int cols,
+                              float *H, mpq_io_err *err)
+{
+    if (!f || !name || !H || cols < 1) return MPQ_ERR_ARG;
+    if (!path) path = "X^T X";
+    char key[1024];
+    const mpq_st_tensor *t = NULL;
+    for (int k = 0; k < 4 && !t; k++) {
+        const char *n = k < 2 ? name : owner;
+        if (!n) continue;
+        snprintf(key, sizeof key, k % 2 ? "%s.xtx" : "%s", n);
+        t = mpq_st_find(f, key);
+    }
+    if (!t)
+        return mpq__fail(err, MPQ_ERR_FORMAT, path, "tensor '%s.xtx': not found%s%s%s", name, owner ? " (nor '" : "",
+                         owner ? owner : "", owner ? ".xtx')" : "");
+    const uint64_t c = (uint64_t)cols, tri = c * (c + 1) / 2;
+    const int square = t->ndim == 2 && t->shape[0] == c && t->shape[1] == c;
+    if (!square && !(t->ndim == 1 && t->shape[0] == tri))
+        return mpq__fail(err, MPQ_ERR_SIZE, path, "tensor '%s': neither %d x %d nor its packed triangle (%llu)", key,
+                         cols, cols, (unsigned long long)tri);
+    mpq_status st = mpq_st_read_f32(f, t, H, (size_t)t->numel, err);
+    if (st != MPQ_OK) return st;
+    for (uint64_t j = 0; j < t->numel; j++)
+        if (!(H[j] - H[j] == 0.0f))
+            return mpq__fail(err, MPQ_ERR_NONFINITE, path, "tensor '%s': element %llu is not finite", key,
+                             (unsigned long long)j);
+    if (square) return MPQ_OK;
+    for (size_t r = (size_t)cols; r-- > 0;) /* rows from the last down, each to its place (never onto one not moved) */
+        memmove(H + r * c, H + r * (r + 1) / 2, sizeof(float) * (r + 1));
+    for (size_t r = 1; r < (size_t)cols; r++) /* then the upper triangle */
+        for (size_t j = 0; j < r; j++) H[j * c + r] = H[r * c + j];
+    return MPQ_OK;
+}
+
 mpq_status mpq_calib_write(const mpq_llm *m, const mpq_calib_stats *s, const char *extra_json, const char *path,
                            mpq_io_err *err)
 {
@@ -1955,7 +2011,8 @@ mpq_status mpq_calib_write(const mpq_llm *m, const mpq_calib_stats *s, const cha
             snprintf(name, sizeof name, "%s.%s", base, mpq__kinds[k].suffix);
             const float *v =
                 mpq__kinds[k].shape == 5 ? &s->layer_sens[i] : mpq__kind_arrays((mpq_calib_stats *)s, k)[i];
-            st = mpq_st_write_f32(w, name, MPQ_DT_F32, ndim, dims, v, err);
+            st = mpq__kinds[k].shape == 4 ? mpq__write_xtx(w, name, i, v, (size_t)dims[0], err)
+                                          : mpq_st_write_f32(w, name, MPQ_DT_F32, ndim, dims, v, err);
         }
     }
     if (st == MPQ_OK) return mpq_st_writer_close(w, err);
@@ -1974,6 +2031,7 @@ static mpq_status mpq__put_file(mpq__cal *C, int kind, int i, const float *v, si
     uint64_t dims[2];
     mpq__kind_shape(C->s, mpq__lin(C->m, i), mpq__kinds[kind].shape, &ndim, dims);
     if ((uint64_t)n != dims[0] * (ndim == 2 ? dims[1] : 1)) return MPQ_ERR_SIZE; /* internal: shapes agree */
+    if (mpq__kinds[kind].shape == 4) return mpq__write_xtx(w, name, i, v, (size_t)dims[0], C->err);
     return mpq_st_write_f32(w, name, MPQ_DT_F32, ndim, dims, v, C->err);
 }
 
@@ -2109,6 +2167,17 @@ mpq_status mpq_calib_read(const mpq_llm *m, const char *path, mpq_calib_stats *o
             uint64_t dims[2];
             mpq__kind_shape(&s, L, mpq__kinds[k].shape, &ndim, dims);
             const uint64_t numel = ndim == 0 ? 1 : ndim == 1 ? dims[0] : dims[0] * dims[1];
+            if (mpq__kinds[k].shape == 4) { /* X^T X: a square, or the triangle under its input's owner */
+                char owner[448];
+                const int lin = i % MPQ_LIN_COUNT, own = mpq__xtx_owner(lin);
+                mpq_llm_linear_name(m->c.gguf_names, i / MPQ_LIN_COUNT, own, 0, owner, sizeof owner);
+                if (!((*dst)[i] = (float *)malloc(sizeof(float) * (size_t)numel))) {
+                    st = MPQ_ERR_NOMEM;
+                    break;
+                }
+                st = mpq_calib_read_xtx(f, path, base, own != lin ? owner : NULL, L->cols, (*dst)[i], err);
+                continue;
+            }
             if (!t) {
                 st = mpq__fail(err, MPQ_ERR_FORMAT, path, "tensor '%s': not found (the file has %s for '%s')", name,
                                mpq__kinds[k].suffix, first);

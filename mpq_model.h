@@ -730,7 +730,11 @@ int mpq_calib_parse_seed(const char *v, uint64_t *seed);
    N.pqi and N.layer_sensitivity (a scalar) that were gathered, and in
    __metadata__ "mpq_calib", a JSON object with the options, the loss and
    `extra` (may be NULL: a JSON object the caller adds, e.g. the model and
-   text it came from). */
+   text it came from). X^T X is written once per input, under the first
+   map that reads it (q for q, k and v; gate for gate and up; o; down), as
+   its lower triangle packed by rows: cols (cols + 1) / 2 floats, element
+   (i, j <= i) at i (i + 1) / 2 + j (a quarter of the bytes of three full
+   squares; 16 GB instead of 39 for Llama-3-8B). */
 mpq_status mpq_calib_write(const mpq_llm *m, const mpq_calib_stats *s, const char *extra_json, const char *path,
                            mpq_io_err *err);
 /* Calibration straight into the file mpq_calib_write would write (the same
@@ -739,18 +743,28 @@ mpq_status mpq_calib_write(const mpq_llm *m, const mpq_calib_stats *s, const cha
    forward pass leaves it, the gradient statistics as the backward pass
    does), into the writer's spool on disk, so that memory holds the sums
    of one layer, not every map's results. A model in place (IN PLACE) is
-   calibrated with one layer's weights converted at a time; PQI and the
-   layer sensitivity, which run over the whole model, need a model loaded
-   as float32 (MPQ_ERR_UNSUPPORTED). info (may be NULL) receives the counts
-   and the loss, its arrays NULL. On any error no file is left. */
+   calibrated with one layer's weights converted at a time. info (may be
+   NULL) receives the counts and the loss, its arrays NULL. On any error no
+   file is left. */
 mpq_status mpq_llm_calibrate_file(const mpq_llm *m, const int32_t *tokens, size_t n, const mpq_calib_opts *o,
                                   const char *extra_json, const char *path, mpq_calib_stats *info, mpq_io_err *err);
 /* Reads a statistics file for model m back (every tensor's name, dtype,
    shape and values checked: finite, and >= 0 where a statistic cannot be
-   negative). A statistic the first linear map has must be there for all;
+   negative). A statistic the first linear map has must be there for all
+   (X^T X of k, v and up may be their input's owner's, and a full square);
    s->what has the flag of every statistic present (MPQ_CALIB_ACTS when
    any of xtx_diag, mean_abs and awq is; the arrays of the others NULL). */
 mpq_status mpq_calib_read(const mpq_llm *m, const char *path, mpq_calib_stats *s, mpq_io_err *err);
+/* X^T X of the linear map named `name` with `cols` inputs, from an open
+   statistics or Hessian file (path names it in errors): the tensor `name`,
+   else `name`.xtx, else the same two for `owner` (may be NULL: the first
+   map that reads the same input, where the statistics file keeps it),
+   either a cols x cols square or its packed lower triangle (THE STATISTICS
+   FILE), into H (cols x cols, the triangle mirrored). Every value finite.
+   MPQ_ERR_FORMAT when none is there, MPQ_ERR_SIZE for another shape,
+   MPQ_ERR_NONFINITE; err names the file and tensor. */
+mpq_status mpq_calib_read_xtx(mpq_st_file *f, const char *path, const char *name, const char *owner, int cols,
+                              float *H, mpq_io_err *err);
 /* The basis of an open statistics file's salience (ROTATED STATISTICS):
    *rotate 1 and *seed from its "mpq_calib" metadata, or *rotate 0 (also
    for a file without that metadata). MPQ_ERR_FORMAT (err names path) for

@@ -1397,6 +1397,113 @@ Test(calib, sequential_quantization_takes_each_layers_inputs_after_the_quantized
     tl_free(&t);
 }
 
+/* X^T X in the statistics file: once per input, under q, o, gate and down
+   as the lower triangle by rows; k, v and up read back from their owner;
+   mpq_calib_read_xtx also takes a full square (other Hessian files), and
+   refuses a missing tensor, another shape or a value that is not finite,
+   naming the file and tensor. */
+Test(calib, xtx_is_kept_once_per_input_as_its_triangle)
+{
+    tl_model t;
+    shape(&t, 1, 0, 1);
+    tl_make(&t, 57);
+    mpq_llm *m = load_hf(&t);
+    synth_rng r = {17};
+    int32_t text[NTOK];
+    random_tokens(&r, &t, text, NTOK);
+    mpq_calib_stats a = calibrate(m, text, MPQ_CALIB_XTX);
+    char p[600];
+    snprintf(p, sizeof p, "%s/xtx.safetensors", tmpdir);
+    mpq_io_err e;
+    cr_assert_eq(mpq_calib_write(m, &a, NULL, p, &e), MPQ_OK, "%s", e.msg);
+    mpq_st_file *f = NULL;
+    cr_assert_eq(mpq_st_open(p, &f, &e), MPQ_OK);
+    for (int i = 0; i < a.nlin; i++) {
+        char base[200], name[256];
+        mpq_llm_linear_name(0, i / 7, i % 7, 0, base, sizeof base);
+        snprintf(name, sizeof name, "%s.xtx", base);
+        const mpq_st_tensor *x = mpq_st_find(f, name);
+        const int lin = i % 7, owner = lin != MPQ_LIN_K && lin != MPQ_LIN_V && lin != MPQ_LIN_UP;
+        const uint64_t c = (uint64_t)m->layer[i / 7].lin[lin].cols;
+        cr_assert_eq(x != NULL, owner, "%s: %s", name, owner ? "missing" : "written twice");
+        if (!x) continue;
+        cr_assert(x->ndim == 1 && x->shape[0] == c * (c + 1) / 2, "%s: not the packed triangle", name);
+        float *tri = malloc(sizeof(float) * (size_t)x->numel);
+        cr_assert_eq(mpq_st_read_f32(f, x, tri, (size_t)x->numel, &e), MPQ_OK);
+        for (uint64_t row = 0, at = 0; row < c; row++)
+            for (uint64_t j = 0; j <= row; j++, at++)
+                cr_assert_eq(tri[at], a.xtx[i][row * c + j], "%s (%llu, %llu)", name, (unsigned long long)row,
+                             (unsigned long long)j);
+        free(tri);
+    }
+    mpq_st_close(f);
+    mpq_calib_stats b;
+    cr_assert_eq(mpq_calib_read(m, p, &b, &e), MPQ_OK, "%s", e.msg);
+    cr_assert(same_xtx(&a, &b, m), "X^T X read back differs");
+    mpq_calib_stats_free(&b);
+    /* mpq_calib_read_xtx on its own: squares and triangles of awkward sizes, an owner, bad tensors */
+    static const int sizes[] = {1, 2, 7, 33};
+    mpq_st_writer *w = NULL;
+    cr_assert_eq(mpq_st_writer_open(p, &w, &e), MPQ_OK);
+    float *H[4];
+    for (int k = 0; k < 4; k++) {
+        const int c = sizes[k];
+        H[k] = malloc(sizeof(float) * c * c);
+        for (int i = 0; i < c; i++)
+            for (int j = 0; j <= i; j++) H[k][i * c + j] = H[k][j * c + i] = synth_gauss(&r);
+        char name[64];
+        snprintf(name, sizeof name, "sq%d", k);
+        const uint64_t sq[2] = {(uint64_t)c, (uint64_t)c}, n = (uint64_t)c * (c + 1) / 2;
+        cr_assert_eq(mpq_st_write_f32(w, name, MPQ_DT_F32, 2, sq, H[k], &e), MPQ_OK);
+        float *tri = malloc(sizeof(float) * n);
+        for (int i = 0, at = 0; i < c; i++)
+            for (int j = 0; j <= i; j++) tri[at++] = H[k][i * c + j];
+        snprintf(name, sizeof name, "tri%d.xtx", k);
+        cr_assert_eq(mpq_st_write_f32(w, name, MPQ_DT_F32, 1, &n, tri, &e), MPQ_OK);
+        if (k == 2) { /* a NaN in the triangle, and a triangle one element short */
+            tri[5] = NAN;
+            cr_assert_eq(mpq_st_write_f32(w, "nan.xtx", MPQ_DT_F32, 1, &n, tri, &e), MPQ_OK);
+            const uint64_t short_n = n - 1;
+            cr_assert_eq(mpq_st_write_f32(w, "short.xtx", MPQ_DT_F32, 1, &short_n, tri, &e), MPQ_OK);
+        }
+        free(tri);
+    }
+    cr_assert_eq(mpq_st_writer_close(w, &e), MPQ_OK);
+    cr_assert_eq(mpq_st_open(p, &f, &e), MPQ_OK);
+    for (int k = 0; k < 4; k++) {
+        const int c = sizes[k];
+        float *got = malloc(sizeof(float) * c * c);
+        char sq[64], tri[64];
+        snprintf(sq, sizeof sq, "sq%d", k), snprintf(tri, sizeof tri, "tri%d", k);
+        memset(got, 0, sizeof(float) * c * c);
+        cr_assert_eq(mpq_calib_read_xtx(f, p, sq, NULL, c, got, &e), MPQ_OK, "%s", e.msg);
+        cr_assert(!memcmp(got, H[k], sizeof(float) * c * c), "square %d", c);
+        memset(got, 0, sizeof(float) * c * c);
+        cr_assert_eq(mpq_calib_read_xtx(f, p, tri, NULL, c, got, &e), MPQ_OK, "%s", e.msg);
+        cr_assert(!memcmp(got, H[k], sizeof(float) * c * c), "triangle %d", c);
+        memset(got, 0, sizeof(float) * c * c);
+        cr_assert_eq(mpq_calib_read_xtx(f, p, "no-such-map", tri, c, got, &e), MPQ_OK, "%s", e.msg);
+        cr_assert(!memcmp(got, H[k], sizeof(float) * c * c), "through the owner, %d", c);
+        free(got), free(H[k]);
+    }
+    float *got = malloc(sizeof(float) * 33 * 33);
+    cr_assert_eq(mpq_calib_read_xtx(f, p, "no-such-map", "nor-this", 7, got, &e), MPQ_ERR_FORMAT);
+    cr_assert(strstr(e.msg, p) && strstr(e.msg, "no-such-map") && strstr(e.msg, "nor-this"), "%s", e.msg);
+    cr_assert_eq(mpq_calib_read_xtx(f, p, "tri2", NULL, 8, got, &e), MPQ_ERR_SIZE);
+    cr_assert(strstr(e.msg, p) && strstr(e.msg, "tri2.xtx"), "%s", e.msg);
+    cr_assert_eq(mpq_calib_read_xtx(f, p, "sq3", NULL, 32, got, &e), MPQ_ERR_SIZE);
+    cr_assert_eq(mpq_calib_read_xtx(f, p, "short", NULL, 7, got, &e), MPQ_ERR_SIZE);
+    cr_assert_eq(mpq_calib_read_xtx(f, p, "nan", NULL, 7, got, &e), MPQ_ERR_NONFINITE);
+    cr_assert(strstr(e.msg, "nan.xtx") && strstr(e.msg, "not finite"), "%s", e.msg);
+    cr_assert_eq(mpq_calib_read_xtx(f, p, "tri2", NULL, 0, got, &e), MPQ_ERR_ARG);
+    free(got);
+    mpq_st_close(f);
+    unlink(p);
+    mpq_calib_stats_free(&a);
+    mpq_llm_free(m);
+    tl_free(&t);
+}
+
 Test(calib, deterministic_for_any_thread_count_and_the_file_round_trips)
 {
     tl_model t;

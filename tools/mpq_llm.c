@@ -751,7 +751,7 @@ static const cli_opt calib_opts[] = {
     {"--length", CLI_INT, CA(length), "N", 2, 1 << 16, NULL, NULL, "512", "tokens per window"},
     {"--stats", CLI_PARSE, CA(what), "LIST", 0, 0, "a list of fisher, mixllm, acts, pqi, sensitivity, xtx, all",
      parse_stats, "all",
-     "fisher,mixllm,acts,pqi,sensitivity,xtx or all (all: everything\nbut xtx, which is cols^2 per map)"},
+     "fisher,mixllm,acts,pqi,sensitivity,xtx or all (all: everything\nbut xtx, which is cols^2 / 2 per input)"},
     {"--awq-tokens", CLI_INT, CA(awq_tokens), "N", 1, 1 << 20, NULL, NULL, "128", "input rows kept per map for AWQ"},
     {"--mixllm-bits", CLI_INT, CA(mixllm_bits), "B", 1, 8, NULL, NULL, "4",
      "MixLLM's low width, the delta of its salience"},
@@ -785,8 +785,9 @@ static const cli_spec calib_spec = {
     "  N.awq                tokens x cols  input rows for AWQ's search (awq, --quantizer awq)\n"
     "  N.pqi                rows x cols  PQI along W -> RTN(W) (requant)\n"
     "  N.layer_sensitivity  scalar       MXSens layer sensitivity in [0, 1] (mxsens)\n"
-    "  N.xtx                cols x cols  X^T X, position 0 included (only with --stats xtx;\n"
-    "                                    GPTQ's --hessian)\n"
+    "  N.xtx                cols(cols+1)/2  X^T X's lower triangle by rows, position 0\n"
+    "                                    included, under the first map of each input (q, o,\n"
+    "                                    gate, down; only with --stats xtx; GPTQ's --hessian)\n"
     "With --rotate SEED, fisher, mixllm, xtx_diag, mean_abs, pqi and layer_sensitivity\n"
     "are those of the rotated weights W V^T that `mpq quantize --rotate SEED` quantizes\n"
     "(what its planners and requant need); the file records the seed.\n"

@@ -188,6 +188,29 @@ static int read_mxsens(qrun *R, const job *J, mpq_recipe_map *m)
     return rc;
 }
 
+/* X^T X of map J: its own tensor, else (mpq calibrate keeps one per input)
+   that of the first map of its layer that reads the same input. */
+static int read_xtx(const qrun *R, const job *J, float **out)
+{
+    const char *owner = NULL;
+    char named[448], mine[448];
+    const int own = J->lin == MPQ_LIN_K || J->lin == MPQ_LIN_V ? MPQ_LIN_Q : J->lin == MPQ_LIN_UP ? MPQ_LIN_GATE : -1;
+    for (ptrdiff_t k = 0; own >= 0 && k < arrlen(R->jobs) && !owner; k++)
+        if (R->jobs[k].layer == J->layer && R->jobs[k].lin == own) owner = R->jobs[k].name;
+    for (int g = 0; own >= 0 && g < 2 && !owner; g++) /* not quantized itself: its name in J's scheme */
+        if (!strcmp(mpq_llm_linear_name(g, J->layer, J->lin, 0, mine, sizeof mine), J->name))
+            owner = mpq_llm_linear_name(g, J->layer, own, 0, named, sizeof named);
+    float *H = (float *)malloc(sizeof(float) * (size_t)J->cols * (size_t)J->cols);
+    if (!H) return fail(EXIT_INPUT, "%s: tensor '%s': out of memory", mpq_st_path(R->H), J->name);
+    mpq_io_err e;
+    if (mpq_calib_read_xtx(R->H, mpq_st_path(R->H), J->name, owner, J->cols, H, &e) != MPQ_OK) {
+        free(H);
+        return fail(EXIT_INPUT, "%s", e.msg);
+    }
+    *out = H;
+    return 0;
+}
+
 static mpq_status fetch(void *user, int i, unsigned need, mpq_recipe_map *m)
 {
     qrun *R = (qrun *)user;
@@ -206,7 +229,7 @@ static mpq_status fetch(void *user, int i, unsigned need, mpq_recipe_map *m)
     }
     float *X = NULL, *H = NULL, *pqi = NULL, *sal = NULL; /* each set only by a read that succeeds */
     if (!rc && (need & MPQ_RECIPE_ACTS)) rc = read_calib(R->C, J->name, J->cols, &X, &m->tokens);
-    if (!rc && (need & MPQ_RECIPE_HESSIAN)) rc = read_stat(R->H, J->name, "xtx", 0, cols, cols, 2, &H);
+    if (!rc && (need & MPQ_RECIPE_HESSIAN)) rc = read_xtx(R, J, &H);
     if (!rc && (need & MPQ_RECIPE_PQI)) rc = read_stat(R->S, J->name, "pqi", 1, rows, cols, 2, &pqi);
     if (!rc && (need & MPQ_RECIPE_SALIENCE)) {
         if (R->r.planner == MPQ_PLANNER_SFMP)
