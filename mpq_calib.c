@@ -1312,10 +1312,7 @@ static mpq_status mpq__cal_layers(mpq__cal *C)
     return st;
 }
 
-/* The points of PQI's path for layer l at step k of N (mpq_pqi's
-   (float)(w + k/N (w~ - w)) per weight, w and w~ = RTN(w) in W' = W V^T
-   when rotated): into P->p, and the layer's maps pointed at them (or at
-   P->o, P->p V, when rotated). */
+/* One layer's arrays of the PQI pass. */
 typedef struct mpq__pqi_layer {
     float *w, *wq, *p, *o; /* the layer's maps one after another: W' (rotated), RTN(W'), the point, p V */
     double *acc;           /* sum over the steps of |gradient| */
@@ -1340,6 +1337,10 @@ static mpq_status mpq__pqi_targets(mpq__cal *C, mpq__pqi_layer *P, int l)
     return st;
 }
 
+/* The points of PQI's path for layer l at step k of N (mpq_pqi's
+   (float)(w + k/N (w~ - w)) per weight, w and w~ = RTN(w) in W' = W V^T
+   when rotated; W: the layer's float weights): into P->p, and the layer's
+   maps pointed at them (or at P->o, P->p V, when rotated). */
 static mpq_status mpq__pqi_point(mpq__cal *C, mpq__pqi_layer *P, const float *const *W, int l, int k)
 {
     const double t = (double)k / (double)C->s->pqi_steps;

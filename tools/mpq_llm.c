@@ -795,8 +795,9 @@ static const cli_spec calib_spec = {
     "sink) is left out of the activation statistics but X^T X. The passes take one layer\n"
     "at a time with the weights in place, and each statistic is written as it is final:\n"
     "memory holds one layer's weights and sums and every window's hidden state (pqi:\n"
-    "steps x windows of them; sensitivity: one per linear map). The result is the same for any\n"
-    "--threads. Runs on the CPU, with float activations (not --device cuda, not --a8).",
+    "steps x windows of them; sensitivity: one per linear map). The result is the same\n"
+    "for any --threads. Runs on the CPU, with float activations (not --device cuda, not\n"
+    "--a8).",
     {{calib_opts, 0}, {cli_model_opts, CLI_AT(calib_args, lo)}, {NULL, 0}, {NULL, 0}},
     2,
     2,
