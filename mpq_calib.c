@@ -1195,6 +1195,23 @@ static mpq_status mpq__cal_grads_emit(mpq__cal *C, int l)
     return st;
 }
 
+/* Sequence q's gradient dx (len x dim) back through layer l: the layer
+   recomputed from q's kept input, its maps' weight gradients to on_grad,
+   dx replaced by the gradient at the layer's input. */
+static mpq_status mpq__seq_bwd(mpq__cal *C, int l, int q, float *dx, mpq_grad_cb on_grad)
+{
+    mpq_llm_train *t = C->t;
+    mpq__slot *S = &t->slot[0];
+    const size_t TD = (size_t)C->len * (size_t)C->m->c.dim;
+    const mpq_status st = mpq__keep_io(&C->keep, l, q, S->xin, 0, C->err);
+    if (st != MPQ_OK) return st;
+    mpq__layer_fwd(C->m, t, C->Wp, l, S->xin, S, t->xf, C->len, NULL, NULL);
+    memcpy(t->dx, dx, sizeof(float) * TD);
+    mpq__layer_bwd(C->m, t, C->Wp, l, S, C->len, on_grad, C, NULL);
+    memcpy(dx, t->dx, sizeof(float) * TD);
+    return C->st;
+}
+
 /* Phase 1, a layer at a time. Forward: every window's hidden state passes
    layer l (the activation statistics of l's inputs are then final and go
    out) and is kept for the backward pass when gradients are wanted. The
@@ -1283,12 +1300,7 @@ static mpq_status mpq__cal_layers(mpq__cal *C)
         st = mpq__cal_grads_init(C, l);
         if (st == MPQ_OK && R) st = mpq__res_layer_open(R, 'b', l, C->err);
         for (int w = 0; st == MPQ_OK && w < NW; w++) {
-            if ((st = mpq__keep_io(&C->keep, l, w, S->xin, 0, C->err)) != MPQ_OK) break;
-            mpq__layer_fwd(m, t, C->Wp, l, S->xin, S, t->xf, T, NULL, NULL);
-            memcpy(t->dx, dx + (size_t)w * TD, sizeof(float) * TD);
-            mpq__layer_bwd(m, t, C->Wp, l, S, T, mpq__cal_grad, C, NULL);
-            memcpy(dx + (size_t)w * TD, t->dx, sizeof(float) * TD);
-            st = C->st;
+            if ((st = mpq__seq_bwd(C, l, w, dx + (size_t)w * TD, mpq__cal_grad)) != MPQ_OK) break;
             mpq__progress(C, "backward", (L - 1 - l) * NW + w + 1, L * NW);
         }
         if (st == MPQ_OK)
@@ -1435,12 +1447,7 @@ static mpq_status mpq__cal_pqi(mpq__cal *C)
             memset(P.g, 0, sizeof(float) * LW);
             for (int w = 0; st == MPQ_OK && w < PW; w++) {
                 const int q = k * PW + w;
-                if ((st = mpq__keep_io(&C->keep, l, q, S->xin, 0, C->err)) != MPQ_OK) break;
-                mpq__layer_fwd(m, t, C->Wp, l, S->xin, S, t->xf, T, NULL, NULL);
-                memcpy(t->dx, dx + (size_t)q * TD, sizeof(float) * TD);
-                mpq__layer_bwd(m, t, C->Wp, l, S, T, mpq__pqi_grad_cb, C, NULL);
-                memcpy(dx + (size_t)q * TD, t->dx, sizeof(float) * TD);
-                st = C->st;
+                st = mpq__seq_bwd(C, l, q, dx + (size_t)q * TD, mpq__pqi_grad_cb);
             }
             for (size_t j = 0; st == MPQ_OK && j < LW; j++)
                 if (!(P.g[j] - P.g[j] == 0.0f)) st = MPQ_ERR_NONFINITE;

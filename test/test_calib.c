@@ -714,6 +714,20 @@ static int same_xtx(const mpq_calib_stats *a, const mpq_calib_stats *b, const mp
     return 1;
 }
 
+/* t written as a Hugging Face directory with BF16 maps (dir, under the
+   test's directory), loaded as float32 (*m) and in place (*p). */
+static void load_both(const tl_model *t, char *dir, size_t cap, mpq_llm **m, mpq_llm **p)
+{
+    snprintf(dir, cap, "%s/hf", tmpdir);
+    mkdir(dir, 0700);
+    tl_write_hf(t, dir, MPQ_DT_BF16);
+    mpq_io_err e;
+    cr_assert_eq(mpq_llm_load(dir, m, &e), MPQ_OK, "%s", e.msg);
+    mpq_llm_load_opts lo = {1};
+    cr_assert_eq(mpq_llm_load_with(dir, &lo, p, &e), MPQ_OK, "%s", e.msg);
+    cr_assert((*p)->src && !(*p)->layer[0].lin[0].W);
+}
+
 /* Calibration runs a layer at a time (every window through layer l, then
    l + 1; the backward pass from the top layer down, each layer's
    activations recomputed from its kept input). Its Fisher diagonal is
@@ -731,15 +745,9 @@ Test(calib, a_layer_at_a_time_in_place_and_into_the_file_equals_the_whole_model_
     shape(&t, 1, 0, 1);
     tl_make(&t, 33);
     char dir[600], out[700], bad[700];
-    snprintf(dir, sizeof dir, "%s/hf", tmpdir);
-    mkdir(dir, 0700);
-    tl_write_hf(&t, dir, MPQ_DT_BF16);
     mpq_llm *m = NULL, *p = NULL;
     mpq_io_err e;
-    cr_assert_eq(mpq_llm_load(dir, &m, &e), MPQ_OK, "%s", e.msg);
-    mpq_llm_load_opts lo = {1};
-    cr_assert_eq(mpq_llm_load_with(dir, &lo, &p, &e), MPQ_OK, "%s", e.msg);
-    cr_assert(p->src && !p->layer[0].lin[0].W);
+    load_both(&t, dir, sizeof dir, &m, &p);
     synth_rng r = {9};
     int32_t text[NTOK], win[LEN];
     random_tokens(&r, &t, text, NTOK);
@@ -855,15 +863,9 @@ Test(calib, pqi_and_the_layer_sensitivity_a_layer_at_a_time_in_place_and_into_th
     shape(&t, 0, 1, 0);
     tl_make(&t, 35);
     char dir[600], out[700];
-    snprintf(dir, sizeof dir, "%s/hf", tmpdir);
-    mkdir(dir, 0700);
-    tl_write_hf(&t, dir, MPQ_DT_BF16);
     mpq_llm *m = NULL, *p = NULL;
     mpq_io_err e;
-    cr_assert_eq(mpq_llm_load(dir, &m, &e), MPQ_OK, "%s", e.msg);
-    mpq_llm_load_opts lo = {1};
-    cr_assert_eq(mpq_llm_load_with(dir, &lo, &p, &e), MPQ_OK, "%s", e.msg);
-    cr_assert(p->src && !p->layer[0].lin[0].W);
+    load_both(&t, dir, sizeof dir, &m, &p);
     synth_rng r = {21};
     int32_t text[NTOK];
     random_tokens(&r, &t, text, NTOK);
