@@ -1961,8 +1961,8 @@ static mpq_status mpq__write_xtx(mpq_st_writer *w, const char *name, int i, cons
     return st;
 }
 
-mpq_status mpq_calib_read_xtx(mpq_st_file *f, const char *path, const char *name, const char *owner, int cols,
-                              float *H, mpq_io_err *err)
+mpq_status mpq_calib_read_xtx(mpq_st_file *f, const char *path, const char *name, const char *owner, int cols, float *H,
+                              mpq_io_err *err)
 {
     if (!f || !name || !H || cols < 1) return MPQ_ERR_ARG;
     if (!path) path = "X^T X";

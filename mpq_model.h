@@ -763,8 +763,8 @@ mpq_status mpq_calib_read(const mpq_llm *m, const char *path, mpq_calib_stats *s
    FILE), into H (cols x cols, the triangle mirrored). Every value finite.
    MPQ_ERR_FORMAT when none is there, MPQ_ERR_SIZE for another shape,
    MPQ_ERR_NONFINITE; err names the file and tensor. */
-mpq_status mpq_calib_read_xtx(mpq_st_file *f, const char *path, const char *name, const char *owner, int cols,
-                              float *H, mpq_io_err *err);
+mpq_status mpq_calib_read_xtx(mpq_st_file *f, const char *path, const char *name, const char *owner, int cols, float *H,
+                              mpq_io_err *err);
 /* The basis of an open statistics file's salience (ROTATED STATISTICS):
    *rotate 1 and *seed from its "mpq_calib" metadata, or *rotate 0 (also
    for a file without that metadata). MPQ_ERR_FORMAT (err names path) for

@@ -915,8 +915,7 @@ int cmd_calibrate(int argc, char **argv)
     if (rc) return rc < 0 ? 0 : rc;
     if (a.lo.a8) return fail(EXIT_USAGE, "calibrate --a8: the statistics are gathered with float activations");
     if (a.co.resume_dir && (a.co.what == 0 || (a.co.what & (MPQ_CALIB_PQI | MPQ_CALIB_LAYER_SENS))))
-        return fail(EXIT_USAGE,
-                    "calibrate --resume: pqi and sensitivity cannot be resumed (--stats without them)");
+        return fail(EXIT_USAGE, "calibrate --resume: pqi and sensitivity cannot be resumed (--stats without them)");
     if (!a.out) return fail(EXIT_USAGE, "calibrate: needs MODEL TEXT -o FILE (see mpq calibrate --help)");
     if (a.lo.device != DEVICE_CPU) return fail(EXIT_USAGE, "calibrate: runs on the CPU only (--device cpu)");
     char *text = NULL;
