@@ -198,11 +198,10 @@ mpq_status mpq_llm_load(const char *path, mpq_llm **out, mpq_io_err *err);
    same sums). Loading still reads every weight once to check that all are
    finite. The model keeps its files open; the forward pass checks before
    each call that none changed size or modification time since loading
-   (MPQ_ERR_IO; mpq_llm_check_files names the file). Training, and PQI and
-   the layer sensitivity (which run over the whole model), need the weights
-   as float32 (MPQ_ERR_UNSUPPORTED on a model in place); the other
-   statistics and sequential GPTQ convert one layer at a time. Norms and
-   biases are float. */
+   (MPQ_ERR_IO; mpq_llm_check_files names the file). Training needs the
+   weights as float32 (MPQ_ERR_UNSUPPORTED on a model in place); every
+   calibration statistic and sequential GPTQ convert one layer at a time.
+   Norms and biases are float. */
 typedef struct mpq_llm_load_opts {
     int in_place;
 } mpq_llm_load_opts;
