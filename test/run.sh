@@ -146,7 +146,8 @@ fuzz_model() {
         mpq_model.c mpq_calib.c -lcjson -lm -o build/fuzz_model &&
     (cd build/sanitize && MPQ_FUZZ_CORPUS="$root/$seeds" ./test_gguf --jobs 1 >/dev/null &&
         MPQ_FUZZ_CORPUS="$root/$seeds" ./test_model --jobs 1 >/dev/null &&
-        MPQ_FUZZ_CORPUS="$root/$seeds" ./test_calib --jobs 1 --filter 'calib/determ*' >/dev/null) &&
+        MPQ_FUZZ_CORPUS="$root/$seeds" ./test_calib --jobs 1 --filter 'calib/determ*' >/dev/null &&
+        MPQ_FUZZ_CORPUS="$root/$seeds" ./test_calib --jobs 1 --filter 'calib/xtx*' >/dev/null) &&
     printf 'Hello, world! I'"'"'m 42 years old.\n\n  x\ty' >"$seeds/text-1.txt" &&
     printf 'caf\xc3\xa9 \xe6\x97\xa5\xe6\x9c\xac 3.14159 <|im_end|> \xf0\x9f\x99\x82\r\n' >"$seeds/text-2.txt" &&
     head -c 4000 README.md >"$seeds/text-3.txt" &&

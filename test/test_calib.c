@@ -1442,6 +1442,7 @@ Test(calib, xtx_is_kept_once_per_input_as_its_triangle)
     mpq_calib_stats b;
     cr_assert_eq(mpq_calib_read(m, p, &b, &e), MPQ_OK, "%s", e.msg);
     cr_assert(same_xtx(&a, &b, m), "X^T X read back differs");
+    corpus_save(p);
     mpq_calib_stats_free(&b);
     /* mpq_calib_read_xtx on its own: squares and triangles of awkward sizes, an owner, bad tensors */
     static const int sizes[] = {1, 2, 7, 33};

@@ -242,6 +242,8 @@ static void stats_input(const uint8_t *data, size_t size)
                 if (!(s.fisher[i][j] >= 0)) abort();
             for (int j = 0; s.xtx_diag && j < c; j++)
                 if (!(s.xtx_diag[i][j] >= 0)) abort();
+            for (int j = 0; s.xtx && j < c * c; j++) /* a square or a triangle mirrored: finite */
+                if (!(s.xtx[i][j] - s.xtx[i][j] == 0.0f)) abort();
             if (s.layer_sens && !(s.layer_sens[i] >= 0 && s.layer_sens[i] <= 1)) abort();
         }
         mpq_calib_stats_free(&s);
