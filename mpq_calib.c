@@ -1961,19 +1961,26 @@ static mpq_status mpq__write_xtx(mpq_st_writer *w, const char *name, int i, cons
     return st;
 }
 
-mpq_status mpq_calib_read_xtx(mpq_st_file *f, const char *path, const char *name, const char *owner, int cols, float *H,
-                              mpq_io_err *err)
+const mpq_st_tensor *mpq_calib_find_xtx(mpq_st_file *f, const char *name, const char *owner)
 {
-    if (!f || !name || !H || cols < 1) return MPQ_ERR_ARG;
-    if (!path) path = "X^T X";
     char key[1024];
     const mpq_st_tensor *t = NULL;
-    for (int k = 0; k < 4 && !t; k++) {
+    for (int k = 0; f && name && k < 4 && !t; k++) {
         const char *n = k < 2 ? name : owner;
         if (!n) continue;
         snprintf(key, sizeof key, k % 2 ? "%s.xtx" : "%s", n);
         t = mpq_st_find(f, key);
     }
+    return t;
+}
+
+mpq_status mpq_calib_read_xtx(mpq_st_file *f, const char *path, const char *name, const char *owner, int cols, float *H,
+                              mpq_io_err *err)
+{
+    if (!f || !name || !H || cols < 1) return MPQ_ERR_ARG;
+    if (!path) path = "X^T X";
+    const mpq_st_tensor *t = mpq_calib_find_xtx(f, name, owner);
+    const char *key = t ? t->name : NULL;
     if (!t)
         return mpq__fail(err, MPQ_ERR_FORMAT, path, "tensor '%s.xtx': not found%s%s%s", name, owner ? " (nor '" : "",
                          owner ? owner : "", owner ? ".xtx')" : "");
@@ -1991,8 +1998,11 @@ mpq_status mpq_calib_read_xtx(mpq_st_file *f, const char *path, const char *name
     if (square) return MPQ_OK;
     for (size_t r = (size_t)cols; r-- > 0;) /* rows from the last down, each to its place (never onto one not moved) */
         memmove(H + r * c, H + r * (r + 1) / 2, sizeof(float) * (r + 1));
-    for (size_t r = 1; r < (size_t)cols; r++) /* then the upper triangle */
-        for (size_t j = 0; j < r; j++) H[j * c + r] = H[r * c + j];
+    enum { B = 64 }; /* then the upper triangle, in tiles of B x B: rows of both stay in the cache */
+    for (size_t r0 = 0; r0 < (size_t)cols; r0 += B)
+        for (size_t j0 = 0; j0 <= r0; j0 += B)
+            for (size_t r = r0; r < r0 + B && r < (size_t)cols; r++)
+                for (size_t j = j0; j < j0 + B && j < r; j++) H[j * c + r] = H[r * c + j];
     return MPQ_OK;
 }
 

@@ -230,6 +230,12 @@ mpq_status mpq__io_check(const mpq__io_in *in, mpq_io_err *err)
     return MPQ_OK;
 }
 
+void mpq__io_prefetch(const mpq__io_in *in, uint64_t off, uint64_t n)
+{
+    if (in->fd < 0 || off > in->bytes || n > in->bytes - off || n == 0) return;
+    (void)posix_fadvise(in->fd, (off_t)off, (off_t)n, POSIX_FADV_WILLNEED);
+}
+
 uint16_t mpq_f32_to_bf16(float f)
 {
     uint32_t u;
@@ -762,6 +768,11 @@ mpq_status mpq_st_map(mpq_st_file *f, const mpq_st_tensor *t, const void **data,
     mpq_status st = mpq__io_map(&f->in, &base, err);
     if (st == MPQ_OK) *data = base + f->data_start + t->begin;
     return st;
+}
+
+void mpq_st_prefetch(mpq_st_file *f, const mpq_st_tensor *t)
+{
+    if (mpq__owns(f, t)) mpq__io_prefetch(&f->in, f->data_start + t->begin, t->end - t->begin);
 }
 
 mpq_status mpq_st_check(const mpq_st_file *f, mpq_io_err *err)

@@ -177,6 +177,12 @@ mpq_status mpq_st_read_f32(mpq_st_file *f, const mpq_st_tensor *t, float *dst, s
    lost pages fault (SIGBUS): callers that keep using a mapping check the
    file first. */
 mpq_status mpq_st_map(mpq_st_file *f, const mpq_st_tensor *t, const void **data, mpq_io_err *err);
+/* Asks the system to start reading a tensor's bytes into its page cache
+   and returns at once (posix_fadvise WILLNEED), so that a read or a mapped
+   access a little later finds them there: a reader that works on one
+   tensor while the disk brings the next. Only a hint; a file opened from
+   memory or a tensor of another file is ignored. */
+void mpq_st_prefetch(mpq_st_file *f, const mpq_st_tensor *t);
 /* MPQ_ERR_IO naming the file when its size or modification time is not
    what it was when it was opened. */
 mpq_status mpq_st_check(const mpq_st_file *f, mpq_io_err *err);
@@ -352,6 +358,8 @@ uint64_t mpq_gguf_type_bytes(uint32_t type, uint64_t n);
    and mpq_st_check. */
 mpq_status mpq_gguf_map(mpq_gguf_file *f, const mpq_gguf_tensor *t, const void **data, mpq_io_err *err);
 mpq_status mpq_gguf_check(const mpq_gguf_file *f, mpq_io_err *err);
+/* As mpq_st_prefetch. */
+void mpq_gguf_prefetch(mpq_gguf_file *f, const mpq_gguf_tensor *t);
 
 /* Key-value pairs in file order, and by key (NULL when absent). */
 int mpq_gguf_kv_count(const mpq_gguf_file *f);
@@ -428,6 +436,8 @@ mpq_status mpq_source_read_packed(mpq_source *s, const mpq_source_tensor *t, mpq
 mpq_status mpq_source_map(mpq_source *s, const mpq_source_tensor *t, const void **data, uint32_t *type,
                           mpq_io_err *err);
 mpq_status mpq_source_check(const mpq_source *s, mpq_io_err *err);
+/* As mpq_st_prefetch, in whichever file holds t. */
+void mpq_source_prefetch(mpq_source *s, const mpq_source_tensor *t);
 
 /* The files underneath, for what is format-specific: the GGUF file (NULL
    for other sources), and the safetensors file holding t (with its entry

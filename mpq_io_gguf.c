@@ -868,6 +868,11 @@ mpq_status mpq_gguf_map(mpq_gguf_file *f, const mpq_gguf_tensor *t, const void *
     return st;
 }
 
+void mpq_gguf_prefetch(mpq_gguf_file *f, const mpq_gguf_tensor *t)
+{
+    if (mpq__gowns(f, t)) mpq__io_prefetch(&f->in, f->data_start + t->offset, t->bytes);
+}
+
 mpq_status mpq_gguf_check(const mpq_gguf_file *f, mpq_io_err *err)
 {
     if (!f) return mpq__io_fail(err, MPQ_ERR_ARG, NULL, NULL, "bad argument");

@@ -342,6 +342,15 @@ mpq_status mpq_source_read_f32(mpq_source *s, const mpq_source_tensor *t, float 
     return mpq_st_read_f32(s->files[e->file], e->st, dst, n, err);
 }
 
+void mpq_source_prefetch(mpq_source *s, const mpq_source_tensor *t)
+{
+    const mpq__stensor *e = mpq__own(s, t);
+    if (e && e->gg)
+        mpq_gguf_prefetch(s->gguf, e->gg);
+    else if (e)
+        mpq_st_prefetch(s->files[e->file], e->st);
+}
+
 mpq_status mpq_source_map(mpq_source *s, const mpq_source_tensor *t, const void **data, uint32_t *type, mpq_io_err *err)
 {
     const mpq__stensor *e = mpq__own(s, t);

@@ -762,6 +762,9 @@ mpq_status mpq_calib_read(const mpq_llm *m, const char *path, mpq_calib_stats *s
    FILE), into H (cols x cols, the triangle mirrored). Every value finite.
    MPQ_ERR_FORMAT when none is there, MPQ_ERR_SIZE for another shape,
    MPQ_ERR_NONFINITE; err names the file and tensor. */
+/* The tensor mpq_calib_read_xtx would read (NULL when none is there), to
+   check or prefetch it beforehand. */
+const mpq_st_tensor *mpq_calib_find_xtx(mpq_st_file *f, const char *name, const char *owner);
 mpq_status mpq_calib_read_xtx(mpq_st_file *f, const char *path, const char *name, const char *owner, int cols, float *H,
                               mpq_io_err *err);
 /* The basis of an open statistics file's salience (ROTATED STATISTICS):

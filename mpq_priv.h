@@ -58,5 +58,9 @@ mpq_status mpq__io_map(mpq__io_in *in, const uint8_t **base, mpq_io_err *err);
 /* MPQ_ERR_IO when the file's size or modification time is no longer what it
    was when it was opened (bytes in memory: always MPQ_OK). */
 mpq_status mpq__io_check(const mpq__io_in *in, mpq_io_err *err);
+/* Asks the kernel to start reading bytes [off, off + n) of the file into
+   its page cache and returns (posix_fadvise WILLNEED); nothing for bytes in
+   memory or a range past the end. A hint: failures are ignored. */
+void mpq__io_prefetch(const mpq__io_in *in, uint64_t off, uint64_t n);
 
 #endif /* MPQ_PRIV_H_INCLUDED */

@@ -1445,11 +1445,12 @@ Test(calib, xtx_is_kept_once_per_input_as_its_triangle)
     corpus_save(p);
     mpq_calib_stats_free(&b);
     /* mpq_calib_read_xtx on its own: squares and triangles of awkward sizes, an owner, bad tensors */
-    static const int sizes[] = {1, 2, 7, 33};
+    static const int sizes[] = {1, 2, 7, 33, 64, 65, 130}; /* the mirror goes by tiles of 64 */
+    enum { NS = sizeof sizes / sizeof sizes[0] };
     mpq_st_writer *w = NULL;
     cr_assert_eq(mpq_st_writer_open(p, &w, &e), MPQ_OK);
-    float *H[4];
-    for (int k = 0; k < 4; k++) {
+    float *H[NS];
+    for (int k = 0; k < NS; k++) {
         const int c = sizes[k];
         H[k] = malloc(sizeof(float) * c * c);
         for (int i = 0; i < c; i++)
@@ -1473,11 +1474,16 @@ Test(calib, xtx_is_kept_once_per_input_as_its_triangle)
     }
     cr_assert_eq(mpq_st_writer_close(w, &e), MPQ_OK);
     cr_assert_eq(mpq_st_open(p, &f, &e), MPQ_OK);
-    for (int k = 0; k < 4; k++) {
+    for (int k = 0; k < NS; k++) {
         const int c = sizes[k];
         float *got = malloc(sizeof(float) * c * c);
-        char sq[64], tri[64];
+        char sq[64], tri[64], trix[64];
         snprintf(sq, sizeof sq, "sq%d", k), snprintf(tri, sizeof tri, "tri%d", k);
+        snprintf(trix, sizeof trix, "tri%d.xtx", k);
+        /* what it reads, found beforehand (and prefetched: a hint that changes nothing read) */
+        const mpq_st_tensor *ft = mpq_calib_find_xtx(f, "no-such-map", tri);
+        cr_assert(ft && ft == mpq_st_find(f, trix) && mpq_calib_find_xtx(f, sq, NULL) == mpq_st_find(f, sq));
+        mpq_st_prefetch(f, ft);
         memset(got, 0, sizeof(float) * c * c);
         cr_assert_eq(mpq_calib_read_xtx(f, p, sq, NULL, c, got, &e), MPQ_OK, "%s", e.msg);
         cr_assert(!memcmp(got, H[k], sizeof(float) * c * c), "square %d", c);
@@ -1489,6 +1495,10 @@ Test(calib, xtx_is_kept_once_per_input_as_its_triangle)
         cr_assert(!memcmp(got, H[k], sizeof(float) * c * c), "through the owner, %d", c);
         free(got), free(H[k]);
     }
+    cr_assert_null(mpq_calib_find_xtx(f, "no-such-map", "nor-this"));
+    cr_assert_null(mpq_calib_find_xtx(f, "no-such-map", NULL));
+    cr_assert_null(mpq_calib_find_xtx(NULL, "sq0", NULL));
+    mpq_st_prefetch(f, NULL), mpq_st_prefetch(NULL, mpq_st_find(f, "sq0")); /* ignored */
     float *got = malloc(sizeof(float) * 33 * 33);
     cr_assert_eq(mpq_calib_read_xtx(f, p, "no-such-map", "nor-this", 7, got, &e), MPQ_ERR_FORMAT);
     cr_assert(strstr(e.msg, p) && strstr(e.msg, "no-such-map") && strstr(e.msg, "nor-this"), "%s", e.msg);

@@ -734,6 +734,8 @@ Test(sources, a_checkpoint_directory_with_shards, .init = make_tmpdir, .fini = r
     const mpq_source_tensor *z = mpq_source_find(s, "z.weight");
     cr_assert(z && z->ndim == 2 && z->shape[0] == 2 && z->shape[1] == 3 && z->is_float && !strcmp(z->type, "BF16"));
     float v[6];
+    mpq_source_prefetch(s, z); /* a hint: the read after it is the same */
+    mpq_source_prefetch(s, NULL), mpq_source_prefetch(NULL, z);
     cr_assert_eq(mpq_source_read_f32(s, z, v, 6, &e), MPQ_OK);
     cr_assert_eq(v[0], 20.0f);
     char *text = NULL;
@@ -798,6 +800,12 @@ Test(sources, a_gguf_file_with_shapes_in_row_major_order, .init = make_tmpdir, .
     cr_assert(q && q->ndim == 2 && q->shape[0] == 2 && q->shape[1] == 32 && !strcmp(q->type, "Q4_1") && q->is_float);
     cr_assert_null(mpq_source_st(s, q, NULL));
     cr_assert_not_null(mpq_source_gguf(s));
+    float before[64], after[64];
+    cr_assert_eq(mpq_source_read_f32(s, q, before, 64, &e), MPQ_OK, "%s", e.msg);
+    mpq_source_prefetch(s, q); /* a hint: what is read after it is the same */
+    mpq_gguf_prefetch(mpq_source_gguf(s), NULL), mpq_gguf_prefetch(NULL, NULL);
+    cr_assert_eq(mpq_source_read_f32(s, q, after, 64, &e), MPQ_OK, "%s", e.msg);
+    cr_assert(!memcmp(before, after, sizeof before));
     char *text = NULL;
     cr_assert_eq(mpq_source_text(s, "config.json", &text, NULL, &e), MPQ_OK);
     cr_assert_null(text);

@@ -188,18 +188,27 @@ static int read_mxsens(qrun *R, const job *J, mpq_recipe_map *m)
     return rc;
 }
 
-/* X^T X of map J: its own tensor, else (mpq calibrate keeps one per input)
-   that of the first map of its layer that reads the same input. */
+/* The map that keeps J's X^T X where mpq calibrate keeps one per input:
+   the first map of J's layer that reads the same input (q for k and v,
+   gate for up), by its name among the jobs, else in J's naming scheme
+   (into buf); NULL for the others. */
+static const char *xtx_owner(const qrun *R, const job *J, char *buf, size_t cap)
+{
+    char mine[448];
+    const int own = J->lin == MPQ_LIN_K || J->lin == MPQ_LIN_V ? MPQ_LIN_Q : J->lin == MPQ_LIN_UP ? MPQ_LIN_GATE : -1;
+    for (ptrdiff_t k = 0; own >= 0 && k < arrlen(R->jobs); k++)
+        if (R->jobs[k].layer == J->layer && R->jobs[k].lin == own) return R->jobs[k].name;
+    for (int g = 0; own >= 0 && g < 2; g++) /* not quantized itself: its name in J's scheme */
+        if (!strcmp(mpq_llm_linear_name(g, J->layer, J->lin, 0, mine, sizeof mine), J->name))
+            return mpq_llm_linear_name(g, J->layer, own, 0, buf, cap);
+    return NULL;
+}
+
+/* X^T X of map J: its own tensor, else its input owner's (xtx_owner). */
 static int read_xtx(const qrun *R, const job *J, float **out)
 {
-    const char *owner = NULL;
-    char named[448], mine[448];
-    const int own = J->lin == MPQ_LIN_K || J->lin == MPQ_LIN_V ? MPQ_LIN_Q : J->lin == MPQ_LIN_UP ? MPQ_LIN_GATE : -1;
-    for (ptrdiff_t k = 0; own >= 0 && k < arrlen(R->jobs) && !owner; k++)
-        if (R->jobs[k].layer == J->layer && R->jobs[k].lin == own) owner = R->jobs[k].name;
-    for (int g = 0; own >= 0 && g < 2 && !owner; g++) /* not quantized itself: its name in J's scheme */
-        if (!strcmp(mpq_llm_linear_name(g, J->layer, J->lin, 0, mine, sizeof mine), J->name))
-            owner = mpq_llm_linear_name(g, J->layer, own, 0, named, sizeof named);
+    char named[448];
+    const char *owner = xtx_owner(R, J, named, sizeof named);
     float *H = (float *)malloc(sizeof(float) * (size_t)J->cols * (size_t)J->cols);
     if (!H) return fail(EXIT_INPUT, "%s: tensor '%s': out of memory", mpq_st_path(R->H), J->name);
     mpq_io_err e;
@@ -209,6 +218,25 @@ static int read_xtx(const qrun *R, const job *J, float **out)
     }
     *out = H;
     return 0;
+}
+
+/* Starts the disk on what fetch(i, need) will read (the weights, X^T X and
+   the statistics named by need), so that it arrives while the map before
+   is quantized. */
+static void prefetch(qrun *R, int i, unsigned need)
+{
+    if (i >= (int)arrlen(R->maps)) return;
+    const job *J = &R->jobs[R->maps[i]];
+    char used[1024];
+    if (need & MPQ_RECIPE_WEIGHTS) mpq_source_prefetch(R->in, mpq_source_at(R->in, J->index));
+    if ((need & MPQ_RECIPE_HESSIAN) && R->H) {
+        char named[448];
+        mpq_st_prefetch(R->H, mpq_calib_find_xtx(R->H, J->name, xtx_owner(R, J, named, sizeof named)));
+    }
+    if ((need & MPQ_RECIPE_ACTS) && R->C) mpq_st_prefetch(R->C, find_stat(R->C, J->name, "awq", used, sizeof used));
+    if ((need & MPQ_RECIPE_PQI) && R->S) mpq_st_prefetch(R->S, find_stat(R->S, J->name, "pqi", used, sizeof used));
+    if ((need & MPQ_RECIPE_SALIENCE) && R->S && R->r.planner == MPQ_PLANNER_SFMP)
+        mpq_st_prefetch(R->S, find_stat(R->S, J->name, "fisher", used, sizeof used));
 }
 
 static mpq_status fetch(void *user, int i, unsigned need, mpq_recipe_map *m)
@@ -240,6 +268,7 @@ static mpq_status fetch(void *user, int i, unsigned need, mpq_recipe_map *m)
             rc = read_mxsens(R, J, m);
     }
     m->X = X, m->H = H, m->pqi = pqi;
+    if (!rc) prefetch(R, i + 1, need);
     if (rc) R->rc = rc;
     return rc ? MPQ_ERR_IO : MPQ_OK;
 }
