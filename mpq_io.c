@@ -815,7 +815,11 @@ mpq_status mpq_st_read_f32(mpq_st_file *f, const mpq_st_tensor *t, float *dst, s
     return st;
 }
 
-mpq_status mpq_st_read_packed(mpq_st_file *f, const char *name, mpq_packed *out, mpq_io_err *err)
+/* A packed matrix tensor's bytes, validated (mpq_packed_open) and checked
+   against its metadata: from the file's mapping when map is set and the
+   bytes lie there on a 64-byte boundary (a view, not owned), else read
+   into an aligned buffer of their own. */
+static mpq_status mpq__packed(mpq_st_file *f, const char *name, int map, mpq_packed *out, mpq_io_err *err)
 {
     if (!f || !name || !out) return mpq__io_fail(err, MPQ_ERR_ARG, f ? f->in.path : NULL, name, "NULL argument");
     const mpq_st_tensor *t = mpq_st_find(f, name);
@@ -824,12 +828,20 @@ mpq_status mpq_st_read_packed(mpq_st_file *f, const char *name, mpq_packed *out,
         return mpq__io_fail(err, MPQ_ERR_ARG, f->in.path, name, "is not a packed matrix (no mpq.%.100s.format)", name);
     const size_t bytes = (size_t)(t->end - t->begin);
     if (bytes == 0) return mpq__io_fail(err, MPQ_ERR_FORMAT, f->in.path, name, "packed matrix of 0 bytes");
-    void *buf = mpq_aligned_alloc(bytes);
-    if (!buf) return mpq__io_fail(err, MPQ_ERR_NOMEM, f->in.path, name, "out of memory for %zu bytes", bytes);
+    const uint8_t *base = NULL;
+    if (map && mpq__io_map(&f->in, &base, NULL) != MPQ_OK) base = NULL; /* cannot be mapped: read */
+    const void *at = base ? base + f->data_start + t->begin : NULL;
+    void *buf = NULL;
     mpq_packed A;
-    mpq_status st = mpq__read_at(f, f->data_start + t->begin, buf, bytes, name, err);
+    mpq_status st = MPQ_OK;
+    if (!at || (uintptr_t)at % 64) {
+        if (!(buf = mpq_aligned_alloc(bytes)))
+            return mpq__io_fail(err, MPQ_ERR_NOMEM, f->in.path, name, "out of memory for %zu bytes", bytes);
+        st = mpq__read_at(f, f->data_start + t->begin, buf, bytes, name, err);
+        at = buf;
+    }
     if (st == MPQ_OK) {
-        st = mpq_packed_open(buf, bytes, &A);
+        st = mpq_packed_open(at, bytes, &A);
         if (st != MPQ_OK) mpq__io_fail(err, st, f->in.path, name, "packed buffer rejected: %s", mpq_status_str(st));
     }
     if (st == MPQ_OK && A.format != t->packed)
@@ -857,9 +869,19 @@ mpq_status mpq_st_read_packed(mpq_st_file *f, const char *name, mpq_packed *out,
         mpq_aligned_free(buf);
         return st;
     }
-    A.owned = 1;
+    A.owned = buf != NULL;
     *out = A;
     return MPQ_OK;
+}
+
+mpq_status mpq_st_read_packed(mpq_st_file *f, const char *name, mpq_packed *out, mpq_io_err *err)
+{
+    return mpq__packed(f, name, 0, out, err);
+}
+
+mpq_status mpq_st_map_packed(mpq_st_file *f, const char *name, mpq_packed *out, mpq_io_err *err)
+{
+    return mpq__packed(f, name, 1, out, err);
 }
 
 /* -------------------------------------------------------------------------- */
@@ -980,7 +1002,8 @@ mpq_status mpq_st_writer_reserve(mpq_st_writer *w, uint64_t header_bytes, mpq_io
         header_bytes += kv + kv / 8 + 16;
     }
     if (header_bytes > MPQ_ST_MAX_HEADER) header_bytes = MPQ_ST_MAX_HEADER;
-    w->base = w->tmpfile ? (8 + header_bytes + 7) / 8 * 8 : 0; /* without a nameless file the data is copied anyway */
+    w->base =
+        w->tmpfile ? (8 + header_bytes + 63) / 64 * 64 : 0; /* without a nameless file the data is copied anyway */
     return MPQ_OK;
 }
 
@@ -1223,7 +1246,7 @@ mpq_status mpq_st_writer_close(mpq_st_writer *w, mpq_io_err *err)
         goto done;
     }
     size_t hn = strlen(json);
-    const size_t padded = (8 + hn + 7) / 8 * 8 - 8;
+    const size_t padded = (8 + hn + 63) / 64 * 64 - 8; /* the data on a 64-byte boundary */
     if (w->base && 8 + padded <= w->base && mpq__finish_in_place(w, json, hn, &tmpname) == 0)
         goto renamed; /* the header written into the room before the data: no copy */
     fd = mpq__mktemp(w->path, ".tmp-", &tmpname);

@@ -78,8 +78,11 @@
      place (after mpq_st_writer_reserve, the spool itself becomes the file,
      with no copy). A crash or an error at any point never leaves a half-written
      file under the final name; mpq_st_writer_abort discards everything. The
-     header is padded with spaces to a multiple of 8 bytes, as the reference
-     writer does. */
+     header is padded with spaces so that the data starts at a multiple of
+     64 bytes (the format allows any padding; its reference writer pads to
+     8): a packed matrix after tensors whose sizes are multiples of 64 then
+     lies on a 64-byte boundary and can be used in place
+     (mpq_st_map_packed). */
 #ifndef MPQ_IO_H_INCLUDED
 #define MPQ_IO_H_INCLUDED
 
@@ -190,6 +193,15 @@ mpq_status mpq_st_check(const mpq_st_file *f, mpq_io_err *err);
    64-byte aligned buffer, validated, metadata checked; free with
    mpq_packed_free. */
 mpq_status mpq_st_read_packed(mpq_st_file *f, const char *name, mpq_packed *out, mpq_io_err *err);
+/* The same, used in place where it can be: when the matrix's bytes lie on a
+   64-byte boundary of the file (the writer starts the data on one, and
+   matrices with groups of 64 or 128 and no sparse part take multiples of
+   64 bytes, as do most float tensors of a model), *out is a view into the file's
+   read-only mapping (mpq_st_map; owned 0, valid until mpq_st_close), so
+   that its pages are the page cache's, not the process's; otherwise it is
+   read as mpq_st_read_packed reads it. Validated and checked the same way
+   either way. */
+mpq_status mpq_st_map_packed(mpq_st_file *f, const char *name, mpq_packed *out, mpq_io_err *err);
 
 typedef struct mpq_st_writer mpq_st_writer;
 
@@ -427,6 +439,8 @@ const mpq_source_tensor *mpq_source_find(const mpq_source *s, const char *name);
 mpq_status mpq_source_read_f32(mpq_source *s, const mpq_source_tensor *t, float *dst, size_t n, mpq_io_err *err);
 /* A packed matrix (t->packed), as mpq_st_read_packed. */
 mpq_status mpq_source_read_packed(mpq_source *s, const mpq_source_tensor *t, mpq_packed *out, mpq_io_err *err);
+/* ... and as mpq_st_map_packed (valid until mpq_source_close). */
+mpq_status mpq_source_map_packed(mpq_source *s, const mpq_source_tensor *t, mpq_packed *out, mpq_io_err *err);
 /* IN PLACE. The stored bytes of a tensor that converts to float (is_float),
    in its file's read-only mapping (mpq_st_map, mpq_gguf_map), and their
    type as a ggml type number for mpq_gguf_decode (safetensors F32, F16,

@@ -390,6 +390,14 @@ mpq_status mpq_source_read_packed(mpq_source *s, const mpq_source_tensor *t, mpq
     return mpq_st_read_packed(s->files[e->file], t->name, out, err);
 }
 
+mpq_status mpq_source_map_packed(mpq_source *s, const mpq_source_tensor *t, mpq_packed *out, mpq_io_err *err)
+{
+    const mpq__stensor *e = mpq__own(s, t);
+    if (!e) return mpq__io_fail(err, MPQ_ERR_ARG, s ? s->path : NULL, NULL, "not a tensor of this source");
+    if (!e->st) return mpq__io_fail(err, MPQ_ERR_ARG, s->path, t->name, "is not a packed matrix");
+    return mpq_st_map_packed(s->files[e->file], t->name, out, err);
+}
+
 mpq_status mpq_source_text(const mpq_source *s, const char *name, char **text, size_t *len, mpq_io_err *err)
 {
     if (!s || !name || !text) return mpq__io_fail(err, MPQ_ERR_ARG, s ? s->path : NULL, NULL, "NULL argument");

@@ -540,7 +540,8 @@ static mpq_status mpq__load_linear(mpq_source *s, const char *name, int rows, in
     L->rows = rows, L->cols = cols;
     if (t->packed) {
         mpq_packed A;
-        if ((st = mpq_source_read_packed(s, t, &A, err)) != MPQ_OK) return st;
+        st = in_place ? mpq_source_map_packed(s, t, &A, err) : mpq_source_read_packed(s, t, &A, err);
+        if (st != MPQ_OK) return st;
         if (A.rows != rows || A.cols != cols) {
             st = mpq__fail(err, MPQ_ERR_FORMAT, O, "tensor '%s': packed matrix is %d x %d, the model needs %d x %d",
                            name, A.rows, A.cols, rows, cols);

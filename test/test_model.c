@@ -639,6 +639,58 @@ Test(model, packed_linear_maps_equal_their_dequantized_floats, .init = make_tmpd
         cr_log_info("skip %d: packed forward within %.2g of the float64 reference on the dequantized weights", skip, d);
         free(z), free(ref);
     }
+    { /* the same maps in the model's file: loaded in place, each map on a 64-byte boundary of the file is a view
+         into its mapping (the others copies), and the logits are those of the model loaded into memory */
+        char file[700];
+        snprintf(file, sizeof file, "%s/model.safetensors", hf);
+        mpq_st_file *in;
+        mpq_st_writer *w;
+        mpq_io_err e;
+        cr_assert_eq(mpq_st_open(file, &in, &e), MPQ_OK, "%s", e.msg);
+        cr_assert_eq(mpq_st_writer_open(file, &w, &e), MPQ_OK, "%s", e.msg);
+        for (int k = 0; k < mpq_st_count(in); k++) {
+            const mpq_st_tensor *t = mpq_st_at(in, k);
+            const mpq_packed *A = NULL;
+            char nm[256];
+            for (int i = 0; i < nl && !A; i++)
+                if (!strcmp(mpq_llm_linear_name(0, i / MPQ_LIN_COUNT, i % MPQ_LIN_COUNT, 0, nm, sizeof nm), t->name))
+                    A = &m->layer[i / MPQ_LIN_COUNT].lin[i % MPQ_LIN_COUNT].A;
+            if (A) {
+                cr_assert_eq(mpq_st_write_packed(w, t->name, A, &e), MPQ_OK, "%s", e.msg);
+                continue;
+            }
+            float *v = malloc(sizeof(float) * (size_t)t->numel);
+            cr_assert_eq(mpq_st_read_f32(in, t, v, (size_t)t->numel, &e), MPQ_OK, "%s", e.msg);
+            cr_assert_eq(mpq_st_write_f32(w, t->name, t->dtype, t->ndim, t->shape, v, &e), MPQ_OK, "%s", e.msg);
+            free(v);
+        }
+        cr_assert_eq(mpq_st_writer_close(w, &e), MPQ_OK, "%s", e.msg);
+        mpq_st_close(in);
+        mpq_llm *a = load(hf), *b = load_in_place(hf);
+        cr_assert_eq(mpq_st_open(file, &in, &e), MPQ_OK, "%s", e.msg);
+        int views = 0;
+        for (int i = 0; i < nl; i++) {
+            const mpq_linear *La = &a->layer[i / MPQ_LIN_COUNT].lin[i % MPQ_LIN_COUNT];
+            const mpq_linear *Lb = &b->layer[i / MPQ_LIN_COUNT].lin[i % MPQ_LIN_COUNT];
+            char nm[256];
+            mpq_llm_linear_name(0, i / MPQ_LIN_COUNT, i % MPQ_LIN_COUNT, 0, nm, sizeof nm);
+            const mpq_st_tensor *t = mpq_st_find(in, nm);
+            cr_assert(t && La->A.buf && La->A.owned && Lb->A.bytes == La->A.bytes);
+            cr_assert(!memcmp(La->A.buf, Lb->A.buf, La->A.bytes), "map %d", i);
+            const void *at;
+            cr_assert_eq(mpq_st_map(in, t, &at, &e), MPQ_OK, "%s", e.msg);
+            const int aligned = (uintptr_t)at % 64 == 0;
+            cr_assert_eq(!Lb->A.owned, aligned, "map %d: in place exactly when on a 64-byte boundary", i);
+            views += aligned;
+        }
+        mpq_st_close(in);
+        cr_assert(views > 0, "some map lies on a boundary");
+        cr_log_info("in place: %d of %d maps used from the mapping", views, nl);
+        float *za = logits_of(a, tok, N, 8, 0), *zb = logits_of(b, tok, N, 8, 0);
+        cr_assert(!memcmp(za, zb, sizeof(float) * N * (size_t)a->c.vocab), "in place: the same logits");
+        free(za), free(zb);
+        mpq_llm_free(a), mpq_llm_free(b);
+    }
     cr_assert(mpq_llm_bpw(m, 1, -1) > 2.0 && mpq_llm_bpw(m, 1, 1) < mpq_llm_bpw(m, 1, 0));
     /* the embedding packed: lookups dequantize one row, bit for bit */
     mpq_bitplane_desc d = {0};
