@@ -610,15 +610,15 @@ static void mpq__keep_close(mpq__keep *K)
 }
 
 static mpq_status mpq__keep_open(mpq__keep *K, int layers, int windows, size_t per, size_t limit, const char *dir,
-                                 const char *resume, mpq_io_err *err)
+                                 const char *resume, const char *name, mpq_io_err *err)
 {
     memset(K, 0, sizeof *K);
     K->per = per, K->windows = windows;
     const double bytes = (double)layers * windows * (double)per * sizeof(float);
-    if (resume) { /* a named file that outlives the run, continued where it was */
-        const size_t n = strlen(resume) + 16;
+    if (resume) { /* a named file in the resume directory that outlives the run, continued where it was */
+        const size_t n = strlen(resume) + strlen(name) + 2;
         if (!(K->path = (char *)malloc(n))) return MPQ_ERR_NOMEM;
-        snprintf(K->path, n, "%s/keep.bin", resume);
+        snprintf(K->path, n, "%s/%s", resume, name);
         if (!(K->f = fopen(K->path, "r+b")) && !(K->f = fopen(K->path, "w+b")))
             return mpq__fail(err, MPQ_ERR_IO, K->path, "cannot open: %s", strerror(errno));
         return MPQ_OK;
@@ -699,6 +699,7 @@ typedef struct mpq__cal {
     float *lw[MPQ_LIN_COUNT]; /* a layer's weights converted from their file (a model in place) */
     mpq__keep keep;           /* every layer's input of every window, for the backward pass */
     float *ebuf;              /* one statistic of one map on its way out */
+    size_t ebuf_n;            /* its floats */
     /* each finished statistic (kind: index into mpq__kinds) of map i goes here */
     mpq_status (*put)(struct mpq__cal *C, int kind, int i, const float *v, size_t n);
     void *put_user;
@@ -709,16 +710,21 @@ typedef struct mpq__cal {
 /* ---- resumable passes ----------------------------------------------------- */
 
 /* Where the resumable passes stand, and the files that say so in the
-   directory: state.json (identity, phase, layer, the loss summed so far),
-   h.bin (every window's hidden state at the forward pass's layer) or
-   dx.bin (the gradients at the backward pass's layer), keep.bin (the kept
-   inputs), and stats-fNNNN / stats-bNNNN.safetensors (a layer's
-   statistics from the forward and the backward pass, tensors named
-   "kind.map"). */
+   directory: state.json (identity, phase, layer, the loss summed so far);
+   phase 1's h.bin (every window's hidden state at the forward pass's
+   layer) or dx.bin (the gradients at the backward pass's layer) and
+   keep.bin (the kept inputs); PQI's pqi-h.bin, pqi-dx.bin and
+   pqi-keep.bin, the same for its sequences; the sensitivity's sens-ref.bin
+   (the float sequence) and sens-keep.bin (one sequence per map), then
+   layer-sens.bin (its result); and stats-fNNNN, stats-bNNNN and
+   stats-pNNNN.safetensors (a layer's statistics from phase 1's forward
+   and backward pass and from PQI, tensors named "kind.map"). */
 typedef struct mpq__resume {
     const char *dir;
-    char *ident;      /* what the directory must be from */
-    int phase, layer; /* 0: forward at layer; 1: backward at layer (the head done); 2: all done */
+    char *ident; /* what the directory must be from */
+    /* 0: forward at layer; 1: backward at layer (the head done); 2: phase 1 done; 3: PQI's forward at layer;
+       4: PQI's backward at layer (its head done); 5: the sensitivity at layer; 6: all done */
+    int phase, layer;
     double loss_sum;  /* phase >= 1 */
     mpq_st_writer *w; /* the statistics of the layer being run */
     mpq_status (*put)(struct mpq__cal *C, int kind, int i, const float *v, size_t n); /* the caller's */
@@ -813,7 +819,7 @@ static mpq_status mpq__res_load(mpq__resume *R, int layers, mpq_io_err *err)
     mpq_status st = MPQ_OK;
     unsigned long long bits = 0;
     if (!cJSON_IsString(id) || !cJSON_IsNumber(ph) || !cJSON_IsNumber(ly) || !cJSON_IsString(ls) ||
-        sscanf(ls->valuestring, "%16llx", &bits) != 1 || ph->valueint < 0 || ph->valueint > 2 || ly->valueint < -1 ||
+        sscanf(ls->valuestring, "%16llx", &bits) != 1 || ph->valueint < 0 || ph->valueint > 6 || ly->valueint < -1 ||
         ly->valueint > layers)
         st = mpq__fail(err, MPQ_ERR_FORMAT, p, "not a state mpq wrote");
     else if (strcmp(id->valuestring, R->ident) != 0)
@@ -861,17 +867,20 @@ static mpq_status mpq__res_layer_close(mpq__resume *R, mpq_status st, mpq_io_err
 }
 
 /* Every layer's statistics from the directory to the caller's put, in the
-   order the passes made them; then the directory's files are removed. */
-static mpq_status mpq__res_deliver(mpq__cal *C, int fwd, int bwd)
+   order the passes made them (phase 1's forward pass from the bottom, its
+   backward pass and PQI's from the top); then the directory's files are
+   removed. */
+static mpq_status mpq__res_deliver(mpq__cal *C, int fwd, int bwd, int pqi)
 {
+    static const char pass[3] = {'f', 'b', 'p'};
     mpq__resume *R = C->res;
-    const int L = C->m->c.layers;
+    const int L = C->m->c.layers, on[3] = {fwd, bwd, pqi};
     mpq_status st = MPQ_OK;
-    for (int k = 0; st == MPQ_OK && k < 2 * L; k++) {
-        const int back = k >= L, l = back ? 2 * L - 1 - k : k;
-        if (back ? !bwd : !fwd) continue;
+    for (int k = 0; st == MPQ_OK && k < 3 * L; k++) {
+        const int ps = k / L, l = ps ? L - 1 - k % L : k;
+        if (!on[ps]) continue;
         char name[40];
-        snprintf(name, sizeof name, "stats-%c%04d.safetensors", back ? 'b' : 'f', l);
+        snprintf(name, sizeof name, "stats-%c%04d.safetensors", pass[ps], l);
         char *p = mpq__rpath(R, name);
         mpq_st_file *f = NULL;
         st = p ? mpq_st_open(p, &f, C->err) : MPQ_ERR_NOMEM;
@@ -879,8 +888,9 @@ static mpq_status mpq__res_deliver(mpq__cal *C, int fwd, int bwd)
             const mpq_st_tensor *e = mpq_st_at(f, t);
             int kind, i;
             char tail;
-            if (sscanf(e->name, "%d.%d%c", &kind, &i, &tail) != 2 || kind < 0 || kind > 5 || i < l * MPQ_LIN_COUNT ||
-                i >= (l + 1) * MPQ_LIN_COUNT || e->ndim != 1 || e->dtype != MPQ_DT_F32)
+            if (sscanf(e->name, "%d.%d%c", &kind, &i, &tail) != 2 || kind < 0 || kind > 6 || (kind == 6) != (ps == 2) ||
+                i < l * MPQ_LIN_COUNT || i >= (l + 1) * MPQ_LIN_COUNT || e->ndim != 1 || e->dtype != MPQ_DT_F32 ||
+                e->numel > C->ebuf_n)
                 st = mpq__fail(C->err, MPQ_ERR_FORMAT, p, "tensor '%s' is not one mpq wrote", e->name);
             if (st == MPQ_OK) st = mpq_st_read_f32(f, e, C->ebuf, (size_t)e->numel, C->err);
             if (st == MPQ_OK) st = R->put(C, kind, i, C->ebuf, (size_t)e->numel);
@@ -889,10 +899,12 @@ static mpq_status mpq__res_deliver(mpq__cal *C, int fwd, int bwd)
         free(p);
     }
     if (st != MPQ_OK) return st;
-    static const char *const names[] = {"state.json", "h.bin", "dx.bin", "keep.bin"};
-    for (int k = 0; k < 2 * L; k++) {
+    static const char *const names[] = {"state.json",    "h.bin",         "dx.bin",       "keep.bin",
+                                        "pqi-h.bin",     "pqi-dx.bin",    "pqi-keep.bin", "sens-ref.bin",
+                                        "sens-keep.bin", "layer-sens.bin"};
+    for (int k = 0; k < 3 * L; k++) {
         char name[40];
-        snprintf(name, sizeof name, "stats-%c%04d.safetensors", k >= L ? 'b' : 'f', k % L);
+        snprintf(name, sizeof name, "stats-%c%04d.safetensors", pass[k / L], k % L);
         char *p = mpq__rpath(R, name);
         if (p) unlink(p);
         free(p);
@@ -1240,7 +1252,7 @@ static mpq_status mpq__cal_layers(mpq__cal *C)
     mpq_status st = h && (dx || !grads) ? MPQ_OK : MPQ_ERR_NOMEM;
     if (st == MPQ_OK && grads)
         st = mpq__keep_open(&C->keep, L, NW, TD, C->o->keep_bytes ? C->o->keep_bytes : MPQ_CALIB_KEEP_BYTES,
-                            C->o->spill_dir, R ? R->dir : NULL, C->err);
+                            C->o->spill_dir, R ? R->dir : NULL, "keep.bin", C->err);
     const int phase = R ? R->phase : 0; /* where a resumed run starts */
     double loss_sum = phase ? R->loss_sum : 0.0;
     if (st == MPQ_OK && phase == 0 && R && R->layer > 0) {
@@ -1317,10 +1329,6 @@ static mpq_status mpq__cal_layers(mpq__cal *C)
     }
     mpq__keep_close(&C->keep);
     free(h), free(dx);
-    if (st == MPQ_OK && R) { /* every layer done: the statistics to the caller, the directory emptied */
-        C->put = R->put;
-        st = mpq__res_deliver(C, acts, grads);
-    }
     return st;
 }
 
@@ -1402,16 +1410,23 @@ static mpq_status mpq__cal_pqi(mpq__cal *C)
     P.g = (float *)malloc(sizeof(float) * LW), P.acc = (double *)malloc(sizeof(double) * LW);
     if (rot) P.w = (float *)malloc(sizeof(float) * LW), P.o = (float *)malloc(sizeof(float) * LW);
     mpq_status st = h && dx && P.wq && P.p && P.g && P.acc && (!rot || (P.w && P.o)) ? MPQ_OK : MPQ_ERR_NOMEM;
+    mpq__resume *R = C->res;
+    const int phase = R && R->phase >= 3 ? R->phase : 2; /* 2: from the start; 3, 4: where a resumed run was */
+    const size_t hbytes = sizeof(float) * TD * (size_t)NS;
     if (st == MPQ_OK)
         st = mpq__keep_open(&C->keep, L, NS, TD, C->o->keep_bytes ? C->o->keep_bytes : MPQ_CALIB_KEEP_BYTES,
-                            C->o->spill_dir, NULL, C->err);
-    for (int w = 0; st == MPQ_OK && w < PW; w++) { /* sequence k * PW + w: window w at step k + 1 */
-        mpq__window(C, w);
-        mpq__embed(m, C->win, T, h + (size_t)w * TD);
-        for (int k = 1; k < N; k++) memcpy(h + ((size_t)k * PW + w) * TD, h + (size_t)w * TD, sizeof(float) * TD);
+                            C->o->spill_dir, R ? R->dir : NULL, "pqi-keep.bin", C->err);
+    if (st == MPQ_OK && phase == 3) {
+        st = mpq__rread(R, "pqi-h.bin", h, hbytes, C->err);
+    } else if (st == MPQ_OK && phase == 2) {
+        for (int w = 0; w < PW; w++) { /* sequence k * PW + w: window w at step k + 1 */
+            mpq__window(C, w);
+            mpq__embed(m, C->win, T, h + (size_t)w * TD);
+            for (int k = 1; k < N; k++) memcpy(h + ((size_t)k * PW + w) * TD, h + (size_t)w * TD, sizeof(float) * TD);
+        }
     }
     const float *W[MPQ_LIN_COUNT];
-    for (int l = 0; st == MPQ_OK && l < L; l++) { /* forward */
+    for (int l = phase == 3 ? R->layer : phase == 2 ? 0 : L; st == MPQ_OK && l < L; l++) { /* forward */
         mpq__cal_layer_w(C, l);
         for (int k = 0; k < MPQ_LIN_COUNT; k++) W[k] = mpq__cal_W(C, l * MPQ_LIN_COUNT + k);
         st = mpq__pqi_targets(C, &P, l);
@@ -1426,17 +1441,29 @@ static mpq_status mpq__cal_pqi(mpq__cal *C)
         }
         for (int k = 0; k < MPQ_LIN_COUNT; k++) C->Wp[l * MPQ_LIN_COUNT + k] = NULL;
         mpq__progress(C, "pqi", l + 1, 2 * L);
-        if (st == MPQ_OK && C->o->cancel && C->o->cancel(C->o->user)) st = MPQ_ERR_CANCELLED;
+        if (R && st == MPQ_OK && fflush(C->keep.f) != 0)
+            st = mpq__fail(C->err, MPQ_ERR_IO, C->keep.path, "write failed");
+        if (R && st == MPQ_OK && l + 1 < L) st = mpq__rwrite(R, "pqi-h.bin", h, hbytes, C->err);
+        if (R && st == MPQ_OK && l + 1 < L) st = mpq__res_state(R, 3, l + 1, R->loss_sum, C->err);
+        if (st == MPQ_OK && l + 1 < L && C->o->cancel && C->o->cancel(C->o->user)) st = MPQ_ERR_CANCELLED;
     }
-    for (int q = 0; st == MPQ_OK && q < NS; q++) { /* the head: each sequence's gradient at the top */
-        mpq__window(C, q % PW);
-        memcpy(t->xf, h + (size_t)q * TD, sizeof(float) * TD);
-        st = mpq__head_bwd(m, t, C->win, T, 1, NULL, NULL);
-        memcpy(dx + (size_t)q * TD, t->dx, sizeof(float) * TD);
+    if (phase <= 3) {
+        for (int q = 0; st == MPQ_OK && q < NS; q++) { /* the head: each sequence's gradient at the top */
+            mpq__window(C, q % PW);
+            memcpy(t->xf, h + (size_t)q * TD, sizeof(float) * TD);
+            st = mpq__head_bwd(m, t, C->win, T, 1, NULL, NULL);
+            memcpy(dx + (size_t)q * TD, t->dx, sizeof(float) * TD);
+        }
+        if (R && st == MPQ_OK) st = mpq__rwrite(R, "pqi-dx.bin", dx, hbytes, C->err);
+        if (R && st == MPQ_OK) st = mpq__res_state(R, 4, L - 1, R->loss_sum, C->err);
+        if (st == MPQ_OK && C->o->cancel && C->o->cancel(C->o->user)) st = MPQ_ERR_CANCELLED;
+    } else if (st == MPQ_OK && phase == 4) {
+        st = mpq__rread(R, "pqi-dx.bin", dx, hbytes, C->err);
     }
     free(t->headT), t->headT = NULL;
     C->wscale = 1.0 / PW;
-    for (int l = L - 1; st == MPQ_OK && l >= 0; l--) { /* backward */
+    for (int l = phase <= 3 ? L - 1 : phase == 4 ? R->layer : -1; st == MPQ_OK && l >= 0; l--) { /* backward */
+        if (R && (st = mpq__res_layer_open(R, 'p', l, C->err)) != MPQ_OK) break;
         mpq__cal_layer_w(C, l);
         for (int k = 0; k < MPQ_LIN_COUNT; k++) W[k] = mpq__cal_W(C, l * MPQ_LIN_COUNT + k);
         st = mpq__pqi_targets(C, &P, l);
@@ -1461,7 +1488,12 @@ static mpq_status mpq__cal_pqi(mpq__cal *C)
             st = C->put(C, 6, i, P.g, nw);
         }
         mpq__progress(C, "pqi", 2 * L - l, 2 * L);
-        if (st == MPQ_OK && l > 0 && C->o->cancel && C->o->cancel(C->o->user)) st = MPQ_ERR_CANCELLED;
+        if (R) { /* the layer's PQI, then where the pass stands */
+            st = mpq__res_layer_close(R, st, C->err);
+            if (st == MPQ_OK && l > 0) st = mpq__rwrite(R, "pqi-dx.bin", dx, hbytes, C->err);
+            if (st == MPQ_OK) st = mpq__res_state(R, l > 0 ? 4 : 5, l > 0 ? l - 1 : 0, R->loss_sum, C->err);
+        }
+        if (st == MPQ_OK && C->o->cancel && C->o->cancel(C->o->user)) st = MPQ_ERR_CANCELLED;
     }
     mpq__keep_close(&C->keep);
     free(h), free(dx), free(P.w), free(P.wq), free(P.p), free(P.o), free(P.g), free(P.acc);
@@ -1490,14 +1522,24 @@ static mpq_status mpq__cal_sens(mpq__cal *C)
     float *Wq = (float *)malloc(sizeof(float) * maxn);
     double *err = (double *)malloc(sizeof(double) * (size_t)C->nlin);
     mpq_status st = ref && refn && Wq && err ? MPQ_OK : MPQ_ERR_NOMEM;
+    mpq__resume *R = C->res;
+    const int phase = R && R->phase >= 5 ? R->phase : 4; /* 4: from the start; 5, 6: where a resumed run was */
+    if (st == MPQ_OK && phase == 6) {                    /* done before: its result */
+        st = mpq__rread(R, "layer-sens.bin", C->s->layer_sens, sizeof(float) * (size_t)C->nlin, C->err);
+        free(ref), free(refn), free(Wq), free(err);
+        return st;
+    }
     if (st == MPQ_OK)
         st = mpq__keep_open(&C->keep, 1, C->nlin, TD, C->o->keep_bytes ? C->o->keep_bytes : MPQ_CALIB_KEEP_BYTES,
-                            C->o->spill_dir, NULL, C->err);
-    if (st == MPQ_OK) {
+                            C->o->spill_dir, R ? R->dir : NULL, "sens-keep.bin", C->err);
+    const int l0 = phase == 5 ? R->layer : 0;
+    if (st == MPQ_OK && l0 > 0) {
+        st = mpq__rread(R, "sens-ref.bin", ref, sizeof(float) * TD, C->err);
+    } else if (st == MPQ_OK) {
         mpq__window(C, 0);
         mpq__embed(m, C->win, T, ref);
     }
-    for (int l = 0; st == MPQ_OK && l < L; l++) {
+    for (int l = l0; st == MPQ_OK && l < L; l++) {
         mpq__cal_layer_w(C, l);
         for (int i = 0; st == MPQ_OK && i < l * MPQ_LIN_COUNT; i++) { /* the maps of the layers below */
             if ((st = mpq__keep_io(&C->keep, 0, i, S->xin, 0, C->err)) != MPQ_OK) break;
@@ -1521,6 +1563,11 @@ static mpq_status mpq__cal_sens(mpq__cal *C)
         }
         for (int k = 0; k < MPQ_LIN_COUNT; k++) C->Wp[l * MPQ_LIN_COUNT + k] = NULL;
         mpq__progress(C, "sensitivity", l + 1, L);
+        if (R && st == MPQ_OK && l + 1 < L) { /* where the pass stands */
+            if (fflush(C->keep.f) != 0) st = mpq__fail(C->err, MPQ_ERR_IO, C->keep.path, "write failed");
+            if (st == MPQ_OK) st = mpq__rwrite(R, "sens-ref.bin", ref, sizeof(float) * TD, C->err);
+            if (st == MPQ_OK) st = mpq__res_state(R, 5, l + 1, R->loss_sum, C->err);
+        }
         if (st == MPQ_OK && l + 1 < L && C->o->cancel && C->o->cancel(C->o->user)) st = MPQ_ERR_CANCELLED;
     }
     if (st == MPQ_OK) mpq__rmsnorm(ref, m->out_norm, refn, T, D, c->norm_eps);
@@ -1536,6 +1583,8 @@ static mpq_status mpq__cal_sens(mpq__cal *C)
     }
     mpq__keep_close(&C->keep);
     if (st == MPQ_OK) st = mpq_mxsens_layer_sensitivity(err, C->nlin, C->s->layer_sens);
+    if (R && st == MPQ_OK) st = mpq__rwrite(R, "layer-sens.bin", C->s->layer_sens, sizeof(float) * C->nlin, C->err);
+    if (R && st == MPQ_OK) st = mpq__res_state(R, 6, 0, R->loss_sum, C->err);
     free(ref), free(refn), free(Wq), free(err);
     return st;
 }
@@ -1563,9 +1612,11 @@ static mpq_status mpq__res_identity(const mpq_llm *m, const int32_t *tokens, siz
     if (id)
         snprintf(
             id, cap,
-            "weights %016llx; tokens %zu %016llx; what %u windows %d length %d awq %d mixllm %d rotate %d %llu; %s",
+            "weights %016llx; tokens %zu %016llx; what %u windows %d length %d awq %d mixllm %d pqi %d %d %d sens %d "
+            "rotate %d %llu; %s",
             (unsigned long long)hw, n, (unsigned long long)ht, s->what, s->windows, s->length, s->awq_tokens,
-            s->mixllm_bits, s->rotate, (unsigned long long)s->rotate_seed, cfg);
+            s->mixllm_bits, s->pqi_bits, s->pqi_steps, s->pqi_windows, s->sens_tokens, s->rotate,
+            (unsigned long long)s->rotate_seed, cfg);
     free(row);
     free(cfg);
     if (!id) return MPQ_ERR_NOMEM;
@@ -1671,9 +1722,12 @@ static mpq_status mpq__calibrate(const mpq_llm *m, const int32_t *tokens, size_t
         }
     }
     const int phase1 = (s.what & (MPQ_CALIB_FISHER | MPQ_CALIB_MIXLLM | MPQ_CALIB_ACTS | MPQ_CALIB_XTX)) != 0;
-    if (st == MPQ_OK && phase1) { /* the sums: pointers for every map and input, arrays for one layer at a time */
+    if (st == MPQ_OK && (phase1 || d.resume_dir)) { /* a statistic on its way out (or in from the directory) */
         const size_t eb = s.what & MPQ_CALIB_XTX ? maxc * maxc : maxc * (size_t)s.awq_tokens;
-        C.ebuf = (float *)malloc(sizeof(float) * (eb > maxw ? eb : maxw));
+        C.ebuf_n = eb > maxw ? eb : maxw;
+        if (!(C.ebuf = (float *)malloc(sizeof(float) * C.ebuf_n))) st = MPQ_ERR_NOMEM;
+    }
+    if (st == MPQ_OK && phase1) { /* the sums: pointers for every map and input, arrays for one layer at a time */
         if (s.what & MPQ_CALIB_FISHER) C.fisher = (mpq_stat *)calloc((size_t)C.nlin, sizeof(mpq_stat));
         if (s.what & MPQ_CALIB_MIXLLM) {
             C.mixllm = (mpq_stat *)calloc((size_t)C.nlin, sizeof(mpq_stat));
@@ -1684,9 +1738,8 @@ static mpq_status mpq__calibrate(const mpq_llm *m, const int32_t *tokens, size_t
         C.awq = (float **)calloc((size_t)slots, sizeof(float *));
         C.awq_got = (int *)calloc((size_t)slots, sizeof(int));
         if (s.what & MPQ_CALIB_XTX) C.xtx = (double **)calloc((size_t)slots, sizeof(double *));
-        if (!C.ebuf || (!C.fisher && (s.what & MPQ_CALIB_FISHER)) ||
-            ((!C.mixllm || !C.delta) && (s.what & MPQ_CALIB_MIXLLM)) || !C.xdiag || !C.mabs || !C.awq || !C.awq_got ||
-            (!C.xtx && (s.what & MPQ_CALIB_XTX)))
+        if ((!C.fisher && (s.what & MPQ_CALIB_FISHER)) || ((!C.mixllm || !C.delta) && (s.what & MPQ_CALIB_MIXLLM)) ||
+            !C.xdiag || !C.mabs || !C.awq || !C.awq_got || (!C.xtx && (s.what & MPQ_CALIB_XTX)))
             st = MPQ_ERR_NOMEM;
     }
     for (int k = 0; st == MPQ_OK && k < MPQ_LIN_COUNT; k++) /* a model in place: one layer converted */
@@ -1695,20 +1748,25 @@ static mpq_status mpq__calibrate(const mpq_llm *m, const int32_t *tokens, size_t
             st = MPQ_ERR_NOMEM;
     mpq__resume R;
     memset(&R, 0, sizeof R);
-    if (st == MPQ_OK && phase1 && d.resume_dir) {
+    if (st == MPQ_OK && d.resume_dir) {
         R.dir = d.resume_dir, R.put = put;
         st = mpq__res_identity(m, tokens, n, &s, &R.ident);
         if (st == MPQ_OK) st = mpq__res_load(&R, m->c.layers, err);
         if (st == MPQ_OK) C.res = &R, C.put = mpq__put_resume;
     }
     if (st == MPQ_OK && phase1) st = mpq__cal_layers(&C);
-    if (R.w) mpq_st_writer_abort(R.w);
-    free(R.ident);
     if (st == MPQ_OK && (s.what & MPQ_CALIB_PQI)) st = mpq__cal_pqi(&C);
     if (st == MPQ_OK && (s.what & MPQ_CALIB_LAYER_SENS)) {
         st = (s.layer_sens = (float *)malloc(sizeof(float) * (size_t)C.nlin)) ? MPQ_OK : MPQ_ERR_NOMEM;
         if (st == MPQ_OK) st = mpq__cal_sens(&C);
     }
+    if (st == MPQ_OK && C.res) { /* every pass done: the statistics to the caller, the directory emptied */
+        C.put = R.put;
+        st = mpq__res_deliver(&C, (s.what & (MPQ_CALIB_ACTS | MPQ_CALIB_XTX)) != 0,
+                              (s.what & (MPQ_CALIB_FISHER | MPQ_CALIB_MIXLLM)) != 0, (s.what & MPQ_CALIB_PQI) != 0);
+    }
+    if (R.w) mpq_st_writer_abort(R.w);
+    free(R.ident);
     mpq__cal_free(&C);
     if (st != MPQ_OK) {
         mpq_calib_stats_free(&s);

@@ -640,11 +640,12 @@ typedef struct mpq_calib_opts {
        renamed into place), so that a run stopped at any point continues
        from the last finished layer when called again with the same
        directory, model, tokens and options; another model, text or options
-       there is MPQ_ERR_ARG naming the directory. The statistics reach the
-       caller once all layers are done (then the directory's files are
-       removed); PQI and layer_sens are not kept (they run after).
-       cancel (may be NULL) is asked after each layer: non-zero stops the
-       run with MPQ_ERR_CANCELLED (with resume_dir, resumable from there). */
+       there is MPQ_ERR_ARG naming the directory. Every pass resumes so:
+       phase 1's forward and backward passes, PQI's and the layer
+       sensitivity's. The statistics reach the caller once every pass is
+       done (then the directory's files are removed). cancel (may be NULL)
+       is asked after each layer of each pass: non-zero stops the run with
+       MPQ_ERR_CANCELLED (with resume_dir, resumable from there). */
     const char *resume_dir;
     int (*cancel)(void *user);
     /* called during the passes (may be NULL): phase "forward", "backward"

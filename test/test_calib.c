@@ -949,11 +949,12 @@ static int dir_files(const char *dir)
     return n;
 }
 
-/* A run with a resume directory, stopped after some layers of the forward
-   pass, again in the backward pass, and then finished, gives the
-   statistics of a run that never stopped, bit for bit, into the file and in
-   memory; the directory is empty afterwards. Another text there, or a
-   state file cut short, is refused naming it. */
+/* A run with a resume directory, stopped after every layer of every pass
+   (phase 1's forward and backward, PQI's forward, its head and backward,
+   the sensitivity's) and then finished, gives the statistics of a run
+   that never stopped, bit for bit, into the file and in memory; the
+   directory is empty afterwards. Phase 1 alone the same. Another text
+   there, or a state file cut short, is refused naming it. */
 Test(calib, a_stopped_run_resumes_from_its_last_layer, .init = make_tmpdir, .fini = remove_tmpdir)
 {
     tl_model t;
@@ -965,8 +966,9 @@ Test(calib, a_stopped_run_resumes_from_its_last_layer, .init = make_tmpdir, .fin
     int32_t text[NTOK], other[NTOK];
     random_tokens(&r, &t, text, NTOK);
     random_tokens(&r, &t, other, NTOK);
-    const unsigned what = MPQ_CALIB_FISHER | MPQ_CALIB_MIXLLM | MPQ_CALIB_ACTS | MPQ_CALIB_XTX;
+    unsigned what = MPQ_CALIB_ALL | MPQ_CALIB_XTX;
     mpq_calib_stats ref = calibrate(m, text, what);
+    cr_assert(ref.pqi && ref.layer_sens && ref.fisher && ref.xtx);
     char rd[600], out[700];
     snprintf(rd, sizeof rd, "%s/resume", tmpdir);
     cr_assert_eq(mkdir(rd, 0700), 0);
@@ -974,11 +976,19 @@ Test(calib, a_stopped_run_resumes_from_its_last_layer, .init = make_tmpdir, .fin
     mpq_calib_opts o;
     memset(&o, 0, sizeof o);
     o.what = what, o.windows = WINDOWS, o.length = LEN, o.awq_tokens = 7, o.resume_dir = rd, o.cancel = stop_after;
+    o.pqi_steps = 3, o.pqi_windows = 2, o.sens_tokens = 8; /* as calibrate() */
     int left = 1;
     o.user = &left;
     mpq_io_err e;
     mpq_calib_stats s;
-    for (int into_file = 1; into_file >= 0; into_file--) {
+    for (int run = 0; run < 3; run++) { /* every statistic into the file, in memory; phase 1's alone in memory */
+        const int into_file = run == 0;
+        if (run == 2) {
+            mpq_calib_stats_free(&ref);
+            what = MPQ_CALIB_FISHER | MPQ_CALIB_MIXLLM | MPQ_CALIB_ACTS | MPQ_CALIB_XTX;
+            ref = calibrate(m, text, what);
+            o.what = what;
+        }
         int stops = 0;
         mpq_status st;
         for (int round = 0;; round++) { /* a layer a round: forward 0 | 1 | 2 and backward 2 | 1 | 0 */
@@ -997,7 +1007,9 @@ Test(calib, a_stopped_run_resumes_from_its_last_layer, .init = make_tmpdir, .fin
             }
         }
         cr_assert_eq(st, MPQ_OK, "%s", e.msg);
-        cr_assert_geq(stops, 3, "stopped in both passes (%d stops)", stops);
+        /* 3 layers: phase 1 stops after forward 0, 1 and backward 2, 1; PQI after forward 0, 1, its head and
+           backward 2, 1, 0; the sensitivity after 0, 1 */
+        cr_assert_eq(stops, run < 2 ? 12 : 4, "stopped after every layer of every pass (%d stops)", stops);
         cr_assert_eq(dir_files(rd), 0, "the directory is emptied");
         if (into_file) cr_assert_eq(mpq_calib_read(m, out, &s, &e), MPQ_OK, "%s", e.msg);
         cr_assert(same_stats(&ref, &s, m) && same_xtx(&ref, &s, m) && s.loss == ref.loss, "resumed %s: differs",

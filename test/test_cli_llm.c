@@ -42,6 +42,24 @@ static int run(const char *args)
     return WEXITSTATUS(st);
 }
 
+/* A whole file in the directory, NUL-terminated (malloc). */
+static char *whole(const char *name, size_t *len)
+{
+    char p[600];
+    path_of(name, p, sizeof p);
+    FILE *f = fopen(p, "rb");
+    cr_assert_not_null(f, "%s", p);
+    cr_assert_eq(fseek(f, 0, SEEK_END), 0);
+    const long n = ftell(f);
+    rewind(f);
+    char *b = malloc((size_t)n + 1);
+    cr_assert(b && fread(b, 1, (size_t)n, f) == (size_t)n, "%s", p);
+    b[n] = 0;
+    fclose(f);
+    *len = (size_t)n;
+    return b;
+}
+
 static char *slurp(const char *name, size_t *len)
 {
     char p[600];
@@ -735,7 +753,7 @@ Test(cli_llm, bad_statistics_exit_2, .init = setup, .fini = teardown)
         }
         mpq_calib_stats_free(&s2);
         unlink(q);
-        /* --resume DIR: the same values; pqi and sensitivity (not resumable) refused; another text there refused */
+        /* --resume DIR: the same values */
         char rd[600];
         path_of("rd", rd, sizeof rd);
         cr_assert_eq(mkdir(rd, 0700), 0);
@@ -749,8 +767,19 @@ Test(cli_llm, bad_statistics_exit_2, .init = setup, .fini = teardown)
                       "map %d: --resume differs", i);
         mpq_calib_stats_free(&s2);
         unlink(q);
-        cr_assert_eq(run("calibrate --quiet --resume rd --windows 2 --length 16 hf text.txt -o s2.safetensors"), 1);
-        cr_assert_not_null(strstr(slurp("err.txt", NULL), "--resume"), "%s", slurp("err.txt", NULL));
+        /* every statistic, PQI and the sensitivity too: the file of a run without --resume, byte for byte */
+        const char *all = "calibrate --quiet --windows 2 --length 16 --pqi-windows 1 --pqi-steps 2 --sens-tokens 8 "
+                          "hf text.txt";
+        char cmd[400];
+        snprintf(cmd, sizeof cmd, "%s --resume rd -o s3.safetensors", all);
+        cr_assert_eq(run(cmd), 0, "%s", slurp("err.txt", NULL));
+        snprintf(cmd, sizeof cmd, "%s -o s4.safetensors", all);
+        cr_assert_eq(run(cmd), 0, "%s", slurp("err.txt", NULL));
+        size_t n3, n4;
+        char *b3 = whole("s3.safetensors", &n3), *b4 = whole("s4.safetensors", &n4);
+        cr_assert(n3 == n4 && !memcmp(b3, b4, n3), "--resume with every statistic: another file");
+        cr_assert(strstr(b3 + 8, ".pqi\"") && strstr(b3 + 8, ".layer_sensitivity\""), "PQI and the sensitivity");
+        free(b3), free(b4);
         cr_assert_eq(rmdir(rd), 0, "the resume directory is emptied");
     }
     static const char *const why[] = {"not finite", "negative"};

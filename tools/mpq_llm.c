@@ -768,7 +768,7 @@ static const cli_opt calib_opts[] = {
      "keep where the passes stand in the directory DIR (it must exist)\n"
      "after every layer: a run stopped at any point (Ctrl-C stops it\n"
      "after the current layer) continues from there when run again\n"
-     "with the same DIR, model, text and options (not pqi, sensitivity)"},
+     "with the same DIR, model, text and options"},
     {NULL, CLI_FLAG, 0, NULL, 0, 0, NULL, NULL, NULL, NULL},
 };
 #undef CA
@@ -914,8 +914,6 @@ int cmd_calibrate(int argc, char **argv)
     int npos = 0, rc = cli_parse(&calib_spec, argc, argv, &a, sizeof a, pos, &npos, NULL);
     if (rc) return rc < 0 ? 0 : rc;
     if (a.lo.a8) return fail(EXIT_USAGE, "calibrate --a8: the statistics are gathered with float activations");
-    if (a.co.resume_dir && (a.co.what == 0 || (a.co.what & (MPQ_CALIB_PQI | MPQ_CALIB_LAYER_SENS))))
-        return fail(EXIT_USAGE, "calibrate --resume: pqi and sensitivity cannot be resumed (--stats without them)");
     if (!a.out) return fail(EXIT_USAGE, "calibrate: needs MODEL TEXT -o FILE (see mpq calibrate --help)");
     if (a.lo.device != DEVICE_CPU) return fail(EXIT_USAGE, "calibrate: runs on the CPU only (--device cpu)");
     char *text = NULL;
