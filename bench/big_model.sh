@@ -29,7 +29,12 @@
 # perplexity).
 #
 #   bash bench/big_model.sh [--layers N] [--windows W] [--length T] [--chunks C]
-#                           [--stats LIST] [--threads T] [--dir DIR] [--out FILE] [--smollm2]
+#                           [--stats LIST] [--steps LIST] [--threads T] [--dir DIR] [--out FILE] [--smollm2]
+#
+# --steps (default calibrate,quantize,eval,speed) runs only those (a group,
+# or one step by its name in the table: quantize-gptq4, eval-sfmp3.5 ...);
+# the others' files are taken from an earlier run in DIR (a new build's
+# quantize, eval and speed on statistics already gathered).
 #
 # DIR (default build/bench/llama3-8b-bf16-L<N>) keeps the checkpoint between
 # runs; with 32 layers the statistics file takes about 16 GB for X^T X
@@ -40,7 +45,8 @@
 set -eu
 cd "$(dirname "$0")/.."
 layers=32 windows=2 length=256 chunks=1 threads=2 dir="" out="" smol=0 stats_list=xtx,fisher,mixllm,acts
-usage="usage: bash bench/big_model.sh [--layers N] [--windows W] [--length T] [--chunks C] [--stats LIST] [--threads T] [--dir DIR] [--out FILE] [--smollm2]"
+steps=calibrate,quantize,eval,speed
+usage="usage: bash bench/big_model.sh [--layers N] [--windows W] [--length T] [--chunks C] [--stats LIST] [--steps LIST] [--threads T] [--dir DIR] [--out FILE] [--smollm2]"
 while [ $# -gt 0 ]; do
     case "$1" in
     --layers) layers=$2; shift 2 ;;
@@ -48,6 +54,7 @@ while [ $# -gt 0 ]; do
     --length) length=$2; shift 2 ;;
     --chunks) chunks=$2; shift 2 ;;
     --stats) stats_list=$2; shift 2 ;;
+    --steps) steps=$2; shift 2 ;;
     --threads) threads=$2; shift 2 ;;
     --dir) dir=$2; shift 2 ;;
     --out) out=$2; shift 2 ;;
@@ -74,10 +81,16 @@ work=$dir/run
 mkdir -p "$work"
 export OMP_NUM_THREADS=$threads
 
-# step NAME COMMAND...: runs it, a row of the table: wall seconds, peak RssAnon and VmHWM in GB
+# want GROUP: whether --steps names it
+want() { case ",$steps," in *,"$1",*) return 0 ;; *) return 1 ;; esac; }
+
+# step NAME COMMAND...: runs it (unless --steps names neither NAME nor its
+# group, the part before the first '-'), a row of the table: wall seconds,
+# peak RssAnon and VmHWM in GB
 step() {
     local name=$1
     shift
+    want "$name" || want "${name%%-*}" || return 0
     local log="$work/$name.log" t0 t1 pid anon=0 hwm=0 a h
     t0=$(date +%s.%N)
     "$@" >"$log" 2>&1 &
@@ -102,7 +115,7 @@ step() {
 : >"$out"
 {
     echo "# bench/big_model.sh $(date -u +%FT%TZ), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-), $threads threads"
-    echo "# $(git rev-parse --short HEAD 2>/dev/null || echo '?'); $([ $smol = 1 ] && echo "$model" || echo "8B shape, $layers layers"), windows $windows x $length, chunks $chunks"
+    echo "# $(git rev-parse --short HEAD 2>/dev/null || echo '?'); $([ $smol = 1 ] && echo "$model" || echo "8B shape, $layers layers"), windows $windows x $length, chunks $chunks; steps $steps"
     echo "| step | wall s | peak RssAnon GB | peak VmHWM GB |"
     echo "| --- | ---: | ---: | ---: |"
 } | tee -a "$out"
@@ -114,7 +127,7 @@ fi
 stats=$work/stats.safetensors
 step calibrate "$mpq" calibrate --quiet --stats "$stats_list" --windows "$windows" --length "$length" \
     "$model" "$calib" -o "$stats"
-if [ $smol = 1 ]; then
+if [ $smol = 1 ] && want calibrate; then
     step calibrate-in-memory "$mpq" calibrate --quiet --in-memory --stats "$stats_list" \
         --windows "$windows" --length "$length" "$model" "$calib" -o "$work/stats-mem.safetensors"
     python3 - "$stats" "$work/stats-mem.safetensors" <<'EOF' | tee -a "$out"
@@ -146,7 +159,7 @@ if [ $sfmp = 1 ]; then
         --embed-bits 6 --stats "$stats" "$model" "$s35"
 fi
 step eval-float "$mpq" eval --quiet --chunks "$chunks" "$model" "$text"
-if [ $smol = 1 ]; then
+if [ $smol = 1 ] && want eval; then
     step eval-float-in-memory "$mpq" eval --quiet --in-memory --chunks "$chunks" "$model" "$text"
     a=$(grep -m1 '^perplexity' "$work/eval-float.log" | sed 's/, [0-9.]* tokens\/s//')
     b=$(grep -m1 '^perplexity' "$work/eval-float-in-memory.log" | sed 's/, [0-9.]* tokens\/s//')
@@ -156,12 +169,12 @@ fi
 step eval-gptq4 "$mpq" eval --quiet --chunks "$chunks" "$q4" "$text"
 if [ $sfmp = 1 ]; then step eval-sfmp3.5 "$mpq" eval --quiet --chunks "$chunks" "$s35" "$text"; fi
 for f in eval-float eval-gptq4 eval-sfmp3.5; do
-    if [ -f "$work/$f.log" ]; then echo "# $f: $(grep -m1 '^perplexity' "$work/$f.log")" | tee -a "$out"; fi
+    if { want eval || want "$f"; } && [ -f "$work/$f.log" ]; then echo "# $f: $(grep -m1 '^perplexity' "$work/$f.log")" | tee -a "$out"; fi
 done
 if [ $sfmp = 1 ]; then sp=sfmp3.5 sf=$s35 sb=3; else sp=gptq4 sf=$q4 sb=4; fi
 step speed-$sp "$mpq" speed --threads "$threads" "$sf"
-echo "# speed: $(grep 'tg' "$work/speed-$sp.log" | tail -1)" | tee -a "$out"
-if [ $smol = 0 ]; then
+if want speed || want "speed-$sp"; then echo "# speed: $(grep 'tg' "$work/speed-$sp.log" | tail -1)" | tee -a "$out"; fi
+if [ $smol = 0 ] && { want speed || want "speed-$sp"; }; then
     # bytes a decoded token reads: the packed maps of the layers and the head
     bytes=$("$mpq" inspect "$sf" | awk '$3 == "bitplane" && $1 != "model.embed_tokens.weight" { b += $NF } END { print b }')
     tg=$(grep 'tg' "$work/speed-$sp.log" | tail -1 | awk -F'|' '{ split($7, v, " "); print v[1] }')
