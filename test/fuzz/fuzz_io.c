@@ -1,7 +1,8 @@
 /* libFuzzer target: the safetensors reader and the packed-matrix loader on
    arbitrary bytes. Whatever opens is read completely: every float tensor
    converted (read, and mapped in place: the same values), every packed
-   matrix validated, dequantized and multiplied.
+   matrix validated (read, and used in place from a 64-byte aligned copy
+   of the input: the same answer and bytes), dequantized and multiplied.
    Built and run by test/run.sh (clang -fsanitize=fuzzer,address,undefined)
    for a bounded time, seeded with the files test_io writes. */
 #define MPQ_IMPLEMENTATION
@@ -17,8 +18,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     mpq_st_file *f;
     mpq_io_err e;
-    if (mpq_st_open_memory(data, size, &f, &e) != MPQ_OK) {
+    uint8_t *al = (uint8_t *)aligned_alloc(64, (size + 64) / 64 * 64); /* so that matrices can lie on boundaries */
+    if (!al) abort();
+    memcpy(al, data, size);
+    if (mpq_st_open_memory(al, size, &f, &e) != MPQ_OK) {
         if (!e.msg[0]) abort(); /* every rejection says why */
+        free(al);
         return 0;
     }
     for (int i = 0; i < mpq_st_count(f); i++) {
@@ -41,11 +46,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             free(x), free(y);
         }
         if (!t->packed) continue;
-        mpq_packed A;
-        if (mpq_st_read_packed(f, t->name, &A, &e) != MPQ_OK) {
+        mpq_packed A, V;
+        const mpq_status rs = mpq_st_read_packed(f, t->name, &A, &e);
+        if (mpq_st_map_packed(f, t->name, &V, &e) != rs) abort(); /* in place: the same verdict */
+        if (rs != MPQ_OK) {
             if (!e.msg[0]) abort();
             continue;
         }
+        if (V.bytes != A.bytes || memcmp(V.buf, A.buf, A.bytes) != 0) abort();
+        mpq_packed_free(&V);
         const size_t mn = (size_t)A.rows * (size_t)A.cols;
         if (mn <= ((size_t)1 << 22)) { /* a valid header can describe a big matrix in few bytes */
             float *W = (float *)malloc(sizeof(float) * mn);
@@ -63,5 +72,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         mpq_packed_free(&A);
     }
     mpq_st_close(f);
+    free(al);
     return 0;
 }
