@@ -1172,6 +1172,31 @@ typedef struct mpq_sfmp_desc {
 } mpq_sfmp_desc;
 
 MPQ_DEF mpq_status mpq_plan_sfmp(const mpq_sfmp_layer *layers, int nlayers, const mpq_sfmp_desc *d, mpq_plan *out);
+/* SFMP in two steps, for salience that does not fit in memory at once (an
+   8B model's Fisher diagonal is 28 GB of float32): mpq_sfmp_reduce turns one
+   layer's salience into all that the plan reads of it, the permutations of
+   the reordering (eq. 11-13) and the block sums after it (eq. 9), about
+   1/(block_rows x group) of its size; mpq_plan_sfmp_reduced ranks reduced
+   layers as mpq_plan_sfmp ranks the layers themselves, and gives the same
+   plan bit for bit (mpq_plan_sfmp is these two steps). A reduced layer
+   belongs to the group, block_rows and reorder of the description it was
+   made with: another description is MPQ_ERR_ARG. */
+typedef struct mpq_sfmp_reduced {
+    int rows, cols, group, block_rows, reorder;
+    float *block_sal; /* ceil(rows/block_rows) x ceil(cols/group): eq. 9 on the reordered salience */
+    uint32_t *p_row;  /* MPQ_REORDER_ROWS: the rows' order (as the plan's); else NULL */
+    uint32_t *p_col;  /* MPQ_REORDER_COLS: the columns' order; else NULL */
+} mpq_sfmp_reduced;
+
+/* Errors as mpq_plan_sfmp's for the layer's shape and values; *out is
+   written only on success (free it with mpq_sfmp_reduced_free). */
+MPQ_DEF mpq_status mpq_sfmp_reduce(const mpq_sfmp_layer *layer, const mpq_sfmp_desc *d, mpq_sfmp_reduced *out);
+MPQ_DEF void mpq_sfmp_reduced_free(mpq_sfmp_reduced *r); /* NULL and zeroed are accepted */
+/* The plan copies what it keeps (the layers stay the caller's). Block sums
+   that are not finite or negative and permutations that are not ones are
+   refused as mpq_plan_sfmp refuses such salience. */
+MPQ_DEF mpq_status mpq_plan_sfmp_reduced(const mpq_sfmp_reduced *layers, int nlayers, const mpq_sfmp_desc *d,
+                                         mpq_plan *out);
 /* The budgets mpq_plan_sfmp can meet for these layers and d (d->bpw is not
    read): *lo = 1 + the metadata's bits per weight (every block at 1 bit;
    less is MPQ_ERR_RANGE), *hi = 8 + the same (every block at 8 bits; a
@@ -1608,9 +1633,11 @@ MPQ_DEF unsigned mpq_recipe_needs(const mpq_recipe *r);
      progress  step ("planning", "ReQuant", "quantizing"), maps done of
                total, the map's name
 
-   Maps are visited in order in each pass: planning fetches every map's
-   salience (with H for act-order) and holds the salience until the plan is
-   made (with act-order a permuted copy, H released at once); ReQuant
+   Maps are visited in order in each pass: planning fetches each map's
+   salience (with H for SFMP under act-order), keeps what the planner reads
+   of it (SFMP: mpq_sfmp_reduce's block sums and permutations; MixLLM,
+   MXSens: a copy of the channel or column salience) and releases it before
+   the next fetch; ReQuant
    fetches and holds every map's weights, PQI and activations, then packs
    and stores them in order; otherwise each map is fetched, quantized,
    released and stored before the next. Every fetch is matched by one
@@ -7181,51 +7208,52 @@ MPQ_DEF mpq_status mpq_sfmp_bpw_range(const mpq_sfmp_layer *layers, int nlayers,
     return MPQ_OK;
 }
 
-MPQ_DEF mpq_status mpq_plan_sfmp(const mpq_sfmp_layer *layers, int nlayers, const mpq_sfmp_desc *d, mpq_plan *out)
+/* The budget's split for nw weights with meta metadata bits: every block
+   at *lo bits, *extra bits left for promotions to lo + 1. */
+static mpq_status mpq__sfmp_budget(const mpq_sfmp_desc *d, double nw, double meta, int *lo, double *extra)
 {
-    if (!layers || !d || !out) return MPQ_ERR_ARG;
-    double nw, meta;
-    size_t nblocks;
-    const mpq_status sz = mpq__sfmp_sizes(layers, nlayers, d, &nw, &meta, &nblocks);
-    if (sz != MPQ_OK) return sz;
     if (!(d->bpw - d->bpw == 0.0)) return MPQ_ERR_ARG;
-    const int G = d->group ? d->group : 128, BR = d->block_rows ? d->block_rows : 16;
     const double bits_avail = d->bpw * nw - meta; /* weight bits the budget leaves */
     if (bits_avail < nw) return MPQ_ERR_RANGE;    /* below 1 bit per weight */
-    const int lo = bits_avail >= 8.0 * nw ? 8 : (int)floor(bits_avail / nw);
-    double extra = lo < 8 ? bits_avail - (double)lo * nw : 0.0; /* for promotions to lo + 1 */
+    *lo = bits_avail >= 8.0 * nw ? 8 : (int)floor(bits_avail / nw);
+    *extra = *lo < 8 ? bits_avail - (double)*lo * nw : 0.0;
+    return MPQ_OK;
+}
 
-    mpq_plan P;
-    memset(&P, 0, sizeof P);
-    P.nlayers = nlayers;
-    P.layers = (mpq_layer_plan *)MPQ_MALLOC(sizeof(mpq_layer_plan) * (size_t)nlayers);
-    float *sal = (float *)MPQ_MALLOC(sizeof(float) * nblocks);
-    uint32_t *order = (uint32_t *)MPQ_MALLOC(sizeof(uint32_t) * nblocks);
-    double *cost = (double *)MPQ_MALLOC(sizeof(double) * nblocks);
-    mpq_status st = (P.layers && sal && order && cost) ? MPQ_OK : MPQ_ERR_NOMEM;
-    if (P.layers) memset(P.layers, 0, sizeof(mpq_layer_plan) * (size_t)nlayers);
-    size_t b0 = 0;
-    for (int l = 0; l < nlayers && st == MPQ_OK; l++) {
-        const mpq_sfmp_layer *Ly = &layers[l];
-        mpq_layer_plan *L = &P.layers[l];
-        const int ng = (Ly->cols + G - 1) / G, nbr = (Ly->rows + BR - 1) / BR;
-        L->rows = Ly->rows, L->cols = Ly->cols, L->group = G, L->block_rows = BR, L->format = MPQ_FORMAT_BITPLANE;
-        L->bits = (uint8_t *)MPQ_MALLOC((size_t)nbr * (size_t)ng);
-        if (d->reorder & MPQ_REORDER_ROWS) L->p_row = (uint32_t *)MPQ_MALLOC(sizeof(uint32_t) * (size_t)Ly->rows);
-        if (d->reorder & MPQ_REORDER_COLS) L->p_col = (uint32_t *)MPQ_MALLOC(sizeof(uint32_t) * (size_t)Ly->cols);
-        if (!L->bits || ((d->reorder & MPQ_REORDER_ROWS) && !L->p_row) ||
-            ((d->reorder & MPQ_REORDER_COLS) && !L->p_col)) {
-            st = MPQ_ERR_NOMEM;
-            break;
-        }
-        if (d->reorder && (st = mpq_perm_from_salience(Ly->S, Ly->rows, Ly->cols, L->p_row, L->p_col)) != MPQ_OK) break;
+MPQ_DEF void mpq_sfmp_reduced_free(mpq_sfmp_reduced *r)
+{
+    if (!r) return;
+    MPQ_FREE(r->block_sal);
+    MPQ_FREE(r->p_row);
+    MPQ_FREE(r->p_col);
+    memset(r, 0, sizeof *r);
+}
+
+MPQ_DEF mpq_status mpq_sfmp_reduce(const mpq_sfmp_layer *layer, const mpq_sfmp_desc *d, mpq_sfmp_reduced *out)
+{
+    double nw, meta;
+    size_t nb;
+    if (!out) return MPQ_ERR_ARG;
+    mpq_status st = mpq__sfmp_sizes(layer, 1, d, &nw, &meta, &nb);
+    if (st != MPQ_OK) return st;
+    const int G = d->group ? d->group : 128, BR = d->block_rows ? d->block_rows : 16;
+    const int rows = layer->rows, cols = layer->cols, ng = (cols + G - 1) / G, nbr = (rows + BR - 1) / BR;
+    mpq_sfmp_reduced R;
+    memset(&R, 0, sizeof R);
+    R.rows = rows, R.cols = cols, R.group = G, R.block_rows = BR, R.reorder = d->reorder;
+    R.block_sal = (float *)MPQ_MALLOC(sizeof(float) * nb);
+    double *acc = (double *)MPQ_MALLOC(sizeof(double) * nb);
+    if (d->reorder & MPQ_REORDER_ROWS) R.p_row = (uint32_t *)MPQ_MALLOC(sizeof(uint32_t) * (size_t)rows);
+    if (d->reorder & MPQ_REORDER_COLS) R.p_col = (uint32_t *)MPQ_MALLOC(sizeof(uint32_t) * (size_t)cols);
+    if (!R.block_sal || !acc || ((d->reorder & MPQ_REORDER_ROWS) && !R.p_row) ||
+        ((d->reorder & MPQ_REORDER_COLS) && !R.p_col))
+        st = MPQ_ERR_NOMEM;
+    if (st == MPQ_OK && d->reorder) st = mpq_perm_from_salience(layer->S, rows, cols, R.p_row, R.p_col);
+    if (st == MPQ_OK) {
         /* eq. 9 on the reordered salience, read through the permutations;
            the same pass checks every value (finite, >= 0) */
-        double *acc = (double *)MPQ_MALLOC(sizeof(double) * (size_t)nbr * (size_t)ng);
-        if (!acc) {
-            st = MPQ_ERR_NOMEM;
-            break;
-        }
+        const float *S = layer->S;
+        const uint32_t *pr = R.p_row, *pc = R.p_col;
         int bad_nan = 0, bad_neg = 0;
 #ifdef _OPENMP
 #pragma omp parallel for schedule(dynamic, 1) reduction(| : bad_nan, bad_neg)
@@ -7233,13 +7261,13 @@ MPQ_DEF mpq_status mpq_plan_sfmp(const mpq_sfmp_layer *layers, int nlayers, cons
         for (int br = 0; br < nbr; br++) {
             double *arow = acc + (size_t)br * (size_t)ng;
             for (int g = 0; g < ng; g++) arow[g] = 0.0;
-            for (int i = br * BR; i < Ly->rows && i < (br + 1) * BR; i++) {
-                const float *srow = Ly->S + (size_t)(L->p_row ? L->p_row[i] : (uint32_t)i) * (size_t)Ly->cols;
+            for (int i = br * BR; i < rows && i < (br + 1) * BR; i++) {
+                const float *srow = S + (size_t)(pr ? pr[i] : (uint32_t)i) * (size_t)cols;
                 for (int g = 0; g < ng; g++) {
-                    const int j1 = g * G + G < Ly->cols ? g * G + G : Ly->cols;
+                    const int j1 = g * G + G < cols ? g * G + G : cols;
                     float part = 0.0f, lo_v = 0.0f;
                     for (int j = g * G; j < j1; j++) {
-                        const float v = srow[L->p_col ? L->p_col[j] : (uint32_t)j];
+                        const float v = srow[pc ? pc[j] : (uint32_t)j];
                         part += v;
                         lo_v = v < lo_v ? v : lo_v;
                     }
@@ -7249,21 +7277,89 @@ MPQ_DEF mpq_status mpq_plan_sfmp(const mpq_sfmp_layer *layers, int nlayers, cons
                 }
             }
         }
-        if (bad_nan || bad_neg) {
-            MPQ_FREE(acc);
-            st = bad_nan ? MPQ_ERR_NONFINITE : MPQ_ERR_RANGE;
+        if (bad_nan || bad_neg) st = bad_nan ? MPQ_ERR_NONFINITE : MPQ_ERR_RANGE;
+        for (size_t b = 0; b < nb && st == MPQ_OK; b++) R.block_sal[b] = (float)acc[b];
+    }
+    MPQ_FREE(acc);
+    if (st != MPQ_OK) {
+        mpq_sfmp_reduced_free(&R);
+        return st;
+    }
+    *out = R;
+    return MPQ_OK;
+}
+
+/* A reduced layer against d (its own fields, permutations and values). */
+static mpq_status mpq__sfmp_check_reduced(const mpq_sfmp_reduced *R, const mpq_sfmp_desc *d)
+{
+    const int G = d->group ? d->group : 128, BR = d->block_rows ? d->block_rows : 16;
+    if (!R->block_sal || R->group != G || R->block_rows != BR || R->reorder != d->reorder) return MPQ_ERR_ARG;
+    if (!(d->reorder & MPQ_REORDER_ROWS) != !R->p_row || !(d->reorder & MPQ_REORDER_COLS) != !R->p_col)
+        return MPQ_ERR_ARG;
+    mpq_status st = R->p_row ? mpq_perm_validate(R->p_row, R->rows) : MPQ_OK;
+    if (st == MPQ_OK && R->p_col) st = mpq_perm_validate(R->p_col, R->cols);
+    const size_t nb = (size_t)((R->rows + BR - 1) / BR) * (size_t)((R->cols + G - 1) / G);
+    if (st == MPQ_OK) st = mpq__check_finite(R->block_sal, nb);
+    for (size_t b = 0; b < nb && st == MPQ_OK; b++)
+        if (R->block_sal[b] < 0.0f) st = MPQ_ERR_RANGE;
+    return st;
+}
+
+MPQ_DEF mpq_status mpq_plan_sfmp_reduced(const mpq_sfmp_reduced *layers, int nlayers, const mpq_sfmp_desc *d,
+                                         mpq_plan *out)
+{
+    if (!layers || !d || !out) return MPQ_ERR_ARG;
+    if (nlayers < 1) return MPQ_ERR_SIZE;
+    const int G = d->group ? d->group : 128, BR = d->block_rows ? d->block_rows : 16;
+    if (G < 8 || G % 8 || BR < 1 || d->reorder < 0 || d->reorder > MPQ_REORDER_BOTH) return MPQ_ERR_ARG;
+    double nw = 0.0, meta = 0.0;
+    size_t nblocks = 0;
+    for (int l = 0; l < nlayers; l++) {
+        if (layers[l].rows < 1 || layers[l].cols < 1) return MPQ_ERR_SIZE;
+        const int ng = (layers[l].cols + G - 1) / G;
+        nw += (double)layers[l].rows * (double)layers[l].cols;
+        meta += 32.0 * (double)layers[l].rows * ng;
+        nblocks += (size_t)((layers[l].rows + BR - 1) / BR) * (size_t)ng;
+    }
+    int lo;
+    double extra;
+    mpq_status st = mpq__sfmp_budget(d, nw, meta, &lo, &extra);
+    for (int l = 0; l < nlayers && st == MPQ_OK; l++) st = mpq__sfmp_check_reduced(&layers[l], d);
+    if (st != MPQ_OK) return st;
+
+    mpq_plan P;
+    memset(&P, 0, sizeof P);
+    P.nlayers = nlayers;
+    P.layers = (mpq_layer_plan *)MPQ_MALLOC(sizeof(mpq_layer_plan) * (size_t)nlayers);
+    float *sal = (float *)MPQ_MALLOC(sizeof(float) * nblocks);
+    uint32_t *order = (uint32_t *)MPQ_MALLOC(sizeof(uint32_t) * nblocks);
+    double *cost = (double *)MPQ_MALLOC(sizeof(double) * nblocks);
+    st = (P.layers && sal && order && cost) ? MPQ_OK : MPQ_ERR_NOMEM;
+    if (P.layers) memset(P.layers, 0, sizeof(mpq_layer_plan) * (size_t)nlayers);
+    size_t b0 = 0;
+    for (int l = 0; l < nlayers && st == MPQ_OK; l++) {
+        const mpq_sfmp_reduced *R = &layers[l];
+        mpq_layer_plan *L = &P.layers[l];
+        const int ng = (R->cols + G - 1) / G, nbr = (R->rows + BR - 1) / BR;
+        L->rows = R->rows, L->cols = R->cols, L->group = G, L->block_rows = BR, L->format = MPQ_FORMAT_BITPLANE;
+        L->bits = (uint8_t *)MPQ_MALLOC((size_t)nbr * (size_t)ng);
+        if (R->p_row) L->p_row = (uint32_t *)MPQ_MALLOC(sizeof(uint32_t) * (size_t)R->rows);
+        if (R->p_col) L->p_col = (uint32_t *)MPQ_MALLOC(sizeof(uint32_t) * (size_t)R->cols);
+        if (!L->bits || (R->p_row && !L->p_row) || (R->p_col && !L->p_col)) {
+            st = MPQ_ERR_NOMEM;
             break;
         }
+        if (R->p_row) memcpy(L->p_row, R->p_row, sizeof(uint32_t) * (size_t)R->rows);
+        if (R->p_col) memcpy(L->p_col, R->p_col, sizeof(uint32_t) * (size_t)R->cols);
         for (int br = 0; br < nbr; br++)
             for (int g = 0; g < ng; g++) {
-                size_t b = (size_t)br * (size_t)ng + (size_t)g;
-                int r = Ly->rows - br * BR < BR ? Ly->rows - br * BR : BR,
-                    c = Ly->cols - g * G < G ? Ly->cols - g * G : G;
-                sal[b0 + b] = (float)acc[b];
+                const size_t b = (size_t)br * (size_t)ng + (size_t)g;
+                const int r = R->rows - br * BR < BR ? R->rows - br * BR : BR,
+                          c = R->cols - g * G < G ? R->cols - g * G : G;
+                sal[b0 + b] = R->block_sal[b];
                 cost[b0 + b] = (double)r * c;
                 L->bits[b] = (uint8_t)lo;
             }
-        MPQ_FREE(acc);
         b0 += (size_t)nbr * (size_t)ng;
     }
     /* eq. 10 as a ranking: the most salient blocks, across all layers, take
@@ -7289,6 +7385,25 @@ MPQ_DEF mpq_status mpq_plan_sfmp(const mpq_sfmp_layer *layers, int nlayers, cons
     MPQ_FREE(order);
     MPQ_FREE(cost);
     return mpq__plan_finish(&P, st, out);
+}
+
+MPQ_DEF mpq_status mpq_plan_sfmp(const mpq_sfmp_layer *layers, int nlayers, const mpq_sfmp_desc *d, mpq_plan *out)
+{
+    if (!layers || !d || !out) return MPQ_ERR_ARG;
+    double nw, meta, extra;
+    size_t nblocks;
+    int lo;
+    mpq_status st = mpq__sfmp_sizes(layers, nlayers, d, &nw, &meta, &nblocks);
+    if (st == MPQ_OK) st = mpq__sfmp_budget(d, nw, meta, &lo, &extra); /* before any salience is read */
+    if (st != MPQ_OK) return st;
+    mpq_sfmp_reduced *R = (mpq_sfmp_reduced *)MPQ_MALLOC(sizeof *R * (size_t)nlayers);
+    if (!R) return MPQ_ERR_NOMEM;
+    memset(R, 0, sizeof *R * (size_t)nlayers);
+    for (int l = 0; l < nlayers && st == MPQ_OK; l++) st = mpq_sfmp_reduce(&layers[l], d, &R[l]);
+    if (st == MPQ_OK) st = mpq_plan_sfmp_reduced(R, nlayers, d, out);
+    for (int l = 0; l < nlayers; l++) mpq_sfmp_reduced_free(&R[l]);
+    MPQ_FREE(R);
+    return st;
 }
 
 MPQ_DEF mpq_status mpq_plan_mixllm(const mpq_mixllm_layer *layers, int nlayers, const mpq_mixllm_desc *d, mpq_plan *out)
@@ -8438,22 +8553,24 @@ static mpq_status mpq__recipe_fail(mpq_recipe_result *res, mpq_status st, int ma
     return st;
 }
 
-/* The planner's layers over the maps (salience pointers into S, or into
-   the maps). */
+/* SFMP's description from the recipe's fields. */
+static mpq_sfmp_desc mpq__recipe_sfmp_desc(const mpq_recipe *r)
+{
+    mpq_sfmp_desc d;
+    memset(&d, 0, sizeof d);
+    d.bpw = r->bpw, d.group = r->group, d.block_rows = r->block_rows, d.reorder = r->reorder;
+    return d;
+}
+
+/* The planner over the maps' salience as the planning pass kept it: SFMP's
+   reduced layers R, or MixLLM's channel and MXSens's column salience S. */
 static mpq_status mpq__recipe_call_planner(const mpq_recipe *r, const mpq_recipe_map *maps, int n,
-                                           const float *const *S, mpq_plan *out)
+                                           const mpq_sfmp_reduced *R, const float *const *S, mpq_plan *out)
 {
     mpq_status st = MPQ_ERR_NOMEM;
     if (r->planner == MPQ_PLANNER_SFMP) {
-        mpq_sfmp_layer *L = (mpq_sfmp_layer *)MPQ_MALLOC(sizeof *L * (size_t)n);
-        if (L) {
-            for (int i = 0; i < n; i++) L[i].S = S[i], L[i].rows = maps[i].rows, L[i].cols = maps[i].cols;
-            mpq_sfmp_desc d;
-            memset(&d, 0, sizeof d);
-            d.bpw = r->bpw, d.group = r->group, d.block_rows = r->block_rows, d.reorder = r->reorder;
-            st = mpq_plan_sfmp(L, n, &d, out);
-            MPQ_FREE(L);
-        }
+        const mpq_sfmp_desc d = mpq__recipe_sfmp_desc(r);
+        st = mpq_plan_sfmp_reduced(R, n, &d, out);
     } else if (r->planner == MPQ_PLANNER_MIXLLM) {
         mpq_mixllm_layer *L = (mpq_mixllm_layer *)MPQ_MALLOC(sizeof *L * (size_t)n);
         if (L) {
@@ -8492,63 +8609,99 @@ static mpq_status mpq__recipe_act_order(const mpq_recipe_map *m, const mpq_rotat
     return st;
 }
 
-/* The planning step: every map's salience (SFMP under act-order: a copy
-   with the columns in act-order, H released at once), then the plan. */
+/* What the planning pass keeps of fetched map m: SFMP's reduction of its
+   Fisher diagonal (under act-order with the columns in act-order), else a
+   copy of its channel or column salience. */
+static mpq_status mpq__recipe_keep_salience(const mpq_recipe *r, const mpq_recipe_map *m, mpq_sfmp_reduced *R,
+                                            float **S, const char **step)
+{
+    if (r->planner != MPQ_PLANNER_SFMP) {
+        const size_t k = r->planner == MPQ_PLANNER_MIXLLM ? (size_t)m->rows : (size_t)m->cols;
+        *S = (float *)MPQ_MALLOC(sizeof(float) * k);
+        if (!*S) return MPQ_ERR_NOMEM;
+        memcpy(*S, r->planner == MPQ_PLANNER_MIXLLM ? m->channel : m->col_sens, sizeof(float) * k);
+        return MPQ_OK;
+    }
+    const mpq_sfmp_desc d = mpq__recipe_sfmp_desc(r);
+    mpq_sfmp_layer L;
+    L.S = m->fisher, L.rows = m->rows, L.cols = m->cols;
+    if (!r->act_order) return mpq_sfmp_reduce(&L, &d, R);
+    *step = "act-order";
+    uint32_t *order = (uint32_t *)MPQ_MALLOC(sizeof(uint32_t) * (size_t)m->cols);
+    float *F = (float *)MPQ_MALLOC(sizeof(float) * (size_t)m->rows * (size_t)m->cols);
+    mpq_rotation rot;
+    memset(&rot, 0, sizeof rot);
+    mpq_status st = order && F ? MPQ_OK : MPQ_ERR_NOMEM;
+    if (st == MPQ_OK && r->rotate) st = mpq_rotation_init(&rot, m->cols, r->rotate_seed);
+    if (st == MPQ_OK) st = mpq__recipe_act_order(m, r->rotate ? &rot : NULL, order);
+    mpq_rotation_free(&rot);
+    if (st == MPQ_OK) st = mpq_perm_apply(m->fisher, m->rows, m->cols, NULL, order, F);
+    if (st == MPQ_OK) {
+        *step = "planning";
+        L.S = F;
+        st = mpq_sfmp_reduce(&L, &d, R);
+    }
+    MPQ_FREE(order);
+    MPQ_FREE(F);
+    return st;
+}
+
+/* The planning step: each map's salience is fetched (with H for SFMP under
+   act-order), reduced to what its planner reads and released before the
+   next, then the plan is made from the reductions. */
 static mpq_status mpq__recipe_plan(const mpq_recipe *r, mpq_recipe_map *maps, int n, const mpq_recipe_io *io,
                                    mpq_plan *out, mpq_recipe_result *res)
 {
-    const int permute = r->act_order && r->planner == MPQ_PLANNER_SFMP;
-    const unsigned need = MPQ_RECIPE_SALIENCE | (permute ? MPQ_RECIPE_HESSIAN : 0u);
-    const float **S = (const float **)MPQ_MALLOC(sizeof(float *) * (size_t)n);
-    float **own = (float **)MPQ_MALLOC(sizeof(float *) * (size_t)n);
-    int *fetched = (int *)MPQ_MALLOC(sizeof(int) * (size_t)n);
-    uint32_t *order = NULL;
-    if (!S || !own || !fetched) {
-        MPQ_FREE((void *)S);
-        MPQ_FREE(own);
-        MPQ_FREE(fetched);
+    const unsigned need =
+        MPQ_RECIPE_SALIENCE | (r->act_order && r->planner == MPQ_PLANNER_SFMP ? MPQ_RECIPE_HESSIAN : 0u);
+    mpq_sfmp_reduced *R = (mpq_sfmp_reduced *)MPQ_MALLOC(sizeof *R * (size_t)n);
+    float **S = (float **)MPQ_MALLOC(sizeof(float *) * (size_t)n);
+    if (!R || !S) {
+        MPQ_FREE(R);
+        MPQ_FREE(S);
         return mpq__recipe_fail(res, MPQ_ERR_NOMEM, -1, "planning");
     }
-    for (int i = 0; i < n; i++) own[i] = NULL, fetched[i] = 0;
+    memset(R, 0, sizeof *R * (size_t)n);
+    for (int i = 0; i < n; i++) S[i] = NULL;
     mpq_status st = MPQ_OK;
     int at = -1;
     const char *step = "planning";
+    if (r->planner == MPQ_PLANNER_SFMP) { /* the budget, from the shapes alone, before any salience is read */
+        const mpq_sfmp_desc d = mpq__recipe_sfmp_desc(r);
+        const int G = d.group ? d.group : 128;
+        double nw = 0.0, meta = 0.0, extra;
+        int lo;
+        for (int i = 0; i < n; i++) {
+            nw += (double)maps[i].rows * (double)maps[i].cols;
+            meta += 32.0 * (double)maps[i].rows * (double)((maps[i].cols + G - 1) / G);
+        }
+        if (G < 8 || G % 8 || d.block_rows < 0 || d.reorder < 0 || d.reorder > MPQ_REORDER_BOTH)
+            st = MPQ_ERR_ARG;
+        else
+            st = mpq__sfmp_budget(&d, nw, meta, &lo, &extra);
+    }
     for (int i = 0; i < n && st == MPQ_OK; i++) {
         mpq__recipe_progress(io, "planning", i, n, maps[i].name);
+        int fetched = 0;
         at = i, step = "fetch";
-        st = mpq__recipe_fetch(r, io, i, need, &maps[i], &fetched[i]);
-        if (st != MPQ_OK) break;
-        step = "planning";
-        const mpq_recipe_map *m = &maps[i];
-        S[i] = r->planner == MPQ_PLANNER_SFMP ? m->fisher : r->planner == MPQ_PLANNER_MIXLLM ? m->channel : m->col_sens;
-        if (!permute) continue;
-        step = "act-order";
-        MPQ_FREE(order);
-        order = (uint32_t *)MPQ_MALLOC(sizeof(uint32_t) * (size_t)m->cols);
-        own[i] = (float *)MPQ_MALLOC(sizeof(float) * (size_t)m->rows * (size_t)m->cols);
-        mpq_rotation rot;
-        memset(&rot, 0, sizeof rot);
-        st = order && own[i] ? MPQ_OK : MPQ_ERR_NOMEM;
-        if (st == MPQ_OK && r->rotate) st = mpq_rotation_init(&rot, m->cols, r->rotate_seed);
-        if (st == MPQ_OK) st = mpq__recipe_act_order(m, r->rotate ? &rot : NULL, order);
-        mpq_rotation_free(&rot);
-        if (st == MPQ_OK) st = mpq_perm_apply(m->fisher, m->rows, m->cols, NULL, order, own[i]);
-        S[i] = own[i];
-        mpq__recipe_release(io, i, &maps[i], &fetched[i]);
+        st = mpq__recipe_fetch(r, io, i, need, &maps[i], &fetched);
+        if (st == MPQ_OK) {
+            step = "planning";
+            st = mpq__recipe_keep_salience(r, &maps[i], &R[i], &S[i], &step);
+        }
+        mpq__recipe_release(io, i, &maps[i], &fetched);
     }
-    MPQ_FREE(order);
     if (st == MPQ_OK) {
         at = -1, step = "planning";
         mpq__recipe_progress(io, "planning", n, n, NULL);
-        st = mpq__recipe_call_planner(r, maps, n, S, out);
+        st = mpq__recipe_call_planner(r, maps, n, R, (const float *const *)S, out);
     }
     for (int i = 0; i < n; i++) {
-        mpq__recipe_release(io, i, &maps[i], &fetched[i]);
-        MPQ_FREE(own[i]);
+        mpq_sfmp_reduced_free(&R[i]);
+        MPQ_FREE(S[i]);
     }
-    MPQ_FREE((void *)S);
-    MPQ_FREE(own);
-    MPQ_FREE(fetched);
+    MPQ_FREE(R);
+    MPQ_FREE(S);
     return st == MPQ_OK ? MPQ_OK : mpq__recipe_fail(res, st, at, step);
 }
 

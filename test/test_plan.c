@@ -219,6 +219,148 @@ Test(plan, reordering_gathers_salience_into_the_promoted_blocks)
     free_model(&M);
 }
 
+/* The two-step SFMP (a layer's salience reduced on its own, then the plan
+   from the reductions) is mpq_plan_sfmp's plan, bit for bit; the block
+   sums are eq. 9 in float64 over the reordered salience. */
+Test(plan, reduced_layers_plan_as_the_layers_do)
+{
+    synth_rng r = {97};
+    for (int rep = 0; rep < 30; rep++) {
+        int shape[4][2], n = 1 + synth_int(&r, 4);
+        for (int l = 0; l < n; l++) shape[l][0] = 1 + synth_int(&r, 90), shape[l][1] = 8 + synth_int(&r, 300);
+        model M;
+        make_model(&r, &M, n, (const int(*)[2])shape);
+        mpq_sfmp_desc d = {0};
+        d.group = 8 * (1 + synth_int(&r, 16));
+        d.block_rows = 1 + synth_int(&r, 40);
+        d.reorder = synth_int(&r, 4);
+        double meta = 0, nw = 0;
+        for (int l = 0; l < n; l++) {
+            meta += 32.0 * shape[l][0] * ((shape[l][1] + d.group - 1) / d.group);
+            nw += (double)shape[l][0] * shape[l][1];
+        }
+        d.bpw = 1.0 + meta / nw + 7.0 * synth_unif(&r);
+        mpq_sfmp_reduced R[4];
+        for (int l = 0; l < n; l++) {
+            cr_assert_eq(mpq_sfmp_reduce(&M.L[l], &d, &R[l]), MPQ_OK);
+            const int rows = shape[l][0], cols = shape[l][1], G = d.group, BR = d.block_rows;
+            uint32_t *pr = malloc(4 * rows), *pc = malloc(4 * cols);
+            cr_assert_eq(mpq_perm_from_salience(M.L[l].S, rows, cols, pr, pc), MPQ_OK);
+            cr_assert_eq(!R[l].p_row, !(d.reorder & MPQ_REORDER_ROWS));
+            cr_assert_eq(!R[l].p_col, !(d.reorder & MPQ_REORDER_COLS));
+            if (R[l].p_row) cr_assert_arr_eq(R[l].p_row, pr, 4 * rows);
+            if (R[l].p_col) cr_assert_arr_eq(R[l].p_col, pc, 4 * cols);
+            const int ng = (cols + G - 1) / G;
+            for (int br = 0; br * BR < rows; br++)
+                for (int g = 0; g < ng; g++) {
+                    double s = 0;
+                    for (int i = br * BR; i < rows && i < br * BR + BR; i++)
+                        for (int j = g * G; j < cols && j < g * G + G; j++)
+                            s += M.L[l].S[(size_t)(R[l].p_row ? R[l].p_row[i] : (uint32_t)i) * cols +
+                                          (R[l].p_col ? R[l].p_col[j] : (uint32_t)j)];
+                    cr_assert_float_eq(R[l].block_sal[br * ng + g], s, 1e-5 * s + 1e-30, "layer %d block %d,%d", l, br,
+                                       g);
+                }
+            free(pr), free(pc);
+        }
+        mpq_plan a, b;
+        cr_assert_eq(mpq_plan_sfmp(M.L, n, &d, &a), MPQ_OK);
+        cr_assert_eq(mpq_plan_sfmp_reduced(R, n, &d, &b), MPQ_OK);
+        cr_assert_eq(a.bpw, b.bpw);
+        cr_assert_eq(a.index_bytes, b.index_bytes);
+        for (int l = 0; l < n; l++) {
+            const mpq_layer_plan *A = &a.layers[l], *B = &b.layers[l];
+            cr_assert(A->rows == B->rows && A->cols == B->cols && A->group == B->group &&
+                      A->block_rows == B->block_rows && A->format == B->format);
+            cr_assert_arr_eq(A->bits, B->bits,
+                             (size_t)((A->rows + A->block_rows - 1) / A->block_rows) *
+                                 ((A->cols + A->group - 1) / A->group));
+            cr_assert_eq(!A->p_row, !B->p_row);
+            cr_assert_eq(!A->p_col, !B->p_col);
+            if (A->p_row) cr_assert_arr_eq(A->p_row, B->p_row, 4 * A->rows);
+            if (A->p_col) cr_assert_arr_eq(A->p_col, B->p_col, 4 * A->cols);
+            if (B->p_row) cr_assert_neq(B->p_row, R[l].p_row, "the plan keeps copies");
+        }
+        mpq_plan_free(&a), mpq_plan_free(&b);
+        for (int l = 0; l < n; l++) mpq_sfmp_reduced_free(&R[l]);
+        free_model(&M);
+    }
+}
+
+Test(plan, reduced_layers_bad_input)
+{
+    synth_rng r = {98};
+    const int shape[2][2] = {{40, 200}, {33, 96}};
+    model M;
+    make_model(&r, &M, 2, shape);
+    mpq_sfmp_desc d = {0};
+    d.bpw = 3.0, d.group = 64, d.block_rows = 8, d.reorder = MPQ_REORDER_BOTH;
+    mpq_sfmp_reduced R[2], keep;
+    memset(&keep, 0x5A, sizeof keep);
+    R[1] = keep;
+    /* the layer's own errors, and nothing written */
+    float *S = (float *)M.L[1].S;
+    S[5] = NAN;
+    cr_assert_eq(mpq_sfmp_reduce(&M.L[1], &d, &R[1]), MPQ_ERR_NONFINITE);
+    S[5] = -1.0f;
+    cr_assert_eq(mpq_sfmp_reduce(&M.L[1], &d, &R[1]), MPQ_ERR_RANGE);
+    S[5] = 0.5f;
+    cr_assert_eq(memcmp(&R[1], &keep, sizeof keep), 0, "out untouched");
+    cr_assert_eq(mpq_sfmp_reduce(NULL, &d, &R[1]), MPQ_ERR_ARG);
+    cr_assert_eq(mpq_sfmp_reduce(&M.L[1], NULL, &R[1]), MPQ_ERR_ARG);
+    cr_assert_eq(mpq_sfmp_reduce(&M.L[1], &d, NULL), MPQ_ERR_ARG);
+    d.group = 12;
+    cr_assert_eq(mpq_sfmp_reduce(&M.L[1], &d, &R[1]), MPQ_ERR_ARG);
+    d.group = 64;
+    for (int l = 0; l < 2; l++) cr_assert_eq(mpq_sfmp_reduce(&M.L[l], &d, &R[l]), MPQ_OK);
+    mpq_plan p;
+    cr_assert_eq(mpq_plan_sfmp_reduced(R, 2, &d, &p), MPQ_OK);
+    mpq_plan_free(&p);
+    /* another description than the one reduced with */
+    mpq_sfmp_desc e = d;
+    e.group = 128;
+    cr_assert_eq(mpq_plan_sfmp_reduced(R, 2, &e, &p), MPQ_ERR_ARG);
+    e = d, e.block_rows = 16;
+    cr_assert_eq(mpq_plan_sfmp_reduced(R, 2, &e, &p), MPQ_ERR_ARG);
+    e = d, e.reorder = MPQ_REORDER_ROWS;
+    cr_assert_eq(mpq_plan_sfmp_reduced(R, 2, &e, &p), MPQ_ERR_ARG);
+    /* budgets, list and pointers */
+    e = d, e.bpw = NAN;
+    cr_assert_eq(mpq_plan_sfmp_reduced(R, 2, &e, &p), MPQ_ERR_ARG);
+    e = d, e.bpw = 1.2; /* below 1 weight bit after metadata */
+    cr_assert_eq(mpq_plan_sfmp_reduced(R, 2, &e, &p), MPQ_ERR_RANGE);
+    cr_assert_eq(mpq_plan_sfmp_reduced(R, 0, &d, &p), MPQ_ERR_SIZE);
+    cr_assert_eq(mpq_plan_sfmp_reduced(NULL, 2, &d, &p), MPQ_ERR_ARG);
+    cr_assert_eq(mpq_plan_sfmp_reduced(R, 2, &d, NULL), MPQ_ERR_ARG);
+    /* a hostile reduction: bad block sums, a permutation that is not one, a missing one */
+    float *bs = R[1].block_sal;
+    const float v = bs[3];
+    bs[3] = INFINITY;
+    cr_assert_eq(mpq_plan_sfmp_reduced(R, 2, &d, &p), MPQ_ERR_NONFINITE);
+    bs[3] = -1.0f;
+    cr_assert_eq(mpq_plan_sfmp_reduced(R, 2, &d, &p), MPQ_ERR_RANGE);
+    bs[3] = v;
+    const uint32_t q = R[1].p_col[2];
+    R[1].p_col[2] = R[1].p_col[3];
+    cr_assert_eq(mpq_plan_sfmp_reduced(R, 2, &d, &p), MPQ_ERR_PERM);
+    R[1].p_col[2] = 999;
+    cr_assert_eq(mpq_plan_sfmp_reduced(R, 2, &d, &p), MPQ_ERR_PERM);
+    R[1].p_col[2] = q;
+    uint32_t *pr = R[0].p_row;
+    R[0].p_row = NULL;
+    cr_assert_eq(mpq_plan_sfmp_reduced(R, 2, &d, &p), MPQ_ERR_ARG);
+    R[0].p_row = pr;
+    float *b0 = R[0].block_sal;
+    R[0].block_sal = NULL;
+    cr_assert_eq(mpq_plan_sfmp_reduced(R, 2, &d, &p), MPQ_ERR_ARG);
+    R[0].block_sal = b0;
+    cr_assert_eq(mpq_plan_sfmp_reduced(R, 2, &d, &p), MPQ_OK, "restored");
+    mpq_plan_free(&p);
+    for (int l = 0; l < 2; l++) mpq_sfmp_reduced_free(&R[l]);
+    mpq_sfmp_reduced_free(NULL);
+    free_model(&M);
+}
+
 Test(plan, summary_and_compare)
 {
     synth_rng r = {95};

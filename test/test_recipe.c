@@ -369,12 +369,13 @@ Test(recipe, streamed_maps_give_the_same_bytes)
 {
     fixture F;
     make(&F, 7);
-    for (int k = 0; k < 3; k++) {
+    for (int k = 0; k < 4; k++) {
         mpq_recipe r;
         memset(&r, 0, sizeof r);
         if (k == 0) r.bits = 3, r.awq = 1, r.gptq = 1, r.act_order = 1;
         if (k == 1) r.planner = MPQ_PLANNER_SFMP, r.bpw = 3.5, r.gptq = 1, r.act_order = 1;
         if (k == 2) r.planner = MPQ_PLANNER_SFMP, r.bpw = 3.5, r.requant = 1;
+        if (k == 3) r.planner = MPQ_PLANNER_SFMP, r.bpw = 3.5, r.reorder = MPQ_REORDER_BOTH, r.gptq = 1;
         stream s;
         memset(&s, 0, sizeof s);
         mpq_recipe_result res;
@@ -385,7 +386,8 @@ Test(recipe, streamed_maps_give_the_same_bytes)
             cr_assert_eq(s.order[i], i, "stored in order");
             cr_assert_eq(s.need[i] & ~mpq_recipe_needs(&r), 0u, "case %d: asked only for what the recipe needs", k);
         }
-        /* one map at a time, but ReQuant, which ranks weights over all maps */
+        /* one map at a time, planning included (it keeps SFMP's block sums),
+           but ReQuant, which ranks weights over all maps */
         cr_assert_eq(s.most_held, k == 2 ? NM : 1, "case %d: %d maps held at once", k, s.most_held);
         mpq_packed want[NM];
         cr_assert_eq(mpq_recipe_run(&r, F.m, NM, NULL, want, NULL), MPQ_OK);
@@ -393,6 +395,17 @@ Test(recipe, streamed_maps_give_the_same_bytes)
             same(&s.out[i], &want[i], "streamed", i);
             mpq_packed_free(&s.out[i]), mpq_packed_free(&want[i]);
         }
+    }
+    /* a budget the shapes cannot meet fails before any fetch */
+    {
+        mpq_recipe r;
+        memset(&r, 0, sizeof r);
+        r.planner = MPQ_PLANNER_SFMP, r.bpw = 0.5;
+        stream s;
+        memset(&s, 0, sizeof s);
+        mpq_recipe_result res;
+        cr_assert_eq(run_streamed(&r, &F, &s, &res), MPQ_ERR_RANGE);
+        cr_assert_eq(s.fetches, 0, "the budget is checked before any fetch");
     }
     /* a failing fetch or store: its status, everything released, nothing
        left behind (ASan checks the packed matrices of failed stores) */
@@ -518,6 +531,13 @@ Test(recipe, bad_input_is_an_error_that_writes_nothing)
     FAILS((r.bits = 3), MPQ_ERR_NONFINITE, 1);
     FAILS((r.requant = 1), MPQ_ERR_NONFINITE, 1);
     W[17] = 0.1f;
+    /* non-finite salience in one map: that map, found while planning */
+    float *Fi = (float *)(uintptr_t)F.m[2].fisher;
+    const float f3 = Fi[3];
+    Fi[3] = NAN;
+    FAILS((r.planner = MPQ_PLANNER_SFMP, r.bpw = 3.5), MPQ_ERR_NONFINITE, 2);
+    cr_assert_str_eq(res.step, "planning");
+    Fi[3] = f3;
     /* a given plan of other shapes, or with its own column order under act-order */
     mpq_plan p;
     memset(&r, 0, sizeof r);
