@@ -16,8 +16,9 @@
 #     --chunks chunks of 512 tokens of the evaluation text;
 #   - speed: decode of the SFMP result (`mpq speed`, 64 tokens; without
 #     fisher the GPTQ one), its bytes read per token against the rate
-#     bench_gemv reaches on the same shapes at 3 bits (3.25 bpw with
-#     metadata; 4 for the GPTQ result) and threads.
+#     bench_gemv reaches on the same shapes at 3.25 bits (3.5 bpw with
+#     metadata; 4 for the GPTQ result) and threads, weighted by each
+#     map's bytes.
 # For each step: wall time, and the peaks of the process's anonymous memory
 # (RssAnon, sampled every 0.1 s from /proc) and of its resident set (VmHWM,
 # which counts mapped file pages too).
@@ -171,20 +172,28 @@ if [ $sfmp = 1 ]; then step eval-sfmp3.5 "$mpq" eval --quiet --chunks "$chunks" 
 for f in eval-float eval-gptq4 eval-sfmp3.5; do
     if { want eval || want "$f"; } && [ -f "$work/$f.log" ]; then echo "# $f: $(grep -m1 '^perplexity' "$work/$f.log")" | tee -a "$out"; fi
 done
-if [ $sfmp = 1 ]; then sp=sfmp3.5 sf=$s35 sb=3; else sp=gptq4 sf=$q4 sb=4; fi
+if [ $sfmp = 1 ]; then sp=sfmp3.5 sf=$s35 sb=3.25; else sp=gptq4 sf=$q4 sb=4.00; fi
 step speed-$sp "$mpq" speed --threads "$threads" "$sf"
 if want speed || want "speed-$sp"; then echo "# speed: $(grep 'tg' "$work/speed-$sp.log" | tail -1)" | tee -a "$out"; fi
 if [ $smol = 0 ] && { want speed || want "speed-$sp"; }; then
-    # bytes a decoded token reads: the packed maps of the layers and the head
-    bytes=$("$mpq" inspect "$sf" | awk '$3 == "bitplane" && $1 != "model.embed_tokens.weight" { b += $NF } END { print b }')
-    tg=$(grep 'tg' "$work/speed-$sp.log" | tail -1 | awk -F'|' '{ split($7, v, " "); print v[1] }')
+    # bytes a decoded token reads (the packed maps of the layers and the
+    # head), and the time the kernels alone take for them: each map at the
+    # rate bench_gemv reaches on its shape (the 4096-column maps at the
+    # 4096x4096 rate, the head at the 14336x4096 one) and width
     build/release/bench_gemv --threads "$threads" >"$work/gemv.log" 2>&1 # the three shapes of these layers
-    awk -v bytes="$bytes" -v tg="$tg" -v sb="$sb" '
-        $2 == sb ".00" && $3 ~ /^[0-9]+$/ { gbs[$1] = $5 }
+    tg=$(grep 'tg' "$work/speed-$sp.log" | tail -1 | awk -F'|' '{ split($7, v, " "); print v[1] }')
+    "$mpq" inspect "$sf" | awk -v tg="$tg" -v sb="$sb" '
+        FNR == NR { if ($2 == sb && $3 ~ /^[0-9]+$/) gbs[$1] = $5; next }
+        $3 == "bitplane" && $1 != "model.embed_tokens.weight" {
+            split($2, d, "x")
+            s = d[2] == 14336 ? "4096x14336" : d[1] == 4096 || d[1] == 1024 ? "4096x4096" : "14336x4096"
+            bytes += $NF
+            t += $NF / (gbs[s] * 1e9)
+        }
         END {
-            printf "# decode reads %.3f GB per token at %.2f tokens/s: %.1f GB/s; bench_gemv at %d bits: ", bytes / 1e9, tg, bytes * tg / 1e9, sb
+            printf "# decode reads %.3f GB per token at %.2f tokens/s: %.1f GB/s; bench_gemv at %s bits: ", bytes / 1e9, tg, bytes * tg / 1e9, sb
             for (s in gbs) printf "%s %.1f GB/s  ", s, gbs[s]
-            printf "\n"
-        }' "$work/gemv.log" | tee -a "$out"
+            printf "\n# the kernels alone would take %.1f ms per token: decode reaches %.2f of their rate\n", t * 1e3, t * tg
+        }' "$work/gemv.log" - | tee -a "$out"
 fi
 echo "# raw logs: $work" | tee -a "$out"
