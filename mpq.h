@@ -1364,6 +1364,59 @@ MPQ_DEF mpq_status mpq_requant_masks(mpq_requant_map *maps, int n, double outlie
    restores them (W - dense there, fp16). */
 MPQ_DEF mpq_status mpq_requant_pack(const mpq_requant_map *map, mpq_packed *out);
 
+/* ALLOCATION from predicted losses: the widths of every map chosen so that
+   the model's predicted loss (the KL divergence to the float model) is
+   least for a size, or the size least for a loss. Map i has options
+   k = 0 .. nopt - 1 (a width, or any setting the caller measured): bits[k],
+   its size in bits (weights and metadata), and loss[k], the predicted
+   growth of the model's loss when map i alone is quantized so. The
+   model's predicted loss is the sum of its maps' (the measurements say how
+   well that holds). A map may also mix two of its options block by block
+   (SFMP's ranking puts the most salient blocks at the wider one): a share
+   t of it at option hi and 1 - t at lo, its bits and loss interpolated
+   linearly (promoting the most salient blocks first, the real loss lies on
+   or below that line).
+
+   With mixing, a map's least loss for x bits is the lower convex hull of
+   its options, so both problems are separable and convex: start every map
+   at its cheapest option (fewest bits; of equal ones the least loss), then
+   take the hull steps of all the maps one at a time, the one that saves
+   the most loss per bit first (ties: the lowest map index), until the
+   budget or the bound is reached. That walk is optimal (each step taken
+   saves at least as much per bit as any step left, which is the
+   Lagrangian condition of the convex problem), and it leaves at most one
+   map mixed: the step it reaches the budget or the bound in, taken in
+   part. Options off the hull (more bits for no less loss, or above the
+   chord of their neighbours) are never chosen: a mix beats them. */
+typedef struct mpq_alloc_map {
+    int nopt;
+    const double *bits; /* nopt sizes, finite and > 0 */
+    const double *loss; /* nopt predicted losses, finite and >= 0 */
+} mpq_alloc_map;
+
+typedef struct mpq_alloc_choice {
+    int lo, hi;        /* options: the map is option lo, or (t > 0) a mix of lo and hi */
+    double t;          /* share at hi, in [0, 1) */
+    double bits, loss; /* the map's: (1 - t) lo's + t hi's */
+} mpq_alloc_choice;
+
+/* The sizes and losses the walk spans: *bits_min and *loss_max at every
+   map's cheapest option, *bits_max and *loss_min where every map has
+   reached its least loss (the end of its hull). Any pointer but maps may
+   be NULL. MPQ_ERR_ARG / MPQ_ERR_SIZE / MPQ_ERR_NONFINITE / MPQ_ERR_RANGE
+   for a map without options or with sizes or losses out of range. */
+MPQ_DEF mpq_status mpq_alloc_range(const mpq_alloc_map *maps, int n, double *bits_min, double *loss_max,
+                                   double *bits_max, double *loss_min);
+/* The least predicted loss within `budget` bits: out[i] per map (the
+   caller's, n of them). A budget below bits_min is MPQ_ERR_RANGE; from
+   bits_max on, every map is at its least loss. The total size is at most
+   the budget and, below bits_max, equal to it up to rounding. */
+MPQ_DEF mpq_status mpq_alloc_for_bits(const mpq_alloc_map *maps, int n, double budget, mpq_alloc_choice *out);
+/* The fewest bits whose predicted loss is at most `bound`: a bound below
+   loss_min is MPQ_ERR_RANGE; from loss_max on, every map is at its
+   cheapest option (the caller decides whether such a bound is useful). */
+MPQ_DEF mpq_status mpq_alloc_for_loss(const mpq_alloc_map *maps, int n, double bound, mpq_alloc_choice *out);
+
 /* ========================================================================== */
 /* 12. Precision schedules (PMPD)                                             */
 /* ========================================================================== */
@@ -7910,6 +7963,168 @@ MPQ_DEF mpq_status mpq_requant_masks(mpq_requant_map *maps, int n, double outlie
     if (st != MPQ_OK) return st;
     if (t_best) *t_best = t;
     if (sparse) *sparse = marked;
+    return MPQ_OK;
+}
+
+/* One map's hull for the allocation: its options in walk order, from the
+   cheapest to the least loss, each step saving loss at a lower rate per
+   bit than the one before. */
+typedef struct mpq__hull {
+    int *opt; /* options on the hull, in order */
+    int n;    /* how many */
+} mpq__hull;
+
+static mpq_status mpq__alloc_check(const mpq_alloc_map *maps, int n)
+{
+    if (!maps) return MPQ_ERR_ARG;
+    if (n < 1) return MPQ_ERR_SIZE;
+    for (int i = 0; i < n; i++) {
+        if (maps[i].nopt < 1) return MPQ_ERR_SIZE;
+        if (!maps[i].bits || !maps[i].loss) return MPQ_ERR_ARG;
+        for (int k = 0; k < maps[i].nopt; k++) {
+            const double b = maps[i].bits[k], l = maps[i].loss[k];
+            if (!(b - b == 0.0) || !(l - l == 0.0)) return MPQ_ERR_NONFINITE;
+            if (!(b > 0.0) || l < 0.0) return MPQ_ERR_RANGE;
+        }
+    }
+    return MPQ_OK;
+}
+
+/* The lower convex hull of map m's options from its cheapest option to
+   its least loss (into h->opt, nopt ints the caller gives). */
+static void mpq__alloc_hull(const mpq_alloc_map *m, int *idx, mpq__hull *h)
+{
+    const double *b = m->bits, *l = m->loss;
+    for (int k = 0; k < m->nopt; k++) idx[k] = k;
+    /* by bits, then loss, then index (insertion sort: a handful of options) */
+    for (int k = 1; k < m->nopt; k++) {
+        const int v = idx[k];
+        int j = k - 1;
+        while (j >= 0 &&
+               (b[idx[j]] > b[v] || (b[idx[j]] == b[v] && (l[idx[j]] > l[v] || (l[idx[j]] == l[v] && idx[j] > v))))) {
+            idx[j + 1] = idx[j];
+            j--;
+        }
+        idx[j + 1] = v;
+    }
+    h->n = 0;
+    for (int k = 0; k < m->nopt; k++) {
+        const int v = idx[k];
+        if (h->n > 0 && l[v] >= l[h->opt[h->n - 1]]) continue; /* no less loss for more bits */
+        /* drop the last point while it lies on or above the chord from the
+           one before it to v (cross product, exact in sign for what it
+           decides: the steps' rates must strictly fall) */
+        while (h->n >= 2) {
+            const int a = h->opt[h->n - 2], c = h->opt[h->n - 1];
+            const double cross = (b[c] - b[a]) * (l[v] - l[a]) - (l[c] - l[a]) * (b[v] - b[a]);
+            if (cross > 0.0) break; /* c below the chord: keep it */
+            h->n--;
+        }
+        h->opt[h->n++] = v;
+    }
+}
+
+/* The walk of both allocations: for_bits (1) stops at `limit` bits, else
+   at a predicted loss of `limit`. */
+static mpq_status mpq__alloc_walk(const mpq_alloc_map *maps, int n, int for_bits, double limit, mpq_alloc_choice *out)
+{
+    mpq_status st = mpq__alloc_check(maps, n);
+    if (st != MPQ_OK) return st;
+    if (!out) return MPQ_ERR_ARG;
+    if (!(limit - limit == 0.0)) return MPQ_ERR_ARG;
+    size_t total = 0;
+    for (int i = 0; i < n; i++) total += (size_t)maps[i].nopt;
+    int *mem = (int *)MPQ_MALLOC(sizeof(int) * (2 * total + (size_t)n));
+    mpq__hull *H = (mpq__hull *)MPQ_MALLOC(sizeof(mpq__hull) * (size_t)n);
+    if (!mem || !H) {
+        MPQ_FREE(mem);
+        MPQ_FREE(H);
+        return MPQ_ERR_NOMEM;
+    }
+    int *at = mem + 2 * total; /* each map's position on its hull */
+    double bits = 0.0, loss = 0.0, loss_min = 0.0;
+    for (int i = 0, *p = mem; i < n; i++) {
+        H[i].opt = p;
+        mpq__alloc_hull(&maps[i], p + maps[i].nopt, &H[i]);
+        p += 2 * maps[i].nopt;
+        at[i] = 0;
+        bits += maps[i].bits[H[i].opt[0]];
+        loss += maps[i].loss[H[i].opt[0]];
+        loss_min += maps[i].loss[H[i].opt[H[i].n - 1]];
+    }
+    int part = -1; /* the map whose step is taken in part */
+    double t = 0.0;
+    if (for_bits ? bits > limit : loss_min > limit) st = MPQ_ERR_RANGE;
+    while (st == MPQ_OK && (for_bits ? bits < limit : loss > limit)) {
+        int best = -1;
+        double rate = 0.0;
+        for (int i = 0; i < n; i++) { /* the step that saves the most loss per bit */
+            if (at[i] + 1 >= H[i].n) continue;
+            const int a = H[i].opt[at[i]], c = H[i].opt[at[i] + 1];
+            const double r = (maps[i].loss[a] - maps[i].loss[c]) / (maps[i].bits[c] - maps[i].bits[a]);
+            if (best < 0 || r > rate) best = i, rate = r;
+        }
+        if (best < 0) break; /* every map at its least loss */
+        const int a = H[best].opt[at[best]], c = H[best].opt[at[best] + 1];
+        const double db = maps[best].bits[c] - maps[best].bits[a], dl = maps[best].loss[a] - maps[best].loss[c];
+        if (for_bits ? bits + db > limit : loss - dl < limit) { /* the last step, in part */
+            part = best;
+            t = for_bits ? (limit - bits) / db : (loss - limit) / dl;
+            break;
+        }
+        bits += db, loss -= dl;
+        at[best]++;
+    }
+    if (st == MPQ_OK)
+        for (int i = 0; i < n; i++) {
+            mpq_alloc_choice *o = &out[i];
+            o->lo = o->hi = H[i].opt[at[i]];
+            o->t = 0.0;
+            if (i == part && t > 0.0) {
+                o->hi = H[i].opt[at[i] + 1];
+                o->t = t < 1.0 ? t : nextafter(1.0, 0.0);
+            }
+            o->bits = (1.0 - o->t) * maps[i].bits[o->lo] + o->t * maps[i].bits[o->hi];
+            o->loss = (1.0 - o->t) * maps[i].loss[o->lo] + o->t * maps[i].loss[o->hi];
+        }
+    MPQ_FREE(mem);
+    MPQ_FREE(H);
+    return st;
+}
+
+MPQ_DEF mpq_status mpq_alloc_for_bits(const mpq_alloc_map *maps, int n, double budget, mpq_alloc_choice *out)
+{
+    return mpq__alloc_walk(maps, n, 1, budget, out);
+}
+
+MPQ_DEF mpq_status mpq_alloc_for_loss(const mpq_alloc_map *maps, int n, double bound, mpq_alloc_choice *out)
+{
+    return mpq__alloc_walk(maps, n, 0, bound, out);
+}
+
+MPQ_DEF mpq_status mpq_alloc_range(const mpq_alloc_map *maps, int n, double *bits_min, double *loss_max,
+                                   double *bits_max, double *loss_min)
+{
+    mpq_status st = mpq__alloc_check(maps, n);
+    if (st != MPQ_OK) return st;
+    size_t total = 0;
+    for (int i = 0; i < n; i++) total += (size_t)maps[i].nopt;
+    int *mem = (int *)MPQ_MALLOC(sizeof(int) * 2 * total);
+    if (!mem) return MPQ_ERR_NOMEM;
+    double v[4] = {0.0, 0.0, 0.0, 0.0};
+    for (int i = 0, *p = mem; i < n; i++) {
+        mpq__hull h;
+        h.opt = p;
+        mpq__alloc_hull(&maps[i], p + maps[i].nopt, &h);
+        p += 2 * maps[i].nopt;
+        v[0] += maps[i].bits[h.opt[0]], v[1] += maps[i].loss[h.opt[0]];
+        v[2] += maps[i].bits[h.opt[h.n - 1]], v[3] += maps[i].loss[h.opt[h.n - 1]];
+    }
+    MPQ_FREE(mem);
+    if (bits_min) *bits_min = v[0];
+    if (loss_max) *loss_max = v[1];
+    if (bits_max) *bits_max = v[2];
+    if (loss_min) *loss_min = v[3];
     return MPQ_OK;
 }
 

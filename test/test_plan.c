@@ -605,3 +605,147 @@ Test(plan, mixllm_global_channels_at_8_bits_contiguous)
     cr_assert_eq(mpq_plan_mixllm(L, 0, &d, &p), MPQ_ERR_SIZE);
     for (int l = 0; l < 3; l++) free(sal[l]);
 }
+
+/* ---- allocation from predicted losses ------------------------------------ */
+
+/* The least total loss within B bits (for_bits) or the fewest bits for a
+   total loss of at most B, by brute force: every assignment of options,
+   and every assignment with one map mixing any two of its options at the
+   share that meets B exactly. INFINITY when nothing qualifies. */
+static double alloc_brute(const mpq_alloc_map *M, int n, int for_bits, double B)
+{
+    double best = INFINITY;
+    int d[6] = {0};
+    for (;;) {
+        double bits = 0, loss = 0;
+        for (int i = 0; i < n; i++) bits += M[i].bits[d[i]], loss += M[i].loss[d[i]];
+        if (for_bits ? bits <= B : loss <= B) best = fmin(best, for_bits ? loss : bits);
+        for (int j = 0; j < n; j++) { /* map j mixes a and b; the others as d says */
+            const double ob = bits - M[j].bits[d[j]], ol = loss - M[j].loss[d[j]];
+            for (int a = 0; a < M[j].nopt; a++)
+                for (int b = 0; b < M[j].nopt; b++) {
+                    const double ba = M[j].bits[a], bb = M[j].bits[b], la = M[j].loss[a], lb = M[j].loss[b];
+                    if (for_bits ? bb == ba : lb == la) continue;
+                    const double t = for_bits ? (B - ob - ba) / (bb - ba) : (B - ol - la) / (lb - la);
+                    if (!(t > 0 && t < 1)) continue;
+                    best = fmin(best, for_bits ? ol + (1 - t) * la + t * lb : ob + (1 - t) * ba + t * bb);
+                }
+        }
+        int i = 0;
+        while (i < n && ++d[i] == M[i].nopt) d[i++] = 0;
+        if (i == n) break;
+    }
+    return best;
+}
+
+Test(plan, allocation_worked_example)
+{
+    /* map 0: 2, 3, 4 bits with losses 10, 4, 1; map 1: 2, 3, 4 with 6, 5,
+       0.5 (its 3 lies above the chord from 2 to 4: a mix beats it) */
+    const double b[3] = {2, 3, 4}, l0[3] = {10, 4, 1}, l1[3] = {6, 5, 0.5};
+    mpq_alloc_map M[2] = {{3, b, l0}, {3, b, l1}};
+    mpq_alloc_choice c[2];
+    /* from 4 bits and loss 16: map 0 to 3 (6 a bit), map 0 to 4 (3 a bit),
+       then map 1 from 2 to 4 (2.75 a bit) half way within 7 bits */
+    cr_assert_eq(mpq_alloc_for_bits(M, 2, 7.0, c), MPQ_OK);
+    cr_assert(c[0].lo == 2 && c[0].t == 0.0);
+    cr_assert(c[1].lo == 0 && c[1].hi == 2);
+    cr_assert_float_eq(c[1].t, 0.5, 1e-15);
+    cr_assert_float_eq(c[0].loss + c[1].loss, 4.25, 1e-12, "the best whole options give 4.5");
+    cr_assert_float_eq(c[0].bits + c[1].bits, 7.0, 1e-12);
+    /* the inverse: a loss of 7 needs exactly 6 bits (map 0 at 4, map 1 at 2) */
+    cr_assert_eq(mpq_alloc_for_loss(M, 2, 7.0, c), MPQ_OK);
+    cr_assert(c[0].lo == 2 && c[0].t == 0.0 && c[1].lo == 0 && c[1].t == 0.0);
+    cr_assert_float_eq(c[0].bits + c[1].bits, 6.0, 1e-12);
+    double bmin, lmax, bmax, lmin;
+    cr_assert_eq(mpq_alloc_range(M, 2, &bmin, &lmax, &bmax, &lmin), MPQ_OK);
+    cr_assert(bmin == 4 && lmax == 16 && bmax == 8 && lmin == 1.5);
+}
+
+Test(plan, allocation_is_the_brute_force_optimum)
+{
+    synth_rng r = {99};
+    for (int rep = 0; rep < 3000; rep++) {
+        const int n = 1 + synth_int(&r, 4);
+        double bits[4][5], loss[4][5];
+        mpq_alloc_map M[4];
+        for (int i = 0; i < n; i++) {
+            const int nopt = 1 + synth_int(&r, 5);
+            const double weights = 64 * (1 + synth_int(&r, 100)), meta = weights / 4, scale = 0.1 * synth_unif(&r);
+            for (int k = 0; k < nopt; k++) {
+                const int w = 2 + synth_int(&r, 7); /* widths 2..8, repeats allowed */
+                bits[i][k] = w * weights + meta;
+                /* a loss falling about 4x a bit, with noise that breaks convexity and order at times */
+                loss[i][k] = scale * pow(4.0, -w) * (0.5 + synth_unif(&r));
+                if (synth_int(&r, 10) == 0) loss[i][k] = 0; /* exact at times */
+            }
+            M[i].nopt = nopt, M[i].bits = bits[i], M[i].loss = loss[i];
+        }
+        double bmin, lmax, bmax, lmin;
+        cr_assert_eq(mpq_alloc_range(M, n, &bmin, &lmax, &bmax, &lmin), MPQ_OK);
+        for (int f = 0; f < 2; f++) {
+            /* limits across the range and a little past both ends */
+            const double B = f ? bmin + (bmax - bmin) * (1.2 * synth_unif(&r) - 0.1)
+                               : lmin + (lmax - lmin) * (1.2 * synth_unif(&r) - 0.1);
+            mpq_alloc_choice c[4];
+            const mpq_status st = f ? mpq_alloc_for_bits(M, n, B, c) : mpq_alloc_for_loss(M, n, B, c);
+            const double want = alloc_brute(M, n, f, B);
+            if (f ? B < bmin : B < lmin) {
+                cr_assert_eq(st, MPQ_ERR_RANGE, "rep %d: limit %g below the range", rep, B);
+                cr_assert(isinf(want), "rep %d: brute force found a plan", rep);
+                continue;
+            }
+            cr_assert_eq(st, MPQ_OK, "rep %d", rep);
+            double tb = 0, tl = 0;
+            int mixed = 0;
+            for (int i = 0; i < n; i++) {
+                cr_assert(c[i].t >= 0 && c[i].t < 1);
+                cr_assert(c[i].lo >= 0 && c[i].lo < M[i].nopt && c[i].hi >= 0 && c[i].hi < M[i].nopt);
+                mixed += c[i].t > 0;
+                cr_assert_float_eq(c[i].bits, (1 - c[i].t) * M[i].bits[c[i].lo] + c[i].t * M[i].bits[c[i].hi], 1e-9);
+                tb += c[i].bits, tl += c[i].loss;
+            }
+            cr_assert_leq(mixed, 1, "rep %d: one map mixed at most", rep);
+            if (f) {
+                cr_assert_leq(tb, B * (1 + 1e-12), "rep %d: budget", rep);
+                cr_assert_float_eq(tl, want, 1e-9 * want + 1e-300, "rep %d: loss %.17g, brute force %.17g", rep, tl,
+                                   want);
+            } else {
+                cr_assert_leq(tl, B + 1e-12 * lmax, "rep %d: bound", rep);
+                cr_assert_float_eq(tb, want, 1e-9 * want, "rep %d: bits %.17g, brute force %.17g", rep, tb, want);
+            }
+        }
+    }
+}
+
+Test(plan, allocation_bad_input)
+{
+    const double b[2] = {2, 3}, l[2] = {1, 0.5}, nanl[2] = {1, NAN}, negl[2] = {1, -0.5}, zb[2] = {0, 3};
+    mpq_alloc_map M[2] = {{2, b, l}, {2, b, l}};
+    mpq_alloc_choice c[2], keep[2];
+    memset(c, 0x5A, sizeof c);
+    memcpy(keep, c, sizeof c);
+    cr_assert_eq(mpq_alloc_for_bits(M, 2, 3.9, c), MPQ_ERR_RANGE, "below the cheapest");
+    cr_assert_eq(mpq_alloc_for_loss(M, 2, 0.99, c), MPQ_ERR_RANGE, "below the least loss");
+    cr_assert_eq(mpq_alloc_for_bits(M, 2, NAN, c), MPQ_ERR_ARG);
+    cr_assert_eq(mpq_alloc_for_bits(M, 0, 5, c), MPQ_ERR_SIZE);
+    cr_assert_eq(mpq_alloc_for_bits(NULL, 2, 5, c), MPQ_ERR_ARG);
+    cr_assert_eq(mpq_alloc_for_bits(M, 2, 5, NULL), MPQ_ERR_ARG);
+    M[1].loss = nanl;
+    cr_assert_eq(mpq_alloc_for_loss(M, 2, 2, c), MPQ_ERR_NONFINITE);
+    M[1].loss = negl;
+    cr_assert_eq(mpq_alloc_for_bits(M, 2, 5, c), MPQ_ERR_RANGE);
+    M[1].loss = l, M[1].bits = zb;
+    cr_assert_eq(mpq_alloc_range(M, 2, NULL, NULL, NULL, NULL), MPQ_ERR_RANGE);
+    M[1].bits = NULL;
+    cr_assert_eq(mpq_alloc_for_bits(M, 2, 5, c), MPQ_ERR_ARG);
+    M[1].bits = b, M[1].nopt = 0;
+    cr_assert_eq(mpq_alloc_for_bits(M, 2, 5, c), MPQ_ERR_SIZE);
+    cr_assert_eq(memcmp(c, keep, sizeof c), 0, "out untouched on every error");
+    /* past the ends: every map at its least loss, or at its cheapest */
+    M[1].nopt = 2;
+    cr_assert_eq(mpq_alloc_for_bits(M, 2, 100, c), MPQ_OK);
+    cr_assert(c[0].lo == 1 && c[1].lo == 1 && c[0].t == 0 && c[1].t == 0);
+    cr_assert_eq(mpq_alloc_for_loss(M, 2, 100, c), MPQ_OK);
+    cr_assert(c[0].lo == 0 && c[1].lo == 0 && c[0].t == 0 && c[1].t == 0);
+}
