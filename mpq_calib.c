@@ -1785,6 +1785,185 @@ mpq_status mpq_llm_calibrate(const mpq_llm *m, const int32_t *tokens, size_t n, 
 }
 
 /* ========================================================================== */
+/* Measured sensitivity                                                       */
+/* ========================================================================== */
+
+/* The float model's next-token distribution of one window, for KLDs
+   against it: its logits z (T x V), p = softmax(z) and the log-sum-exp of
+   each position. */
+typedef struct mpq__kref {
+    float *z, *p;
+    double *lse, *psum;
+} mpq__kref;
+
+static void mpq__kref_set(mpq__kref *K, const float *z, int T, int V)
+{
+    memcpy(K->z, z, sizeof(float) * (size_t)T * (size_t)V);
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static)
+#endif
+    for (int i = 0; i < T; i++) {
+        const float *zi = K->z + (size_t)i * V;
+        float *pi = K->p + (size_t)i * V;
+        float mx = zi[0];
+        for (int v = 1; v < V; v++) mx = zi[v] > mx ? zi[v] : mx;
+        double s = 0;
+        for (int v = 0; v < V; v++) s += exp((double)zi[v] - mx);
+        K->lse[i] = mx + log(s);
+        double ps = 0;
+        for (int v = 0; v < V; v++) ps += pi[v] = (float)exp((double)zi[v] - K->lse[i]);
+        K->psum[i] = ps;
+    }
+}
+
+/* The mean over the T positions of KL(P || Q), Q the softmax of z:
+   sum_v p_v (log p_v - log q_v) = sum_v p_v (z_ref,v - z_v) / sum_v p_v
+   - (lse_ref - lse), in float64 (0 exactly when z is the reference's).
+   kt: T doubles of scratch (the sum runs in position order). */
+static double mpq__kld_mean(const mpq__kref *K, const float *z, int T, int V, double *kt)
+{
+#ifdef _OPENMP
+#pragma omp parallel for schedule(static)
+#endif
+    for (int i = 0; i < T; i++) {
+        const float *zi = z + (size_t)i * V, *ri = K->z + (size_t)i * V, *pi = K->p + (size_t)i * V;
+        float mx = zi[0];
+        for (int v = 1; v < V; v++) mx = zi[v] > mx ? zi[v] : mx;
+        double s = 0, d = 0;
+        for (int v = 0; v < V; v++) {
+            s += exp((double)zi[v] - mx);
+            d += (double)pi[v] * ((double)ri[v] - (double)zi[v]);
+        }
+        kt[i] = d / K->psum[i] - (K->lse[i] - (mx + log(s)));
+    }
+    double sum = 0;
+    for (int i = 0; i < T; i++) sum += kt[i];
+    return sum / T;
+}
+
+mpq_status mpq_llm_measure(const mpq_llm *m, const int32_t *tokens, size_t n, const mpq_measure_opts *o, double *kld,
+                           mpq_io_err *err)
+{
+    if (err) err->msg[0] = 0;
+    if (!m || !tokens || !o || !kld || !o->bits || !o->quantize) return MPQ_ERR_ARG;
+    const int NB = o->nbits, T = o->length ? o->length : 256;
+    int NW = o->windows ? o->windows : 1;
+    int bad = NB < 1 || o->windows < 0 || o->length < 0 || T < 2;
+    for (int k = 0; !bad && k < NB; k++) bad = o->bits[k] < 1 || o->bits[k] > 8;
+    if (bad) return mpq__fail(err, MPQ_ERR_ARG, "measurement", "an option is out of range");
+    for (size_t i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= m->c.vocab)
+            return mpq__fail(err, MPQ_ERR_ARG, "measurement text", "token %d at %zu is outside the vocabulary",
+                             (int)tokens[i], i);
+    if (n < (size_t)T)
+        return mpq__fail(err, MPQ_ERR_SIZE, "measurement text", "%zu tokens, shorter than one window of %d", n, T);
+    if ((size_t)NW > n / (size_t)T) NW = (int)(n / (size_t)T);
+    const mpq_llm_config *c = &m->c;
+    const int L = c->layers, D = c->dim, V = c->vocab, nlin = L * MPQ_LIN_COUNT;
+    const size_t TD = (size_t)T * (size_t)D, TV = (size_t)T * (size_t)V;
+    const int nseq = nlin * NB; /* per window: sequence i * NB + k is map i at bits[k] */
+    mpq_calib_opts co;          /* what the shared passes read of the options */
+    memset(&co, 0, sizeof co);
+    co.keep_bytes = o->keep_bytes, co.spill_dir = o->spill_dir, co.cancel = o->cancel, co.progress = o->progress;
+    co.user = o->user;
+    mpq__cal C;
+    memset(&C, 0, sizeof C);
+    C.m = m, C.nlin = nlin, C.len = T, C.tokens = tokens, C.n = n, C.nwin = NW, C.o = &co, C.t0 = mpq__now();
+    C.err = err;
+    mpq_status st = mpq__train_new(m, T, 1, 1, &C.t);
+    if (st == MPQ_ERR_UNSUPPORTED)
+        return mpq__fail(err, st, m->path ? m->path : "model",
+                         "measurement needs float weights (a packed model cannot be measured)");
+    if (st != MPQ_OK) return mpq__fail(err, st, "measurement", "%s", mpq_status_str(st));
+    size_t maxn = 0;
+    for (int k = 0; k < MPQ_LIN_COUNT; k++) {
+        const size_t w = (size_t)mpq__lin(m, k)->rows * (size_t)mpq__lin(m, k)->cols;
+        maxn = w > maxn ? w : maxn;
+    }
+    mpq_llm_train *t = C.t;
+    mpq__slot *S = &t->slot[0];
+    C.Wp = (const float **)calloc((size_t)nlin, sizeof(float *));
+    C.win = (int32_t *)malloc(sizeof(int32_t) * (size_t)T);
+    float *ref = (float *)malloc(sizeof(float) * TD * (size_t)NW), *Wq = (float *)malloc(sizeof(float) * maxn);
+    double *sum = (double *)calloc((size_t)nseq, sizeof(double)), *kt = (double *)malloc(sizeof(double) * (size_t)T);
+    mpq__kref K;
+    K.z = (float *)malloc(sizeof(float) * TV), K.p = (float *)malloc(sizeof(float) * TV);
+    K.lse = (double *)malloc(sizeof(double) * (size_t)T), K.psum = (double *)malloc(sizeof(double) * (size_t)T);
+    st = C.Wp && C.win && ref && Wq && sum && kt && K.z && K.p && K.lse && K.psum ? MPQ_OK : MPQ_ERR_NOMEM;
+    for (int k = 0; st == MPQ_OK && k < MPQ_LIN_COUNT; k++) /* a model in place: one layer converted */
+        if (!mpq__lin(m, k)->W &&
+            !(C.lw[k] = (float *)malloc(sizeof(float) * (size_t)mpq__lin(m, k)->rows * mpq__lin(m, k)->cols)))
+            st = MPQ_ERR_NOMEM;
+    if (st == MPQ_OK)
+        st = mpq__keep_open(&C.keep, 1, nseq * NW, TD, o->keep_bytes ? o->keep_bytes : MPQ_CALIB_KEEP_BYTES,
+                            o->spill_dir, NULL, NULL, err);
+    for (int w = 0; st == MPQ_OK && w < NW; w++) {
+        mpq__window(&C, w);
+        mpq__embed(m, C.win, T, ref + (size_t)w * TD);
+    }
+    for (int l = 0; st == MPQ_OK && l < L; l++) {
+        mpq__cal_layer_w(&C, l);
+        for (int q = 0; st == MPQ_OK && q < l * MPQ_LIN_COUNT * NB * NW; q++) { /* the maps of the layers below */
+            const int s = q / NW, w = q % NW, at = w * nseq + s;
+            if ((st = mpq__keep_io(&C.keep, 0, at, S->xin, 0, err)) != MPQ_OK) break;
+            mpq__layer_fwd(m, t, C.Wp, l, S->xin, S, t->xf, T, NULL, NULL);
+            st = mpq__keep_io(&C.keep, 0, at, t->xf, 1, err);
+        }
+        for (int k = 0; st == MPQ_OK && k < MPQ_LIN_COUNT; k++) /* l's own maps, from the float inputs */
+            for (int b = 0; st == MPQ_OK && b < NB; b++) {
+                const int i = l * MPQ_LIN_COUNT + k;
+                const mpq_linear *Li = mpq__lin(m, i);
+                const float *keep = C.Wp[i];
+                st = o->quantize(o->user, i, o->bits[b], mpq__cal_W(&C, i), Wq);
+                if (st != MPQ_OK) {
+                    mpq__fail(err, st, "measurement", "quantizing map %d (layer %d) at %d bits: %s", i, l, o->bits[b],
+                              mpq_status_str(st));
+                    break;
+                }
+                const size_t nw = (size_t)Li->rows * (size_t)Li->cols;
+                for (size_t j = 0; j < nw && st == MPQ_OK; j++)
+                    if (!(Wq[j] - Wq[j] == 0.0f)) st = MPQ_ERR_NONFINITE;
+                if (st != MPQ_OK) {
+                    mpq__fail(err, st, "measurement", "map %d (layer %d) at %d bits: the quantizer gave NaN or Inf", i,
+                              l, o->bits[b]);
+                    break;
+                }
+                C.Wp[i] = Wq;
+                for (int w = 0; st == MPQ_OK && w < NW; w++) {
+                    mpq__layer_fwd(m, t, C.Wp, l, ref + (size_t)w * TD, S, t->xf, T, NULL, NULL);
+                    st = mpq__keep_io(&C.keep, 0, w * nseq + i * NB + b, t->xf, 1, err);
+                }
+                C.Wp[i] = keep;
+            }
+        for (int w = 0; st == MPQ_OK && w < NW; w++) {
+            mpq__layer_fwd(m, t, C.Wp, l, ref + (size_t)w * TD, S, t->xf, T, NULL, NULL);
+            memcpy(ref + (size_t)w * TD, t->xf, sizeof(float) * TD);
+        }
+        for (int k = 0; k < MPQ_LIN_COUNT; k++) C.Wp[l * MPQ_LIN_COUNT + k] = NULL;
+        mpq__progress(&C, "measure", l + 1, L + 1);
+        if (st == MPQ_OK && o->cancel && o->cancel(o->user)) st = MPQ_ERR_CANCELLED;
+    }
+    for (int w = 0; st == MPQ_OK && w < NW; w++) { /* the head: each window's float logits, then its sequences' */
+        mpq__rmsnorm(ref + (size_t)w * TD, m->out_norm, t->hf, T, D, c->norm_eps);
+        if ((st = mpq__sgemm_lin(&m->head, t->hf, T, t->logits)) != MPQ_OK) break;
+        mpq__kref_set(&K, t->logits, T, V);
+        for (int s = 0; st == MPQ_OK && s < nseq; s++) {
+            if ((st = mpq__keep_io(&C.keep, 0, w * nseq + s, S->xin, 0, err)) != MPQ_OK) break;
+            mpq__rmsnorm(S->xin, m->out_norm, t->hf, T, D, c->norm_eps);
+            if ((st = mpq__sgemm_lin(&m->head, t->hf, T, t->logits)) != MPQ_OK) break;
+            sum[s] += mpq__kld_mean(&K, t->logits, T, V, kt);
+        }
+        if (st == MPQ_OK && o->cancel && o->cancel(o->user)) st = MPQ_ERR_CANCELLED;
+    }
+    if (st == MPQ_OK) mpq__progress(&C, "measure", L + 1, L + 1);
+    for (int s = 0; st == MPQ_OK && s < nseq; s++) kld[s] = sum[s] / NW;
+    free(ref), free(Wq), free(sum), free(kt), free(K.z), free(K.p), free(K.lse), free(K.psum);
+    mpq__cal_free(&C);
+    if (st != MPQ_OK && err && !err->msg[0]) mpq__fail(err, st, "measurement", "%s", mpq_status_str(st));
+    return st;
+}
+
+/* ========================================================================== */
 /* Sequential quantization                                                    */
 /* ========================================================================== */
 

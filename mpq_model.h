@@ -673,6 +673,54 @@ mpq_status mpq_llm_calibrate(const mpq_llm *m, const int32_t *tokens, size_t n, 
                              mpq_calib_stats *out, mpq_io_err *err);
 void mpq_calib_stats_free(mpq_calib_stats *s);
 
+/* MEASURED SENSITIVITY (for mpq.h's allocation, section 11): how far the
+   model's next-token distribution moves when one linear map alone is
+   quantized. For every linear map i = layer * 7 + lin and every width
+   bits[k], kld[i * nbits + k] is the mean over the positions of `windows`
+   windows of `length` tokens (taken from the text as mpq_llm_calibrate
+   takes them) of KL(P || Q) in nats: P the float model's distribution, Q
+   the model's with map i replaced by what quantize(user, i, bits[k], W,
+   Wq) writes to Wq (rows x cols, the dequantized weights in the
+   coordinates of W: the caller's quantizer, whatever it is; it is called
+   once per map and width). The KLD is taken in float64 from the float
+   logits, exactly 0 where Q's logits equal P's.
+
+   A layer at a time, as the layer sensitivity runs: each window's float
+   sequence and one sequence per (map, width) already quantized pass layer
+   l; then each of l's maps starts its sequences from the float input of
+   l; at the top, each window's float logits, then each sequence's through
+   the head. The results are those of restarting the forward pass at each
+   map's layer (and, to float rounding, of whole forward passes with the map
+   replaced: the tests check that against a float64 reference). Memory:
+   one layer's weights, nlin x nbits x windows hidden states of length x
+   dim (in memory up to keep_bytes, else in an unlinked file in spill_dir),
+   and three length x vocab arrays for the head. Cost per window and width:
+   7 L (L + 1) / 2 layer passes and 7 L head products over length tokens.
+   Deterministic for any thread count. */
+typedef mpq_status (*mpq_measure_quantize_fn)(void *user, int i, int bits, const float *W, float *Wq);
+
+typedef struct mpq_measure_opts {
+    const int *bits; /* the widths measured, each 1..8 */
+    int nbits;
+    mpq_measure_quantize_fn quantize; /* required */
+    int windows;                      /* 0 -> 1 (as many as the text holds, at most) */
+    int length;                       /* tokens per window; 0 -> 256 */
+    size_t keep_bytes;                /* 0 -> MPQ_CALIB_KEEP_BYTES */
+    const char *spill_dir;            /* NULL -> $TMPDIR, else /tmp */
+    /* asked after each layer and each window's head: non-zero stops with MPQ_ERR_CANCELLED */
+    int (*cancel)(void *user);
+    /* phase "measure": layers done of layers + 1 (the heads last), seconds since the start */
+    void (*progress)(void *user, const char *phase, int done, int total, double seconds);
+    void *user; /* quantize's, cancel's and progress's */
+} mpq_measure_opts;
+
+/* kld: nlin x nbits (the caller's). A text shorter than one window is
+   MPQ_ERR_SIZE; a quantizer's error or NaN / Inf in its output stops the
+   run with that status (MPQ_ERR_NONFINITE), err naming the map and width;
+   nothing is written to kld on an error. */
+mpq_status mpq_llm_measure(const mpq_llm *m, const int32_t *tokens, size_t n, const mpq_measure_opts *o, double *kld,
+                           mpq_io_err *err);
+
 /* SEQUENTIAL QUANTIZATION (GPTQ's own order, and GPTQModel's default):
    the linear maps of layer l are quantized with X^T X of the inputs they
    see when layers 0 .. l-1 are already quantized, so that each layer's

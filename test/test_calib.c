@@ -934,6 +934,177 @@ Test(calib, pqi_and_the_layer_sensitivity_a_layer_at_a_time_in_place_and_into_th
 }
 
 /* Stopped after `left` more layers (the cancel callback's count). */
+/* ---- measured sensitivity ---------------------------------------------------- */
+
+typedef struct mq {
+    const tl_model *t;
+    const mpq_llm *m;
+    int calls, fail_at, nan_at, weights_differ;
+} mq;
+
+/* RTN at `bits` (g128) of the weights handed over, which must be those
+   of q->m, a model loaded as float32. */
+static mpq_status mq_quantize(void *user, int i, int bits, const float *W, float *Wq)
+{
+    mq *q = (mq *)user;
+    const int l = i / 7, k = i % 7, rows = tl_rows(q->t, k), cols = tl_cols(q->t, k);
+    q->calls++;
+    if (q->fail_at == q->calls) return MPQ_ERR_BITS;
+    const float *own = q->m->layer[l].lin[k].W; /* a model loaded as float32 */
+    q->weights_differ += memcmp(own, W, sizeof(float) * rows * cols) != 0;
+    mpq_bitplane_desc d;
+    memset(&d, 0, sizeof d);
+    d.rows = rows, d.cols = cols, d.uniform_bits = bits;
+    mpq_packed A;
+    mpq_status st = mpq_pack_alloc(&d, W, &A);
+    if (st == MPQ_OK) st = mpq_packed_dequantize(&A, 0, Wq);
+    mpq_packed_free(&A);
+    if (q->nan_at == q->calls) Wq[3] = NAN;
+    return st;
+}
+
+static double kld_ref(const double *zp, const double *zq, int n, int V)
+{
+    double s = 0;
+    for (int i = 0; i < n; i++) {
+        const double *p = zp + (size_t)i * V, *q = zq + (size_t)i * V;
+        double mp = p[0], mq_ = q[0], sp = 0, sq = 0, k = 0;
+        for (int v = 1; v < V; v++) mp = fmax(mp, p[v]), mq_ = fmax(mq_, q[v]);
+        for (int v = 0; v < V; v++) sp += exp(p[v] - mp), sq += exp(q[v] - mq_);
+        for (int v = 0; v < V; v++) {
+            const double lp = p[v] - mp - log(sp), lq = q[v] - mq_ - log(sq);
+            k += exp(lp) * (lp - lq);
+        }
+        s += k;
+    }
+    return s / n;
+}
+
+static mpq_measure_opts mq_opts(mq *q, const int *bits, int nbits)
+{
+    mpq_measure_opts o;
+    memset(&o, 0, sizeof o);
+    o.bits = bits, o.nbits = nbits, o.quantize = mq_quantize, o.user = q, o.windows = 2, o.length = LEN;
+    return o;
+}
+
+/* Each map alone at each width: the KLD against the float model of a
+   float64 reference forward pass with that map replaced, over both
+   windows; in place (BF16, converted a layer at a time) and with the
+   sequences spilled to a file, the same bits as in memory. */
+Test(calib, measured_kld_matches_the_reference, .init = make_tmpdir, .fini = remove_tmpdir)
+{
+    tl_model t;
+    shape(&t, 1, 0, 1);
+    tl_make(&t, 46);
+    mpq_llm *m = load_hf(&t);
+    synth_rng r = {12};
+    int32_t text[NTOK];
+    random_tokens(&r, &t, text, NTOK);
+    const int bits[2] = {2, 3}, nlin = t.layers * 7, V = t.vocab_rows;
+    mq q = {&t, m, 0, 0, 0, 0};
+    mpq_measure_opts o = mq_opts(&q, bits, 2);
+    double *kld = (double *)malloc(sizeof(double) * nlin * 2);
+    mpq_io_err e;
+    cr_assert_eq(mpq_llm_measure(m, text, NTOK, &o, kld, &e), MPQ_OK, "%s", e.msg);
+    cr_assert_eq(q.calls, nlin * 2, "one quantization per map and width");
+    cr_assert_eq(q.weights_differ, 0, "the quantizer sees the model's weights");
+    double *zf = (double *)malloc(sizeof(double) * 2 * LEN * V), *zq = (double *)malloc(sizeof(double) * LEN * V);
+    int32_t win[2][LEN];
+    for (int w = 0; w < 2; w++) { /* windows at floor(w * (47 / 10) / 2) * 10 */
+        memcpy(win[w], text + w * 20, sizeof(int32_t) * LEN);
+        if (mpq_tokenizer_adds_bos(m->tok) && mpq_tokenizer_bos(m->tok) >= 0) win[w][0] = mpq_tokenizer_bos(m->tok);
+        tl_reference(&t, NULL, win[w], LEN, zf + (size_t)w * LEN * V);
+    }
+    for (int l = 0; l < t.layers; l++)
+        for (int k = 0; k < 7; k++)
+            for (int b = 0; b < 2; b++) {
+                float *W[TL_MAXL][7];
+                memcpy(W, t.w, sizeof W);
+                W[l][k] = quantized(&t, l, k, bits[b], 0);
+                double want = 0;
+                for (int w = 0; w < 2; w++) {
+                    tl_reference(&t, W, win[w], LEN, zq);
+                    want += kld_ref(zf + (size_t)w * LEN * V, zq, LEN, V) / 2;
+                }
+                free(W[l][k]);
+                const double got = kld[(l * 7 + k) * 2 + b];
+                cr_assert(want > 0 && fabs(got - want) <= 2e-3 * want + 1e-9, "map %d at %d bits: %.9g, reference %.9g",
+                          l * 7 + k, bits[b], got, want);
+            }
+    /* narrower widths move the model more, map by map (on these sizes, where it is plain) */
+    int wider_worse = 0;
+    for (int i = 0; i < nlin; i++) wider_worse += kld[i * 2 + 1] > kld[i * 2];
+    cr_assert_leq(wider_worse, 1, "%d maps moved more at 3 bits than at 2", wider_worse);
+    /* in place, and spilled: the same bits */
+    char dir[600];
+    mpq_llm *mb = NULL, *mp = NULL;
+    load_both(&t, dir, sizeof dir, &mb, &mp);
+    double *a = (double *)malloc(sizeof(double) * nlin * 2), *b2 = (double *)malloc(sizeof(double) * nlin * 2);
+    mq qa = {&t, mb, 0, 0, 0, 0}, qb = {&t, mb, 0, 0, 0, 0};
+    mpq_measure_opts oa = mq_opts(&qa, bits, 2), ob = mq_opts(&qb, bits, 2);
+    ob.keep_bytes = 1, ob.spill_dir = tmpdir;
+    cr_assert_eq(mpq_llm_measure(mb, text, NTOK, &oa, a, &e), MPQ_OK, "%s", e.msg);
+    cr_assert_eq(mpq_llm_measure(mp, text, NTOK, &ob, b2, &e), MPQ_OK, "%s", e.msg);
+    cr_assert_eq(qb.weights_differ, 0, "in place: the layer converted is the model's");
+    cr_assert_arr_eq(a, b2, sizeof(double) * nlin * 2, "in place and spilled: the same bits");
+    free(a), free(b2), free(zf), free(zq), free(kld);
+    mpq_llm_free(mb), mpq_llm_free(mp);
+    mpq_llm_free(m);
+    tl_free(&t);
+}
+
+static int mq_cancel(void *user)
+{
+    (void)user;
+    return 1;
+}
+
+Test(calib, measurement_bad_input_writes_nothing)
+{
+    tl_model t;
+    shape(&t, 0, 1, 0);
+    tl_make(&t, 47);
+    mpq_llm *m = load_hf(&t);
+    synth_rng r = {13};
+    int32_t text[NTOK];
+    random_tokens(&r, &t, text, NTOK);
+    const int bits[2] = {2, 4}, bad9[1] = {9}, bad0[1] = {0};
+    double kld[TL_MAXL * 7 * 2], keep[TL_MAXL * 7 * 2];
+    for (int i = 0; i < TL_MAXL * 7 * 2; i++) kld[i] = keep[i] = -7.0;
+    mq q = {&t, m, 0, 0, 0, 0};
+    mpq_io_err e;
+    mpq_measure_opts o = mq_opts(&q, bits, 2);
+    o.nbits = 0;
+    cr_assert_eq(mpq_llm_measure(m, text, NTOK, &o, kld, &e), MPQ_ERR_ARG);
+    o = mq_opts(&q, bad9, 1);
+    cr_assert_eq(mpq_llm_measure(m, text, NTOK, &o, kld, &e), MPQ_ERR_ARG);
+    o = mq_opts(&q, bad0, 1);
+    cr_assert_eq(mpq_llm_measure(m, text, NTOK, &o, kld, &e), MPQ_ERR_ARG);
+    o = mq_opts(&q, bits, 2);
+    o.quantize = NULL;
+    cr_assert_eq(mpq_llm_measure(m, text, NTOK, &o, kld, &e), MPQ_ERR_ARG);
+    o = mq_opts(&q, bits, 2);
+    cr_assert_eq(mpq_llm_measure(m, text, LEN - 1, &o, kld, &e), MPQ_ERR_SIZE, "a text shorter than a window");
+    cr_assert_not_null(strstr(e.msg, "shorter"), "%s", e.msg);
+    int32_t badtok[NTOK];
+    memcpy(badtok, text, sizeof badtok);
+    badtok[5] = t.vocab_rows;
+    cr_assert_eq(mpq_llm_measure(m, badtok, NTOK, &o, kld, &e), MPQ_ERR_ARG);
+    q.fail_at = 5; /* map 2 at 2 bits */
+    cr_assert_eq(mpq_llm_measure(m, text, NTOK, &o, kld, &e), MPQ_ERR_BITS);
+    cr_assert_not_null(strstr(e.msg, "map 2 (layer 0) at 2 bits"), "%s", e.msg);
+    q.fail_at = 0, q.calls = 0, q.nan_at = 16; /* map 7 (layer 1) at 4 bits */
+    cr_assert_eq(mpq_llm_measure(m, text, NTOK, &o, kld, &e), MPQ_ERR_NONFINITE);
+    cr_assert_not_null(strstr(e.msg, "map 7 (layer 1) at 4 bits"), "%s", e.msg);
+    q.nan_at = 0, q.calls = 0;
+    o.cancel = mq_cancel;
+    cr_assert_eq(mpq_llm_measure(m, text, NTOK, &o, kld, &e), MPQ_ERR_CANCELLED);
+    cr_assert_arr_eq(kld, keep, sizeof kld, "nothing written on an error");
+    mpq_llm_free(m);
+    tl_free(&t);
+}
+
 static int stop_after(void *user)
 {
     int *left = (int *)user;
