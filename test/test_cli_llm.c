@@ -900,3 +900,103 @@ Test(cli_llm, main_job_rows_are_what_quantize_writes, .init = setup, .fini = tea
     mpq_llm_free(h);
     tl_free(&tm);
 }
+
+static mpq_status rtn_quantize(void *user, int i, int bits, const float *W, float *Wq)
+{
+    const mpq_llm *m = (const mpq_llm *)user;
+    const mpq_linear *L = &m->layer[i / 7].lin[i % 7];
+    mpq_bitplane_desc d;
+    memset(&d, 0, sizeof d);
+    d.rows = L->rows, d.cols = L->cols, d.uniform_bits = bits;
+    mpq_packed A;
+    mpq_status st = mpq_pack_alloc(&d, W, &A);
+    if (st == MPQ_OK) st = mpq_packed_dequantize(&A, 0, Wq);
+    mpq_packed_free(&A);
+    return st;
+}
+
+/* The file of `mpq measure` holds what mpq_llm_measure gives (RTN
+   underneath: the library's quantizer here); GPTQ from the statistics
+   moves the model less than RTN; bad requests write nothing. */
+Test(cli_llm, measure_writes_what_the_library_measures, .init = setup, .fini = teardown, .timeout = 600)
+{
+    tl_model tm;
+    char text[700], p[600];
+    size_t len;
+    make_model(&tm, text, &len);
+    cr_assert_eq(run("measure --quiet --widths 2,4 --windows 2 --length 16 hf text.txt -o k.safetensors"), 0, "%s",
+                 slurp("err.txt", NULL));
+    mpq_llm *h = load("hf");
+    int32_t *tok = NULL;
+    size_t nt = 0;
+    mpq_io_err e;
+    cr_assert_eq(mpq_tokenize(h->tok, text, len, 0, &tok, &nt, &e), MPQ_OK);
+    const int bits[2] = {2, 4}, nlin = tm.layers * 7;
+    mpq_measure_opts o;
+    memset(&o, 0, sizeof o);
+    o.bits = bits, o.nbits = 2, o.quantize = rtn_quantize, o.user = h, o.windows = 2, o.length = 16;
+    double want[2 * 7 * 2];
+    cr_assert_eq(mpq_llm_measure(h, tok, nt, &o, want, &e), MPQ_OK, "%s", e.msg);
+    mpq_st_file *f;
+    path_of("k.safetensors", p, sizeof p);
+    cr_assert_eq(mpq_st_open(p, &f, &e), MPQ_OK, "%s", e.msg);
+    cr_assert_eq(mpq_st_count(f), nlin);
+    const char *meta = mpq_st_meta(f, "mpq_measure");
+    cr_assert(meta && strstr(meta, "\"widths\": [2,4]") && strstr(meta, "\"quantizer\": \"rtn\""), "%s", meta);
+    double rtn2 = 0;
+    for (int i = 0; i < nlin; i++) {
+        char name[128], full[160];
+        mpq_llm_linear_name(0, i / 7, i % 7, 0, name, sizeof name);
+        snprintf(full, sizeof full, "%s.kld", name);
+        const mpq_st_tensor *t = mpq_st_find(f, full);
+        cr_assert_not_null(t, "%s", full);
+        float v[2];
+        cr_assert_eq(mpq_st_read_f32(f, t, v, 2, &e), MPQ_OK);
+        for (int k = 0; k < 2; k++)
+            cr_assert_eq(v[k], (float)want[i * 2 + k], "%s at %d bits: %g, library %g", full, bits[k], v[k],
+                         want[i * 2 + k]);
+        rtn2 += v[0];
+    }
+    mpq_st_close(f);
+    /* GPTQ under it, from X^T X of the same windows */
+    cr_assert_eq(run("calibrate --quiet --stats xtx --windows 2 --length 16 hf text.txt -o s.safetensors"), 0, "%s",
+                 slurp("err.txt", NULL));
+    cr_assert_eq(run("measure --quiet --method gptq --stats s.safetensors --widths 2 --windows 2 --length 16 hf "
+                     "text.txt -o g.safetensors"),
+                 0, "%s", slurp("err.txt", NULL));
+    path_of("g.safetensors", p, sizeof p);
+    cr_assert_eq(mpq_st_open(p, &f, &e), MPQ_OK, "%s", e.msg);
+    double gptq2 = 0;
+    for (int i = 0; i < mpq_st_count(f); i++) {
+        float v;
+        cr_assert_eq(mpq_st_read_f32(f, mpq_st_at(f, i), &v, 1, &e), MPQ_OK);
+        cr_assert(v >= 0 && v - v == 0);
+        gptq2 += v;
+    }
+    mpq_st_close(f);
+    cr_assert_lt(gptq2, rtn2, "GPTQ %g, RTN %g at 2 bits", gptq2, rtn2);
+    /* bad requests: exit 1 or 2, no file */
+    static const struct {
+        const char *args;
+        int code;
+        const char *says;
+    } bad[] = {
+        {"measure --quiet hf text.txt", 1, "-o FILE"},
+        {"measure --quiet --widths 2,2 hf text.txt -o x.safetensors", 1, "each once"},
+        {"measure --quiet --widths 9 hf text.txt -o x.safetensors", 1, "1..8"},
+        {"measure --quiet --method sfmp --bpw 3 --stats s.safetensors hf text.txt -o x.safetensors", 1, "rtn, awq"},
+        {"measure --quiet --method gptq hf text.txt -o x.safetensors", 1, "--hessian"},
+        {"measure --quiet --include '*q_proj*' hf text.txt -o x.safetensors", 1, "every linear map"},
+        {"measure --quiet --length 4000 hf text.txt -o x.safetensors", 2, "shorter than one window"},
+    };
+    for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+        cr_assert_eq(run(bad[k].args), bad[k].code, "%s", bad[k].args);
+        const char *err = slurp("err.txt", NULL);
+        cr_assert(strstr(err, bad[k].says), "%s: %s", bad[k].args, err);
+        path_of("x.safetensors", p, sizeof p);
+        cr_assert_eq(access(p, F_OK), -1, "%s: no output", bad[k].args);
+    }
+    free(tok);
+    mpq_llm_free(h);
+    tl_free(&tm);
+}

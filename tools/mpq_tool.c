@@ -365,6 +365,7 @@ static const struct command {
 } commands[] = {
     {"quantize", cmd_quantize, "quantize a model (GGUF, Hugging Face directory, safetensors)"},
     {"calibrate", cmd_calibrate, "statistics for the methods from a model's forward and backward passes"},
+    {"measure", cmd_measure, "each linear map's KL divergence under a quantizer at a few widths"},
     {"eval", cmd_eval, "perplexity of a model on a text file, as llama-perplexity computes it"},
     {"run", cmd_run, "generate text from a prompt (greedy or sampled; PMPD schedules)"},
     {"schedule", cmd_schedule, "PMPD's static schedule search, or its learned scheduler, on calibration text"},

@@ -793,3 +793,221 @@ int cmd_quantize(int argc, char **argv)
 #endif
     return quantize_run(&R, pos[0], pos[1]);
 }
+
+/* ---------------------------------------------------------------------------
+   measure: each linear map's KLD under the quantizer, at a few widths
+   ------------------------------------------------------------------------ */
+
+typedef struct margs {
+    qargs q;
+    const char *out, *widths, *spill_dir;
+    int windows, length;
+} margs;
+
+#define MA(field) CLI_AT(margs, field)
+static const cli_opt margs_opts[] = {
+    {"-o|--out", CLI_STR, MA(out), "FILE", 0, 0, NULL, NULL, NULL, "the measurements (safetensors; required)"},
+    {"--widths", CLI_STR, MA(widths), "LIST", 0, 0, NULL, NULL, "2,4", "the widths measured, comma-separated, 1..8"},
+    {"--windows", CLI_INT, MA(windows), "W", 1, 1 << 20, NULL, NULL, "1", "windows of the text"},
+    {"--length", CLI_INT, MA(length), "T", 2, 1 << 20, NULL, NULL, "256", "tokens per window"},
+    {"--spill-dir", CLI_STR, MA(spill_dir), "DIR", 0, 0, NULL, NULL, NULL,
+     "where the sequences go when they pass 1 GiB ($TMPDIR, else /tmp)"},
+    {NULL, 0, 0, NULL, 0, 0, NULL, NULL, NULL, NULL}};
+
+static const cli_spec margs_spec = {
+    "measure",
+    "[options] MODEL TEXT -o OUT.safetensors",
+    "For every linear map of MODEL and every width of --widths: the KL divergence of the\n"
+    "model's next-token distribution from the float model's, in nats per token, over\n"
+    "--windows windows of --length tokens of TEXT (the calibration text, as mpq calibrate\n"
+    "takes its windows), when that map alone is quantized at that width by the quantizer\n"
+    "the options describe (--method rtn, awq or gptq, with --quantizer awq+gptq,\n"
+    "--act-order, --rotate, --group ... as for quantize; AWQ and GPTQ read their statistics\n"
+    "from --stats). What `mpq quantize --method auto` allocates the widths from.\n"
+    "\n"
+    "A layer at a time from the kept float inputs (mpq_llm_measure): the cost is that of\n"
+    "7 L (L + 1) / 2 layer passes and 7 L head products per window and width. OUT holds\n"
+    "N.kld (one value per width) for each map N, and the widths, windows, text and\n"
+    "quantizer in its metadata (\"mpq_measure\").",
+    {{qargs_opts, CLI_AT(margs, q)}, {margs_opts, 0}, {NULL, 0}, {NULL, 0}},
+    2,
+    2,
+    "Exit codes: 0 ok, 1 usage, 2 bad input file, 3 output not written, 4 quantization failed."};
+
+typedef struct mrun {
+    qrun *R;
+    progress p;
+} mrun;
+
+/* The quantizer of the measurement: the recipe at `bits`, its statistics
+   fetched for map i, dequantized into Wq. */
+static mpq_status measure_quantize(void *user, int i, int bits, const float *W, float *Wq)
+{
+    qrun *R = ((mrun *)user)->R;
+    const job *J = &R->jobs[R->maps[i]];
+    mpq_recipe r = R->r;
+    r.bits = bits;
+    mpq_recipe_map m;
+    memset(&m, 0, sizeof m);
+    m.rows = J->rows, m.cols = J->cols, m.name = J->name;
+    const unsigned need = mpq_recipe_needs(&r) & (MPQ_RECIPE_ACTS | MPQ_RECIPE_HESSIAN);
+    mpq_status st = need ? fetch(R, i, need, &m) : MPQ_OK;
+    mpq_packed A;
+    memset(&A, 0, sizeof A);
+    m.W = W;
+    if (st == MPQ_OK) st = mpq_recipe_quantize(&r, i, &m, NULL, &A);
+    if (st == MPQ_OK) st = mpq_packed_dequantize(&A, 0, Wq);
+    mpq_packed_free(&A);
+    m.W = NULL;
+    fetch_free(&m);
+    return st;
+}
+
+static void measure_progress(void *user, const char *phase, int done, int total, double seconds)
+{
+    mrun *M = (mrun *)user;
+    (void)seconds;
+    if (!M->p.total) progress_start(&M->p, "mpq", !M->R->q->quiet, total);
+    char what[64];
+    snprintf(what, sizeof what, "%s: layer %d of %d", phase, done < total ? done : total - 1, total - 1);
+    progress_show(&M->p, done, done < total ? what : "the heads");
+}
+
+/* --widths: 1..8 each, at most 8 of them, no repeats. */
+static int parse_widths(const char *s, int *bits, int *n)
+{
+    *n = 0;
+    while (*s) {
+        char *end;
+        const long v = strtol(s, &end, 10);
+        if (end == s || v < 1 || v > 8 || *n == 8) return 0;
+        for (int k = 0; k < *n; k++)
+            if (bits[k] == (int)v) return 0;
+        bits[(*n)++] = (int)v;
+        s = *end == ',' ? end + 1 : end;
+        if (*end && *end != ',') return 0;
+    }
+    return *n > 0;
+}
+
+int cmd_measure(int argc, char **argv)
+{
+    margs a;
+    const char *pos[2];
+    int npos = 0, bits[8], nbits = 0;
+    cli_seen seen;
+    int rc = cli_parse(&margs_spec, argc, argv, &a, sizeof a, pos, &npos, &seen);
+    if (rc) return rc < 0 ? 0 : rc;
+    if (!a.out) return fail(EXIT_USAGE, "measure: needs MODEL TEXT -o FILE (see mpq measure --help)");
+    if (!parse_widths(a.widths, bits, &nbits))
+        return fail(EXIT_USAGE, "measure --widths %s: widths 1..8, comma-separated, each once", a.widths);
+    qrun R;
+    memset(&R, 0, sizeof R);
+    R.q = &a.q;
+    if ((rc = qargs_recipe(&a.q, &seen, &R.r)) != 0) return rc;
+    if (R.r.planner != MPQ_PLANNER_NONE || R.r.requant || a.q.sequential || a.q.format != 0)
+        return fail(EXIT_USAGE, "measure: the quantizer is --method rtn, awq or gptq (bit-plane, not sequential)");
+    if ((rc = check_files(&a.q, &R.r)) != 0) return rc;
+#ifdef _OPENMP
+    if (a.q.threads) omp_set_num_threads(a.q.threads);
+#endif
+    mpq_io_err e;
+    mpq_llm *m = NULL;
+    mpq_llm_load_opts lo;
+    memset(&lo, 0, sizeof lo);
+    lo.in_place = 1;
+    if (mpq_source_open(pos[0], &R.in, &e) != MPQ_OK) return fail(EXIT_INPUT, "%s", e.msg);
+    a.q.embed_bits = 0; /* the linear maps only */
+    rc = select_jobs(&R, 1);
+    for (ptrdiff_t i = 0; !rc && i < arrlen(R.jobs); i++)
+        if (!R.jobs[i].embed) arrput(R.maps, (int)i);
+    if (!rc && arrlen(R.maps) > 1) {
+        g_sort_jobs = R.jobs;
+        qsort(R.maps, (size_t)arrlen(R.maps), sizeof(int), by_model_order);
+    }
+    if (!rc && mpq_llm_load_with(pos[0], &lo, &m, &e) != MPQ_OK) rc = fail(EXIT_INPUT, "%s", e.msg);
+    const int nlin = m ? m->c.layers * MPQ_LIN_COUNT : 0;
+    for (int i = 0; !rc && i < (int)arrlen(R.maps); i++) {
+        const job *J = &R.jobs[R.maps[i]];
+        if (J->layer != i / MPQ_LIN_COUNT || J->lin != i % MPQ_LIN_COUNT) rc = 1;
+    }
+    if (!rc && (int)arrlen(R.maps) != nlin) rc = 1;
+    if (rc == 1)
+        rc = fail(EXIT_USAGE, "measure: %s: measures every linear map of the %d layers (%d selected)", pos[0],
+                  m ? m->c.layers : 0, (int)arrlen(R.maps));
+    if (!rc) rc = open_stats(&R);
+    char *text = NULL;
+    size_t len = 0, nt = 0;
+    int32_t *tok = NULL;
+    if (!rc) rc = text_read(pos[1], &text, &len);
+    if (!rc && mpq_tokenize(m->tok, text, len, 0, &tok, &nt, &e) != MPQ_OK)
+        rc = fail(EXIT_INPUT, "%s: %s", pos[1], e.msg);
+    double *kld = rc ? NULL : (double *)malloc(sizeof(double) * (size_t)nlin * (size_t)nbits);
+    if (!rc && !kld) rc = fail(EXIT_QUANT, "out of memory");
+    mrun M;
+    memset(&M, 0, sizeof M);
+    M.R = &R;
+    const double t0 = cli_now();
+    if (!rc) {
+        mpq_measure_opts o;
+        memset(&o, 0, sizeof o);
+        o.bits = bits, o.nbits = nbits, o.quantize = measure_quantize, o.windows = a.windows, o.length = a.length;
+        o.spill_dir = a.spill_dir, o.progress = measure_progress, o.user = &M;
+        const mpq_status st = mpq_llm_measure(m, tok, nt, &o, kld, &e);
+        progress_end(&M.p);
+        if (R.rc)
+            rc = R.rc;
+        else if (st != MPQ_OK)
+            rc = fail(st == MPQ_ERR_SIZE ? EXIT_INPUT : EXIT_QUANT, "%s: %s", pos[0], e.msg);
+    }
+    const double secs = cli_now() - t0;
+    mpq_st_writer *w = NULL;
+    if (!rc && mpq_st_writer_open(a.out, &w, &e) != MPQ_OK) rc = fail(EXIT_OUTPUT, "%s", e.msg);
+    float v[8];
+    for (int i = 0; !rc && i < nlin; i++) {
+        char name[1024];
+        snprintf(name, sizeof name, "%s.kld", R.jobs[R.maps[i]].name);
+        const uint64_t shape[1] = {(uint64_t)nbits};
+        for (int k = 0; k < nbits; k++) v[k] = (float)kld[(size_t)i * nbits + k];
+        if (mpq_st_write_f32(w, name, MPQ_DT_F32, 1, shape, v, &e) != MPQ_OK) rc = fail(EXIT_OUTPUT, "%s", e.msg);
+    }
+    if (!rc) { /* what the measurements are of */
+        char meta[1024], ws[64] = "";
+        for (int k = 0; k < nbits; k++)
+            snprintf(ws + strlen(ws), sizeof ws - strlen(ws), "%s%d", k ? "," : "", bits[k]);
+        const mpq_recipe *r = &R.r;
+        snprintf(meta, sizeof meta,
+                 "{\"widths\": [%s], \"windows\": %d, \"length\": %d, \"text_hash\": \"%016llx\", \"tokens\": %zu, "
+                 "\"quantizer\": \"%s\", \"act_order\": %d, \"group\": %d, \"symmetric\": %d, \"rotate\": %d, "
+                 "\"rotate_seed\": \"%llu\", \"seconds\": %.1f}",
+                 ws, a.windows, a.length, (unsigned long long)mpq_text_hash(text, len), nt,
+                 r->awq && r->gptq ? "awq+gptq"
+                     : r->gptq     ? "gptq"
+                     : r->awq      ? "awq"
+                                   : "rtn",
+                 r->act_order, r->group, r->symmetric, r->rotate, (unsigned long long)r->rotate_seed, secs);
+        if (mpq_st_write_meta(w, "mpq_measure", meta, &e) != MPQ_OK) rc = fail(EXIT_OUTPUT, "%s", e.msg);
+    }
+    if (w) {
+        if (rc)
+            mpq_st_writer_abort(w);
+        else if (mpq_st_writer_close(w, &e) != MPQ_OK)
+            rc = fail(EXIT_OUTPUT, "%s", e.msg);
+    }
+    if (!rc && !a.q.quiet) {
+        double tot[8] = {0};
+        for (int i = 0; i < nlin; i++)
+            for (int k = 0; k < nbits; k++) tot[k] += kld[(size_t)i * nbits + k];
+        printf("%s: %d maps at %d width(s) in %.1f s -> %s\n", pos[0], nlin, nbits, secs, a.out);
+        for (int k = 0; k < nbits; k++) printf("  %d bits: the maps' KLD sum to %.4f\n", bits[k], tot[k]);
+    }
+    free(kld), free(tok), free(text);
+    mpq_llm_free(m);
+    arrfree(R.jobs);
+    arrfree(R.maps);
+    mpq_st_close(R.S);
+    mpq_st_close(R.C);
+    mpq_st_close(R.H);
+    mpq_source_close(R.in);
+    return rc;
+}

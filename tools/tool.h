@@ -4,6 +4,7 @@
 #define MPQ_TOOL_H
 
 int cmd_quantize(int argc, char **argv);   /* quantize.c */
+int cmd_measure(int argc, char **argv);    /* quantize.c */
 int cmd_inspect(int argc, char **argv);    /* mpq_tool.c */
 int cmd_dequantize(int argc, char **argv); /* mpq_tool.c */
 int cmd_bench(int argc, char **argv);      /* mpq_tool.c */
