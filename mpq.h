@@ -1400,6 +1400,18 @@ typedef struct mpq_alloc_choice {
     double bits, loss; /* the map's: (1 - t) lo's + t hi's */
 } mpq_alloc_choice;
 
+/* A map's predicted loss at width b (1..8) from its measurements at the
+   distinct widths wb[0 .. n-1] (1..8) with losses loss[k] (finite, >= 0):
+   at a measured width the measurement; between two measured widths the
+   log-linear interpolation (a power law in the quantizer's error energy,
+   which falls about 4x a bit); beyond them the line through the two nearest
+   measurements, its slope at most 0 (the loss does not grow with the
+   width), or with one measurement the 4x a bit of the error energy (a loss
+   in proportion to it, as small perturbations give). Then made monotone:
+   never above the prediction at a narrower width. Losses below 1e-30 count
+   as 1e-30. */
+MPQ_DEF mpq_status mpq_alloc_predict(const int *wb, const double *loss, int n, int b, double *out);
+
 /* The sizes and losses the walk spans: *bits_min and *loss_max at every
    map's cheapest option, *bits_max and *loss_min where every map has
    reached its least loss (the end of its hull). Any pointer but maps may
@@ -8100,6 +8112,47 @@ MPQ_DEF mpq_status mpq_alloc_for_bits(const mpq_alloc_map *maps, int n, double b
 MPQ_DEF mpq_status mpq_alloc_for_loss(const mpq_alloc_map *maps, int n, double bound, mpq_alloc_choice *out)
 {
     return mpq__alloc_walk(maps, n, 0, bound, out);
+}
+
+MPQ_DEF mpq_status mpq_alloc_predict(const int *wb, const double *loss, int n, int b, double *out)
+{
+    if (!wb || !loss || !out) return MPQ_ERR_ARG;
+    if (n < 1 || n > 8) return MPQ_ERR_SIZE;
+    if (b < 1 || b > 8) return MPQ_ERR_BITS;
+    double L[9], val[9];
+    int have[9] = {0}, w[8], m = 0;
+    for (int k = 0; k < n; k++) {
+        if (wb[k] < 1 || wb[k] > 8) return MPQ_ERR_BITS;
+        if (have[wb[k]]) return MPQ_ERR_ARG;
+        if (!(loss[k] - loss[k] == 0.0)) return MPQ_ERR_NONFINITE;
+        if (loss[k] < 0.0) return MPQ_ERR_RANGE;
+        have[wb[k]] = 1;
+        val[wb[k]] = loss[k];
+        L[wb[k]] = log(loss[k] > 1e-30 ? loss[k] : 1e-30);
+    }
+    for (int x = 1; x <= 8; x++)
+        if (have[x]) w[m++] = x; /* the measured widths, ascending */
+    for (int x = 1; x <= 8; x++) {
+        if (have[x]) continue;
+        if (m == 1) { /* the error energy's 4x a bit */
+            val[x] = exp(L[w[0]] - (x - w[0]) * log(4.0));
+            continue;
+        }
+        int a = 0; /* the measurements w[a] < w[a + 1] whose line gives x */
+        if (x > w[m - 1])
+            a = m - 2;
+        else
+            while (x > w[0] && w[a + 1] < x) a++;
+        double slope = (L[w[a + 1]] - L[w[a]]) / (double)(w[a + 1] - w[a]);
+        const int inside = x > w[0] && x < w[m - 1];
+        if (!inside && slope > 0.0) slope = 0.0;
+        const int from = x > w[m - 1] ? w[m - 1] : w[a];
+        val[x] = exp(L[from] + (x - from) * slope);
+    }
+    double v = val[1];
+    for (int x = 2; x <= b; x++) v = val[x] < v ? val[x] : v;
+    *out = v;
+    return MPQ_OK;
 }
 
 MPQ_DEF mpq_status mpq_alloc_range(const mpq_alloc_map *maps, int n, double *bits_min, double *loss_max,

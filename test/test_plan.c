@@ -749,3 +749,56 @@ Test(plan, allocation_bad_input)
     cr_assert_eq(mpq_alloc_for_loss(M, 2, 100, c), MPQ_OK);
     cr_assert(c[0].lo == 0 && c[1].lo == 0 && c[0].t == 0 && c[1].t == 0);
 }
+
+Test(plan, predicted_losses_from_measurements)
+{
+    const int w2[2] = {2, 4};
+    const double l2[2] = {0.8, 0.05};
+    double v;
+    cr_assert_eq(mpq_alloc_predict(w2, l2, 2, 2, &v), MPQ_OK);
+    cr_assert_eq(v, 0.8, "a measured width: its measurement");
+    cr_assert_eq(mpq_alloc_predict(w2, l2, 2, 4, &v), MPQ_OK);
+    cr_assert_eq(v, 0.05);
+    cr_assert_eq(mpq_alloc_predict(w2, l2, 2, 3, &v), MPQ_OK);
+    cr_assert_float_eq(v, 0.2, 1e-12, "between: the geometric mean (log-linear)");
+    cr_assert_eq(mpq_alloc_predict(w2, l2, 2, 6, &v), MPQ_OK);
+    cr_assert_float_eq(v, 0.05 / 16, 1e-15, "beyond: the same rate, 4x a bit here");
+    cr_assert_eq(mpq_alloc_predict(w2, l2, 2, 1, &v), MPQ_OK);
+    cr_assert_float_eq(v, 3.2, 1e-12);
+    /* one measurement: 4x a bit either way */
+    const int w1[1] = {3};
+    const double l1[1] = {0.1};
+    cr_assert_eq(mpq_alloc_predict(w1, l1, 1, 5, &v), MPQ_OK);
+    cr_assert_float_eq(v, 0.1 / 16, 1e-15);
+    cr_assert_eq(mpq_alloc_predict(w1, l1, 1, 2, &v), MPQ_OK);
+    cr_assert_float_eq(v, 0.4, 1e-15);
+    /* measurements that grow with the width (noise): flat beyond, and
+       never above a narrower width's prediction */
+    const int w3[3] = {2, 3, 4};
+    const double l3[3] = {0.5, 0.1, 0.2};
+    cr_assert_eq(mpq_alloc_predict(w3, l3, 3, 4, &v), MPQ_OK);
+    cr_assert_eq(v, 0.1, "not above 3 bits' 0.1");
+    cr_assert_eq(mpq_alloc_predict(w3, l3, 3, 7, &v), MPQ_OK);
+    cr_assert_eq(v, 0.1);
+    double last = INFINITY;
+    for (int b = 1; b <= 8; b++) {
+        cr_assert_eq(mpq_alloc_predict(w3, l3, 3, b, &v), MPQ_OK);
+        cr_assert_leq(v, last, "monotone at %d", b);
+        last = v;
+    }
+    /* zero stays zero */
+    const double l0[2] = {0.3, 0.0};
+    cr_assert_eq(mpq_alloc_predict(w2, l0, 2, 5, &v), MPQ_OK);
+    cr_assert_leq(v, 1e-30);
+    /* bad input */
+    const int wr[2] = {3, 3}, wb9[1] = {9};
+    const double nanl[1] = {NAN}, negl[1] = {-1};
+    cr_assert_eq(mpq_alloc_predict(wr, l2, 2, 3, &v), MPQ_ERR_ARG, "a width twice");
+    cr_assert_eq(mpq_alloc_predict(wb9, l1, 1, 3, &v), MPQ_ERR_BITS);
+    cr_assert_eq(mpq_alloc_predict(w1, l1, 1, 0, &v), MPQ_ERR_BITS);
+    cr_assert_eq(mpq_alloc_predict(w1, l1, 1, 9, &v), MPQ_ERR_BITS);
+    cr_assert_eq(mpq_alloc_predict(w1, nanl, 1, 3, &v), MPQ_ERR_NONFINITE);
+    cr_assert_eq(mpq_alloc_predict(w1, negl, 1, 3, &v), MPQ_ERR_RANGE);
+    cr_assert_eq(mpq_alloc_predict(w1, l1, 0, 3, &v), MPQ_ERR_SIZE);
+    cr_assert_eq(mpq_alloc_predict(NULL, l1, 1, 3, &v), MPQ_ERR_ARG);
+}
