@@ -17,8 +17,8 @@
 #   - speed: decode of the SFMP result (`mpq speed`, 64 tokens; without
 #     fisher the GPTQ one), its bytes read per token against the rate
 #     bench_gemv reaches on the same shapes at 3.25 bits (3.5 bpw with
-#     metadata; 4 for the GPTQ result) and threads, weighted by each
-#     map's bytes.
+#     metadata; 4 for the GPTQ result; the head on its shape at its width)
+#     and threads, weighted by each map's bytes.
 # For each step: wall time, and the peaks of the process's anonymous memory
 # (RssAnon, sampled every 0.1 s from /proc) and of its resident set (VmHWM,
 # which counts mapped file pages too).
@@ -179,21 +179,24 @@ if [ $smol = 0 ] && { want speed || want "speed-$sp"; }; then
     # bytes a decoded token reads (the packed maps of the layers and the
     # head), and the time the kernels alone take for them: each map at the
     # rate bench_gemv reaches on its shape (the 4096-column maps at the
-    # 4096x4096 rate, the head at the 14336x4096 one) and width
+    # 4096x4096 rate) and width, the head on its own shape at its own width
     build/release/bench_gemv --threads "$threads" >"$work/gemv.log" 2>&1 # the three shapes of these layers
+    read -r hshape hbits < <("$mpq" inspect "$sf" | awk '$1 == "lm_head.weight" { print $2, $4 }')
+    build/release/bench_gemv --threads "$threads" --shape "$hshape" --bpw "$hbits" >"$work/gemv-head.log" 2>&1
     tg=$(grep 'tg' "$work/speed-$sp.log" | tail -1 | awk -F'|' '{ split($7, v, " "); print v[1] }')
-    "$mpq" inspect "$sf" | awk -v tg="$tg" -v sb="$sb" '
-        FNR == NR { if ($2 == sb && $3 ~ /^[0-9]+$/) gbs[$1] = $5; next }
+    "$mpq" inspect "$sf" | awk -v tg="$tg" -v sb="$sb" -v hs="$hshape" '
+        FILENAME ~ /gemv-head.log$/ { if ($1 == hs && $3 ~ /^[0-9]+$/) head = $5; next }
+        FILENAME ~ /gemv.log$/ { if ($2 == sb && $3 ~ /^[0-9]+$/) gbs[$1] = $5; next }
         $3 == "bitplane" && $1 != "model.embed_tokens.weight" {
             split($2, d, "x")
             s = d[2] == 14336 ? "4096x14336" : d[1] == 4096 || d[1] == 1024 ? "4096x4096" : "14336x4096"
             bytes += $NF
-            t += $NF / (gbs[s] * 1e9)
+            t += $NF / (($1 == "lm_head.weight" ? head : gbs[s]) * 1e9)
         }
         END {
             printf "# decode reads %.3f GB per token at %.2f tokens/s: %.1f GB/s; bench_gemv at %s bits: ", bytes / 1e9, tg, bytes * tg / 1e9, sb
             for (s in gbs) printf "%s %.1f GB/s  ", s, gbs[s]
-            printf "\n# the kernels alone would take %.1f ms per token: decode reaches %.2f of their rate\n", t * 1e3, t * tg
-        }' "$work/gemv.log" - | tee -a "$out"
+            printf "head %s %.1f GB/s\n# the kernels alone would take %.1f ms per token: decode reaches %.2f of their rate\n", hs, head, t * 1e3, t * tg
+        }' "$work/gemv.log" "$work/gemv-head.log" - | tee -a "$out"
 fi
 echo "# raw logs: $work" | tee -a "$out"

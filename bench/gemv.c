@@ -1,7 +1,7 @@
 /* bench/gemv: CPU bit-plane LUT GEMV against the machine's own read bandwidth
    and a plain float32 GEMV, all measured in this run.
 
-   usage: gemv [--quick] [--threads N] [--shape MxN] [--block-rows R]
+   usage: gemv [--quick] [--threads N] [--shape MxN] [--bpw X] [--block-rows R]
                [--path auto|scalar|avx2|avx512|avx512-vnni|avx2-int|neon]
                [--batch B | --batches B1,B2,... [--a8]]
           gemv --rotation [--quick] [--threads N] [--shape MxN] [--path NAME]
@@ -12,7 +12,7 @@
    read bandwidth measured at the start, and the speedup over the float32
    GEMV with the same threads. Weight copies are rotated so that the caches
    never hold the matrix being multiplied. 2.5 and 3.25 bpw are block mixes of
-   two neighbouring widths. Then AWQ next to round-to-nearest at 4096 x 4096:
+   two neighbouring widths (--bpw X: that point alone, 1..8). Then AWQ next to round-to-nearest at 4096 x 4096:
    search and pack time, output error on held-out tokens, GEMV time (the
    column scales are applied while building tables, so it should not move).
 
@@ -154,6 +154,7 @@ static int parse_batches(const char *s)
 int main(int argc, char **argv)
 {
     int quick = 0, only_threads = 0, sm = 0, sn = 0, block_rows = 16, rotation = 0;
+    double one_bpw = 0.0;
     for (int a = 1; a < argc; a++) {
         if (!strcmp(argv[a], "--quick"))
             quick = 1;
@@ -173,6 +174,8 @@ int main(int argc, char **argv)
             g_a8 = 1;
         else if (!strcmp(argv[a], "--block-rows") && a + 1 < argc)
             block_rows = atoi(argv[++a]);
+        else if (!strcmp(argv[a], "--bpw") && a + 1 < argc && (one_bpw = atof(argv[a + 1])) >= 1.0 && one_bpw <= 8.0)
+            a++;
         else if (!strcmp(argv[a], "--path") && a + 1 < argc) {
             const char *name = argv[++a];
             int found = 0;
@@ -184,7 +187,7 @@ int main(int argc, char **argv)
             }
         } else if (!(!strcmp(argv[a], "--shape") && a + 1 < argc && sscanf(argv[++a], "%dx%d", &sm, &sn) == 2)) {
             fprintf(stderr,
-                    "usage: %s [--quick] [--threads N] [--shape MxN] [--block-rows R] [--path NAME]"
+                    "usage: %s [--quick] [--threads N] [--shape MxN] [--bpw X] [--block-rows R] [--path NAME]"
                     " [--batch B | --batches B1,B2,... [--a8]] | --rotation | --list-paths\n",
                     argv[0]);
             return 2;
@@ -201,8 +204,10 @@ int main(int argc, char **argv)
         shapes[0][1] = sn;
         nshapes = 1;
     }
-    const double bpws[] = {2.0, 2.5, 3.0, 3.25, 4.0};
-    const int nbpw = 5, group = 128;
+    double bpws[] = {2.0, 2.5, 3.0, 3.25, 4.0};
+    int nbpw = 5;
+    const int group = 128;
+    if (one_bpw > 0.0) bpws[0] = one_bpw, nbpw = 1;
     const int maxth = bench_max_threads();
     int thr[2] = {1, 2}, nthr = maxth > 1 ? 2 : 1;
     if (only_threads > 0) {

@@ -1000,3 +1000,125 @@ Test(cli_llm, measure_writes_what_the_library_measures, .init = setup, .fini = t
     mpq_llm_free(h);
     tl_free(&tm);
 }
+
+/* Bits per weight of a quantized model file's linear maps as the plan
+   counts them (weights and group scales), from its packed matrices. */
+static double maps_bpw(const char *name, int layers, double *weights)
+{
+    char p[600];
+    path_of(name, p, sizeof p);
+    mpq_st_file *f;
+    mpq_io_err e;
+    cr_assert_eq(mpq_st_open(p, &f, &e), MPQ_OK, "%s", e.msg);
+    double bits = 0, nw = 0;
+    for (int i = 0; i < layers * 7; i++) {
+        char n[128];
+        mpq_llm_linear_name(0, i / 7, i % 7, 0, n, sizeof n);
+        mpq_packed A;
+        cr_assert_eq(mpq_st_read_packed(f, n, &A, &e), MPQ_OK, "%s", e.msg);
+        const double w = (double)A.rows * A.cols;
+        bits += mpq_packed_bpw(&A, 1) * w;
+        nw += w;
+        mpq_packed_free(&A);
+    }
+    mpq_st_close(f);
+    if (weights) *weights = nw;
+    return bits / nw;
+}
+
+/* The predicted KLD quantize prints for its plan. */
+static double printed_kld(void)
+{
+    const char *o = slurp("out.txt", NULL), *at = strstr(o, "predicted KLD ");
+    const char *last = NULL;
+    while (at) last = at, at = strstr(at + 1, "predicted KLD ");
+    cr_assert_not_null(last, "%s", o);
+    return atof(last + strlen("predicted KLD "));
+}
+
+/* --method auto: the budget met from below by less than one block row,
+   the bound honoured by the prediction, and every way it is refused. */
+Test(cli_llm, auto_meets_the_budget_and_the_bound, .init = setup, .fini = teardown, .timeout = 600)
+{
+    tl_model tm;
+    char text[700], p[600];
+    size_t len;
+    make_model(&tm, text, &len);
+    cr_assert_eq(run("measure --quiet --widths 2,3,5 --windows 2 --length 16 hf text.txt -o k.safetensors"), 0, "%s",
+                 slurp("err.txt", NULL));
+    const double budgets[3] = {2.6, 3.55, 4.9};
+    double prev = INFINITY;
+    for (int k = 0; k < 3; k++) {
+        char cmd[256];
+        snprintf(cmd, sizeof cmd, "quantize --method auto --bpw %g --measure k.safetensors hf a.safetensors",
+                 budgets[k]);
+        cr_assert_eq(run(cmd), 0, "%s: %s", cmd, slurp("err.txt", NULL));
+        double nw;
+        const double got = maps_bpw("a.safetensors", tm.layers, &nw), kld = printed_kld();
+        /* one block row of the widest map at one more bit, at most */
+        cr_assert(got <= budgets[k] + 1e-9 && got >= budgets[k] - 16.0 * tm.ffn * 6 / nw, "--bpw %g: %.6f", budgets[k],
+                  got);
+        cr_assert_lt(kld, prev, "more bits, less predicted KLD");
+        prev = kld;
+        mpq_llm *q = load("a.safetensors");
+        cr_assert_not_null(q);
+        mpq_llm_free(q);
+    }
+    /* the inverse: the fewest bits for a bound between the ends */
+    cr_assert_eq(run("quantize --method auto --bpw 3.55 --measure k.safetensors hf a.safetensors"), 0);
+    const double k355 = printed_kld();
+    char cmd[256];
+    const double bound = k355 * (1 + 1e-4); /* above that plan's (printed to 6 digits) */
+    snprintf(cmd, sizeof cmd, "quantize --method auto --max-kld %.9g --measure k.safetensors hf b.safetensors", bound);
+    cr_assert_eq(run(cmd), 0, "%s", slurp("err.txt", NULL));
+    cr_assert_leq(printed_kld(), bound, "the bound kept by the prediction");
+    double nw;
+    const double bb = maps_bpw("b.safetensors", tm.layers, &nw);
+    cr_assert_leq(bb, 3.55 + 16.0 * tm.ffn * 6 / nw, "no more bits than the budget that predicts it (%.6f)", bb);
+    /* refused: exit 1 or 2 and no output */
+    static const struct {
+        const char *args;
+        int code;
+        const char *says;
+    } bad[] = {
+        {"quantize --method auto --bpw 1.5 --measure k.safetensors hf x.safetensors", 1, "allow"},
+        {"quantize --method auto --bpw 9 --measure k.safetensors hf x.safetensors", 1, "allow"},
+        {"quantize --method auto --max-kld 1e-12 --measure k.safetensors hf x.safetensors", 1, "no plan meets it"},
+        {"quantize --method auto --max-kld 1000 --measure k.safetensors hf x.safetensors", 1, "every plan meets it"},
+        {"quantize --method auto --bpw 3 hf x.safetensors", 1, "--measure"},
+        {"quantize --method auto --measure k.safetensors hf x.safetensors", 1, "--bpw X or --max-kld"},
+        {"quantize --method rtn --max-kld 0.1 hf x.safetensors", 1, "for --method auto"},
+        {"quantize --method auto --bpw 3 --group 64 --measure k.safetensors hf x.safetensors", 2,
+         "measured with group"},
+        {"quantize --method auto --bpw 3 --measure text.txt hf x.safetensors", 2, "text.txt"},
+    };
+    for (size_t k = 0; k < sizeof bad / sizeof bad[0]; k++) {
+        cr_assert_eq(run(bad[k].args), bad[k].code, "%s: %s", bad[k].args, slurp("err.txt", NULL));
+        const char *err = slurp("err.txt", NULL);
+        cr_assert(strstr(err, bad[k].says), "%s: %s", bad[k].args, err);
+        path_of("x.safetensors", p, sizeof p);
+        cr_assert_eq(access(p, F_OK), -1, "%s: no output", bad[k].args);
+    }
+    /* a measurement missing for one map: exit 2 naming it */
+    mpq_st_file *f;
+    mpq_io_err e;
+    path_of("k.safetensors", p, sizeof p);
+    cr_assert_eq(mpq_st_open(p, &f, &e), MPQ_OK);
+    mpq_st_writer *w;
+    char q[600];
+    path_of("k2.safetensors", q, sizeof q);
+    cr_assert_eq(mpq_st_writer_open(q, &w, &e), MPQ_OK);
+    for (int i = 1; i < mpq_st_count(f); i++) {
+        const mpq_st_tensor *t = mpq_st_at(f, i);
+        float v[3];
+        cr_assert_eq(mpq_st_read_f32(f, t, v, 3, &e), MPQ_OK);
+        cr_assert_eq(mpq_st_write_f32(w, t->name, MPQ_DT_F32, t->ndim, t->shape, v, &e), MPQ_OK);
+    }
+    const char *missing = mpq_st_at(f, 0)->name;
+    cr_assert_eq(mpq_st_write_meta(w, "mpq_measure", mpq_st_meta(f, "mpq_measure"), &e), MPQ_OK);
+    cr_assert_eq(mpq_st_writer_close(w, &e), MPQ_OK);
+    cr_assert_eq(run("quantize --method auto --bpw 3 --measure k2.safetensors hf x.safetensors"), 2);
+    cr_assert(strstr(slurp("err.txt", NULL), missing), "%s", slurp("err.txt", NULL));
+    mpq_st_close(f);
+    tl_free(&tm);
+}

@@ -566,7 +566,8 @@ static int open_stats(qrun *R)
     const unsigned need = mpq_recipe_needs(&R->r);
     const qargs *q = R->q;
     const int need_s =
-        (need & (MPQ_RECIPE_PQI | MPQ_RECIPE_SALIENCE)) && (R->r.planner != MPQ_PLANNER_MXSENS || q->salience);
+        ((need & (MPQ_RECIPE_PQI | MPQ_RECIPE_SALIENCE)) && (R->r.planner != MPQ_PLANNER_MXSENS || q->salience)) ||
+        (q->method == M_AUTO && q->salience); /* auto: Fisher ranks the mixed map's block rows when it is there */
     const int need_c = (need & MPQ_RECIPE_ACTS) || (R->r.planner == MPQ_PLANNER_MXSENS && !q->salience);
     int rc = 0;
     if (need_s && mpq_st_open(q->salience, &R->S, &e) != MPQ_OK) return fail(EXIT_INPUT, "%s", e.msg);
@@ -653,6 +654,196 @@ static int run_sequential(qrun *R, mpq_recipe_map *maps, int n, const char *in)
     return rc;
 }
 
+/* ---------------------------------------------------------------------------
+   --method auto: the widths from measured KL divergences
+   ------------------------------------------------------------------------ */
+
+/* The value of `"key": ` in a flat JSON object written by mpq measure
+   (a number, or a string's contents), into buf; 0 when absent. */
+static int meta_field(const char *json, const char *key, char *buf, size_t cap)
+{
+    char pat[64];
+    snprintf(pat, sizeof pat, "\"%s\": ", key);
+    const char *p = json ? strstr(json, pat) : NULL;
+    if (!p) return 0;
+    p += strlen(pat);
+    const int quoted = *p == '"', array = *p == '[';
+    p += quoted;
+    size_t n = 0;
+    if (array) { /* through its ']' */
+        while (p[n] && p[n] != ']' && n + 2 < cap) n++;
+        n += p[n] == ']';
+    } else {
+        while (p[n] && n + 1 < cap && (quoted ? p[n] != '"' : p[n] != ',' && p[n] != '}')) n++;
+    }
+    memcpy(buf, p, n);
+    buf[n] = 0;
+    return 1;
+}
+
+/* The measurement file against the recipe: the same quantizer, group,
+   act-order and basis; its widths into wb. */
+static int measure_check(const qrun *R, mpq_st_file *f, const char *path, int *wb, int *nb)
+{
+    const char *meta = mpq_st_meta(f, "mpq_measure");
+    char v[128], want[128];
+    if (!meta || !meta_field(meta, "widths", v, sizeof v))
+        return fail(EXIT_INPUT, "%s: not a file of mpq measure (no \"mpq_measure\" metadata)", path);
+    *nb = 0;
+    for (const char *s = v + 1; *s && *s != ']' && *nb < 8; s++)
+        if (*s >= '1' && *s <= '8') wb[(*nb)++] = *s - '0';
+    const mpq_recipe *r = &R->r;
+    const char *qn = r->awq && r->gptq ? "awq+gptq" : r->gptq ? "gptq" : r->awq ? "awq" : "rtn";
+    static const char *const keys[] = {"quantizer", "group", "act_order", "symmetric", "rotate", "rotate_seed"};
+    for (int k = 0; k < 6; k++) {
+        if (k == 0) snprintf(want, sizeof want, "%s", qn);
+        if (k == 1) snprintf(want, sizeof want, "%d", r->group ? r->group : 128);
+        if (k == 2) snprintf(want, sizeof want, "%d", r->act_order);
+        if (k == 3) snprintf(want, sizeof want, "%d", r->symmetric);
+        if (k == 4) snprintf(want, sizeof want, "%d", r->rotate);
+        if (k == 5) snprintf(want, sizeof want, "%llu", (unsigned long long)r->rotate_seed);
+        if (!meta_field(meta, keys[k], v, sizeof v) || strcmp(v, want))
+            return fail(EXIT_INPUT, "%s: measured with %s %s, this quantizer has %s (measure again with its options)",
+                        path, keys[k], v, want);
+    }
+    if (*nb < 1) return fail(EXIT_INPUT, "%s: no widths measured", path);
+    return 0;
+}
+
+/* The plan of --method auto over the maps: each map's predicted KLD at 2..8
+   bits (mpq_alloc_predict over its measurements), the allocation
+   (mpq_alloc_for_bits at --bpw, or mpq_alloc_for_loss at --max-kld), and
+   the one map that mixes two widths promoted a block row at a time, its
+   most salient rows first (Fisher row sums when the salience file has
+   them, else in order), within its share. */
+static int auto_plan(qrun *R, const mpq_recipe_map *maps, int n, mpq_plan *plan)
+{
+    enum { B0 = 2, NB = 7 }; /* the candidate widths 2..8 */
+    const qargs *q = R->q;
+    mpq_io_err e;
+    mpq_st_file *f = NULL;
+    if (mpq_st_open(q->measure, &f, &e) != MPQ_OK) return fail(EXIT_INPUT, "%s", e.msg);
+    int wb[8], nb = 0, rc = measure_check(R, f, q->measure, wb, &nb);
+    const int G = R->r.group ? R->r.group : 128, BR = R->r.block_rows ? R->r.block_rows : 16;
+    double *bits = (double *)malloc(sizeof(double) * (size_t)n * NB),
+           *loss = (double *)malloc(sizeof(double) * (size_t)n * NB);
+    mpq_alloc_map *A = (mpq_alloc_map *)malloc(sizeof *A * (size_t)n);
+    mpq_alloc_choice *c = (mpq_alloc_choice *)malloc(sizeof *c * (size_t)n);
+    if (!rc && (!bits || !loss || !A || !c)) rc = fail(EXIT_QUANT, "out of memory");
+    double nw = 0;
+    for (int i = 0; !rc && i < n; i++) {
+        char name[1024];
+        snprintf(name, sizeof name, "%s.kld", maps[i].name);
+        const mpq_st_tensor *t = mpq_st_find(f, name);
+        float v[8];
+        double m[8];
+        if (!t) {
+            rc = fail(EXIT_INPUT, "%s: tensor '%s': not found (measured for another model?)", q->measure, name);
+            break;
+        }
+        if (t->numel != (uint64_t)nb || mpq_st_read_f32(f, t, v, (size_t)nb, &e) != MPQ_OK) {
+            rc = fail(EXIT_INPUT, "%s: tensor '%s': need %d values, one per width", q->measure, name, nb);
+            break;
+        }
+        for (int k = 0; k < nb; k++) m[k] = v[k];
+        const double ng = (double)((maps[i].cols + G - 1) / G), w = (double)maps[i].rows * maps[i].cols;
+        nw += w;
+        for (int k = 0; k < NB && !rc; k++) {
+            bits[i * NB + k] = w * (B0 + k) + 32.0 * maps[i].rows * ng;
+            const mpq_status st = mpq_alloc_predict(wb, m, nb, B0 + k, &loss[i * NB + k]);
+            if (st != MPQ_OK)
+                rc = fail(EXIT_INPUT, "%s: tensor '%s': %s (KLDs are finite and >= 0)", q->measure, name,
+                          mpq_status_str(st));
+        }
+        A[i].nopt = NB, A[i].bits = bits + i * NB, A[i].loss = loss + i * NB;
+    }
+    double bmin = 0, lmax = 0, bmax = 0, lmin = 0;
+    if (!rc && mpq_alloc_range(A, n, &bmin, &lmax, &bmax, &lmin) != MPQ_OK) rc = fail(EXIT_QUANT, "allocation failed");
+    const int by_bits = q->max_kld == 0;
+    if (!rc && by_bits && (q->bpw.value * nw < bmin || q->bpw.value * nw > bmax))
+        rc = fail(EXIT_USAGE,
+                  "quantize --method auto --bpw %g: these %d maps allow %.4f (every map at %d bits) to %.4f bits per "
+                  "weight (each at its least predicted KLD)",
+                  q->bpw.value, n, bmin / nw, B0, bmax / nw);
+    if (!rc && !by_bits && (q->max_kld < lmin || q->max_kld >= lmax))
+        rc = fail(EXIT_USAGE,
+                  "quantize --method auto --max-kld %g: the predicted KLD of these %d maps spans %.5f (the widest "
+                  "plan) to %.5f (every map at %d bits); %s",
+                  q->max_kld, n, lmin, lmax, B0, q->max_kld < lmin ? "no plan meets it" : "every plan meets it");
+    if (!rc) {
+        const mpq_status st =
+            by_bits ? mpq_alloc_for_bits(A, n, q->bpw.value * nw, c) : mpq_alloc_for_loss(A, n, q->max_kld, c);
+        if (st != MPQ_OK) rc = fail(EXIT_QUANT, "allocation failed: %s", mpq_status_str(st));
+    }
+    memset(plan, 0, sizeof *plan);
+    if (!rc && !(plan->layers = (mpq_layer_plan *)calloc((size_t)n, sizeof(mpq_layer_plan))))
+        rc = fail(EXIT_QUANT, "out of memory");
+    plan->nlayers = rc ? 0 : n;
+    double wbits = 0, mbits = 0, predicted = 0;
+    for (int i = 0; !rc && i < n; i++) {
+        mpq_layer_plan *L = &plan->layers[i];
+        const int ng = (maps[i].cols + G - 1) / G, nbr = (maps[i].rows + BR - 1) / BR;
+        const int lo = B0 + c[i].lo, hi = B0 + c[i].hi;
+        L->rows = maps[i].rows, L->cols = maps[i].cols, L->group = G, L->block_rows = BR;
+        L->format = MPQ_FORMAT_BITPLANE, L->symmetric = R->r.symmetric ? 0x1FEu : 0u;
+        if (!(L->bits = (uint8_t *)malloc((size_t)nbr * ng))) {
+            rc = fail(EXIT_QUANT, "out of memory");
+            break;
+        }
+        memset(L->bits, lo, (size_t)nbr * ng);
+        if (c[i].t > 0) { /* the mixed map: block rows at hi, most salient first, within its share */
+            double *rs = (double *)calloc((size_t)nbr, sizeof(double));
+            uint32_t *order = (uint32_t *)malloc(sizeof(uint32_t) * (size_t)nbr);
+            float *rsf = (float *)malloc(sizeof(float) * (size_t)nbr), *F = NULL;
+            char used[1024];
+            if (!rs || !order || !rsf) rc = fail(EXIT_QUANT, "out of memory");
+            if (!rc && R->S && find_stat(R->S, maps[i].name, "fisher", used, sizeof used))
+                rc = read_stat(R->S, maps[i].name, "fisher", 1, (uint64_t)maps[i].rows, (uint64_t)maps[i].cols, 2, &F);
+            for (int r = 0; !rc && F && r < maps[i].rows; r++)
+                for (int j = 0; j < maps[i].cols; j++) rs[r / BR] += F[(size_t)r * maps[i].cols + j];
+            for (int b = 0; !rc && b < nbr; b++) rsf[b] = (float)rs[b];
+            if (!rc) mpq_argsort_desc(rsf, (size_t)nbr, order); /* stable: in order when there is no Fisher */
+            /* the share in block rows: at most it under --bpw (the budget kept),
+               at least it under --max-kld (the bound kept) */
+            double room = c[i].t * (double)maps[i].rows * maps[i].cols * (hi - lo);
+            for (int k = 0; !rc && k < nbr && room > 0; k++) {
+                const int b = (int)order[k], rr = maps[i].rows - b * BR < BR ? maps[i].rows - b * BR : BR;
+                const double cost = (double)rr * maps[i].cols * (hi - lo);
+                if (by_bits && cost > room) continue;
+                room -= cost;
+                memset(L->bits + (size_t)b * ng, hi, (size_t)ng);
+            }
+            free(rs), free(order), free(rsf), free(F);
+        }
+        for (int b = 0; !rc && b < nbr; b++) {
+            const int rr = maps[i].rows - b * BR < BR ? maps[i].rows - b * BR : BR;
+            L->weight_bits += (double)rr * maps[i].cols * L->bits[(size_t)b * ng];
+        }
+        L->meta_bits = 32.0 * maps[i].rows * ng;
+        wbits += L->weight_bits, mbits += L->meta_bits;
+        double pl = 0; /* the map's predicted KLD as packed: its blocks' widths weighted by their share */
+        for (int b = 0; !rc && b < nbr; b++) {
+            const int rr = maps[i].rows - b * BR < BR ? maps[i].rows - b * BR : BR;
+            pl += loss[i * NB + L->bits[(size_t)b * ng] - B0] * rr / maps[i].rows;
+        }
+        predicted += pl;
+        if (!rc && !q->quiet)
+            printf("auto: %-40s %d bits%s, predicted KLD %.6g\n", maps[i].name, lo,
+                   c[i].t > 0 ? (hi == lo + 1 ? " and some block rows at one more" : " and some block rows wider") : "",
+                   pl);
+    }
+    if (!rc) {
+        plan->bpw = (wbits + mbits) / nw;
+        if (!q->quiet)
+            printf("auto: %.4f bits per weight (weights and scales), predicted KLD %.6g (%s)\n", plan->bpw, predicted,
+                   by_bits ? "at --bpw" : "at --max-kld");
+    }
+    if (rc) mpq_plan_free(plan);
+    free(bits), free(loss), free(A), free(c);
+    mpq_st_close(f);
+    return rc;
+}
+
 /* The recipe over the maps, then whatever is left to copy. */
 static int run_recipe(qrun *R)
 {
@@ -665,6 +856,9 @@ static int run_recipe(qrun *R)
     }
     int rc = qargs_budget(R->q, &R->r, maps, n);
     if (!rc) rc = open_stats(R);
+    mpq_plan plan;
+    memset(&plan, 0, sizeof plan);
+    if (!rc && R->q->method == M_AUTO && (rc = auto_plan(R, maps, n, &plan)) == 0) R->r.plan = &plan;
     if (!rc && R->q->sequential) {
         rc = run_sequential(R, maps, n, mpq_source_path(R->in));
     } else if (!rc) {
@@ -688,6 +882,8 @@ static int run_recipe(qrun *R)
     }
     for (int i = 0; i < n; i++) fetch_free(&maps[i]);
     free(maps);
+    R->r.plan = NULL;
+    mpq_plan_free(&plan);
     return rc;
 }
 
@@ -764,6 +960,8 @@ static int check_files(qargs *q, const mpq_recipe *r)
         return fail(EXIT_USAGE, "quantize --method %s%s: needs --salience FILE (or --stats FILE)", m,
                     r->requant && q->method != M_REQUANT ? " --requant" : "");
     if (q->method == M_AWQ && !q->calib) return fail(EXIT_USAGE, "quantize --method awq: needs --calib FILE");
+    if (q->method == M_AUTO && !q->measure)
+        return fail(EXIT_USAGE, "quantize --method auto: needs --measure FILE (what mpq measure writes)");
     if (r->planner == MPQ_PLANNER_MXSENS && !q->salience && !q->calib)
         return fail(EXIT_USAGE, "quantize --method mxsens: needs --calib FILE (or --salience FILE)");
     if (r->awq && !q->calib)
@@ -985,7 +1183,8 @@ int cmd_measure(int argc, char **argv)
                      : r->gptq     ? "gptq"
                      : r->awq      ? "awq"
                                    : "rtn",
-                 r->act_order, r->group, r->symmetric, r->rotate, (unsigned long long)r->rotate_seed, secs);
+                 r->act_order, r->group ? r->group : 128, r->symmetric, r->rotate, (unsigned long long)r->rotate_seed,
+                 secs);
         if (mpq_st_write_meta(w, "mpq_measure", meta, &e) != MPQ_OK) rc = fail(EXIT_OUTPUT, "%s", e.msg);
     }
     if (w) {

@@ -8,8 +8,8 @@
 #include "cli.h"
 #include "mpq_model.h"
 
-enum { M_RTN, M_AWQ, M_GPTQ, M_SFMP, M_MIXLLM, M_MXSENS, M_REQUANT };
-#define QARGS_METHODS "rtn|awq|gptq|sfmp|mixllm|mxsens|requant"
+enum { M_RTN, M_AWQ, M_GPTQ, M_SFMP, M_MIXLLM, M_MXSENS, M_REQUANT, M_AUTO };
+#define QARGS_METHODS "rtn|awq|gptq|sfmp|mixllm|mxsens|requant|auto"
 enum { Q_RTN, Q_AWQ, Q_GPTQ, Q_AWQ_GPTQ };
 #define QARGS_QUANTIZERS "rtn|awq|gptq|awq+gptq"
 
@@ -28,10 +28,10 @@ typedef struct qargs_rotate {
 typedef struct qargs {
     int method, bits, format, symmetric, group, block_rows, reorder, quantizer, requant, act_order, static_groups;
     int embed_bits, threads, quiet, seq_windows, seq_length;
-    double fraction, outliers, significant, damp;
+    double fraction, outliers, significant, damp, max_kld;
     qargs_bpw bpw;
     qargs_rotate rotate;
-    const char *salience, *calib, *hessian, *stats, *sequential;
+    const char *salience, *calib, *hessian, *stats, *sequential, *measure;
     cli_list include, exclude;
 } qargs;
 
@@ -56,15 +56,21 @@ static inline int qargs_parse_rotate(const char *v, void *field)
 #define QA(field) CLI_AT(qargs, field)
 static const cli_opt qargs_opts[] = {
     {"--method", CLI_CHOICE, QA(method), "M", 0, 0, QARGS_METHODS, NULL, "rtn",
-     "rtn | awq | gptq | sfmp | mixllm | mxsens | requant"},
+     "rtn | awq | gptq | sfmp | mixllm | mxsens | requant | auto (widths from\n"
+     "measured KL divergences: --measure, and --bpw or --max-kld)"},
     {"--bits", CLI_INT, QA(bits), "B", 1, 8, NULL, NULL, "4",
      "rtn, awq, gptq, requant: the width 1..8 (mxint: 2..8); mixllm: the low width"},
     {"--format", CLI_CHOICE, QA(format), "F", 0, 0, "bitplane|mxint", NULL, "bitplane",
      "rtn, gptq: bitplane | mxint (mantissa bits 2..8, group 32)"},
     {"--symmetric", CLI_FLAG, QA(symmetric), NULL, 0, 0, NULL, NULL, NULL, "rtn, awq, gptq: symmetric groups"},
     {"--bpw", CLI_PARSE, QA(bpw), "X", 0, 0, "a budget in 0..64, min or min+X", qargs_parse_bpw, NULL,
-     "sfmp, mxsens: the budget in bits per weight, scales included; min: the\n"
+     "sfmp, mxsens, auto: the budget in bits per weight, scales included; min: the\n"
      "lowest the planner meets for these tensors, min+X that plus X"},
+    {"--max-kld", CLI_DOUBLE, QA(max_kld), "K", 0, 1e6, NULL, NULL, NULL,
+     "auto: the fewest bits whose predicted KL divergence is at most K\n"
+     "(nats per token; instead of --bpw)"},
+    {"--measure", CLI_STR, QA(measure), "FILE", 0, 0, NULL, NULL, NULL,
+     "auto: what `mpq measure` wrote for this model with this quantizer"},
     {"--fraction", CLI_DOUBLE, QA(fraction), "F", 0, 1, NULL, NULL, "0.1",
      "mixllm: the share of output channels at 8 bits"},
     {"--group", CLI_INT, QA(group), "G", 8, 1 << 20, NULL, NULL, NULL,
@@ -73,7 +79,7 @@ static const cli_opt qargs_opts[] = {
     {"--reorder", CLI_CHOICE, QA(reorder), "R", 0, 0, "none|rows|cols|both", NULL, "none",
      "sfmp: none | rows | cols | both"},
     {"--quantizer", CLI_CHOICE, QA(quantizer), "Q", 0, 0, QARGS_QUANTIZERS, NULL, NULL,
-     "sfmp, mixllm, mxsens: rtn | awq | gptq | awq+gptq (default rtn);\n"
+     "sfmp, mixllm, mxsens, auto: rtn | awq | gptq | awq+gptq (default rtn);\n"
      "requant: rtn | awq; gptq: gptq | awq+gptq. awq: AWQ's scale and\n"
      "clip search under the widths (needs --calib or --stats); gptq: GPTQ's\n"
      "error feedback (needs --hessian or --stats); awq+gptq: both, AWQ first"},
@@ -175,9 +181,19 @@ static inline int qargs_recipe(const qargs *q, const cli_seen *seen, mpq_recipe 
     char m[16], qn[16];
     cli_nth(QARGS_METHODS, q->method, m, sizeof m);
     cli_nth(QARGS_QUANTIZERS, q->quantizer, qn, sizeof qn);
-    const int planner = q->method == M_SFMP || q->method == M_MIXLLM || q->method == M_MXSENS;
+    const int planner = q->method == M_SFMP || q->method == M_MIXLLM || q->method == M_MXSENS || q->method == M_AUTO;
     const int given_q = cli_was_given(seen, "--quantizer");
     memset(r, 0, sizeof *r);
+    if (q->method == M_AUTO) {
+        const int b = cli_was_given(seen, "--bpw"), k = cli_was_given(seen, "--max-kld");
+        if (b == k) return fail(EXIT_USAGE, "quantize --method auto: needs --bpw X or --max-kld K (one of them)");
+        if (b && q->bpw.lowest) return fail(EXIT_USAGE, "quantize --method auto: --bpw min is for sfmp and mxsens");
+        if (k && !(q->max_kld > 0)) return fail(EXIT_USAGE, "quantize --max-kld %g: a bound above 0", q->max_kld);
+        if (q->requant || q->format == 1)
+            return fail(EXIT_USAGE, "quantize --method auto: bit-plane widths, without --requant");
+    } else if (cli_was_given(seen, "--max-kld") || q->measure) {
+        return fail(EXIT_USAGE, "quantize: --max-kld and --measure are for --method auto");
+    }
     if (q->group % 8)
         return fail(EXIT_USAGE, "quantize --group %d: a group is a multiple of 8 columns (%d or %d, say)", q->group,
                     q->group / 8 * 8, q->group / 8 * 8 + 8);
