@@ -1,6 +1,7 @@
 /* mpq_model.c - Llama-family models on mpq's products (see mpq_model.h,
    sections 1 to 4). */
-#define _XOPEN_SOURCE 700
+#define _XOPEN_SOURCE   700
+#define _DEFAULT_SOURCE /* MAP_ANONYMOUS, MADV_HUGEPAGE */
 #include "mpq_model.h"
 #include "mpq_model_priv.h"
 
@@ -12,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 #ifdef _OPENMP
 #include <omp.h>
@@ -439,6 +441,66 @@ static void mpq__linear_free(mpq_llm *m, mpq_linear *L)
     memset(L, 0, sizeof *L);
 }
 
+/* The model's packed products moved into one anonymous region asked for
+   2 MB pages: decoding streams every packed byte once per token, and from
+   the page cache's 4 KB pages (a model in place) or malloc's it reads them
+   15-20 % slower (bench/results/NOTES.md, "Models larger than memory").
+   Only when they take less than half the memory the system has available,
+   and only where the system has huge pages (MADV_HUGEPAGE); otherwise, or
+   if anything fails, they stay as they are. The bytes are the same, so are
+   the products. */
+static void mpq__packed_arena(mpq_llm *m)
+{
+#if defined(MADV_HUGEPAGE) && defined(MAP_ANONYMOUS)
+    const size_t H = (size_t)2 << 20;
+    mpq_linear *v[4096 + 2];
+    if ((size_t)m->c.layers * MPQ_LIN_COUNT > 4096) return;
+    int n = 0;
+    for (int l = 0; l < m->c.layers; l++)
+        for (int k = 0; k < MPQ_LIN_COUNT; k++) v[n++] = &m->layer[l].lin[k];
+    if (!m->c.tied) v[n++] = &m->head;
+    size_t total = 0;
+    for (int i = 0; i < n; i++)
+        if (v[i]->A.buf) total += (v[i]->A.bytes + 63u) & ~(size_t)63u;
+    if (total == 0) return;
+    FILE *f = fopen("/proc/meminfo", "r");
+    unsigned long long avail_kb = 0;
+    char line[256];
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %llu kB", &avail_kb) == 1) break;
+    if (f) fclose(f);
+    if (!avail_kb || (double)total > 0.5 * (double)avail_kb * 1024.0) return;
+    const size_t len = (total + H - 1) / H * H;
+    uint8_t *raw = (uint8_t *)mmap(NULL, len + H, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (raw == (uint8_t *)MAP_FAILED) return;
+    uint8_t *base = (uint8_t *)(((uintptr_t)raw + H - 1) & ~(uintptr_t)(H - 1));
+    madvise(base, len, MADV_HUGEPAGE);
+    size_t off = 0;
+    mpq_packed *moved = (mpq_packed *)malloc(sizeof(mpq_packed) * (size_t)n);
+    int ok = moved != NULL;
+    for (int i = 0; ok && i < n; i++) {
+        if (!v[i]->A.buf) continue;
+        memcpy(base + off, v[i]->A.buf, v[i]->A.bytes);
+        ok = mpq_packed_open(base + off, v[i]->A.bytes, &moved[i]) == MPQ_OK;
+        off += (v[i]->A.bytes + 63u) & ~(size_t)63u;
+    }
+    if (!ok) {
+        free(moved);
+        munmap(raw, len + H);
+        return;
+    }
+    for (int i = 0; i < n; i++)
+        if (v[i]->A.buf) {
+            mpq_packed_free(&v[i]->A);
+            v[i]->A = moved[i];
+        }
+    free(moved);
+    m->arena = raw, m->arena_bytes = len + H;
+#else
+    (void)m;
+#endif
+}
+
 void mpq_llm_free(mpq_llm *m)
 {
     if (!m) return;
@@ -455,6 +517,9 @@ void mpq_llm_free(mpq_llm *m)
     mpq_tokenizer_free(m->tok);
     mpq_source_close(m->src);
     free(m->path);
+#if defined(MADV_HUGEPAGE) && defined(MAP_ANONYMOUS)
+    if (m->arena) munmap(m->arena, m->arena_bytes);
+#endif
     free(m);
 }
 
@@ -696,6 +761,7 @@ mpq_status mpq_llm_load_with(const char *path, const mpq_llm_load_opts *o, mpq_l
     }
     if (st == MPQ_OK) st = mpq__rope_freqs(m, s, err);
     if (st == MPQ_OK && ip) m->src = s, s = NULL; /* the mappings stay */
+    if (st == MPQ_OK && !o->packed_mapped) mpq__packed_arena(m);
 done:
     mpq_source_close(s);
     if (st != MPQ_OK) {

@@ -163,6 +163,8 @@ typedef struct mpq_llm {
        (diag(X^T X), AWQ's activations) are gathered this way. */
     void (*observe)(void *user, int layer, int lin, const float *x, int tokens, int cols);
     void *observe_user;
+    void *arena; /* the region the packed products were moved to (mpq_llm_load_opts), or NULL */
+    size_t arena_bytes;
 } mpq_llm;
 
 /* The tensor name of a role in the naming scheme of gguf_names: role is
@@ -204,6 +206,13 @@ mpq_status mpq_llm_load(const char *path, mpq_llm **out, mpq_io_err *err);
    Norms and biases are float. */
 typedef struct mpq_llm_load_opts {
     int in_place;
+    /* Packed matrices (in place or not) are moved into one region of 2 MB
+       pages, which the products read 15-20 % faster than the page cache's
+       or malloc's 4 KB pages, when they take less than half the memory
+       available (Linux; mpq_llm.arena). packed_mapped = 1 keeps them as
+       loading reads them: in place, views into the mapping where aligned,
+       which costs no anonymous memory. */
+    int packed_mapped;
 } mpq_llm_load_opts;
 mpq_status mpq_llm_load_with(const char *path, const mpq_llm_load_opts *o, mpq_llm **out, mpq_io_err *err);
 mpq_status mpq_llm_check_files(const mpq_llm *m, mpq_io_err *err);

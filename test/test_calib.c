@@ -723,7 +723,7 @@ static void load_both(const tl_model *t, char *dir, size_t cap, mpq_llm **m, mpq
     tl_write_hf(t, dir, MPQ_DT_BF16);
     mpq_io_err e;
     cr_assert_eq(mpq_llm_load(dir, m, &e), MPQ_OK, "%s", e.msg);
-    mpq_llm_load_opts lo = {1};
+    mpq_llm_load_opts lo = {1, 0};
     cr_assert_eq(mpq_llm_load_with(dir, &lo, p, &e), MPQ_OK, "%s", e.msg);
     cr_assert((*p)->src && !(*p)->layer[0].lin[0].W);
 }
@@ -1549,7 +1549,7 @@ Test(calib, sequential_quantization_takes_each_layers_inputs_after_the_quantized
     char dir[600];
     snprintf(dir, sizeof dir, "%s/hf", tmpdir);
     mpq_llm *p = NULL;
-    mpq_llm_load_opts lo = {1};
+    mpq_llm_load_opts lo = {1, 0};
     cr_assert_eq(mpq_llm_load_with(dir, &lo, &p, &e), MPQ_OK, "%s", e.msg);
     cr_assert(p->src && !p->layer[1].lin[MPQ_LIN_DOWN].W);
     mpq_recipe_map own[NL];

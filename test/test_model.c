@@ -417,7 +417,7 @@ static mpq_llm *load_in_place(const char *path)
 {
     mpq_llm *m = NULL;
     mpq_io_err e;
-    mpq_llm_load_opts o = {1};
+    mpq_llm_load_opts o = {1, 0};
     cr_assert_eq(mpq_llm_load_with(path, &o, &m, &e), MPQ_OK, "%s", e.msg);
     return m;
 }
@@ -543,7 +543,7 @@ Test(model, weights_in_place_refuse_changed_files_and_bad_values, .init = make_t
     tl_write_hf(&tm, hf, MPQ_DT_BF16);
     mpq_llm *m = NULL;
     mpq_io_err e;
-    mpq_llm_load_opts o = {1};
+    mpq_llm_load_opts o = {1, 0};
     cr_assert_eq(mpq_llm_load_with(hf, &o, &m, &e), MPQ_ERR_NONFINITE);
     cr_assert(strstr(e.msg, "model.layers.1.mlp.up_proj.weight") && strstr(e.msg, "value 17 is NaN"), "%s", e.msg);
     cr_assert_null(m);
@@ -666,7 +666,11 @@ Test(model, packed_linear_maps_equal_their_dequantized_floats, .init = make_tmpd
         }
         cr_assert_eq(mpq_st_writer_close(w, &e), MPQ_OK, "%s", e.msg);
         mpq_st_close(in);
-        mpq_llm *a = load(hf), *b = load_in_place(hf);
+        mpq_llm *a = NULL, *b = NULL, *c = load_in_place(hf); /* c: the packed products moved to huge pages */
+        mpq_llm_load_opts oa = {0, 1}, ob = {1, 1};           /* a, b: kept as loading reads them */
+        cr_assert_eq(mpq_llm_load_with(hf, &oa, &a, &e), MPQ_OK, "%s", e.msg);
+        cr_assert_eq(mpq_llm_load_with(hf, &ob, &b, &e), MPQ_OK, "%s", e.msg);
+        cr_assert(!a->arena && !b->arena);
         cr_assert_eq(mpq_st_open(file, &in, &e), MPQ_OK, "%s", e.msg);
         int views = 0;
         for (int i = 0; i < nl; i++) {
@@ -682,14 +686,23 @@ Test(model, packed_linear_maps_equal_their_dequantized_floats, .init = make_tmpd
             const int aligned = (uintptr_t)at % 64 == 0;
             cr_assert_eq(!Lb->A.owned, aligned, "map %d: in place exactly when on a 64-byte boundary", i);
             views += aligned;
+            const mpq_linear *Lc = &c->layer[i / MPQ_LIN_COUNT].lin[i % MPQ_LIN_COUNT];
+            const uint8_t *cb = (const uint8_t *)Lc->A.buf, *ar = (const uint8_t *)c->arena;
+            if (ar) /* where the system has huge pages: every packed product in the one region, the same bytes */
+                cr_assert(!Lc->A.owned && cb >= ar && cb + Lc->A.bytes <= ar + c->arena_bytes, "map %d", i);
+            cr_assert(Lc->A.bytes == La->A.bytes && !memcmp(La->A.buf, cb, La->A.bytes), "map %d", i);
         }
         mpq_st_close(in);
         cr_assert(views > 0, "some map lies on a boundary");
         cr_log_info("in place: %d of %d maps used from the mapping", views, nl);
-        float *za = logits_of(a, tok, N, 8, 0), *zb = logits_of(b, tok, N, 8, 0);
+#ifdef __linux__
+        cr_assert_not_null(c->arena, "Linux has MADV_HUGEPAGE");
+#endif
+        float *za = logits_of(a, tok, N, 8, 0), *zb = logits_of(b, tok, N, 8, 0), *zc = logits_of(c, tok, N, 8, 0);
         cr_assert(!memcmp(za, zb, sizeof(float) * N * (size_t)a->c.vocab), "in place: the same logits");
-        free(za), free(zb);
-        mpq_llm_free(a), mpq_llm_free(b);
+        cr_assert(!memcmp(za, zc, sizeof(float) * N * (size_t)a->c.vocab), "in huge pages: the same logits");
+        free(za), free(zb), free(zc);
+        mpq_llm_free(a), mpq_llm_free(b), mpq_llm_free(c);
     }
     cr_assert(mpq_llm_bpw(m, 1, -1) > 2.0 && mpq_llm_bpw(m, 1, 1) < mpq_llm_bpw(m, 1, 0));
     /* the embedding packed: lookups dequantize one row, bit for bit */
