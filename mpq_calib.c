@@ -1901,6 +1901,13 @@ mpq_status mpq_llm_measure(const mpq_llm *m, const int32_t *tokens, size_t n, co
         mpq__window(&C, w);
         mpq__embed(m, C.win, T, ref + (size_t)w * TD);
     }
+    /* progress in layer passes (a head product as its share of a layer's
+       weights), reported in thousandths of the whole */
+    double layer_w = 0, done = 0, total = 0;
+    for (int k = 0; k < MPQ_LIN_COUNT; k++) layer_w += (double)mpq__lin(m, k)->rows * (double)mpq__lin(m, k)->cols;
+    const double head_w = (double)V * (double)D / layer_w;
+    for (int l = 0; l < L; l++) total += (double)NW * ((double)(l + 1) * MPQ_LIN_COUNT * NB + 1);
+    total += (double)NW * (nseq + 1) * head_w;
     for (int l = 0; st == MPQ_OK && l < L; l++) {
         mpq__cal_layer_w(&C, l);
         for (int q = 0; st == MPQ_OK && q < l * MPQ_LIN_COUNT * NB * NW; q++) { /* the maps of the layers below */
@@ -1940,7 +1947,8 @@ mpq_status mpq_llm_measure(const mpq_llm *m, const int32_t *tokens, size_t n, co
             memcpy(ref + (size_t)w * TD, t->xf, sizeof(float) * TD);
         }
         for (int k = 0; k < MPQ_LIN_COUNT; k++) C.Wp[l * MPQ_LIN_COUNT + k] = NULL;
-        mpq__progress(&C, "measure", l + 1, L + 1);
+        done += (double)NW * ((double)(l + 1) * MPQ_LIN_COUNT * NB + 1);
+        mpq__progress(&C, "measure", (int)(1000.0 * done / total), 1000);
         if (st == MPQ_OK && o->cancel && o->cancel(o->user)) st = MPQ_ERR_CANCELLED;
     }
     for (int w = 0; st == MPQ_OK && w < NW; w++) { /* the head: each window's float logits, then its sequences' */
@@ -1952,10 +1960,12 @@ mpq_status mpq_llm_measure(const mpq_llm *m, const int32_t *tokens, size_t n, co
             mpq__rmsnorm(S->xin, m->out_norm, t->hf, T, D, c->norm_eps);
             if ((st = mpq__sgemm_lin(&m->head, t->hf, T, t->logits)) != MPQ_OK) break;
             sum[s] += mpq__kld_mean(&K, t->logits, T, V, kt);
+            done += head_w;
+            if (s % 16 == 15) mpq__progress(&C, "measure", (int)(1000.0 * done / total), 1000);
         }
         if (st == MPQ_OK && o->cancel && o->cancel(o->user)) st = MPQ_ERR_CANCELLED;
     }
-    if (st == MPQ_OK) mpq__progress(&C, "measure", L + 1, L + 1);
+    if (st == MPQ_OK) mpq__progress(&C, "measure", 1000, 1000);
     for (int s = 0; st == MPQ_OK && s < nseq; s++) kld[s] = sum[s] / NW;
     free(ref), free(Wq), free(sum), free(kt), free(K.z), free(K.p), free(K.lse), free(K.psum);
     mpq__cal_free(&C);

@@ -718,7 +718,8 @@ typedef struct mpq_measure_opts {
     const char *spill_dir;            /* NULL -> $TMPDIR, else /tmp */
     /* asked after each layer and each window's head: non-zero stops with MPQ_ERR_CANCELLED */
     int (*cancel)(void *user);
-    /* phase "measure": layers done of layers + 1 (the heads last), seconds since the start */
+    /* phase "measure": thousandths of the work done (layer passes, the heads
+       last), of 1000, and seconds since the start */
     void (*progress)(void *user, const char *phase, int done, int total, double seconds);
     void *user; /* quantize's, cancel's and progress's */
 } mpq_measure_opts;

@@ -1066,9 +1066,7 @@ static void measure_progress(void *user, const char *phase, int done, int total,
     mrun *M = (mrun *)user;
     (void)seconds;
     if (!M->p.total) progress_start(&M->p, "mpq", !M->R->q->quiet, total);
-    char what[64];
-    snprintf(what, sizeof what, "%s: layer %d of %d", phase, done < total ? done : total - 1, total - 1);
-    progress_show(&M->p, done, done < total ? what : "the heads");
+    progress_show(&M->p, done, phase);
 }
 
 /* --widths: 1..8 each, at most 8 of them, no repeats. */
