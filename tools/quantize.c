@@ -702,7 +702,8 @@ static int measure_check(const qrun *R, mpq_st_file *f, const char *path, int *w
         if (k == 3) snprintf(want, sizeof want, "%d", r->symmetric);
         if (k == 4) snprintf(want, sizeof want, "%d", r->rotate);
         if (k == 5) snprintf(want, sizeof want, "%llu", (unsigned long long)r->rotate_seed);
-        if (!meta_field(meta, keys[k], v, sizeof v) || strcmp(v, want))
+        if (!meta_field(meta, keys[k], v, sizeof v)) snprintf(v, sizeof v, "(none)");
+        if (strcmp(v, want))
             return fail(EXIT_INPUT, "%s: measured with %s %s, this quantizer has %s (measure again with its options)",
                         path, keys[k], v, want);
     }
