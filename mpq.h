@@ -7229,26 +7229,40 @@ static mpq_status mpq__plan_finish(mpq_plan *P, mpq_status st, mpq_plan *out)
     return MPQ_OK;
 }
 
-/* The layers' weights, metadata bits (an fp16 pair per row and group) and
-   blocks; MPQ_ERR_ARG / MPQ_ERR_SIZE for what mpq_plan_sfmp refuses. */
+/* d's block shape (MPQ_ERR_ARG for one SFMP refuses). */
+static mpq_status mpq__sfmp_blocks(const mpq_sfmp_desc *d, int *G, int *BR)
+{
+    *G = d->group ? d->group : 128, *BR = d->block_rows ? d->block_rows : 16;
+    const int ok = *G >= 8 && *G % 8 == 0 && *BR >= 1 && d->reorder >= 0 && d->reorder <= MPQ_REORDER_BOTH;
+    return ok ? MPQ_OK : MPQ_ERR_ARG;
+}
+
+/* Adds a rows x cols layer's weights, metadata bits (an fp16 pair per row
+   and group) and blocks to the sums; MPQ_ERR_SIZE for an empty shape. */
+static mpq_status mpq__sfmp_add(int rows, int cols, int G, int BR, double *nw, double *meta, size_t *nblocks)
+{
+    if (rows < 1 || cols < 1) return MPQ_ERR_SIZE;
+    const int ng = (cols + G - 1) / G;
+    *nw += (double)rows * (double)cols;
+    *meta += 32.0 * (double)rows * ng;
+    *nblocks += (size_t)((rows + BR - 1) / BR) * (size_t)ng;
+    return MPQ_OK;
+}
+
+/* The layers' weights, metadata bits and blocks; MPQ_ERR_ARG /
+   MPQ_ERR_SIZE for what mpq_plan_sfmp refuses (values are checked in the
+   block-sum pass). */
 static mpq_status mpq__sfmp_sizes(const mpq_sfmp_layer *layers, int nlayers, const mpq_sfmp_desc *d, double *nw,
                                   double *meta, size_t *nblocks)
 {
     if (!layers || !d) return MPQ_ERR_ARG;
     if (nlayers < 1) return MPQ_ERR_SIZE;
-    const int G = d->group ? d->group : 128, BR = d->block_rows ? d->block_rows : 16;
-    if (G < 8 || G % 8 || BR < 1 || d->reorder < 0 || d->reorder > MPQ_REORDER_BOTH) return MPQ_ERR_ARG;
+    int G, BR;
+    mpq_status st = mpq__sfmp_blocks(d, &G, &BR);
     *nw = 0.0, *meta = 0.0, *nblocks = 0;
-    for (int l = 0; l < nlayers; l++) {
-        if (!layers[l].S) return MPQ_ERR_ARG;
-        if (layers[l].rows < 1 || layers[l].cols < 1) return MPQ_ERR_SIZE;
-        const size_t n = (size_t)layers[l].rows * (size_t)layers[l].cols;
-        const int ng = (layers[l].cols + G - 1) / G; /* values are checked in the block-sum pass */
-        *nw += (double)n;
-        *meta += 32.0 * (double)layers[l].rows * ng;
-        *nblocks += (size_t)((layers[l].rows + BR - 1) / BR) * (size_t)ng;
-    }
-    return MPQ_OK;
+    for (int l = 0; l < nlayers && st == MPQ_OK; l++)
+        st = layers[l].S ? mpq__sfmp_add(layers[l].rows, layers[l].cols, G, BR, nw, meta, nblocks) : MPQ_ERR_ARG;
+    return st;
 }
 
 MPQ_DEF mpq_status mpq_sfmp_bpw_range(const mpq_sfmp_layer *layers, int nlayers, const mpq_sfmp_desc *d, double *lo,
@@ -7375,20 +7389,14 @@ MPQ_DEF mpq_status mpq_plan_sfmp_reduced(const mpq_sfmp_reduced *layers, int nla
 {
     if (!layers || !d || !out) return MPQ_ERR_ARG;
     if (nlayers < 1) return MPQ_ERR_SIZE;
-    const int G = d->group ? d->group : 128, BR = d->block_rows ? d->block_rows : 16;
-    if (G < 8 || G % 8 || BR < 1 || d->reorder < 0 || d->reorder > MPQ_REORDER_BOTH) return MPQ_ERR_ARG;
-    double nw = 0.0, meta = 0.0;
+    int G, BR, lo;
+    double nw = 0.0, meta = 0.0, extra;
     size_t nblocks = 0;
-    for (int l = 0; l < nlayers; l++) {
-        if (layers[l].rows < 1 || layers[l].cols < 1) return MPQ_ERR_SIZE;
-        const int ng = (layers[l].cols + G - 1) / G;
-        nw += (double)layers[l].rows * (double)layers[l].cols;
-        meta += 32.0 * (double)layers[l].rows * ng;
-        nblocks += (size_t)((layers[l].rows + BR - 1) / BR) * (size_t)ng;
-    }
-    int lo;
-    double extra;
-    mpq_status st = mpq__sfmp_budget(d, nw, meta, &lo, &extra);
+    mpq_status st = mpq__sfmp_blocks(d, &G, &BR);
+    if (st != MPQ_OK) return st;
+    for (int l = 0; l < nlayers; l++)
+        if ((st = mpq__sfmp_add(layers[l].rows, layers[l].cols, G, BR, &nw, &meta, &nblocks)) != MPQ_OK) return st;
+    st = mpq__sfmp_budget(d, nw, meta, &lo, &extra);
     for (int l = 0; l < nlayers && st == MPQ_OK; l++) st = mpq__sfmp_check_reduced(&layers[l], d);
     if (st != MPQ_OK) return st;
 
@@ -8936,17 +8944,13 @@ static mpq_status mpq__recipe_plan(const mpq_recipe *r, mpq_recipe_map *maps, in
     const char *step = "planning";
     if (r->planner == MPQ_PLANNER_SFMP) { /* the budget, from the shapes alone, before any salience is read */
         const mpq_sfmp_desc d = mpq__recipe_sfmp_desc(r);
-        const int G = d.group ? d.group : 128;
         double nw = 0.0, meta = 0.0, extra;
-        int lo;
-        for (int i = 0; i < n; i++) {
-            nw += (double)maps[i].rows * (double)maps[i].cols;
-            meta += 32.0 * (double)maps[i].rows * (double)((maps[i].cols + G - 1) / G);
-        }
-        if (G < 8 || G % 8 || d.block_rows < 0 || d.reorder < 0 || d.reorder > MPQ_REORDER_BOTH)
-            st = MPQ_ERR_ARG;
-        else
-            st = mpq__sfmp_budget(&d, nw, meta, &lo, &extra);
+        size_t nblocks = 0;
+        int G, BR, lo;
+        st = mpq__sfmp_blocks(&d, &G, &BR);
+        for (int i = 0; i < n && st == MPQ_OK; i++)
+            st = mpq__sfmp_add(maps[i].rows, maps[i].cols, G, BR, &nw, &meta, &nblocks);
+        if (st == MPQ_OK) st = mpq__sfmp_budget(&d, nw, meta, &lo, &extra);
     }
     for (int i = 0; i < n && st == MPQ_OK; i++) {
         mpq__recipe_progress(io, "planning", i, n, maps[i].name);

@@ -94,24 +94,36 @@ Test(plan, sfmp_2_25_bpw_at_group_256_puts_an_eighth_at_3_bits)
     free_model(&M);
 }
 
+/* A random model of 1 to 4 layers with a random description: shapes into
+   shape, the count into *n, and the weights and exact metadata bits (a
+   partial group costs a whole pair); d.bpw between the lowest budget and 7
+   bits above it. */
+static mpq_sfmp_desc random_model(synth_rng *r, model *M, int shape[4][2], int *n, double *meta, double *nw)
+{
+    *n = 1 + synth_int(r, 4);
+    for (int l = 0; l < *n; l++) shape[l][0] = 1 + synth_int(r, 90), shape[l][1] = 8 + synth_int(r, 300);
+    make_model(r, M, *n, (const int(*)[2])shape);
+    mpq_sfmp_desc d = {0};
+    d.group = 8 * (1 + synth_int(r, 16));
+    d.block_rows = 1 + synth_int(r, 40);
+    d.reorder = synth_int(r, 4);
+    *meta = 0, *nw = 0;
+    for (int l = 0; l < *n; l++) {
+        *meta += 32.0 * shape[l][0] * ((shape[l][1] + d.group - 1) / d.group);
+        *nw += (double)shape[l][0] * shape[l][1];
+    }
+    d.bpw = 1.0 + *meta / *nw + 7.0 * synth_unif(r);
+    return d;
+}
+
 Test(plan, budgets_are_met_from_below_on_random_models)
 {
     synth_rng r = {92};
     for (int rep = 0; rep < 40; rep++) {
-        int shape[4][2], n = 1 + synth_int(&r, 4);
-        for (int l = 0; l < n; l++) shape[l][0] = 1 + synth_int(&r, 90), shape[l][1] = 8 + synth_int(&r, 300);
+        int shape[4][2], n;
         model M;
-        make_model(&r, &M, n, (const int(*)[2])shape);
-        mpq_sfmp_desc d = {0};
-        d.group = 8 * (1 + synth_int(&r, 16));
-        d.block_rows = 1 + synth_int(&r, 40);
-        d.reorder = synth_int(&r, 4);
-        double meta = 0, nw0 = 0; /* exact metadata: a partial group costs a whole pair */
-        for (int l = 0; l < n; l++) {
-            meta += 32.0 * shape[l][0] * ((shape[l][1] + d.group - 1) / d.group);
-            nw0 += (double)shape[l][0] * shape[l][1];
-        }
-        d.bpw = 1.0 + meta / nw0 + 7.0 * synth_unif(&r);
+        double meta, nw0;
+        mpq_sfmp_desc d = random_model(&r, &M, shape, &n, &meta, &nw0);
         mpq_plan p;
         cr_assert_eq(mpq_plan_sfmp(M.L, n, &d, &p), MPQ_OK);
         cr_assert_leq(p.bpw, d.bpw + 1e-12, "budget %g exceeded: %g", d.bpw, p.bpw);
@@ -226,20 +238,11 @@ Test(plan, reduced_layers_plan_as_the_layers_do)
 {
     synth_rng r = {97};
     for (int rep = 0; rep < 30; rep++) {
-        int shape[4][2], n = 1 + synth_int(&r, 4);
-        for (int l = 0; l < n; l++) shape[l][0] = 1 + synth_int(&r, 90), shape[l][1] = 8 + synth_int(&r, 300);
+        int shape[4][2], n;
         model M;
-        make_model(&r, &M, n, (const int(*)[2])shape);
-        mpq_sfmp_desc d = {0};
-        d.group = 8 * (1 + synth_int(&r, 16));
-        d.block_rows = 1 + synth_int(&r, 40);
-        d.reorder = synth_int(&r, 4);
-        double meta = 0, nw = 0;
-        for (int l = 0; l < n; l++) {
-            meta += 32.0 * shape[l][0] * ((shape[l][1] + d.group - 1) / d.group);
-            nw += (double)shape[l][0] * shape[l][1];
-        }
-        d.bpw = 1.0 + meta / nw + 7.0 * synth_unif(&r);
+        double meta, nw;
+        mpq_sfmp_desc d = random_model(&r, &M, shape, &n, &meta, &nw);
+        (void)meta;
         mpq_sfmp_reduced R[4];
         for (int l = 0; l < n; l++) {
             cr_assert_eq(mpq_sfmp_reduce(&M.L[l], &d, &R[l]), MPQ_OK);

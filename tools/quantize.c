@@ -816,17 +816,14 @@ static int auto_plan(qrun *R, const mpq_recipe_map *maps, int n, mpq_plan *plan)
             }
             free(rs), free(order), free(rsf), free(F);
         }
+        double pl = 0; /* the map's predicted KLD as packed: its block rows' widths weighted by their share */
         for (int b = 0; !rc && b < nbr; b++) {
-            const int rr = maps[i].rows - b * BR < BR ? maps[i].rows - b * BR : BR;
-            L->weight_bits += (double)rr * maps[i].cols * L->bits[(size_t)b * ng];
+            const int rr = maps[i].rows - b * BR < BR ? maps[i].rows - b * BR : BR, w = L->bits[(size_t)b * ng];
+            L->weight_bits += (double)rr * maps[i].cols * w;
+            pl += loss[i * NB + w - B0] * rr / maps[i].rows;
         }
         L->meta_bits = 32.0 * maps[i].rows * ng;
         wbits += L->weight_bits, mbits += L->meta_bits;
-        double pl = 0; /* the map's predicted KLD as packed: its blocks' widths weighted by their share */
-        for (int b = 0; !rc && b < nbr; b++) {
-            const int rr = maps[i].rows - b * BR < BR ? maps[i].rows - b * BR : BR;
-            pl += loss[i * NB + L->bits[(size_t)b * ng] - B0] * rr / maps[i].rows;
-        }
         predicted += pl;
         if (!rc && !q->quiet)
             printf("auto: %-40s %d bits%s, predicted KLD %.6g\n", maps[i].name, lo,
