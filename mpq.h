@@ -99,7 +99,9 @@
                             salience, PQI, MXSens layer sensitivity
     11. Plans ............. mpq_plan (data), the SFMP, MixLLM and MXSens
                             planners, ReQuant's dense-and-sparse split (by a
-                            model's loss, or from statistics alone)
+                            model's loss, or from statistics alone), the
+                            allocation from measured losses (for a size or
+                            for a loss) and its plan
     12. Schedules ......... PMPD: precision over the tokens of a generation
                             (skip_planes), static and phase-aware search,
                             the learned scheduler (attention over a
@@ -1121,6 +1123,7 @@ typedef struct mpq_layer_plan {
     double weight_bits; /* sum of the widths of all weights */
     double meta_bits;   /* scales and zeros (or exponents) */
     size_t outliers;    /* weights to keep in the sparse part (mpq_plan_requant); 0: none */
+    double loss;        /* the predicted loss (mpq_plan_measured); 0 from other planners */
 } mpq_layer_plan;
 
 typedef struct mpq_plan {
@@ -1129,6 +1132,7 @@ typedef struct mpq_plan {
     double bpw;             /* achieved: (weight + metadata bits) / weights, over all layers */
     double index_bytes;     /* permutations and bits maps, reported apart from bpw */
     double sparse_bytes;    /* the planned sparse parts (outliers) as stored, apart from bpw */
+    double loss;            /* the predicted loss, the layers' sum (mpq_plan_measured); 0 otherwise */
 } mpq_plan;
 
 MPQ_DEF void mpq_plan_free(mpq_plan *p);
@@ -1429,6 +1433,56 @@ MPQ_DEF mpq_status mpq_alloc_for_bits(const mpq_alloc_map *maps, int n, double b
    cheapest option (the caller decides whether such a bound is useful). */
 MPQ_DEF mpq_status mpq_alloc_for_loss(const mpq_alloc_map *maps, int n, double bound, mpq_alloc_choice *out);
 
+/* The plan from measured losses (`mpq quantize --method auto`). Map i was
+   measured at the widths d->widths: the model's loss (its KL divergence
+   to the float model, mpq_model.h's mpq_llm_measure) when map i alone is
+   quantized so. Its loss at each candidate width d->min_bits ..
+   d->max_bits is predicted from them (mpq_alloc_predict), its size there
+   is rows x cols x width plus 32 bits of scale and zero per row and group,
+   and the allocation chooses: mpq_alloc_for_bits under the budget d->bpw
+   (bits per weight with the metadata), or mpq_alloc_for_loss under the
+   bound d->max_loss. Every map gets one width but at most one, which mixes
+   two: its block rows at the wider width, the most salient first (the sums
+   of row_salience over each block row; in order without it), as many as
+   its share of the wider width holds: at most the share under a budget
+   (the budget kept), at least it under a bound (the bound kept). Each plan
+   layer is bit-plane, uniform per block row, with `loss` its predicted loss
+   (its block rows' predictions weighted by their rows); the plan's `loss`
+   is their sum. Whether the sum predicts the model's loss is a matter of
+   measurement: bench/results/NOTES.md, "Allocation from measured KL
+   divergence". */
+typedef struct mpq_measured_layer {
+    int rows, cols;
+    const double *loss;        /* d->nwidths measured losses, finite and >= 0 */
+    const float *row_salience; /* rows, finite and >= 0 (may be NULL): how much each output row matters, e.g.
+                                  the row sums of the Fisher diagonal */
+} mpq_measured_layer;
+
+typedef struct mpq_measured_desc {
+    const int *widths;      /* the measured widths, distinct, 1..8 */
+    int nwidths;            /* 1..8 */
+    int min_bits, max_bits; /* the candidate widths; 0 -> 2 and 8 */
+    double bpw;             /* > 0: the budget in bits per weight, metadata included; or */
+    double max_loss;        /* > 0 (bpw 0): the fewest bits whose predicted loss is at most this */
+    int group, block_rows;  /* 0 -> 128 (a multiple of 8) and 16 */
+    int symmetric;          /* 1: symmetric groups */
+} mpq_measured_desc;
+
+/* The range the allocation spans: *bpw_lo and *loss_hi with every map at
+   min_bits, *bpw_hi and *loss_lo where every map has reached its least
+   predicted loss (d->bpw and d->max_loss are not read; any pointer but
+   layers and d may be NULL). */
+MPQ_DEF mpq_status mpq_plan_measured_range(const mpq_measured_layer *layers, int n, const mpq_measured_desc *d,
+                                           double *bpw_lo, double *bpw_hi, double *loss_lo, double *loss_hi);
+/* The plan (mpq_plan_free). MPQ_ERR_RANGE for a budget outside [bpw_lo,
+   bpw_hi] or a bound outside [loss_lo, loss_hi) (no plan meets it, or
+   every plan does); MPQ_ERR_ARG for both or neither of bpw and max_loss,
+   or descriptions out of range; MPQ_ERR_BITS, MPQ_ERR_NONFINITE and
+   MPQ_ERR_RANGE as mpq_alloc_predict for the measurements; MPQ_ERR_SIZE
+   for an empty shape. */
+MPQ_DEF mpq_status mpq_plan_measured(const mpq_measured_layer *layers, int n, const mpq_measured_desc *d,
+                                     mpq_plan *out);
+
 /* ========================================================================== */
 /* 12. Precision schedules (PMPD)                                             */
 /* ========================================================================== */
@@ -1593,7 +1647,8 @@ MPQ_DEF mpq_status mpq_pmpd_learned_train(mpq_pmpd_learned *n, const mpq_pmpd_sa
 
      widths       uniform (`bits`), or a plan: given (`plan`), or made here
                   over all the maps at once by SFMP, MixLLM or MXSens from
-                  their statistics (`planner`, section 11)
+                  their statistics, or from the KL divergence measured with
+                  each map quantized (`planner`, section 11)
      1. act-order the packed column order by decreasing diag(H), GPTQ's
                   act-order (mpq_gptq_act_order): free at inference
      2. AWQ       column scales and clips searched on the map's
@@ -1620,23 +1675,30 @@ typedef enum mpq_planner {
     MPQ_PLANNER_SFMP = 1,   /* mpq_plan_sfmp over the maps' fisher: bpw, group, block_rows, reorder */
     MPQ_PLANNER_MIXLLM = 2, /* mpq_plan_mixllm over their channel salience: fraction, high_bits,
                                bits (the low width), group */
-    MPQ_PLANNER_MXSENS = 3  /* mpq_plan_mxsens over col_sens and layer_sens: bpw (MXINT) */
+    MPQ_PLANNER_MXSENS = 3, /* mpq_plan_mxsens over col_sens and layer_sens: bpw (MXINT) */
+    MPQ_PLANNER_KLD = 4     /* mpq_plan_measured over their kld: bpw or max_kld, kld_widths, group,
+                               block_rows, symmetric; fisher (may be NULL) ranks the block rows of the
+                               map that mixes two widths */
 } mpq_planner;
 
 typedef struct mpq_recipe {
     /* the widths */
     mpq_planner planner;
-    const mpq_plan *plan; /* planner NONE: map i is the plan's layer i; NULL: uniform */
-    int format;           /* uniform: MPQ_FORMAT_*; 0 -> bit-plane */
-    int bits;             /* uniform, and MixLLM's low width: 1..8 (MXINT 2..8); 0 -> 4 */
-    int symmetric;        /* uniform: 1 -> symmetric groups; 0 -> asymmetric */
-    int group;            /* uniform, SFMP, MixLLM: columns per group; 0 -> 128 (MXINT 32) */
-    int block_rows;       /* uniform, SFMP: rows per width block; 0 -> 16 */
-    double bpw;           /* SFMP, MXSens: the budget, bits per weight with the
-                             metadata (required; mpq_recipe_bpw_range gives the range) */
-    int reorder;          /* SFMP: MPQ_REORDER_*; 0 -> none */
-    double fraction;      /* MixLLM: share of all channels at high_bits, in [0, 1] */
-    int high_bits;        /* MixLLM: 0 -> 8 (symmetric) */
+    const mpq_plan *plan;  /* planner NONE: map i is the plan's layer i; NULL: uniform */
+    int format;            /* uniform: MPQ_FORMAT_*; 0 -> bit-plane */
+    int bits;              /* uniform, and MixLLM's low width: 1..8 (MXINT 2..8); 0 -> 4 */
+    int symmetric;         /* uniform: 1 -> symmetric groups; 0 -> asymmetric */
+    int group;             /* uniform, SFMP, MixLLM: columns per group; 0 -> 128 (MXINT 32) */
+    int block_rows;        /* uniform, SFMP: rows per width block; 0 -> 16 */
+    double bpw;            /* SFMP, MXSens, KLD: the budget, bits per weight with the
+                              metadata (required but for KLD's max_kld; mpq_recipe_bpw_range
+                              gives SFMP's and MXSens's range, mpq_plan_measured_range KLD's) */
+    int reorder;           /* SFMP: MPQ_REORDER_*; 0 -> none */
+    double fraction;       /* MixLLM: share of all channels at high_bits, in [0, 1] */
+    int high_bits;         /* MixLLM: 0 -> 8 (symmetric) */
+    const int *kld_widths; /* KLD: the widths each map's kld was measured at, distinct, 1..8 */
+    int kld_nwidths;       /* KLD: 1..8 */
+    double max_kld;        /* KLD: > 0 (bpw 0): the fewest bits whose predicted KLD is at most this */
     /* the quantizer chain */
     int act_order;           /* 1: GPTQ's act-order (needs H) */
     int awq;                 /* 1: AWQ's scale and clip search (needs X) */
@@ -1677,14 +1739,18 @@ typedef struct mpq_recipe_map {
     const float *channel;  /* MixLLM: rows output-channel salience (finite, >= 0) */
     const float *col_sens; /* MXSens: cols, diag(X^T X) (finite, >= 0) */
     float layer_sens;      /* MXSens: S_layer in [0, 1] */
+    const double *kld;     /* KLD: the model's KL divergence with this map alone quantized at each of
+                              r->kld_widths (mpq_model.h's mpq_llm_measure) */
 } mpq_recipe_map;
 
 /* What a recipe reads of a map, as flags: */
-#define MPQ_RECIPE_WEIGHTS  1u  /* W */
-#define MPQ_RECIPE_ACTS     2u  /* X and tokens (AWQ) */
-#define MPQ_RECIPE_HESSIAN  4u  /* H (act-order, GPTQ) */
-#define MPQ_RECIPE_PQI      8u  /* pqi (ReQuant) */
-#define MPQ_RECIPE_SALIENCE 16u /* the planner's: fisher, channel, or col_sens and layer_sens */
+#define MPQ_RECIPE_WEIGHTS 1u /* W */
+#define MPQ_RECIPE_ACTS    2u /* X and tokens (AWQ) */
+#define MPQ_RECIPE_HESSIAN 4u /* H (act-order, GPTQ) */
+#define MPQ_RECIPE_PQI     8u /* pqi (ReQuant) */
+#define MPQ_RECIPE_SALIENCE                                                                                            \
+    16u /* the planner's: fisher, channel, col_sens and layer_sens, or kld (and fisher                                 \
+           where there is one) */
 MPQ_DEF unsigned mpq_recipe_needs(const mpq_recipe *r);
 
 /* How mpq_recipe_run reaches the maps' data and hands back the results,
@@ -1719,6 +1785,7 @@ typedef struct mpq_recipe_result {
     double requant_t;      /* ReQuant: the eq. 9 temperature chosen */
     size_t sparse_weights; /* ReQuant: weights in the sparse parts */
     double bpw;            /* the planner's budget reached (0 without a planner) */
+    double loss;           /* the KLD planner's predicted KLD (0 for the others) */
     int map;               /* on error: the map it concerns, -1 for none in particular */
     const char *step;      /* on error: "recipe" (its fields, the maps' shapes), "planning",
                               "act-order", "AWQ", "GPTQ", "pack", "ReQuant", "fetch" or
@@ -8189,6 +8256,158 @@ MPQ_DEF mpq_status mpq_alloc_range(const mpq_alloc_map *maps, int n, double *bit
     return MPQ_OK;
 }
 
+/* The allocation's options for mpq_plan_measured: map i's sizes and
+   predicted losses at the candidate widths b0 .. b0 + nc - 1. */
+typedef struct mpq__measured {
+    int G, BR, b0, nc;
+    double nw;           /* weights */
+    double *bits, *loss; /* n x nc */
+    mpq_alloc_map *A;    /* n */
+} mpq__measured;
+
+static void mpq__measured_free(mpq__measured *M)
+{
+    MPQ_FREE(M->bits);
+    MPQ_FREE(M->loss);
+    MPQ_FREE(M->A);
+    M->bits = M->loss = NULL, M->A = NULL;
+}
+
+static mpq_status mpq__measured_init(const mpq_measured_layer *layers, int n, const mpq_measured_desc *d,
+                                     mpq__measured *M)
+{
+    memset(M, 0, sizeof *M);
+    if (!layers || !d || !d->widths) return MPQ_ERR_ARG;
+    if (n < 1 || d->nwidths < 1 || d->nwidths > 8) return MPQ_ERR_SIZE;
+    mpq_sfmp_desc sd; /* the same group and block-row rules as SFMP's */
+    memset(&sd, 0, sizeof sd);
+    sd.group = d->group, sd.block_rows = d->block_rows;
+    mpq_status st = mpq__sfmp_blocks(&sd, &M->G, &M->BR);
+    const int lo = d->min_bits ? d->min_bits : 2, hi = d->max_bits ? d->max_bits : 8;
+    if (st == MPQ_OK && (lo < 1 || hi > MPQ_MAX_BITS || lo > hi)) st = MPQ_ERR_BITS;
+    if (st == MPQ_OK && (d->symmetric < 0 || d->symmetric > 1)) st = MPQ_ERR_ARG;
+    if (st != MPQ_OK) return st;
+    M->b0 = lo, M->nc = hi - lo + 1;
+    const size_t all = (size_t)n * (size_t)M->nc;
+    M->bits = (double *)MPQ_MALLOC(sizeof(double) * all);
+    M->loss = (double *)MPQ_MALLOC(sizeof(double) * all);
+    M->A = (mpq_alloc_map *)MPQ_MALLOC(sizeof *M->A * (size_t)n);
+    if (!M->bits || !M->loss || !M->A) st = MPQ_ERR_NOMEM;
+    for (int i = 0; i < n && st == MPQ_OK; i++) {
+        const mpq_measured_layer *L = &layers[i];
+        if (L->rows < 1 || L->cols < 1) st = MPQ_ERR_SIZE;
+        if (st == MPQ_OK && !L->loss) st = MPQ_ERR_ARG;
+        for (int r = 0; r < L->rows && st == MPQ_OK && L->row_salience; r++)
+            if (!(L->row_salience[r] - L->row_salience[r] == 0.0f))
+                st = MPQ_ERR_NONFINITE;
+            else if (L->row_salience[r] < 0.0f)
+                st = MPQ_ERR_RANGE;
+        const double w = (double)L->rows * (double)L->cols, meta = 32.0 * L->rows * ((L->cols + M->G - 1) / M->G);
+        for (int k = 0; k < M->nc && st == MPQ_OK; k++) {
+            M->bits[(size_t)i * M->nc + k] = w * (M->b0 + k) + meta;
+            st = mpq_alloc_predict(d->widths, L->loss, d->nwidths, M->b0 + k, &M->loss[(size_t)i * M->nc + k]);
+        }
+        M->nw += w;
+        M->A[i].nopt = M->nc, M->A[i].bits = M->bits + (size_t)i * M->nc, M->A[i].loss = M->loss + (size_t)i * M->nc;
+    }
+    if (st != MPQ_OK) mpq__measured_free(M);
+    return st;
+}
+
+MPQ_DEF mpq_status mpq_plan_measured_range(const mpq_measured_layer *layers, int n, const mpq_measured_desc *d,
+                                           double *bpw_lo, double *bpw_hi, double *loss_lo, double *loss_hi)
+{
+    mpq__measured M;
+    mpq_status st = mpq__measured_init(layers, n, d, &M);
+    double b[2] = {0.0, 0.0};
+    if (st == MPQ_OK) st = mpq_alloc_range(M.A, n, &b[0], loss_hi, &b[1], loss_lo);
+    if (st == MPQ_OK && bpw_lo) *bpw_lo = b[0] / M.nw;
+    if (st == MPQ_OK && bpw_hi) *bpw_hi = b[1] / M.nw;
+    mpq__measured_free(&M);
+    return st;
+}
+
+/* Layer i of the plan: width lo, and under a mix block rows at hi (most
+   salient first) for `room` bits, within it when `within` (a budget), else
+   until it is spent (a bound). */
+static mpq_status mpq__measured_layer(const mpq_measured_layer *L, const mpq__measured *M, int i,
+                                      const mpq_alloc_choice *c, int within, unsigned symmetric, mpq_layer_plan *P)
+{
+    const int ng = (L->cols + M->G - 1) / M->G, nbr = (L->rows + M->BR - 1) / M->BR;
+    const int lo = M->b0 + c->lo, hi = M->b0 + c->hi;
+    P->rows = L->rows, P->cols = L->cols, P->group = M->G, P->block_rows = M->BR;
+    P->format = MPQ_FORMAT_BITPLANE, P->symmetric = symmetric;
+    P->bits = (uint8_t *)MPQ_MALLOC((size_t)nbr * (size_t)ng);
+    if (!P->bits) return MPQ_ERR_NOMEM;
+    memset(P->bits, lo, (size_t)nbr * (size_t)ng);
+    if (c->t > 0.0) {
+        float *sal = (float *)MPQ_MALLOC(sizeof(float) * (size_t)nbr);
+        uint32_t *order = (uint32_t *)MPQ_MALLOC(sizeof(uint32_t) * (size_t)nbr);
+        mpq_status st = sal && order ? MPQ_OK : MPQ_ERR_NOMEM;
+        if (st == MPQ_OK) memset(sal, 0, sizeof(float) * (size_t)nbr);
+        for (int b = 0; b < nbr && st == MPQ_OK; b++) {
+            double s = 0.0; /* in double: the sum of a block row's rows */
+            for (int r = b * M->BR; L->row_salience && r < L->rows && r < (b + 1) * M->BR; r++) s += L->row_salience[r];
+            sal[b] = (float)s;
+        }
+        if (st == MPQ_OK) st = mpq_argsort_desc(sal, (size_t)nbr, order); /* stable: in order for equal sums */
+        double room = c->t * (double)L->rows * (double)L->cols * (hi - lo);
+        for (int k = 0; k < nbr && st == MPQ_OK && room > 0.0; k++) {
+            const int b = (int)order[k], rr = L->rows - b * M->BR < M->BR ? L->rows - b * M->BR : M->BR;
+            const double cost = (double)rr * L->cols * (hi - lo);
+            if (within && cost > room) continue;
+            room -= cost;
+            memset(P->bits + (size_t)b * ng, hi, (size_t)ng);
+        }
+        MPQ_FREE(sal);
+        MPQ_FREE(order);
+        if (st != MPQ_OK) return st;
+    }
+    for (int b = 0; b < nbr; b++) {
+        const int rr = L->rows - b * M->BR < M->BR ? L->rows - b * M->BR : M->BR, w = P->bits[(size_t)b * ng];
+        P->loss += M->loss[(size_t)i * M->nc + (w - M->b0)] * rr / L->rows;
+    }
+    return MPQ_OK;
+}
+
+MPQ_DEF mpq_status mpq_plan_measured(const mpq_measured_layer *layers, int n, const mpq_measured_desc *d, mpq_plan *out)
+{
+    if (!out) return MPQ_ERR_ARG;
+    memset(out, 0, sizeof *out);
+    if (!d || !(d->bpw >= 0.0) || !(d->max_loss >= 0.0) || (d->bpw > 0.0) == (d->max_loss > 0.0)) return MPQ_ERR_ARG;
+    mpq__measured M;
+    mpq_status st = mpq__measured_init(layers, n, d, &M);
+    if (st != MPQ_OK) return st;
+    double blo = 0.0, bhi = 0.0, llo = 0.0, lhi = 0.0;
+    st = mpq_alloc_range(M.A, n, &blo, &lhi, &bhi, &llo);
+    const int by_bits = d->bpw > 0.0;
+    double budget = d->bpw * M.nw;
+    /* the ends of the range are allowed up to the rounding of bits per weight */
+    if (st == MPQ_OK &&
+        (by_bits ? budget < blo * (1.0 - 1e-12) || budget > bhi * (1.0 + 1e-12)
+                 : d->max_loss < llo || d->max_loss >= lhi))
+        st = MPQ_ERR_RANGE;
+    budget = budget < blo ? blo : budget > bhi ? bhi : budget;
+    mpq_alloc_choice *c = (mpq_alloc_choice *)MPQ_MALLOC(sizeof *c * (size_t)n);
+    if (st == MPQ_OK && !c) st = MPQ_ERR_NOMEM;
+    if (st == MPQ_OK) st = by_bits ? mpq_alloc_for_bits(M.A, n, budget, c) : mpq_alloc_for_loss(M.A, n, d->max_loss, c);
+    if (st == MPQ_OK && !(out->layers = (mpq_layer_plan *)MPQ_MALLOC(sizeof(mpq_layer_plan) * (size_t)n)))
+        st = MPQ_ERR_NOMEM;
+    if (st == MPQ_OK) {
+        memset(out->layers, 0, sizeof(mpq_layer_plan) * (size_t)n);
+        out->nlayers = n;
+    }
+    for (int i = 0; i < n && st == MPQ_OK; i++) {
+        st = mpq__measured_layer(&layers[i], &M, i, &c[i], by_bits, d->symmetric ? 0x1FEu : 0u, &out->layers[i]);
+        out->loss += out->layers[i].loss;
+    }
+    if (st == MPQ_OK) mpq__plan_account(out);
+    MPQ_FREE(c);
+    mpq__measured_free(&M);
+    if (st != MPQ_OK) mpq_plan_free(out);
+    return st;
+}
+
 /* ========================================================================== */
 /* 12. Precision schedules (PMPD)                                             */
 /* ========================================================================== */
@@ -8750,7 +8969,7 @@ static double mpq__recipe_share(double v) { return v == 0.0 ? 0.0025 : v < 0.0 ?
 /* The recipe's own fields. */
 static mpq_status mpq__recipe_check_options(const mpq_recipe *r)
 {
-    if (r->planner < MPQ_PLANNER_NONE || r->planner > MPQ_PLANNER_MXSENS) return MPQ_ERR_ARG;
+    if (r->planner < MPQ_PLANNER_NONE || r->planner > MPQ_PLANNER_KLD) return MPQ_ERR_ARG;
     if (r->format != 0 && !mpq_format_get((mpq_format)r->format)) return MPQ_ERR_ARG;
     if (r->bits < 0 || r->bits > MPQ_MAX_BITS || r->high_bits < 0 || r->high_bits > MPQ_MAX_BITS) return MPQ_ERR_BITS;
     if (r->requant && r->gptq) return MPQ_ERR_UNSUPPORTED;
@@ -8806,6 +9025,7 @@ static mpq_status mpq__recipe_fetch(const mpq_recipe *r, const mpq_recipe_io *io
     if (need & MPQ_RECIPE_SALIENCE) {
         const int ok = r->planner == MPQ_PLANNER_SFMP ? m->fisher != NULL
             : r->planner == MPQ_PLANNER_MIXLLM        ? m->channel != NULL
+            : r->planner == MPQ_PLANNER_KLD           ? m->kld != NULL
                                                       : m->col_sens != NULL;
         if (!ok) return MPQ_ERR_ARG;
     }
@@ -8839,12 +9059,28 @@ static mpq_sfmp_desc mpq__recipe_sfmp_desc(const mpq_recipe *r)
 }
 
 /* The planner over the maps' salience as the planning pass kept it: SFMP's
-   reduced layers R, or MixLLM's channel and MXSens's column salience S. */
+   reduced layers R, MixLLM's channel and MXSens's column salience S, or
+   the KLD planner's measurements K (kld_nwidths a map) and row salience S
+   (NULL where a map has no Fisher). */
 static mpq_status mpq__recipe_call_planner(const mpq_recipe *r, const mpq_recipe_map *maps, int n,
-                                           const mpq_sfmp_reduced *R, const float *const *S, mpq_plan *out)
+                                           const mpq_sfmp_reduced *R, const float *const *S, const double *K,
+                                           mpq_plan *out)
 {
     mpq_status st = MPQ_ERR_NOMEM;
-    if (r->planner == MPQ_PLANNER_SFMP) {
+    if (r->planner == MPQ_PLANNER_KLD) {
+        mpq_measured_layer *L = (mpq_measured_layer *)MPQ_MALLOC(sizeof *L * (size_t)n);
+        if (L) {
+            for (int i = 0; i < n; i++)
+                L[i].rows = maps[i].rows, L[i].cols = maps[i].cols, L[i].loss = K + (size_t)i * r->kld_nwidths,
+                L[i].row_salience = S[i];
+            mpq_measured_desc d;
+            memset(&d, 0, sizeof d);
+            d.widths = r->kld_widths, d.nwidths = r->kld_nwidths, d.bpw = r->bpw, d.max_loss = r->max_kld;
+            d.group = r->group, d.block_rows = r->block_rows, d.symmetric = r->symmetric;
+            st = mpq_plan_measured(L, n, &d, out);
+            MPQ_FREE(L);
+        }
+    } else if (r->planner == MPQ_PLANNER_SFMP) {
         const mpq_sfmp_desc d = mpq__recipe_sfmp_desc(r);
         st = mpq_plan_sfmp_reduced(R, n, &d, out);
     } else if (r->planner == MPQ_PLANNER_MIXLLM) {
@@ -8886,11 +9122,24 @@ static mpq_status mpq__recipe_act_order(const mpq_recipe_map *m, const mpq_rotat
 }
 
 /* What the planning pass keeps of fetched map m: SFMP's reduction of its
-   Fisher diagonal (under act-order with the columns in act-order), else a
-   copy of its channel or column salience. */
+   Fisher diagonal (under act-order with the columns in act-order); the KLD
+   planner's measurements (into K) and the row sums of the Fisher diagonal,
+   where there is one; else a copy of its channel or column salience. */
 static mpq_status mpq__recipe_keep_salience(const mpq_recipe *r, const mpq_recipe_map *m, mpq_sfmp_reduced *R,
-                                            float **S, const char **step)
+                                            float **S, double *K, const char **step)
 {
+    if (r->planner == MPQ_PLANNER_KLD) {
+        memcpy(K, m->kld, sizeof(double) * (size_t)r->kld_nwidths);
+        if (!m->fisher) return MPQ_OK;
+        *S = (float *)MPQ_MALLOC(sizeof(float) * (size_t)m->rows);
+        if (!*S) return MPQ_ERR_NOMEM;
+        for (int i = 0; i < m->rows; i++) {
+            double sum = 0.0;
+            for (int j = 0; j < m->cols; j++) sum += m->fisher[(size_t)i * m->cols + j];
+            (*S)[i] = (float)sum;
+        }
+        return MPQ_OK;
+    }
     if (r->planner != MPQ_PLANNER_SFMP) {
         const size_t k = r->planner == MPQ_PLANNER_MIXLLM ? (size_t)m->rows : (size_t)m->cols;
         *S = (float *)MPQ_MALLOC(sizeof(float) * k);
@@ -8930,11 +9179,16 @@ static mpq_status mpq__recipe_plan(const mpq_recipe *r, mpq_recipe_map *maps, in
 {
     const unsigned need =
         MPQ_RECIPE_SALIENCE | (r->act_order && r->planner == MPQ_PLANNER_SFMP ? MPQ_RECIPE_HESSIAN : 0u);
+    if (r->planner == MPQ_PLANNER_KLD && (!r->kld_widths || r->kld_nwidths < 1 || r->kld_nwidths > 8))
+        return mpq__recipe_fail(res, MPQ_ERR_ARG, -1, "recipe");
     mpq_sfmp_reduced *R = (mpq_sfmp_reduced *)MPQ_MALLOC(sizeof *R * (size_t)n);
     float **S = (float **)MPQ_MALLOC(sizeof(float *) * (size_t)n);
-    if (!R || !S) {
+    double *K =
+        r->planner == MPQ_PLANNER_KLD ? (double *)MPQ_MALLOC(sizeof(double) * (size_t)n * r->kld_nwidths) : NULL;
+    if (!R || !S || (r->planner == MPQ_PLANNER_KLD && !K)) {
         MPQ_FREE(R);
         MPQ_FREE(S);
+        MPQ_FREE(K);
         return mpq__recipe_fail(res, MPQ_ERR_NOMEM, -1, "planning");
     }
     memset(R, 0, sizeof *R * (size_t)n);
@@ -8959,14 +9213,14 @@ static mpq_status mpq__recipe_plan(const mpq_recipe *r, mpq_recipe_map *maps, in
         st = mpq__recipe_fetch(r, io, i, need, &maps[i], &fetched);
         if (st == MPQ_OK) {
             step = "planning";
-            st = mpq__recipe_keep_salience(r, &maps[i], &R[i], &S[i], &step);
+            st = mpq__recipe_keep_salience(r, &maps[i], &R[i], &S[i], K ? K + (size_t)i * r->kld_nwidths : NULL, &step);
         }
         mpq__recipe_release(io, i, &maps[i], &fetched);
     }
     if (st == MPQ_OK) {
         at = -1, step = "planning";
         mpq__recipe_progress(io, "planning", n, n, NULL);
-        st = mpq__recipe_call_planner(r, maps, n, R, (const float *const *)S, out);
+        st = mpq__recipe_call_planner(r, maps, n, R, (const float *const *)S, K, out);
     }
     for (int i = 0; i < n; i++) {
         mpq_sfmp_reduced_free(&R[i]);
@@ -8974,6 +9228,7 @@ static mpq_status mpq__recipe_plan(const mpq_recipe *r, mpq_recipe_map *maps, in
     }
     MPQ_FREE(R);
     MPQ_FREE(S);
+    MPQ_FREE(K);
     return st == MPQ_OK ? MPQ_OK : mpq__recipe_fail(res, st, at, step);
 }
 
@@ -9199,7 +9454,7 @@ MPQ_DEF mpq_status mpq_recipe_run(const mpq_recipe *r, mpq_recipe_map *maps, int
     if (r->planner != MPQ_PLANNER_NONE) {
         if ((st = mpq__recipe_plan(r, maps, n, io, &own, res)) != MPQ_OK) return st;
         plan = &own;
-        if (res) res->bpw = own.bpw;
+        if (res) res->bpw = own.bpw, res->loss = own.loss;
     }
     /* results go to a scratch array first: out is written only on success */
     mpq_packed *tmp = NULL;

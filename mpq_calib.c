@@ -2486,3 +2486,170 @@ mpq_status mpq_calib_read(const mpq_llm *m, const char *path, mpq_calib_stats *o
     *out = s;
     return MPQ_OK;
 }
+
+/* ---- the measurements' file ---------------------------------------------- */
+
+static const char *const mpq__quantizers[] = {"rtn", "awq", "gptq", "awq+gptq"};
+
+static int mpq__measure_info_ok(const mpq_measure_info *in)
+{
+    if (in->nbits < 1 || in->nbits > 8) return 0;
+    for (int k = 0; k < in->nbits; k++) {
+        if (in->bits[k] < 1 || in->bits[k] > 8) return 0;
+        for (int j = 0; j < k; j++)
+            if (in->bits[j] == in->bits[k]) return 0;
+    }
+    int q = 0;
+    for (int k = 0; k < 4; k++) q |= !strcmp(in->quantizer, mpq__quantizers[k]);
+    return q;
+}
+
+mpq_status mpq_measure_write(const char *path, const mpq_measure_info *info, const char *const *names, int n,
+                             const double *kld, mpq_io_err *err)
+{
+    if (!path || !info || !names || !kld || n < 1) return MPQ_ERR_ARG;
+    if (!mpq__measure_info_ok(info))
+        return mpq__fail(err, MPQ_ERR_ARG, path, "the widths or the quantizer are out of range");
+    for (size_t k = 0; k < (size_t)n * (size_t)info->nbits; k++)
+        if (!(kld[k] >= 0.0 && kld[k] <= 3.4e38))
+            return mpq__fail(err, MPQ_ERR_NONFINITE, path, "a KLD is not finite and >= 0");
+    mpq_st_writer *w = NULL;
+    mpq_status st = mpq_st_writer_open(path, &w, err);
+    for (int i = 0; i < n && st == MPQ_OK; i++) {
+        char name[1024];
+        float v[8];
+        snprintf(name, sizeof name, "%s.kld", names[i]);
+        const uint64_t shape[1] = {(uint64_t)info->nbits};
+        for (int k = 0; k < info->nbits; k++) v[k] = (float)kld[(size_t)i * info->nbits + k];
+        st = mpq_st_write_f32(w, name, MPQ_DT_F32, 1, shape, v, err);
+    }
+    cJSON *o = st == MPQ_OK ? cJSON_CreateObject() : NULL, *ws = o ? cJSON_AddArrayToObject(o, "widths") : NULL;
+    char hash[17], seed[24];
+    snprintf(hash, sizeof hash, "%016llx", (unsigned long long)info->text_hash);
+    snprintf(seed, sizeof seed, "%llu", (unsigned long long)info->rotate_seed);
+    int ok = ws != NULL;
+    for (int k = 0; k < info->nbits && ok; k++) ok = cJSON_AddItemToArray(ws, cJSON_CreateNumber(info->bits[k]));
+    const char *ik[] = {"windows", "length", "layers", "dim", "vocab", "act_order", "group", "symmetric", "rotate"};
+    const int iv[] = {info->windows,   info->length, info->layers,    info->dim,   info->vocab,
+                      info->act_order, info->group,  info->symmetric, info->rotate};
+    for (int k = 0; k < 9 && ok; k++) ok = cJSON_AddNumberToObject(o, ik[k], iv[k]) != NULL;
+    ok = ok && cJSON_AddStringToObject(o, "text_hash", hash) &&
+        cJSON_AddNumberToObject(o, "tokens", (double)info->tokens) &&
+        cJSON_AddStringToObject(o, "model", info->model) && cJSON_AddStringToObject(o, "quantizer", info->quantizer) &&
+        cJSON_AddStringToObject(o, "rotate_seed", seed) && cJSON_AddNumberToObject(o, "seconds", info->seconds);
+    char *j = ok ? cJSON_PrintUnformatted(o) : NULL;
+    if (st == MPQ_OK && !j) st = mpq__fail(err, MPQ_ERR_NOMEM, path, "out of memory");
+    if (st == MPQ_OK) st = mpq_st_write_meta(w, "mpq_measure", j, err);
+    cJSON_free(j);
+    cJSON_Delete(o);
+    if (w && st == MPQ_OK)
+        st = mpq_st_writer_close(w, err);
+    else if (w)
+        mpq_st_writer_abort(w);
+    return st;
+}
+
+/* An integer field of o in [lo, hi] into *v. */
+static int mpq__json_int(const cJSON *o, const char *key, double lo, double hi, double *v)
+{
+    const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!cJSON_IsNumber(x) || !(x->valuedouble >= lo && x->valuedouble <= hi) ||
+        x->valuedouble != floor(x->valuedouble))
+        return 0;
+    *v = x->valuedouble;
+    return 1;
+}
+
+/* A string field of o, at most cap - 1 bytes, into buf. */
+static int mpq__json_str(const cJSON *o, const char *key, char *buf, size_t cap)
+{
+    const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!cJSON_IsString(x) || strlen(x->valuestring) >= cap) return 0;
+    memcpy(buf, x->valuestring, strlen(x->valuestring) + 1);
+    return 1;
+}
+
+/* A 64-bit unsigned integer written as a string of digits (base 10 or 16). */
+static int mpq__json_u64(const cJSON *o, const char *key, int base, uint64_t *v)
+{
+    char s[24], *end;
+    if (!mpq__json_str(o, key, s, sizeof s) || !s[0] || s[0] == '-' || s[0] == '+' || s[0] == ' ') return 0;
+    errno = 0;
+    const unsigned long long x = strtoull(s, &end, base);
+    if (errno || *end) return 0;
+    *v = (uint64_t)x;
+    return 1;
+}
+
+mpq_status mpq_measure_read(mpq_st_file *f, const char *path, const char *const *names, int n, mpq_measure_info *info,
+                            double *kld, mpq_io_err *err)
+{
+    if (!f || !info || (names && (n < 1 || !kld))) return MPQ_ERR_ARG;
+    if (!path) path = "(measurements)";
+    const char *meta = mpq_st_meta(f, "mpq_measure");
+    cJSON *o = meta ? cJSON_Parse(meta) : NULL;
+    mpq_measure_info in;
+    memset(&in, 0, sizeof in);
+    mpq_status st = MPQ_OK;
+    if (!o) st = mpq__fail(err, MPQ_ERR_FORMAT, path, "no mpq_measure metadata: not a file mpq measure wrote");
+    const cJSON *ws = o ? cJSON_GetObjectItemCaseSensitive(o, "widths") : NULL;
+    if (st == MPQ_OK && (!cJSON_IsArray(ws) || cJSON_GetArraySize(ws) < 1 || cJSON_GetArraySize(ws) > 8))
+        st = mpq__fail(err, MPQ_ERR_FORMAT, path, "mpq_measure: 'widths' is not a list of 1 to 8 widths");
+    for (int k = 0; st == MPQ_OK && k < cJSON_GetArraySize(ws); k++) {
+        const cJSON *x = cJSON_GetArrayItem(ws, k);
+        in.bits[k] = cJSON_IsNumber(x) && x->valuedouble >= 1 && x->valuedouble <= 8 ? (int)x->valuedouble : 0;
+        in.nbits = k + 1;
+    }
+    const char *ik[] = {"windows",   "length", "layers",    "dim",    "vocab",
+                        "act_order", "group",  "symmetric", "rotate", "tokens"};
+    const double hi[] = {1 << 30, 1 << 30, 1 << 20, 1 << 24, 1 << 30, 1, 1 << 24, 1, 1, 1e15};
+    int *iv[] = {&in.windows,   &in.length, &in.layers,    &in.dim,   &in.vocab,
+                 &in.act_order, &in.group,  &in.symmetric, &in.rotate};
+    for (int k = 0; k < 10 && st == MPQ_OK; k++) {
+        double v;
+        if (!mpq__json_int(o, ik[k], 0, hi[k], &v))
+            st = mpq__fail(err, MPQ_ERR_FORMAT, path, "mpq_measure: '%s' is not a count", ik[k]);
+        else if (k < 9)
+            *iv[k] = (int)v;
+        else
+            in.tokens = (size_t)v;
+    }
+    const cJSON *sec = o ? cJSON_GetObjectItemCaseSensitive(o, "seconds") : NULL;
+    in.seconds = cJSON_IsNumber(sec) ? sec->valuedouble : 0.0;
+    if (st == MPQ_OK &&
+        (!mpq__json_str(o, "model", in.model, sizeof in.model) ||
+         !mpq__json_str(o, "quantizer", in.quantizer, sizeof in.quantizer)))
+        st = mpq__fail(err, MPQ_ERR_FORMAT, path, "mpq_measure: 'model' or 'quantizer' is not a string of its size");
+    if (st == MPQ_OK &&
+        (!mpq__json_u64(o, "text_hash", 16, &in.text_hash) || !mpq__json_u64(o, "rotate_seed", 10, &in.rotate_seed)))
+        st = mpq__fail(err, MPQ_ERR_FORMAT, path,
+                       "mpq_measure: 'text_hash' or 'rotate_seed' is not a number in a string");
+    if (st == MPQ_OK && !mpq__measure_info_ok(&in))
+        st = mpq__fail(err, MPQ_ERR_FORMAT, path,
+                       "mpq_measure: the widths (distinct, 1..8) or the quantizer are not valid");
+    cJSON_Delete(o);
+    double *tmp = names && st == MPQ_OK ? (double *)malloc(sizeof(double) * (size_t)n * (size_t)in.nbits) : NULL;
+    if (names && st == MPQ_OK && !tmp) st = mpq__fail(err, MPQ_ERR_NOMEM, path, "out of memory");
+    for (int i = 0; names && i < n && st == MPQ_OK; i++) {
+        char name[1024];
+        float v[8];
+        snprintf(name, sizeof name, "%s.kld", names[i]);
+        const mpq_st_tensor *t = mpq_st_find(f, name);
+        if (!t)
+            st = mpq__fail(err, MPQ_ERR_FORMAT, path, "tensor '%s': not found (measured for another model?)", name);
+        else if (t->numel != (uint64_t)in.nbits)
+            st = mpq__fail(err, MPQ_ERR_FORMAT, path, "tensor '%s': %llu values, not one per width (%d)", name,
+                           (unsigned long long)t->numel, in.nbits);
+        else
+            st = mpq_st_read_f32(f, t, v, (size_t)in.nbits, err);
+        for (int k = 0; k < in.nbits && st == MPQ_OK; k++)
+            if (!(v[k] >= 0.0f && v[k] <= 3.4e38f))
+                st = mpq__fail(err, MPQ_ERR_FORMAT, path, "tensor '%s': a KLD that is not finite and >= 0", name);
+            else
+                tmp[(size_t)i * in.nbits + k] = v[k];
+    }
+    if (names && st == MPQ_OK) memcpy(kld, tmp, sizeof(double) * (size_t)n * (size_t)in.nbits);
+    free(tmp);
+    if (st == MPQ_OK) *info = in;
+    return st;
+}

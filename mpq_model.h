@@ -731,6 +731,37 @@ typedef struct mpq_measure_opts {
 mpq_status mpq_llm_measure(const mpq_llm *m, const int32_t *tokens, size_t n, const mpq_measure_opts *o, double *kld,
                            mpq_io_err *err);
 
+/* The measurements as a file: a safetensors file with one float32 tensor
+   NAME.kld of nbits values per linear map (NAME: its tensor's name) and
+   what they are of in the metadata "mpq_measure" (a JSON object with the
+   fields below; `mpq measure` writes it, `mpq quantize --method auto`
+   reads it). */
+typedef struct mpq_measure_info {
+    int bits[8], nbits;     /* the widths measured: distinct, 1..8 */
+    int windows, length;    /* of the text */
+    uint64_t text_hash;     /* mpq_text_hash of the text */
+    size_t tokens;          /* the text's */
+    char model[128];        /* the model file's name (its last path component) */
+    int layers, dim, vocab; /* and its shape */
+    char quantizer[16];     /* "rtn", "awq", "gptq" or "awq+gptq" */
+    int act_order, group, symmetric, rotate;
+    uint64_t rotate_seed;
+    double seconds; /* the measurement's */
+} mpq_measure_info;
+
+/* Writes kld (n x info->nbits, finite and >= 0) for the maps names[0 ..
+   n-1]: a new file at path, or none on an error. */
+mpq_status mpq_measure_write(const char *path, const mpq_measure_info *info, const char *const *names, int n,
+                             const double *kld, mpq_io_err *err);
+/* Reads what mpq_measure_write wrote to f (path names it in messages):
+   *info, and with names, kld[i * nbits + k] for map names[i] (the caller's,
+   n x nbits). MPQ_ERR_FORMAT, err naming the file and the field or tensor,
+   for metadata missing or malformed, a map without its tensor or with
+   another count of values, and values not finite or negative; nothing is
+   written to kld then. */
+mpq_status mpq_measure_read(mpq_st_file *f, const char *path, const char *const *names, int n, mpq_measure_info *info,
+                            double *kld, mpq_io_err *err);
+
 /* SEQUENTIAL QUANTIZATION (GPTQ's own order, and GPTQModel's default):
    the linear maps of layer l are quantized with X^T X of the inputs they
    see when layers 0 .. l-1 are already quantized, so that each layer's

@@ -46,6 +46,8 @@ typedef struct row_stats {
                                   the whole file, as `mpq quantize --sequential TEXT` reads it (may be
                                   NULL); the path in the options is not read */
     size_t ntext;
+    uint64_t text_hash; /* --method auto: mpq_text_hash of the calibration text, which the measurements must be
+                           of (0: not checked) */
 } row_stats;
 
 /* The maps quantized sequentially (mpq_llm_quantize_sequential) after the
@@ -59,7 +61,7 @@ static inline int quantize_row_sequential(const qargs *q, mpq_recipe r, mpq_llm 
     memset(res, 0, sizeof *res), res->map = -1;
     mpq_status st = MPQ_OK;
     if (r.planner != MPQ_PLANNER_NONE && (st = mpq_recipe_plan(&r, maps, n, NULL, &plan)) == MPQ_OK)
-        res->bpw = plan.bpw, r.planner = MPQ_PLANNER_NONE, r.plan = &plan;
+        res->bpw = plan.bpw, res->loss = plan.loss, r.planner = MPQ_PLANNER_NONE, r.plan = &plan;
     mpq_packed *out = (mpq_packed *)calloc((size_t)n, sizeof *out);
     mpq_seq_opts so;
     memset(&so, 0, sizeof so);
@@ -131,6 +133,9 @@ static inline int quantize_row(const char *args, const char *common, mpq_llm *m,
         p->layer_sens = P->layer_sens ? P->layer_sens[i] : 1.0f;
     }
     if (!rc) rc = qargs_budget(&q, &r, maps, n);
+    mpq_measure_info info; /* --method auto: r's widths point into it */
+    double *kld = NULL;
+    if (!rc && r.planner == MPQ_PLANNER_KLD) rc = qargs_measured(&q, &r, maps, n, &m->c, rs->text_hash, &info, &kld);
     if (!rc && q.sequential) {
         rc = quantize_row_sequential(&q, r, m, rs, maps, n, res);
         if (bpw) *bpw = r.bpw;
@@ -157,6 +162,7 @@ static inline int quantize_row(const char *args, const char *common, mpq_llm *m,
     }
     free(maps);
     free(names);
+    free(kld);
     return rc;
 }
 

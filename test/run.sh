@@ -125,7 +125,8 @@ fi
 #   fuzz-io     the safetensors reader and the packed-file loader, seeded with
 #               the valid and crafted files of test_io
 #   fuzz-model  GGUF files (metadata, tensors, tokenizer, the model loaded and
-#               run), tokenizer.json, statistics files and text, seeded with
+#               run), tokenizer.json, statistics and measurements files and
+#               text, seeded with
 #               the files of test_gguf, test_model and test_calib and a few
 #               texts
 fuzz_seconds=${MPQ_FUZZ_SECONDS:-60}
@@ -147,7 +148,8 @@ fuzz_model() {
     (cd build/sanitize && MPQ_FUZZ_CORPUS="$root/$seeds" ./test_gguf --jobs 1 >/dev/null &&
         MPQ_FUZZ_CORPUS="$root/$seeds" ./test_model --jobs 1 >/dev/null &&
         MPQ_FUZZ_CORPUS="$root/$seeds" ./test_calib --jobs 1 --filter 'calib/determ*' >/dev/null &&
-        MPQ_FUZZ_CORPUS="$root/$seeds" ./test_calib --jobs 1 --filter 'calib/xtx*' >/dev/null) &&
+        MPQ_FUZZ_CORPUS="$root/$seeds" ./test_calib --jobs 1 --filter 'calib/xtx*' >/dev/null &&
+        MPQ_FUZZ_CORPUS="$root/$seeds" ./test_calib --jobs 1 --filter 'calib/measurement_file*' >/dev/null) &&
     printf 'Hello, world! I'"'"'m 42 years old.\n\n  x\ty' >"$seeds/text-1.txt" &&
     printf 'caf\xc3\xa9 \xe6\x97\xa5\xe6\x9c\xac 3.14159 <|im_end|> \xf0\x9f\x99\x82\r\n' >"$seeds/text-2.txt" &&
     head -c 4000 README.md >"$seeds/text-3.txt" &&

@@ -654,23 +654,26 @@ Test(calib, layer_sensitivity_matches_the_reference)
     tl_free(&t);
 }
 
-/* With MPQ_FUZZ_CORPUS set to a directory, a statistics file written here
-   is also saved there, behind "STAT" (a seed of test/fuzz/fuzz_model.c,
-   whose fixed model has the shape of these tests). */
-static void corpus_save(const char *from)
+/* With MPQ_FUZZ_CORPUS set to a directory, a file written here is also
+   saved there behind `tag` (a seed of test/fuzz/fuzz_model.c, whose fixed
+   model has the shape of these tests): "STAT" a statistics file, "MKLD"
+   a measurements file. */
+static void corpus_save_as(const char *from, const char *tag, const char *stem)
 {
     const char *dir = getenv("MPQ_FUZZ_CORPUS");
     if (!dir || !*dir) return;
     char p[512];
-    snprintf(p, sizeof p, "%s/stats-%ld.bin", dir, (long)getpid());
+    snprintf(p, sizeof p, "%s/%s-%ld.bin", dir, stem, (long)getpid());
     FILE *in = fopen(from, "rb"), *out = fopen(p, "wb");
     cr_assert(in && out);
-    fputs("STAT", out);
+    fputs(tag, out);
     char buf[65536];
     size_t n;
     while ((n = fread(buf, 1, sizeof buf, in)) > 0) cr_assert_eq(fwrite(buf, 1, n, out), n);
     fclose(in), fclose(out);
 }
+
+static void corpus_save(const char *from) { corpus_save_as(from, "STAT", "stats"); }
 
 static int same_arrays(float **a, float **b, const mpq_calib_stats *s, const mpq_llm *m, int kind)
 {
@@ -1848,4 +1851,146 @@ Test(calib, bad_inputs)
     mpq_calib_stats_free(&s);
     mpq_llm_free(m);
     tl_free(&t);
+}
+
+/* A measurements file by hand: the maps' tensors (count values each, the
+   map `skip` left out) and the metadata `meta` (NULL: none). */
+static void write_measure_file(const char *path, const char *const *names, int n, int count, const float *v, int skip,
+                               const char *meta)
+{
+    mpq_st_writer *w;
+    mpq_io_err e;
+    cr_assert_eq(mpq_st_writer_open(path, &w, &e), MPQ_OK, "%s", e.msg);
+    for (int i = 0; i < n; i++) {
+        if (i == skip) continue;
+        char name[128];
+        snprintf(name, sizeof name, "%s.kld", names[i]);
+        const uint64_t shape[1] = {(uint64_t)count};
+        cr_assert_eq(mpq_st_write_f32(w, name, MPQ_DT_F32, 1, shape, v + i * count, &e), MPQ_OK, "%s", e.msg);
+    }
+    if (meta) cr_assert_eq(mpq_st_write_meta(w, "mpq_measure", meta, &e), MPQ_OK, "%s", e.msg);
+    cr_assert_eq(mpq_st_writer_close(w, &e), MPQ_OK, "%s", e.msg);
+}
+
+/* The measurements' file: what mpq_measure_write writes mpq_measure_read
+   gives back (the values as float32), and every malformed file is an
+   error naming what is wrong, with nothing written. */
+Test(calib, measurement_file_round_trips_and_refuses_what_it_cannot_take)
+{
+    const char *names[4] = {"model.layers.0.self_attn.q_proj.weight", "model.layers.0.mlp.down_proj.weight", "b",
+                            "c.weight"};
+    mpq_measure_info in;
+    memset(&in, 0, sizeof in);
+    in.bits[0] = 2, in.bits[1] = 5, in.bits[2] = 3, in.nbits = 3;
+    in.windows = 2, in.length = 256, in.text_hash = 0xfedcba9876543210ull, in.tokens = 123456;
+    snprintf(in.model, sizeof in.model, "SmolLM2-135M-Instruct.Q4_1.gguf");
+    in.layers = 30, in.dim = 576, in.vocab = 49152, in.act_order = 1, in.group = 64, in.symmetric = 1;
+    in.rotate = 1, in.rotate_seed = 18446744073709551557ull, in.seconds = 12.5;
+    snprintf(in.quantizer, sizeof in.quantizer, "awq+gptq");
+    synth_rng r = {4242};
+    double kld[12], got[12];
+    for (int k = 0; k < 12; k++) kld[k] = 0.3 * synth_unif(&r) * pow(4.0, -(k % 3));
+    kld[4] = 0;
+    char path[600], bad[600];
+    snprintf(path, sizeof path, "%s/m.safetensors", tmpdir);
+    snprintf(bad, sizeof bad, "%s/bad.safetensors", tmpdir);
+    mpq_io_err e;
+    cr_assert_eq(mpq_measure_write(path, &in, names, 4, kld, &e), MPQ_OK, "%s", e.msg);
+    mpq_st_file *f;
+    cr_assert_eq(mpq_st_open(path, &f, &e), MPQ_OK, "%s", e.msg);
+    mpq_measure_info out;
+    cr_assert_eq(mpq_measure_read(f, path, names, 4, &out, got, &e), MPQ_OK, "%s", e.msg);
+    for (int k = 0; k < 12; k++) cr_assert_eq(got[k], (double)(float)kld[k], "value %d", k);
+    cr_assert(out.nbits == 3 && out.bits[0] == 2 && out.bits[1] == 5 && out.bits[2] == 3);
+    cr_assert(out.windows == 2 && out.length == 256 && out.text_hash == in.text_hash && out.tokens == 123456);
+    cr_assert(!strcmp(out.model, in.model) && !strcmp(out.quantizer, "awq+gptq"));
+    cr_assert(out.layers == 30 && out.dim == 576 && out.vocab == 49152 && out.act_order == 1 && out.group == 64);
+    cr_assert(out.symmetric == 1 && out.rotate == 1 && out.rotate_seed == in.rotate_seed && out.seconds == 12.5);
+    mpq_measure_info only;
+    cr_assert_eq(mpq_measure_read(f, path, NULL, 0, &only, NULL, &e), MPQ_OK, "the description alone");
+    cr_assert_eq(only.text_hash, in.text_hash);
+    char meta[1024];
+    snprintf(meta, sizeof meta, "%s", mpq_st_meta(f, "mpq_measure"));
+    mpq_st_close(f);
+    /* writing refuses what it cannot record, and leaves no file */
+    double nanv[12];
+    memcpy(nanv, kld, sizeof nanv);
+    nanv[7] = NAN;
+    cr_assert_eq(mpq_measure_write(bad, &in, names, 4, nanv, &e), MPQ_ERR_NONFINITE);
+    nanv[7] = -0.1;
+    cr_assert_eq(mpq_measure_write(bad, &in, names, 4, nanv, &e), MPQ_ERR_NONFINITE);
+    mpq_measure_info twice = in;
+    twice.bits[2] = 2;
+    cr_assert_eq(mpq_measure_write(bad, &twice, names, 4, kld, &e), MPQ_ERR_ARG);
+    cr_assert_eq(access(bad, F_OK), -1, "no file");
+    /* malformed files: the metadata, each field, the tensors */
+    float v[12];
+    for (int k = 0; k < 12; k++) v[k] = (float)kld[k];
+    static const struct {
+        const char *from, *to, *says;
+    } edits[] = {
+        {"\"widths\":[2,5,3]", "\"widths\":[2,5,5]", "widths"},
+        {"\"widths\":[2,5,3]", "\"widths\":[]", "widths"},
+        {"\"widths\":[2,5,3]", "\"widths\":[2,9,3]", "widths"},
+        {"\"widths\":[2,5,3]", "\"widths\":\"2,5,3\"", "widths"},
+        {"\"layers\":30", "\"layers\":-30", "layers"},
+        {"\"layers\":30", "\"layer\":30", "layers"},
+        {"\"group\":64", "\"group\":64.5", "group"},
+        {"\"windows\":2", "\"windows\":\"2\"", "windows"},
+        {"\"quantizer\":\"awq+gptq\"", "\"quantizer\":\"hqq\"", "quantizer"},
+        {"\"text_hash\":\"fedcba9876543210\"", "\"text_hash\":\"xyz\"", "text_hash"},
+        {"\"text_hash\":\"fedcba9876543210\"", "\"text_hash\":18364758544493064720", "text_hash"},
+        {"\"rotate_seed\":\"18446744073709551557\"", "\"rotate_seed\":\"-1\"", "rotate_seed"},
+        {"{", "[", "mpq_measure"},
+    };
+    for (size_t k = 0; k < sizeof edits / sizeof edits[0]; k++) {
+        const char *at = strstr(meta, edits[k].from);
+        cr_assert_not_null(at, "%s in %s", edits[k].from, meta);
+        char m2[1100];
+        snprintf(m2, sizeof m2, "%.*s%s%s", (int)(at - meta), meta, edits[k].to, at + strlen(edits[k].from));
+        write_measure_file(bad, names, 4, 3, v, -1, m2);
+        cr_assert_eq(mpq_st_open(bad, &f, &e), MPQ_OK);
+        for (int q = 0; q < 12; q++) got[q] = -7;
+        cr_assert_eq(mpq_measure_read(f, bad, names, 4, &out, got, &e), MPQ_ERR_FORMAT, "%s", m2);
+        cr_assert(strstr(e.msg, edits[k].says) && strstr(e.msg, bad), "%s: %s", m2, e.msg);
+        for (int q = 0; q < 12; q++) cr_assert_eq(got[q], -7, "nothing written");
+        mpq_st_close(f);
+    }
+    write_measure_file(bad, names, 4, 3, v, -1, NULL); /* no metadata */
+    cr_assert_eq(mpq_st_open(bad, &f, &e), MPQ_OK);
+    cr_assert_eq(mpq_measure_read(f, bad, names, 4, &out, got, &e), MPQ_ERR_FORMAT);
+    cr_assert(strstr(e.msg, "mpq_measure"), "%s", e.msg);
+    mpq_st_close(f);
+    write_measure_file(bad, names, 4, 3, v, 2, meta); /* a map's measurements missing */
+    cr_assert_eq(mpq_st_open(bad, &f, &e), MPQ_OK);
+    cr_assert_eq(mpq_measure_read(f, bad, names, 4, &out, got, &e), MPQ_ERR_FORMAT);
+    cr_assert(strstr(e.msg, "'b.kld'") && strstr(e.msg, "not found"), "%s", e.msg);
+    mpq_st_close(f);
+    write_measure_file(bad, names, 3, 4, v, -1, meta); /* four values a map for three widths */
+    cr_assert_eq(mpq_st_open(bad, &f, &e), MPQ_OK);
+    cr_assert_eq(mpq_measure_read(f, bad, names, 3, &out, got, &e), MPQ_ERR_FORMAT);
+    cr_assert(strstr(e.msg, "one per width"), "%s", e.msg);
+    mpq_st_close(f);
+    for (int q = 0; q < 2; q++) { /* a value that is not a KLD */
+        v[10] = q ? NAN : -1e-3f;
+        write_measure_file(bad, names, 4, 3, v, -1, meta);
+        cr_assert_eq(mpq_st_open(bad, &f, &e), MPQ_OK);
+        for (int k = 0; k < 12; k++) got[k] = -7;
+        cr_assert_eq(mpq_measure_read(f, bad, names, 4, &out, got, &e), MPQ_ERR_FORMAT);
+        cr_assert(strstr(e.msg, "'c.weight.kld'") && strstr(e.msg, "finite"), "%s", e.msg);
+        for (int k = 0; k < 12; k++) cr_assert_eq(got[k], -7, "nothing written");
+        mpq_st_close(f);
+    }
+    cr_assert_eq(mpq_measure_read(NULL, bad, names, 4, &out, got, &e), MPQ_ERR_ARG);
+    /* a seed for the fuzzer: the maps of its fixed two-layer model */
+    char lin[14][96];
+    const char *lnames[14];
+    double lk[14 * 3];
+    for (int i = 0; i < 14; i++) {
+        mpq_llm_linear_name(0, i / 7, i % 7, 0, lin[i], sizeof lin[i]);
+        lnames[i] = lin[i];
+        for (int k = 0; k < 3; k++) lk[i * 3 + k] = 0.01 * (i + 1) * pow(4.0, -k);
+    }
+    cr_assert_eq(mpq_measure_write(bad, &in, lnames, 14, lk, &e), MPQ_OK, "%s", e.msg);
+    corpus_save_as(bad, "MKLD", "measure");
 }

@@ -810,6 +810,23 @@ Test(cli_llm, bad_statistics_exit_2, .init = setup, .fini = teardown)
    embedding. */
 #include "rows.h"
 
+/* The predicted KLD of the plan `quantize --method auto` recorded in its
+   output's metadata ("mpq_auto"). */
+static double recorded_kld(const char *name)
+{
+    char p[600];
+    path_of(name, p, sizeof p);
+    mpq_st_file *f;
+    mpq_io_err e;
+    cr_assert_eq(mpq_st_open(p, &f, &e), MPQ_OK, "%s", e.msg);
+    const char *meta = mpq_st_meta(f, "mpq_auto"), *at = meta ? strstr(meta, "\"predicted_kld\":") : NULL, *last = NULL;
+    while (at) last = at, at = strstr(at + 1, "\"predicted_kld\":");
+    cr_assert_not_null(last, "%s: no plan recorded", name);
+    const double v = atof(last + strlen("\"predicted_kld\":"));
+    mpq_st_close(f);
+    return v;
+}
+
 Test(cli_llm, main_job_rows_are_what_quantize_writes, .init = setup, .fini = teardown, .timeout = 900)
 {
     tl_model tm;
@@ -832,6 +849,10 @@ Test(cli_llm, main_job_rows_are_what_quantize_writes, .init = setup, .fini = tea
     path_of("r.safetensors", p, sizeof p);
     cr_assert_eq(mpq_calib_read(h, p, &sr, &e), MPQ_OK, "%s", e.msg);
     cr_assert(sr.rotate == 1 && sr.rotate_seed == 1 && !s.rotate);
+    /* the auto rows' measurements (ROW_MEASURE: the main job adds --measure MEASURE) */
+    cr_assert_eq(run("measure --quiet " LLM_MEASURE_ARGS " --stats s.safetensors --windows 2 --length 16 hf text.txt "
+                     "-o k.safetensors"),
+                 0, "%s", slurp("err.txt", NULL));
     int32_t *seq_text = NULL; /* the text as mpq quantize --sequential reads it */
     size_t nseq = 0;
     cr_assert_eq(mpq_tokenize(h->tok, text, len, 0, &seq_text, &nseq, &e), MPQ_OK);
@@ -841,15 +862,29 @@ Test(cli_llm, main_job_rows_are_what_quantize_writes, .init = setup, .fini = tea
     for (int k = 0; k <= LLM_NROWS; k++) {
         const llm_row *row = k < LLM_NROWS ? &llm_rows[k] : &seq_row;
         const int rot = strstr(row->args, "--rotate") != NULL, seq = (row->flags & ROW_SEQ) != 0;
-        char args[700], rargs[600];
-        snprintf(rargs, sizeof rargs, "%s%s", row->args,
-                 seq ? " --sequential text.txt --seq-windows 4 --seq-length 16" : "");
+        char args[1500], rargs[700], margs[1400], kpath[600];
+        path_of("k.safetensors", kpath, sizeof kpath);
+        snprintf(rargs, sizeof rargs, "%s%s%s", row->args,
+                 seq ? " --sequential text.txt --seq-windows 4 --seq-length 16" : "",
+                 row->flags & ROW_MEASURE ? " --measure k.safetensors" : "");
+        /* the main job's options: the measurements' path from here */
+        snprintf(margs, sizeof margs, "%s%s%s%s", row->args,
+                 seq ? " --sequential text.txt --seq-windows 4 --seq-length 16" : "",
+                 row->flags & ROW_MEASURE ? " --measure " : "", row->flags & ROW_MEASURE ? kpath : "");
         snprintf(args, sizeof args, "quantize --quiet %s %s --stats s.safetensors%s hf q.safetensors", rargs,
                  LLM_ROW_COMMON, rot ? " --salience r.safetensors" : "");
-        cr_assert_eq(run(args), 0, "mpq %s: %s", args, slurp("err.txt", NULL));
+        const int rc = run(args);
         mpq_recipe_result res;
-        const row_stats rs = {&s, &s, &sr, seq_text, nseq};
-        cr_assert_eq(quantize_row(rargs, LLM_ROW_COMMON, h, &rs, NULL, NULL, &res, NULL), 0, "%s", row->name);
+        const row_stats rs = {&s, &s, &sr, seq_text, nseq, 0};
+        if (rc == 1 && strstr(row->args, "--max-kld") && strstr(slurp("err.txt", NULL), "every plan meets it")) {
+            /* a bound this small model's measurements cannot take: refused the same way */
+            cr_assert_eq(quantize_row(margs, LLM_ROW_COMMON, h, &rs, NULL, NULL, &res, NULL), 1, "%s", row->name);
+            continue;
+        }
+        cr_assert_eq(rc, 0, "mpq %s: %s", args, slurp("err.txt", NULL));
+        cr_assert_eq(quantize_row(margs, LLM_ROW_COMMON, h, &rs, NULL, NULL, &res, NULL), 0, "%s", row->name);
+        if (row->flags & ROW_MEASURE) /* the prediction the tool records is the main job's */
+            cr_assert_float_eq(res.loss, recorded_kld("q.safetensors"), 1e-9 * res.loss + 1e-15, "%s", row->name);
         mpq_llm *q = load("q.safetensors");
         for (int i = 0; i <= 14; i++) {
             const mpq_linear *A = i < 14 ? &h->layer[i / 7].lin[i % 7] : &h->embed;
@@ -941,8 +976,13 @@ Test(cli_llm, measure_writes_what_the_library_measures, .init = setup, .fini = t
     path_of("k.safetensors", p, sizeof p);
     cr_assert_eq(mpq_st_open(p, &f, &e), MPQ_OK, "%s", e.msg);
     cr_assert_eq(mpq_st_count(f), nlin);
-    const char *meta = mpq_st_meta(f, "mpq_measure");
-    cr_assert(meta && strstr(meta, "\"widths\": [2,4]") && strstr(meta, "\"quantizer\": \"rtn\""), "%s", meta);
+    mpq_measure_info info;
+    cr_assert_eq(mpq_measure_read(f, p, NULL, 0, &info, NULL, &e), MPQ_OK, "%s", e.msg);
+    cr_assert(info.nbits == 2 && info.bits[0] == 2 && info.bits[1] == 4 && !strcmp(info.quantizer, "rtn"));
+    cr_assert(info.windows == 2 && info.length == 16 && info.group == 128 && !info.act_order && !info.rotate);
+    cr_assert(info.layers == tm.layers && info.dim == tm.dim && info.vocab == h->c.vocab && !strcmp(info.model, "hf"));
+    cr_assert_eq(info.text_hash, mpq_text_hash(text, len));
+    cr_assert_eq(info.tokens, nt);
     double rtn2 = 0;
     for (int i = 0; i < nlin; i++) {
         char name[128], full[160];
@@ -1036,6 +1076,26 @@ static double printed_kld(void)
     return atof(last + strlen("predicted KLD "));
 }
 
+/* A copy of the measurements file f as name, without tensor `skip` (-1:
+   none), with the metadata meta. */
+static void copy_measure(mpq_st_file *f, const char *name, int skip, const char *meta)
+{
+    char q[600];
+    mpq_io_err e;
+    mpq_st_writer *w;
+    path_of(name, q, sizeof q);
+    cr_assert_eq(mpq_st_writer_open(q, &w, &e), MPQ_OK);
+    for (int i = 0; i < mpq_st_count(f); i++) {
+        if (i == skip) continue;
+        const mpq_st_tensor *t = mpq_st_at(f, i);
+        float v[8];
+        cr_assert_eq(mpq_st_read_f32(f, t, v, (size_t)t->numel, &e), MPQ_OK);
+        cr_assert_eq(mpq_st_write_f32(w, t->name, MPQ_DT_F32, t->ndim, t->shape, v, &e), MPQ_OK);
+    }
+    cr_assert_eq(mpq_st_write_meta(w, "mpq_measure", meta, &e), MPQ_OK);
+    cr_assert_eq(mpq_st_writer_close(w, &e), MPQ_OK);
+}
+
 /* --method auto: the budget met from below by less than one block row,
    the bound honoured by the prediction, and every way it is refused. */
 Test(cli_llm, auto_meets_the_budget_and_the_bound, .init = setup, .fini = teardown, .timeout = 600)
@@ -1104,21 +1164,45 @@ Test(cli_llm, auto_meets_the_budget_and_the_bound, .init = setup, .fini = teardo
     mpq_io_err e;
     path_of("k.safetensors", p, sizeof p);
     cr_assert_eq(mpq_st_open(p, &f, &e), MPQ_OK);
-    mpq_st_writer *w;
-    char q[600];
-    path_of("k2.safetensors", q, sizeof q);
-    cr_assert_eq(mpq_st_writer_open(q, &w, &e), MPQ_OK);
-    for (int i = 1; i < mpq_st_count(f); i++) {
-        const mpq_st_tensor *t = mpq_st_at(f, i);
-        float v[3];
-        cr_assert_eq(mpq_st_read_f32(f, t, v, 3, &e), MPQ_OK);
-        cr_assert_eq(mpq_st_write_f32(w, t->name, MPQ_DT_F32, t->ndim, t->shape, v, &e), MPQ_OK);
-    }
+    copy_measure(f, "k2.safetensors", 0, mpq_st_meta(f, "mpq_measure"));
     const char *missing = mpq_st_at(f, 0)->name;
-    cr_assert_eq(mpq_st_write_meta(w, "mpq_measure", mpq_st_meta(f, "mpq_measure"), &e), MPQ_OK);
-    cr_assert_eq(mpq_st_writer_close(w, &e), MPQ_OK);
     cr_assert_eq(run("quantize --method auto --bpw 3 --measure k2.safetensors hf x.safetensors"), 2);
     cr_assert(strstr(slurp("err.txt", NULL), missing), "%s", slurp("err.txt", NULL));
+    /* measured on a model of another shape: exit 2 naming both */
+    const char *meta = mpq_st_meta(f, "mpq_measure"), *at = strstr(meta, "\"layers\":2");
+    cr_assert_not_null(at, "%s", meta);
+    char other[1024];
+    snprintf(other, sizeof other, "%.*s\"layers\":3%s", (int)(at - meta), meta, at + strlen("\"layers\":2"));
+    copy_measure(f, "k3.safetensors", -1, other);
+    cr_assert_eq(run("quantize --method auto --bpw 3 --measure k3.safetensors hf x.safetensors"), 2);
+    cr_assert(strstr(slurp("err.txt", NULL), "3 layers") && strstr(slurp("err.txt", NULL), "not this model"), "%s",
+              slurp("err.txt", NULL));
     mpq_st_close(f);
+    /* statistics of another text beside the measurements: exit 2 */
+    char q[600];
+    path_of("text2.txt", q, sizeof q);
+    tl_spit(q,
+            "ab ba cab abc bca cc aa bb a b c abc cab\nba ab ca ac cb bc abc acb bac bca cab cba abc acb\n"
+            "bac bca cab cba aa bb cc ab ba ca ac bc cb a b c ab ba\n");
+    cr_assert_eq(run("calibrate --quiet --stats fisher --windows 1 --length 16 hf text2.txt -o s2.safetensors"), 0,
+                 "%s", slurp("err.txt", NULL));
+    cr_assert_eq(run("quantize --method auto --bpw 3 --stats s2.safetensors --measure k.safetensors hf x.safetensors"),
+                 2);
+    cr_assert(strstr(slurp("err.txt", NULL), "another text"), "%s", slurp("err.txt", NULL));
+    path_of("x.safetensors", p, sizeof p);
+    cr_assert_eq(access(p, F_OK), -1, "no output");
+    /* the plan, as mpq inspect shows it from the output's metadata */
+    cr_assert_eq(run("calibrate --quiet --stats fisher --windows 2 --length 16 hf text.txt -o s3.safetensors"), 0);
+    cr_assert_eq(run("quantize --method auto --bpw 3.55 --stats s3.safetensors --measure k.safetensors hf "
+                     "a.safetensors"),
+                 0, "%s", slurp("err.txt", NULL));
+    const double with_fisher = printed_kld();
+    cr_assert_float_eq(with_fisher, k355, 1e-5 * k355, "the Fisher ranks block rows; the prediction is the same");
+    cr_assert_eq(run("inspect a.safetensors"), 0);
+    const char *shown = slurp("out.txt", NULL);
+    cr_assert(strstr(shown, "auto plan (quantize --method auto --bpw 3.55 --measure k.safetensors)") &&
+                  strstr(shown, "model.layers.1.mlp.down_proj.weight"),
+              "%s", shown);
+    cr_assert_float_eq(recorded_kld("a.safetensors"), with_fisher, 1e-5 * with_fisher);
     tl_free(&tm);
 }

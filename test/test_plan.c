@@ -805,3 +805,197 @@ Test(plan, predicted_losses_from_measurements)
     cr_assert_eq(mpq_alloc_predict(w1, l1, 0, 3, &v), MPQ_ERR_SIZE);
     cr_assert_eq(mpq_alloc_predict(NULL, l1, 1, 3, &v), MPQ_ERR_ARG);
 }
+
+/* ---- the plan from measured losses ---------------------------------------- */
+
+/* A map's measurements at the widths w[0 .. nw-1]: about 4x a bit from a
+   scale of its own, with noise that breaks the trend at times. */
+static void measured_losses(synth_rng *r, const int *w, int nw, double *loss)
+{
+    const double scale = 0.5 * synth_unif(r) + 1e-3;
+    for (int k = 0; k < nw; k++) loss[k] = scale * pow(4.0, -w[k]) * (0.6 + 0.8 * synth_unif(r));
+}
+
+/* Plan p's layer l by hand: its bits (widths and an fp16 pair per row and
+   group), its predicted loss (each block row at its width's prediction,
+   weighted by its rows), and whether its block rows are uniform. */
+static void measured_by_hand(const mpq_layer_plan *L, const double *pred, int b0, double *bits, double *loss)
+{
+    const int ng = (L->cols + L->group - 1) / L->group;
+    *bits = 32.0 * L->rows * ng, *loss = 0;
+    for (int i = 0; i < L->rows; i++) {
+        const uint8_t *row = L->bits + (size_t)(i / L->block_rows) * ng;
+        for (int g = 0; g < ng; g++) cr_assert_eq(row[g], row[0], "a block row at one width");
+        *bits += (double)row[0] * L->cols;
+        *loss += pred[row[0] - b0] / L->rows;
+    }
+}
+
+Test(plan, measured_plan_is_the_allocation_in_block_rows)
+{
+    synth_rng r = {314};
+    for (int rep = 0; rep < 400; rep++) {
+        const int n = 1 + synth_int(&r, 4), G = 8 * (1 + synth_int(&r, 16)), BR = 1 + synth_int(&r, 20);
+        const int b0 = 1 + synth_int(&r, 3), b1 = b0 + synth_int(&r, 9 - b0); /* candidates b0..b1 (1..8) */
+        int w[8] = {1, 2, 3, 4, 5, 6, 7, 8}, nw = 1 + synth_int(&r, 4);
+        for (int k = 0; k < nw; k++) { /* distinct measured widths: a shuffle's first nw */
+            const int j = k + synth_int(&r, 8 - k), t = w[k];
+            w[k] = w[j], w[j] = t;
+        }
+        mpq_measured_layer L[4];
+        double meas[4][4], pred[4][8], bits[4][8];
+        float *sal[4] = {NULL};
+        mpq_alloc_map M[4];
+        double nwts = 0, slack_loss = 0, slack_bits = 0;
+        for (int i = 0; i < n; i++) {
+            L[i].rows = 1 + synth_int(&r, 70), L[i].cols = 1 + synth_int(&r, 300);
+            measured_losses(&r, w, nw, meas[i]);
+            L[i].loss = meas[i];
+            if (synth_int(&r, 3)) {
+                sal[i] = malloc(sizeof(float) * L[i].rows);
+                for (int a = 0; a < L[i].rows; a++) sal[i][a] = (float)fabs(synth_student4(&r));
+            }
+            L[i].row_salience = sal[i];
+            const double ng = (L[i].cols + G - 1) / G, wts = (double)L[i].rows * L[i].cols;
+            for (int b = b0; b <= b1; b++) {
+                cr_assert_eq(mpq_alloc_predict(w, meas[i], nw, b, &pred[i][b - b0]), MPQ_OK);
+                bits[i][b - b0] = wts * b + 32.0 * L[i].rows * ng;
+            }
+            M[i].nopt = b1 - b0 + 1, M[i].bits = bits[i], M[i].loss = pred[i];
+            nwts += wts;
+            /* one block row of the mixed map left over: what rounding to block rows may cost */
+            const double share = (double)(L[i].rows < BR ? L[i].rows : BR) / L[i].rows;
+            slack_loss = fmax(slack_loss, share * (pred[i][0] - pred[i][b1 - b0]));
+            slack_bits = fmax(slack_bits, (double)(L[i].rows < BR ? L[i].rows : BR) * L[i].cols * (b1 - b0));
+        }
+        mpq_measured_desc d = {0};
+        d.widths = w, d.nwidths = nw, d.min_bits = b0 == 2 && synth_int(&r, 2) ? 0 : b0;
+        d.max_bits = b1 == 8 && synth_int(&r, 2) ? 0 : b1, d.group = G == 128 && synth_int(&r, 2) ? 0 : G;
+        d.block_rows = BR == 16 && synth_int(&r, 2) ? 0 : BR, d.symmetric = synth_int(&r, 2);
+        double blo, bhi, llo, lhi, bmin, lmax, bmax, lmin;
+        cr_assert_eq(mpq_plan_measured_range(L, n, &d, &blo, &bhi, &llo, &lhi), MPQ_OK);
+        cr_assert_eq(mpq_alloc_range(M, n, &bmin, &lmax, &bmax, &lmin), MPQ_OK);
+        cr_assert(blo == bmin / nwts && bhi == bmax / nwts && llo == lmin && lhi == lmax, "rep %d: the range", rep);
+        const int by_bits = synth_int(&r, 2);
+        if (by_bits)
+            d.bpw = blo + (bhi - blo) * synth_unif(&r);
+        else
+            d.max_loss = llo + (lhi - llo) * synth_unif(&r);
+        if (!(by_bits ? d.bpw > 0 : d.max_loss > 0 && d.max_loss < lhi)) continue; /* a degenerate range */
+        mpq_plan p;
+        const mpq_status st = mpq_plan_measured(L, n, &d, &p);
+        cr_assert_eq(st, MPQ_OK, "rep %d: %s", rep, mpq_status_str(st));
+        cr_assert_eq(p.nlayers, n);
+        double tb = 0, tl = 0;
+        int mixed = 0;
+        for (int i = 0; i < n; i++) {
+            const mpq_layer_plan *P = &p.layers[i];
+            cr_assert(P->rows == L[i].rows && P->cols == L[i].cols && P->group == G && P->block_rows == BR);
+            cr_assert(P->format == MPQ_FORMAT_BITPLANE && P->symmetric == (d.symmetric ? 0x1FEu : 0u));
+            cr_assert(!P->p_row && !P->p_col);
+            double b, l;
+            measured_by_hand(P, pred[i], b0, &b, &l);
+            cr_assert_float_eq(P->loss, l, 1e-12 * l + 1e-300, "rep %d map %d: the layer's prediction", rep, i);
+            cr_assert_float_eq(P->weight_bits + P->meta_bits, b, 1e-9);
+            tb += b, tl += l;
+            /* widths within the candidates; two of them in one map at most, one map mixed at most */
+            const int ng = (P->cols + G - 1) / G, nbr = (P->rows + BR - 1) / BR;
+            int lo = 9, hi = 0;
+            for (int k = 0; k < nbr * ng; k++)
+                lo = P->bits[k] < lo ? P->bits[k] : lo, hi = P->bits[k] > hi ? P->bits[k] : hi;
+            cr_assert(lo >= b0 && hi <= b1);
+            for (int k = 0; k < nbr * ng; k++) cr_assert(P->bits[k] == lo || P->bits[k] == hi);
+            mixed += hi > lo;
+            if (hi > lo && sal[i]) { /* the wider block rows of full height are the most salient of their height */
+                double min_hi = INFINITY, max_lo = -INFINITY;
+                for (int a = 0; a + BR <= P->rows; a += BR) {
+                    double s = 0;
+                    for (int q = a; q < a + BR; q++) s += sal[i][q];
+                    if (P->bits[(size_t)(a / BR) * ng] == hi)
+                        min_hi = fmin(min_hi, s);
+                    else
+                        max_lo = fmax(max_lo, s);
+                }
+                cr_assert_geq(min_hi, max_lo * (1 - 1e-6), "rep %d map %d: the most salient block rows first", rep, i);
+            }
+        }
+        cr_assert_leq(mixed, 1, "rep %d", rep);
+        cr_assert_float_eq(p.loss, tl, 1e-12 * tl + 1e-300, "rep %d: the plan's prediction is its layers' sum", rep);
+        cr_assert_float_eq(p.bpw, tb / nwts, 1e-12);
+        /* a budget at the ends of the range, up to rounding, is the end */
+        const double want = alloc_brute(M, n, by_bits, by_bits ? fmin(fmax(d.bpw * nwts, bmin), bmax) : d.max_loss);
+        if (by_bits) { /* the budget to the bit; the loss the optimum's, but for one block row */
+            cr_assert_leq(tb, d.bpw * nwts * (1 + 1e-12), "rep %d: the budget", rep);
+            cr_assert_geq(tl, want * (1 - 1e-9), "rep %d: below the optimum?", rep);
+            cr_assert_leq(tl, want * (1 + 1e-9) + slack_loss * (1 + 1e-9) + 1e-300, "rep %d: loss %.17g, optimum %.17g",
+                          rep, tl, want);
+        } else { /* the bound kept; the bits the optimum's, but for one block row */
+            cr_assert_leq(tl, d.max_loss * (1 + 1e-12), "rep %d: the bound", rep);
+            cr_assert_geq(tb, want * (1 - 1e-9), "rep %d: below the optimum?", rep);
+            cr_assert_leq(tb, want * (1 + 1e-12) + slack_bits, "rep %d: bits %.17g, optimum %.17g", rep, tb, want);
+        }
+        if (rep % 50 == 0) packs_as_accounted(&r, &p, 0);
+        mpq_plan_free(&p);
+        for (int i = 0; i < n; i++) free(sal[i]);
+    }
+}
+
+Test(plan, measured_plan_bad_input)
+{
+    const int w[2] = {2, 4}, wd[2] = {3, 3}, w9[2] = {2, 9};
+    const double l[2] = {0.4, 0.03}, nanl[2] = {0.4, NAN}, negl[2] = {0.4, -1};
+    float sal[40];
+    for (int k = 0; k < 40; k++) sal[k] = (float)k;
+    mpq_measured_layer L[2] = {{40, 100, l, sal}, {24, 64, l, NULL}};
+    mpq_measured_desc d = {0};
+    d.widths = w, d.nwidths = 2, d.bpw = 3.5;
+    mpq_plan p;
+    cr_assert_eq(mpq_plan_measured(L, 2, &d, &p), MPQ_OK);
+    mpq_plan_free(&p);
+    double blo, bhi, llo, lhi;
+    cr_assert_eq(mpq_plan_measured_range(L, 2, &d, &blo, &bhi, &llo, &lhi), MPQ_OK);
+#define REFUSED(setup, status)                                                                                         \
+    do {                                                                                                               \
+        mpq_measured_desc e = d;                                                                                       \
+        mpq_measured_layer K[2] = {L[0], L[1]};                                                                        \
+        setup;                                                                                                         \
+        memset(&p, 0x5A, sizeof p);                                                                                    \
+        cr_assert_eq(mpq_plan_measured(K, 2, &e, &p), status, #setup);                                                 \
+        cr_assert(p.nlayers == 0 && p.layers == NULL, #setup ": an empty plan");                                       \
+        (void)K;                                                                                                       \
+    } while (0)
+    REFUSED((e.bpw = blo * 0.99), MPQ_ERR_RANGE);
+    REFUSED((e.bpw = bhi * 1.01), MPQ_ERR_RANGE);
+    REFUSED((e.bpw = 0, e.max_loss = llo * 0.99), MPQ_ERR_RANGE);
+    REFUSED((e.bpw = 0, e.max_loss = lhi), MPQ_ERR_RANGE);
+    REFUSED((e.max_loss = 0.1), MPQ_ERR_ARG);
+    REFUSED((e.bpw = 0), MPQ_ERR_ARG);
+    REFUSED((e.bpw = NAN), MPQ_ERR_ARG);
+    REFUSED((e.widths = wd), MPQ_ERR_ARG);
+    REFUSED((e.widths = w9), MPQ_ERR_BITS);
+    REFUSED((e.widths = NULL), MPQ_ERR_ARG);
+    REFUSED((e.nwidths = 0), MPQ_ERR_SIZE);
+    REFUSED((e.nwidths = 9), MPQ_ERR_SIZE);
+    REFUSED((e.min_bits = 5, e.max_bits = 4), MPQ_ERR_BITS);
+    REFUSED((e.max_bits = 9), MPQ_ERR_BITS);
+    REFUSED((e.group = 12), MPQ_ERR_ARG);
+    REFUSED((e.block_rows = -1), MPQ_ERR_ARG);
+    REFUSED((e.symmetric = 2), MPQ_ERR_ARG);
+    REFUSED((K[1].loss = nanl), MPQ_ERR_NONFINITE);
+    REFUSED((K[1].loss = negl), MPQ_ERR_RANGE);
+    REFUSED((K[1].loss = NULL), MPQ_ERR_ARG);
+    REFUSED((K[0].rows = 0), MPQ_ERR_SIZE);
+    REFUSED((K[1].cols = -3), MPQ_ERR_SIZE);
+    sal[7] = NAN;
+    REFUSED((void)0, MPQ_ERR_NONFINITE);
+    sal[7] = -1;
+    REFUSED((void)0, MPQ_ERR_RANGE);
+    sal[7] = 7;
+#undef REFUSED
+    cr_assert_eq(mpq_plan_measured(NULL, 2, &d, &p), MPQ_ERR_ARG);
+    cr_assert_eq(mpq_plan_measured(L, 0, &d, &p), MPQ_ERR_SIZE);
+    cr_assert_eq(mpq_plan_measured(L, 2, NULL, &p), MPQ_ERR_ARG);
+    cr_assert_eq(mpq_plan_measured(L, 2, &d, NULL), MPQ_ERR_ARG);
+    cr_assert_eq(mpq_plan_measured_range(L, 0, &d, NULL, NULL, NULL, NULL), MPQ_ERR_SIZE);
+    cr_assert_eq(mpq_plan_measured_range(L, 2, &d, NULL, NULL, NULL, NULL), MPQ_OK, "every output optional");
+}

@@ -15,7 +15,10 @@ static const int shapes[NM][2] = {{40, 72}, {33, 100}, {64, 128}};
 typedef struct fixture {
     mpq_recipe_map m[NM];
     float *mem[NM][8];
+    double kld[NM][3]; /* the KLD planner's measurements, at kld_widths */
 } fixture;
+
+static const int kld_widths[3] = {2, 4, 6};
 
 static void make(fixture *F, uint64_t seed)
 {
@@ -45,6 +48,9 @@ static void make(fixture *F, uint64_t seed)
         m->rows = rows, m->cols = cols, m->name = i == 0 ? "zero" : i == 1 ? "one" : "two";
         m->W = W, m->X = X, m->tokens = TOK, m->H = H, m->pqi = pqi, m->fisher = fisher, m->channel = ch;
         m->col_sens = cs, m->layer_sens = 0.3f * (float)(i + 1);
+        for (int k = 0; k < 3; k++) /* about 4x a bit, each map its own scale */
+            F->kld[i][k] = 0.05 * (1 + i) * pow(4.0, -2 * k) * (0.7 + 0.6 * synth_unif(&r));
+        m->kld = F->kld[i];
         float *mem[8] = {W, X, H, pqi, fisher, ch, cs, NULL};
         memcpy(F->mem[i], mem, sizeof mem);
     }
@@ -84,6 +90,24 @@ static void plan_by_hand(const mpq_recipe *r, const fixture *F, mpq_plan *p)
         mpq_sfmp_desc d = {0};
         d.bpw = r->bpw, d.group = r->group, d.block_rows = r->block_rows, d.reorder = r->reorder;
         cr_assert_eq(mpq_plan_sfmp(L, NM, &d, p), MPQ_OK);
+    } else if (r->planner == MPQ_PLANNER_KLD) { /* the block rows ranked by the Fisher diagonal's row sums */
+        mpq_measured_layer L[NM];
+        float *rs[NM];
+        for (int i = 0; i < NM; i++) {
+            const mpq_recipe_map *m = &F->m[i];
+            rs[i] = malloc(sizeof(float) * m->rows);
+            for (int a = 0; a < m->rows; a++) {
+                double sum = 0;
+                for (int b = 0; b < m->cols; b++) sum += m->fisher[a * m->cols + b];
+                rs[i][a] = (float)sum;
+            }
+            L[i].rows = m->rows, L[i].cols = m->cols, L[i].loss = m->kld, L[i].row_salience = rs[i];
+        }
+        mpq_measured_desc d = {0};
+        d.widths = r->kld_widths, d.nwidths = r->kld_nwidths, d.bpw = r->bpw, d.max_loss = r->max_kld;
+        d.group = r->group, d.block_rows = r->block_rows, d.symmetric = r->symmetric;
+        cr_assert_eq(mpq_plan_measured(L, NM, &d, p), MPQ_OK);
+        for (int i = 0; i < NM; i++) free(rs[i]);
     } else if (r->planner == MPQ_PLANNER_MIXLLM) {
         mpq_mixllm_layer L[NM];
         for (int i = 0; i < NM; i++)
@@ -235,6 +259,12 @@ Test(recipe, every_chain_is_the_composition_of_its_steps)
     CHAIN((r.planner = MPQ_PLANNER_MIXLLM, r.fraction = 0.2, r.bits = 3), "MixLLM 8/3");
     CHAIN((r.planner = MPQ_PLANNER_MIXLLM, r.fraction = 0.1, r.gptq = 1, r.act_order = 1), "MixLLM + GPTQ act-order");
     CHAIN((r.planner = MPQ_PLANNER_MXSENS, r.bpw = 6.5), "MXSens");
+    CHAIN((r.planner = MPQ_PLANNER_KLD, r.kld_widths = kld_widths, r.kld_nwidths = 3, r.bpw = 3.7, r.gptq = 1,
+           r.act_order = 1),
+          "KLD planner at 3.7 bpw + GPTQ act-order");
+    CHAIN((r.planner = MPQ_PLANNER_KLD, r.kld_widths = kld_widths, r.kld_nwidths = 3, r.max_kld = 0.01, r.group = 32,
+           r.block_rows = 8, r.symmetric = 1),
+          "KLD planner under a bound, symmetric g32");
     CHAIN((r.bits = 3, r.rotate = 1, r.rotate_seed = 5), "rotated RTN 3-bit");
     CHAIN((r.bits = 3, r.rotate = 1, r.rotate_seed = 6, r.awq = 1, r.awq_opts.grid = 5, r.awq_opts.clip_steps = 4),
           "rotated AWQ 3-bit");
@@ -538,6 +568,25 @@ Test(recipe, bad_input_is_an_error_that_writes_nothing)
     FAILS((r.planner = MPQ_PLANNER_SFMP, r.bpw = 3.5), MPQ_ERR_NONFINITE, 2);
     cr_assert_str_eq(res.step, "planning");
     Fi[3] = f3;
+    /* the KLD planner: a map without its measurements, measurements out of range, a budget or a bound that
+       the measurements do not allow, no widths */
+    const double *K = F.m[1].kld;
+    F.m[1].kld = NULL;
+    FAILS((r.planner = MPQ_PLANNER_KLD, r.kld_widths = kld_widths, r.kld_nwidths = 3, r.bpw = 3.5), MPQ_ERR_ARG, 1);
+    F.m[1].kld = K;
+    F.kld[2][1] = -1;
+    FAILS((r.planner = MPQ_PLANNER_KLD, r.kld_widths = kld_widths, r.kld_nwidths = 3, r.bpw = 3.5), MPQ_ERR_RANGE, -1);
+    F.kld[2][1] = NAN;
+    FAILS((r.planner = MPQ_PLANNER_KLD, r.kld_widths = kld_widths, r.kld_nwidths = 3, r.bpw = 3.5), MPQ_ERR_NONFINITE,
+          -1);
+    F.kld[2][1] = 0.01;
+    FAILS((r.planner = MPQ_PLANNER_KLD, r.kld_widths = kld_widths, r.kld_nwidths = 3, r.bpw = 1.5), MPQ_ERR_RANGE, -1);
+    FAILS((r.planner = MPQ_PLANNER_KLD, r.kld_widths = kld_widths, r.kld_nwidths = 3, r.max_kld = 1e6), MPQ_ERR_RANGE,
+          -1);
+    FAILS((r.planner = MPQ_PLANNER_KLD, r.kld_widths = kld_widths, r.kld_nwidths = 3, r.bpw = 3, r.max_kld = 0.1),
+          MPQ_ERR_ARG, -1);
+    FAILS((r.planner = MPQ_PLANNER_KLD, r.kld_widths = NULL, r.kld_nwidths = 3, r.bpw = 3.5), MPQ_ERR_ARG, -1);
+    FAILS((r.planner = MPQ_PLANNER_KLD, r.kld_widths = kld_widths, r.kld_nwidths = 0, r.bpw = 3.5), MPQ_ERR_ARG, -1);
     /* a given plan of other shapes, or with its own column order under act-order */
     mpq_plan p;
     memset(&r, 0, sizeof r);

@@ -28,6 +28,7 @@
 #define STB_DS_IMPLEMENTATION
 #include <stb/stb_ds.h>
 
+#include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,12 +47,41 @@ static const cli_spec inspect_spec = {
     "FILE.safetensors",
     "Lists every tensor: how it is stored (dtype, or packed format and bit widths\n"
     "with the share of weights at each), shape, bits per weight (packed: scales and\n"
-    "sparse part included) and bytes. Every packed matrix is read and validated; the\n"
-    "exit code is 2 when any tensor or the file is malformed.",
+    "sparse part included) and bytes, then the plan of `quantize --method auto` (each\n"
+    "map's widths and predicted KL divergence) when the file records one. Every packed\n"
+    "matrix is read and validated; the exit code is 2 when any tensor or the file is\n"
+    "malformed.",
     {{inspect_opts, 0}, {NULL, 0}, {NULL, 0}, {NULL, 0}},
     1,
     1,
     NULL};
+
+/* The plan `mpq quantize --method auto` recorded ("mpq_auto"): its target,
+   size and predicted KLD, and each map's widths and prediction. */
+static void print_auto_plan(const char *meta)
+{
+    cJSON *o = meta ? cJSON_Parse(meta) : NULL;
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(o, "target"), *b = cJSON_GetObjectItemCaseSensitive(o, "bpw"),
+                *k = cJSON_GetObjectItemCaseSensitive(o, "predicted_kld"),
+                *m = cJSON_GetObjectItemCaseSensitive(o, "measure"),
+                *maps = cJSON_GetObjectItemCaseSensitive(o, "maps");
+    if (cJSON_IsString(t) && cJSON_IsNumber(b) && cJSON_IsNumber(k) && cJSON_IsString(m) && cJSON_IsObject(maps)) {
+        printf("auto plan (quantize --method auto %s --measure %s): %.4f bits per weight (weights and scales), "
+               "predicted KLD %.6g\n",
+               t->valuestring, m->valuestring, b->valuedouble, k->valuedouble);
+        const cJSON *x;
+        cJSON_ArrayForEach(x, maps)
+        {
+            const cJSON *w = cJSON_GetObjectItemCaseSensitive(x, "widths"),
+                        *p = cJSON_GetObjectItemCaseSensitive(x, "predicted_kld");
+            if (x->string && cJSON_IsString(w) && cJSON_IsNumber(p))
+                printf("  %-40s %-24s predicted KLD %.6g\n", x->string, w->valuestring, p->valuedouble);
+        }
+    } else if (meta) {
+        printf("  metadata mpq_auto = %.120s (not a plan mpq quantize wrote)\n", meta);
+    }
+    cJSON_Delete(o);
+}
 
 int cmd_inspect(int argc, char **argv)
 {
@@ -66,7 +96,7 @@ int cmd_inspect(int argc, char **argv)
     for (int i = 0; i < mpq_st_meta_count(f); i++) {
         const char *k, *v;
         mpq_st_meta_at(f, i, &k, &v);
-        if (strncmp(k, "mpq.", 4) != 0) printf("  metadata %s = %.120s\n", k, v);
+        if (strncmp(k, "mpq.", 4) != 0 && strcmp(k, "mpq_auto") != 0) printf("  metadata %s = %.120s\n", k, v);
     }
     row *rows = NULL;
     for (int i = 0; i < mpq_st_count(f); i++) {
@@ -91,6 +121,7 @@ int cmd_inspect(int argc, char **argv)
     }
     print_rows(rows, 0);
     arrfree(rows);
+    print_auto_plan(mpq_st_meta(f, "mpq_auto"));
     mpq_st_close(f);
     return rc;
 }

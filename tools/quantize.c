@@ -11,6 +11,7 @@
 #include "table.h"
 #include "tool.h"
 
+#include <cjson/cJSON.h>
 #include <fnmatch.h>
 #include <limits.h>
 #include <stdio.h>
@@ -124,8 +125,9 @@ typedef struct qrun {
     int *maps;              /* the recipe's maps: indices into jobs, in the recipe's order */
     uint8_t *written;       /* per input tensor */
     mpq_st_writer *w;
-    row *rows; /* stb_ds array: the summary, output order */
-    int rc;    /* the exit code of a failure a callback reported */
+    const mpq_llm_config *cfg; /* the model's, when the input is a model */
+    row *rows;                 /* stb_ds array: the summary, output order */
+    int rc;                    /* the exit code of a failure a callback reported */
     progress p;
     const char *step;
 } qrun;
@@ -260,7 +262,11 @@ static mpq_status fetch(void *user, int i, unsigned need, mpq_recipe_map *m)
     if (!rc && (need & MPQ_RECIPE_HESSIAN)) rc = read_xtx(R, J, &H);
     if (!rc && (need & MPQ_RECIPE_PQI)) rc = read_stat(R->S, J->name, "pqi", 1, rows, cols, 2, &pqi);
     if (!rc && (need & MPQ_RECIPE_SALIENCE)) {
-        if (R->r.planner == MPQ_PLANNER_SFMP)
+        char used[1024];
+        if (R->r.planner == MPQ_PLANNER_KLD) { /* the measurements are in place; Fisher where there is one */
+            if (R->S && find_stat(R->S, J->name, "fisher", used, sizeof used))
+                rc = read_stat(R->S, J->name, "fisher", 1, rows, cols, 2, &sal), m->fisher = sal;
+        } else if (R->r.planner == MPQ_PLANNER_SFMP)
             rc = read_stat(R->S, J->name, "fisher", 1, rows, cols, 2, &sal), m->fisher = sal;
         else if (R->r.planner == MPQ_PLANNER_MIXLLM)
             rc = read_stat(R->S, J->name, "mixllm", 1, rows, 0, 1, &sal), m->channel = sal;
@@ -566,8 +572,9 @@ static int open_stats(qrun *R)
     const unsigned need = mpq_recipe_needs(&R->r);
     const qargs *q = R->q;
     const int need_s =
-        ((need & (MPQ_RECIPE_PQI | MPQ_RECIPE_SALIENCE)) && (R->r.planner != MPQ_PLANNER_MXSENS || q->salience)) ||
-        (q->method == M_AUTO && q->salience); /* auto: Fisher ranks the mixed map's block rows when it is there */
+        /* MXSens and auto read the salience file when there is one (auto: its Fisher ranks block rows) */
+        (need & (MPQ_RECIPE_PQI | MPQ_RECIPE_SALIENCE)) &&
+        ((R->r.planner != MPQ_PLANNER_MXSENS && R->r.planner != MPQ_PLANNER_KLD) || q->salience);
     const int need_c = (need & MPQ_RECIPE_ACTS) || (R->r.planner == MPQ_PLANNER_MXSENS && !q->salience);
     int rc = 0;
     if (need_s && mpq_st_open(q->salience, &R->S, &e) != MPQ_OK) return fail(EXIT_INPUT, "%s", e.msg);
@@ -658,187 +665,60 @@ static int run_sequential(qrun *R, mpq_recipe_map *maps, int n, const char *in)
    --method auto: the widths from measured KL divergences
    ------------------------------------------------------------------------ */
 
-/* The value of `"key": ` in a flat JSON object written by mpq measure
-   (a number, or a string's contents), into buf; 0 when absent. */
-static int meta_field(const char *json, const char *key, char *buf, size_t cap)
+/* The calibration text's hash a statistics file records (mpq calibrate's
+   "mpq_calib" metadata, its "source"), 0 without one. */
+static uint64_t stats_text_hash(const mpq_st_file *f)
 {
-    char pat[64];
-    snprintf(pat, sizeof pat, "\"%s\": ", key);
-    const char *p = json ? strstr(json, pat) : NULL;
-    if (!p) return 0;
-    p += strlen(pat);
-    const int quoted = *p == '"', array = *p == '[';
-    p += quoted;
-    size_t n = 0;
-    if (array) { /* through its ']' */
-        while (p[n] && p[n] != ']' && n + 2 < cap) n++;
-        n += p[n] == ']';
-    } else {
-        while (p[n] && n + 1 < cap && (quoted ? p[n] != '"' : p[n] != ',' && p[n] != '}')) n++;
-    }
-    memcpy(buf, p, n);
-    buf[n] = 0;
-    return 1;
+    const char *meta = f ? mpq_st_meta(f, "mpq_calib") : NULL;
+    cJSON *o = meta ? cJSON_Parse(meta) : NULL;
+    const cJSON *h = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(o, "source"), "text_fnv1a");
+    const uint64_t v = cJSON_IsString(h) ? (uint64_t)strtoull(h->valuestring, NULL, 16) : 0;
+    cJSON_Delete(o);
+    return v;
 }
 
-/* The measurement file against the recipe: the same quantizer, group,
-   act-order and basis; its widths into wb. */
-static int measure_check(const qrun *R, mpq_st_file *f, const char *path, int *wb, int *nb)
+/* The plan of --method auto, printed: each map's widths and predicted KLD,
+   then the whole; and recorded in the output's metadata ("mpq_auto"), which
+   mpq inspect shows. */
+static int auto_report(qrun *R, const mpq_recipe_map *maps, int n, const mpq_plan *plan, const mpq_measure_info *info)
 {
-    const char *meta = mpq_st_meta(f, "mpq_measure");
-    char v[128], want[128];
-    if (!meta || !meta_field(meta, "widths", v, sizeof v))
-        return fail(EXIT_INPUT, "%s: not a file of mpq measure (no \"mpq_measure\" metadata)", path);
-    *nb = 0;
-    for (const char *s = v + 1; *s && *s != ']' && *nb < 8; s++)
-        if (*s >= '1' && *s <= '8') wb[(*nb)++] = *s - '0';
-    const mpq_recipe *r = &R->r;
-    const char *qn = r->awq && r->gptq ? "awq+gptq" : r->gptq ? "gptq" : r->awq ? "awq" : "rtn";
-    static const char *const keys[] = {"quantizer", "group", "act_order", "symmetric", "rotate", "rotate_seed"};
-    for (int k = 0; k < 6; k++) {
-        if (k == 0) snprintf(want, sizeof want, "%s", qn);
-        if (k == 1) snprintf(want, sizeof want, "%d", r->group ? r->group : 128);
-        if (k == 2) snprintf(want, sizeof want, "%d", r->act_order);
-        if (k == 3) snprintf(want, sizeof want, "%d", r->symmetric);
-        if (k == 4) snprintf(want, sizeof want, "%d", r->rotate);
-        if (k == 5) snprintf(want, sizeof want, "%llu", (unsigned long long)r->rotate_seed);
-        if (!meta_field(meta, keys[k], v, sizeof v)) snprintf(v, sizeof v, "(none)");
-        if (strcmp(v, want))
-            return fail(EXIT_INPUT, "%s: measured with %s %s, this quantizer has %s (measure again with its options)",
-                        path, keys[k], v, want);
+    cJSON *o = cJSON_CreateObject(), *per = o ? cJSON_AddObjectToObject(o, "maps") : NULL;
+    int ok = per != NULL;
+    for (int i = 0; i < n; i++) {
+        const mpq_layer_plan *L = &plan->layers[i];
+        const int ng = (L->cols + L->group - 1) / L->group, nbr = (L->rows + L->block_rows - 1) / L->block_rows;
+        int lo = 9, hi = 0;
+        for (int b = 0; b < nbr; b++) {
+            const int w = L->bits[(size_t)b * ng];
+            lo = w < lo ? w : lo, hi = w > hi ? w : hi;
+        }
+        char what[64];
+        if (hi > lo)
+            snprintf(what, sizeof what, "%d and %d bits, %.4f bpw", lo, hi,
+                     L->weight_bits / ((double)L->rows * L->cols));
+        else
+            snprintf(what, sizeof what, "%d bits", lo);
+        if (!R->q->quiet) printf("auto: %-40s %-24s predicted KLD %.6g\n", maps[i].name, what, L->loss);
+        cJSON *m = ok ? cJSON_AddObjectToObject(per, maps[i].name) : NULL;
+        ok = m && cJSON_AddStringToObject(m, "widths", what) && cJSON_AddNumberToObject(m, "predicted_kld", L->loss);
     }
-    if (*nb < 1) return fail(EXIT_INPUT, "%s: no widths measured", path);
-    return 0;
-}
-
-/* The plan of --method auto over the maps: each map's predicted KLD at 2..8
-   bits (mpq_alloc_predict over its measurements), the allocation
-   (mpq_alloc_for_bits at --bpw, or mpq_alloc_for_loss at --max-kld), and
-   the one map that mixes two widths promoted a block row at a time, its
-   most salient rows first (Fisher row sums when the salience file has
-   them, else in order), within its share. */
-static int auto_plan(qrun *R, const mpq_recipe_map *maps, int n, mpq_plan *plan)
-{
-    enum { B0 = 2, NB = 7 }; /* the candidate widths 2..8 */
-    const qargs *q = R->q;
+    char target[64];
+    if (R->r.max_kld > 0)
+        snprintf(target, sizeof target, "--max-kld %g", R->r.max_kld);
+    else
+        snprintf(target, sizeof target, "--bpw %g", R->r.bpw);
+    if (!R->q->quiet)
+        printf("auto: %.4f bits per weight (weights and scales), predicted KLD %.6g (%s; measured at %d width(s) on "
+               "%d window(s) of %d tokens)\n",
+               plan->bpw, plan->loss, target, info->nbits, info->windows, info->length);
+    ok = ok && cJSON_AddStringToObject(o, "target", target) && cJSON_AddNumberToObject(o, "bpw", plan->bpw) &&
+        cJSON_AddNumberToObject(o, "predicted_kld", plan->loss) && cJSON_AddStringToObject(o, "measure", R->q->measure);
+    char *j = ok ? cJSON_PrintUnformatted(o) : NULL;
+    cJSON_Delete(o);
     mpq_io_err e;
-    mpq_st_file *f = NULL;
-    if (mpq_st_open(q->measure, &f, &e) != MPQ_OK) return fail(EXIT_INPUT, "%s", e.msg);
-    int wb[8], nb = 0, rc = measure_check(R, f, q->measure, wb, &nb);
-    const int G = R->r.group ? R->r.group : 128, BR = R->r.block_rows ? R->r.block_rows : 16;
-    double *bits = (double *)malloc(sizeof(double) * (size_t)n * NB),
-           *loss = (double *)malloc(sizeof(double) * (size_t)n * NB);
-    mpq_alloc_map *A = (mpq_alloc_map *)malloc(sizeof *A * (size_t)n);
-    mpq_alloc_choice *c = (mpq_alloc_choice *)malloc(sizeof *c * (size_t)n);
-    if (!rc && (!bits || !loss || !A || !c)) rc = fail(EXIT_QUANT, "out of memory");
-    double nw = 0;
-    for (int i = 0; !rc && i < n; i++) {
-        char name[1024];
-        snprintf(name, sizeof name, "%s.kld", maps[i].name);
-        const mpq_st_tensor *t = mpq_st_find(f, name);
-        float v[8];
-        double m[8];
-        if (!t) {
-            rc = fail(EXIT_INPUT, "%s: tensor '%s': not found (measured for another model?)", q->measure, name);
-            break;
-        }
-        if (t->numel != (uint64_t)nb || mpq_st_read_f32(f, t, v, (size_t)nb, &e) != MPQ_OK) {
-            rc = fail(EXIT_INPUT, "%s: tensor '%s': need %d values, one per width", q->measure, name, nb);
-            break;
-        }
-        for (int k = 0; k < nb; k++) m[k] = v[k];
-        const double ng = (double)((maps[i].cols + G - 1) / G), w = (double)maps[i].rows * maps[i].cols;
-        nw += w;
-        for (int k = 0; k < NB && !rc; k++) {
-            bits[i * NB + k] = w * (B0 + k) + 32.0 * maps[i].rows * ng;
-            const mpq_status st = mpq_alloc_predict(wb, m, nb, B0 + k, &loss[i * NB + k]);
-            if (st != MPQ_OK)
-                rc = fail(EXIT_INPUT, "%s: tensor '%s': %s (KLDs are finite and >= 0)", q->measure, name,
-                          mpq_status_str(st));
-        }
-        A[i].nopt = NB, A[i].bits = bits + i * NB, A[i].loss = loss + i * NB;
-    }
-    double bmin = 0, lmax = 0, bmax = 0, lmin = 0;
-    if (!rc && mpq_alloc_range(A, n, &bmin, &lmax, &bmax, &lmin) != MPQ_OK) rc = fail(EXIT_QUANT, "allocation failed");
-    const int by_bits = q->max_kld == 0;
-    if (!rc && by_bits && (q->bpw.value * nw < bmin || q->bpw.value * nw > bmax))
-        rc = fail(EXIT_USAGE,
-                  "quantize --method auto --bpw %g: these %d maps allow %.4f (every map at %d bits) to %.4f bits per "
-                  "weight (each at its least predicted KLD)",
-                  q->bpw.value, n, bmin / nw, B0, bmax / nw);
-    if (!rc && !by_bits && (q->max_kld < lmin || q->max_kld >= lmax))
-        rc = fail(EXIT_USAGE,
-                  "quantize --method auto --max-kld %g: the predicted KLD of these %d maps spans %.5f (the widest "
-                  "plan) to %.5f (every map at %d bits); %s",
-                  q->max_kld, n, lmin, lmax, B0, q->max_kld < lmin ? "no plan meets it" : "every plan meets it");
-    if (!rc) {
-        const mpq_status st =
-            by_bits ? mpq_alloc_for_bits(A, n, q->bpw.value * nw, c) : mpq_alloc_for_loss(A, n, q->max_kld, c);
-        if (st != MPQ_OK) rc = fail(EXIT_QUANT, "allocation failed: %s", mpq_status_str(st));
-    }
-    memset(plan, 0, sizeof *plan);
-    if (!rc && !(plan->layers = (mpq_layer_plan *)calloc((size_t)n, sizeof(mpq_layer_plan))))
-        rc = fail(EXIT_QUANT, "out of memory");
-    plan->nlayers = rc ? 0 : n;
-    double wbits = 0, mbits = 0, predicted = 0;
-    for (int i = 0; !rc && i < n; i++) {
-        mpq_layer_plan *L = &plan->layers[i];
-        const int ng = (maps[i].cols + G - 1) / G, nbr = (maps[i].rows + BR - 1) / BR;
-        const int lo = B0 + c[i].lo, hi = B0 + c[i].hi;
-        L->rows = maps[i].rows, L->cols = maps[i].cols, L->group = G, L->block_rows = BR;
-        L->format = MPQ_FORMAT_BITPLANE, L->symmetric = R->r.symmetric ? 0x1FEu : 0u;
-        if (!(L->bits = (uint8_t *)malloc((size_t)nbr * ng))) {
-            rc = fail(EXIT_QUANT, "out of memory");
-            break;
-        }
-        memset(L->bits, lo, (size_t)nbr * ng);
-        if (c[i].t > 0) { /* the mixed map: block rows at hi, most salient first, within its share */
-            double *rs = (double *)calloc((size_t)nbr, sizeof(double));
-            uint32_t *order = (uint32_t *)malloc(sizeof(uint32_t) * (size_t)nbr);
-            float *rsf = (float *)malloc(sizeof(float) * (size_t)nbr), *F = NULL;
-            char used[1024];
-            if (!rs || !order || !rsf) rc = fail(EXIT_QUANT, "out of memory");
-            if (!rc && R->S && find_stat(R->S, maps[i].name, "fisher", used, sizeof used))
-                rc = read_stat(R->S, maps[i].name, "fisher", 1, (uint64_t)maps[i].rows, (uint64_t)maps[i].cols, 2, &F);
-            for (int r = 0; !rc && F && r < maps[i].rows; r++)
-                for (int j = 0; j < maps[i].cols; j++) rs[r / BR] += F[(size_t)r * maps[i].cols + j];
-            for (int b = 0; !rc && b < nbr; b++) rsf[b] = (float)rs[b];
-            if (!rc) mpq_argsort_desc(rsf, (size_t)nbr, order); /* stable: in order when there is no Fisher */
-            /* the share in block rows: at most it under --bpw (the budget kept),
-               at least it under --max-kld (the bound kept) */
-            double room = c[i].t * (double)maps[i].rows * maps[i].cols * (hi - lo);
-            for (int k = 0; !rc && k < nbr && room > 0; k++) {
-                const int b = (int)order[k], rr = maps[i].rows - b * BR < BR ? maps[i].rows - b * BR : BR;
-                const double cost = (double)rr * maps[i].cols * (hi - lo);
-                if (by_bits && cost > room) continue;
-                room -= cost;
-                memset(L->bits + (size_t)b * ng, hi, (size_t)ng);
-            }
-            free(rs), free(order), free(rsf), free(F);
-        }
-        double pl = 0; /* the map's predicted KLD as packed: its block rows' widths weighted by their share */
-        for (int b = 0; !rc && b < nbr; b++) {
-            const int rr = maps[i].rows - b * BR < BR ? maps[i].rows - b * BR : BR, w = L->bits[(size_t)b * ng];
-            L->weight_bits += (double)rr * maps[i].cols * w;
-            pl += loss[i * NB + w - B0] * rr / maps[i].rows;
-        }
-        L->meta_bits = 32.0 * maps[i].rows * ng;
-        wbits += L->weight_bits, mbits += L->meta_bits;
-        predicted += pl;
-        if (!rc && !q->quiet)
-            printf("auto: %-40s %d bits%s, predicted KLD %.6g\n", maps[i].name, lo,
-                   c[i].t > 0 ? (hi == lo + 1 ? " and some block rows at one more" : " and some block rows wider") : "",
-                   pl);
-    }
-    if (!rc) {
-        plan->bpw = (wbits + mbits) / nw;
-        if (!q->quiet)
-            printf("auto: %.4f bits per weight (weights and scales), predicted KLD %.6g (%s)\n", plan->bpw, predicted,
-                   by_bits ? "at --bpw" : "at --max-kld");
-    }
-    if (rc) mpq_plan_free(plan);
-    free(bits), free(loss), free(A), free(c);
-    mpq_st_close(f);
+    int rc = j ? 0 : fail(EXIT_QUANT, "out of memory");
+    if (!rc && mpq_st_write_meta(R->w, "mpq_auto", j, &e) != MPQ_OK) rc = fail(EXIT_OUTPUT, "%s", e.msg);
+    cJSON_free(j);
     return rc;
 }
 
@@ -856,7 +736,22 @@ static int run_recipe(qrun *R)
     if (!rc) rc = open_stats(R);
     mpq_plan plan;
     memset(&plan, 0, sizeof plan);
-    if (!rc && R->q->method == M_AUTO && (rc = auto_plan(R, maps, n, &plan)) == 0) R->r.plan = &plan;
+    mpq_measure_info info;
+    double *kld = NULL;
+    if (!rc && R->r.planner == MPQ_PLANNER_KLD) { /* planned first, to print and record the plan */
+        const uint64_t h = R->H ? stats_text_hash(R->H) : stats_text_hash(R->S);
+        rc = qargs_measured(R->q, &R->r, maps, n, R->cfg, h, &info, &kld);
+        mpq_recipe_io io = {fetch, release, NULL, show, R};
+        progress_start(&R->p, "mpq", !R->q->quiet, n);
+        const mpq_status st = rc ? MPQ_OK : mpq_recipe_plan(&R->r, maps, n, &io, &plan);
+        progress_end(&R->p);
+        if (!rc && R->rc)
+            rc = R->rc;
+        else if (!rc && st != MPQ_OK)
+            rc = fail(EXIT_QUANT, "quantize --method auto: planning failed: %s", mpq_status_str(st));
+        if (!rc) rc = auto_report(R, maps, n, &plan, &info);
+        if (!rc) R->r.planner = MPQ_PLANNER_NONE, R->r.plan = &plan;
+    }
     if (!rc && R->q->sequential) {
         rc = run_sequential(R, maps, n, mpq_source_path(R->in));
     } else if (!rc) {
@@ -879,7 +774,7 @@ static int run_recipe(qrun *R)
                     res.sparse_weights);
     }
     for (int i = 0; i < n; i++) fetch_free(&maps[i]);
-    free(maps);
+    free(maps), free(kld);
     R->r.plan = NULL;
     mpq_plan_free(&plan);
     return rc;
@@ -917,6 +812,7 @@ static int quantize_run(qrun *R, const char *in, const char *out)
     if (!rc && !R->written) rc = fail(EXIT_QUANT, "out of memory");
     if (!rc && mpq_st_writer_open(out, &R->w, &e) != MPQ_OK) rc = fail(EXIT_OUTPUT, "%s", e.msg);
     if (!rc) rc = write_meta(R, model, &cfg);
+    R->cfg = model ? &cfg : NULL;
     /* the header's room (a packed tensor's entry and metadata take under 1 KiB), so that the data is not copied
        at the end */
     if (!rc && mpq_st_writer_reserve(R->w, (uint64_t)mpq_source_count(R->in) * 1024 + 4096, &e) != MPQ_OK)
@@ -1155,40 +1051,29 @@ int cmd_measure(int argc, char **argv)
             rc = fail(st == MPQ_ERR_SIZE ? EXIT_INPUT : EXIT_QUANT, "%s: %s", pos[0], e.msg);
     }
     const double secs = cli_now() - t0;
-    mpq_st_writer *w = NULL;
-    if (!rc && mpq_st_writer_open(a.out, &w, &e) != MPQ_OK) rc = fail(EXIT_OUTPUT, "%s", e.msg);
-    float v[8];
-    for (int i = 0; !rc && i < nlin; i++) {
-        char name[1024];
-        snprintf(name, sizeof name, "%s.kld", R.jobs[R.maps[i]].name);
-        const uint64_t shape[1] = {(uint64_t)nbits};
-        for (int k = 0; k < nbits; k++) v[k] = (float)kld[(size_t)i * nbits + k];
-        if (mpq_st_write_f32(w, name, MPQ_DT_F32, 1, shape, v, &e) != MPQ_OK) rc = fail(EXIT_OUTPUT, "%s", e.msg);
-    }
-    if (!rc) { /* what the measurements are of */
-        char meta[1024], ws[64] = "";
-        for (int k = 0; k < nbits; k++)
-            snprintf(ws + strlen(ws), sizeof ws - strlen(ws), "%s%d", k ? "," : "", bits[k]);
+    const char **names = rc ? NULL : (const char **)malloc(sizeof(char *) * (size_t)nlin);
+    if (!rc && !names) rc = fail(EXIT_QUANT, "out of memory");
+    if (!rc) { /* the measurements, and what they are of */
+        mpq_measure_info info;
+        memset(&info, 0, sizeof info);
+        for (int k = 0; k < nbits; k++) info.bits[k] = bits[k];
+        info.nbits = nbits, info.windows = a.windows, info.length = a.length, info.tokens = nt;
+        info.text_hash = mpq_text_hash(text, len);
+        const char *base = strrchr(pos[0], '/') && strrchr(pos[0], '/')[1] ? strrchr(pos[0], '/') + 1 : pos[0];
+        snprintf(info.model, sizeof info.model, "%.127s", base);
+        info.layers = m->c.layers, info.dim = m->c.dim, info.vocab = m->c.vocab;
         const mpq_recipe *r = &R.r;
-        snprintf(meta, sizeof meta,
-                 "{\"widths\": [%s], \"windows\": %d, \"length\": %d, \"text_hash\": \"%016llx\", \"tokens\": %zu, "
-                 "\"quantizer\": \"%s\", \"act_order\": %d, \"group\": %d, \"symmetric\": %d, \"rotate\": %d, "
-                 "\"rotate_seed\": \"%llu\", \"seconds\": %.1f}",
-                 ws, a.windows, a.length, (unsigned long long)mpq_text_hash(text, len), nt,
+        snprintf(info.quantizer, sizeof info.quantizer, "%s",
                  r->awq && r->gptq ? "awq+gptq"
                      : r->gptq     ? "gptq"
                      : r->awq      ? "awq"
-                                   : "rtn",
-                 r->act_order, r->group ? r->group : 128, r->symmetric, r->rotate, (unsigned long long)r->rotate_seed,
-                 secs);
-        if (mpq_st_write_meta(w, "mpq_measure", meta, &e) != MPQ_OK) rc = fail(EXIT_OUTPUT, "%s", e.msg);
+                                   : "rtn");
+        info.act_order = r->act_order, info.group = r->group ? r->group : 128, info.symmetric = r->symmetric;
+        info.rotate = r->rotate, info.rotate_seed = r->rotate_seed, info.seconds = secs;
+        for (int i = 0; i < nlin; i++) names[i] = R.jobs[R.maps[i]].name;
+        if (mpq_measure_write(a.out, &info, names, nlin, kld, &e) != MPQ_OK) rc = fail(EXIT_OUTPUT, "%s", e.msg);
     }
-    if (w) {
-        if (rc)
-            mpq_st_writer_abort(w);
-        else if (mpq_st_writer_close(w, &e) != MPQ_OK)
-            rc = fail(EXIT_OUTPUT, "%s", e.msg);
-    }
+    free(names);
     if (!rc && !a.q.quiet) {
         double tot[8] = {0};
         for (int i = 0; i < nlin; i++)

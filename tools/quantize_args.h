@@ -233,11 +233,13 @@ static inline int qargs_recipe(const qargs *q, const cli_seen *seen, mpq_recipe 
     r->planner = q->method == M_SFMP ? MPQ_PLANNER_SFMP
         : q->method == M_MIXLLM      ? MPQ_PLANNER_MIXLLM
         : q->method == M_MXSENS      ? MPQ_PLANNER_MXSENS
+        : q->method == M_AUTO        ? MPQ_PLANNER_KLD
                                      : MPQ_PLANNER_NONE;
     r->format = q->format == 1 ? MPQ_FORMAT_MXINT : MPQ_FORMAT_BITPLANE;
     r->bits = q->bits, r->symmetric = q->symmetric, r->group = q->group, r->block_rows = q->block_rows;
     r->bpw = q->bpw.lowest ? 0 : q->bpw.value, r->reorder = q->reorder, r->fraction = q->fraction;
-    r->act_order = q->act_order;
+    r->act_order = q->act_order, r->max_kld = q->max_kld;
+    if (q->method == M_AUTO && q->max_kld > 0) r->bpw = 0;
     r->gptq_opts.static_groups = q->static_groups;
     r->gptq_opts.damp = q->damp == 0 ? -1.0 : q->damp; /* the library: negative is none */
     r->outliers = q->outliers == 0 ? -1.0 : q->outliers, r->significant = q->significant == 0 ? -1.0 : q->significant;
@@ -281,6 +283,84 @@ static inline int qargs_budget(const qargs *q, mpq_recipe *r, const mpq_recipe_m
     if (r->bpw > hi && r->planner == MPQ_PLANNER_SFMP && !q->quiet)
         fprintf(stderr, "mpq: quantize --bpw %g: capped at %.4f bits per weight (every block at 8 bits)\n", r->bpw, hi);
     return 0;
+}
+
+/* --method auto: what --measure holds for these maps (mpq_measure_read),
+   checked against the recipe (the quantizer, group, act-order, symmetry
+   and basis it was measured with), the model (cfg, when given: its layers,
+   dim and vocabulary) and the calibration text (text_hash, when not 0:
+   that of the statistics beside it); then the budget or the bound against
+   the range the measurements allow. On success r's widths and bound are
+   set, maps[i].kld points into *kld (n x nbits; free it) and *info holds
+   the file's description. 0, or an exit code after a message naming the
+   file, the tensor or the budget. */
+static inline int qargs_measured(const qargs *q, mpq_recipe *r, mpq_recipe_map *maps, int n, const mpq_llm_config *cfg,
+                                 uint64_t text_hash, mpq_measure_info *info, double **kld)
+{
+    mpq_io_err e;
+    mpq_st_file *f = NULL;
+    *kld = NULL;
+    if (mpq_st_open(q->measure, &f, &e) != MPQ_OK) return fail(EXIT_INPUT, "%s", e.msg);
+    const char **names = (const char **)malloc(sizeof(char *) * (size_t)n);
+    double *v = (double *)malloc(sizeof(double) * (size_t)n * 8);
+    int rc = names && v ? 0 : fail(EXIT_QUANT, "out of memory");
+    for (int i = 0; !rc && i < n; i++) names[i] = maps[i].name;
+    if (!rc && mpq_measure_read(f, q->measure, names, n, info, v, &e) != MPQ_OK) rc = fail(EXIT_INPUT, "%s", e.msg);
+    mpq_st_close(f);
+    free(names);
+    const char *qn = r->awq && r->gptq ? "awq+gptq" : r->gptq ? "gptq" : r->awq ? "awq" : "rtn";
+    if (!rc && strcmp(info->quantizer, qn))
+        rc = fail(EXIT_INPUT, "%s: measured with quantizer %s, this one is %s (measure again with its options)",
+                  q->measure, info->quantizer, qn);
+    const char *const keys[] = {"group", "act_order", "symmetric", "rotate"};
+    const int had[] = {info->group, info->act_order, info->symmetric, info->rotate},
+              want[] = {r->group ? r->group : 128, r->act_order, r->symmetric, r->rotate};
+    for (int k = 0; k < 4 && !rc; k++)
+        if (had[k] != want[k])
+            rc = fail(EXIT_INPUT, "%s: measured with %s %d, this quantizer has %d (measure again with its options)",
+                      q->measure, keys[k], had[k], want[k]);
+    if (!rc && r->rotate && info->rotate_seed != r->rotate_seed)
+        rc = fail(EXIT_INPUT, "%s: measured under rotation seed %llu, not %llu", q->measure,
+                  (unsigned long long)info->rotate_seed, (unsigned long long)r->rotate_seed);
+    if (!rc && cfg && (info->layers != cfg->layers || info->dim != cfg->dim || info->vocab != cfg->vocab))
+        rc = fail(EXIT_INPUT,
+                  "%s: measured on %s (%d layers, dim %d, vocabulary %d), not this model (%d layers, dim %d, "
+                  "vocabulary %d)",
+                  q->measure, info->model, info->layers, info->dim, info->vocab, cfg->layers, cfg->dim, cfg->vocab);
+    if (!rc && text_hash && info->text_hash != text_hash)
+        rc = fail(EXIT_INPUT,
+                  "%s: measured on a text of hash %016llx; the statistics beside it are of another text (%016llx)",
+                  q->measure, (unsigned long long)info->text_hash, (unsigned long long)text_hash);
+    r->kld_widths = info->bits, r->kld_nwidths = info->nbits;
+    for (int i = 0; !rc && i < n; i++) maps[i].kld = v + (size_t)i * info->nbits;
+    mpq_measured_layer *L = rc ? NULL : (mpq_measured_layer *)calloc((size_t)n, sizeof *L);
+    if (!rc && !L) rc = fail(EXIT_QUANT, "out of memory");
+    for (int i = 0; !rc && i < n; i++) L[i].rows = maps[i].rows, L[i].cols = maps[i].cols, L[i].loss = maps[i].kld;
+    mpq_measured_desc d;
+    memset(&d, 0, sizeof d);
+    d.widths = info->bits, d.nwidths = info->nbits, d.group = r->group, d.block_rows = r->block_rows;
+    d.symmetric = r->symmetric;
+    double blo = 0, bhi = 0, llo = 0, lhi = 0;
+    mpq_status st = rc ? MPQ_OK : mpq_plan_measured_range(L, n, &d, &blo, &bhi, &llo, &lhi);
+    free(L);
+    if (!rc && st != MPQ_OK) rc = fail(EXIT_INPUT, "%s: %s", q->measure, mpq_status_str(st));
+    if (!rc && r->max_kld == 0 && (r->bpw < blo || r->bpw > bhi))
+        rc = fail(EXIT_USAGE,
+                  "quantize --method auto --bpw %g: these %d maps allow %.4f (every map at 2 bits) to %.4f bits per "
+                  "weight (each at its least predicted KLD)",
+                  r->bpw, n, blo, bhi);
+    if (!rc && r->max_kld > 0 && (r->max_kld < llo || r->max_kld >= lhi))
+        rc = fail(EXIT_USAGE,
+                  "quantize --method auto --max-kld %g: the predicted KLD of these %d maps spans %.5f (the widest "
+                  "plan) to %.5f (every map at 2 bits); %s",
+                  r->max_kld, n, llo, lhi, r->max_kld < llo ? "no plan meets it" : "every plan meets it");
+    if (rc) {
+        free(v);
+        v = NULL;
+        for (int i = 0; i < n; i++) maps[i].kld = NULL;
+    }
+    *kld = v;
+    return rc;
 }
 
 #endif

@@ -98,8 +98,11 @@ typedef struct ctx {
     int32_t *seq_text;  /* the calibration text as `mpq quantize --sequential` tokenizes it */
     size_t nseq;
     const char *calib_path;
-    double peer_bpw; /* a peer's row (llama.cpp's file, read as float): its bpw; 0 otherwise */
-    double peer_mb;  /* and the MB of its tensors */
+    uint64_t calib_hash; /* mpq_text_hash of the calibration text */
+    const char *measure; /* the ROW_MEASURE rows' measurements (--measure) */
+    double predicted;    /* the row being measured: its plan's predicted KLD (auto), else 0 */
+    double peer_bpw;     /* a peer's row (llama.cpp's file, read as float): its bpw; 0 otherwise */
+    double peer_mb;      /* and the MB of its tensors */
 } ctx;
 
 static mpq_linear *lin_at(ctx *C, int i) { return &C->m->layer[i / MPQ_LIN_COUNT].lin[i % MPQ_LIN_COUNT]; }
@@ -120,6 +123,7 @@ typedef struct row {
     char name[64], family[24], note[160];
     double bpw, ppl, ppl_err, decode, mb, seconds;
     double kld, kld_err, same_top; /* against the first row (the reference) */
+    double predicted;              /* auto: the plan's predicted KLD; 0 otherwise */
 } row;
 
 enum { MAX_ROWS = 128 };
@@ -183,6 +187,7 @@ static void measure(ctx *C, const char *family, const char *name, const mpq_pmpd
     name = r->name;
     snprintf(r->family, sizeof r->family, "%s", family);
     snprintf(r->note, sizeof r->note, "%s", note ? note : "");
+    r->predicted = C->m->a8 ? 0 : C->predicted; /* the plan predicts float activations */
     mpq_ppl_opts o;
     memset(&o, 0, sizeof o);
     o.chunks = C->chunks, o.schedule = sched, o.progress = ppl_step, o.user = C;
@@ -259,10 +264,11 @@ static void run_row(ctx *C, const llm_row *row)
     double bpw = 0;
     C->qstep = NULL;
     progress_start(&C->P, "llm_methods", !C->quiet, 1);
-    const row_stats rs = {&C->S, &C->Hs, &C->Sr, C->seq_text, C->nseq};
-    char args[512];
-    snprintf(args, sizeof args, "%s%s%s", row->args, row->flags & ROW_SEQ ? " --sequential " : "",
-             row->flags & ROW_SEQ ? C->calib_path : "");
+    const row_stats rs = {&C->S, &C->Hs, &C->Sr, C->seq_text, C->nseq, C->calib_hash};
+    char args[1024];
+    snprintf(args, sizeof args, "%s%s%s%s%s", row->args, row->flags & ROW_SEQ ? " --sequential " : "",
+             row->flags & ROW_SEQ ? C->calib_path : "", row->flags & ROW_MEASURE ? " --measure " : "",
+             row->flags & ROW_MEASURE ? C->measure : "");
     const int rc = quantize_row(args, LLM_ROW_COMMON, C->m, &rs, quant_step, C, &res, &bpw);
     progress_end(&C->P);
     if (rc) exit(1);
@@ -271,7 +277,12 @@ static void run_row(ctx *C, const llm_row *row)
     if (strstr(row->args, "requant"))
         snprintf(note, sizeof note, "eq. 9 temperature t = %.2f; %zu weights in the sparse parts", res.requant_t,
                  res.sparse_weights);
+    if (row->flags & ROW_MEASURE)
+        snprintf(note, sizeof note, "predicted KLD %.4f (the sum of the maps' measured KLDs at their widths)",
+                 res.loss);
+    C->predicted = res.loss;
     measure(C, row->family, row->name, NULL, note, now() - t0);
+    C->predicted = 0;
     measure_a8(C, row);
     if (row->flags & ROW_PMPD) run_pmpd(C);
     unpack_all(C);
@@ -370,6 +381,19 @@ static void write_results(const char *dir, const char *model, const ctx *C, doub
         fprintf(f, "| %d | %s | %.3f | %.4f | %.1f %% | %s |\n", k, r->name, r->bpw, r->kld, 100 * r->same_top,
                 vs[order[k]]);
     }
+    int npred = 0;
+    for (int i = 0; i < nrows; i++) npred += rows[i].predicted > 0;
+    if (npred) { /* the allocation's prediction against what the model measures */
+        fprintf(f,
+                "\nThe auto rows' predicted KLD (the sum of the maps' KLDs measured on calibration text, each map "
+                "alone at its widths) against the KLD measured on the evaluation text:\n\n"
+                "| method | bpw | predicted KLD | measured KLD | measured / predicted |\n"
+                "| --- | ---: | ---: | ---: | ---: |\n");
+        for (int i = 0; i < nrows; i++)
+            if (rows[i].predicted > 0)
+                fprintf(f, "| %s | %.3f | %.4f | %.4f | %.2f |\n", rows[i].name, rows[i].bpw, rows[i].predicted,
+                        rows[i].kld, rows[i].kld / rows[i].predicted);
+    }
     fprintf(f,
             "\nModel `%s` (%d layers, dim %d; its linear maps are stored as Q4_1 in the GGUF: the fp32 reference "
             "is that 4-bit grid dequantized). Perplexity as llama-perplexity computes it: %d chunks of 512 tokens "
@@ -395,8 +419,10 @@ static void write_results(const char *dir, const char *model, const ctx *C, doub
             "of each:\n\n",
             LLM_ROW_COMMON);
     for (int k = 0; k < LLM_NROWS; k++)
-        fprintf(f, "- %s: `%s%s`\n", llm_rows[k].name, llm_rows[k].args,
-                llm_rows[k].flags & ROW_SEQ ? " --sequential CALIB" : "");
+        fprintf(f, "- %s: `%s%s%s`\n", llm_rows[k].name, llm_rows[k].args,
+                llm_rows[k].flags & ROW_SEQ ? " --sequential CALIB" : "",
+                llm_rows[k].flags & ROW_MEASURE ? " --measure MEASURE" : "");
+    fprintf(f, "\nMEASURE: `mpq measure %s --hessian HESSIAN MODEL CALIB -o MEASURE`.\n", LLM_MEASURE_ARGS);
     fclose(f);
     printf("wrote %s\n", p);
     plot_point pts[MAX_ROWS];
@@ -458,6 +484,22 @@ static void run_peers(ctx *C, const char *dir)
 }
 
 /* ---- main -------------------------------------------------------------------- */
+
+/* Whether the comma-separated list holds the word. */
+static int in_list(const char *list, const char *word)
+{
+    const size_t n = strlen(word);
+    for (const char *p = list; p && *p; p = strchr(p, ',') ? strchr(p, ',') + 1 : NULL)
+        if (!strncmp(p, word, n) && (p[n] == ',' || p[n] == 0)) return 1;
+    return 0;
+}
+
+/* Whether the run measures the row: --quick's rows, or --only's families. */
+static int wanted(const llm_row *row, int quick, const char *only)
+{
+    if (quick && !(row->flags & ROW_QUICK)) return 0;
+    return !only || in_list(only, row->family);
+}
 
 /* The tokens of a file as llama-perplexity reads it (one final newline
    dropped, BOS first when the model asks for it); *hash: mpq_text_hash of
@@ -531,10 +573,10 @@ int main(int argc, char **argv)
     const char *model = "build/models/SmolLM2-135M-Instruct.Q4_1.gguf", *eval = "build/text/eval.txt",
                *calib = "build/text/calib.txt", *out = "build/llm", *stats = "build/llm/stats.safetensors",
                *hessian = "build/llm/hessian.safetensors", *rot_stats = "build/llm/stats_rot.safetensors",
-               *peers = "build/peers";
+               *peers = "build/peers", *only = NULL;
     ctx C;
     memset(&C, 0, sizeof C);
-    C.chunks = 8;
+    C.chunks = 8, C.measure = "build/llm/measure.safetensors";
     int quick = 0, a8 = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--model") && i + 1 < argc)
@@ -551,6 +593,10 @@ int main(int argc, char **argv)
             rot_stats = argv[++i];
         else if (!strcmp(argv[i], "--peers") && i + 1 < argc)
             peers = argv[++i];
+        else if (!strcmp(argv[i], "--measure") && i + 1 < argc)
+            C.measure = argv[++i];
+        else if (!strcmp(argv[i], "--only") && i + 1 < argc)
+            only = argv[++i];
         else if (!strcmp(argv[i], "--out") && i + 1 < argc)
             out = argv[++i];
         else if (!strcmp(argv[i], "--chunks") && i + 1 < argc)
@@ -572,17 +618,21 @@ int main(int argc, char **argv)
             const int help = !strcmp(argv[i], "--help") || !strcmp(argv[i], "-h");
             fprintf(help ? stdout : stderr,
                     "usage: %s [--model PATH] [--eval TEXT] [--calib TEXT] [--stats FILE] [--hessian FILE]\n"
-                    "          [--rot-stats FILE] [--peers DIR] [--out DIR] [--chunks N] [--full] [--quick]\n"
-                    "          [--threads T] [--quiet] [--a8]\n"
+                    "          [--rot-stats FILE] [--measure FILE] [--peers DIR] [--out DIR] [--chunks N] [--full]\n"
+                    "          [--quick] [--only FAMILIES] [--threads T] [--quiet] [--a8]\n"
                     "Every method of mpq on a real model: perplexity (as llama-perplexity), bits per weight and\n"
                     "decode tokens/s; writes DIR/results.md and DIR/ppl_vs_bpw.svg. Statistics: FILE, written by\n"
                     "`mpq calibrate MODEL CALIB -o FILE`, GPTQ's X^T X, written by `mpq calibrate --stats xtx\n"
                     "--windows 64 MODEL CALIB -o FILE`, and the Fisher of the rotated weights (--rot-stats), written\n"
                     "by `mpq calibrate --rotate 1 --stats fisher MODEL CALIB -o FILE` (examples/run.sh runs each\n"
-                    "once and reuses them). --peers: llama.cpp's quantizations of the model (peer-TYPE.gguf, made\n"
+                    "once and reuses them). --measure: the KL divergences the auto rows allocate from, written by\n"
+                    "`mpq measure " LLM_MEASURE_ARGS " MODEL CALIB --hessian FILE -o FILE`.\n"
+                    "--peers: llama.cpp's quantizations of the model (peer-TYPE.gguf, made\n"
                     "by bench/llama_peers.sh) measured beside the rows, those the directory holds. Defaults:\n"
                     "the files examples/run.sh fetches and writes into build/, 8 evaluation chunks of 512 tokens\n"
-                    "(--full: every chunk; --quick: 2 chunks, four methods). --a8: every quantized row with 8-bit\n"
+                    "(--full: every chunk; --quick: 2 chunks, four methods; --only: the rows of these families,\n"
+                    "comma-separated, e.g. auto+GPTQ,SFMP+GPTQ, and llama.cpp for the peers). --a8: every quantized\n"
+                    "row with 8-bit\n"
                     "activations (MixLLM's A8; by default only GPTQ 4-bit and MixLLM 8/4 + GPTQ get an A8 row).\n"
                     "Each row is printed when it is done; while it runs, a progress line on stderr names the\n"
                     "step (--quiet: none).\n",
@@ -606,6 +656,7 @@ int main(int argc, char **argv)
     uint64_t calib_hash = 0;
     C.eval = tokenize_file(C.m, eval, &C.neval, NULL);
     C.calib = tokenize_file(C.m, calib, &C.ncalib, &calib_hash);
+    C.calib_hash = calib_hash;
     C.calib_path = calib;
     { /* as `mpq quantize --sequential` reads it: every byte, no BOS added */
         FILE *f = fopen(calib, "rb");
@@ -641,7 +692,10 @@ int main(int argc, char **argv)
     const double ts = now();
     read_stats(&C, stats, model, calib, calib_hash, MPQ_CALIB_ALL, "", &C.S);
     read_stats(&C, hessian, model, calib, calib_hash, MPQ_CALIB_XTX, "--stats xtx --windows 64 ", &C.Hs);
-    if (!quick)
+    int rotated = 0; /* the rotated rows' Fisher, when a rotated row runs */
+    for (int k = 0; k < LLM_NROWS; k++)
+        rotated |= wanted(&llm_rows[k], quick, only) && strstr(llm_rows[k].args, "--rotate");
+    if (rotated)
         read_stats(&C, rot_stats, model, calib, calib_hash, MPQ_CALIB_FISHER, "--rotate 1 --stats fisher ", &C.Sr);
     printf("statistics: %s: %d windows of %d tokens, loss %.4f, %d AWQ rows per map, PQI towards RTN %d-bit; %s: "
            "X^T X over %d windows (read in %.1f s)\n",
@@ -650,10 +704,18 @@ int main(int argc, char **argv)
     printf("methods (perplexity on %d x 256 scored tokens; decode %d tokens after a %d-token prompt):\n", C.chunks,
            DECODE, PROMPT);
     fflush(stdout);
+    for (int k = 0; k < LLM_NROWS; k++) /* the measurements before the first row, so that a missing file stops early */
+        if ((llm_rows[k].flags & ROW_MEASURE) && wanted(&llm_rows[k], quick, only) && access(C.measure, R_OK) != 0) {
+            fprintf(stderr,
+                    "llm_methods: %s: cannot read it (run `mpq measure %s %s %s --hessian %s -o %s` first; "
+                    "examples/run.sh does)\n",
+                    C.measure, LLM_MEASURE_ARGS, model, calib, hessian, C.measure);
+            return 1;
+        }
     measure(&C, "fp32", "fp32 reference (dequantized Q4_1)", NULL, NULL, 0);
     for (int k = 0; k < LLM_NROWS; k++)
-        if (!quick || (llm_rows[k].flags & ROW_QUICK)) run_row(&C, &llm_rows[k]);
-    if (!quick) run_peers(&C, peers);
+        if (wanted(&llm_rows[k], quick, only)) run_row(&C, &llm_rows[k]);
+    if (!quick && (!only || in_list(only, "llama.cpp"))) run_peers(&C, peers);
     write_results(out, model, &C, now() - t0);
     printf("total %.0f s\n", now() - t0);
     mpq_calib_stats_free(&C.S);

@@ -129,7 +129,7 @@ static void unpack_all(ctx *C)
 
 static void quantize(ctx *C, const char *args, double *budget, mpq_recipe_result *res)
 {
-    const row_stats rs = {&C->S, &C->S, NULL, NULL, 0};
+    const row_stats rs = {&C->S, &C->S, NULL, NULL, 0, 0};
     if (quantize_row(args, "", C->m, &rs, NULL, NULL, res, budget) != 0) exit(1);
 }
 

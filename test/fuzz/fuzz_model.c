@@ -15,6 +15,9 @@
      "KLB"   a KL base file (mpq_kl_base_read): one that reads obeys the
              reader's rules and compares against that model's predictions
              without a fault when its sizes fit the model;
+     "MKLD"  a measurements file (mpq_measure_read, from memory), its
+             description alone and with that model's 14 maps: what reads
+             obeys the reader's rules;
      else    text: cut by each pre-tokenizer (the pieces must cover it, in
              order, none empty) and tokenized by two fixed vocabularies.
    Every tokenizer that loads must give a text back byte for byte from its
@@ -324,12 +327,50 @@ static void pmpd_input(const uint8_t *data, size_t size)
     unlink(path);
 }
 
+/* A measurements file; what reads must be what the reader promises. */
+static void measure_input(const uint8_t *data, size_t size)
+{
+    mpq_st_file *f = NULL;
+    mpq_io_err e;
+    if (mpq_st_open_memory(data, size, &f, &e) != MPQ_OK) return;
+    char lin[14][96];
+    const char *names[14];
+    for (int i = 0; i < 14; i++) {
+        mpq_llm_linear_name(0, i / 7, i % 7, 0, lin[i], sizeof lin[i]);
+        names[i] = lin[i];
+    }
+    for (int with = 0; with < 2; with++) {
+        mpq_measure_info info;
+        double kld[14 * 8];
+        for (int k = 0; k < 14 * 8; k++) kld[k] = -1;
+        e.msg[0] = 0;
+        if (mpq_measure_read(f, "fuzz", with ? names : NULL, 14, &info, with ? kld : NULL, &e) != MPQ_OK) {
+            if (!e.msg[0]) abort();
+            for (int k = 0; k < 14 * 8; k++)
+                if (kld[k] != -1) abort(); /* nothing written */
+            continue;
+        }
+        if (info.nbits < 1 || info.nbits > 8) abort();
+        for (int k = 0; k < info.nbits; k++) {
+            if (info.bits[k] < 1 || info.bits[k] > 8) abort();
+            for (int j = 0; j < k; j++)
+                if (info.bits[j] == info.bits[k]) abort();
+        }
+        if (!memchr(info.model, 0, sizeof info.model) || !memchr(info.quantizer, 0, sizeof info.quantizer)) abort();
+        for (int k = 0; with && k < 14 * info.nbits; k++)
+            if (!(kld[k] >= 0 && kld[k] <= 3.5e38)) abort();
+    }
+    mpq_st_close(f);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (size >= 4 && !memcmp(data, "STAT", 4))
         stats_input(data + 4, size - 4);
     else if (size >= 4 && !memcmp(data, "PMPD", 4))
         pmpd_input(data + 4, size - 4);
+    else if (size >= 4 && !memcmp(data, "MKLD", 4))
+        measure_input(data + 4, size - 4);
     else if (size >= 3 && !memcmp(data, "KLB", 3))
         kl_input(data + 3, size - 3);
     else if (size >= 4 && !memcmp(data, "GGUF", 4))
