@@ -1204,5 +1204,35 @@ Test(cli_llm, auto_meets_the_budget_and_the_bound, .init = setup, .fini = teardo
                   strstr(shown, "model.layers.1.mlp.down_proj.weight"),
               "%s", shown);
     cr_assert_float_eq(recorded_kld("a.safetensors"), with_fisher, 1e-5 * with_fisher);
+    /* other quantizers underneath: rotated, and AWQ + GPTQ; each refuses the other's measurements */
+    cr_assert_eq(run("calibrate --quiet --stats all,xtx --windows 2 --length 16 --pqi-windows 1 --sens-tokens 12 hf "
+                     "text.txt -o s4.safetensors"),
+                 0, "%s", slurp("err.txt", NULL));
+    static const char *const quantizers[2] = {"--method rtn --rotate 1", "--method gptq --quantizer awq+gptq"};
+    for (int k = 0; k < 2; k++) {
+        char cmd[400];
+        snprintf(cmd, sizeof cmd,
+                 "measure --quiet %s --stats s4.safetensors --widths 2,4 --windows 2 --length 16 hf "
+                 "text.txt -o m%d.safetensors",
+                 quantizers[k], k);
+        cr_assert_eq(run(cmd), 0, "%s: %s", cmd, slurp("err.txt", NULL));
+    }
+    cr_assert_eq(run("quantize --method auto --bpw 3 --rotate 1 --measure m0.safetensors hf r.safetensors"), 0, "%s",
+                 slurp("err.txt", NULL));
+    cr_assert_eq(run("quantize --method auto --bpw 3 --quantizer awq+gptq --stats s4.safetensors --measure "
+                     "m1.safetensors hf g.safetensors"),
+                 0, "%s", slurp("err.txt", NULL));
+    for (int k = 0; k < 2; k++) {
+        mpq_llm *q = load(k ? "g.safetensors" : "r.safetensors");
+        cr_assert_not_null(q);
+        cr_assert_leq(maps_bpw(k ? "g.safetensors" : "r.safetensors", tm.layers, NULL), 3.0 + 1e-9);
+        mpq_llm_free(q);
+    }
+    cr_assert_eq(run("quantize --method auto --bpw 3 --measure m0.safetensors hf x.safetensors"), 2);
+    cr_assert(strstr(slurp("err.txt", NULL), "rotate 1"), "%s", slurp("err.txt", NULL));
+    cr_assert_eq(run("quantize --method auto --bpw 3 --quantizer gptq --stats s4.safetensors --measure m1.safetensors "
+                     "hf x.safetensors"),
+                 2);
+    cr_assert(strstr(slurp("err.txt", NULL), "awq+gptq"), "%s", slurp("err.txt", NULL));
     tl_free(&tm);
 }
