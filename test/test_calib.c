@@ -1051,6 +1051,17 @@ Test(calib, measured_kld_matches_the_reference, .init = make_tmpdir, .fini = rem
     cr_assert_eq(mpq_llm_measure(mp, text, NTOK, &ob, b2, &e), MPQ_OK, "%s", e.msg);
     cr_assert_eq(qb.weights_differ, 0, "in place: the layer converted is the model's");
     cr_assert_arr_eq(a, b2, sizeof(double) * nlin * 2, "in place and spilled: the same bits");
+#ifdef _OPENMP /* one thread and three: the same bits */
+    const int nt = omp_get_max_threads();
+    mq q1 = {&t, m, 0, 0, 0, 0}, q3 = {&t, m, 0, 0, 0, 0};
+    mpq_measure_opts o1 = mq_opts(&q1, bits, 2), o3 = mq_opts(&q3, bits, 2);
+    omp_set_num_threads(1);
+    cr_assert_eq(mpq_llm_measure(m, text, NTOK, &o1, a, &e), MPQ_OK, "%s", e.msg);
+    omp_set_num_threads(3);
+    cr_assert_eq(mpq_llm_measure(m, text, NTOK, &o3, b2, &e), MPQ_OK, "%s", e.msg);
+    omp_set_num_threads(nt);
+    cr_assert_arr_eq(a, b2, sizeof(double) * nlin * 2, "1 and 3 threads: the same bits");
+#endif
     free(a), free(b2), free(zf), free(zq), free(kld);
     mpq_llm_free(mb), mpq_llm_free(mp);
     mpq_llm_free(m);
