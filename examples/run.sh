@@ -7,7 +7,8 @@
 # build/llm/hessian.safetensors, about 10 minutes, and the Fisher of the
 # rotated weights in build/llm/stats_rot.safetensors, about 5 minutes, and
 # every linear map's KL divergence under GPTQ at 2, 3, 4 and 6 bits for the
-# auto rows in build/llm/measure.safetensors, about 10 minutes; each
+# auto rows in build/llm/measure.safetensors and (groups of 256)
+# build/llm/measure-g256.safetensors, about 8 minutes each; each
 # reused until the model or the calibration text changes), makes llama.cpp's
 # quantizations of the same model (bench/llama_peers.sh: llama.cpp built
 # once from PyPI's llama-cpp-python sources, about 15 minutes) and runs
@@ -47,6 +48,7 @@ bash examples/fetch.sh
 ninja -C build/demo llm_methods >/dev/null
 model=build/models/SmolLM2-135M-Instruct.Q4_1.gguf calib=build/text/calib.txt stats=build/llm/stats.safetensors
 hessian=build/llm/hessian.safetensors rot_stats=build/llm/stats_rot.safetensors measure=build/llm/measure.safetensors
+measure256=build/llm/measure-g256.safetensors
 mkdir -p build/llm
 if [ ! -s "$stats" ] || [ "$model" -nt "$stats" ] || [ "$calib" -nt "$stats" ]; then
     echo "statistics: mpq calibrate $model $calib -o $stats (once; reused until the model or the text changes)"
@@ -60,15 +62,20 @@ if [ ! -s "$rot_stats" ] || [ "$model" -nt "$rot_stats" ] || [ "$calib" -nt "$ro
     echo "the rotated weights' Fisher: mpq calibrate --rotate 1 --stats fisher $model $calib -o $rot_stats (once, likewise)"
     build/demo/mpq calibrate --rotate 1 --stats fisher "$model" "$calib" -o "$rot_stats"
 fi
-if [ ! -s "$measure" ] || [ "$hessian" -nt "$measure" ]; then
-    # the options of examples/llm/rows.h's LLM_MEASURE_ARGS (llm_methods refuses a file measured otherwise)
-    echo "the maps' KL divergences: mpq measure --method gptq --act-order --widths 2,3,4,6 --hessian $hessian $model $calib -o $measure (once, likewise)"
-    build/demo/mpq measure --method gptq --act-order --widths 2,3,4,6 --hessian "$hessian" "$model" "$calib" -o "$measure"
-fi
+# the options of examples/llm/rows.h's LLM_MEASURE_ARGS (llm_methods refuses a file measured otherwise), at
+# groups of 128 and of 256
+for g in 128 256; do
+    out=$measure
+    [ "$g" = 256 ] && out=$measure256
+    if [ ! -s "$out" ] || [ "$hessian" -nt "$out" ]; then
+        echo "the maps' KL divergences: mpq measure --method gptq --act-order --widths 2,3,4,6 --group $g --hessian $hessian $model $calib -o $out (once, likewise)"
+        build/demo/mpq measure --method gptq --act-order --widths 2,3,4,6 --group "$g" --hessian "$hessian" "$model" "$calib" -o "$out"
+    fi
+done
 # llama.cpp's quantizations of the same model with its importance matrix (once; built from PyPI's
 # llama-cpp-python sources outside the repository), measured beside the rows
 case " $* " in
 *" --quick "*) ;; # no peer rows in the quick run
 *) bash bench/llama_peers.sh "$model" "$calib" build/peers ;;
 esac
-exec build/demo/llm_methods --stats "$stats" --hessian "$hessian" --rot-stats "$rot_stats" --measure "$measure" --peers build/peers "$@"
+exec build/demo/llm_methods --stats "$stats" --hessian "$hessian" --rot-stats "$rot_stats" --measure "$measure" --measure256 "$measure256" --peers build/peers "$@"

@@ -849,9 +849,13 @@ Test(cli_llm, main_job_rows_are_what_quantize_writes, .init = setup, .fini = tea
     path_of("r.safetensors", p, sizeof p);
     cr_assert_eq(mpq_calib_read(h, p, &sr, &e), MPQ_OK, "%s", e.msg);
     cr_assert(sr.rotate == 1 && sr.rotate_seed == 1 && !s.rotate);
-    /* the auto rows' measurements (ROW_MEASURE: the main job adds --measure MEASURE) */
+    /* the auto rows' measurements (ROW_MEASURE, ROW_MEASURE256: the main job adds --measure MEASURE or
+       MEASURE256) */
     cr_assert_eq(run("measure --quiet " LLM_MEASURE_ARGS " --stats s.safetensors --windows 2 --length 16 hf text.txt "
                      "-o k.safetensors"),
+                 0, "%s", slurp("err.txt", NULL));
+    cr_assert_eq(run("measure --quiet " LLM_MEASURE_ARGS " --group 256 --stats s.safetensors --windows 2 --length 16 "
+                     "hf text.txt -o k256.safetensors"),
                  0, "%s", slurp("err.txt", NULL));
     int32_t *seq_text = NULL; /* the text as mpq quantize --sequential reads it */
     size_t nseq = 0;
@@ -863,14 +867,17 @@ Test(cli_llm, main_job_rows_are_what_quantize_writes, .init = setup, .fini = tea
         const llm_row *row = k < LLM_NROWS ? &llm_rows[k] : &seq_row;
         const int rot = strstr(row->args, "--rotate") != NULL, seq = (row->flags & ROW_SEQ) != 0;
         char args[1500], rargs[700], margs[1400], kpath[600];
-        path_of("k.safetensors", kpath, sizeof kpath);
-        snprintf(rargs, sizeof rargs, "%s%s%s", row->args,
-                 seq ? " --sequential text.txt --seq-windows 4 --seq-length 16" : "",
-                 row->flags & ROW_MEASURE ? " --measure k.safetensors" : "");
+        const char *kname = row->flags & ROW_MEASURE ? "k.safetensors"
+            : row->flags & ROW_MEASURE256            ? "k256.safetensors"
+                                                     : NULL;
+        if (kname) path_of(kname, kpath, sizeof kpath);
+        snprintf(rargs, sizeof rargs, "%s%s%s%s", row->args,
+                 seq ? " --sequential text.txt --seq-windows 4 --seq-length 16" : "", kname ? " --measure " : "",
+                 kname ? kname : "");
         /* the main job's options: the measurements' path from here */
         snprintf(margs, sizeof margs, "%s%s%s%s", row->args,
-                 seq ? " --sequential text.txt --seq-windows 4 --seq-length 16" : "",
-                 row->flags & ROW_MEASURE ? " --measure " : "", row->flags & ROW_MEASURE ? kpath : "");
+                 seq ? " --sequential text.txt --seq-windows 4 --seq-length 16" : "", kname ? " --measure " : "",
+                 kname ? kpath : "");
         snprintf(args, sizeof args, "quantize --quiet %s %s --stats s.safetensors%s hf q.safetensors", rargs,
                  LLM_ROW_COMMON, rot ? " --salience r.safetensors" : "");
         const int rc = run(args);
@@ -883,7 +890,7 @@ Test(cli_llm, main_job_rows_are_what_quantize_writes, .init = setup, .fini = tea
         }
         cr_assert_eq(rc, 0, "mpq %s: %s", args, slurp("err.txt", NULL));
         cr_assert_eq(quantize_row(margs, LLM_ROW_COMMON, h, &rs, NULL, NULL, &res, NULL), 0, "%s", row->name);
-        if (row->flags & ROW_MEASURE) /* the prediction the tool records is the main job's */
+        if (kname) /* the prediction the tool records is the main job's */
             cr_assert_float_eq(res.loss, recorded_kld("q.safetensors"), 1e-9 * res.loss + 1e-15, "%s", row->name);
         mpq_llm *q = load("q.safetensors");
         for (int i = 0; i <= 14; i++) {

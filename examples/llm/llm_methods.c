@@ -98,11 +98,12 @@ typedef struct ctx {
     int32_t *seq_text;  /* the calibration text as `mpq quantize --sequential` tokenizes it */
     size_t nseq;
     const char *calib_path;
-    uint64_t calib_hash; /* mpq_text_hash of the calibration text */
-    const char *measure; /* the ROW_MEASURE rows' measurements (--measure) */
-    double predicted;    /* the row being measured: its plan's predicted KLD (auto), else 0 */
-    double peer_bpw;     /* a peer's row (llama.cpp's file, read as float): its bpw; 0 otherwise */
-    double peer_mb;      /* and the MB of its tensors */
+    uint64_t calib_hash;    /* mpq_text_hash of the calibration text */
+    const char *measure;    /* the ROW_MEASURE rows' measurements (--measure) */
+    const char *measure256; /* the ROW_MEASURE256 rows' (--measure256) */
+    double predicted;       /* the row being measured: its plan's predicted KLD (auto), else 0 */
+    double peer_bpw;        /* a peer's row (llama.cpp's file, read as float): its bpw; 0 otherwise */
+    double peer_mb;         /* and the MB of its tensors */
 } ctx;
 
 static mpq_linear *lin_at(ctx *C, int i) { return &C->m->layer[i / MPQ_LIN_COUNT].lin[i % MPQ_LIN_COUNT]; }
@@ -256,6 +257,12 @@ static void measure_a8(ctx *C, const llm_row *row)
 
 static void run_pmpd(ctx *C);
 
+/* The measurements a row reads (ROW_MEASURE, ROW_MEASURE256), or NULL. */
+static const char *row_measure(const ctx *C, const llm_row *row)
+{
+    return row->flags & ROW_MEASURE ? C->measure : row->flags & ROW_MEASURE256 ? C->measure256 : NULL;
+}
+
 /* One row: quantized as `mpq quantize` would, then measured. */
 static void run_row(ctx *C, const llm_row *row)
 {
@@ -266,9 +273,9 @@ static void run_row(ctx *C, const llm_row *row)
     progress_start(&C->P, "llm_methods", !C->quiet, 1);
     const row_stats rs = {&C->S, &C->Hs, &C->Sr, C->seq_text, C->nseq, C->calib_hash};
     char args[1024];
+    const char *mfile = row_measure(C, row);
     snprintf(args, sizeof args, "%s%s%s%s%s", row->args, row->flags & ROW_SEQ ? " --sequential " : "",
-             row->flags & ROW_SEQ ? C->calib_path : "", row->flags & ROW_MEASURE ? " --measure " : "",
-             row->flags & ROW_MEASURE ? C->measure : "");
+             row->flags & ROW_SEQ ? C->calib_path : "", mfile ? " --measure " : "", mfile ? mfile : "");
     const int rc = quantize_row(args, LLM_ROW_COMMON, C->m, &rs, quant_step, C, &res, &bpw);
     progress_end(&C->P);
     if (rc) exit(1);
@@ -277,7 +284,7 @@ static void run_row(ctx *C, const llm_row *row)
     if (strstr(row->args, "requant"))
         snprintf(note, sizeof note, "eq. 9 temperature t = %.2f; %zu weights in the sparse parts", res.requant_t,
                  res.sparse_weights);
-    if (row->flags & ROW_MEASURE)
+    if (mfile)
         snprintf(note, sizeof note, "predicted KLD %.4f (the sum of the maps' measured KLDs at their widths)",
                  res.loss);
     C->predicted = res.loss;
@@ -421,8 +428,13 @@ static void write_results(const char *dir, const char *model, const ctx *C, doub
     for (int k = 0; k < LLM_NROWS; k++)
         fprintf(f, "- %s: `%s%s%s`\n", llm_rows[k].name, llm_rows[k].args,
                 llm_rows[k].flags & ROW_SEQ ? " --sequential CALIB" : "",
-                llm_rows[k].flags & ROW_MEASURE ? " --measure MEASURE" : "");
-    fprintf(f, "\nMEASURE: `mpq measure %s --hessian HESSIAN MODEL CALIB -o MEASURE`.\n", LLM_MEASURE_ARGS);
+                llm_rows[k].flags & ROW_MEASURE          ? " --measure MEASURE"
+                    : llm_rows[k].flags & ROW_MEASURE256 ? " --measure MEASURE256"
+                                                         : "");
+    fprintf(f,
+            "\nMEASURE: `mpq measure %s --hessian HESSIAN MODEL CALIB -o MEASURE`; MEASURE256 the same with `--group "
+            "256`.\n",
+            LLM_MEASURE_ARGS);
     fclose(f);
     printf("wrote %s\n", p);
     plot_point pts[MAX_ROWS];
@@ -576,7 +588,7 @@ int main(int argc, char **argv)
                *peers = "build/peers", *only = NULL;
     ctx C;
     memset(&C, 0, sizeof C);
-    C.chunks = 8, C.measure = "build/llm/measure.safetensors";
+    C.chunks = 8, C.measure = "build/llm/measure.safetensors", C.measure256 = "build/llm/measure-g256.safetensors";
     int quick = 0, a8 = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--model") && i + 1 < argc)
@@ -595,6 +607,8 @@ int main(int argc, char **argv)
             peers = argv[++i];
         else if (!strcmp(argv[i], "--measure") && i + 1 < argc)
             C.measure = argv[++i];
+        else if (!strcmp(argv[i], "--measure256") && i + 1 < argc)
+            C.measure256 = argv[++i];
         else if (!strcmp(argv[i], "--only") && i + 1 < argc)
             only = argv[++i];
         else if (!strcmp(argv[i], "--out") && i + 1 < argc)
@@ -618,7 +632,8 @@ int main(int argc, char **argv)
             const int help = !strcmp(argv[i], "--help") || !strcmp(argv[i], "-h");
             fprintf(help ? stdout : stderr,
                     "usage: %s [--model PATH] [--eval TEXT] [--calib TEXT] [--stats FILE] [--hessian FILE]\n"
-                    "          [--rot-stats FILE] [--measure FILE] [--peers DIR] [--out DIR] [--chunks N] [--full]\n"
+                    "          [--rot-stats FILE] [--measure FILE] [--measure256 FILE] [--peers DIR] [--out DIR]\n"
+                    "          [--chunks N] [--full]\n"
                     "          [--quick] [--only FAMILIES] [--threads T] [--quiet] [--a8]\n"
                     "Every method of mpq on a real model: perplexity (as llama-perplexity), bits per weight and\n"
                     "decode tokens/s; writes DIR/results.md and DIR/ppl_vs_bpw.svg. Statistics: FILE, written by\n"
@@ -626,7 +641,9 @@ int main(int argc, char **argv)
                     "--windows 64 MODEL CALIB -o FILE`, and the Fisher of the rotated weights (--rot-stats), written\n"
                     "by `mpq calibrate --rotate 1 --stats fisher MODEL CALIB -o FILE` (examples/run.sh runs each\n"
                     "once and reuses them). --measure: the KL divergences the auto rows allocate from, written by\n"
-                    "`mpq measure " LLM_MEASURE_ARGS " MODEL CALIB --hessian FILE -o FILE`.\n"
+                    "`mpq measure " LLM_MEASURE_ARGS
+                    " MODEL CALIB --hessian FILE -o FILE` (--measure256: the same with\n"
+                    "--group 256, for the auto row at groups of 256).\n"
                     "--peers: llama.cpp's quantizations of the model (peer-TYPE.gguf, made\n"
                     "by bench/llama_peers.sh) measured beside the rows, those the directory holds. Defaults:\n"
                     "the files examples/run.sh fetches and writes into build/, 8 evaluation chunks of 512 tokens\n"
@@ -704,14 +721,16 @@ int main(int argc, char **argv)
     printf("methods (perplexity on %d x 256 scored tokens; decode %d tokens after a %d-token prompt):\n", C.chunks,
            DECODE, PROMPT);
     fflush(stdout);
-    for (int k = 0; k < LLM_NROWS; k++) /* the measurements before the first row, so that a missing file stops early */
-        if ((llm_rows[k].flags & ROW_MEASURE) && wanted(&llm_rows[k], quick, only) && access(C.measure, R_OK) != 0) {
+    for (int k = 0; k < LLM_NROWS; k++) { /* the measurements before the first row: a missing file stops early */
+        const char *ms = row_measure(&C, &llm_rows[k]);
+        if (ms && wanted(&llm_rows[k], quick, only) && access(ms, R_OK) != 0) {
             fprintf(stderr,
-                    "llm_methods: %s: cannot read it (run `mpq measure %s %s %s --hessian %s -o %s` first; "
+                    "llm_methods: %s: cannot read it (run `mpq measure %s%s %s %s --hessian %s -o %s` first; "
                     "examples/run.sh does)\n",
-                    C.measure, LLM_MEASURE_ARGS, model, calib, hessian, C.measure);
+                    ms, LLM_MEASURE_ARGS, ms == C.measure256 ? " --group 256" : "", model, calib, hessian, ms);
             return 1;
         }
+    }
     measure(&C, "fp32", "fp32 reference (dequantized Q4_1)", NULL, NULL, 0);
     for (int k = 0; k < LLM_NROWS; k++)
         if (wanted(&llm_rows[k], quick, only)) run_row(&C, &llm_rows[k]);

@@ -10,12 +10,13 @@
 #include "quantize_row.h"
 
 enum {
-    ROW_QUICK = 1,   /* also in --quick */
-    ROW_A8 = 2,      /* measured again with 8-bit activations (MixLLM's W*A8) */
-    ROW_PMPD = 4,    /* PMPD's schedules measured on this model afterwards */
-    ROW_SEQ = 8,     /* with --sequential CALIB: GPTQ's X^T X through the quantized layers before */
-    ROW_MEASURE = 16 /* with --measure MEASURE: the KL divergences `mpq measure` wrote for the row's quantizer
-                        (LLM_MEASURE_ARGS) */
+    ROW_QUICK = 1,      /* also in --quick */
+    ROW_A8 = 2,         /* measured again with 8-bit activations (MixLLM's W*A8) */
+    ROW_PMPD = 4,       /* PMPD's schedules measured on this model afterwards */
+    ROW_SEQ = 8,        /* with --sequential CALIB: GPTQ's X^T X through the quantized layers before */
+    ROW_MEASURE = 16,   /* with --measure MEASURE: the KL divergences `mpq measure` wrote for the row's
+                           quantizer (LLM_MEASURE_ARGS) */
+    ROW_MEASURE256 = 32 /* with --measure MEASURE256: the same at groups of 256 (LLM_MEASURE_ARGS --group 256) */
 };
 
 typedef struct llm_row {
@@ -27,7 +28,8 @@ typedef struct llm_row {
 /* Every method as its paper runs it, the plain-RTN variants beside them,
    and compositions; SFMP at group 256 for 2.25 and 3.25 bpw, as its table 3;
    the widths from measured KL divergences (auto) at the budgets of SFMP's
-   rows and at three bounds, under the same GPTQ. */
+   rows (at 3.25 with SFMP's groups of 256) and at three bounds, under the
+   same GPTQ. */
 static const llm_row llm_rows[] = {
     {"RTN", "RTN 2-bit g128", "--method rtn --bits 2", 0},
     {"RTN", "RTN 3-bit g128", "--method rtn --bits 3", 0},
@@ -65,7 +67,8 @@ static const llm_row llm_rows[] = {
      "--method sfmp --bpw 4 --quantizer awq+gptq --act-order", 0},
     /* the widths from each map's measured KL divergence (`mpq measure`, LLM_MEASURE_ARGS) */
     {"auto+GPTQ", "auto 3.00 + GPTQ (act-order)", "--method auto --bpw 3 --quantizer gptq --act-order", ROW_MEASURE},
-    {"auto+GPTQ", "auto 3.25 + GPTQ (act-order)", "--method auto --bpw 3.25 --quantizer gptq --act-order", ROW_MEASURE},
+    {"auto+GPTQ", "auto 3.25 g256 + GPTQ (act-order)",
+     "--method auto --bpw 3.25 --group 256 --quantizer gptq --act-order", ROW_MEASURE256},
     {"auto+GPTQ", "auto 3.50 + GPTQ (act-order)", "--method auto --bpw 3.5 --quantizer gptq --act-order", ROW_MEASURE},
     {"auto+GPTQ", "auto 4.25 + GPTQ (act-order)", "--method auto --bpw 4.25 --quantizer gptq --act-order", ROW_MEASURE},
     {"auto+GPTQ", "auto KLD <= 0.1 + GPTQ (act-order)", "--method auto --max-kld 0.1 --quantizer gptq --act-order",
@@ -119,7 +122,8 @@ enum { LLM_NROWS = (int)(sizeof llm_rows / sizeof llm_rows[0]) };
 
 /* The measurement the ROW_MEASURE rows read: `mpq measure LLM_MEASURE_ARGS
    MODEL CALIB -o MEASURE` (examples/run.sh), the quantizer of those rows
-   at four widths. */
+   at four widths; ROW_MEASURE256 rows read the one made with `--group 256`
+   added (MEASURE256). */
 #define LLM_MEASURE_ARGS "--method gptq --act-order --widths 2,3,4,6"
 
 #endif
