@@ -1744,13 +1744,11 @@ typedef struct mpq_recipe_map {
 } mpq_recipe_map;
 
 /* What a recipe reads of a map, as flags: */
-#define MPQ_RECIPE_WEIGHTS 1u /* W */
-#define MPQ_RECIPE_ACTS    2u /* X and tokens (AWQ) */
-#define MPQ_RECIPE_HESSIAN 4u /* H (act-order, GPTQ) */
-#define MPQ_RECIPE_PQI     8u /* pqi (ReQuant) */
-#define MPQ_RECIPE_SALIENCE                                                                                            \
-    16u /* the planner's: fisher, channel, col_sens and layer_sens, or kld (and fisher                                 \
-           where there is one) */
+#define MPQ_RECIPE_WEIGHTS  1u  /* W */
+#define MPQ_RECIPE_ACTS     2u  /* X and tokens (AWQ) */
+#define MPQ_RECIPE_HESSIAN  4u  /* H (act-order, GPTQ) */
+#define MPQ_RECIPE_PQI      8u  /* pqi (ReQuant) */
+#define MPQ_RECIPE_SALIENCE 16u /* the planner's: fisher, channel, col_sens and layer_sens, or kld */
 MPQ_DEF unsigned mpq_recipe_needs(const mpq_recipe *r);
 
 /* How mpq_recipe_run reaches the maps' data and hands back the results,
