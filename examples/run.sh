@@ -65,6 +65,7 @@ fi
 # the options of examples/llm/rows.h's LLM_MEASURE_ARGS (llm_methods refuses a file measured otherwise), at
 # groups of 128 and of 256
 for g in 128 256; do
+    case " $* " in *" --quick "*) break ;; esac # no auto rows in the quick run
     out=$measure
     [ "$g" = 256 ] && out=$measure256
     if [ ! -s "$out" ] || [ "$hessian" -nt "$out" ]; then
