@@ -881,7 +881,10 @@ Test(plan, measured_plan_is_the_allocation_in_block_rows)
             d.bpw = blo + (bhi - blo) * synth_unif(&r);
         else
             d.max_loss = llo + (lhi - llo) * synth_unif(&r);
-        if (!(by_bits ? d.bpw > 0 : d.max_loss > 0 && d.max_loss < lhi)) continue; /* a degenerate range */
+        if (!(by_bits ? d.bpw > 0 : d.max_loss > 0 && d.max_loss < lhi)) { /* a degenerate range */
+            for (int i = 0; i < n; i++) free(sal[i]);
+            continue;
+        }
         mpq_plan p;
         const mpq_status st = mpq_plan_measured(L, n, &d, &p);
         cr_assert_eq(st, MPQ_OK, "rep %d: %s", rep, mpq_status_str(st));
