@@ -344,7 +344,7 @@ static inline int qargs_measured(const qargs *q, mpq_recipe *r, mpq_recipe_map *
     mpq_status st = rc ? MPQ_OK : mpq_plan_measured_range(L, n, &d, &blo, &bhi, &llo, &lhi);
     free(L);
     if (!rc && st != MPQ_OK) rc = fail(EXIT_INPUT, "%s: %s", q->measure, mpq_status_str(st));
-    if (!rc && r->max_kld == 0 && (r->bpw < blo || r->bpw > bhi))
+    if (!rc && r->max_kld == 0 && (r->bpw < blo * (1 - 1e-12) || r->bpw > bhi * (1 + 1e-12))) /* as the library */
         rc = fail(EXIT_USAGE,
                   "quantize --method auto --bpw %g: these %d maps allow %.4f (every map at 2 bits) to %.4f bits per "
                   "weight (each at its least predicted KLD)",
