@@ -1960,6 +1960,9 @@ Test(calib, measurement_file_round_trips_and_refuses_what_it_cannot_take)
         char m2[1100];
         snprintf(m2, sizeof m2, "%.*s%s%s", (int)(at - meta), meta, edits[k].to, at + strlen(edits[k].from));
         write_measure_file(bad, names, 4, 3, v, -1, m2);
+        char stem[32]; /* hostile seeds for the fuzzer too */
+        snprintf(stem, sizeof stem, "measure-bad%zu", k);
+        corpus_save_as(bad, "MKLD", stem);
         cr_assert_eq(mpq_st_open(bad, &f, &e), MPQ_OK);
         for (int q = 0; q < 12; q++) got[q] = -7;
         cr_assert_eq(mpq_measure_read(f, bad, names, 4, &out, got, &e), MPQ_ERR_FORMAT, "%s", m2);
