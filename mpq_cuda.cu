@@ -39,11 +39,12 @@
 //   8-bit activations: the same kernel (A8) quantizes each slice's
 //   activations itself and fills the tables with integers, see gemv_lut.
 //
-//   Launch. Programmatic dependent launch (MPQ_CUDA_PDL, default 1): a
-//   launch's blocks locate and load their first records, the column
-//   sources and the column scales while the grid before it retires, and
-//   wait (griddepcontrol.wait) before reading x or touching the scratch
-//   sums, which the grid before may still use.
+//   Launch. Programmatic dependent launch (MPQ_CUDA_PDL, default 1; sm_90
+//   and later, plain stream order before): a launch's blocks locate and
+//   load their first records, the column sources and the column scales
+//   while the grid before it retires, and wait (griddepcontrol.wait) before
+//   reading x or touching the scratch sums, which the grid before may still
+//   use.
 //
 // MMA KERNEL (groups and the last group of whole quads, any mix of widths):
 // the codes of a device copy in the CODE LAYOUT on the tensor cores, see
@@ -137,6 +138,7 @@ struct dmat {
 
 struct cuda_ctx {
     int device, sms;
+    int cc;           // compute capability, 10 major + minor (80, 86, 89, 90, ...)
     int occ[2][4][3]; // resident blocks per multiprocessor of kLut[a8][batch][widest row]
     int smem_sm, smem_reserved, mma_static, mma_dmax; // shared memory: per SM, per block, the MMA kernel's
     cudaStream_t stream;
@@ -179,6 +181,9 @@ mpq_status map_error(cudaError_t e)
     case cudaErrorInsufficientDriver:
     case cudaErrorInvalidDevice: return MPQ_ERR_NODEVICE;
     case cudaErrorMemoryAllocation: return MPQ_ERR_NOMEM;
+    case cudaErrorNoKernelImageForDevice: // built without code for this device's architecture
+    case cudaErrorInvalidDeviceFunction:
+    case cudaErrorUnsupportedPtxVersion: return MPQ_ERR_UNSUPPORTED;
     default: return MPQ_ERR_DEVICE;
     }
 }
@@ -194,6 +199,23 @@ mpq_status map_blas(cublasStatus_t s)
 }
 
 // ---------------------------------------------------------------- device code
+
+// Programmatic dependent launch inside a kernel (sm_90 and later; on older
+// devices the launch attribute is off, see launch_pdl, and stream order
+// alone orders the grids): let the next grid start, and wait until the grid
+// before this one has finished and its writes are visible.
+__device__ __forceinline__ void pdl_release()
+{
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;");
+#endif
+}
+__device__ __forceinline__ void pdl_wait()
+{
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
 
 // 2^e for -126 <= e <= 127 (exact, no libm); smaller e (MXINT scales of
 // tiny blocks) through ldexpf.
@@ -552,8 +574,8 @@ __global__ void __launch_bounds__(kThreads, 2)
             // start its own first loads as this grid's blocks retire, and this
             // grid waits here until the launch before it is complete: x may be
             // its output, and part and counters are shared.
-            asm volatile("griddepcontrol.launch_dependents;");
-            asm volatile("griddepcontrol.wait;" ::: "memory");
+            pdl_release();
+            pdl_wait();
         }
 
         if (sl > s_first) __syncthreads(); // every warp is done with the last slice's tables
@@ -959,8 +981,8 @@ __global__ void __launch_bounds__(kMmaThreads)
     out += (size_t)blockIdx.y * ((M.ngroups + gpp - 1) / gpp) * P.bytes;
     uint4 *frag = smem4;
     float *qsum = reinterpret_cast<float *>(smem4 + 2 * qpg * nv * 4); // [qpg][nv]
-    asm volatile("griddepcontrol.launch_dependents;");
-    asm volatile("griddepcontrol.wait;" ::: "memory");
+    pdl_release();
+    pdl_wait();
     if (tid < nv) xmax[tid] = 0u, csum[tid] = 0;
     const int nitems = nv * qpg * 8;
     // A thread's items share (c, S) = (ic, is) = (tid % 4, tid / 4 % 2).
@@ -1153,8 +1175,8 @@ __global__ void __launch_bounds__(kMmaThreads, NT == 1 ? kMmaBlocks1 : 2)
         advance(ccopy);
     };
     for (int u = 0; u < kMmaRing - 1; u++) issue(u); // the first records go out before the wait
-    asm volatile("griddepcontrol.launch_dependents;");
-    asm volatile("griddepcontrol.wait;" ::: "memory");
+    pdl_release();
+    pdl_wait();
     // the part's activations (one more commit group: the ring's first ones
     // are complete too after the wait below, which the stream's counting of
     // groups allows)
@@ -1532,8 +1554,8 @@ __global__ void __launch_bounds__(kA8Threads)
 {
     __shared__ unsigned wmax[kA8Threads / 32];
     const int tid = threadIdx.x, j0 = blockIdx.x * M.group, j1 = min(M.cols, j0 + M.group);
-    asm volatile("griddepcontrol.launch_dependents;"); // the product's kernel waits for all of this grid
-    asm volatile("griddepcontrol.wait;" ::: "memory");
+    pdl_release(); // the product's kernel waits for all of this grid
+    pdl_wait();
     for (int v = blockIdx.y; v < batch; v += gridDim.y) {
         const float *xv = x + (size_t)v * M.cols;
         auto xt = [&](int j) { return xv[M.p_col ? (int)M.p_col[j] : j] * (M.cscale ? M.cscale[j] : 1.0f); };
@@ -1839,7 +1861,7 @@ mpq_status launch_pdl(cuda_ctx *c, Kernel kernel, dim3 grid, int threads, int sm
     cfg.dynamicSmemBytes = (size_t)smem;
     cfg.stream = c->stream;
     attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = MPQ_CUDA_PDL;
+    attr[0].val.programmaticStreamSerializationAllowed = MPQ_CUDA_PDL && c->cc >= 90;
     cfg.attrs = attr;
     cfg.numAttrs = 1;
     cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, args...);
@@ -2159,7 +2181,12 @@ extern "C" mpq_status mpq_cuda_backend(int device, mpq_backend *b)
     cuda_ctx *c = static_cast<cuda_ctx *>(calloc(1, sizeof(cuda_ctx)));
     if (!c) return MPQ_ERR_NOMEM;
     c->device = device;
+    int major = 0, minor = 0;
     e = cudaDeviceGetAttribute(&c->sms, cudaDevAttrMultiProcessorCount, device);
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+    c->cc = 10 * major + minor;
+    if (e == cudaSuccess && c->cc < 80) e = cudaErrorNoKernelImageForDevice; // cp.async and mma.sync need sm_80
     if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
     if (e != cudaSuccess) {
         free(c);

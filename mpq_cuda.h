@@ -34,13 +34,18 @@
      backend's stream: synchronize before reading y) or host pointers (staged
      through device buffers; the call returns with y written); they must
      not overlap (MPQ_ERR_ARG);
-   - products on the backend's stream use programmatic dependent launch: a
-     product starts loading its (immutable, backend-owned) weights while the
-     kernel before it on the stream finishes, and reads x only once that
-     kernel is complete, so stream order holds as usual (build with
-     -DMPQ_CUDA_PDL=0 for plain launches);
+   - products on the backend's stream use programmatic dependent launch
+     (sm_90 and later): a product starts loading its (immutable,
+     backend-owned) weights while the kernel before it on the stream
+     finishes, and reads x only once that kernel is complete, so stream
+     order holds as usual (build with -DMPQ_CUDA_PDL=0 for plain launches);
    - every CUDA and cuBLAS error is an mpq_status; a machine without a GPU
-     gets MPQ_ERR_NODEVICE from mpq_cuda_backend, never a crash.
+     gets MPQ_ERR_NODEVICE from mpq_cuda_backend, never a crash;
+   - the library is built for sm_80 (A100), sm_86 (RTX 30, A10), sm_89
+     (L4, L40S, RTX 40) and sm_90 (H100, H200), plus PTX that newer GPUs
+     compile at load (meson option gpu_archs); a device before sm_80, or
+     one the build has no code for, gets MPQ_ERR_UNSUPPORTED from
+     mpq_cuda_backend.
    One backend (its stream and scratch buffers) serves one thread at a time.
    Link with the program's MPQ_IMPLEMENTATION translation unit and cuBLAS. */
 #ifndef MPQ_CUDA_H_INCLUDED

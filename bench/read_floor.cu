@@ -25,9 +25,24 @@
 namespace
 {
 
+// griddepcontrol exists from sm_90 on; before it the launch is plain
+// stream order (as in mpq_cuda.cu)
+__device__ __forceinline__ void pdl_release()
+{
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;");
+#endif
+}
+__device__ __forceinline__ void pdl_wait()
+{
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 __global__ void __launch_bounds__(256) read_all(const uint4 *__restrict__ p, size_t n16, unsigned *sink)
 {
-    asm volatile("griddepcontrol.launch_dependents;");
+    pdl_release();
     const size_t stride = (size_t)gridDim.x * blockDim.x;
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     unsigned acc = 0;
@@ -45,7 +60,7 @@ __global__ void __launch_bounds__(256) read_all(const uint4 *__restrict__ p, siz
         const uint4 v = p[i];
         acc ^= v.x ^ v.y ^ v.z ^ v.w;
     }
-    asm volatile("griddepcontrol.wait;" ::: "memory");
+    pdl_wait();
     if (acc == 0x9E3779B9u) sink[blockIdx.x] = acc; // the loads must stay; the store almost never happens
 }
 
@@ -63,8 +78,8 @@ __global__ void __launch_bounds__(256)
     const int tid = threadIdx.x;
     const size_t stride = (size_t)gridDim.x * gridDim.y * 256;
     size_t i = ((size_t)blockIdx.y * gridDim.x + blockIdx.x) * 256 + tid;
-    asm volatile("griddepcontrol.launch_dependents;");
-    if (MODE == 1) asm volatile("griddepcontrol.wait;" ::: "memory");
+    pdl_release();
+    if (MODE == 1) pdl_wait();
     uint4 v[4];
     auto issue = [&]() {
 #pragma unroll
@@ -79,7 +94,7 @@ __global__ void __launch_bounds__(256)
     issue();
     float xs = 0.0f;
     if (MODE >= 2) {
-        asm volatile("griddepcontrol.wait;" ::: "memory");
+        pdl_wait();
         const size_t c0 = (size_t)blockIdx.x * 512 + tid;
         xs = x[c0 % (size_t)cols] + x[(c0 + 256) % (size_t)cols];
     }
@@ -154,7 +169,7 @@ extern "C" double floor_seconds(size_t bytes, int rows, int cols, int mode, int 
 {
     bytes = (bytes + 15) / 16 * 16;
     const int copies = (int)(200e6 / (double)bytes) + 2;
-    int dev = 0, sms = 0, per_sm = 0;
+    int dev = 0, sms = 0, per_sm = 0, major = 0;
     unsigned *sink = nullptr, *counters = nullptr;
     float *x = nullptr, *y = nullptr, *part = nullptr;
     uint4 **buf = static_cast<uint4 **>(calloc((size_t)copies, sizeof(uint4 *)));
@@ -164,6 +179,7 @@ extern "C" double floor_seconds(size_t bytes, int rows, int cols, int mode, int 
     double result = -1.0;
     bool ok = buf && t && mode >= 0 && mode <= 4 && cudaGetDevice(&dev) == cudaSuccess &&
         cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess &&
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
         cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, read_all, 256, 0) == cudaSuccess &&
         cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess && cudaEventCreate(&e0) == cudaSuccess &&
         cudaEventCreate(&e1) == cudaSuccess &&
@@ -196,7 +212,7 @@ extern "C" double floor_seconds(size_t bytes, int rows, int cols, int mode, int 
         cfg.blockDim = dim3(256);
         cfg.stream = s;
         attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-        attr[0].val.programmaticStreamSerializationAllowed = 1;
+        attr[0].val.programmaticStreamSerializationAllowed = major >= 9;
         cfg.attrs = attr;
         cfg.numAttrs = 1;
         const size_t n16 = bytes / 16;

@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
 # Everything the CUDA backend needs checked and timed on a machine with a GPU,
 # in one go: the kernels against the CPU reference (cuda_check), the same
-# under compute-sanitizer memcheck and racecheck (small cases), and the
+# built with compute_80 PTX alone (cuda_check_ptx80: the driver compiles it
+# for the GPU at hand, so the code paths of sm_80 run on a newer card), the
+# small cases under compute-sanitizer memcheck, racecheck and synccheck, the
 # benchmark (BENCH_ARGS), and with LLM=1 bench/llm_cuda.sh. Build here first
-# (bash test/gpu/run_device.sh build), then run it where the GPU is
-# (bash test/gpu/run_device.sh run [OUTDIR]), with .gpu beside it.
+# (bash test/gpu/run_device.sh build; GPU_ARCHS, a comma list, replaces
+# meson's gpu_archs for the main build), then run it where the GPU is
+# (bash test/gpu/run_device.sh run [OUTDIR]), with .gpu beside it. CHECK=0,
+# PTX80=0 or SAN=0 leave out cuda_check, its compute_80 build or the
+# sanitizers.
 set -u
 cd "$(dirname "$0")/../.."
 bin=.gpu
@@ -16,10 +21,14 @@ build)
     # a portable build (no -march=native: the GPU machine's CPU may differ)
     rm -rf "$bin" && mkdir -p "$bin" &&
         meson setup "$bin/build" --buildtype=release -Dnative=false -Dcuda=enabled -Dtests=true -Dbenches=true \
-            -Dexamples=false >"$bin/setup.log" 2>&1 &&
+            -Dexamples=false ${GPU_ARCHS:+-Dgpu_archs=$GPU_ARCHS} >"$bin/setup.log" 2>&1 &&
         ninja -C "$bin/build" cuda_check bench_gemv_cuda mpq bench_random_llm >"$bin/ninja.log" 2>&1 &&
         cp "$bin/build/cuda_check" "$bin/build/bench_gemv_cuda" "$bin/build/mpq" "$bin/build/bench_random_llm" "$bin/" &&
         rm -rf "$bin/build" &&
+        meson setup "$bin/build80" --buildtype=release -Dnative=false -Dcuda=enabled -Dtests=true -Dbenches=false \
+            -Dexamples=false -Dio=disabled -Dgpu_archs=compute_80 >"$bin/setup80.log" 2>&1 &&
+        ninja -C "$bin/build80" cuda_check >"$bin/ninja80.log" 2>&1 &&
+        cp "$bin/build80/cuda_check" "$bin/cuda_check_ptx80" && rm -rf "$bin/build80" &&
         # the shared libraries of mpq and bench_random_llm that the GPU machine may lack
         mkdir -p "$bin/lib" && for l in libcjson.so.1 libgomp.so.1; do
             cp -L "$(ldd "$bin/mpq" | awk -v l=$l '$1 == l { print $3 }')" "$bin/lib/"
@@ -31,9 +40,15 @@ run)
     export LD_LIBRARY_PATH=$PWD/$bin/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
     nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv | tee "$out/gpu.txt"
     rc=0
-    "$bin/cuda_check" >"$out/cuda_check.txt" 2>&1 || rc=1
-    grep -E "^not ok|^# " "$out/cuda_check.txt"; tail -n 1 "$out/cuda_check.txt"
-    for tool in memcheck racecheck; do
+    for v in cuda_check cuda_check_ptx80; do
+        [ "$v" = cuda_check ] && [ "${CHECK:-1}" = 0 ] && continue
+        [ "$v" = cuda_check_ptx80 ] && [ "${PTX80:-1}" = 0 ] && continue
+        t0=$(date +%s)
+        "$bin/$v" >"$out/$v.txt" 2>&1 || rc=1
+        echo "$v ($(($(date +%s) - t0)) s):"; grep -E "^not ok|^# " "$out/$v.txt" | head -n 40; tail -n 1 "$out/$v.txt"
+    done
+    for tool in memcheck racecheck synccheck; do
+        [ "${SAN:-1}" = 0 ] && break
         compute-sanitizer --tool $tool --error-exitcode 9 "$bin/cuda_check" --quick >"$out/$tool.txt" 2>&1 || rc=1
         echo "$tool: $(grep -cE '^ok' "$out/$tool.txt") ok, $(grep -cE '^not ok' "$out/$tool.txt") not ok; $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/$tool.txt" | tail -n 1)"
     done
