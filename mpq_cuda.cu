@@ -52,6 +52,10 @@
 // batch; the LUT kernel's grows with B (it runs batch 3 as 4), and the two
 // cross between batch 2 and 3 on the H100 (bench/results/NOTES.md).
 //
+// GEMM KERNEL (batches MPQ_CUDA_GEMM_BATCH .. MPQ_CUDA_GEMM_MAX; groups of
+// whole quads up to 256 columns): the code copy streamed once per output
+// tile of 256 rows and up to 64 vectors, see gemm_codes.
+//
 // OTHER PATHS: groups that are not a multiple of 32 columns (tails of pairs
 // and singles inside every group) use a plain kernel, one thread per row and
 // vector, which decodes every weight; larger batches dequantize to fp16
@@ -436,20 +440,21 @@ __device__ __forceinline__ void step_compute(const dmat &M, const step_buf<MAXP>
     }
 }
 
-// The end of a product split over column parts (grid x) and row blocks
-// (grid y): every block has written its per-row sums of rows r0 .. r0 + nr
-// - 1 to `part`; the last block of the row block to finish adds the parts in
-// a fixed order (deterministic), adds the sparse part, and scatters through
-// p_row.
-__device__ void sum_parts(const dmat &M, const float *__restrict__ x, int batch, const float *part,
-                          unsigned *__restrict__ counters, float *__restrict__ y, int r0, int nr)
+// The end of a product split over column parts: every block has written
+// its per-row sums of rows r0 .. r0 + nr - 1 (a multiple of 4) for vectors
+// 0 .. batch - 1 to `part` (part p of vector v, row r at p * pstride + v *
+// rows16 + r); the last of the nparts blocks of this row block to finish
+// (counting on *counter) adds the parts in a fixed order (deterministic),
+// adds the sparse part, and scatters through p_row.
+__device__ void sum_parts(const dmat &M, const float *__restrict__ x, int batch, const float *part, int nparts,
+                          size_t pstride, unsigned *__restrict__ counter, float *__restrict__ y, int r0, int nr)
 {
     __shared__ bool last;
-    const int tid = threadIdx.x, nparts = gridDim.x, nthr = blockDim.x;
+    const int tid = threadIdx.x, nthr = blockDim.x;
     const size_t rows16 = (size_t)M.ntiles * kTile; // row stride of `part`
     __threadfence();
     __syncthreads();
-    if (tid == 0) last = atomicAdd(&counters[blockIdx.y], 1u) == (unsigned)nparts - 1;
+    if (tid == 0) last = atomicAdd(counter, 1u) == (unsigned)nparts - 1;
     __syncthreads();
     if (!last) return;
     __threadfence();
@@ -461,7 +466,7 @@ __device__ void sum_parts(const dmat &M, const float *__restrict__ x, int batch,
         float4 sum = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll 8
         for (int p = 0; p < nparts; p++) {
-            const float4 a = __ldcg(reinterpret_cast<const float4 *>(&part[((size_t)p * batch + vv) * rows16 + r]));
+            const float4 a = __ldcg(reinterpret_cast<const float4 *>(&part[(size_t)p * pstride + vv * rows16 + r]));
             sum.x += a.x, sum.y += a.y, sum.z += a.z, sum.w += a.w;
         }
         const float sw[4] = {sum.x, sum.y, sum.z, sum.w};
@@ -470,7 +475,7 @@ __device__ void sum_parts(const dmat &M, const float *__restrict__ x, int batch,
             if (orow[w] >= 0)
                 y[(size_t)vv * M.rows + orow[w]] = sw[w] + sparse_dot(M, orow[w], x + (size_t)vv * M.cols);
     }
-    if (tid == 0) counters[blockIdx.y] = 0; // ready for the next launch
+    if (tid == 0) *counter = 0; // ready for the next launch
 }
 
 // The LUT kernel. Grid: x = column parts of `sps` slices (a slice is
@@ -697,7 +702,7 @@ __global__ void __launch_bounds__(kThreads, 2)
         }
     }
 
-    sum_parts(M, x, batch, part, counters, y, r0, nr);
+    sum_parts(M, x, batch, part, gridDim.x, (size_t)batch * M.ntiles * kTile, &counters[blockIdx.y], y, r0, nr);
 }
 
 // ------------------------------------------------------------ tensor cores
@@ -828,6 +833,16 @@ template <int CB> __device__ uint4 code_row(int rr, int b, int skip)
     }
     return make_uint4(((0xFFu << lo) & 0xFFu) * 0x01010101u, half2_of(2.0f), half2_of(-(float)(2048 + C - (C & 1))),
                       (uint32_t)(C & 1));
+}
+
+// The block's table of code_row by (row parity, width), filled by its
+// first threads (read after the block's next barrier).
+template <int CB> __device__ __forceinline__ void code_row_table(uint4 (&rtab)[2][MPQ_MAX_BITS + 1], int skip)
+{
+    const int tid = threadIdx.x;
+    if (tid < 2 * (MPQ_MAX_BITS + 1))
+        rtab[tid / (MPQ_MAX_BITS + 1)][tid % (MPQ_MAX_BITS + 1)] =
+            code_row<CB>(tid / (MPQ_MAX_BITS + 1), tid % (MPQ_MAX_BITS + 1), skip);
 }
 
 // The A fragments of k steps 0 and 1 of one quad from the lane's code words
@@ -1134,9 +1149,7 @@ __global__ void __launch_bounds__(kMmaThreads, NT == 1 ? kMmaBlocks1 : 2)
     const float *gsum = reinterpret_cast<const float *>(sbase + P.gsum);
     float *wsum = reinterpret_cast<float *>(sbase + L.wsum);
     char *ring = sbase + L.ring + (size_t)warp * kMmaRing * kMmaPair * slot;
-    if (tid < 2 * (MPQ_MAX_BITS + 1))
-        rtab[tid / (MPQ_MAX_BITS + 1)][tid % (MPQ_MAX_BITS + 1)] =
-            code_row<CB>(tid / (MPQ_MAX_BITS + 1), tid % (MPQ_MAX_BITS + 1), skip);
+    code_row_table<CB>(rtab, skip);
 
     // the warp's units u = (pair, group): with wpt == 1 pairs warp, warp +
     // 8, ... with every group; else one pair, every wpt-th group
@@ -1311,7 +1324,8 @@ __global__ void __launch_bounds__(kMmaThreads, NT == 1 ? kMmaBlocks1 : 2)
             part[((size_t)blockIdx.x * batch + n) * rows16 + (size_t)(t_first + tl) * kTile + r] = sum;
         }
     }
-    sum_parts(M, x, batch, part, counters, y, t_first * kTile, nt * kTile);
+    sum_parts(M, x, batch, part, gridDim.x, (size_t)batch * M.ntiles * kTile, &counters[blockIdx.y], y, t_first * kTile,
+              nt * kTile);
 }
 
 typedef void (*mma_kernel)(dmat, const float *, int, int, int, int, int, const uint8_t *, float *, unsigned *, float *);
@@ -1324,6 +1338,317 @@ constexpr mma_kernel kMma[2][3][2] = {
      {gemv_mma<4, 4, true>, gemv_mma<8, 4, true>}}};
 constexpr prep_kernel kPrep[2][3] = {{mma_prep<1, false>, mma_prep<2, false>, nullptr},
                                      {mma_prep<1, true>, mma_prep<2, true>, mma_prep<4, true>}};
+
+// ------------------------------------------------------------------ the GEMM
+// GEMM KERNEL (batches from MPQ_CUDA_GEMM_BATCH up on a matrix with the code
+// copy whose groups are at most kGemmCols columns; any mix of widths): the
+// weights stream from device memory once per tile of the output into
+// shared memory, their codes become exact fp16 integers in registers, and
+// the tensor cores (mma.sync m16n8k16, fp16 in, fp32 accumulate; sm_80 and
+// later) multiply them with a tile of the batch.
+//
+//   Output tile. A block takes 256 rows (kGemmTiles tiles, a pair per warp)
+//   and BN = 8 NB vectors (NB = 2, 4 or 8 by the batch): grid x. Grid z:
+//   row blocks; grid y: parts of the columns (split-k) where the row blocks
+//   and vector tiles alone leave multiprocessors idle. Blocks next to each
+//   other in x read the same codes, so a batch of several vector tiles reads
+//   them from device memory about once and from L2 for the others.
+//
+//   Stages. A stage is sg whole groups (sg = 128 / group where that is
+//   more than one, else one group): for each of the block's tiles the
+//   copies of its sg records (contiguous in the CODE LAYOUT), and the
+//   activations of those columns and their group sums for the block's
+//   vectors. kGemmStages stages (fewer where shared memory is short) are in
+//   flight with cp.async, the first ones' codes before the dependent wait
+//   (they do not depend on the grid before), and one barrier per stage.
+//
+//   Weights. As in the MMA kernel (Codes): code_frags turns each field into
+//   the exact integer Q' = 2 u' - (C - C % 2) in fp16, and a group's
+//   products sum_k Q' x_k (fp32) are scaled once per group and row: the
+//   sum += s^ (sum Q' x) + z^' (sum x), z^' = z^ less s^ where C is odd
+//   (mma_rows). The weights are exact; only the activations are rounded.
+//
+//   Activations. gemm_prep scales each vector by a power of two 2^-E that
+//   puts its largest |x~| (x gathered through p_col, times col_scale) in
+//   [2^14, 2^15), so no activation overflows fp16 and each keeps 11
+//   significant bits, and writes them once per product in fp16 in the order
+//   of the B fragments: per quad of 32 columns and vector, lane c's 16 bytes
+//   are its registers b0, b1 of k steps 0 and 1 (columns c + 4 f + 16 e, f
+//   = 2 S + h, e the half), so a warp's read of one n8 block is 512
+//   contiguous bytes of shared memory. Also the group sums of the fp16
+//   values (fp32, in a fixed order) and 2^E, which multiplies the sums at
+//   the end. Vectors past the batch are zeros.
+//
+//   Sums. With one part the block writes y itself (sparse part added,
+//   scattered through p_row); with several, each writes its sums to `part`
+//   and the last block of a (row block, vector tile) to finish adds them in
+//   a fixed order (sum_parts): deterministic either way.
+constexpr int kGemmWarps = 8;
+constexpr int kGemmThreads = 32 * kGemmWarps;
+constexpr int kGemmTiles = kMmaPair * kGemmWarps; // 16 tiles: 256 rows per block
+constexpr int kGemmCols = 256;                    // the widest group the kernel takes
+constexpr int kGemmStages = 4;                    // stages in flight, at most
+static_assert(kGemmStages >= 2 && kGemmStages <= 4, "gemm_codes waits for 0, 1 or 2 stages still out");
+
+// Resident blocks per multiprocessor the GEMM kernel is built for: two
+// for vector tiles of 16 and 32 (a block's 8 warps alone leave the
+// schedulers idle most cycles, waiting on the latency of the decoding and
+// the tensor cores), one for 64 (its 128 accumulators).
+__host__ __device__ constexpr int gemm_blocks(int nb) { return nb <= 4 ? 2 : 1; }
+
+// Bytes of one stage: the codes of kGemmTiles tiles x sg records, the
+// activations of sg groups for BN vectors, then their sums [sg][BN].
+struct gemm_stage {
+    int codes, sums, bytes;
+    __host__ __device__ gemm_stage(int sg, int crec, int group, int bn)
+    {
+        codes = kGemmTiles * sg * crec;
+        sums = codes + sg * group / 32 * bn * 64;
+        bytes = sums + sg * bn * 4;
+    }
+};
+
+// What gemm_prep writes for a product, in the scratch buffer: the fp16 B
+// fragments [quads][bnpad][4] (uint4), the group sums [ngroups][bnpad] and
+// the vectors' scales 2^E [bnpad] (floats), each part 16-byte aligned.
+struct gemm_xp {
+    size_t sums, scale, bytes;
+    __host__ __device__ gemm_xp(int cols, int ngroups, int bnpad)
+    {
+        sums = (size_t)cols * bnpad * 2;
+        scale = sums + ((size_t)ngroups * bnpad * 4 + 15) / 16 * 16;
+        bytes = scale + ((size_t)bnpad * 4 + 15) / 16 * 16;
+    }
+};
+
+// One block per vector (grid x, up to bnpad): its largest |x~| sets E, then
+// each thread takes whole quads: the 32 values scaled, rounded to fp16 and
+// written as the 4 lanes' fragments, and their sum (of the rounded values,
+// in order) to shared memory; last the group sums, each in quad order.
+// Dynamic shared memory: a float per quad.
+__global__ void __launch_bounds__(256)
+    gemm_prep(dmat M, const float *__restrict__ x, int batch, int bnpad, uint8_t *__restrict__ out)
+{
+    extern __shared__ float qsum[];
+    __shared__ unsigned wmax[8];
+    pdl_release();
+    pdl_wait();
+    const int n = blockIdx.x, tid = threadIdx.x, nq = M.cols / 32;
+    const gemm_xp X(M.cols, M.ngroups, bnpad);
+    uint4 *xp = reinterpret_cast<uint4 *>(out);
+    float *sums = reinterpret_cast<float *>(out + X.sums), *scale = reinterpret_cast<float *>(out + X.scale);
+    const float *xv = x + (size_t)n * M.cols;
+    auto value = [&](int col) {
+        return n < batch ? xv[M.p_col ? (int)M.p_col[col] : col] * (M.cscale ? M.cscale[col] : 1.0f) : 0.0f;
+    };
+    unsigned mx = 0;                    // max |x~| as its bits (|x| >= 0 orders as its bits; NaN above inf)
+    for (int q = tid; q < nq; q += 256) // a quad's 32 loads out together
+#pragma unroll
+        for (int k = 0; k < 32; k++) mx = max(mx, __float_as_uint(fabsf(value(32 * q + k))));
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) mx = max(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    if ((tid & 31) == 0) wmax[tid >> 5] = mx;
+    __syncthreads();
+    mx = wmax[0];
+    for (int w = 1; w < 8; w++) mx = max(mx, wmax[w]);
+    // E: the exponent of max |x~| less 14 (0 for a zero vector), kept where 2^-E and 2^E are normal floats
+    const int e = mx == 0u ? 0 : min(max((int)(mx >> 23 & 255u) - 127 - 14, -100), 100);
+    const float inv = __int_as_float((127 - e) << 23); // 2^-E, |E| <= 100
+    for (int q = tid; q < nq; q += 256) {
+        uint32_t h[4][4];
+        float sum = 0.0f;
+#pragma unroll
+        for (int c = 0; c < 4; c++)
+#pragma unroll
+            for (int f = 0; f < 4; f++) {
+                const __half lo = __float2half_rn(value(32 * q + c + 4 * f) * inv);
+                const __half hi = __float2half_rn(value(32 * q + c + 4 * f + 16) * inv);
+                sum += __half2float(lo) + __half2float(hi);
+                h[c][f] = (uint32_t)__half_as_ushort(lo) | (uint32_t)__half_as_ushort(hi) << 16;
+            }
+#pragma unroll
+        for (int c = 0; c < 4; c++)
+            xp[((size_t)q * bnpad + n) * 4 + c] = make_uint4(h[c][0], h[c][1], h[c][2], h[c][3]);
+        qsum[q] = sum;
+    }
+    __syncthreads();
+    for (int g = tid; g < M.ngroups; g += 256) {
+        const int q0 = g * (M.group / 32), q1 = min(nq, q0 + M.group / 32);
+        float sum = 0.0f;
+        for (int q = q0; q < q1; q++) sum += qsum[q];
+        sums[(size_t)g * bnpad + n] = sum;
+    }
+    if (tid == 0) scale[n] = __int_as_float((127 + e) << 23);
+}
+
+// The GEMM kernel (see above). Grid: x = vector tiles of BN = 8 NB, y =
+// column parts of spp stages, z = row blocks. sg: groups per stage; ns:
+// stages in flight; bnpad: vectors of xprep (the batch rounded up to BN).
+template <int CB, int NB>
+__global__ void __launch_bounds__(kGemmThreads, gemm_blocks(NB))
+    gemm_codes(dmat M, const float *__restrict__ x, int batch, int skip, int sg, int ns, int spp, int bnpad,
+               const uint8_t *__restrict__ xprep, float *__restrict__ part, unsigned *__restrict__ counters,
+               float *__restrict__ y)
+{
+    constexpr int BN = 8 * NB;
+    extern __shared__ uint4 smem4[];
+    __shared__ uint4 rtab[2][MPQ_MAX_BITS + 1]; // code_row of (row parity, width)
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, m = lane >> 2, c = lane & 3;
+    const int G = M.group, hdr = M.meta + kTile, n0 = blockIdx.x * BN;
+    const int nst = (M.ngroups + sg - 1) / sg, st0 = blockIdx.y * spp, nstp = min(spp, nst - st0);
+    const int t0 = blockIdx.z * kGemmTiles + kMmaPair * warp; // the warp's first tile
+    const bool live0 = t0 < M.ntiles, live1 = t0 + 1 < M.ntiles;
+    const gemm_stage L(sg, M.crec, G, BN);
+    const gemm_xp X(M.cols, M.ngroups, bnpad);
+    const uint4 *xp = reinterpret_cast<const uint4 *>(xprep);
+    const float *xsums = reinterpret_cast<const float *>(xprep + X.sums);
+    char *const sbase = reinterpret_cast<char *>(smem4);
+    code_row_table<CB>(rtab, skip);
+
+    // stage k of the part: groups g0 .. g0 + ngs - 1 (columns of the last maybe fewer)
+    auto stage_groups = [&](int k, int &g0, int &ngs) {
+        g0 = (st0 + k) * sg;
+        ngs = min(sg, M.ngroups - g0);
+    };
+    auto stage_cols = [&](int g0, int ngs) { return min(ngs * G, M.cols - g0 * G); };
+    // the warp's two tiles' records of stage k into slot k % ns
+    auto issue_codes = [&](int k) {
+        if (k >= nstp) return;
+        int g0, ngs;
+        stage_groups(k, g0, ngs);
+        const int bytes = (ngs - 1) * M.crec + hdr + (stage_cols(g0, ngs) - (ngs - 1) * G) * 2 * CB;
+        char *dst = sbase + (size_t)(k % ns) * L.bytes + (size_t)kMmaPair * warp * sg * M.crec;
+#pragma unroll
+        for (int i = 0; i < kMmaPair; i++)
+            if (t0 + i < M.ntiles) {
+                const uint8_t *src = M.codes + (size_t)(t0 + i) * M.crow + (size_t)g0 * M.crec;
+                for (int o = 16 * lane; o < bytes; o += 512)
+                    cp_async16(smem_addr(dst + (size_t)i * sg * M.crec + o), src + o);
+            }
+    };
+    // the block's activations of stage k (per quad, BN vectors' 64 bytes) and their group sums
+    auto issue_x = [&](int k) {
+        if (k >= nstp) return;
+        int g0, ngs;
+        stage_groups(k, g0, ngs);
+        const int nq = stage_cols(g0, ngs) / 32, q0 = g0 * G / 32;
+        char *dst = sbase + (size_t)(k % ns) * L.bytes;
+        for (int o = tid; o < nq * BN * 4; o += kGemmThreads) {
+            const int q = o / (BN * 4), r = o % (BN * 4);
+            cp_async16(smem_addr(dst + L.codes + 16 * (size_t)o), xp + ((size_t)(q0 + q) * bnpad + n0) * 4 + r);
+        }
+        for (int o = tid; o < ngs * BN / 4; o += kGemmThreads) {
+            const int j = o / (BN / 4), r = o % (BN / 4);
+            cp_async16(smem_addr(dst + L.sums + 16 * (size_t)o), xsums + (size_t)(g0 + j) * bnpad + n0 + 4 * r);
+        }
+    };
+    for (int k = 0; k < ns - 1; k++) issue_codes(k); // the weights do not depend on the grid before
+    pdl_wait();
+    for (int k = 0; k < ns - 1; k++) issue_x(k);
+    asm volatile("cp.async.commit_group;" ::: "memory");
+    asm volatile("cp.async.wait_group 0;" ::: "memory");
+    __syncthreads();
+
+    // lane (m, c) sums rows 2m, 2m + 1 of both tiles for vectors 8 j + 2c, 8 j + 2c + 1
+    float acc[kMmaPair][NB][4] = {};
+    for (int k = 0; k < nstp; k++) {
+        issue_codes(k + ns - 1); // into the slot of stage k - 1, which every warp is done with
+        issue_x(k + ns - 1);
+        asm volatile("cp.async.commit_group;" ::: "memory");
+        if (live0) {
+            int g0, ngs;
+            stage_groups(k, g0, ngs);
+            const char *slot = sbase + (size_t)(k % ns) * L.bytes;
+            const char *cs = slot + (size_t)kMmaPair * warp * sg * M.crec;
+            const uint4 *xs = reinterpret_cast<const uint4 *>(slot + L.codes) + m * 4 + c;
+            const float *gs = reinterpret_cast<const float *>(slot + L.sums) + 2 * c;
+            for (int j = 0; j < ngs; j++, gs += BN) {
+                const char *rec0 = cs + (size_t)j * M.crec, *rec1 = rec0 + (live1 ? sg * M.crec : 0);
+                code_rows R[kMmaPair];
+                float s[kMmaPair][2], z[kMmaPair][2];
+                mma_rows(M, rec0, true, m, rtab, R[0], s[0], z[0]);
+                mma_rows(M, rec1, live1, m, rtab, R[1], s[1], z[1]);
+                const int nq = min(G, M.cols - (g0 + j) * G) / 32;
+                const char *cw0 = rec0 + hdr + 2 * CB * lane, *cw1 = rec1 + hdr + 2 * CB * lane;
+                const uint4 *xq = xs + (size_t)j * (G / 32) * BN * 4;
+                float d[kMmaPair][NB][4] = {}; // the group's sum Q' x
+                for (int q = 0; q < nq; q++, cw0 += 64 * CB, cw1 += 64 * CB, xq += BN * 4) {
+                    uint32_t a[kMmaPair][2][4];
+                    code_frags<CB>(cw0, R[0], a[0]);
+                    code_frags<CB>(cw1, R[1], a[1]);
+#pragma unroll
+                    for (int jn = 0; jn < NB; jn++) {
+                        const uint4 bf = xq[jn * 32];
+#pragma unroll
+                        for (int i = 0; i < kMmaPair; i++) {
+                            mma_16816(d[i][jn], a[i][0], bf.x, bf.y);
+                            mma_16816(d[i][jn], a[i][1], bf.z, bf.w);
+                        }
+                    }
+                }
+#pragma unroll
+                for (int jn = 0; jn < NB; jn++) {
+                    const float2 xg = *reinterpret_cast<const float2 *>(gs + 8 * jn);
+#pragma unroll
+                    for (int i = 0; i < kMmaPair; i++)
+#pragma unroll
+                        for (int f = 0; f < 4; f++)
+                            acc[i][jn][f] = fmaf(s[i][f >> 1], d[i][jn][f],
+                                                 fmaf(z[i][f >> 1], (f & 1) ? xg.y : xg.x, acc[i][jn][f]));
+                }
+            }
+        }
+        if (ns == 2) // stage k + 1 is in (its group and all before it: ns - 2 may still be out)
+            asm volatile("cp.async.wait_group 0;" ::: "memory");
+        else if (ns == 3)
+            asm volatile("cp.async.wait_group 1;" ::: "memory");
+        else
+            asm volatile("cp.async.wait_group 2;" ::: "memory");
+        __syncthreads(); // and every warp is done with stage k
+    }
+    asm volatile("cp.async.wait_all;" ::: "memory");
+    // only now may the next product's grids start: launched at the top, they
+    // would hold the multiprocessors' second block slot (and all their
+    // registers) while this grid still runs, and the next gemm_prep could
+    // not start until this grid's blocks left (bench/results/NOTES.md)
+    pdl_release();
+
+    // the sums times 2^E of their vectors
+    const float *xscale = reinterpret_cast<const float *>(xprep + X.scale) + n0;
+    const size_t rows16 = (size_t)M.ntiles * kTile;
+    const int nvec = min(BN, batch - n0); // vectors of this tile
+    if (live0)
+#pragma unroll
+        for (int jn = 0; jn < NB; jn++) {
+            const float2 sc = *reinterpret_cast<const float2 *>(xscale + 8 * jn + 2 * c);
+#pragma unroll
+            for (int i = 0; i < kMmaPair; i++)
+#pragma unroll
+                for (int f = 0; f < 4; f++) {
+                    const int n = 8 * jn + 2 * c + (f & 1), row = (t0 + i) * kTile + 2 * m + (f >> 1);
+                    const float v = acc[i][jn][f] * ((f & 1) ? sc.y : sc.x);
+                    if (n >= nvec || (i == 1 && !live1)) continue;
+                    if (gridDim.y == 1) { // one part: the block writes y
+                        if (row < M.rows) {
+                            const int orow = M.p_row ? (int)M.p_row[row] : row;
+                            y[(size_t)(n0 + n) * M.rows + orow] =
+                                v + sparse_dot(M, orow, x + (size_t)(n0 + n) * M.cols);
+                        }
+                    } else
+                        part[((size_t)blockIdx.y * batch + n0 + n) * rows16 + row] = v;
+                }
+        }
+    if (gridDim.y == 1) return;
+    const int r0 = blockIdx.z * kGemmTiles * kTile, nr = min(kGemmTiles * kTile, (int)rows16 - r0);
+    sum_parts(M, x + (size_t)n0 * M.cols, nvec, part + (size_t)n0 * rows16, gridDim.y, (size_t)batch * rows16,
+              &counters[(size_t)blockIdx.z * gridDim.x + blockIdx.x], y + (size_t)n0 * M.rows, r0, nr);
+}
+
+typedef void (*gemm_kernel)(dmat, const float *, int, int, int, int, int, int, const uint8_t *, float *, unsigned *,
+                            float *);
+// [code bits 4, 8][vector blocks 2, 4, 8]
+constexpr gemm_kernel kGemm[2][3] = {{gemm_codes<4, 2>, gemm_codes<4, 4>, gemm_codes<4, 8>},
+                                     {gemm_codes<8, 2>, gemm_codes<8, 4>, gemm_codes<8, 8>}};
 
 // Decodes row `row`, columns col0 .. col0 + N - 1 of the packed matrix
 // (packed coordinates) with `skip` planes dropped, without the column
@@ -1961,6 +2286,49 @@ mpq_status launch_mma(cuda_ctx *c, const cuda_handle *h, const float *x, float *
                       c->counters, y);
 }
 
+// The GEMM kernel (matrices with a code copy and groups of at most
+// kGemmCols columns), after gemm_prep. Vector tiles of 16, 32 or 64 by the
+// batch; as many stages in flight as fit shared memory (at least two);
+// column parts where the blocks of row blocks x vector tiles leave the
+// multiprocessors short of a full wave: of 1 to 8 parts (each at least two
+// stages), the count whose blocks fill their waves best, the fewest on a
+// tie within 2 %.
+mpq_status launch_gemm(cuda_ctx *c, const cuda_handle *h, const float *x, float *y, int batch, int skip)
+{
+    const dmat &M = h->m;
+    if (!M.codes || M.group > kGemmCols) return MPQ_ERR_UNSUPPORTED;
+    const int ni = batch <= 16 ? 0 : batch <= 32 ? 1 : 2, bn = 16 << ni;
+    const int ntn = (batch + bn - 1) / bn, bnpad = ntn * bn;
+    const int sg = M.group < 128 ? 128 / M.group : 1, nst = (M.ngroups + sg - 1) / sg;
+    const int stage = gemm_stage(sg, M.crec, M.group, bn).bytes, occ = gemm_blocks(bn / 8);
+    const int budget = min(c->mma_dmax, c->smem_sm / occ - c->smem_reserved - c->mma_static);
+    const int ns = min(kGemmStages, budget / stage);
+    if (ns < 2) return MPQ_ERR_UNSUPPORTED;
+    const int nrb = (M.ntiles + kGemmTiles - 1) / kGemmTiles, blocks = ntn * nrb;
+    int nparts = 1;
+    double best = 0.0;
+    for (int p = 1; p <= 8 && (p == 1 || 2 * p <= nst); p++) {
+        const int spp_ = (nst + p - 1) / p, np_ = (nst + spp_ - 1) / spp_;
+        const long total = (long)blocks * np_, want = (long)occ * c->sms, waves = (total + want - 1) / want;
+        const double fill = (double)total / ((double)waves * want);
+        if (fill > best + 0.02) best = fill, nparts = np_;
+    }
+    const int spp = (nst + nparts - 1) / nparts;
+    nparts = (nst + spp - 1) / spp;
+    const size_t rows16 = (size_t)M.ntiles * kTile;
+    const size_t part_bytes = nparts > 1 ? (sizeof(float) * (size_t)nparts * batch * rows16 + 255) / 256 * 256 : 0;
+    const gemm_xp X(M.cols, M.ngroups, bnpad);
+    if (M.cols / 32 * 4 > 48 * 1024) return MPQ_ERR_UNSUPPORTED; // gemm_prep's quad sums
+    mpq_status st = grow(c, part_bytes + X.bytes, (size_t)blocks);
+    if (st != MPQ_OK) return st;
+    uint8_t *xprep = static_cast<uint8_t *>(c->scratch) + part_bytes;
+    st = launch_pdl(c, gemm_prep, dim3(bnpad), 256, M.cols / 32 * 4, M, x, batch, bnpad, xprep);
+    if (st != MPQ_OK) return st;
+    return launch_pdl(c, kGemm[h->cb == 8][ni], dim3(ntn, nparts, nrb), kGemmThreads, ns * stage, M, x, batch, skip, sg,
+                      ns, spp, bnpad, static_cast<const uint8_t *>(xprep), static_cast<float *>(c->scratch),
+                      c->counters, y);
+}
+
 // y = W16 x through cuBLAS (fp16 in, fp32 accumulate), the activations
 // gathered into X16 first (packed column order, see dequant_f16).
 mpq_status gemm_f16(cuda_ctx *c, const dmat &M, const __half *W16, __half *X16, const float *x, float *y, int batch)
@@ -2058,6 +2426,10 @@ mpq_status gemv(void *ctx, void *handle, const float *x, float *y, int batch, co
 
 // The kernels as the rule table calls them: each answers MPQ_ERR_UNSUPPORTED
 // for a matrix it does not take, and the rule goes on to the next row.
+mpq_status run_gemm(cuda_ctx *c, const cuda_handle *h, const float *x, float *y, int batch, int skip)
+{
+    return launch_gemm(c, h, x, y, batch, skip);
+}
 mpq_status run_mma(cuda_ctx *c, const cuda_handle *h, const float *x, float *y, int batch, int skip)
 {
     return launch_mma(c, h, x, y, batch, skip, false);
@@ -2096,7 +2468,10 @@ mpq_status run_pieces(cuda_ctx *c, const cuda_handle *h, const float *x, float *
 // kQuads, the LUT kernel's layout (groups and the last group of whole
 // quads; the MMA kernel also needs the code copy and says so by its
 // answer); kCodes, the code copy. The crossovers behind the ranges are measured in
-// bench/results/NOTES.md ("The CUDA kernels").
+// bench/results/NOTES.md ("The CUDA kernels", "The GEMM kernel"). A kernel
+// that cannot take a matrix (the GEMM kernel: groups past kGemmCols, or
+// too little shared memory) answers MPQ_ERR_UNSUPPORTED and the next row
+// runs it.
 enum rule_need { kAny, kQuads, kCodes };
 struct kernel_rule {
     bool a8;        // 8-bit activations
@@ -2106,15 +2481,16 @@ struct kernel_rule {
 };
 constexpr int kAll = 1 << 30;
 const kernel_rule kRules[] = {
-    {true, MPQ_CUDA_MMA_BATCH, MPQ_CUDA_MMA_MAX, kQuads, run_mma_a8}, // int8 tensor cores, pieces of 32 along grid z
-    {true, 1, 8, kQuads, run_lut_a8},                                 // integer tables, activations quantized inside
-    {true, 1, kAll, kAny, gemv_a8_float},                             // quantized, dequantized, then the rows below
-    {false, 17, MPQ_CUDA_MMA_MAX, kCodes, run_pieces},                // the MMA kernel 16 vectors at a time
-    {false, 17, kAll, kAny, gemv_batched},                            // fp16 weights and activations, cuBLAS
-    {false, MPQ_CUDA_MMA_BATCH, 16, kQuads, run_mma},                 // fp16 tensor cores on the code copy
-    {false, 9, 16, kAny, gemv_batched},                               // where the MMA kernel does not apply
-    {false, 1, 8, kQuads, run_lut},                                   // lookup tables in shared memory
-    {false, 1, 8, kAny, run_plain},                                   // every weight decoded, any group
+    {true, MPQ_CUDA_MMA_BATCH, MPQ_CUDA_MMA_MAX, kQuads, run_mma_a8},  // int8 tensor cores, pieces of 32 along grid z
+    {true, 1, 8, kQuads, run_lut_a8},                                  // integer tables, activations quantized inside
+    {true, 1, kAll, kAny, gemv_a8_float},                              // quantized, dequantized, then the rows below
+    {false, MPQ_CUDA_GEMM_BATCH, MPQ_CUDA_GEMM_MAX, kCodes, run_gemm}, // groups up to kGemmCols, exact codes
+    {false, 17, MPQ_CUDA_MMA_MAX, kCodes, run_pieces},                 // wider groups: the MMA kernel, 16 at a time
+    {false, 17, kAll, kAny, gemv_batched},                             // fp16 weights and activations, cuBLAS
+    {false, MPQ_CUDA_MMA_BATCH, 16, kQuads, run_mma},                  // fp16 tensor cores on the code copy
+    {false, 9, 16, kAny, gemv_batched},                                // where the MMA kernel does not apply
+    {false, 1, 8, kQuads, run_lut},                                    // lookup tables in shared memory
+    {false, 1, 8, kAny, run_plain},                                    // every weight decoded, any group
 };
 
 // A product on device pointers: V x first for a rotated matrix (ROTATION),
@@ -2214,6 +2590,11 @@ extern "C" mpq_status mpq_cuda_backend(int device, mpq_backend *b)
         if (e == cudaSuccess && kMma[k / 6][k / 2 % 3][k % 2] && (int)fa.sharedSizeBytes > c->mma_static)
             c->mma_static = (int)fa.sharedSizeBytes;
     }
+    for (int k = 0; k < 6 && e == cudaSuccess; k++) { // and of the GEMM kernels, which share mma_dmax
+        cudaFuncAttributes fa;
+        e = cudaFuncGetAttributes(&fa, kGemm[k / 3][k % 3]);
+        if (e == cudaSuccess && (int)fa.sharedSizeBytes > c->mma_static) c->mma_static = (int)fa.sharedSizeBytes;
+    }
     c->mma_dmax = per_block - c->mma_static;
     c->rot_smem = per_block;
     if (e == cudaSuccess)
@@ -2222,6 +2603,8 @@ extern "C" mpq_status mpq_cuda_backend(int device, mpq_backend *b)
         if (kMma[k / 6][k / 2 % 3][k % 2])
             e = cudaFuncSetAttribute(kMma[k / 6][k / 2 % 3][k % 2], cudaFuncAttributeMaxDynamicSharedMemorySize,
                                      c->mma_dmax);
+    for (int k = 0; k < 6 && e == cudaSuccess; k++)
+        e = cudaFuncSetAttribute(kGemm[k / 3][k % 3], cudaFuncAttributeMaxDynamicSharedMemorySize, c->mma_dmax);
     for (int k = 0; k < 6 && e == cudaSuccess; k++) // a group's activations (at most kMmaFragBytes) and quad sums
         if (kPrep[k / 3][k % 3])
             e = cudaFuncSetAttribute(kPrep[k / 3][k % 3], cudaFuncAttributeMaxDynamicSharedMemorySize,

@@ -18,12 +18,15 @@
    - gemv: a rotated matrix's input goes through V first (one kernel,
      rotate_input); which kernel runs which batch is one table, kRules in
      mpq_cuda.cu (THE BATCH -> KERNEL RULE): lookup tables in shared
-     memory for the smallest batches, tensor cores on the code copy up to
-     MPQ_CUDA_MMA_MAX, fp16 dequantization and cuBLAS (fp32 accumulation)
-     beyond, and a plain kernel that decodes every weight for groups the
-     others do not take. On the fp16 path the activations are rounded to
-     fp16 too, so a vector with an entry past 65504 gets inf or NaN outputs
-     there, as in an engine that holds activations in fp16;
+     memory for the smallest batches, the MMA kernel on the code copy up
+     to MPQ_CUDA_GEMM_BATCH (float activations kept to about 22 bits), the
+     GEMM kernel from there to MPQ_CUDA_GEMM_MAX (activations in fp16,
+     each vector first scaled by a power of two into the fp16 range), fp16
+     dequantization and cuBLAS (fp32 accumulation) beyond, and a plain
+     kernel that decodes every weight for groups the others do not take. On
+     the fp16 path the activations are rounded to fp16 unscaled, so a vector
+     with an entry past 65504 gets inf or NaN outputs there, as in an engine
+     that holds activations in fp16;
    - mpq_gemv_opts.a8 (8-bit activations, as mpq.h defines them): the
      tensor-core kernel on int8 activations (int8 MMA, one float scale per
      group) and the LUT kernel with integer tables (the activations
@@ -54,11 +57,27 @@
 #include "mpq.h"
 
 /* The largest batch the tensor-core kernel takes (in pieces of 16 vectors)
-   on a matrix with the code copy; larger batches dequantize to fp16 and
-   multiply with cuBLAS. The crossover, measured on an H200, lies between
-   40 and 44 (bench/results/NOTES.md). */
+   on a matrix with the code copy that the GEMM kernel below does not take
+   (groups past 256 columns), and with 8-bit activations; larger batches
+   dequantize to fp16 and multiply with cuBLAS. The crossover, measured on
+   an H200, lies between 40 and 44 (bench/results/NOTES.md). */
 #ifndef MPQ_CUDA_MMA_MAX
 #define MPQ_CUDA_MMA_MAX 40
+#endif
+
+/* Batches from MPQ_CUDA_GEMM_BATCH to MPQ_CUDA_GEMM_MAX run on the GEMM
+   kernel (weights streamed once per output tile of up to 64 vectors,
+   exact codes times fp16 activations on the tensor cores, fp32 sums) on a
+   matrix with the code copy and groups of at most 256 columns. Measured on
+   an H200 (bench/results/NOTES.md, "The GEMM kernel"), against what ran
+   these batches before: 1.0-1.15x at batch 16 (the MMA kernel), 1.14-1.89x
+   at 32 and 0.90-1.28x at 64 (the MMA kernel in pieces, fp16 + cuBLAS);
+   from 128 on fp16 dequantization + cuBLAS is faster. */
+#ifndef MPQ_CUDA_GEMM_BATCH
+#define MPQ_CUDA_GEMM_BATCH 16
+#endif
+#ifndef MPQ_CUDA_GEMM_MAX
+#define MPQ_CUDA_GEMM_MAX 64
 #endif
 
 #ifdef __cplusplus

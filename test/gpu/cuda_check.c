@@ -7,21 +7,27 @@
    128, 256, 512 (the LUT kernel), 4096 (the LUT kernel, never the MMA
    kernel) and 40 and a partial last group (the plain kernel); mixed
    widths with block_rows 16 and 3; permutations, column scales, a sparse
-   part; skip_planes 0..2; every batch 1..17 and 33 (LUT kernel up to 2,
-   MMA kernel 3..16 where every group is whole quads of at most 512
-   columns, and in pieces of 16 up to MPQ_CUDA_MMA_MAX, a rest of 1 or 2 on
-   the LUT kernel; else LUT up to 8 and fp16 + cuBLAS; build
-   with -DMPQ_CUDA_MMA_BATCH=2 to put the MMA kernel on batch 2 too), and
-   prompts of 64, 300 and 1024 vectors on the smaller cases; skip_planes 1
-   and 2 at batches 1..8, 11, 16 and 64 (the fp16 path); device and host
-   pointers; fresh random inputs, outputs poisoned with NaN first. The fp16-weights backend
-   (mpq_cuda_backend_fp16) on every fifth case at batches 1, 5, 17, 64.
+   part; skip_planes 0..2; every batch 1..17, 24, 33, 64, 100, 256 and
+   1000 and prompts of 512 and 2048 vectors (as far as the float64
+   reference's time allows: the largest batches on the smaller cases):
+   the LUT kernel up to 2, the MMA kernel from 3 where every group is
+   whole quads of at most 512 columns, the GEMM kernel from
+   MPQ_CUDA_GEMM_BATCH where they are at most 256 columns (else the MMA
+   kernel in pieces of 16 up to MPQ_CUDA_MMA_MAX), the LUT kernel up to 8
+   and fp16 + cuBLAS for the other groups (build with
+   -DMPQ_CUDA_MMA_BATCH=2 to put the MMA kernel on batch 2 too);
+   skip_planes 1 and 2 at batches 1..8, 11, 16 and 64; device and host
+   pointers; fresh random inputs, outputs poisoned with NaN first. The
+   fp16-weights backend (mpq_cuda_backend_fp16) on every fifth case at
+   batches 1, 5, 17, 64.
    Tolerance: float32 rounding, (n + 64) 2^-23 times 3 max_j |w_ij| sum_j |x~_j| (the terms the
    mirror form adds: |s^| (2^b - 1) + |z^| is at most 3 max |w| of a group);
    with 8-bit activations on the LUT kernel's integer tables (n / 16 + 64);
    fp16 path: 2^-9 sum_j |w_ij x_j| (fp16 rounding of w and x; non-finite
-   outputs allowed for a vector with an activation past 65504). Host and
-   device pointers must give the same bits.
+   outputs allowed for a vector with an activation past 65504); the GEMM
+   kernel the same, its outputs always finite (it scales each vector into
+   the fp16 range first). Host and device pointers must give the same
+   bits.
 
    Build (Meson builds it when CUDA is found):
      nvcc -arch=sm_90 -I. -Iutil test/gpu/cuda_check.c mpq_cuda.cu -lcublas */
@@ -38,6 +44,18 @@
 #include <string.h>
 
 static int ntest, nfail;
+
+/* mpq_gemv_ref (float64, one thread, decoding the matrix once per call)
+   on pieces of 16 vectors, a piece per thread: the reference of the large
+   batches in a fraction of the time */
+static void gemv_ref(const mpq_packed *A, const float *x, double *y, int batch, int skip)
+{
+#pragma omp parallel for schedule(dynamic)
+    for (int v = 0; v < batch; v += 16) {
+        const int nb = batch - v < 16 ? batch - v : 16;
+        mpq_gemv_ref(A, x + (size_t)v * A->cols, y + (size_t)v * A->rows, nb, skip);
+    }
+}
 
 static void report(int ok, const char *fmt, ...)
 {
@@ -101,6 +119,7 @@ static const cas cases[] = {
 static void magnitude(const float *Wd, const float *x, const float *cs, int m, int n, int batch, double *wx,
                       double *row)
 {
+#pragma omp parallel for schedule(dynamic)
     for (int v = 0; v < batch; v++)
         for (int i = 0; i < m; i++) {
             double s = 0, mx = 0, sx = 0;
@@ -186,7 +205,7 @@ static void run_a8(mpq_backend *be, void *h, const mpq_packed *A, const float *W
         memcpy(xr, x, sizeof(float) * batch * n);
         if (rot) mpq_rotation_apply(rot, xr, batch, 0);
         act8_ref(A, xr, batch, xh);
-        mpq_gemv_ref(&D, xh, ref, batch, skip);
+        gemv_ref(&D, xh, ref, batch, skip);
         for (int i = 0; A->sp_row_ptr && i < m; i++)
             for (uint32_t e = A->sp_row_ptr[i]; e < A->sp_row_ptr[i + 1]; e++) {
                 const uint32_t col = A->sp_col16 ? A->sp_col16[e] : A->sp_col32[e];
@@ -283,7 +302,8 @@ static int run_case(mpq_backend *be, const cas *c, synth_rng *r, int fp16)
     mpq_status st = be->upload(be->ctx, &A, &h);
     report(st == MPQ_OK, "upload %s %dx%d group %d%s", c->format == 2 ? "mxint" : "bitplane", m, n, c->G,
            c->rot ? " rotated" : "");
-    static const int batches[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 33, 64, 300, 1024};
+    static const int batches[] = {1,  2,  3,  4,  5,  6,  7,  8,   9,   10,  11,   12,  13,
+                                  14, 15, 16, 17, 24, 33, 64, 100, 256, 512, 1000, 2048};
     /* the MMA kernel's matrices: groups and the last group of whole quads, and
        groups whose activations for 32 vectors fit its 64 KB (4 * 32 * G bytes) */
     const int last = n - (n - 1) / c->G * c->G, mma = c->G % 32 == 0 && last % 32 == 0 && c->G <= 512;
@@ -300,7 +320,7 @@ static int run_case(mpq_backend *be, const cas *c, synth_rng *r, int fp16)
             double *ref = malloc(sizeof(double) * batch * m), *mag = malloc(sizeof(double) * batch * m),
                    *magr = malloc(sizeof(double) * batch * m);
             for (int v = 0; v < batch; v++) synth_activations(r, x + (size_t)v * n, n);
-            mpq_gemv_ref(&A, x, ref, batch, skip); /* rotated: in float64, W~ times V x */
+            gemv_ref(&A, x, ref, batch, skip); /* rotated: in float64, W~ times V x */
             float *xr = malloc(sizeof(float) * batch * n);
             memcpy(xr, x, sizeof(float) * batch * n);
             if (c->rot) mpq_rotation_apply(&rot, xr, batch, 0);
@@ -324,25 +344,30 @@ static int run_case(mpq_backend *be, const cas *c, synth_rng *r, int fp16)
             mpq_status g2 = be->gemv(be->ctx, h, x, y2, batch, &o); /* host pointers */
             double worst = 0;
             int bad = -1, same = 1, nbig = 0;
-            /* dequantized to fp16, cuBLAS; up to MPQ_CUDA_MMA_MAX the MMA kernel in pieces of 16 */
-            const int f16 = fp16 || (batch > 16 && !(mma && batch <= MPQ_CUDA_MMA_MAX)) || (batch > 8 && !mma);
+            /* the GEMM kernel: exact weights times fp16 activations (scaled by a power of two per
+               vector: no overflow) */
+            const int gemm = !fp16 && mma && c->G <= 256 && batch >= MPQ_CUDA_GEMM_BATCH && batch <= MPQ_CUDA_GEMM_MAX;
+            /* else dequantized to fp16, cuBLAS; up to MPQ_CUDA_MMA_MAX the MMA kernel in pieces of 16 */
+            const int f16 =
+                !gemm && (fp16 || (batch > 16 && !(mma && batch <= MPQ_CUDA_MMA_MAX)) || (batch > 8 && !mma));
             char *big = calloc((size_t)batch, 1); /* past the fp16 range on the fp16 path */
             for (int v = 0; v < batch; v++) nbig += big[v] = f16 && past_f16(xr + (size_t)v * n, n);
             for (int k = 0; k < batch * m; k++) {
                 if (memcmp(&y[k], &y2[k], 4)) same = 0;
                 if (big[k / m] && !isfinite(y[k])) continue;
                 double e = fabs((double)y[k] - ref[k]);
-                double tol = (f16 ? ldexp(mag[k], -9) : (n + 64) * ldexp(magr[k], -23)) + 1e-30;
+                double tol = (f16 || gemm ? ldexp(mag[k], -9) : (n + 64) * ldexp(magr[k], -23)) + 1e-30;
                 if (!(e <= tol)) {
                     if (bad < 0) bad = k;
                 }
                 if (e / (mag[k] + 1e-30) > worst) worst = e / (mag[k] + 1e-30);
             }
             report(g1 == MPQ_OK && sy == MPQ_OK && bad < 0,
-                   "%s%s %dx%d G%d br%d%s%s%s skip %d batch %d: worst |err|/sum|wx| %.2e%s%s",
+                   "%s%s %dx%d G%d br%d%s%s%s skip %d batch %d%s: worst |err|/sum|wx| %.2e%s%s",
                    fp16 ? "fp16 weights: " : "", c->format == 2 ? "mxint" : "bitplane", m, n, c->G, c->br,
                    c->perm ? " perm+scale" : "", c->sparse ? " sparse" : "", c->rot ? " rotated" : "", skip, batch,
-                   worst, nbig ? " (a vector past the fp16 range)" : "", bad < 0 ? "" : " (FAILED)");
+                   gemm ? " (GEMM)" : "", worst, nbig ? " (a vector past the fp16 range)" : "",
+                   bad < 0 ? "" : " (FAILED)");
             if (bad >= 0)
                 printf("# first bad output %d: %.9g vs %.9g (sum |wx| %.3g)\n", bad, (double)y[bad], ref[bad],
                        mag[bad]);
