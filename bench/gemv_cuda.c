@@ -2,7 +2,7 @@
    batches 3 to 16) on the shapes and widths of LLM layers, against the copy
    bandwidth and cuBLAS fp16 measured in the same run.
 
-   usage: bench_gemv_cuda [--quick] [--reorder] [--prefill | --sweep | --batches N1,N2,...] [--floors] [--a8]
+   usage: bench_gemv_cuda [--quick] [--reorder] [--prefill | --sweep | --batches N1,N2,...] [--floors] [--a8] [--fp8]
                           [--rotation] [--shape MxN] [--bits B] [--batch N] [--reps R]
 
    --shape, --bits and --batch keep one shape, width or batch (any batch
@@ -22,7 +22,9 @@
    float atomics instead of it; --a8 also times every product with 8-bit
    activations (mpq_gemv_opts.a8) and gives its time, its speedup over
    cuBLAS fp16 and over the same product with float activations;
-   --rotation also packs every matrix with an incoherence rotation of its
+   --fp8 (on by --sweep) also times cuBLASLt's FP8 product (e4m3 weights
+   and activations, bf16 out; "-" where the GPU has none) and gives mpq's
+   speedup over it; --rotation also packs every matrix with an incoherence rotation of its
    input size and times the two in turn, five rounds each, and prints the
    rotated product's median and the median of the per-round ratios.
 
@@ -44,6 +46,7 @@
 #include "mpq_cuda.h"
 #include "synth.h"
 
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <math.h>
@@ -175,10 +178,79 @@ static void call_blas(void *u, int k)
     }
 }
 
+/* cuBLASLt FP8: D (bf16, m x batch) = W (e4m3, m x n) X (e4m3, n x batch),
+   fp32 accumulation, unit scales, as an engine with FP8 weights and
+   activations multiplies (torch._scaled_mm calls the same); column-major
+   views as in call_blas. */
+typedef struct fp8_calls {
+    cublasLtHandle_t lt;
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t la, lb, ld;
+    cublasLtMatmulAlgo_t algo;
+    uint8_t **W;
+    int copies;
+    const uint8_t *x;
+    void *y, *ws;
+    size_t ws_bytes;
+    cudaStream_t stream;
+} fp8_calls;
+
+static void call_fp8(void *u, int k)
+{
+    fp8_calls *f = (fp8_calls *)u;
+    const float one = 1.0f, zero = 0.0f;
+    cublasStatus_t s = cublasLtMatmul(f->lt, f->op, &one, f->W[k % f->copies], f->la, f->x, f->lb, &zero, f->y, f->ld,
+                                      f->y, f->ld, &f->algo, f->ws, f->ws_bytes, f->stream);
+    if (s != CUBLAS_STATUS_SUCCESS) {
+        fprintf(stderr, "cublasLt fp8: %d\n", (int)s);
+        exit(1);
+    }
+}
+
+/* The FP8 product's descriptors for one batch; 0 when cuBLASLt has no
+   algorithm for it (a GPU before sm_89), then nothing is left to free. */
+static int fp8_setup(fp8_calls *f, int m, int n, int batch)
+{
+    const cublasOperation_t tA = CUBLAS_OP_T, tB = CUBLAS_OP_N;
+    cublasLtMatmulPreference_t pref = NULL;
+    cublasLtMatmulHeuristicResult_t res;
+    int found = 0;
+    f->op = NULL, f->la = f->lb = f->ld = NULL;
+    if (cublasLtMatmulDescCreate(&f->op, CUBLAS_COMPUTE_32F, CUDA_R_32F) == CUBLAS_STATUS_SUCCESS &&
+        cublasLtMatmulDescSetAttribute(f->op, CUBLASLT_MATMUL_DESC_TRANSA, &tA, sizeof tA) == CUBLAS_STATUS_SUCCESS &&
+        cublasLtMatmulDescSetAttribute(f->op, CUBLASLT_MATMUL_DESC_TRANSB, &tB, sizeof tB) == CUBLAS_STATUS_SUCCESS &&
+        cublasLtMatrixLayoutCreate(&f->la, CUDA_R_8F_E4M3, (uint64_t)n, (uint64_t)m, n) == CUBLAS_STATUS_SUCCESS &&
+        cublasLtMatrixLayoutCreate(&f->lb, CUDA_R_8F_E4M3, (uint64_t)n, (uint64_t)batch, n) == CUBLAS_STATUS_SUCCESS &&
+        cublasLtMatrixLayoutCreate(&f->ld, CUDA_R_16BF, (uint64_t)m, (uint64_t)batch, m) == CUBLAS_STATUS_SUCCESS &&
+        cublasLtMatmulPreferenceCreate(&pref) == CUBLAS_STATUS_SUCCESS &&
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &f->ws_bytes,
+                                             sizeof f->ws_bytes) == CUBLAS_STATUS_SUCCESS &&
+        cublasLtMatmulAlgoGetHeuristic(f->lt, f->op, f->la, f->lb, f->ld, f->ld, pref, 1, &res, &found) ==
+            CUBLAS_STATUS_SUCCESS &&
+        found > 0)
+        f->algo = res.algo;
+    else
+        found = 0;
+    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+    if (!found) {
+        if (f->op) cublasLtMatmulDescDestroy(f->op);
+        if (f->la) cublasLtMatrixLayoutDestroy(f->la);
+        if (f->lb) cublasLtMatrixLayoutDestroy(f->lb);
+        if (f->ld) cublasLtMatrixLayoutDestroy(f->ld);
+    }
+    return found > 0;
+}
+
+static void fp8_free(fp8_calls *f)
+{
+    cublasLtMatmulDescDestroy(f->op);
+    cublasLtMatrixLayoutDestroy(f->la), cublasLtMatrixLayoutDestroy(f->lb), cublasLtMatrixLayoutDestroy(f->ld);
+}
+
 int main(int argc, char **argv)
 {
     int quick = 0, reorder = 0, prefill = 0, floors = 0, a8 = 0, reps = 15, only_batch = 0, sweep = 0, shape_given = 0;
-    int rotation = 0;
+    int rotation = 0, fp8 = 0;
     double only_bits = 0;
     int shapes[6][2] = {{4096, 4096}, {14336, 4096}, {4096, 14336}, {8192, 8192}, {28672, 8192}, {8192, 28672}};
     int nshapes = 6;
@@ -194,6 +266,8 @@ int main(int argc, char **argv)
             rotation = 1;
         else if (!strcmp(argv[a], "--a8"))
             a8 = 1;
+        else if (!strcmp(argv[a], "--fp8"))
+            fp8 = 1;
         else if (!strcmp(argv[a], "--floors"))
             floors = 1;
         else if (!strcmp(argv[a], "--sweep"))
@@ -221,15 +295,17 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[a], "--batch") && a + 1 < argc && atoi(argv[a + 1]) >= 1)
             only_batch = atoi(argv[++a]);
         else {
-            fprintf(stderr,
-                    "usage: %s [--quick] [--reorder] [--prefill | --sweep | --batches N1,N2,...] [--floors] [--a8] "
-                    "[--shape MxN]"
-                    " [--bits B] [--batch N] [--reps R] [--rotation]\n",
-                    argv[0]);
+            fprintf(
+                stderr,
+                "usage: %s [--quick] [--reorder] [--prefill | --sweep | --batches N1,N2,...] [--floors] [--a8] [--fp8] "
+                "[--shape MxN]"
+                " [--bits B] [--batch N] [--reps R] [--rotation]\n",
+                argv[0]);
             return 2;
         }
     }
     if (sweep) {
+        fp8 = 1;
         const int sw[10] = {1, 2, 4, 8, 16, 32, 64, 256, 1024, 4096};
         if (nlist == 0)
             for (nlist = 0; nlist < 10; nlist++) list[nlist] = sw[nlist];
@@ -252,9 +328,9 @@ int main(int argc, char **argv)
     const double bw = copy_bandwidth();
     printf("%s, %d SMs, L2 %d MB; copy bandwidth (read + write) %.0f GB/s%s\n", prop.name, prop.multiProcessorCount,
            prop.l2CacheSize >> 20, bw / 1e9, reorder ? "; permuted rows and columns, column scales" : "");
-    printf("%-12s %5s %5s %5s %9s %9s %6s %8s %6s %10s %8s %6s%s\n", "shape", "bits", "+meta", "batch", "mpq us",
+    printf("%-12s %5s %5s %5s %9s %9s %6s %8s %6s %10s %8s %6s%s%s\n", "shape", "bits", "+meta", "batch", "mpq us",
            "GB/s", "%copy", "read us", "%read", "cuBLAS us", "speedup", "x b1",
-           a8 ? "    a8 us a8 speedup a8/float" : "");
+           a8 ? "    a8 us a8 speedup a8/float" : "", fp8 ? "    fp8 us  vs fp8" : "");
     cublasHandle_t blas;
     if (cublasCreate(&blas) != CUBLAS_STATUS_SUCCESS) return 1;
     cudaStream_t bstream;
@@ -296,10 +372,39 @@ int main(int argc, char **argv)
             CK(cudaMemcpy(X16, hx16, sizeof(uint16_t) * maxb * n, cudaMemcpyHostToDevice));
             free(hx), free(hx16);
         }
-        double tb[16];
+        double tb[16], tf[16];
         for (int bi = 0; bi < nb; bi++) {
             blas_calls bc = {blas, W16, c16, m, n, batches[bi], X16, y};
             tb[bi] = time_calls(bstream, call_blas, &bc, reps, 20);
+            tf[bi] = 0.0;
+        }
+        if (fp8) { /* e4m3 copies of random bytes (no NaN patterns), rotating past the L2 */
+            fp8_calls f = {0};
+            f.copies = (int)(200e6 / (double)mn) + 2, f.stream = bstream, f.ws_bytes = (size_t)32 << 20;
+            f.W = malloc(sizeof(uint8_t *) * f.copies);
+            uint8_t *h8 = malloc(mn > (size_t)maxb * n ? mn : (size_t)maxb * n);
+            for (size_t k = 0; k < mn || k < (size_t)maxb * n; k++) h8[k] = (uint8_t)(rnd() & 0xF7);
+            for (int c = 0; c < f.copies; c++) {
+                CK(cudaMalloc((void **)&f.W[c], mn));
+                CK(cudaMemcpy(f.W[c], h8, mn, cudaMemcpyHostToDevice));
+            }
+            uint8_t *x8;
+            CK(cudaMalloc((void **)&x8, (size_t)maxb * n));
+            CK(cudaMemcpy(x8, h8, (size_t)maxb * n, cudaMemcpyHostToDevice));
+            CK(cudaMalloc(&f.ws, f.ws_bytes));
+            CK(cudaMalloc(&f.y, sizeof(uint16_t) * maxb * m));
+            f.x = x8;
+            if (cublasLtCreate(&f.lt) == CUBLAS_STATUS_SUCCESS) {
+                for (int bi = 0; bi < nb; bi++)
+                    if (fp8_setup(&f, m, n, batches[bi])) {
+                        tf[bi] = time_calls(bstream, call_fp8, &f, reps, 20);
+                        fp8_free(&f);
+                    }
+                cublasLtDestroy(f.lt);
+            }
+            for (int c = 0; c < f.copies; c++) cudaFree(f.W[c]);
+            cudaFree(x8), cudaFree(f.ws), cudaFree(f.y);
+            free(f.W), free(h8);
         }
         for (int wi = 0; wi < nwidths; wi++) {
             const double b = widths[wi];
@@ -367,6 +472,10 @@ int main(int argc, char **argv)
                        mpq_packed_bpw(&A, 0), mpq_packed_bpw(&A, 1), batches[bi], t * 1e6, gbs / 1e9, 100.0 * gbs / bw,
                        tr * 1e6, 100.0 * tr / t, tb[bi] * 1e6, tb[bi] / t, rel);
                 if (a8) printf(" %9.2f %9.2fx %7.2fx", t8 * 1e6, tb[bi] / t8, t / t8);
+                if (fp8 && tf[bi] > 0.0)
+                    printf(" %9.2f %6.2fx", tf[bi] * 1e6, tf[bi] / t);
+                else if (fp8)
+                    printf(" %9s %7s", "-", "-");
                 printf("\n");
                 if (rotation) { /* plain and rotated in turn */
                     mpq_calls mr = {&be, hr, copies, batches[bi], x, y, NULL};

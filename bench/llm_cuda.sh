@@ -4,10 +4,12 @@
 # 3 bits in groups of 128 (3.25 bpw; the embedding and head at 8 bits), run by
 # `mpq speed` and `mpq run` with its packed matrices on the GPU
 # (--device cuda) against the same weights dequantized to float16 and
-# multiplied by cuBLAS (--device cuda-fp16): a prompt of 512 tokens in one
-# pass, and 64 decoded tokens of 1, 8 and 16 sequences at once. Only the
-# linear maps run on the GPU: activations go to and from the host around each
-# product, and attention, norms and the rest run on the CPU, in both runs.
+# multiplied by cuBLAS (--device cuda-fp16): a prompt of PROMPT tokens
+# (default 2048) in one pass, 64 decoded tokens of one sequence, and 64
+# decoded tokens of each of SEQS sequences at once (default "16 64 256", as
+# a server batches its users). Only the linear maps run on the GPU:
+# activations go to and from the host around each product, and attention,
+# norms and the rest run on the CPU, in both runs.
 #
 #   bash bench/llm_cuda.sh BIN_DIR WORK_DIR [LAYERS]
 #
@@ -32,8 +34,8 @@ echo "random model written in $((t1 - t0)) s, quantized in $((t2 - t1)) s"
 rm -rf "$work/random"
 for dev in ${DEVICES:-cuda cuda-fp16}; do
     echo "## --device $dev"
-    "$bin/mpq" speed --quiet --device "$dev" -p 512 -n 64 -r 3 "$work/r3.safetensors"
-    for b in 8 16; do "$bin/mpq" speed --quiet --device "$dev" -p 0 -n 64 -b "$b" -r 3 "$work/r3.safetensors" | tail -n 1; done
+    "$bin/mpq" speed --quiet --device "$dev" -p "${PROMPT:-2048}" -n 64 -r 3 "$work/r3.safetensors"
+    for b in ${SEQS:-16 64 256}; do "$bin/mpq" speed --quiet --device "$dev" -p 0 -n 64 -b "$b" -r 3 "$work/r3.safetensors" | tail -n 1; done
     "$bin/mpq" run --device "$dev" -n 64 --prompt "The quick brown fox" "$work/r3.safetensors" 2>&1 >/dev/null |
         grep "prompt:"
 done
