@@ -1370,14 +1370,14 @@ constexpr prep_kernel kPrep[2][3] = {{mma_prep<1, false>, mma_prep<2, false>, nu
 //
 //   Activations. gemm_prep scales each vector by a power of two 2^-E that
 //   puts its largest |x~| (x gathered through p_col, times col_scale) in
-//   [2^14, 2^15), so no activation overflows fp16 and each keeps 11
-//   significant bits, and writes them once per product in fp16 in the order
-//   of the B fragments: per quad of 32 columns and vector, lane c's 16 bytes
-//   are its registers b0, b1 of k steps 0 and 1 (columns c + 4 f + 16 e, f
-//   = 2 S + h, e the half), so a warp's read of one n8 block is 512
-//   contiguous bytes of shared memory. Also the group sums of the fp16
-//   values (fp32, in a fixed order) and 2^E, which multiplies the sums at
-//   the end. Vectors past the batch are zeros.
+//   [2^14, 2^15), so no activation overflows fp16 and each down to 2^-28
+//   of the largest keeps 11 significant bits, and writes them once per
+//   product in fp16 in the order of the B fragments: per quad of 32 columns
+//   and vector, lane c's 16 bytes are its registers b0, b1 of k steps 0 and
+//   1 (columns c + 4 f + 16 e, f = 2 S + h, e the half), so a warp's read of
+//   one n8 block is 512 contiguous bytes of shared memory. Also the group
+//   sums of the fp16 values (fp32, in a fixed order) and 2^E, which
+//   multiplies the sums at the end. Vectors past the batch are zeros.
 //
 //   Sums. With one part the block writes y itself (sparse part added,
 //   scattered through p_row); with several, each writes its sums to `part`
