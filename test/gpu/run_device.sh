@@ -4,12 +4,13 @@
 # built with compute_80 PTX alone (cuda_check_ptx80: the driver compiles it
 # for the GPU at hand, so the code paths of sm_80 run on a newer card), the
 # small cases under compute-sanitizer memcheck, racecheck and synccheck, the
-# benchmark (BENCH_ARGS), and with LLM=1 bench/llm_cuda.sh. Build here first
-# (bash test/gpu/run_device.sh build; GPU_ARCHS, a comma list, replaces
-# meson's gpu_archs for the main build), then run it where the GPU is
-# (bash test/gpu/run_device.sh run [OUTDIR]), with .gpu beside it. CHECK=0,
-# PTX80=0 or SAN=0 leave out cuda_check, its compute_80 build or the
-# sanitizers.
+# benchmark (BENCH_ARGS) and PyTorch's products beside it
+# (bench/torch_peers.py, TORCH_ARGS; TORCH=0 leaves them out), and with
+# LLM=1 bench/llm_cuda.sh. Build here first (bash test/gpu/run_device.sh
+# build; GPU_ARCHS, a comma list, replaces meson's gpu_archs for the main
+# build), then run it where the GPU is (bash test/gpu/run_device.sh run
+# [OUTDIR]), with .gpu beside it. CHECK=0, PTX80=0 or SAN=0 leave out
+# cuda_check, its compute_80 build or the sanitizers.
 set -u
 cd "$(dirname "$0")/../.."
 bin=.gpu
@@ -53,6 +54,10 @@ run)
         echo "$tool: $(grep -cE '^ok' "$out/$tool.txt") ok, $(grep -cE '^not ok' "$out/$tool.txt") not ok; $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/$tool.txt" | tail -n 1)"
     done
     "$bin/bench_gemv_cuda" ${BENCH_ARGS:-} 2>&1 | tee "$out/bench.txt"
+    # PyTorch's int4, fp8 and fp16 products in the same call, where python3 has torch
+    if [ "${TORCH:-1}" = 1 ] && python3 -c 'import torch' 2>/dev/null; then
+        python3 bench/torch_peers.py ${TORCH_ARGS:-} 2>&1 | tee "$out/torch.txt"
+    fi
     if [ "${LLM:-0}" = 1 ]; then bash bench/llm_cuda.sh "$bin" /tmp/mpq-llm 2>&1 | tee "$out/llm.txt" || rc=1; fi
     exit $rc
     ;;
