@@ -726,7 +726,8 @@ __global__ void __launch_bounds__(kThreads, 2)
 // LOP3 (nibbles) or PRMT (bytes) and one HFMA2 per register (code_frags).
 //
 // MMA KERNEL (every batch from MPQ_CUDA_MMA_BATCH up to 16 on a matrix with
-// a code copy; any mix of widths): codes multiplied on the tensor cores
+// a code copy, below MPQ_CUDA_GEMM_BATCH where the GEMM kernel takes the
+// matrix; any mix of widths): codes multiplied on the tensor cores
 // (mma.sync m16n8k16, fp16 in, fp32 accumulate), the batch's vectors as the
 // 8 columns of the product (two products per code fragment, vectors 0..7 and
 // 8..15, for batches past 8). About one instruction per register of 2
