@@ -50,7 +50,9 @@
 // the codes of a device copy in the CODE LAYOUT on the tensor cores, see
 // gemv_mma; up to 16 vectors a launch. Its cost hardly depends on the
 // batch; the LUT kernel's grows with B (it runs batch 3 as 4), and the two
-// cross between batch 2 and 3 on the H100 (bench/results/NOTES.md).
+// cross between batch 2 and 3 on the H100 (bench/results/NOTES.md). It
+// runs the batches of the GEMM kernel's range on matrices that kernel does
+// not take, and 8-bit activations.
 //
 // GEMM KERNEL (batches MPQ_CUDA_GEMM_BATCH .. MPQ_CUDA_GEMM_MAX; groups of
 // whole quads up to 256 columns): the code copy streamed once per output
@@ -712,8 +714,15 @@ __global__ void __launch_bounds__(kThreads, 2)
 // they are. Each weight's code u = sum_{i < b} 2^i bit_i (b: its row's
 // width) sits in a field of CB bits, CB = 4 where the widest row of the
 // matrix has at most 4 bits, else 8 (so a 3.25-bit matrix takes 4 bits per
-// weight more on the device). Unit (tile t, group g) is one record at byte
-// t * crow + g * crec of the copy:
+// weight more on the device). Unit (tile t, group g) is one record of crec
+// bytes (r_g: fewer for a narrower last group, crow - (ngroups - 1) crec,
+// crow being a tile's bytes over all groups). The copy is row blocks of
+// kCodeTiles tiles (the last one padded with zero records); in a row block
+// the records of group g lie side by side, tile after tile, so record (t,
+// g) starts at byte (t / kCodeTiles) kCodeTiles crow + g kCodeTiles crec +
+// (t % kCodeTiles) r_g (code_offset), and the records of a row block over
+// a range of groups, what a GEMM stage reads, are one contiguous range. A
+// record:
 //   header: the packed record's metadata (M.meta bytes: fp16 s^ then z^ of
 //           the 16 rows, or their E8M0 bytes), then the 16 rows' widths, a
 //           byte each;
@@ -724,10 +733,19 @@ __global__ void __launch_bounds__(kThreads, 2)
 //           4 e; CB = 8: word 2 S + rr, byte 2 h + e.
 // A lane's A fragment of k step S then comes out of one word with one
 // LOP3 (nibbles) or PRMT (bytes) and one HFMA2 per register (code_frags).
+constexpr int kCodeTiles = 16; // tiles of a row block of the CODE LAYOUT
+
+// Byte offset of record (tile t, group g) in the CODE LAYOUT copy.
+__host__ __device__ inline size_t code_offset(const dmat &M, int t, int g)
+{
+    const int rg = g == M.ngroups - 1 ? M.crow - g * M.crec : M.crec;
+    return (size_t)(t / kCodeTiles) * kCodeTiles * M.crow + (size_t)g * kCodeTiles * M.crec +
+        (size_t)(t % kCodeTiles) * rg;
+}
 //
-// MMA KERNEL (every batch from MPQ_CUDA_MMA_BATCH up to 16 on a matrix with
-// a code copy, below MPQ_CUDA_GEMM_BATCH where the GEMM kernel takes the
-// matrix; any mix of widths): codes multiplied on the tensor cores
+// MMA KERNEL (batches from MPQ_CUDA_MMA_BATCH up to 16 on a matrix with a
+// code copy that the GEMM kernel does not take, and below
+// MPQ_CUDA_GEMM_BATCH; any mix of widths): codes multiplied on the tensor cores
 // (mma.sync m16n8k16, fp16 in, fp32 accumulate), the batch's vectors as the
 // 8 columns of the product (two products per code fragment, vectors 0..7 and
 // 8..15, for batches past 8). About one instruction per register of 2
@@ -906,7 +924,7 @@ template <int CB> __global__ void transcode(dmat M, uint8_t *__restrict__ out)
     const int m = lane >> 2, c = lane & 3, g = 32 * qm / M.group, q = qm - g * (M.group / 32);
     const int gw = min(M.group, M.cols - g * M.group), hdr = M.meta + kTile;
     const uint8_t *rec = M.data + 16 * (size_t)M.rec[(size_t)t * M.ngroups + g].x;
-    uint8_t *dst = out + (size_t)t * M.crow + (size_t)g * M.crec;
+    uint8_t *dst = out + code_offset(M, t, g);
     if (q == 0 && lane == 0) {
         for (int i = 0; i < M.meta; i++) dst[i] = rec[i];
         for (int r = 0; r < kTile; r++) dst[M.meta + r] = (uint8_t)width_at(M, t * kTile + r, g);
@@ -1181,7 +1199,7 @@ __global__ void __launch_bounds__(kMmaThreads, NT == 1 ? kMmaBlocks1 : 2)
 #pragma unroll
             for (int k = 0; k < kMmaPair; k++)
                 if (ccopy.t + k < t_end) {
-                    const uint8_t *src = M.codes + (size_t)(ccopy.t + k) * M.crow + (size_t)ccopy.g * M.crec;
+                    const uint8_t *src = M.codes + code_offset(M, ccopy.t + k, ccopy.g);
                     for (int o = 16 * lane; o < bytes; o += 512) cp_async16(smem_addr(dst + k * slot + o), src + o);
                 }
         }
@@ -1355,30 +1373,42 @@ constexpr prep_kernel kPrep[2][3] = {{mma_prep<1, false>, mma_prep<2, false>, nu
 //   other in x read the same codes, so a batch of several vector tiles reads
 //   them from device memory about once and from L2 for the others.
 //
-//   Stages. A stage is sg whole groups (sg = 128 / group where that is
-//   more than one, else one group): for each of the block's tiles the
-//   copies of its sg records (contiguous in the CODE LAYOUT), and the
-//   activations of those columns and their group sums for the block's
-//   vectors. kGemmStages stages (fewer where shared memory is short) are in
-//   flight with cp.async, the first ones' codes before the dependent wait
-//   (they do not depend on the grid before), and one barrier per stage.
+//   Stages. A stage is sg whole groups (sg = kGemmStageCols / group where
+//   that is more than one, else one group): three contiguous ranges, the
+//   block's records of those groups in the CODE LAYOUT, the vector tile's
+//   fragments of those columns and its groups' sums and scales. Up to
+//   kGemmStages stages (as many as shared memory holds, at least two) are
+//   in flight, the first ones' codes issued before the dependent wait (they
+//   do not depend on the grid before). On sm_90 one thread issues a stage
+//   as three bulk copies (cp.async.bulk, the tensor memory accelerator)
+//   that complete on the slot's mbarrier, which every thread waits on;
+//   before sm_90 every thread copies 16-byte pieces with cp.async, one
+//   commit group per stage. One barrier per stage frees its slot.
 //
 //   Weights. As in the MMA kernel (Codes): code_frags turns each field into
 //   the exact integer Q' = 2 u' - (C - C % 2) in fp16, and a group's
 //   products sum_k Q' x_k (fp32) are scaled once per group and row: the
 //   sum += s^ (sum Q' x) + z^' (sum x), z^' = z^ less s^ where C is odd
 //   (mma_rows). The weights are exact; only the activations are rounded.
+//   Centered first (gemm_center): z^' is brought within s^ of 0 by an even
+//   multiple c of s^, the codes shifted by -c to match, so that both terms
+//   stay near the size of the weights. Where a weight near 0 meets a huge
+//   activation, the uncentered terms would each be about z^' x and cancel,
+//   leaving fp32 rounding far above |w x|.
 //
-//   Activations. gemm_prep scales each vector by a power of two 2^-E that
-//   puts its largest |x~| (x gathered through p_col, times col_scale) in
-//   [2^14, 2^15), so no activation overflows fp16 and each down to 2^-28
-//   of the largest keeps 11 significant bits, and writes them once per
-//   product in fp16 in the order of the B fragments: per quad of 32 columns
-//   and vector, lane c's 16 bytes are its registers b0, b1 of k steps 0 and
-//   1 (columns c + 4 f + 16 e, f = 2 S + h, e the half), so a warp's read of
-//   one n8 block is 512 contiguous bytes of shared memory. Also the group
-//   sums of the fp16 values (fp32, in a fixed order) and 2^E, which
-//   multiplies the sums at the end. Vectors past the batch are zeros.
+//   Activations. gemm_prep scales each group of each vector by a power of
+//   two 2^-E that puts its largest |x~| (x gathered through p_col, times
+//   col_scale) in [2^14, 2^15), so no activation overflows fp16 and each
+//   down to 2^-28 of its group's largest keeps 11 significant bits, and
+//   writes them once per product in fp16 in the order of the B fragments:
+//   per quad of 32 columns and vector, lane c's 16 bytes are its registers
+//   b0, b1 of k steps 0 and 1 (columns c + 4 f + 16 e, f = 2 S + h, e the
+//   half), so a warp's read of one n8 block is 512 contiguous bytes of
+//   shared memory. Also each group's sum of the fp16 values (fp32, in a
+//   fixed order) and its 2^E, which the per-group scaling takes in: the sum
+//   += (s^ 2^E) (sum Q' x^) + z^' (2^E sum x^). Vectors past the batch are
+//   zeros. One warp per group and vector, so the preparation is spread over
+//   the whole GPU.
 //
 //   Sums. With one part the block writes y itself (sparse part added,
 //   scattered through p_row); with several, each writes its sums to `part`
@@ -1387,8 +1417,10 @@ constexpr prep_kernel kPrep[2][3] = {{mma_prep<1, false>, mma_prep<2, false>, nu
 constexpr int kGemmWarps = 8;
 constexpr int kGemmThreads = 32 * kGemmWarps;
 constexpr int kGemmTiles = kMmaPair * kGemmWarps; // 16 tiles: 256 rows per block
-constexpr int kGemmCols = 256;                    // the widest group the kernel takes
-constexpr int kGemmStages = 4;                    // stages in flight, at most
+static_assert(kGemmTiles == kCodeTiles, "a GEMM stage is one range of the CODE LAYOUT");
+constexpr int kGemmCols = 256;      // the widest group the kernel takes
+constexpr int kGemmStages = 4;      // stages in flight, at most
+constexpr int kGemmStageCols = 256; // columns of a stage where groups are narrower
 static_assert(kGemmStages >= 2 && kGemmStages <= 4, "gemm_codes waits for 0, 1 or 2 stages still out");
 
 // Resident blocks per multiprocessor the GEMM kernel is built for: two
@@ -1398,88 +1430,132 @@ static_assert(kGemmStages >= 2 && kGemmStages <= 4, "gemm_codes waits for 0, 1 o
 __host__ __device__ constexpr int gemm_blocks(int nb) { return nb <= 4 ? 2 : 1; }
 
 // Bytes of one stage: the codes of kGemmTiles tiles x sg records, the
-// activations of sg groups for BN vectors, then their sums [sg][BN].
+// activations of sg groups for BN vectors, then the groups' sums and
+// scales [sg][2][BN].
 struct gemm_stage {
     int codes, sums, bytes;
     __host__ __device__ gemm_stage(int sg, int crec, int group, int bn)
     {
         codes = kGemmTiles * sg * crec;
         sums = codes + sg * group / 32 * bn * 64;
-        bytes = sums + sg * bn * 4;
+        bytes = sums + sg * bn * 8;
     }
 };
 
-// What gemm_prep writes for a product, in the scratch buffer: the fp16 B
-// fragments [quads][bnpad][4] (uint4), the group sums [ngroups][bnpad] and
-// the vectors' scales 2^E [bnpad] (floats), each part 16-byte aligned.
+// What gemm_prep writes for a product, in the scratch buffer, per vector
+// tile of BN vectors (bnpad / BN of them) so that a stage's share is one
+// range of each part: the fp16 B fragments [tile][quad][BN][4] (uint4),
+// then the groups' sums of x and scales 2^E [tile][group][2][BN] (floats).
 struct gemm_xp {
-    size_t sums, scale, bytes;
+    size_t sums, bytes;
     __host__ __device__ gemm_xp(int cols, int ngroups, int bnpad)
     {
         sums = (size_t)cols * bnpad * 2;
-        scale = sums + ((size_t)ngroups * bnpad * 4 + 15) / 16 * 16;
-        bytes = scale + ((size_t)bnpad * 4 + 15) / 16 * 16;
+        bytes = sums + (size_t)ngroups * bnpad * 8;
     }
 };
 
-// One block per vector (grid x, up to bnpad): its largest |x~| sets E, then
-// each thread takes whole quads: the 32 values scaled, rounded to fp16 and
-// written as the 4 lanes' fragments, and their sum (of the rounded values,
-// in order) to shared memory; last the group sums, each in quad order.
-// Dynamic shared memory: a float per quad.
+// One warp per (group, vector): grid x = ngroups * bnpad / 8 blocks of 8
+// warps, warp u taking group u / bnpad, vector u % bnpad. Lane l takes item
+// l of the group (quad l / 4, fragment lane c = l % 4; a group of at most
+// kGemmCols columns has at most 32 items): its 8 values, columns c + 4 f +
+// 16 e of the quad. The group's largest |x~| (a warp maximum) sets E; the
+// values times 2^-E are rounded to fp16 and written as the lane's 16-byte
+// fragment, and the sum of the rounded values (each lane's in column order,
+// then a fixed butterfly over the lanes) times 2^E is the group sum.
 __global__ void __launch_bounds__(256)
-    gemm_prep(dmat M, const float *__restrict__ x, int batch, int bnpad, uint8_t *__restrict__ out)
+    gemm_prep(dmat M, const float *__restrict__ x, int batch, int bnpad, int bn, uint8_t *__restrict__ out)
 {
-    extern __shared__ float qsum[];
-    __shared__ unsigned wmax[8];
     pdl_release();
-    pdl_wait();
-    const int n = blockIdx.x, tid = threadIdx.x, nq = M.cols / 32;
+    const int lane = threadIdx.x & 31, u = blockIdx.x * 8 + (threadIdx.x >> 5);
+    if (u >= M.ngroups * bnpad) return;
+    const int g = u / bnpad, n = u % bnpad, vt = n / bn, nn = n % bn, ql = lane >> 2, c = lane & 3;
+    const int nq = min(M.group, M.cols - g * M.group) / 32, q = g * (M.group / 32) + ql;
     const gemm_xp X(M.cols, M.ngroups, bnpad);
-    uint4 *xp = reinterpret_cast<uint4 *>(out);
-    float *sums = reinterpret_cast<float *>(out + X.sums), *scale = reinterpret_cast<float *>(out + X.scale);
-    const float *xv = x + (size_t)n * M.cols;
-    auto value = [&](int col) {
-        return n < batch ? xv[M.p_col ? (int)M.p_col[col] : col] * (M.cscale ? M.cscale[col] : 1.0f) : 0.0f;
-    };
-    unsigned mx = 0;                    // max |x~| as its bits (|x| >= 0 orders as its bits; NaN above inf)
-    for (int q = tid; q < nq; q += 256) // a quad's 32 loads out together
+    const bool item = ql < nq, live = item && n < batch;
+    pdl_wait();
+    float v[8];
+    unsigned mx = 0; // max |x~| as its bits (|x| >= 0 orders as its bits; NaN above inf)
 #pragma unroll
-        for (int k = 0; k < 32; k++) mx = max(mx, __float_as_uint(fabsf(value(32 * q + k))));
+    for (int k = 0; k < 8; k++) { // k = 2 f + e
+        const int col = 32 * q + c + 4 * (k >> 1) + 16 * (k & 1);
+        v[k] = live ? x[(size_t)n * M.cols + (M.p_col ? (int)M.p_col[col] : col)] * (M.cscale ? M.cscale[col] : 1.0f)
+                    : 0.0f;
+        mx = max(mx, __float_as_uint(fabsf(v[k])));
+    }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) mx = max(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-    if ((tid & 31) == 0) wmax[tid >> 5] = mx;
-    __syncthreads();
-    mx = wmax[0];
-    for (int w = 1; w < 8; w++) mx = max(mx, wmax[w]);
-    // E: the exponent of max |x~| less 14 (0 for a zero vector), kept where 2^-E and 2^E are normal floats
+    // E: the exponent of max |x~| less 14 (0 for a zero group), kept where 2^-E and 2^E are normal floats
     const int e = mx == 0u ? 0 : min(max((int)(mx >> 23 & 255u) - 127 - 14, -100), 100);
-    const float inv = __int_as_float((127 - e) << 23); // 2^-E, |E| <= 100
-    for (int q = tid; q < nq; q += 256) {
-        uint32_t h[4][4];
-        float sum = 0.0f;
+    const float inv = __int_as_float((127 - e) << 23);
+    uint32_t h[4];
+    float sum = 0.0f;
 #pragma unroll
-        for (int c = 0; c < 4; c++)
-#pragma unroll
-            for (int f = 0; f < 4; f++) {
-                const __half lo = __float2half_rn(value(32 * q + c + 4 * f) * inv);
-                const __half hi = __float2half_rn(value(32 * q + c + 4 * f + 16) * inv);
-                sum += __half2float(lo) + __half2float(hi);
-                h[c][f] = (uint32_t)__half_as_ushort(lo) | (uint32_t)__half_as_ushort(hi) << 16;
-            }
-#pragma unroll
-        for (int c = 0; c < 4; c++)
-            xp[((size_t)q * bnpad + n) * 4 + c] = make_uint4(h[c][0], h[c][1], h[c][2], h[c][3]);
-        qsum[q] = sum;
+    for (int f = 0; f < 4; f++) {
+        const __half lo = __float2half_rn(v[2 * f] * inv), hi = __float2half_rn(v[2 * f + 1] * inv);
+        sum += __half2float(lo) + __half2float(hi);
+        h[f] = (uint32_t)__half_as_ushort(lo) | (uint32_t)__half_as_ushort(hi) << 16;
     }
-    __syncthreads();
-    for (int g = tid; g < M.ngroups; g += 256) {
-        const int q0 = g * (M.group / 32), q1 = min(nq, q0 + M.group / 32);
-        float sum = 0.0f;
-        for (int q = q0; q < q1; q++) sum += qsum[q];
-        sums[(size_t)g * bnpad + n] = sum;
+    if (item)
+        reinterpret_cast<uint4 *>(out)[(((size_t)vt * (M.cols / 32) + q) * bn + nn) * 4 + c] =
+            make_uint4(h[0], h[1], h[2], h[3]);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    if (lane == 0) {
+        const float scale = __int_as_float((127 + e) << 23);
+        float *gs = reinterpret_cast<float *>(out + X.sums) + ((size_t)vt * M.ngroups + g) * 2 * bn + nn;
+        gs[0] = sum * scale, gs[bn] = scale;
     }
-    if (tid == 0) scale[n] = __int_as_float((127 + e) << 23);
+}
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+// Hopper's bulk copies (the tensor memory accelerator, one thread issuing a
+// whole range) completing on an mbarrier in shared memory.
+__device__ __forceinline__ void mbar_init(uint64_t *bar)
+{
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(bar)) : "memory");
+}
+__device__ __forceinline__ void mbar_expect(uint64_t *bar, unsigned bytes)
+{
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(bar)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint64_t *bar, unsigned parity)
+{
+    asm volatile("{\n"
+                 ".reg .pred p;\n"
+                 "WAIT:\n"
+                 "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+                 "@!p bra WAIT;\n"
+                 "}" ::"r"(smem_addr(bar)),
+                 "r"(parity)
+                 : "memory");
+}
+__device__ __forceinline__ void bulk_copy(void *dst, const void *src, unsigned bytes, uint64_t *bar)
+{
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(smem_addr(dst)),
+        "l"(src), "r"(bytes), "r"(smem_addr(bar))
+        : "memory");
+}
+constexpr bool kGemmBulk = true;
+#else
+constexpr bool kGemmBulk = false;
+#endif
+
+// Centering (see Weights): for lane rows 2m, 2m + 1, an even c = 2
+// rint(-z^' / 2 s^), at most 1792 in magnitude, moves c s^ from the codes
+// into the offset: Q' - c and z^' + c s^. The HFMA2's addend less c is an
+// even integer below 4096 in magnitude and its results below 4096 (even
+// past 2048), all exact in fp16.
+__device__ __forceinline__ void gemm_center(code_rows &R, float (&s)[2], float (&z)[2])
+{
+#pragma unroll
+    for (int rr = 0; rr < 2; rr++) {
+        const float q = s[rr] != 0.0f ? __fdividef(z[rr], s[rr]) : 0.0f;
+        const float c = fminf(fmaxf(2.0f * rintf(-0.5f * q), -1792.0f), 1792.0f);
+        z[rr] = fmaf(s[rr], c, z[rr]);
+        R.add[rr] = half2_of(half_lo(R.add[rr]) - c);
+    }
 }
 
 // The GEMM kernel (see above). Grid: x = vector tiles of BN = 8 NB, y =
@@ -1494,6 +1570,9 @@ __global__ void __launch_bounds__(kGemmThreads, gemm_blocks(NB))
     constexpr int BN = 8 * NB;
     extern __shared__ uint4 smem4[];
     __shared__ uint4 rtab[2][MPQ_MAX_BITS + 1]; // code_row of (row parity, width)
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    __shared__ uint64_t bars[kGemmStages]; // the slots' mbarriers (bulk copies)
+#endif
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, m = lane >> 2, c = lane & 3;
     const int G = M.group, hdr = M.meta + kTile, n0 = blockIdx.x * BN;
     const int nst = (M.ngroups + sg - 1) / sg, st0 = blockIdx.y * spp, nstp = min(spp, nst - st0);
@@ -1501,85 +1580,136 @@ __global__ void __launch_bounds__(kGemmThreads, gemm_blocks(NB))
     const bool live0 = t0 < M.ntiles, live1 = t0 + 1 < M.ntiles;
     const gemm_stage L(sg, M.crec, G, BN);
     const gemm_xp X(M.cols, M.ngroups, bnpad);
-    const uint4 *xp = reinterpret_cast<const uint4 *>(xprep);
-    const float *xsums = reinterpret_cast<const float *>(xprep + X.sums);
     char *const sbase = reinterpret_cast<char *>(smem4);
     code_row_table<CB>(rtab, skip);
 
-    // stage k of the part: groups g0 .. g0 + ngs - 1 (columns of the last maybe fewer)
-    auto stage_groups = [&](int k, int &g0, int &ngs) {
-        g0 = (st0 + k) * sg;
-        ngs = min(sg, M.ngroups - g0);
+    // Stage k: groups g0 = (st0 + k) sg .. g0 + sg - 1. Its three ranges:
+    // the row block's records of those groups in the CODE LAYOUT (kGemmTiles
+    // sg crec bytes), the vector tile's fragments of their columns and their
+    // sums and scales in xprep; only the matrix's last stage may hold fewer
+    // groups, the last one narrower.
+    const int last_ngs = M.ngroups - (nst - 1) * sg, last_cols = M.cols - (M.ngroups - 1) * G;
+    const int last_rec = M.crow - (M.ngroups - 1) * M.crec; // r_g of the last group
+    const char *csrc = reinterpret_cast<const char *>(M.codes) + code_offset(M, blockIdx.z * kGemmTiles, st0 * sg);
+    const char *fsrc =
+        reinterpret_cast<const char *>(xprep) + ((size_t)blockIdx.x * (M.cols / 32) + st0 * sg * G / 32) * BN * 64;
+    const char *ssrc =
+        reinterpret_cast<const char *>(xprep) + X.sums + ((size_t)blockIdx.x * M.ngroups + st0 * sg) * BN * 8;
+    struct ranges {
+        int codes, frags, sums; // bytes
     };
-    auto stage_cols = [&](int g0, int ngs) { return min(ngs * G, M.cols - g0 * G); };
-    // the warp's two tiles' records of stage k into slot k % ns
-    auto issue_codes = [&](int k) {
+    auto stage_bytes = [&](int k) {
+        const bool last = st0 + k == nst - 1;
+        const int ngs = last ? last_ngs : sg, cols = last ? (last_ngs - 1) * G + last_cols : sg * G;
+        return ranges{kGemmTiles * ((ngs - 1) * M.crec + (last ? last_rec : M.crec)), cols / 32 * BN * 64,
+                      ngs * BN * 8};
+    };
+    auto slot_at = [&](int sl) { return sbase + sl * L.bytes; };
+    // a generic copy of one range by all the block's threads (cp.async, 16 bytes each)
+    auto copy_all = [&](char *dst, const char *src, int bytes) {
+        for (int o = 16 * tid; o < bytes; o += 16 * kGemmThreads) cp_async16(smem_addr(dst + o), src + o);
+    };
+    // stage k into slot sl: the weights (which do not depend on the grid before), then the activations
+    auto issue_codes = [&](int k, int sl) {
         if (k >= nstp) return;
-        int g0, ngs;
-        stage_groups(k, g0, ngs);
-        const int bytes = (ngs - 1) * M.crec + hdr + (stage_cols(g0, ngs) - (ngs - 1) * G) * 2 * CB;
-        char *dst = sbase + (size_t)(k % ns) * L.bytes + (size_t)kMmaPair * warp * sg * M.crec;
-#pragma unroll
-        for (int i = 0; i < kMmaPair; i++)
-            if (t0 + i < M.ntiles) {
-                const uint8_t *src = M.codes + (size_t)(t0 + i) * M.crow + (size_t)g0 * M.crec;
-                for (int o = 16 * lane; o < bytes; o += 512)
-                    cp_async16(smem_addr(dst + (size_t)i * sg * M.crec + o), src + o);
-            }
+        const ranges R = stage_bytes(k);
+        const char *src = csrc + (size_t)k * kGemmTiles * sg * M.crec;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+        if (tid == 0) {
+            asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); // after the generic reads of the slot
+            mbar_expect(&bars[sl], (unsigned)(R.codes + R.frags + R.sums));
+            bulk_copy(slot_at(sl), src, (unsigned)R.codes, &bars[sl]);
+        }
+#else
+        copy_all(slot_at(sl), src, R.codes);
+#endif
     };
-    // the block's activations of stage k (per quad, BN vectors' 64 bytes) and their group sums
-    auto issue_x = [&](int k) {
+    auto issue_x = [&](int k, int sl) {
         if (k >= nstp) return;
-        int g0, ngs;
-        stage_groups(k, g0, ngs);
-        const int nq = stage_cols(g0, ngs) / 32, q0 = g0 * G / 32;
-        char *dst = sbase + (size_t)(k % ns) * L.bytes;
-        for (int o = tid; o < nq * BN * 4; o += kGemmThreads) {
-            const int q = o / (BN * 4), r = o % (BN * 4);
-            cp_async16(smem_addr(dst + L.codes + 16 * (size_t)o), xp + ((size_t)(q0 + q) * bnpad + n0) * 4 + r);
+        const ranges R = stage_bytes(k);
+        const char *fs = fsrc + (size_t)k * sg * G / 32 * BN * 64, *ss = ssrc + (size_t)k * sg * BN * 8;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+        if (tid == 0) {
+            bulk_copy(slot_at(sl) + L.codes, fs, (unsigned)R.frags, &bars[sl]);
+            bulk_copy(slot_at(sl) + L.sums, ss, (unsigned)R.sums, &bars[sl]);
         }
-        for (int o = tid; o < ngs * BN / 4; o += kGemmThreads) {
-            const int j = o / (BN / 4), r = o % (BN / 4);
-            cp_async16(smem_addr(dst + L.sums + 16 * (size_t)o), xsums + (size_t)(g0 + j) * bnpad + n0 + 4 * r);
-        }
+#else
+        copy_all(slot_at(sl) + L.codes, fs, R.frags);
+        copy_all(slot_at(sl) + L.sums, ss, R.sums);
+#endif
     };
-    for (int k = 0; k < ns - 1; k++) issue_codes(k); // the weights do not depend on the grid before
+    // Bulk copies: stage k is in once its slot's mbarrier has completed the
+    // phase of parity k / ns. cp.async: stage 0's codes and activations are
+    // the first commit group and each later stage's one more, so once only
+    // ns - 2 groups are out the stage after the one in hand is in (the
+    // prologue commits ns - 1 groups, every iteration one), which the
+    // barrier that ends the iteration shares with every thread.
+    auto wait_next = [&]() {
+        if (ns == 2)
+            asm volatile("cp.async.wait_group 0;" ::: "memory");
+        else if (ns == 3)
+            asm volatile("cp.async.wait_group 1;" ::: "memory");
+        else
+            asm volatile("cp.async.wait_group 2;" ::: "memory");
+    };
+    if (kGemmBulk && tid < ns) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+        mbar_init(&bars[tid]);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#endif
+    }
+    __syncthreads(); // the barriers and rtab
+    for (int k = 0; k < ns - 1; k++) issue_codes(k, k);
     pdl_wait();
-    for (int k = 0; k < ns - 1; k++) issue_x(k);
-    asm volatile("cp.async.commit_group;" ::: "memory");
-    asm volatile("cp.async.wait_group 0;" ::: "memory");
-    __syncthreads();
+    for (int k = 0; k < ns - 1; k++) {
+        issue_x(k, k);
+        asm volatile("cp.async.commit_group;" ::: "memory");
+    }
+    if (!kGemmBulk) {
+        wait_next();
+        __syncthreads();
+    }
 
     // lane (m, c) sums rows 2m, 2m + 1 of both tiles for vectors 8 j + 2c, 8 j + 2c + 1
     float acc[kMmaPair][NB][4] = {};
+    int sl_use = 0, sl_issue = ns - 1;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    unsigned phase = 0; // of the slots' mbarriers in this round over the slots
+#endif
     for (int k = 0; k < nstp; k++) {
-        issue_codes(k + ns - 1); // into the slot of stage k - 1, which every warp is done with
-        issue_x(k + ns - 1);
+        issue_codes(k + ns - 1, sl_issue); // into the slot of stage k - 1, which every warp is done with
+        issue_x(k + ns - 1, sl_issue);
         asm volatile("cp.async.commit_group;" ::: "memory");
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+        mbar_wait(&bars[sl_use], phase);
+#endif
         if (live0) {
-            int g0, ngs;
-            stage_groups(k, g0, ngs);
-            const char *slot = sbase + (size_t)(k % ns) * L.bytes;
-            const char *cs = slot + (size_t)kMmaPair * warp * sg * M.crec;
+            const int ngs = st0 + k == nst - 1 ? last_ngs : sg, g0 = (st0 + k) * sg;
+            const char *slot = slot_at(sl_use);
             const uint4 *xs = reinterpret_cast<const uint4 *>(slot + L.codes) + m * 4 + c;
             const float *gs = reinterpret_cast<const float *>(slot + L.sums) + 2 * c;
-            for (int j = 0; j < ngs; j++, gs += BN) {
-                const char *rec0 = cs + (size_t)j * M.crec, *rec1 = rec0 + (live1 ? sg * M.crec : 0);
+            for (int j = 0; j < ngs; j++, gs += 2 * BN) {
+                const bool lastg = g0 + j == M.ngroups - 1;
+                const int rs = lastg ? last_rec : M.crec, nq = lastg ? last_cols / 32 : G / 32;
+                const char *rec0 = slot + j * kGemmTiles * M.crec + kMmaPair * warp * rs;
+                const char *rec1 = rec0 + (live1 ? rs : 0);
                 code_rows R[kMmaPair];
-                float s[kMmaPair][2], z[kMmaPair][2];
-                mma_rows(M, rec0, true, m, rtab, R[0], s[0], z[0]);
-                mma_rows(M, rec1, live1, m, rtab, R[1], s[1], z[1]);
-                const int nq = min(G, M.cols - (g0 + j) * G) / 32;
+                float sv[kMmaPair][2], zv[kMmaPair][2];
+                mma_rows(M, rec0, true, m, rtab, R[0], sv[0], zv[0]);
+                mma_rows(M, rec1, live1, m, rtab, R[1], sv[1], zv[1]);
+#pragma unroll
+                for (int i = 0; i < kMmaPair; i++) gemm_center(R[i], sv[i], zv[i]);
                 const char *cw0 = rec0 + hdr + 2 * CB * lane, *cw1 = rec1 + hdr + 2 * CB * lane;
-                const uint4 *xq = xs + (size_t)j * (G / 32) * BN * 4;
-                float d[kMmaPair][NB][4] = {}; // the group's sum Q' x
-                for (int q = 0; q < nq; q++, cw0 += 64 * CB, cw1 += 64 * CB, xq += BN * 4) {
+                const uint4 *xq = xs + j * (G / 32) * BN * 4;
+                float d[kMmaPair][NB][4] = {}; // the group's sum Q' x^
+#pragma unroll(NB == 2 ? 4 : 1)
+                for (int q = 0; q < nq; q++) {
                     uint32_t a[kMmaPair][2][4];
-                    code_frags<CB>(cw0, R[0], a[0]);
-                    code_frags<CB>(cw1, R[1], a[1]);
+                    code_frags<CB>(cw0 + q * 64 * CB, R[0], a[0]);
+                    code_frags<CB>(cw1 + q * 64 * CB, R[1], a[1]);
 #pragma unroll
                     for (int jn = 0; jn < NB; jn++) {
-                        const uint4 bf = xq[jn * 32];
+                        const uint4 bf = xq[q * BN * 4 + jn * 32];
 #pragma unroll
                         for (int i = 0; i < kMmaPair; i++) {
                             mma_16816(d[i][jn], a[i][0], bf.x, bf.y);
@@ -1588,24 +1718,25 @@ __global__ void __launch_bounds__(kGemmThreads, gemm_blocks(NB))
                     }
                 }
 #pragma unroll
-                for (int jn = 0; jn < NB; jn++) {
+                for (int jn = 0; jn < NB; jn++) { // sum += (s^ 2^E) d + z^' X
                     const float2 xg = *reinterpret_cast<const float2 *>(gs + 8 * jn);
+                    const float2 xe = *reinterpret_cast<const float2 *>(gs + BN + 8 * jn);
 #pragma unroll
                     for (int i = 0; i < kMmaPair; i++)
 #pragma unroll
                         for (int f = 0; f < 4; f++)
-                            acc[i][jn][f] = fmaf(s[i][f >> 1], d[i][jn][f],
-                                                 fmaf(z[i][f >> 1], (f & 1) ? xg.y : xg.x, acc[i][jn][f]));
+                            acc[i][jn][f] = fmaf(sv[i][f >> 1] * ((f & 1) ? xe.y : xe.x), d[i][jn][f],
+                                                 fmaf(zv[i][f >> 1], (f & 1) ? xg.y : xg.x, acc[i][jn][f]));
                 }
             }
         }
-        if (ns == 2) // stage k + 1 is in (its group and all before it: ns - 2 may still be out)
-            asm volatile("cp.async.wait_group 0;" ::: "memory");
-        else if (ns == 3)
-            asm volatile("cp.async.wait_group 1;" ::: "memory");
-        else
-            asm volatile("cp.async.wait_group 2;" ::: "memory");
-        __syncthreads(); // and every warp is done with stage k
+        sl_use = sl_use + 1 == ns ? 0 : sl_use + 1;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+        phase ^= sl_use == 0;
+#endif
+        sl_issue = sl_issue + 1 == ns ? 0 : sl_issue + 1;
+        if (!kGemmBulk) wait_next(); // stage k + 1 is in
+        __syncthreads();             // and every warp is done with stage k
     }
     asm volatile("cp.async.wait_all;" ::: "memory");
     // only now may the next product's grids start: launched at the top, they
@@ -1614,20 +1745,17 @@ __global__ void __launch_bounds__(kGemmThreads, gemm_blocks(NB))
     // not start until this grid's blocks left (bench/results/NOTES.md)
     pdl_release();
 
-    // the sums times 2^E of their vectors
-    const float *xscale = reinterpret_cast<const float *>(xprep + X.scale) + n0;
     const size_t rows16 = (size_t)M.ntiles * kTile;
     const int nvec = min(BN, batch - n0); // vectors of this tile
     if (live0)
 #pragma unroll
-        for (int jn = 0; jn < NB; jn++) {
-            const float2 sc = *reinterpret_cast<const float2 *>(xscale + 8 * jn + 2 * c);
+        for (int jn = 0; jn < NB; jn++)
 #pragma unroll
             for (int i = 0; i < kMmaPair; i++)
 #pragma unroll
                 for (int f = 0; f < 4; f++) {
                     const int n = 8 * jn + 2 * c + (f & 1), row = (t0 + i) * kTile + 2 * m + (f >> 1);
-                    const float v = acc[i][jn][f] * ((f & 1) ? sc.y : sc.x);
+                    const float v = acc[i][jn][f];
                     if (n >= nvec || (i == 1 && !live1)) continue;
                     if (gridDim.y == 1) { // one part: the block writes y
                         if (row < M.rows) {
@@ -1638,7 +1766,6 @@ __global__ void __launch_bounds__(kGemmThreads, gemm_blocks(NB))
                     } else
                         part[((size_t)blockIdx.y * batch + n0 + n) * rows16 + row] = v;
                 }
-        }
     if (gridDim.y == 1) return;
     const int r0 = blockIdx.z * kGemmTiles * kTile, nr = min(kGemmTiles * kTile, (int)rows16 - r0);
     sum_parts(M, x + (size_t)n0 * M.cols, nvec, part + (size_t)n0 * rows16, gridDim.y, (size_t)batch * rows16,
@@ -1814,7 +1941,7 @@ __global__ void __launch_bounds__(kTile *kDqQuads) dequant_codes(dmat M, int ski
     if (qm < nqm && row < M.rows) {
         const int orow = M.p_row ? (int)M.p_row[row] : row;
         const int g = 32 * qm / M.group, q = qm - g * (M.group / 32);
-        const uint8_t *rec = M.codes + (size_t)t * M.crow + (size_t)g * M.crec;
+        const uint8_t *rec = M.codes + code_offset(M, t, g);
         const int b = rec[M.meta + r], lo = mpq_first_plane(b, skip), C = (1 << b) - (1 << lo), rr = r & 1;
         const uint32_t keep = (0xFFu << lo) & 0xFFu;
         float s, z;
@@ -2079,7 +2206,8 @@ mpq_status upload(void *ctx, const mpq_packed *A, void **handle)
         M.crec = hdr + A->group * 2 * cb;
         M.crow = (A->ngroups - 1) * M.crec + hdr + last * 2 * cb;
         const size_t threads = (size_t)ntiles * (size_t)(A->cols / 32) * 32;
-        e = cudaMalloc(&h->dcodes, (size_t)ntiles * (size_t)M.crow);
+        const size_t bytes = (size_t)(ntiles + kCodeTiles - 1) / kCodeTiles * kCodeTiles * (size_t)M.crow;
+        e = cudaMalloc(&h->dcodes, bytes);
         if (e == cudaErrorMemoryAllocation) {
             cudaGetLastError();
             h->dcodes = nullptr;
@@ -2087,13 +2215,15 @@ mpq_status upload(void *ctx, const mpq_packed *A, void **handle)
         } else if (e == cudaSuccess) {
             M.codes = static_cast<const uint8_t *>(h->dcodes);
             h->cb = cb;
-            if (cb == 4)
-                transcode<4>
-                    <<<(unsigned)((threads + 255) / 256), 256, 0, c->stream>>>(M, static_cast<uint8_t *>(h->dcodes));
-            else
-                transcode<8>
-                    <<<(unsigned)((threads + 255) / 256), 256, 0, c->stream>>>(M, static_cast<uint8_t *>(h->dcodes));
-            e = cudaGetLastError();
+            e = cudaMemsetAsync(h->dcodes, 0, bytes, c->stream); // the padding records of the last row block
+            if (e == cudaSuccess) {
+                const unsigned nb = (unsigned)((threads + 255) / 256);
+                if (cb == 4)
+                    transcode<4><<<nb, 256, 0, c->stream>>>(M, static_cast<uint8_t *>(h->dcodes));
+                else
+                    transcode<8><<<nb, 256, 0, c->stream>>>(M, static_cast<uint8_t *>(h->dcodes));
+                e = cudaGetLastError();
+            }
         }
         if (e == cudaSuccess) e = cudaStreamSynchronize(c->stream);
         if (e != cudaSuccess) {
@@ -2300,7 +2430,7 @@ mpq_status launch_gemm(cuda_ctx *c, const cuda_handle *h, const float *x, float 
     if (!M.codes || M.group > kGemmCols) return MPQ_ERR_UNSUPPORTED;
     const int ni = batch <= 16 ? 0 : batch <= 32 ? 1 : 2, bn = 16 << ni;
     const int ntn = (batch + bn - 1) / bn, bnpad = ntn * bn;
-    const int sg = M.group < 128 ? 128 / M.group : 1, nst = (M.ngroups + sg - 1) / sg;
+    const int sg = M.group < kGemmStageCols ? kGemmStageCols / M.group : 1, nst = (M.ngroups + sg - 1) / sg;
     const int stage = gemm_stage(sg, M.crec, M.group, bn).bytes, occ = gemm_blocks(bn / 8);
     const int budget = min(c->mma_dmax, c->smem_sm / occ - c->smem_reserved - c->mma_static);
     const int ns = min(kGemmStages, budget / stage);
@@ -2319,11 +2449,11 @@ mpq_status launch_gemm(cuda_ctx *c, const cuda_handle *h, const float *x, float 
     const size_t rows16 = (size_t)M.ntiles * kTile;
     const size_t part_bytes = nparts > 1 ? (sizeof(float) * (size_t)nparts * batch * rows16 + 255) / 256 * 256 : 0;
     const gemm_xp X(M.cols, M.ngroups, bnpad);
-    if (M.cols / 32 * 4 > 48 * 1024) return MPQ_ERR_UNSUPPORTED; // gemm_prep's quad sums
     mpq_status st = grow(c, part_bytes + X.bytes, (size_t)blocks);
     if (st != MPQ_OK) return st;
     uint8_t *xprep = static_cast<uint8_t *>(c->scratch) + part_bytes;
-    st = launch_pdl(c, gemm_prep, dim3(bnpad), 256, M.cols / 32 * 4, M, x, batch, bnpad, xprep);
+    st = launch_pdl(c, gemm_prep, dim3((unsigned)(((size_t)M.ngroups * bnpad + 7) / 8)), 256, 0, M, x, batch, bnpad, bn,
+                    xprep);
     if (st != MPQ_OK) return st;
     return launch_pdl(c, kGemm[h->cb == 8][ni], dim3(ntn, nparts, nrb), kGemmThreads, ns * stage, M, x, batch, skip, sg,
                       ns, spp, bnpad, static_cast<const uint8_t *>(xprep), static_cast<float *>(c->scratch),

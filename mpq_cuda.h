@@ -18,10 +18,11 @@
    - gemv: a rotated matrix's input goes through V first (one kernel,
      rotate_input); which kernel runs which batch is one table, kRules in
      mpq_cuda.cu (THE BATCH -> KERNEL RULE): lookup tables in shared
-     memory for the smallest batches, the MMA kernel on the code copy up
-     to MPQ_CUDA_GEMM_BATCH (float activations kept to about 22 bits), the
-     GEMM kernel from there to MPQ_CUDA_GEMM_MAX (activations in fp16,
-     each vector first scaled by a power of two into the fp16 range), fp16
+     memory for the smallest batches, the GEMM kernel on the code copy
+     from MPQ_CUDA_GEMM_BATCH to MPQ_CUDA_GEMM_MAX (activations in fp16,
+     each group of each vector first scaled by a power of two into the
+     fp16 range), the MMA kernel on the code copy (float activations kept
+     to about 22 bits) where the GEMM kernel does not take the matrix, fp16
      dequantization and cuBLAS (fp32 accumulation) beyond, and a plain
      kernel that decodes every weight for groups the others do not take. On
      the fp16 path the activations are rounded to fp16 unscaled, so a vector
@@ -70,14 +71,15 @@
    exact codes times fp16 activations on the tensor cores, fp32 sums) on a
    matrix with the code copy and groups of at most 256 columns. Measured on
    an H200 (bench/results/NOTES.md, "The GEMM kernel"), against what ran
-   these batches before: 1.0-1.15x at batch 16 (the MMA kernel), 1.14-1.89x
-   at 32 and 0.90-1.28x at 64 (the MMA kernel in pieces, fp16 + cuBLAS);
-   from 128 on fp16 dequantization + cuBLAS is faster. */
+   these batches before: 1.17-1.35x the MMA kernel at batches 3 to 6,
+   1.2-1.4x at 8, 1.4-2.2x at 9 to 15; 0.90-1.40x fp16 dequantization +
+   cuBLAS at 96 and 128 (1.12-1.14x over the three shapes), which is
+   faster from 256 on. Batches 1 and 2 stay on the lookup tables. */
 #ifndef MPQ_CUDA_GEMM_BATCH
-#define MPQ_CUDA_GEMM_BATCH 16
+#define MPQ_CUDA_GEMM_BATCH 3
 #endif
 #ifndef MPQ_CUDA_GEMM_MAX
-#define MPQ_CUDA_GEMM_MAX 64
+#define MPQ_CUDA_GEMM_MAX 128
 #endif
 
 #ifdef __cplusplus
