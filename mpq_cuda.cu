@@ -744,8 +744,8 @@ __host__ __device__ inline size_t code_offset(const dmat &M, int t, int g)
 }
 //
 // MMA KERNEL (batches from MPQ_CUDA_MMA_BATCH up to 16 on a matrix with a
-// code copy that the GEMM kernel does not take, and below
-// MPQ_CUDA_GEMM_BATCH; any mix of widths): codes multiplied on the tensor cores
+// code copy, where they lie below MPQ_CUDA_GEMM_BATCH or the GEMM kernel
+// does not take the matrix; any mix of widths): codes multiplied on the tensor cores
 // (mma.sync m16n8k16, fp16 in, fp32 accumulate), the batch's vectors as the
 // 8 columns of the product (two products per code fragment, vectors 0..7 and
 // 8..15, for batches past 8). About one instruction per register of 2
