@@ -2423,8 +2423,9 @@ mpq_status launch_mma(cuda_ctx *c, const cuda_handle *h, const float *x, float *
 // column parts where the blocks of row blocks x vector tiles leave the
 // multiprocessors short of a full wave: of 1 to 8 parts (each at least two
 // stages), the count whose blocks fill their waves best, the fewest on a
-// tie within 2 %.
-mpq_status launch_gemm(cuda_ctx *c, const cuda_handle *h, const float *x, float *y, int batch, int skip)
+// tie within 2 %. The rule table calls it as it is (MPQ_ERR_UNSUPPORTED for a
+// matrix it does not take).
+mpq_status run_gemm(cuda_ctx *c, const cuda_handle *h, const float *x, float *y, int batch, int skip)
 {
     const dmat &M = h->m;
     if (!M.codes || M.group > kGemmCols) return MPQ_ERR_UNSUPPORTED;
@@ -2557,10 +2558,6 @@ mpq_status gemv(void *ctx, void *handle, const float *x, float *y, int batch, co
 
 // The kernels as the rule table calls them: each answers MPQ_ERR_UNSUPPORTED
 // for a matrix it does not take, and the rule goes on to the next row.
-mpq_status run_gemm(cuda_ctx *c, const cuda_handle *h, const float *x, float *y, int batch, int skip)
-{
-    return launch_gemm(c, h, x, y, batch, skip);
-}
 mpq_status run_mma(cuda_ctx *c, const cuda_handle *h, const float *x, float *y, int batch, int skip)
 {
     return launch_mma(c, h, x, y, batch, skip, false);
