@@ -1390,7 +1390,7 @@ constexpr prep_kernel kPrep[2][3] = {{mma_prep<1, false>, mma_prep<2, false>, nu
 //   products sum_k Q' x_k (fp32) are scaled once per group and row: the
 //   sum += s^ (sum Q' x) + z^' (sum x), z^' = z^ less s^ where C is odd
 //   (mma_rows). The weights are exact; only the activations are rounded.
-//   Centered first (gemm_center): z^' is brought within s^ of 0 by an even
+//   Centered first (gemm_rows): z^' is brought within s^ of 0 by an even
 //   multiple c of s^, the codes shifted by -c to match, so that both terms
 //   stay near the size of the weights. Where a weight near 0 meets a huge
 //   activation, the uncentered terms would each be about z^' x and cancel,
@@ -1542,20 +1542,52 @@ constexpr bool kGemmBulk = true;
 constexpr bool kGemmBulk = false;
 #endif
 
-// Centering (see Weights): for lane rows 2m, 2m + 1, an even c = 2
+// The per-group constants of a lane's four rows (tiles 0 and 1 of its
+// pair, rows 2m and 2m + 1 of each), as mma_rows gives them and then
+// centered (see Weights). The four lanes of a row group need the same rows,
+// so each row is worked out once per warp, by lane 16 i + r for row r of
+// tile i, and handed to the others by shuffles. Centering: an even c = 2
 // rint(-z^' / 2 s^), at most 1792 in magnitude, moves c s^ from the codes
 // into the offset: Q' - c and z^' + c s^. The HFMA2's addend less c is an
 // even integer below 4096 in magnitude and its results below 4096 (even
-// past 2048), all exact in fp16.
-__device__ __forceinline__ void gemm_center(code_rows &R, float (&s)[2], float (&z)[2])
+// past 2048), all exact in fp16. rec0, rec1: the records of tiles 0 and 1
+// (live1 false: tile 1 is past the matrix, its rows get the constants of
+// width 0).
+template <int CB>
+__device__ __forceinline__ void gemm_rows(const dmat &M, const char *rec0, const char *rec1, bool live1, int m,
+                                          const uint4 (*rtab)[MPQ_MAX_BITS + 1], code_rows (&R)[kMmaPair],
+                                          float (&s)[kMmaPair][2], float (&z)[kMmaPair][2])
 {
-#pragma unroll
-    for (int rr = 0; rr < 2; rr++) {
-        const float q = s[rr] != 0.0f ? __fdividef(z[rr], s[rr]) : 0.0f;
-        const float c = fminf(fmaxf(2.0f * rintf(-0.5f * q), -1792.0f), 1792.0f);
-        z[rr] = fmaf(s[rr], c, z[rr]);
-        R.add[rr] = half2_of(half_lo(R.add[rr]) - c);
+    const int lane = threadIdx.x & 31, r = lane & 15;
+    const bool live = lane < 16 || live1;
+    const char *rec = lane < 16 ? rec0 : rec1;
+    const int b = live ? (uint8_t)rec[M.meta + r] : 0;
+    float sr = 0.0f, zr = 0.0f;
+    if (live && M.e8m0) {
+        sr = b ? pow2i((int)(uint8_t)rec[r] - 127 - b + 1) : 0.0f;
+        zr = -sr;
+    } else if (live) {
+        sr = __half2float(*reinterpret_cast<const __half *>(rec + 2 * r));
+        zr = __half2float(*reinterpret_cast<const __half *>(rec + 32 + 2 * r));
     }
+    const uint4 E = rtab[r & 1][b];
+    zr -= E.w ? sr : 0.0f;
+    float rcp; // 1 / s^ (s^ a normal float or 0: no denormal handling needed)
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(rcp) : "f"(sr));
+    const float c = sr != 0.0f ? fminf(fmaxf(2.0f * rintf(-0.5f * zr * rcp), -1792.0f), 1792.0f) : 0.0f;
+    zr = fmaf(sr, c, zr);
+    const uint32_t add = half2_of(half_lo(E.z) - c);
+#pragma unroll
+    for (int i = 0; i < kMmaPair; i++)
+#pragma unroll
+        for (int rr = 0; rr < 2; rr++) {
+            const int src = 16 * i + 2 * m + rr;
+            s[i][rr] = __shfl_sync(0xffffffffu, sr, src);
+            z[i][rr] = __shfl_sync(0xffffffffu, zr, src);
+            R[i].add[rr] = __shfl_sync(0xffffffffu, add, src);
+            R[i].mask[rr] = __shfl_sync(0xffffffffu, E.x, src);
+            R[i].mul[rr] = rtab[rr][0].y; // the factor depends on the row's parity alone (code_row)
+        }
 }
 
 // The GEMM kernel (see above). Grid: x = vector tiles of BN = 8 NB, y =
@@ -1695,10 +1727,7 @@ __global__ void __launch_bounds__(kGemmThreads, gemm_blocks(NB))
                 const char *rec1 = rec0 + (live1 ? rs : 0);
                 code_rows R[kMmaPair];
                 float sv[kMmaPair][2], zv[kMmaPair][2];
-                mma_rows(M, rec0, true, m, rtab, R[0], sv[0], zv[0]);
-                mma_rows(M, rec1, live1, m, rtab, R[1], sv[1], zv[1]);
-#pragma unroll
-                for (int i = 0; i < kMmaPair; i++) gemm_center(R[i], sv[i], zv[i]);
+                gemm_rows<CB>(M, rec0, rec1, live1, m, rtab, R, sv, zv);
                 const char *cw0 = rec0 + hdr + 2 * CB * lane, *cw1 = rec1 + hdr + 2 * CB * lane;
                 const uint4 *xq = xs + j * (G / 32) * BN * 4;
                 float d[kMmaPair][NB][4] = {}; // the group's sum Q' x^
