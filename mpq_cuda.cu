@@ -1367,7 +1367,7 @@ constexpr prep_kernel kPrep[2][3] = {{mma_prep<1, false>, mma_prep<2, false>, nu
 // later) multiply them with a tile of the batch.
 //
 //   Output tile. A block takes 256 rows (kGemmTiles tiles, a pair per warp)
-//   and BN = 8 NB vectors (NB = 2, 4 or 8 by the batch): grid x. Grid z:
+//   and BN = 8 NB vectors (NB = 2, 4 or 8, see run_gemm): grid x. Grid z:
 //   row blocks; grid y: parts of the columns (split-k) where the row blocks
 //   and vector tiles alone leave multiprocessors idle. Blocks next to each
 //   other in x read the same codes, so a batch of several vector tiles reads
@@ -1572,7 +1572,10 @@ __device__ __forceinline__ void gemm_rows(const dmat &M, const char *rec0, const
     }
     const uint4 E = rtab[r & 1][b];
     zr -= E.w ? sr : 0.0f;
-    float rcp; // 1 / s^ (s^ a normal float or 0: no denormal handling needed)
+    // 1 / s^, approximate and with a subnormal s^ (MXINT scales below 2^-126)
+    // flushed to 0: any even c within the bounds keeps every value exact,
+    // such an s^ only leaves z^' less well centered
+    float rcp;
     asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(rcp) : "f"(sr));
     const float c = sr != 0.0f ? fminf(fmaxf(2.0f * rintf(-0.5f * zr * rcp), -1792.0f), 1792.0f) : 0.0f;
     zr = fmaf(sr, c, zr);
@@ -2447,8 +2450,12 @@ mpq_status launch_mma(cuda_ctx *c, const cuda_handle *h, const float *x, float *
 }
 
 // The GEMM kernel (matrices with a code copy and groups of at most
-// kGemmCols columns), after gemm_prep. Vector tiles of 16, 32 or 64 by the
-// batch; as many stages in flight as fit shared memory (at least two);
+// kGemmCols columns), after gemm_prep. Vector tiles: 16 vectors up to batch
+// 16, 32 up to 32, one of 64 up to 48, and beyond that tiles of 32 again
+// (two blocks of 32 on a multiprocessor, the codes read once per tile, the
+// later ones mostly from L2, were faster than one block of 64 on most shapes
+// at batches 64 to 128 on an H200, slower at 33; bench/results/NOTES.md); as
+// many stages in flight as fit shared memory (at least two);
 // column parts where the blocks of row blocks x vector tiles leave the
 // multiprocessors short of a full wave: of 1 to 8 parts (each at least two
 // stages), the count whose blocks fill their waves best, the fewest on a
@@ -2458,7 +2465,7 @@ mpq_status run_gemm(cuda_ctx *c, const cuda_handle *h, const float *x, float *y,
 {
     const dmat &M = h->m;
     if (!M.codes || M.group > kGemmCols) return MPQ_ERR_UNSUPPORTED;
-    const int ni = batch <= 16 ? 0 : batch <= 32 ? 1 : 2, bn = 16 << ni;
+    const int ni = batch <= 16 ? 0 : batch <= 32 || batch > 48 ? 1 : 2, bn = 16 << ni;
     const int ntn = (batch + bn - 1) / bn, bnpad = ntn * bn;
     const int sg = M.group < kGemmStageCols ? kGemmStageCols / M.group : 1, nst = (M.ngroups + sg - 1) / sg;
     const int stage = gemm_stage(sg, M.crec, M.group, bn).bytes, occ = gemm_blocks(bn / 8);
