@@ -7,8 +7,8 @@
    128, 256, 512 (the LUT kernel), 4096 (the LUT kernel, never the MMA
    kernel) and 40 and a partial last group (the plain kernel); mixed
    widths with block_rows 16 and 3; permutations, column scales, a sparse
-   part; skip_planes 0..2; every batch 1..17, 24, 33, 64, 100, 256 and
-   1000 and prompts of 512 and 2048 vectors (as far as the float64
+   part; skip_planes 0..2; every batch 1..17, 24, 33, 48, 49, 64, 100,
+   128, 129, 256 and 1000 and prompts of 512 and 2048 vectors (as far as the float64
    reference's time allows: the largest batches on the smaller cases):
    the LUT kernel up to 2, the MMA kernel from 3 where every group is
    whole quads of at most 512 columns, the GEMM kernel from
@@ -313,8 +313,9 @@ static int run_case(mpq_backend *be, const cas *c, synth_rng *r, int fp16)
     mpq_status st = be->upload(be->ctx, &A, &h);
     report(st == MPQ_OK, "upload %s %dx%d group %d%s", c->format == 2 ? "mxint" : "bitplane", m, n, c->G,
            c->rot ? " rotated" : "");
-    static const int batches[] = {1,  2,  3,  4,  5,  6,  7,  8,   9,   10,  11,   12,  13,
-                                  14, 15, 16, 17, 24, 33, 64, 100, 256, 512, 1000, 2048};
+    /* 48 | 49: the GEMM kernel's 64-vector tile | two of 32; 128 | 129: the GEMM kernel | fp16 + cuBLAS */
+    static const int batches[] = {1,  2,  3,  4,  5,  6,  7,  8,   9,   10,  11,  12,  13,   14,  15,
+                                  16, 17, 24, 33, 48, 49, 64, 100, 128, 129, 256, 512, 1000, 2048};
     /* the MMA kernel's matrices: groups and the last group of whole quads, and
        groups whose activations for 32 vectors fit its 64 KB (4 * 32 * G bytes) */
     const int last = n - (n - 1) / c->G * c->G, mma = c->G % 32 == 0 && last % 32 == 0 && c->G <= 512;
