@@ -1563,13 +1563,7 @@ __device__ __forceinline__ void gemm_rows(const dmat &M, const char *rec0, const
     const char *rec = lane < 16 ? rec0 : rec1;
     const int b = live ? (uint8_t)rec[M.meta + r] : 0;
     float sr = 0.0f, zr = 0.0f;
-    if (live && M.e8m0) {
-        sr = b ? pow2i((int)(uint8_t)rec[r] - 127 - b + 1) : 0.0f;
-        zr = -sr;
-    } else if (live) {
-        sr = __half2float(*reinterpret_cast<const __half *>(rec + 2 * r));
-        zr = __half2float(*reinterpret_cast<const __half *>(rec + 32 + 2 * r));
-    }
+    if (live) row_pair(M, reinterpret_cast<const uint8_t *>(rec), r, b, sr, zr);
     const uint4 E = rtab[r & 1][b];
     zr -= E.w ? sr : 0.0f;
     // 1 / s^, approximate and with a subnormal s^ (MXINT scales below 2^-126)
