@@ -2449,7 +2449,8 @@ mpq_status launch_mma(cuda_ctx *c, const cuda_handle *h, const float *x, float *
 // (two blocks of 32 on a multiprocessor, the codes read once per tile, the
 // later ones mostly from L2, were faster than one block of 64 on most shapes
 // at batches 64 to 128 on an H200, slower at 33; bench/results/NOTES.md); as
-// many stages in flight as fit shared memory (at least two);
+// many stages in flight as fit shared memory (at least two, with one block
+// per multiprocessor where two blocks would leave less);
 // column parts where the blocks of row blocks x vector tiles leave the
 // multiprocessors short of a full wave: of 1 to 8 parts (each at least two
 // stages), the count whose blocks fill their waves best, the fewest on a
@@ -2462,9 +2463,16 @@ mpq_status run_gemm(cuda_ctx *c, const cuda_handle *h, const float *x, float *y,
     const int ni = batch <= 16 ? 0 : batch <= 32 || batch > 48 ? 1 : 2, bn = 16 << ni;
     const int ntn = (batch + bn - 1) / bn, bnpad = ntn * bn;
     const int sg = M.group < kGemmStageCols ? kGemmStageCols / M.group : 1, nst = (M.ngroups + sg - 1) / sg;
-    const int stage = gemm_stage(sg, M.crec, M.group, bn).bytes, occ = gemm_blocks(bn / 8);
-    const int budget = min(c->mma_dmax, c->smem_sm / occ - c->smem_reserved - c->mma_static);
-    const int ns = min(kGemmStages, budget / stage);
+    const int stage = gemm_stage(sg, M.crec, M.group, bn).bytes;
+    // blocks per multiprocessor: as the kernel is built for, or one where
+    // two stages would not fit beside a second block (8-bit codes in groups
+    // of 256 columns)
+    int occ = gemm_blocks(bn / 8), ns = 0;
+    for (;; occ = 1) {
+        const int budget = min(c->mma_dmax, c->smem_sm / occ - c->smem_reserved - c->mma_static);
+        ns = min(kGemmStages, budget / stage);
+        if (ns >= 2 || occ == 1) break;
+    }
     if (ns < 2) return MPQ_ERR_UNSUPPORTED;
     const int nrb = (M.ntiles + kGemmTiles - 1) / kGemmTiles, blocks = ntn * nrb;
     int nparts = 1;

@@ -26,8 +26,10 @@
    fp16 path: 2^-9 sum_j |w_ij x_j| (fp16 rounding of w and x; non-finite
    outputs allowed for a vector with an activation past 65504); the GEMM
    kernel the same, its outputs always finite (it scales each group of
-   each vector into the fp16 range first). Host and device pointers must
-   give the same bits. MPQ_CHECK_CASES (see `dry`) keeps some cases.
+   each vector into the fp16 range first; see smem_sm for the devices
+   where fp16 + cuBLAS may take its place). Host and device pointers must
+   give the same bits. A failure lists how many outputs are wrong and the
+   first few. MPQ_CHECK_CASES (see `dry`) keeps some cases.
 
    Build (Meson builds it when CUDA is found):
      nvcc -arch=sm_90 -I. -Iutil test/gpu/cuda_check.c mpq_cuda.cu -lcublas */
@@ -63,6 +65,14 @@ static void gemv_ref(const mpq_packed *A, const float *x, double *y, int batch, 
    and reporting nothing, so that case K gets the inputs a full run gives
    it; the fp16-weights and bad-input checks are left out. */
 static int dry;
+
+/* Shared memory per multiprocessor of the device. With the 228 KB of
+   Hopper the GEMM kernel takes every matrix with a code copy and groups up
+   to 256 columns (one block per multiprocessor where two would not hold
+   two stages each); with less (A100 164 KB, sm_86 and sm_89 100 KB) it
+   declines the widest stages, which then go to fp16 + cuBLAS, where
+   activations past the fp16 range give non-finite outputs. */
+static size_t smem_sm;
 
 static void report(int ok, const char *fmt, ...)
 {
@@ -360,15 +370,17 @@ static int run_case(mpq_backend *be, const cas *c, synth_rng *r, int fp16)
             for (int k = 0; k < batch * m; k++) y2[k] = NAN;
             mpq_status g2 = be->gemv(be->ctx, h, x, y2, batch, &o); /* host pointers */
             double worst = 0;
-            int bad = -1, same = 1, nbig = 0;
+            int bad = -1, same = 1, nbig = 0, nbad = 0, firstbad[6];
             /* the GEMM kernel: exact weights times fp16 activations (scaled by a power of two per
                group and vector: no overflow) */
             const int gemm = !fp16 && mma && c->G <= 256 && batch >= MPQ_CUDA_GEMM_BATCH && batch <= MPQ_CUDA_GEMM_MAX;
             /* else dequantized to fp16, cuBLAS; up to MPQ_CUDA_MMA_MAX the MMA kernel in pieces of 16 */
             const int f16 =
                 !gemm && (fp16 || (batch > 16 && !(mma && batch <= MPQ_CUDA_MMA_MAX)) || (batch > 8 && !mma));
-            char *big = calloc((size_t)batch, 1); /* past the fp16 range on the fp16 path */
-            for (int v = 0; v < batch; v++) nbig += big[v] = f16 && past_f16(xr + (size_t)v * n, n);
+            /* past the fp16 range on the fp16 path (or where it may replace the GEMM kernel) */
+            const int maybe16 = f16 || (gemm && smem_sm < 228 * 1024);
+            char *big = calloc((size_t)batch, 1);
+            for (int v = 0; v < batch; v++) nbig += big[v] = maybe16 && past_f16(xr + (size_t)v * n, n);
             for (int k = 0; k < batch * m; k++) {
                 if (memcmp(&y[k], &y2[k], 4)) same = 0;
                 if (big[k / m] && !isfinite(y[k])) continue;
@@ -376,6 +388,8 @@ static int run_case(mpq_backend *be, const cas *c, synth_rng *r, int fp16)
                 double tol = (f16 || gemm ? ldexp(mag[k], -9) : (n + 64) * ldexp(magr[k], -23)) + 1e-30;
                 if (!(e <= tol)) {
                     if (bad < 0) bad = k;
+                    if (nbad < 6) firstbad[nbad] = k;
+                    nbad++;
                 }
                 if (e / (mag[k] + 1e-30) > worst) worst = e / (mag[k] + 1e-30);
             }
@@ -385,9 +399,13 @@ static int run_case(mpq_backend *be, const cas *c, synth_rng *r, int fp16)
                    c->perm ? " perm+scale" : "", c->sparse ? " sparse" : "", c->rot ? " rotated" : "", skip, batch,
                    gemm ? " (GEMM)" : "", worst, nbig ? " (a vector past the fp16 range)" : "",
                    bad < 0 ? "" : " (FAILED)");
-            if (bad >= 0)
-                printf("# first bad output %d: %.9g vs %.9g (sum |wx| %.3g)\n", bad, (double)y[bad], ref[bad],
-                       mag[bad]);
+            if (bad >= 0) {
+                printf("# first bad output %d: %.9g vs %.9g (sum |wx| %.3g); %d bad of %d:", bad, (double)y[bad],
+                       ref[bad], mag[bad], nbad, batch * m);
+                for (int i = 0; i < nbad && i < 6; i++)
+                    printf(" vector %d row %d (%.6g)", firstbad[i] / m, firstbad[i] % m, (double)y[firstbad[i]]);
+                printf("\n");
+            }
             report(g2 == MPQ_OK && same, "  host pointers give the same bits");
             cudaFree(dx), cudaFree(dy);
             free(x), free(xr), free(y), free(y2), free(ref), free(mag), free(magr), free(big);
@@ -432,6 +450,8 @@ int main(int argc, char **argv)
         return nfail ? 1 : 0;
     }
     report(st == MPQ_OK, "backend on device 0");
+    struct cudaDeviceProp prop;
+    if (cudaGetDeviceProperties(&prop, 0) == cudaSuccess) smem_sm = prop.sharedMemPerMultiprocessor;
     if (st != MPQ_OK) {
         printf("1..%d\n", ntest);
         return 1;
