@@ -1412,8 +1412,10 @@ constexpr prep_kernel kPrep[2][3] = {{mma_prep<1, false>, mma_prep<2, false>, nu
 //
 //   Sums. With one part the block writes y itself (sparse part added,
 //   scattered through p_row); with several, each writes its sums to `part`
+//   as they lie in its lanes (coalesced, 512 bytes a warp and fragment)
 //   and the last block of a (row block, vector tile) to finish adds them in
-//   a fixed order (sum_parts): deterministic either way.
+//   the parts' order, reading them in the same layout, and writes y:
+//   deterministic either way.
 constexpr int kGemmWarps = 8;
 constexpr int kGemmThreads = 32 * kGemmWarps;
 constexpr int kGemmTiles = kMmaPair * kGemmWarps; // 16 tiles: 256 rows per block
@@ -1771,9 +1773,10 @@ __global__ void __launch_bounds__(kGemmThreads, gemm_blocks(NB))
     // not start until this grid's blocks left (bench/results/NOTES.md)
     pdl_release();
 
-    const size_t rows16 = (size_t)M.ntiles * kTile;
     const int nvec = min(BN, batch - n0); // vectors of this tile
-    if (live0)
+    // y from a warp's sums v (acc's layout), the sparse part added, the rows
+    // scattered through p_row
+    auto write_y = [&](const float(&v)[kMmaPair][NB][4]) {
 #pragma unroll
         for (int jn = 0; jn < NB; jn++)
 #pragma unroll
@@ -1781,21 +1784,54 @@ __global__ void __launch_bounds__(kGemmThreads, gemm_blocks(NB))
 #pragma unroll
                 for (int f = 0; f < 4; f++) {
                     const int n = 8 * jn + 2 * c + (f & 1), row = (t0 + i) * kTile + 2 * m + (f >> 1);
-                    const float v = acc[i][jn][f];
-                    if (n >= nvec || (i == 1 && !live1)) continue;
-                    if (gridDim.y == 1) { // one part: the block writes y
-                        if (row < M.rows) {
-                            const int orow = M.p_row ? (int)M.p_row[row] : row;
-                            y[(size_t)(n0 + n) * M.rows + orow] =
-                                v + sparse_dot(M, orow, x + (size_t)(n0 + n) * M.cols);
-                        }
-                    } else
-                        part[((size_t)blockIdx.y * batch + n0 + n) * rows16 + row] = v;
+                    if (n >= nvec || (i == 1 && !live1) || row >= M.rows) continue;
+                    const int orow = M.p_row ? (int)M.p_row[row] : row;
+                    y[(size_t)(n0 + n) * M.rows + orow] =
+                        v[i][jn][f] + sparse_dot(M, orow, x + (size_t)(n0 + n) * M.cols);
                 }
-    if (gridDim.y == 1) return;
-    const int r0 = blockIdx.z * kGemmTiles * kTile, nr = min(kGemmTiles * kTile, (int)rows16 - r0);
-    sum_parts(M, x + (size_t)n0 * M.cols, nvec, part + (size_t)n0 * rows16, gridDim.y, (size_t)batch * rows16,
-              &counters[(size_t)blockIdx.z * gridDim.x + blockIdx.x], y + (size_t)n0 * M.rows, r0, nr);
+    };
+    if (gridDim.y == 1) { // one part: the block writes y
+        if (live0) write_y(acc);
+        return;
+    }
+    // Column parts: each block writes its sums as they lie in the lanes, a
+    // warp's 512 contiguous bytes per (tile, vector block), at [row block]
+    // [vector tile][part][warp][tile][vector block][lane]; the last block of
+    // the (row block, vector tile) to finish adds the parts in their order
+    // from 0, so that the result does not depend on which block that is.
+    constexpr int kPart = kMmaPair * NB * 32; // float4 of a warp's sums
+    float4 *const pw = reinterpret_cast<float4 *>(part) +
+        (((size_t)blockIdx.z * gridDim.x + blockIdx.x) * gridDim.y * kGemmWarps + warp) * kPart + lane;
+    const size_t pstride = (size_t)kGemmWarps * kPart; // between the parts of a block's sums
+    if (live0)
+#pragma unroll
+        for (int i = 0; i < kMmaPair; i++)
+#pragma unroll
+            for (int jn = 0; jn < NB; jn++)
+                pw[blockIdx.y * pstride + (i * NB + jn) * 32] =
+                    make_float4(acc[i][jn][0], acc[i][jn][1], acc[i][jn][2], acc[i][jn][3]);
+    __shared__ bool last;
+    __threadfence();
+    __syncthreads();
+    unsigned *const counter = &counters[(size_t)blockIdx.z * gridDim.x + blockIdx.x];
+    if (tid == 0) last = atomicAdd(counter, 1u) == gridDim.y - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    if (live0) {
+        float sum[kMmaPair][NB][4] = {};
+#pragma unroll(NB == 2 ? 4 : NB == 4 ? 2 : 1)
+        for (unsigned p = 0; p < gridDim.y; p++)
+#pragma unroll
+            for (int i = 0; i < kMmaPair; i++)
+#pragma unroll
+                for (int jn = 0; jn < NB; jn++) {
+                    const float4 a = __ldcg(&pw[p * pstride + (i * NB + jn) * 32]);
+                    sum[i][jn][0] += a.x, sum[i][jn][1] += a.y, sum[i][jn][2] += a.z, sum[i][jn][3] += a.w;
+                }
+        write_y(sum);
+    }
+    if (tid == 0) *counter = 0; // ready for the next launch
 }
 
 typedef void (*gemm_kernel)(dmat, const float *, int, int, int, int, int, int, const uint8_t *, float *, unsigned *,
@@ -2443,6 +2479,16 @@ mpq_status launch_mma(cuda_ctx *c, const cuda_handle *h, const float *x, float *
                       c->counters, y);
 }
 
+// The time run_gemm estimates for a split into column parts, in stages of
+// one block: per wave of blocks, a block's stages, kGemmBlockCost for its
+// start and end, and with parts kGemmPartCost per part and 16 vectors of
+// the tile for the last block's sum of the parts. Chosen from the H200's
+// figures at batches 16 to 128 (bench/results/NOTES.md, "The GEMM kernel,
+// a fourth round"): more parts fill the multiprocessors better, but adding
+// eight parts of sums costs the last block about two stages, and a split
+// into more waves pays that in each.
+constexpr double kGemmBlockCost = 1.5, kGemmPartCost = 0.25;
+
 // The GEMM kernel (matrices with a code copy and groups of at most
 // kGemmCols columns), after gemm_prep. Vector tiles: 16 vectors up to batch
 // 16, 32 up to 32, one of 64 up to 48, and beyond that tiles of 32 again
@@ -2451,10 +2497,9 @@ mpq_status launch_mma(cuda_ctx *c, const cuda_handle *h, const float *x, float *
 // at batches 64 to 128 on an H200, slower at 33; bench/results/NOTES.md); as
 // many stages in flight as fit shared memory (at least two, with one block
 // per multiprocessor where two blocks would leave less);
-// column parts where the blocks of row blocks x vector tiles leave the
-// multiprocessors short of a full wave: of 1 to 8 parts (each at least two
-// stages), the count whose blocks fill their waves best, the fewest on a
-// tie within 2 %. The rule table calls it as it is (MPQ_ERR_UNSUPPORTED for a
+// column parts (split-k) of 1 to 8 parts (each at least two stages), the
+// count of least estimated time (kGemmBlockCost), the fewest on a tie
+// within 2 %. The rule table calls it as it is (MPQ_ERR_UNSUPPORTED for a
 // matrix it does not take).
 mpq_status run_gemm(cuda_ctx *c, const cuda_handle *h, const float *x, float *y, int batch, int skip)
 {
@@ -2480,13 +2525,13 @@ mpq_status run_gemm(cuda_ctx *c, const cuda_handle *h, const float *x, float *y,
     for (int p = 1; p <= 8 && (p == 1 || 2 * p <= nst); p++) {
         const int spp_ = (nst + p - 1) / p, np_ = (nst + spp_ - 1) / spp_;
         const long total = (long)blocks * np_, want = (long)occ * c->sms, waves = (total + want - 1) / want;
-        const double fill = (double)total / ((double)waves * want);
-        if (fill > best + 0.02) best = fill, nparts = np_;
+        const double t = (double)waves * (spp_ + kGemmBlockCost + (np_ > 1 ? kGemmPartCost * np_ * bn / 16 : 0.0));
+        if (p == 1 || t < best * 0.98) best = t, nparts = np_;
     }
     const int spp = (nst + nparts - 1) / nparts;
     nparts = (nst + spp - 1) / spp;
-    const size_t rows16 = (size_t)M.ntiles * kTile;
-    const size_t part_bytes = nparts > 1 ? (sizeof(float) * (size_t)nparts * batch * rows16 + 255) / 256 * 256 : 0;
+    // the parts' sums (gemm_codes): 256 rows x bn vectors of floats per block and part
+    const size_t part_bytes = nparts > 1 ? (size_t)nparts * blocks * kGemmTiles * kTile * bn * sizeof(float) : 0;
     const gemm_xp X(M.cols, M.ngroups, bnpad);
     mpq_status st = grow(c, part_bytes + X.bytes, (size_t)blocks);
     if (st != MPQ_OK) return st;
