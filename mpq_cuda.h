@@ -74,7 +74,9 @@
    these batches before: 1.17-1.35x the MMA kernel at batches 3 to 6,
    1.2-1.4x at 8, 1.4-2.2x at 9 to 15; 0.90-1.40x fp16 dequantization +
    cuBLAS at 96 and 128 (1.12-1.14x over the three shapes), which is
-   faster from 256 on. Batches 1 and 2 stay on the lookup tables. */
+   faster from 256 on. Batches 1 and 2 stay on the lookup tables (at
+   batch 2 the GEMM kernel was slower on five of six shapes, faster only on
+   8192x28672). */
 #ifndef MPQ_CUDA_GEMM_BATCH
 #define MPQ_CUDA_GEMM_BATCH 3
 #endif
