@@ -442,6 +442,21 @@ __device__ __forceinline__ void step_compute(const dmat &M, const step_buf<MAXP>
     }
 }
 
+// Called by every thread of each of the nparts blocks of a split product
+// once the block has written its part's sums: counts the block in on
+// *counter and says whether it is the last to arrive, which then sees every
+// part's sums (and must set *counter back to 0 when done with them).
+__device__ bool last_part(unsigned *counter, unsigned nparts)
+{
+    __shared__ bool last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(counter, 1u) == nparts - 1;
+    __syncthreads();
+    if (last) __threadfence();
+    return last;
+}
+
 // The end of a product split over column parts: every block has written
 // its per-row sums of rows r0 .. r0 + nr - 1 (a multiple of 4) for vectors
 // 0 .. batch - 1 to `part` (part p of vector v, row r at p * pstride + v *
@@ -451,15 +466,9 @@ __device__ __forceinline__ void step_compute(const dmat &M, const step_buf<MAXP>
 __device__ void sum_parts(const dmat &M, const float *__restrict__ x, int batch, const float *part, int nparts,
                           size_t pstride, unsigned *__restrict__ counter, float *__restrict__ y, int r0, int nr)
 {
-    __shared__ bool last;
     const int tid = threadIdx.x, nthr = blockDim.x;
     const size_t rows16 = (size_t)M.ntiles * kTile; // row stride of `part`
-    __threadfence();
-    __syncthreads();
-    if (tid == 0) last = atomicAdd(counter, 1u) == (unsigned)nparts - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
+    if (!last_part(counter, (unsigned)nparts)) return;
     for (int k = tid; k < batch * nr / 4; k += nthr) {
         const int vv = k / (nr / 4), r = r0 + 4 * (k % (nr / 4));
         int orow[4]; // loaded with the parts, not after them
@@ -1810,14 +1819,8 @@ __global__ void __launch_bounds__(kGemmThreads, gemm_blocks(NB))
             for (int jn = 0; jn < NB; jn++)
                 pw[blockIdx.y * pstride + (i * NB + jn) * 32] =
                     make_float4(acc[i][jn][0], acc[i][jn][1], acc[i][jn][2], acc[i][jn][3]);
-    __shared__ bool last;
-    __threadfence();
-    __syncthreads();
     unsigned *const counter = &counters[(size_t)blockIdx.z * gridDim.x + blockIdx.x];
-    if (tid == 0) last = atomicAdd(counter, 1u) == gridDim.y - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
+    if (!last_part(counter, gridDim.y)) return;
     if (live0) {
         float sum[kMmaPair][NB][4] = {};
 #pragma unroll(NB == 2 ? 4 : NB == 4 ? 2 : 1)
@@ -2509,15 +2512,14 @@ mpq_status run_gemm(cuda_ctx *c, const cuda_handle *h, const float *x, float *y,
     const int ntn = (batch + bn - 1) / bn, bnpad = ntn * bn;
     const int sg = M.group < kGemmStageCols ? kGemmStageCols / M.group : 1, nst = (M.ngroups + sg - 1) / sg;
     const int stage = gemm_stage(sg, M.crec, M.group, bn).bytes;
-    // blocks per multiprocessor: as the kernel is built for, or one where
-    // two stages would not fit beside a second block (8-bit codes in groups
-    // of 256 columns)
-    int occ = gemm_blocks(bn / 8), ns = 0;
-    for (;; occ = 1) {
-        const int budget = min(c->mma_dmax, c->smem_sm / occ - c->smem_reserved - c->mma_static);
-        ns = min(kGemmStages, budget / stage);
-        if (ns >= 2 || occ == 1) break;
-    }
+    // stages in flight at occ blocks per multiprocessor: as the kernel is
+    // built for, or one where two stages would not fit beside a second
+    // block (8-bit codes in groups of 256 columns)
+    auto stages_at = [&](int occ_) {
+        return min(kGemmStages, min(c->mma_dmax, c->smem_sm / occ_ - c->smem_reserved - c->mma_static) / stage);
+    };
+    int occ = gemm_blocks(bn / 8), ns = stages_at(occ);
+    if (ns < 2) occ = 1, ns = stages_at(1);
     if (ns < 2) return MPQ_ERR_UNSUPPORTED;
     const int nrb = (M.ntiles + kGemmTiles - 1) / kGemmTiles, blocks = ntn * nrb;
     int nparts = 1;
