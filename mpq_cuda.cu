@@ -56,7 +56,9 @@
 //
 // GEMM KERNEL (batches MPQ_CUDA_GEMM_BATCH .. MPQ_CUDA_GEMM_MAX; groups of
 // whole quads up to 256 columns): the code copy streamed once per output
-// tile of 256 rows and up to 64 vectors, see gemm_codes.
+// tile of 256 rows and up to 64 vectors, see gemm_codes; with 8-bit
+// activations (MPQ_CUDA_GEMM_A8_BATCH .. MPQ_CUDA_GEMM_A8_MAX) the same
+// kernel on the int8 tensor cores.
 //
 // OTHER PATHS: groups that are not a multiple of 32 columns (tails of pairs
 // and singles inside every group) use a plain kernel, one thread per row and
@@ -69,14 +71,16 @@
 // 8-BIT ACTIVATIONS (mpq_gemv_opts.a8): the activations quantized as
 // mpq_quantize_act8 does, in the matrix's groups (x~ = x[p_col] col_scale,
 // s^_a = fp16(max |x~| / 127), q = rne(x~ / s^_a) clamped to +-127), as the
-// CPU's a8 product does. On a matrix with the code copy: the MMA kernel on
-// int8 (mma.sync m16n8k32, u8 codes times s8 activations, int32 sums), one
+// CPU's a8 product does. On a matrix with the code copy: the GEMM kernel
+// (gemm_rows8) or the MMA kernel on int8 (mma.sync m16n8k32, u8 codes
+// times s8 activations, int32 sums), one
 // k32 product per quad where float activations take four k16 ones (two k
 // steps, hi and lo); a group's int32 sum is scaled once by s^ s^_a
 // (MixLLM's two-step dequantization), and where a group's sums stay below
 // 2^22 the accumulator starts at the bits of 1.5 * 2^23, so that its bits
 // read as a float are 1.5 * 2^23 plus the sum (one FADD instead of a
-// conversion); a batch in one launch, pieces of 32 vectors along grid z.
+// conversion); the MMA kernel takes a batch in one launch, pieces of 32
+// vectors along grid z, where the GEMM kernel does not take the matrix.
 // The LUT kernel with integer tables, quantizing the activations of each
 // slice itself (see gemv_lut). Other batches and matrices (fp16 + cuBLAS,
 // faster past MPQ_CUDA_MMA_MAX than this kernel, see bench/results/NOTES.md;
@@ -1376,7 +1380,7 @@ constexpr prep_kernel kPrep[2][3] = {{mma_prep<1, false>, mma_prep<2, false>, nu
 // later) multiply them with a tile of the batch.
 //
 //   Output tile. A block takes 256 rows (kGemmTiles tiles, a pair per warp)
-//   and BN = 8 NB vectors (NB = 2, 4 or 8, see run_gemm): grid x. Grid z:
+//   and BN = 8 NB vectors (NB = 2, 4 or 8, see launch_gemm): grid x. Grid z:
 //   row blocks; grid y: parts of the columns (split-k) where the row blocks
 //   and vector tiles alone leave multiprocessors idle. Blocks next to each
 //   other in x read the same codes, so a batch of several vector tiles reads
@@ -1440,28 +1444,34 @@ static_assert(kGemmStages >= 2 && kGemmStages <= 4, "gemm_codes waits for 0, 1 o
 // the tensor cores), one for 64 (its 128 accumulators).
 __host__ __device__ constexpr int gemm_blocks(int nb) { return nb <= 4 ? 2 : 1; }
 
+// Bytes of a quad's activations for one vector: 32 fp16 values, or 32
+// int8 codes with 8-bit activations.
+__host__ __device__ constexpr int gemm_quad_bytes(bool a8) { return a8 ? 32 : 64; }
+
 // Bytes of one stage: the codes of kGemmTiles tiles x sg records, the
 // activations of sg groups for BN vectors, then the groups' sums and
 // scales [sg][2][BN].
 struct gemm_stage {
     int codes, sums, bytes;
-    __host__ __device__ gemm_stage(int sg, int crec, int group, int bn)
+    __host__ __device__ gemm_stage(int sg, int crec, int group, int bn, bool a8)
     {
         codes = kGemmTiles * sg * crec;
-        sums = codes + sg * group / 32 * bn * 64;
+        sums = codes + sg * group / 32 * bn * gemm_quad_bytes(a8);
         bytes = sums + sg * bn * 8;
     }
 };
 
 // What gemm_prep writes for a product, in the scratch buffer, per vector
 // tile of BN vectors (bnpad / BN of them) so that a stage's share is one
-// range of each part: the fp16 B fragments [tile][quad][BN][4] (uint4),
-// then the groups' sums of x and scales 2^E [tile][group][2][BN] (floats).
+// range of each part: the B fragments [tile][quad][BN][4] (fp16: uint4;
+// int8: uint2), then per group two floats [tile][group][2][BN]: the sum of
+// x and the scale 2^E (fp16), or s^_a times the sum of the codes and s^_a
+// (int8).
 struct gemm_xp {
     size_t sums, bytes;
-    __host__ __device__ gemm_xp(int cols, int ngroups, int bnpad)
+    __host__ __device__ gemm_xp(int cols, int ngroups, int bnpad, bool a8)
     {
-        sums = (size_t)cols * bnpad * 2;
+        sums = (size_t)cols * bnpad * gemm_quad_bytes(a8) / 32;
         bytes = sums + (size_t)ngroups * bnpad * 8;
     }
 };
@@ -1474,15 +1484,21 @@ struct gemm_xp {
 // values times 2^-E are rounded to fp16 and written as the lane's 16-byte
 // fragment, and the sum of the rounded values (each lane's in column order,
 // then a fixed butterfly over the lanes) times 2^E is the group sum.
+// A8 (8-bit activations): the largest |x~| sets s^_a (act8_scale), the
+// values become int8 codes (act8_code) written as the lane's 8-byte
+// fragment of an m16n8k32 product, word S holding k step S's four codes in
+// the byte order of the code fields (cb, see code_frags8), and the group's
+// two floats are s^_a times the (exact) sum of the codes, and s^_a.
+template <bool A8>
 __global__ void __launch_bounds__(256)
-    gemm_prep(dmat M, const float *__restrict__ x, int batch, int bnpad, int bn, uint8_t *__restrict__ out)
+    gemm_prep(dmat M, const float *__restrict__ x, int batch, int bnpad, int bn, int cb, uint8_t *__restrict__ out)
 {
     pdl_release();
     const int lane = threadIdx.x & 31, u = blockIdx.x * 8 + (threadIdx.x >> 5);
     if (u >= M.ngroups * bnpad) return;
     const int g = u / bnpad, n = u % bnpad, vt = n / bn, nn = n % bn, ql = lane >> 2, c = lane & 3;
     const int nq = min(M.group, M.cols - g * M.group) / 32, q = g * (M.group / 32) + ql;
-    const gemm_xp X(M.cols, M.ngroups, bnpad);
+    const gemm_xp X(M.cols, M.ngroups, bnpad, A8);
     const bool item = ql < nq, live = item && n < batch;
     pdl_wait();
     float v[8];
@@ -1496,6 +1512,29 @@ __global__ void __launch_bounds__(256)
     }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) mx = max(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    float *gs = reinterpret_cast<float *>(out + X.sums) + ((size_t)vt * M.ngroups + g) * 2 * bn + nn;
+    const size_t frag = ((size_t)vt * (M.cols / 32) + q) * bn + nn; // the lane's fragment: [frag][4]
+    if (A8) {
+        const float sa = act8_scale(__uint_as_float(mx));
+        int code[8], sum = 0;
+#pragma unroll
+        for (int k = 0; k < 8; k++) sum += code[k] = (int)act8_code(v[k], sa);
+        // byte j of word S: k = 4 S + j for 8-bit fields, 4 S + 2 (j % 2) + j / 2 for 4-bit ones
+        uint32_t w[2];
+#pragma unroll
+        for (int S = 0; S < 2; S++) {
+            const int *k = code + 4 * S;
+            w[S] = cb == 8 ? (uint32_t)(k[0] & 255) | (uint32_t)(k[1] & 255) << 8 | (uint32_t)(k[2] & 255) << 16 |
+                    (uint32_t)(k[3] & 255) << 24
+                           : (uint32_t)(k[0] & 255) | (uint32_t)(k[2] & 255) << 8 | (uint32_t)(k[1] & 255) << 16 |
+                    (uint32_t)(k[3] & 255) << 24;
+        }
+        if (item) reinterpret_cast<uint2 *>(out)[frag * 4 + c] = make_uint2(w[0], w[1]);
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+        if (lane == 0) gs[0] = sa * (float)sum, gs[bn] = sa;
+        return;
+    }
     // E: the exponent of max |x~| less 14 (0 for a zero group), kept where 2^-E and 2^E are normal floats
     const int e = mx == 0u ? 0 : min(max((int)(mx >> 23 & 255u) - 127 - 14, -100), 100);
     const float inv = __int_as_float((127 - e) << 23);
@@ -1507,14 +1546,11 @@ __global__ void __launch_bounds__(256)
         sum += __half2float(lo) + __half2float(hi);
         h[f] = (uint32_t)__half_as_ushort(lo) | (uint32_t)__half_as_ushort(hi) << 16;
     }
-    if (item)
-        reinterpret_cast<uint4 *>(out)[(((size_t)vt * (M.cols / 32) + q) * bn + nn) * 4 + c] =
-            make_uint4(h[0], h[1], h[2], h[3]);
+    if (item) reinterpret_cast<uint4 *>(out)[frag * 4 + c] = make_uint4(h[0], h[1], h[2], h[3]);
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
     if (lane == 0) {
         const float scale = __int_as_float((127 + e) << 23);
-        float *gs = reinterpret_cast<float *>(out + X.sums) + ((size_t)vt * M.ngroups + g) * 2 * bn + nn;
         gs[0] = sum * scale, gs[bn] = scale;
     }
 }
@@ -1598,16 +1634,49 @@ __device__ __forceinline__ void gemm_rows(const dmat &M, const char *rec0, const
         }
 }
 
+// With 8-bit activations (A8): the same four rows' kept bits of their code
+// fields (keep, as code_frags8 takes them), 2 s^ and z^ - s^ C. The tensor
+// cores sum u' q over a group exactly (u': the field masked to the kept
+// planes, q: the activations' int8 codes), and with x~ = s^_a q and Q = 2 u'
+// - C the group's sum of w x~ is (2 s^) s^_a (sum u' q) + (z^ - s^ C) s^_a
+// (sum q): no centering needed.
+template <int CB>
+__device__ __forceinline__ void gemm_rows8(const dmat &M, const char *rec0, const char *rec1, bool live1, int skip,
+                                           int m, uint32_t (&keep)[kMmaPair][2], float (&s2)[kMmaPair][2],
+                                           float (&z2)[kMmaPair][2])
+{
+    const int lane = threadIdx.x & 31, r = lane & 15;
+    const bool live = lane < 16 || live1;
+    const char *rec = lane < 16 ? rec0 : rec1;
+    const int b = live ? (uint8_t)rec[M.meta + r] : 0;
+    float sr = 0.0f, zr = 0.0f;
+    if (live) row_pair(M, reinterpret_cast<const uint8_t *>(rec), r, b, sr, zr);
+    const int lo = b ? mpq_first_plane(b, skip) : 0, C = b ? (1 << b) - (1 << lo) : 0;
+    const uint32_t kp = b ? (((1u << CB) - 1u) << lo & ((1u << CB) - 1u)) * 0x01010101u : 0u;
+    zr = fmaf(-sr, (float)C, zr);
+    sr *= 2.0f;
+#pragma unroll
+    for (int i = 0; i < kMmaPair; i++)
+#pragma unroll
+        for (int rr = 0; rr < 2; rr++) {
+            const int src = 16 * i + 2 * m + rr;
+            s2[i][rr] = __shfl_sync(0xffffffffu, sr, src);
+            z2[i][rr] = __shfl_sync(0xffffffffu, zr, src);
+            keep[i][rr] = __shfl_sync(0xffffffffu, kp, src);
+        }
+}
+
 // The GEMM kernel (see above). Grid: x = vector tiles of BN = 8 NB, y =
 // column parts of spp stages, z = row blocks. sg: groups per stage; ns:
 // stages in flight; bnpad: vectors of xprep (the batch rounded up to BN).
-template <int CB, int NB>
+// A8: 8-bit activations on the int8 tensor cores (gemm_rows8).
+template <int CB, int NB, bool A8>
 __global__ void __launch_bounds__(kGemmThreads, gemm_blocks(NB))
     gemm_codes(dmat M, const float *__restrict__ x, int batch, int skip, int sg, int ns, int spp, int bnpad,
                const uint8_t *__restrict__ xprep, float *__restrict__ part, unsigned *__restrict__ counters,
                float *__restrict__ y)
 {
-    constexpr int BN = 8 * NB;
+    constexpr int BN = 8 * NB, QB = gemm_quad_bytes(A8);
     extern __shared__ uint4 smem4[];
     __shared__ uint4 rtab[2][MPQ_MAX_BITS + 1]; // code_row of (row parity, width)
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -1618,8 +1687,11 @@ __global__ void __launch_bounds__(kGemmThreads, gemm_blocks(NB))
     const int nst = (M.ngroups + sg - 1) / sg, st0 = blockIdx.y * spp, nstp = min(spp, nst - st0);
     const int t0 = blockIdx.z * kGemmTiles + kMmaPair * warp; // the warp's first tile
     const bool live0 = t0 < M.ntiles, live1 = t0 + 1 < M.ntiles;
-    const gemm_stage L(sg, M.crec, G, BN);
-    const gemm_xp X(M.cols, M.ngroups, bnpad);
+    const gemm_stage L(sg, M.crec, G, BN, A8);
+    // A8: int32 sums whose magnitude stays below 2^22 convert to float as the
+    // bits of 1.5 2^23 plus the sum (the accumulator starts there)
+    const bool magic = A8 && ((1 << CB) - 1) * 127 * G < (1 << 22);
+    const gemm_xp X(M.cols, M.ngroups, bnpad, A8);
     char *const sbase = reinterpret_cast<char *>(smem4);
     code_row_table<CB>(rtab, skip);
 
@@ -1632,7 +1704,7 @@ __global__ void __launch_bounds__(kGemmThreads, gemm_blocks(NB))
     const int last_rec = M.crow - (M.ngroups - 1) * M.crec; // r_g of the last group
     const char *csrc = reinterpret_cast<const char *>(M.codes) + code_offset(M, blockIdx.z * kGemmTiles, st0 * sg);
     const char *fsrc =
-        reinterpret_cast<const char *>(xprep) + ((size_t)blockIdx.x * (M.cols / 32) + st0 * sg * G / 32) * BN * 64;
+        reinterpret_cast<const char *>(xprep) + ((size_t)blockIdx.x * (M.cols / 32) + st0 * sg * G / 32) * BN * QB;
     const char *ssrc =
         reinterpret_cast<const char *>(xprep) + X.sums + ((size_t)blockIdx.x * M.ngroups + st0 * sg) * BN * 8;
     struct ranges {
@@ -1641,7 +1713,7 @@ __global__ void __launch_bounds__(kGemmThreads, gemm_blocks(NB))
     auto stage_bytes = [&](int k) {
         const bool last = st0 + k == nst - 1;
         const int ngs = last ? last_ngs : sg, cols = last ? (last_ngs - 1) * G + last_cols : sg * G;
-        return ranges{kGemmTiles * ((ngs - 1) * M.crec + (last ? last_rec : M.crec)), cols / 32 * BN * 64,
+        return ranges{kGemmTiles * ((ngs - 1) * M.crec + (last ? last_rec : M.crec)), cols / 32 * BN * QB,
                       ngs * BN * 8};
     };
     auto slot_at = [&](int sl) { return sbase + sl * L.bytes; };
@@ -1667,7 +1739,7 @@ __global__ void __launch_bounds__(kGemmThreads, gemm_blocks(NB))
     auto issue_x = [&](int k, int sl) {
         if (k >= nstp) return;
         const ranges R = stage_bytes(k);
-        const char *fs = fsrc + (size_t)k * sg * G / 32 * BN * 64, *ss = ssrc + (size_t)k * sg * BN * 8;
+        const char *fs = fsrc + (size_t)k * sg * G / 32 * BN * QB, *ss = ssrc + (size_t)k * sg * BN * 8;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
         if (tid == 0) {
             bulk_copy(slot_at(sl) + L.codes, fs, (unsigned)R.frags, &bars[sl]);
@@ -1726,18 +1798,57 @@ __global__ void __launch_bounds__(kGemmThreads, gemm_blocks(NB))
         if (live0) {
             const int ngs = st0 + k == nst - 1 ? last_ngs : sg, g0 = (st0 + k) * sg;
             const char *slot = slot_at(sl_use);
-            const uint4 *xs = reinterpret_cast<const uint4 *>(slot + L.codes) + m * 4 + c;
             const float *gs = reinterpret_cast<const float *>(slot + L.sums) + 2 * c;
             for (int j = 0; j < ngs; j++, gs += 2 * BN) {
                 const bool lastg = g0 + j == M.ngroups - 1;
                 const int rs = lastg ? last_rec : M.crec, nq = lastg ? last_cols / 32 : G / 32;
                 const char *rec0 = slot + j * kGemmTiles * M.crec + kMmaPair * warp * rs;
                 const char *rec1 = rec0 + (live1 ? rs : 0);
+                const char *cw0 = rec0 + hdr + 2 * CB * lane, *cw1 = rec1 + hdr + 2 * CB * lane;
+                if constexpr (A8) {
+                    uint32_t keep[kMmaPair][2];
+                    float sv[kMmaPair][2], zv[kMmaPair][2];
+                    gemm_rows8<CB>(M, rec0, rec1, live1, skip, m, keep, sv, zv);
+                    const uint2 *xq =
+                        reinterpret_cast<const uint2 *>(slot + L.codes) + m * 4 + c + j * (G / 32) * BN * 4;
+                    int d[kMmaPair][NB][4]; // the group's sum u' q, from the bits of 1.5 2^23 where magic
+#pragma unroll
+                    for (int i = 0; i < kMmaPair; i++)
+#pragma unroll
+                        for (int jn = 0; jn < NB; jn++)
+#pragma unroll
+                            for (int f = 0; f < 4; f++) d[i][jn][f] = magic ? 0x4B400000 : 0;
+#pragma unroll(NB == 2 ? 4 : 1)
+                    for (int q = 0; q < nq; q++) {
+                        uint32_t a[kMmaPair][4];
+                        code_frags8<CB>(cw0 + q * 64 * CB, keep[0], a[0]);
+                        code_frags8<CB>(cw1 + q * 64 * CB, keep[1], a[1]);
+#pragma unroll
+                        for (int jn = 0; jn < NB; jn++) {
+                            const uint2 bf = xq[q * BN * 4 + jn * 32];
+#pragma unroll
+                            for (int i = 0; i < kMmaPair; i++) mma_16832(d[i][jn], a[i], bf.x, bf.y);
+                        }
+                    }
+#pragma unroll
+                    for (int jn = 0; jn < NB; jn++) { // sum += (2 s^) (s^_a sum u' q) + (z^ - s^ C) (s^_a sum q)
+                        const float2 xg = *reinterpret_cast<const float2 *>(gs + 8 * jn);
+                        const float2 xa = *reinterpret_cast<const float2 *>(gs + BN + 8 * jn);
+#pragma unroll
+                        for (int i = 0; i < kMmaPair; i++)
+#pragma unroll
+                            for (int f = 0; f < 4; f++) {
+                                const float u = magic ? __int_as_float(d[i][jn][f]) - 12582912.0f : (float)d[i][jn][f];
+                                acc[i][jn][f] = fmaf(sv[i][f >> 1], ((f & 1) ? xa.y : xa.x) * u,
+                                                     fmaf(zv[i][f >> 1], (f & 1) ? xg.y : xg.x, acc[i][jn][f]));
+                            }
+                    }
+                    continue;
+                }
+                const uint4 *xq = reinterpret_cast<const uint4 *>(slot + L.codes) + m * 4 + c + j * (G / 32) * BN * 4;
                 code_rows R[kMmaPair];
                 float sv[kMmaPair][2], zv[kMmaPair][2];
                 gemm_rows<CB>(M, rec0, rec1, live1, m, rtab, R, sv, zv);
-                const char *cw0 = rec0 + hdr + 2 * CB * lane, *cw1 = rec1 + hdr + 2 * CB * lane;
-                const uint4 *xq = xs + j * (G / 32) * BN * 4;
                 float d[kMmaPair][NB][4] = {}; // the group's sum Q' x^
 #pragma unroll(NB == 2 ? 4 : 1)
                 for (int q = 0; q < nq; q++) {
@@ -1839,9 +1950,11 @@ __global__ void __launch_bounds__(kGemmThreads, gemm_blocks(NB))
 
 typedef void (*gemm_kernel)(dmat, const float *, int, int, int, int, int, int, const uint8_t *, float *, unsigned *,
                             float *);
-// [code bits 4, 8][vector blocks 2, 4, 8]
-constexpr gemm_kernel kGemm[2][3] = {{gemm_codes<4, 2>, gemm_codes<4, 4>, gemm_codes<4, 8>},
-                                     {gemm_codes<8, 2>, gemm_codes<8, 4>, gemm_codes<8, 8>}};
+// [activations: fp16, int8][code bits 4, 8][vector blocks 2, 4, 8]
+constexpr gemm_kernel kGemm[2][2][3] = {{{gemm_codes<4, 2, false>, gemm_codes<4, 4, false>, gemm_codes<4, 8, false>},
+                                         {gemm_codes<8, 2, false>, gemm_codes<8, 4, false>, gemm_codes<8, 8, false>}},
+                                        {{gemm_codes<4, 2, true>, gemm_codes<4, 4, true>, gemm_codes<4, 8, true>},
+                                         {gemm_codes<8, 2, true>, gemm_codes<8, 4, true>, gemm_codes<8, 8, true>}}};
 
 // Decodes row `row`, columns col0 .. col0 + N - 1 of the packed matrix
 // (packed coordinates) with `skip` planes dropped, without the column
@@ -2482,7 +2595,7 @@ mpq_status launch_mma(cuda_ctx *c, const cuda_handle *h, const float *x, float *
                       c->counters, y);
 }
 
-// The time run_gemm estimates for a split into column parts, in stages of
+// The time launch_gemm estimates for a split into column parts, in stages of
 // one block: per wave of blocks, a block's stages, kGemmBlockCost for its
 // start and end, and with parts kGemmPartCost per part and 16 vectors of
 // the tile for the last block's sum of the parts. Chosen from the H200's
@@ -2502,16 +2615,17 @@ constexpr double kGemmBlockCost = 1.5, kGemmPartCost = 0.25;
 // per multiprocessor where two blocks would leave less);
 // column parts (split-k) of 1 to 8 parts (each at least two stages), the
 // count of least estimated time (kGemmBlockCost), the fewest on a tie
-// within 2 %. The rule table calls it as it is (MPQ_ERR_UNSUPPORTED for a
-// matrix it does not take).
-mpq_status run_gemm(cuda_ctx *c, const cuda_handle *h, const float *x, float *y, int batch, int skip)
+// within 2 %. a8: 8-bit activations on the int8 tensor cores. The rule
+// table calls it through run_gemm and run_gemm_a8 (MPQ_ERR_UNSUPPORTED for
+// a matrix it does not take).
+mpq_status launch_gemm(cuda_ctx *c, const cuda_handle *h, const float *x, float *y, int batch, int skip, bool a8)
 {
     const dmat &M = h->m;
     if (!M.codes || M.group > kGemmCols) return MPQ_ERR_UNSUPPORTED;
     const int ni = batch <= 16 ? 0 : batch <= 32 || batch > 48 ? 1 : 2, bn = 16 << ni;
     const int ntn = (batch + bn - 1) / bn, bnpad = ntn * bn;
     const int sg = M.group < kGemmStageCols ? kGemmStageCols / M.group : 1, nst = (M.ngroups + sg - 1) / sg;
-    const int stage = gemm_stage(sg, M.crec, M.group, bn).bytes;
+    const int stage = gemm_stage(sg, M.crec, M.group, bn, a8).bytes;
     // stages in flight at occ blocks per multiprocessor: as the kernel is
     // built for, or one where two stages would not fit beside a second
     // block (8-bit codes in groups of 256 columns)
@@ -2534,15 +2648,15 @@ mpq_status run_gemm(cuda_ctx *c, const cuda_handle *h, const float *x, float *y,
     nparts = (nst + spp - 1) / spp;
     // the parts' sums (gemm_codes): 256 rows x bn vectors of floats per block and part
     const size_t part_bytes = nparts > 1 ? (size_t)nparts * blocks * kGemmTiles * kTile * bn * sizeof(float) : 0;
-    const gemm_xp X(M.cols, M.ngroups, bnpad);
+    const gemm_xp X(M.cols, M.ngroups, bnpad, a8);
     mpq_status st = grow(c, part_bytes + X.bytes, (size_t)blocks);
     if (st != MPQ_OK) return st;
     uint8_t *xprep = static_cast<uint8_t *>(c->scratch) + part_bytes;
-    st = launch_pdl(c, gemm_prep, dim3((unsigned)(((size_t)M.ngroups * bnpad + 7) / 8)), 256, 0, M, x, batch, bnpad, bn,
-                    xprep);
+    st = launch_pdl(c, a8 ? gemm_prep<true> : gemm_prep<false>, dim3((unsigned)(((size_t)M.ngroups * bnpad + 7) / 8)),
+                    256, 0, M, x, batch, bnpad, bn, h->cb, xprep);
     if (st != MPQ_OK) return st;
-    return launch_pdl(c, kGemm[h->cb == 8][ni], dim3(ntn, nparts, nrb), kGemmThreads, ns * stage, M, x, batch, skip, sg,
-                      ns, spp, bnpad, static_cast<const uint8_t *>(xprep), static_cast<float *>(c->scratch),
+    return launch_pdl(c, kGemm[a8][h->cb == 8][ni], dim3(ntn, nparts, nrb), kGemmThreads, ns * stage, M, x, batch, skip,
+                      sg, ns, spp, bnpad, static_cast<const uint8_t *>(xprep), static_cast<float *>(c->scratch),
                       c->counters, y);
 }
 
@@ -2651,6 +2765,14 @@ mpq_status run_mma_a8(cuda_ctx *c, const cuda_handle *h, const float *x, float *
 {
     return launch_mma(c, h, x, y, batch, skip, true);
 }
+mpq_status run_gemm(cuda_ctx *c, const cuda_handle *h, const float *x, float *y, int batch, int skip)
+{
+    return launch_gemm(c, h, x, y, batch, skip, false);
+}
+mpq_status run_gemm_a8(cuda_ctx *c, const cuda_handle *h, const float *x, float *y, int batch, int skip)
+{
+    return launch_gemm(c, h, x, y, batch, skip, true);
+}
 mpq_status run_lut(cuda_ctx *c, const cuda_handle *h, const float *x, float *y, int batch, int skip)
 {
     return launch_lut(c, h, x, y, batch, skip, false);
@@ -2694,6 +2816,7 @@ struct kernel_rule {
 };
 constexpr int kAll = 1 << 30;
 const kernel_rule kRules[] = {
+    {true, MPQ_CUDA_GEMM_A8_BATCH, MPQ_CUDA_GEMM_A8_MAX, kCodes, run_gemm_a8}, // the GEMM kernel on int8 tensor cores
     {true, MPQ_CUDA_MMA_BATCH, MPQ_CUDA_MMA_MAX, kQuads, run_mma_a8},  // int8 tensor cores, pieces of 32 along grid z
     {true, 1, 8, kQuads, run_lut_a8},                                  // integer tables, activations quantized inside
     {true, 1, kAll, kAny, gemv_a8_float},                              // quantized, dequantized, then the rows below
@@ -2803,9 +2926,9 @@ extern "C" mpq_status mpq_cuda_backend(int device, mpq_backend *b)
         if (e == cudaSuccess && kMma[k / 6][k / 2 % 3][k % 2] && (int)fa.sharedSizeBytes > c->mma_static)
             c->mma_static = (int)fa.sharedSizeBytes;
     }
-    for (int k = 0; k < 6 && e == cudaSuccess; k++) { // and of the GEMM kernels, which share mma_dmax
+    for (int k = 0; k < 12 && e == cudaSuccess; k++) { // and of the GEMM kernels, which share mma_dmax
         cudaFuncAttributes fa;
-        e = cudaFuncGetAttributes(&fa, kGemm[k / 3][k % 3]);
+        e = cudaFuncGetAttributes(&fa, kGemm[k / 6][k / 3 % 2][k % 3]);
         if (e == cudaSuccess && (int)fa.sharedSizeBytes > c->mma_static) c->mma_static = (int)fa.sharedSizeBytes;
     }
     c->mma_dmax = per_block - c->mma_static;
@@ -2816,8 +2939,9 @@ extern "C" mpq_status mpq_cuda_backend(int device, mpq_backend *b)
         if (kMma[k / 6][k / 2 % 3][k % 2])
             e = cudaFuncSetAttribute(kMma[k / 6][k / 2 % 3][k % 2], cudaFuncAttributeMaxDynamicSharedMemorySize,
                                      c->mma_dmax);
-    for (int k = 0; k < 6 && e == cudaSuccess; k++)
-        e = cudaFuncSetAttribute(kGemm[k / 3][k % 3], cudaFuncAttributeMaxDynamicSharedMemorySize, c->mma_dmax);
+    for (int k = 0; k < 12 && e == cudaSuccess; k++)
+        e = cudaFuncSetAttribute(kGemm[k / 6][k / 3 % 2][k % 3], cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 c->mma_dmax);
     for (int k = 0; k < 6 && e == cudaSuccess; k++) // a group's activations (at most kMmaFragBytes) and quad sums
         if (kPrep[k / 3][k % 3])
             e = cudaFuncSetAttribute(kPrep[k / 3][k % 3], cudaFuncAttributeMaxDynamicSharedMemorySize,

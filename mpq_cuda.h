@@ -29,11 +29,11 @@
      with an entry past 65504 gets inf or NaN outputs there, as in an engine
      that holds activations in fp16;
    - mpq_gemv_opts.a8 (8-bit activations, as mpq.h defines them): the
-     tensor-core kernel on int8 activations (int8 MMA, one float scale per
-     group) and the LUT kernel with integer tables (the activations
-     quantized inside it) where they apply, else the activations quantized
-     and dequantized first and the kernels above; MPQ_ERR_UNSUPPORTED on
-     the fp16-weights backend below;
+     GEMM and MMA kernels on int8 tensor cores (u8 codes times int8
+     activations, int32 sums scaled once per group) and the LUT kernel with
+     integer tables (the activations quantized inside it) where they apply,
+     else the activations quantized and dequantized first and the kernels
+     above; MPQ_ERR_UNSUPPORTED on the fp16-weights backend below;
    - x and y may be device pointers (the call is then asynchronous on the
      backend's stream: synchronize before reading y) or host pointers (staged
      through device buffers; the call returns with y written); they must
@@ -82,6 +82,22 @@
 #endif
 #ifndef MPQ_CUDA_GEMM_MAX
 #define MPQ_CUDA_GEMM_MAX 128
+#endif
+
+/* With 8-bit activations (mpq_gemv_opts.a8) the GEMM kernel runs batches
+   MPQ_CUDA_GEMM_A8_BATCH to MPQ_CUDA_GEMM_A8_MAX on the int8 tensor cores
+   (the activations quantized once per product, the codes' sums exact in
+   int32, scaled once per group in fp32), on the same matrices. Measured on
+   an H200 (bench/results/NOTES.md, "8-bit activations on the GEMM
+   kernel"): 1.03-1.24x the 8-bit MMA kernel at batches 3 to 8, 1.19-1.97x
+   what ran 16 to 128 before (that kernel, or the activations dequantized
+   onto the float kernels); at 256 as fast as fp16 dequantization +
+   cuBLAS (0.97-1.03x), at 1024 0.60-0.67x. */
+#ifndef MPQ_CUDA_GEMM_A8_BATCH
+#define MPQ_CUDA_GEMM_A8_BATCH 3
+#endif
+#ifndef MPQ_CUDA_GEMM_A8_MAX
+#define MPQ_CUDA_GEMM_A8_MAX 128
 #endif
 
 #ifdef __cplusplus

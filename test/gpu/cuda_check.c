@@ -189,7 +189,10 @@ static void act8_ref(const mpq_packed *A, const float *x, int batch, float *xh)
 /* The product with 8-bit activations against the float64 reference: the
    dense part (mpq_gemv_ref on a view without p_col, col_scale and sparse
    part) times act8_ref's activations, plus the sparse part times x. The
-   8-bit MMA kernel (batches 3 to MPQ_CUDA_MMA_MAX on run_case's `mma`
+   GEMM kernel on int8 tensor cores (batches MPQ_CUDA_GEMM_A8_BATCH to
+   MPQ_CUDA_GEMM_A8_MAX on `mma` matrices with groups of at most 256
+   columns, where shared memory takes every stage: see smem_sm), the 8-bit
+   MMA kernel (batches 3 to MPQ_CUDA_MMA_MAX on run_case's `mma`
    matrices) and the plain kernel within float32 rounding, the fp16 path
    within fp16 rounding. The LUT kernel with integer tables (batches 1 and
    2 where every group is whole quads, up to 8 where the MMA kernel does
@@ -200,7 +203,7 @@ static void act8_ref(const mpq_packed *A, const float *x, int batch, float *xh)
 static void run_a8(mpq_backend *be, void *h, const mpq_packed *A, const float *Wd, int mma, int skip, synth_rng *r,
                    const char *what, const mpq_rotation *rot)
 {
-    static const int batches[] = {1, 2, 3, 5, 8, 9, 16, 17, 33, 64, 300};
+    static const int batches[] = {1, 2, 3, 5, 8, 9, 16, 17, 33, 64, 128, 300};
     const int m = A->rows, n = A->cols, last = n - (n - 1) / A->group * A->group;
     const int lut = A->group % 32 == 0 && last % 32 == 0;
     mpq_packed D = *A; /* the dense part in packed column order */
@@ -245,8 +248,11 @@ static void run_a8(mpq_backend *be, void *h, const mpq_packed *A, const float *W
         mpq_status g1 = be->gemv(be->ctx, h, dx, dy, batch, &o), sy = be->synchronize(be->ctx);
         cudaMemcpy(y, dy, sizeof(float) * batch * m, cudaMemcpyDeviceToHost);
         mpq_status g2 = be->gemv(be->ctx, h, x, y2, batch, &o);
-        /* dequantized to fp16, cuBLAS: without a code copy past 8, else past MPQ_CUDA_MMA_MAX */
-        const int f16 = (!mma && batch > 8) || batch > MPQ_CUDA_MMA_MAX;
+        /* the GEMM kernel on int8 tensor cores; else dequantized to fp16, cuBLAS: without a code
+           copy past 8, else past MPQ_CUDA_MMA_MAX */
+        const int gemm8 = mma && A->group <= 256 && batch >= MPQ_CUDA_GEMM_A8_BATCH && batch <= MPQ_CUDA_GEMM_A8_MAX &&
+            smem_sm >= 228 * 1024;
+        const int f16 = !gemm8 && ((!mma && batch > 8) || batch > MPQ_CUDA_MMA_MAX);
         const int itab = lut && (batch <= 2 || (!mma && batch <= 8));
         double worst = 0;
         int bad = -1, same = 1, nbig = 0;
@@ -268,8 +274,10 @@ static void run_a8(mpq_backend *be, void *h, const mpq_packed *A, const float *W
         }
         report(g1 == MPQ_OK && sy == MPQ_OK && bad < 0,
                "%s skip %d batch %d, a8%s: worst |err|/(max|w| sum|x|) %.2e%s%s", what, skip, batch,
-               itab ? " (integer tables)" : "", worst, nbig ? " (a vector past the fp16 range)" : "",
-               bad < 0 ? "" : " (FAILED)");
+               itab        ? " (integer tables)"
+                   : gemm8 ? " (GEMM)"
+                           : "",
+               worst, nbig ? " (a vector past the fp16 range)" : "", bad < 0 ? "" : " (FAILED)");
         if (bad >= 0) printf("# first bad output %d: %.9g vs %.9g\n", bad, (double)y[bad], ref[bad]);
         report(g2 == MPQ_OK && same, "  a8: host pointers give the same bits");
         cudaFree(dx), cudaFree(dy);
