@@ -73,14 +73,14 @@
 // s^_a = fp16(max |x~| / 127), q = rne(x~ / s^_a) clamped to +-127), as the
 // CPU's a8 product does. On a matrix with the code copy: the GEMM kernel
 // (gemm_rows8) or the MMA kernel on int8 (mma.sync m16n8k32, u8 codes
-// times s8 activations, int32 sums), one
-// k32 product per quad where float activations take four k16 ones (two k
-// steps, hi and lo); a group's int32 sum is scaled once by s^ s^_a
-// (MixLLM's two-step dequantization), and where a group's sums stay below
-// 2^22 the accumulator starts at the bits of 1.5 * 2^23, so that its bits
-// read as a float are 1.5 * 2^23 plus the sum (one FADD instead of a
-// conversion); the MMA kernel takes a batch in one launch, pieces of 32
-// vectors along grid z, where the GEMM kernel does not take the matrix.
+// times s8 activations, int32 sums), one k32 product per quad where float
+// activations take two k16 ones (four in the MMA kernel: two k steps, hi
+// and lo); a group's int32 sum is scaled once by s^ s^_a (MixLLM's
+// two-step dequantization), and where a group's sums stay below 2^22 the
+// accumulator starts at the bits of 1.5 * 2^23, so that its bits read as a
+// float are 1.5 * 2^23 plus the sum (one FADD instead of a conversion);
+// the MMA kernel takes a batch in one launch, pieces of 32 vectors along
+// grid z, where the GEMM kernel does not take the matrix.
 // The LUT kernel with integer tables, quantizing the activations of each
 // slice itself (see gemv_lut). Other batches and matrices (fp16 + cuBLAS,
 // faster past MPQ_CUDA_MMA_MAX than this kernel, see bench/results/NOTES.md;
@@ -1423,6 +1423,14 @@ constexpr prep_kernel kPrep[2][3] = {{mma_prep<1, false>, mma_prep<2, false>, nu
 //   zeros. One warp per group and vector, so the preparation is spread over
 //   the whole GPU.
 //
+//   8-bit activations (A8). gemm_prep quantizes each group of each vector
+//   as act8 does and writes the int8 codes in the order of the m16n8k32 B
+//   fragments (8 bytes a lane), with s^_a times the exact sum of the codes
+//   and s^_a; code_frags8 masks the code fields to the kept planes (u8),
+//   one mma.sync m16n8k32 (u8 x s8, int32 sums) takes a quad, and the
+//   group's exact int32 sum is scaled once in fp32 (gemm_rows8): no
+//   centering is needed.
+//
 //   Sums. With one part the block writes y itself (sparse part added,
 //   scattered through p_row); with several, each writes its sums to `part`
 //   as they lie in its lanes (coalesced, 512 bytes a warp and fragment)
@@ -1589,6 +1597,32 @@ constexpr bool kGemmBulk = true;
 constexpr bool kGemmBulk = false;
 #endif
 
+// The row a lane works out for its warp in gemm_rows and gemm_rows8: lane
+// 16 i + r takes row r of tile i (records rec0, rec1; live1 false: tile 1
+// is past the matrix, and its rows get width 0 and s^ = z^ = 0). Returns
+// the row's width, with its s^ and z^ in s and z.
+__device__ __forceinline__ int gemm_lane_row(const dmat &M, const char *rec0, const char *rec1, bool live1, float &s,
+                                             float &z)
+{
+    const int lane = threadIdx.x & 31, r = lane & 15;
+    const bool live = lane < 16 || live1;
+    const char *rec = lane < 16 ? rec0 : rec1;
+    const int b = live ? (uint8_t)rec[M.meta + r] : 0;
+    s = z = 0.0f;
+    if (live) row_pair(M, reinterpret_cast<const uint8_t *>(rec), r, b, s, z);
+    return b;
+}
+
+// Hands each lane (m, c) the value v of its four rows, as gemm_lane_row
+// spread them: out[i][rr] from lane 16 i + 2m + rr (row 2m + rr of tile i).
+template <typename T> __device__ __forceinline__ void gemm_share(T v, int m, T (&out)[kMmaPair][2])
+{
+#pragma unroll
+    for (int i = 0; i < kMmaPair; i++)
+#pragma unroll
+        for (int rr = 0; rr < 2; rr++) out[i][rr] = __shfl_sync(0xffffffffu, v, 16 * i + 2 * m + rr);
+}
+
 // The per-group constants of a lane's four rows (tiles 0 and 1 of its
 // pair, rows 2m and 2m + 1 of each), as mma_rows gives them and then
 // centered (see Weights). The four lanes of a row group need the same rows,
@@ -1605,13 +1639,9 @@ __device__ __forceinline__ void gemm_rows(const dmat &M, const char *rec0, const
                                           const uint4 (*rtab)[MPQ_MAX_BITS + 1], code_rows (&R)[kMmaPair],
                                           float (&s)[kMmaPair][2], float (&z)[kMmaPair][2])
 {
-    const int lane = threadIdx.x & 31, r = lane & 15;
-    const bool live = lane < 16 || live1;
-    const char *rec = lane < 16 ? rec0 : rec1;
-    const int b = live ? (uint8_t)rec[M.meta + r] : 0;
-    float sr = 0.0f, zr = 0.0f;
-    if (live) row_pair(M, reinterpret_cast<const uint8_t *>(rec), r, b, sr, zr);
-    const uint4 E = rtab[r & 1][b];
+    float sr, zr;
+    const int b = gemm_lane_row(M, rec0, rec1, live1, sr, zr);
+    const uint4 E = rtab[threadIdx.x & 1][b]; // (the row's parity is the lane's)
     zr -= E.w ? sr : 0.0f;
     // 1 / s^, approximate and with a subnormal s^ (MXINT scales below 2^-126)
     // flushed to 0: any even c within the bounds keeps every value exact,
@@ -1621,15 +1651,13 @@ __device__ __forceinline__ void gemm_rows(const dmat &M, const char *rec0, const
     const float c = sr != 0.0f ? fminf(fmaxf(2.0f * rintf(-0.5f * zr * rcp), -1792.0f), 1792.0f) : 0.0f;
     zr = fmaf(sr, c, zr);
     const uint32_t add = half2_of(half_lo(E.z) - c);
+    uint32_t adds[kMmaPair][2], masks[kMmaPair][2];
+    gemm_share(sr, m, s), gemm_share(zr, m, z), gemm_share(add, m, adds), gemm_share(E.x, m, masks);
 #pragma unroll
     for (int i = 0; i < kMmaPair; i++)
 #pragma unroll
         for (int rr = 0; rr < 2; rr++) {
-            const int src = 16 * i + 2 * m + rr;
-            s[i][rr] = __shfl_sync(0xffffffffu, sr, src);
-            z[i][rr] = __shfl_sync(0xffffffffu, zr, src);
-            R[i].add[rr] = __shfl_sync(0xffffffffu, add, src);
-            R[i].mask[rr] = __shfl_sync(0xffffffffu, E.x, src);
+            R[i].add[rr] = adds[i][rr], R[i].mask[rr] = masks[i][rr];
             R[i].mul[rr] = rtab[rr][0].y; // the factor depends on the row's parity alone (code_row)
         }
 }
@@ -1645,25 +1673,11 @@ __device__ __forceinline__ void gemm_rows8(const dmat &M, const char *rec0, cons
                                            int m, uint32_t (&keep)[kMmaPair][2], float (&s2)[kMmaPair][2],
                                            float (&z2)[kMmaPair][2])
 {
-    const int lane = threadIdx.x & 31, r = lane & 15;
-    const bool live = lane < 16 || live1;
-    const char *rec = lane < 16 ? rec0 : rec1;
-    const int b = live ? (uint8_t)rec[M.meta + r] : 0;
-    float sr = 0.0f, zr = 0.0f;
-    if (live) row_pair(M, reinterpret_cast<const uint8_t *>(rec), r, b, sr, zr);
+    float sr, zr;
+    const int b = gemm_lane_row(M, rec0, rec1, live1, sr, zr);
     const int lo = b ? mpq_first_plane(b, skip) : 0, C = b ? (1 << b) - (1 << lo) : 0;
     const uint32_t kp = b ? (((1u << CB) - 1u) << lo & ((1u << CB) - 1u)) * 0x01010101u : 0u;
-    zr = fmaf(-sr, (float)C, zr);
-    sr *= 2.0f;
-#pragma unroll
-    for (int i = 0; i < kMmaPair; i++)
-#pragma unroll
-        for (int rr = 0; rr < 2; rr++) {
-            const int src = 16 * i + 2 * m + rr;
-            s2[i][rr] = __shfl_sync(0xffffffffu, sr, src);
-            z2[i][rr] = __shfl_sync(0xffffffffu, zr, src);
-            keep[i][rr] = __shfl_sync(0xffffffffu, kp, src);
-        }
+    gemm_share(2.0f * sr, m, s2), gemm_share(fmaf(-sr, (float)C, zr), m, z2), gemm_share(kp, m, keep);
 }
 
 // The GEMM kernel (see above). Grid: x = vector tiles of BN = 8 NB, y =
