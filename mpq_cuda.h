@@ -89,12 +89,14 @@
    (the activations quantized once per product, the codes' sums exact in
    int32, scaled once per group in fp32), on the same matrices. Measured on
    an H200 (bench/results/NOTES.md, "8-bit activations on the GEMM
-   kernel"): 1.03-1.24x the 8-bit MMA kernel at batches 3 to 8, 1.19-1.97x
-   what ran 16 to 128 before (that kernel, or the activations dequantized
-   onto the float kernels); at 256 as fast as fp16 dequantization +
-   cuBLAS (0.97-1.03x), at 1024 0.60-0.67x. */
+   kernel"): at batch 2 0.93-1.45x the LUT kernel with integer tables
+   (faster on four shapes of six, the four largest; slower on 4096x4096
+   and 4096x14336), 1.03-1.24x the 8-bit MMA kernel at batches 3 to 8,
+   1.19-1.97x what ran 16 to 128 before (that kernel, or the activations
+   dequantized onto the float kernels); at 256 as fast as fp16
+   dequantization + cuBLAS (0.97-1.03x), at 1024 0.60-0.67x. */
 #ifndef MPQ_CUDA_GEMM_A8_BATCH
-#define MPQ_CUDA_GEMM_A8_BATCH 3
+#define MPQ_CUDA_GEMM_A8_BATCH 2
 #endif
 #ifndef MPQ_CUDA_GEMM_A8_MAX
 #define MPQ_CUDA_GEMM_A8_MAX 128

@@ -195,8 +195,8 @@ static void act8_ref(const mpq_packed *A, const float *x, int batch, float *xh)
    MMA kernel (batches 3 to MPQ_CUDA_MMA_MAX on run_case's `mma`
    matrices) and the plain kernel within float32 rounding, the fp16 path
    within fp16 rounding. The LUT kernel with integer tables (batches 1 and
-   2 where every group is whole quads, up to 8 where the MMA kernel does
-   not apply) multiplies a quad of a row exactly and scales it once, so
+   2 where every group is whole quads and the GEMM kernel does not take
+   batch 2, up to 8 where the MMA kernel does not apply) multiplies a quad of a row exactly and scales it once, so
    only its float sums of quads, lanes, slices and parts round: n / 16 + 64
    roundings in place of n + 64. Host and device pointers give the same
    bits. */
@@ -250,10 +250,11 @@ static void run_a8(mpq_backend *be, void *h, const mpq_packed *A, const float *W
         mpq_status g2 = be->gemv(be->ctx, h, x, y2, batch, &o);
         /* the GEMM kernel on int8 tensor cores; else dequantized to fp16, cuBLAS: without a code
            copy past 8, else past MPQ_CUDA_MMA_MAX */
-        const int gemm8 = mma && A->group <= 256 && batch >= MPQ_CUDA_GEMM_A8_BATCH && batch <= MPQ_CUDA_GEMM_A8_MAX &&
-            smem_sm >= 228 * 1024;
+        const int gemm8_range =
+            mma && A->group <= 256 && batch >= MPQ_CUDA_GEMM_A8_BATCH && batch <= MPQ_CUDA_GEMM_A8_MAX;
+        const int gemm8 = gemm8_range && smem_sm >= 228 * 1024; /* certainly the GEMM kernel (see smem_sm) */
         const int f16 = !gemm8 && ((!mma && batch > 8) || batch > MPQ_CUDA_MMA_MAX);
-        const int itab = lut && (batch <= 2 || (!mma && batch <= 8));
+        const int itab = lut && !gemm8_range && (batch <= 2 || (!mma && batch <= 8));
         double worst = 0;
         int bad = -1, same = 1, nbig = 0;
         double *sx = calloc((size_t)batch, sizeof(double)); /* sum |x^| + sum |x| (the sparse part's) */
