@@ -196,9 +196,10 @@ static void act8_ref(const mpq_packed *A, const float *x, int batch, float *xh)
    matrices) and the plain kernel within float32 rounding, the fp16 path
    within fp16 rounding. The LUT kernel with integer tables (batches 1 and
    2 where every group is whole quads and the GEMM kernel does not take
-   batch 2, up to 8 where the MMA kernel does not apply) multiplies a quad of a row exactly and scales it once, so
-   only its float sums of quads, lanes, slices and parts round: n / 16 + 64
-   roundings in place of n + 64. Host and device pointers give the same
+   batch 2, up to 8 where the MMA kernel does not apply) multiplies a quad
+   of a row exactly and scales it once, so only its float sums of quads,
+   lanes, slices and parts round: n / 16 + 64 roundings in place of n +
+   64. Host and device pointers give the same
    bits. */
 static void run_a8(mpq_backend *be, void *h, const mpq_packed *A, const float *Wd, int mma, int skip, synth_rng *r,
                    const char *what, const mpq_rotation *rot)
@@ -255,6 +256,7 @@ static void run_a8(mpq_backend *be, void *h, const mpq_packed *A, const float *W
         const int gemm8 = gemm8_range && smem_sm >= 228 * 1024; /* certainly the GEMM kernel (see smem_sm) */
         const int f16 = !gemm8 && ((!mma && batch > 8) || batch > MPQ_CUDA_MMA_MAX);
         const int itab = lut && !gemm8_range && (batch <= 2 || (!mma && batch <= 8));
+        const char *kernel = itab ? " (integer tables)" : gemm8 ? " (GEMM)" : "";
         double worst = 0;
         int bad = -1, same = 1, nbig = 0;
         double *sx = calloc((size_t)batch, sizeof(double)); /* sum |x^| + sum |x| (the sparse part's) */
@@ -274,11 +276,8 @@ static void run_a8(mpq_backend *be, void *h, const mpq_packed *A, const float *W
             if (e / (mag + 1e-30) > worst) worst = e / (mag + 1e-30);
         }
         report(g1 == MPQ_OK && sy == MPQ_OK && bad < 0,
-               "%s skip %d batch %d, a8%s: worst |err|/(max|w| sum|x|) %.2e%s%s", what, skip, batch,
-               itab        ? " (integer tables)"
-                   : gemm8 ? " (GEMM)"
-                           : "",
-               worst, nbig ? " (a vector past the fp16 range)" : "", bad < 0 ? "" : " (FAILED)");
+               "%s skip %d batch %d, a8%s: worst |err|/(max|w| sum|x|) %.2e%s%s", what, skip, batch, kernel, worst,
+               nbig ? " (a vector past the fp16 range)" : "", bad < 0 ? "" : " (FAILED)");
         if (bad >= 0) printf("# first bad output %d: %.9g vs %.9g\n", bad, (double)y[bad], ref[bad]);
         report(g2 == MPQ_OK && same, "  a8: host pointers give the same bits");
         cudaFree(dx), cudaFree(dy);
