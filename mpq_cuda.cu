@@ -925,6 +925,36 @@ __device__ __forceinline__ void code_frags8(const char *p, const uint32_t (&keep
     }
 }
 
+// The kept bits of a code field of width b with `skip` planes dropped, in
+// every byte (code_frags8's keep; 0 for width 0), and C = 2^b - 2^lo.
+template <int CB> __device__ __forceinline__ uint32_t code_keep8(int b, int skip, int &C)
+{
+    const int lo = b ? mpq_first_plane(b, skip) : 0;
+    C = b ? (1 << b) - (1 << lo) : 0;
+    return b ? (((1u << CB) - 1u) << lo & ((1u << CB) - 1u)) * 0x01010101u : 0u;
+}
+
+// A word of four int8 activation codes in the byte order of cb-bit code
+// fields (see code_frags8): qhe the code of (h, e); byte j holds (h, e) =
+// (j / 2, j % 2) for 8-bit fields, (j % 2, j / 2) for 4-bit ones.
+__device__ __forceinline__ uint32_t act8_word(int q00, int q01, int q10, int q11, int cb)
+{
+    const uint32_t b1 = (uint32_t)((cb == 8 ? q01 : q10) & 255), b2 = (uint32_t)((cb == 8 ? q10 : q01) & 255);
+    return (uint32_t)(q00 & 255) | b1 << 8 | b2 << 16 | (uint32_t)(q11 & 255) << 24;
+}
+
+// The int32 sums of mma_16832 as floats. Where a group's sums stay below
+// 2^22 in magnitude (a8_magic: cb-bit codes, groups of `group` columns) the
+// accumulator starts at the bits of 1.5 * 2^23 (a8_sum_start), so that its
+// bits read as a float are 1.5 * 2^23 plus the sum: one FADD instead of a
+// conversion (a8_sum_float).
+__device__ __forceinline__ bool a8_magic(int cb, int group) { return ((1 << cb) - 1) * 127 * group < (1 << 22); }
+__device__ __forceinline__ int a8_sum_start(bool magic) { return magic ? 0x4B400000 : 0; }
+__device__ __forceinline__ float a8_sum_float(int d, bool magic)
+{
+    return magic ? __int_as_float(d) - 12582912.0f : (float)d;
+}
+
 // Builds the CODE LAYOUT copy `out` from the planes: one thread per (tile,
 // quad of the matrix, lane), the first lane of a record's first quad also
 // writing its header.
@@ -1091,10 +1121,7 @@ __global__ void __launch_bounds__(kMmaThreads)
             const uint4 f = frag[k]; // (h, e) = (0, 0), (0, 1), (1, 0), (1, 1)
             const int q0 = (int)act8_code(__uint_as_float(f.x), s), q1 = (int)act8_code(__uint_as_float(f.y), s);
             const int q2 = (int)act8_code(__uint_as_float(f.z), s), q3 = (int)act8_code(__uint_as_float(f.w), s);
-            // byte j: (h, e) = (j / 2, j % 2) for 8-bit fields, (j % 2, j / 2) for 4-bit ones
-            const uint32_t w = cb == 8 ? (q0 & 255) | (q1 & 255) << 8 | (q2 & 255) << 16 | (uint32_t)(q3 & 255) << 24
-                                       : (q0 & 255) | (q2 & 255) << 8 | (q1 & 255) << 16 | (uint32_t)(q3 & 255) << 24;
-            ow[(((qs >> 1) * nv + n) * 4 + (k & 3)) * 2 + (qs & 1)] = w;
+            ow[(((qs >> 1) * nv + n) * 4 + (k & 3)) * 2 + (qs & 1)] = act8_word(q0, q1, q2, q3, cb);
             atomicAdd(&csum[n], q0 + q1 + q2 + q3);
         }
         __syncthreads();
@@ -1172,9 +1199,8 @@ __global__ void __launch_bounds__(kMmaThreads, NT == 1 ? kMmaBlocks1 : 2)
         xprep += z * gridDim.x * P.bytes, part += z * gridDim.x * nv * (size_t)M.ntiles * kTile;
         counters += z * gridDim.y;
     }
-    // A8: int32 sums whose magnitude stays below 2^22 convert to float as
-    // the bits of 1.5 * 2^23 plus the sum (the accumulator starts there)
-    const bool magic = A8 && ((1 << CB) - 1) * 127 * G < (1 << 22);
+    // A8: the group sums' conversion to float (a8_sum_float)
+    const bool magic = A8 && a8_magic(CB, G);
     const mma_smem L(P.bytes, nv, wpt);
     char *const sbase = reinterpret_cast<char *>(smem4);
     const uint4 *frag = smem4;
@@ -1261,8 +1287,8 @@ __global__ void __launch_bounds__(kMmaThreads, NT == 1 ? kMmaBlocks1 : 2)
 #pragma unroll
                 for (int rr = 0; rr < 2; rr++) {
                     const int b = k == 0 || two ? (uint8_t)rec[k * slot + M.meta + 2 * m + rr] : 0;
-                    const int lo = b ? mpq_first_plane(b, skip) : 0, C = b ? (1 << b) - (1 << lo) : 0;
-                    keep[k][rr] = b ? (((1u << CB) - 1u) << lo & ((1u << CB) - 1u)) * 0x01010101u : 0u;
+                    int C;
+                    keep[k][rr] = code_keep8<CB>(b, skip, C);
                     cq[k][rr] = (float)(C - (C & 1));
                 }
 #pragma unroll
@@ -1270,7 +1296,7 @@ __global__ void __launch_bounds__(kMmaThreads, NT == 1 ? kMmaBlocks1 : 2)
 #pragma unroll
                 for (int j = 0; j < NT; j++)
 #pragma unroll
-                    for (int f = 0; f < 4; f++) di[k][j][f] = magic ? 0x4B400000 : 0;
+                    for (int f = 0; f < 4; f++) di[k][j][f] = a8_sum_start(magic);
             const uint2 *fr8 = reinterpret_cast<const uint2 *>(sbase) + ((g - g0) * (G / 32) * nv + m) * 4 + c;
             for (int q = 0; q < gw / 32; q++, cw0 += 64 * CB, cw1 += 64 * CB) {
                 uint32_t a0[4], a1[4];
@@ -1315,7 +1341,7 @@ __global__ void __launch_bounds__(kMmaThreads, NT == 1 ? kMmaBlocks1 : 2)
                 if (A8) { // sum Q q = 2 sum u' q - C sum q (the odd part of C is in z^), exact below 2^24
 #pragma unroll
                     for (int f = 0; f < 4; f++) {
-                        const float u = magic ? __int_as_float(di[k][j][f]) - 12582912.0f : (float)di[k][j][f];
+                        const float u = a8_sum_float(di[k][j][f], magic);
                         e[f] = fmaf(2.0f, u, -cq[k][f >> 1] * ((f & 1) ? xg.y : xg.x));
                     }
                     xg = make_float2(sc.x * xg.x, sc.y * xg.y); // the sum of x~ = s^_a q
@@ -1527,17 +1553,10 @@ __global__ void __launch_bounds__(256)
         int code[8], sum = 0;
 #pragma unroll
         for (int k = 0; k < 8; k++) sum += code[k] = (int)act8_code(v[k], sa);
-        // byte j of word S: k = 4 S + j for 8-bit fields, 4 S + 2 (j % 2) + j / 2 for 4-bit ones
-        uint32_t w[2];
-#pragma unroll
-        for (int S = 0; S < 2; S++) {
-            const int *k = code + 4 * S;
-            w[S] = cb == 8 ? (uint32_t)(k[0] & 255) | (uint32_t)(k[1] & 255) << 8 | (uint32_t)(k[2] & 255) << 16 |
-                    (uint32_t)(k[3] & 255) << 24
-                           : (uint32_t)(k[0] & 255) | (uint32_t)(k[2] & 255) << 8 | (uint32_t)(k[1] & 255) << 16 |
-                    (uint32_t)(k[3] & 255) << 24;
-        }
-        if (item) reinterpret_cast<uint2 *>(out)[frag * 4 + c] = make_uint2(w[0], w[1]);
+        // word S holds values 4 S .. 4 S + 3, (h, e) = (0, 0), (0, 1), (1, 0), (1, 1)
+        if (item)
+            reinterpret_cast<uint2 *>(out)[frag * 4 + c] = make_uint2(
+                act8_word(code[0], code[1], code[2], code[3], cb), act8_word(code[4], code[5], code[6], code[7], cb));
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
         if (lane == 0) gs[0] = sa * (float)sum, gs[bn] = sa;
@@ -1675,8 +1694,8 @@ __device__ __forceinline__ void gemm_rows8(const dmat &M, const char *rec0, cons
 {
     float sr, zr;
     const int b = gemm_lane_row(M, rec0, rec1, live1, sr, zr);
-    const int lo = b ? mpq_first_plane(b, skip) : 0, C = b ? (1 << b) - (1 << lo) : 0;
-    const uint32_t kp = b ? (((1u << CB) - 1u) << lo & ((1u << CB) - 1u)) * 0x01010101u : 0u;
+    int C;
+    const uint32_t kp = code_keep8<CB>(b, skip, C);
     gemm_share(2.0f * sr, m, s2), gemm_share(fmaf(-sr, (float)C, zr), m, z2), gemm_share(kp, m, keep);
 }
 
@@ -1702,9 +1721,8 @@ __global__ void __launch_bounds__(kGemmThreads, gemm_blocks(NB))
     const int t0 = blockIdx.z * kGemmTiles + kMmaPair * warp; // the warp's first tile
     const bool live0 = t0 < M.ntiles, live1 = t0 + 1 < M.ntiles;
     const gemm_stage L(sg, M.crec, G, BN, A8);
-    // A8: int32 sums whose magnitude stays below 2^22 convert to float as the
-    // bits of 1.5 2^23 plus the sum (the accumulator starts there)
-    const bool magic = A8 && ((1 << CB) - 1) * 127 * G < (1 << 22);
+    // A8: the group sums' conversion to float (a8_sum_float)
+    const bool magic = A8 && a8_magic(CB, G);
     const gemm_xp X(M.cols, M.ngroups, bnpad, A8);
     char *const sbase = reinterpret_cast<char *>(smem4);
     code_row_table<CB>(rtab, skip);
@@ -1825,13 +1843,13 @@ __global__ void __launch_bounds__(kGemmThreads, gemm_blocks(NB))
                     gemm_rows8<CB>(M, rec0, rec1, live1, skip, m, keep, sv, zv);
                     const uint2 *xq =
                         reinterpret_cast<const uint2 *>(slot + L.codes) + m * 4 + c + j * (G / 32) * BN * 4;
-                    int d[kMmaPair][NB][4]; // the group's sum u' q, from the bits of 1.5 2^23 where magic
+                    int d[kMmaPair][NB][4]; // the group's sum u' q (a8_sum_start)
 #pragma unroll
                     for (int i = 0; i < kMmaPair; i++)
 #pragma unroll
                         for (int jn = 0; jn < NB; jn++)
 #pragma unroll
-                            for (int f = 0; f < 4; f++) d[i][jn][f] = magic ? 0x4B400000 : 0;
+                            for (int f = 0; f < 4; f++) d[i][jn][f] = a8_sum_start(magic);
 #pragma unroll(NB == 2 ? 4 : 1)
                     for (int q = 0; q < nq; q++) {
                         uint32_t a[kMmaPair][4];
@@ -1852,7 +1870,7 @@ __global__ void __launch_bounds__(kGemmThreads, gemm_blocks(NB))
                         for (int i = 0; i < kMmaPair; i++)
 #pragma unroll
                             for (int f = 0; f < 4; f++) {
-                                const float u = magic ? __int_as_float(d[i][jn][f]) - 12582912.0f : (float)d[i][jn][f];
+                                const float u = a8_sum_float(d[i][jn][f], magic);
                                 acc[i][jn][f] = fmaf(sv[i][f >> 1], ((f & 1) ? xa.y : xa.x) * u,
                                                      fmaf(zv[i][f >> 1], (f & 1) ? xg.y : xg.x, acc[i][jn][f]));
                             }
