@@ -1725,7 +1725,7 @@ __global__ void __launch_bounds__(kGemmThreads, gemm_blocks(NB))
     const bool magic = A8 && a8_magic(CB, G);
     const gemm_xp X(M.cols, M.ngroups, bnpad, A8);
     char *const sbase = reinterpret_cast<char *>(smem4);
-    code_row_table<CB>(rtab, skip);
+    if constexpr (!A8) code_row_table<CB>(rtab, skip); // (gemm_rows8 needs no table)
 
     // Stage k: groups g0 = (st0 + k) sg .. g0 + sg - 1. Its three ranges:
     // the row block's records of those groups in the CODE LAYOUT (kGemmTiles

@@ -198,9 +198,8 @@ static void act8_ref(const mpq_packed *A, const float *x, int batch, float *xh)
    2 where every group is whole quads and the GEMM kernel does not take
    batch 2, up to 8 where the MMA kernel does not apply) multiplies a quad
    of a row exactly and scales it once, so only its float sums of quads,
-   lanes, slices and parts round: n / 16 + 64 roundings in place of n +
-   64. Host and device pointers give the same
-   bits. */
+   lanes, slices and parts round: n / 16 + 64 roundings in place of
+   n + 64. Host and device pointers give the same bits. */
 static void run_a8(mpq_backend *be, void *h, const mpq_packed *A, const float *Wd, int mma, int skip, synth_rng *r,
                    const char *what, const mpq_rotation *rot)
 {
