@@ -60,6 +60,11 @@
 // activations (MPQ_CUDA_GEMM_A8_BATCH .. MPQ_CUDA_GEMM_A8_MAX) the same
 // kernel on the int8 tensor cores.
 //
+// WGMMA KERNEL (sm_90a, batches MPQ_CUDA_WG_BATCH .. MPQ_CUDA_WG_MAX, ahead
+// of the GEMM kernel on the same matrices): the GEMM kernel's tiles on
+// Hopper's warpgroup tensor cores, the weights made fp16 in registers, see
+// gemm_wg.
+//
 // OTHER PATHS: groups that are not a multiple of 32 columns (tails of pairs
 // and singles inside every group) use a plain kernel, one thread per row and
 // vector, which decodes every weight; larger batches dequantize to fp16
@@ -144,6 +149,7 @@ struct dmat {
     const float *rot_R;
     const uint8_t *rot_sign;
     int rot_p, rot_m;
+    const int *wexp; // per row: the wgmma kernel's weight exponent R (wg_rows), or null where it does not apply
 };
 
 struct cuda_ctx {
@@ -167,6 +173,7 @@ struct cuda_ctx {
     size_t rotx_bytes;
     int rot_smem;     // the most shared memory rotate_input may take (its vector: cols floats)
     int fp16_weights; // mpq_cuda_backend_fp16: every matrix as resident fp16 weights
+    int wgmma;        // the build has the wgmma kernel's code for this device (wg_probe)
 };
 
 struct cuda_handle {
@@ -175,6 +182,7 @@ struct cuda_handle {
     void *dbuf;      // the packed buffer in device memory
     void *drec;      // the record table
     void *dcodes;    // the CODE LAYOUT copy
+    int *dwexp;      // the wgmma kernel's row exponents (M.wexp)
     int fast;        // the LUT kernel applies
     int maxw;        // the largest width in the matrix
     int cb;          // code field bits of the copy: 4 or 8
@@ -1988,6 +1996,487 @@ constexpr gemm_kernel kGemm[2][2][3] = {{{gemm_codes<4, 2, false>, gemm_codes<4,
                                         {{gemm_codes<4, 2, true>, gemm_codes<4, 4, true>, gemm_codes<4, 8, true>},
                                          {gemm_codes<8, 2, true>, gemm_codes<8, 4, true>, gemm_codes<8, 8, true>}}};
 
+// WGMMA KERNEL (sm_90a: batches from MPQ_CUDA_WG_BATCH up on a matrix with
+// the code copy, groups of at most kGemmCols columns, any mix of widths):
+// the GEMM kernel's output tiles, stages and split, on Hopper's warpgroup
+// tensor cores (wgmma.mma_async) with the weights made fp16 in registers.
+//
+//   Output tile. 256 rows and BN = 8 NB vectors (NB = 4, 8 or 16) a block,
+//   two warpgroups of four warps; warp w keeps the pair of tiles of the
+//   CODE LAYOUT that the GEMM kernel gives it, and warpgroup u multiplies
+//   two m64nBNk16 products per k step: the first tiles of its four warps'
+//   pairs, then the second ones (rows 16 w' + r of an m64 product are row
+//   r of warp w' = w - 4u's tile). A from registers: the A fragment of a
+//   warp's rows in a wgmma is the mma.sync m16n8k16 one, so code_frags
+//   gives it as for the other kernels.
+//
+//   Weights. Each field becomes the centered integer Q' - c of gemm_rows,
+//   then one more HFMA2 per register makes the weight itself in fp16,
+//   fp16(s~ (Q' - c) + z~) with s~ = s^ 2^R and z~ = fp16((z^' + c s^)
+//   2^R): one rounding of the exact product (the HFMA2 is fused) and of the
+//   centered offset, which is at most s^ in magnitude, so every weight
+//   keeps 11 significant bits relative to |w| + s^ of its group (the
+//   centering moves at most 1792 s^, as in the GEMM kernel). R, one
+//   exponent per row (wg_rows at upload), puts the row's largest |z^| +
+//   s^ (2^b - 1) below 2^13; a matrix whose s~ would not be an exact normal
+//   fp16 number in some group (E8M0 scales far from their rows' offsets)
+//   is not taken (MPQ_ERR_UNSUPPORTED: the next row of the rule runs it).
+//   The tensor cores then add over all the columns with no per-group
+//   work, in fp32.
+//
+//   Activations. wg_prep scales each vector by one power of two 2^-E that
+//   puts its largest |x~| in [2^14, 2^15) (x gathered through p_col, times
+//   col_scale; no overflow, 11 bits kept down to 2^-28 of the largest) and
+//   writes it in fp16 as the B operand in shared memory wants it: per k
+//   step (16 columns in the k order of the A fragments, Fragments above)
+//   and block of 8 vectors, two 8 x 16-byte core matrices (k 0..7, 8..15)
+//   of the no-swizzle K-major layout, so a stage's share is one range and
+//   a k step's B descriptor moves by BN * 32 bytes. y = 2^(E - R) times the
+//   sums.
+//
+//   Pipeline. As the GEMM kernel's: bulk copies of each stage (the codes,
+//   the activations) on the slot's mbarrier, one barrier of the block per
+//   stage. Per quad a warpgroup decodes its A fragments, fences, issues its
+//   four products and commits them as a group; it then waits for the group
+//   before, so that one quad's products are in flight while the next is
+//   decoded, across the end of a stage too: with three slots or more a slot
+//   is refilled two stages after its own (by then every product that read
+//   it is done), with two one stage after, each stage's products waited for
+//   at its end.
+//
+//   End. The block's sums go through shared memory (every slot is free by
+//   then): each thread takes four rows for a quarter of the vectors, writes
+//   a part's sums (split-k) or adds every part's in their order from 0 (the
+//   last block to finish; the bits do not depend on which it is), scales by
+//   2^(E - R), adds the sparse part and scatters through p_row: coalesced
+//   along the rows, and a short loop. The GEMM kernel's end, fully unrolled
+//   from the lanes' registers, took longer here than the main loop at
+//   batch 128 (bench/results/NOTES.md).
+//
+//   Tiles and parts (launch_wg): 32 vectors up to batch 32, 64 up to 64,
+//   then tiles of 128; stages of 256 columns where three fit shared memory,
+//   else 128; the column parts as launch_gemm estimates them, for one block
+//   per multiprocessor.
+
+// The wgmma kernel's end stages its sums through shared memory, a row of
+// kWgTileStride floats per vector (the pad spreads a warp's stores over the
+// banks): wg_tile_bytes of them.
+constexpr int kWgTileStride = kGemmTiles * kTile + 4;
+__host__ __device__ constexpr int wg_tile_bytes(int bn) { return bn * kWgTileStride * 4; }
+
+// Bytes of one wgmma stage: the codes of kGemmTiles tiles x sg records,
+// then the activations of sg groups' columns for BN vectors.
+struct wg_stage {
+    int codes, bytes;
+    __host__ __device__ wg_stage(int sg, int crec, int group, int bn)
+    {
+        codes = kGemmTiles * sg * crec;
+        bytes = codes + sg * group * bn * 2;
+    }
+};
+
+// What wg_prep writes for a product: the B operand [vector tile][k step]
+// [8-vector block][k half][vector][8 fp16] (cols * bnpad * 2 bytes), then
+// each vector's E (int).
+__host__ __device__ inline size_t wg_xbytes(int cols, int bnpad) { return (size_t)cols * bnpad * 2; }
+
+// One block of kWgPrepThreads per vector (bnpad of them). Thread u takes
+// items u, u + kWgPrepThreads, ...: item 2 kk + h is k half h of k step kk,
+// row `vector % 8` of that core matrix, the columns of k = 8 h + j (j = 2 c
+// + e: column c + 4 (2 S + h) + 16 e of quad kk / 2, S = kk % 2). It loads
+// its first kWgPrepItems items' values and keeps them; the largest |x~| of
+// the vector (a block maximum) sets E; then the values times 2^-E are
+// rounded to fp16 and written, a 16-byte row of a core matrix per item
+// (items past the kept ones, in vectors of more than kWgPrepThreads x
+// kWgPrepItems x 8 columns, are loaded again).
+constexpr int kWgPrepThreads = 1024, kWgPrepItems = 4;
+__global__ void __launch_bounds__(kWgPrepThreads)
+    wg_prep(dmat M, const float *__restrict__ x, int batch, int bn, int bnpad, uint8_t *__restrict__ out)
+{
+    pdl_release();
+    __shared__ unsigned red[kWgPrepThreads / 32];
+    const int n = blockIdx.x, vt = n / bn, nb = (n % bn) >> 3, r = n & 7, tid = threadIdx.x;
+    const int nks = M.cols / 16, nit = 2 * nks;
+    const bool live = n < batch;
+    const float *xv = x + (size_t)n * M.cols;
+    // the 8 values of item it: v[2 p] column col0 + p, v[2 p + 1] column col0 + p + 16
+    auto load = [&](int it, float(&v)[8]) {
+        const int kk = it >> 1, col0 = 32 * (kk >> 1) + 8 * (kk & 1) + 4 * (it & 1);
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            const int col = col0 + (j >> 1) + 16 * (j & 1);
+            v[j] = live && it < nit ? xv[M.p_col ? (int)M.p_col[col] : col] * (M.cscale ? M.cscale[col] : 1.0f) : 0.0f;
+        }
+    };
+    pdl_wait();
+    float v[kWgPrepItems][8];
+    unsigned mx = 0; // max |x~| as its bits (NaN above inf)
+#pragma unroll
+    for (int k = 0; k < kWgPrepItems; k++) {
+        load(tid + k * kWgPrepThreads, v[k]);
+#pragma unroll
+        for (int j = 0; j < 8; j++) mx = max(mx, __float_as_uint(fabsf(v[k][j])));
+    }
+    for (int it = tid + kWgPrepItems * kWgPrepThreads; it < nit; it += kWgPrepThreads) {
+        float w[8];
+        load(it, w);
+#pragma unroll
+        for (int j = 0; j < 8; j++) mx = max(mx, __float_as_uint(fabsf(w[j])));
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) mx = max(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    if ((tid & 31) == 0) red[tid >> 5] = mx;
+    __syncthreads();
+    mx = 0;
+#pragma unroll
+    for (int w = 0; w < kWgPrepThreads / 32; w++) mx = max(mx, red[w]);
+    const int e = mx == 0u ? 0 : min(max((int)(mx >> 23 & 255u) - 127 - 14, -100), 100);
+    const float inv = __int_as_float((127 - e) << 23);
+    auto store = [&](int it, const float(&w)[8]) {
+        uint32_t h[4];
+#pragma unroll
+        for (int p = 0; p < 4; p++)
+            h[p] = (uint32_t)__half_as_ushort(__float2half_rn(w[2 * p] * inv)) |
+                (uint32_t)__half_as_ushort(__float2half_rn(w[2 * p + 1] * inv)) << 16;
+        const size_t at = (((size_t)vt * nks + (it >> 1)) * (bn / 8) + nb) * 256 + (it & 1) * 128 + r * 16;
+        *reinterpret_cast<uint4 *>(out + at) = make_uint4(h[0], h[1], h[2], h[3]);
+    };
+#pragma unroll
+    for (int k = 0; k < kWgPrepItems; k++)
+        if (tid + k * kWgPrepThreads < nit) store(tid + k * kWgPrepThreads, v[k]);
+    for (int it = tid + kWgPrepItems * kWgPrepThreads; it < nit; it += kWgPrepThreads) {
+        float w[8];
+        load(it, w);
+        store(it, w);
+    }
+    if (tid == 0) reinterpret_cast<int *>(out + wg_xbytes(M.cols, bnpad))[n] = e;
+}
+
+// At upload, one thread per row: the row's exponent R (see Weights) from
+// its groups' headers in the code copy, and *ok cleared where some group's
+// s^ 2^R is not an exact normal fp16 number (or the row's bound is not
+// finite).
+__global__ void wg_rows(dmat M, int *__restrict__ wexp, int *__restrict__ ok)
+{
+    const int row = blockIdx.x * blockDim.x + threadIdx.x;
+    if (row >= M.rows) return;
+    const int t = row / kTile, r = row % kTile;
+    float bound = 0.0f;
+    for (int g = 0; g < M.ngroups; g++) {
+        const uint8_t *rec = M.codes + code_offset(M, t, g);
+        const int b = rec[M.meta + r];
+        float s, z;
+        row_pair(M, rec, r, b, s, z);
+        bound = fmaxf(bound, fabsf(z) + s * (float)((1 << b) - 1));
+    }
+    const int R = bound > 0.0f && bound <= FLT_MAX ? min(max(12 - ilogbf(bound), -100), 100) : 0;
+    const float p = __int_as_float((127 + R) << 23);
+    bool good = bound <= FLT_MAX && bound * p < 16384.0f;
+    for (int g = 0; g < M.ngroups && good; g++) {
+        const uint8_t *rec = M.codes + code_offset(M, t, g);
+        const int b = rec[M.meta + r];
+        float s, z;
+        row_pair(M, rec, r, b, s, z);
+        const float ss = s * p;
+        good = ss == 0.0f || (ss >= 0x1p-14f && __half2float(__float2half_rn(ss)) == ss);
+    }
+    wexp[row] = R;
+    if (!good) atomicAnd(ok, 0);
+}
+
+// Says whether this build holds the wgmma kernel's code for the device
+// (sm_90a machine code; PTX for other targets has none).
+__global__ void wg_probe(int *has)
+{
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    *has = 1;
+#else
+    *has = 0;
+#endif
+}
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// The warpgroup's matrix instructions: a fence before products that read
+// registers written since, the commit of the products issued as a group,
+// a wait until at most N groups are still out.
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int N> __device__ __forceinline__ void wgmma_wait()
+{
+    asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+// Ties the accumulators to the code around (after a wait, before a product).
+template <int K> __device__ __forceinline__ void wgmma_touch(float (&d)[K])
+{
+#pragma unroll
+    for (int k = 0; k < K; k++) asm volatile("" : "+f"(d[k])::"memory");
+}
+
+// The B descriptor of a no-swizzle K-major operand at shared address a:
+// its core matrices 128 bytes apart along k (the two halves of a k step),
+// 256 along the vectors (the next block of 8).
+constexpr int kWgDescLbo = 128, kWgDescSbo = 256;
+__device__ __forceinline__ uint64_t wg_desc(uint32_t a)
+{
+    return (uint64_t)((a & 0x3FFFF) >> 4) | (uint64_t)(kWgDescLbo >> 4) << 16 | (uint64_t)(kWgDescSbo >> 4) << 32;
+}
+
+// d += A B for m64nNk16 (N = 32, 64, 128), fp16 in, fp32 accumulate, A
+// from registers (a), B through its descriptor.
+__device__ __forceinline__ void wgmma_n32(float (&d)[16], const uint32_t (&a)[4], uint64_t desc)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n32k16.f32.f16.f16 {"
+                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
+                 "}, {%16, %17, %18, %19}, %20, p, 1, 1, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+}
+__device__ __forceinline__ void wgmma_n64(float (&d)[32], const uint32_t (&a)[4], uint64_t desc)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {"
+                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+                 "}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]),
+                   "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
+                   "+f"(d[30]), "+f"(d[31])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+}
+__device__ __forceinline__ void wgmma_n128(float (&d)[64], const uint32_t (&a)[4], uint64_t desc)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {"
+                 "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
+                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
+                 "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+                 "}, {%64, %65, %66, %67}, %68, p, 1, 1, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]),
+                   "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]),
+                   "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
+                   "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]),
+                   "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]),
+                   "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]),
+                   "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]),
+                   "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(1));
+}
+template <int NB> __device__ __forceinline__ void wgmma_nb(float (&d)[NB * 4], const uint32_t (&a)[4], uint64_t desc)
+{
+    if constexpr (NB == 4)
+        wgmma_n32(d, a, desc);
+    else if constexpr (NB == 8)
+        wgmma_n64(d, a, desc);
+    else
+        wgmma_n128(d, a, desc);
+}
+#endif
+
+// The wgmma kernel (see above). Grid: x = vector tiles of BN = 8 NB, y =
+// column parts of spp stages, z = row blocks; sg: groups per stage; ns:
+// stages in flight; bnpad: vectors of xprep (the batch rounded up to BN).
+template <int CB, int NB>
+__global__ void __launch_bounds__(kGemmThreads, 1)
+    gemm_wg(dmat M, const float *__restrict__ x, int batch, int skip, int sg, int ns, int spp, int bnpad,
+            const uint8_t *__restrict__ xprep, float *__restrict__ part, unsigned *__restrict__ counters,
+            float *__restrict__ y)
+{
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    constexpr int BN = 8 * NB;
+    extern __shared__ uint4 smem4[];
+    __shared__ uint4 rtab[2][MPQ_MAX_BITS + 1]; // code_row of (row parity, width)
+    __shared__ uint64_t bars[kGemmStages];      // the slots' mbarriers
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, m = lane >> 2;
+    const int G = M.group, hdr = M.meta + kTile, n0 = blockIdx.x * BN;
+    const int nst = (M.ngroups + sg - 1) / sg, st0 = blockIdx.y * spp, nstp = min(spp, nst - st0);
+    const int t0 = blockIdx.z * kGemmTiles + kMmaPair * warp; // the warp's first tile
+    const bool live1 = t0 + 1 < M.ntiles;
+    const wg_stage L(sg, M.crec, G, BN);
+    char *const sbase = reinterpret_cast<char *>(smem4);
+    code_row_table<CB>(rtab, skip);
+    // 2^R of the lane's four rows (rows past the matrix: 1)
+    float p2r[kMmaPair][2];
+#pragma unroll
+    for (int i = 0; i < kMmaPair; i++)
+#pragma unroll
+        for (int rr = 0; rr < 2; rr++) {
+            const int row = (t0 + i) * kTile + 2 * m + rr;
+            p2r[i][rr] = __int_as_float((127 + (row < M.rows ? M.wexp[row] : 0)) << 23);
+        }
+
+    // stage k: groups (st0 + k) sg ..; its two ranges, the row block's
+    // records in the CODE LAYOUT and the vector tile's B operand of their
+    // columns (only the matrix's last stage may hold fewer groups, the last
+    // one narrower)
+    const int last_ngs = M.ngroups - (nst - 1) * sg, last_cols = M.cols - (M.ngroups - 1) * G;
+    const int last_rec = M.crow - (M.ngroups - 1) * M.crec;
+    const char *csrc = reinterpret_cast<const char *>(M.codes) + code_offset(M, blockIdx.z * kGemmTiles, st0 * sg);
+    const char *xsrc =
+        reinterpret_cast<const char *>(xprep) + ((size_t)blockIdx.x * M.cols + (size_t)st0 * sg * G) * BN * 2;
+    auto slot_at = [&](int sl) { return sbase + sl * L.bytes; };
+    auto issue = [&](int k, int sl, bool codes) {
+        if (k >= nstp || tid != 0) return;
+        const bool last = st0 + k == nst - 1;
+        const int ngs = last ? last_ngs : sg, cols = last ? (last_ngs - 1) * G + last_cols : sg * G;
+        const unsigned cb = (unsigned)(kGemmTiles * ((ngs - 1) * M.crec + (last ? last_rec : M.crec)));
+        const unsigned xb = (unsigned)cols * BN * 2;
+        if (codes) {
+            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+            mbar_expect(&bars[sl], cb + xb);
+            bulk_copy(slot_at(sl), csrc + (size_t)k * kGemmTiles * sg * M.crec, cb, &bars[sl]);
+        } else {
+            bulk_copy(slot_at(sl) + L.codes, xsrc + (size_t)k * sg * G * BN * 2, xb, &bars[sl]);
+        }
+    };
+    if (tid < ns) {
+        mbar_init(&bars[tid]);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads(); // the barriers and rtab
+    // stages issued ahead of the one in hand: with three slots or more, the
+    // last products of a stage stay in flight into the next one, so that a
+    // slot is refilled two stages after its own (with two, one after, each
+    // stage's products waited for at its end)
+    const int ahead = ns >= 3 ? ns - 2 : 1;
+    for (int k = 0; k < ahead; k++) issue(k, k, true);
+    pdl_wait();
+    for (int k = 0; k < ahead; k++) issue(k, k, false);
+
+    // lane (m, c) of warp w sums rows 2m, 2m + 1 of both tiles for vectors
+    // 8 j + 2c, 8 j + 2c + 1: acc[i] is the accumulator of product i
+    float acc[kMmaPair][NB][4] = {};
+    auto accv = [&](int i) -> float(&)[NB * 4] { return *reinterpret_cast<float(*)[NB * 4]>(&acc[i][0][0]); };
+    for (int k = 0; k < nstp; k++) {
+        issue(k + ahead, (k + ahead) % ns, true); // every product on that slot is done (see ahead)
+        issue(k + ahead, (k + ahead) % ns, false);
+        mbar_wait(&bars[k % ns], (unsigned)(k / ns) & 1u);
+        const int ngs = st0 + k == nst - 1 ? last_ngs : sg, g0 = (st0 + k) * sg;
+        const char *slot = slot_at(k % ns);
+        const uint32_t xs = smem_addr(slot + L.codes);
+        int kk = 0; // k step of the stage
+        for (int j = 0; j < ngs; j++) {
+            const bool lastg = g0 + j == M.ngroups - 1;
+            const int rs = lastg ? last_rec : M.crec, nq = lastg ? last_cols / 32 : G / 32;
+            const char *rec0 = slot + j * kGemmTiles * M.crec + kMmaPair * warp * rs;
+            const char *rec1 = rec0 + (live1 ? rs : 0);
+            const char *cw0 = rec0 + hdr + 2 * CB * lane, *cw1 = rec1 + hdr + 2 * CB * lane;
+            code_rows R[kMmaPair];
+            float sv[kMmaPair][2], zv[kMmaPair][2];
+            gemm_rows<CB>(M, rec0, rec1, live1, m, rtab, R, sv, zv);
+            uint32_t s16[kMmaPair][2], z16[kMmaPair][2];
+#pragma unroll
+            for (int i = 0; i < kMmaPair; i++)
+#pragma unroll
+                for (int rr = 0; rr < 2; rr++)
+                    s16[i][rr] = half2_of(sv[i][rr] * p2r[i][rr]), z16[i][rr] = half2_of(zv[i][rr] * p2r[i][rr]);
+#pragma unroll 2
+            for (int q = 0; q < nq; q++) {
+                uint32_t a[kMmaPair][2][4];
+                code_frags<CB>(cw0 + q * 64 * CB, R[0], a[0]);
+                code_frags<CB>(cw1 + q * 64 * CB, R[1], a[1]);
+#pragma unroll
+                for (int i = 0; i < kMmaPair; i++)
+#pragma unroll
+                    for (int S = 0; S < 2; S++)
+#pragma unroll
+                        for (int f = 0; f < 4; f++) a[i][S][f] = hfma2_bits(a[i][S][f], s16[i][f & 1], z16[i][f & 1]);
+                wgmma_fence();
+#pragma unroll
+                for (int S = 0; S < 2; S++) {
+                    const uint64_t d = wg_desc(xs + (kk + 2 * q + S) * BN * 32);
+#pragma unroll
+                    for (int i = 0; i < kMmaPair; i++) wgmma_nb<NB>(accv(i), a[i][S], d);
+                }
+                wgmma_commit();
+                wgmma_wait<1>();
+            }
+            kk += 2 * nq;
+        }
+        if (ns < 3) wgmma_wait<0>();
+        __syncthreads(); // every warp is done with stage k (and its products, but for the last group, with ns > 2)
+    }
+    wgmma_wait<0>();
+#pragma unroll
+    for (int i = 0; i < kMmaPair; i++) wgmma_touch(accv(i));
+    pdl_release(); // (see gemm_codes)
+
+    // The end (see End): the block's sums as T[vector][row of the block],
+    // kWgTileStride floats a vector; with parts, each block's tile as it is
+    // to `part`, and the last block adds them.
+    static_assert(kGemmThreads == kGemmTiles * kTile, "the end gives each thread four rows of four vectors in turn");
+    __shared__ int evs[128]; // the vectors' E
+    constexpr int kRows = kGemmTiles * kTile, kTileFloats = BN * kRows;
+    const int nvec = min(BN, batch - n0), r0 = blockIdx.z * kRows, nrow = min(kRows, M.rows - r0);
+    if (tid < nvec) evs[tid] = reinterpret_cast<const int *>(xprep + wg_xbytes(M.cols, bnpad))[n0 + tid];
+    __syncthreads();
+    float *const T = reinterpret_cast<float *>(sbase);
+#pragma unroll
+    for (int i = 0; i < kMmaPair; i++)
+#pragma unroll
+        for (int jn = 0; jn < NB; jn++)
+#pragma unroll
+            for (int f = 0; f < 4; f++)
+                T[(8 * jn + 2 * (lane & 3) + (f & 1)) * kWgTileStride + (kMmaPair * warp + i) * kTile + 2 * m +
+                  (f >> 1)] = acc[i][jn][f];
+    __syncthreads();
+    // thread u: rows 4 (u % 64) .. + 3 of the block, vectors u / 64 + 4 j
+    const int rq = 4 * (tid & 63), nv0 = tid >> 6;
+    float4 *const pb = reinterpret_cast<float4 *>(part) +
+        ((size_t)blockIdx.z * gridDim.x + blockIdx.x) * gridDim.y * (kTileFloats / 4) + (tid & 63);
+    unsigned *const counter = &counters[(size_t)blockIdx.z * gridDim.x + blockIdx.x];
+    auto tile4 = [&](int n) { return *reinterpret_cast<const float4 *>(&T[n * kWgTileStride + rq]); };
+    if (gridDim.y > 1) {
+#pragma unroll 4
+        for (int n = nv0; n < nvec; n += 4) pb[(blockIdx.y * kTileFloats + n * kRows) / 4] = tile4(n);
+        if (!last_part(counter, gridDim.y)) return;
+    }
+    int orow[4], R[4];
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        const int row = r0 + rq + k;
+        orow[k] = rq + k < nrow ? (M.p_row ? (int)M.p_row[row] : row) : -1;
+        R[k] = rq + k < nrow ? M.wexp[row] : 0;
+    }
+#pragma unroll 2
+    for (int n = nv0; n < nvec; n += 4) {
+        float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (gridDim.y > 1)
+            for (unsigned p = 0; p < gridDim.y; p++) {
+                const float4 a = __ldcg(&pb[(p * kTileFloats + n * kRows) / 4]);
+                v.x += a.x, v.y += a.y, v.z += a.z, v.w += a.w;
+            }
+        else
+            v = tile4(n);
+        const float vk[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            if (orow[k] < 0) continue;
+            const int e = evs[n] - R[k], e1 = e >> 1; // two exact steps, each within 2^+-100
+            y[(size_t)(n0 + n) * M.rows + orow[k]] =
+                vk[k] * __int_as_float((127 + e1) << 23) * __int_as_float((127 + e - e1) << 23) +
+                sparse_dot(M, orow[k], x + (size_t)(n0 + n) * M.cols);
+        }
+    }
+    if (gridDim.y > 1 && tid == 0) *counter = 0; // ready for the next launch
+#else
+    (void)M, (void)x, (void)batch, (void)skip, (void)sg, (void)ns, (void)spp, (void)bnpad, (void)xprep, (void)part;
+    (void)counters, (void)y;
+    __trap(); // launched only where wg_probe found this code (launch_wg)
+#endif
+}
+
+typedef void (*wg_kernel)(dmat, const float *, int, int, int, int, int, int, const uint8_t *, float *, unsigned *,
+                          float *);
+// [code bits 4, 8][vector blocks 4, 8, 16]
+constexpr wg_kernel kWg[2][3] = {{gemm_wg<4, 4>, gemm_wg<4, 8>, gemm_wg<4, 16>},
+                                 {gemm_wg<8, 4>, gemm_wg<8, 8>, gemm_wg<8, 16>}};
+
 // Decodes row `row`, columns col0 .. col0 + N - 1 of the packed matrix
 // (packed coordinates) with `skip` planes dropped, without the column
 // scale. N = 8: one chunk (col0 % 8 == 0, inside one group); N = 32: a quad
@@ -2441,6 +2930,29 @@ mpq_status upload(void *ctx, const mpq_packed *A, void **handle)
             return map_error(e);
         }
     }
+    // the wgmma kernel's row exponents, where it has code for this device
+    // and takes the matrix (wg_rows; else M.wexp stays null)
+    if (c->wgmma && !c->fp16_weights && M.codes && A->group <= kGemmCols) {
+        int *ok = nullptr, good = 0;
+        e = cudaMalloc(&h->dwexp, sizeof(int) * (size_t)A->rows);
+        if (e == cudaSuccess) e = cudaMalloc(&ok, sizeof(int));
+        if (e == cudaSuccess) e = cudaMemsetAsync(ok, 0xFF, sizeof(int), c->stream);
+        if (e == cudaSuccess) {
+            wg_rows<<<(A->rows + 127) / 128, 128, 0, c->stream>>>(M, h->dwexp, ok);
+            e = cudaGetLastError();
+        }
+        if (e == cudaSuccess) e = cudaMemcpyAsync(&good, ok, sizeof(int), cudaMemcpyDeviceToHost, c->stream);
+        if (e == cudaSuccess) e = cudaStreamSynchronize(c->stream);
+        cudaFree(ok);
+        if (e != cudaSuccess) {
+            release(ctx, h);
+            return map_error(e);
+        }
+        if (good)
+            M.wexp = h->dwexp;
+        else
+            cudaFree(h->dwexp), h->dwexp = nullptr;
+    }
     if (c->fp16_weights) { // the fp16 baseline: dequantized once; the packed buffer stays for p_col (gather_f16)
         e = cudaMalloc(&h->w16, sizeof(__half) * (size_t)A->rows * (size_t)A->cols);
         if (e == cudaSuccess) e = dequantize(c, h, 0, h->w16);
@@ -2464,6 +2976,7 @@ void release(void *ctx, void *handle)
     cudaFree(h->dbuf);
     cudaFree(h->drec);
     cudaFree(h->dcodes);
+    cudaFree(h->dwexp);
     cudaFree(h->w16);
     free(h);
 }
@@ -2692,6 +3205,49 @@ mpq_status launch_gemm(cuda_ctx *c, const cuda_handle *h, const float *x, float 
                       c->counters, y);
 }
 
+// The wgmma kernel (a device and build with its code, a matrix it takes:
+// M.wexp), after wg_prep; tiles, stages and parts as Tiles and parts says
+// (groups of 256 columns: a stage of one group), as many stages in flight
+// as fit (at least two).
+mpq_status launch_wg(cuda_ctx *c, const cuda_handle *h, const float *x, float *y, int batch, int skip)
+{
+    const dmat &M = h->m;
+    if (!c->wgmma || !M.codes || !M.wexp || M.group > kGemmCols) return MPQ_ERR_UNSUPPORTED;
+    const int ni = batch <= 32 ? 0 : batch <= 64 ? 1 : 2, bn = 32 << ni;
+    const int ntn = (batch + bn - 1) / bn, bnpad = ntn * bn;
+    const int room = min(c->mma_dmax, c->smem_sm - c->smem_reserved - c->mma_static);
+    int sg = 0, ns = 0;
+    for (int cols = 256; cols >= 128 && ns < 3; cols /= 2) {
+        sg = M.group < cols ? cols / M.group : 1;
+        ns = min(kGemmStages, room / wg_stage(sg, M.crec, M.group, bn).bytes);
+    }
+    if (ns < 2) return MPQ_ERR_UNSUPPORTED;
+    const int nst = (M.ngroups + sg - 1) / sg;
+    const int nrb = (M.ntiles + kGemmTiles - 1) / kGemmTiles, blocks = ntn * nrb;
+    int nparts = 1;
+    double best = 0.0;
+    for (int p = 1; p <= 8 && (p == 1 || 2 * p <= nst); p++) {
+        const int spp_ = (nst + p - 1) / p, np_ = (nst + spp_ - 1) / spp_;
+        const long total = (long)blocks * np_, waves = (total + c->sms - 1) / c->sms;
+        const double t = (double)waves * (spp_ + kGemmBlockCost + (np_ > 1 ? kGemmPartCost * np_ * bn / 16 : 0.0));
+        if (p == 1 || t < best * 0.98) best = t, nparts = np_;
+    }
+    const int spp = (nst + nparts - 1) / nparts;
+    nparts = (nst + spp - 1) / spp;
+    const size_t part_bytes = nparts > 1 ? (size_t)nparts * blocks * kGemmTiles * kTile * bn * sizeof(float) : 0;
+    const size_t xbytes = wg_xbytes(M.cols, bnpad) + sizeof(int) * (size_t)bnpad;
+    mpq_status st = grow(c, part_bytes + xbytes, (size_t)blocks);
+    if (st != MPQ_OK) return st;
+    uint8_t *xprep = static_cast<uint8_t *>(c->scratch) + part_bytes;
+    st = launch_pdl(c, wg_prep, dim3((unsigned)bnpad), kWgPrepThreads, 0, M, x, batch, bn, bnpad, xprep);
+    if (st != MPQ_OK) return st;
+    const int smem = max(ns * wg_stage(sg, M.crec, M.group, bn).bytes, wg_tile_bytes(bn));
+    if (smem > room) return MPQ_ERR_UNSUPPORTED;
+    return launch_pdl(c, kWg[h->cb == 8][ni], dim3(ntn, nparts, nrb), kGemmThreads, smem, M, x, batch, skip, sg, ns,
+                      spp, bnpad, static_cast<const uint8_t *>(xprep), static_cast<float *>(c->scratch), c->counters,
+                      y);
+}
+
 // y = W16 x through cuBLAS (fp16 in, fp32 accumulate), the activations
 // gathered into X16 first (packed column order, see dequant_f16).
 mpq_status gemm_f16(cuda_ctx *c, const dmat &M, const __half *W16, __half *X16, const float *x, float *y, int batch)
@@ -2805,6 +3361,10 @@ mpq_status run_gemm_a8(cuda_ctx *c, const cuda_handle *h, const float *x, float 
 {
     return launch_gemm(c, h, x, y, batch, skip, true);
 }
+mpq_status run_wg(cuda_ctx *c, const cuda_handle *h, const float *x, float *y, int batch, int skip)
+{
+    return launch_wg(c, h, x, y, batch, skip);
+}
 mpq_status run_lut(cuda_ctx *c, const cuda_handle *h, const float *x, float *y, int batch, int skip)
 {
     return launch_lut(c, h, x, y, batch, skip, false);
@@ -2852,6 +3412,7 @@ const kernel_rule kRules[] = {
     {true, MPQ_CUDA_MMA_BATCH, MPQ_CUDA_MMA_MAX, kQuads, run_mma_a8},  // int8 tensor cores, pieces of 32 along grid z
     {true, 1, 8, kQuads, run_lut_a8},                                  // integer tables, activations quantized inside
     {true, 1, kAll, kAny, gemv_a8_float},                              // quantized, dequantized, then the rows below
+    {false, MPQ_CUDA_WG_BATCH, MPQ_CUDA_WG_MAX, kCodes, run_wg},       // sm_90a: wgmma, fp16 weights in registers
     {false, MPQ_CUDA_GEMM_BATCH, MPQ_CUDA_GEMM_MAX, kCodes, run_gemm}, // groups up to kGemmCols, exact codes
     {false, 17, MPQ_CUDA_MMA_MAX, kCodes, run_pieces},                 // wider groups: the MMA kernel, 16 at a time
     {false, 17, kAll, kAny, gemv_batched},                             // fp16 weights and activations, cuBLAS
@@ -2963,6 +3524,11 @@ extern "C" mpq_status mpq_cuda_backend(int device, mpq_backend *b)
         e = cudaFuncGetAttributes(&fa, kGemm[k / 6][k / 3 % 2][k % 3]);
         if (e == cudaSuccess && (int)fa.sharedSizeBytes > c->mma_static) c->mma_static = (int)fa.sharedSizeBytes;
     }
+    for (int k = 0; k < 6 && e == cudaSuccess; k++) { // and of the wgmma kernels, which share it too
+        cudaFuncAttributes fa;
+        e = cudaFuncGetAttributes(&fa, kWg[k / 3][k % 3]);
+        if (e == cudaSuccess && (int)fa.sharedSizeBytes > c->mma_static) c->mma_static = (int)fa.sharedSizeBytes;
+    }
     c->mma_dmax = per_block - c->mma_static;
     c->rot_smem = per_block;
     if (e == cudaSuccess)
@@ -2974,6 +3540,19 @@ extern "C" mpq_status mpq_cuda_backend(int device, mpq_backend *b)
     for (int k = 0; k < 12 && e == cudaSuccess; k++)
         e = cudaFuncSetAttribute(kGemm[k / 6][k / 3 % 2][k % 3], cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  c->mma_dmax);
+    for (int k = 0; k < 6 && e == cudaSuccess; k++)
+        e = cudaFuncSetAttribute(kWg[k / 3][k % 3], cudaFuncAttributeMaxDynamicSharedMemorySize, c->mma_dmax);
+    if (e == cudaSuccess) { // does this build have the wgmma kernel's code for the device?
+        int *has = nullptr;
+        e = cudaMalloc(&has, sizeof(int));
+        if (e == cudaSuccess) {
+            wg_probe<<<1, 1, 0, c->stream>>>(has);
+            e = cudaGetLastError();
+        }
+        if (e == cudaSuccess) e = cudaMemcpyAsync(&c->wgmma, has, sizeof(int), cudaMemcpyDeviceToHost, c->stream);
+        if (e == cudaSuccess) e = cudaStreamSynchronize(c->stream);
+        cudaFree(has);
+    }
     for (int k = 0; k < 6 && e == cudaSuccess; k++) // a group's activations (at most kMmaFragBytes) and quad sums
         if (kPrep[k / 3][k % 3])
             e = cudaFuncSetAttribute(kPrep[k / 3][k % 3], cudaFuncAttributeMaxDynamicSharedMemorySize,

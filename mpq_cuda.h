@@ -21,8 +21,10 @@
      memory for the smallest batches, the GEMM kernel on the code copy
      from MPQ_CUDA_GEMM_BATCH to MPQ_CUDA_GEMM_MAX (activations in fp16,
      each group of each vector first scaled by a power of two into the
-     fp16 range), the MMA kernel on the code copy (float activations kept
-     to about 22 bits) where the GEMM kernel does not take the matrix, fp16
+     fp16 range; on Hopper, from MPQ_CUDA_WG_BATCH to MPQ_CUDA_WG_MAX,
+     the wgmma kernel instead), the MMA kernel on the code copy (float
+     activations kept to about 22 bits) where the GEMM kernel does not
+     take the matrix, fp16
      dequantization and cuBLAS (fp32 accumulation) beyond, and a plain
      kernel that decodes every weight for groups the others do not take. On
      the fp16 path the activations are rounded to fp16 unscaled, so a vector
@@ -46,8 +48,11 @@
    - every CUDA and cuBLAS error is an mpq_status; a machine without a GPU
      gets MPQ_ERR_NODEVICE from mpq_cuda_backend, never a crash;
    - the library is built for sm_80 (A100), sm_86 (RTX 30, A10), sm_89
-     (L4, L40S, RTX 40) and sm_90 (H100, H200), plus PTX that newer GPUs
-     compile at load (meson option gpu_archs); a device before sm_80, or
+     (L4, L40S, RTX 40) and sm_90a (H100, H200: the wgmma kernel needs its
+     architecture-specific instructions), plus compute_90 PTX that newer
+     GPUs compile at load (meson option gpu_archs; the PTX has no wgmma, so
+     there, as with a build without sm_90a, the GEMM kernel runs those
+     batches); a device before sm_80, or
      one the build has no code for, gets MPQ_ERR_UNSUPPORTED from
      mpq_cuda_backend.
    One backend (its stream and scratch buffers) serves one thread at a time.
@@ -82,6 +87,24 @@
 #endif
 #ifndef MPQ_CUDA_GEMM_MAX
 #define MPQ_CUDA_GEMM_MAX 128
+#endif
+
+/* On Hopper (sm_90a code: H100, H200) batches MPQ_CUDA_WG_BATCH to
+   MPQ_CUDA_WG_MAX run on the wgmma kernel ahead of the GEMM kernel: the
+   same output tiles on the warpgroup tensor cores, the weights made fp16
+   in registers (one rounding of each weight), on a matrix with the code
+   copy, groups of at most 256 columns and every scale exact in fp16 after
+   one power of two per row (else the rows below run it). Measured on an
+   H200 at 3.25 bits (bench/results/NOTES.md, "The wgmma kernel"), against
+   the GEMM kernel or fp16 + cuBLAS that ran these batches: 1.16-1.42x at
+   batch 48 on four shapes, 1.23-2.10x at 128, 1.05-1.16x at 512 on three of
+   them (0.97x on 14336x4096); slower at 16 and 32 on every shape (one by
+   0.2 %) and at 1024 on the three measured there. */
+#ifndef MPQ_CUDA_WG_BATCH
+#define MPQ_CUDA_WG_BATCH 48
+#endif
+#ifndef MPQ_CUDA_WG_MAX
+#define MPQ_CUDA_WG_MAX 512
 #endif
 
 /* With 8-bit activations (mpq_gemv_opts.a8) the GEMM kernel runs batches

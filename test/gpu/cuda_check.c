@@ -27,7 +27,13 @@
    outputs allowed for a vector with an activation past 65504); the GEMM
    kernel the same, its outputs always finite (it scales each group of
    each vector into the fp16 range first; see smem_sm for the devices
-   where fp16 + cuBLAS may take its place). Host and device pointers must
+   where fp16 + cuBLAS may take its place); the wgmma kernel (Hopper, sm_90a
+   builds: batches MPQ_CUDA_WG_BATCH to MPQ_CUDA_WG_MAX, which the checks
+   of those batches do not tell from the kernel they replace) the same, its
+   outputs finite too (each vector scaled into the fp16 range; its weights
+   rounded to fp16 once, to 11 bits of |w| + s^). Build with
+   -DMPQ_CUDA_WG_BATCH=16 -DMPQ_CUDA_WG_MAX=100000 to put it on every batch
+   from 16. Host and device pointers must
    give the same bits. A failure lists how many outputs are wrong and the
    first few. MPQ_CHECK_CASES (see `dry`) keeps some cases.
 
@@ -406,7 +412,7 @@ static int run_case(mpq_backend *be, const cas *c, synth_rng *r, int fp16)
                    c->perm ? " perm+scale" : "", c->sparse ? " sparse" : "", c->rot ? " rotated" : "", skip, batch,
                    gemm ? " (GEMM)" : "", worst, nbig ? " (a vector past the fp16 range)" : "",
                    bad < 0 ? "" : " (FAILED)");
-            if (bad >= 0) {
+            if (bad >= 0 && !dry) {
                 printf("# first bad output %d: %.9g vs %.9g (sum |wx| %.3g); %d bad of %d:", bad, (double)y[bad],
                        ref[bad], mag[bad], nbad, batch * m);
                 for (int i = 0; i < nbad && i < 6; i++)
