@@ -2205,7 +2205,8 @@ template <int N> __device__ __forceinline__ void wgmma_wait()
 {
     asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
 }
-// Ties the accumulators to the code around (after a wait, before a product).
+// Ties the accumulators to the code after a wait, so that no use of them
+// moves above it.
 template <int K> __device__ __forceinline__ void wgmma_touch(float (&d)[K])
 {
 #pragma unroll
@@ -2410,6 +2411,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     // kWgTileStride floats a vector; with parts, each block's tile as it is
     // to `part`, and the last block adds them.
     static_assert(kGemmThreads == kGemmTiles * kTile, "the end gives each thread four rows of four vectors in turn");
+    static_assert(BN <= 128, "evs holds a tile's E");
     __shared__ int evs[128]; // the vectors' E
     constexpr int kRows = kGemmTiles * kTile, kTileFloats = BN * kRows;
     const int nvec = min(BN, batch - n0), r0 = blockIdx.z * kRows, nrow = min(kRows, M.rows - r0);
@@ -3221,7 +3223,8 @@ mpq_status launch_wg(cuda_ctx *c, const cuda_handle *h, const float *x, float *y
         sg = M.group < cols ? cols / M.group : 1;
         ns = min(kGemmStages, room / wg_stage(sg, M.crec, M.group, bn).bytes);
     }
-    if (ns < 2) return MPQ_ERR_UNSUPPORTED;
+    const int smem = max(ns * wg_stage(sg, M.crec, M.group, bn).bytes, wg_tile_bytes(bn));
+    if (ns < 2 || smem > room) return MPQ_ERR_UNSUPPORTED;
     const int nst = (M.ngroups + sg - 1) / sg;
     const int nrb = (M.ntiles + kGemmTiles - 1) / kGemmTiles, blocks = ntn * nrb;
     int nparts = 1;
@@ -3241,8 +3244,6 @@ mpq_status launch_wg(cuda_ctx *c, const cuda_handle *h, const float *x, float *y
     uint8_t *xprep = static_cast<uint8_t *>(c->scratch) + part_bytes;
     st = launch_pdl(c, wg_prep, dim3((unsigned)bnpad), kWgPrepThreads, 0, M, x, batch, bn, bnpad, xprep);
     if (st != MPQ_OK) return st;
-    const int smem = max(ns * wg_stage(sg, M.crec, M.group, bn).bytes, wg_tile_bytes(bn));
-    if (smem > room) return MPQ_ERR_UNSUPPORTED;
     return launch_pdl(c, kWg[h->cb == 8][ni], dim3(ntn, nparts, nrb), kGemmThreads, smem, M, x, batch, skip, sg, ns,
                       spp, bnpad, static_cast<const uint8_t *>(xprep), static_cast<float *>(c->scratch), c->counters,
                       y);
