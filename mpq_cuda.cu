@@ -2055,7 +2055,7 @@ constexpr gemm_kernel kGemm[2][2][3] = {{{gemm_codes<4, 2, false>, gemm_codes<4,
 //
 //   Tiles and parts (launch_wg): 32 vectors up to batch 32, 64 up to 64,
 //   then tiles of 128; stages of 256 columns where three fit shared memory,
-//   else 128; the column parts as launch_gemm estimates them, for one block
+//   else 128; the column parts as gemm_parts chooses them, for one block
 //   per multiprocessor.
 
 // The wgmma kernel's end stages its sums through shared memory, a row of
@@ -3142,15 +3142,36 @@ mpq_status launch_mma(cuda_ctx *c, const cuda_handle *h, const float *x, float *
                       c->counters, y);
 }
 
-// The time launch_gemm estimates for a split into column parts, in stages of
+// The time gemm_parts estimates for a split into column parts, in stages of
 // one block: per wave of blocks, a block's stages, kGemmBlockCost for its
 // start and end, and with parts kGemmPartCost per part and 16 vectors of
 // the tile for the last block's sum of the parts. Chosen from the H200's
 // figures at batches 16 to 128 (bench/results/NOTES.md, "The GEMM kernel,
 // a fourth round"): more parts fill the multiprocessors better, but adding
 // eight parts of sums costs the last block about two stages, and a split
-// into more waves pays that in each.
+// into more waves pays that in each. The wgmma kernel takes them as they
+// are (not fitted to it).
 constexpr double kGemmBlockCost = 1.5, kGemmPartCost = 0.25;
+
+// The column parts (split-k) of the GEMM and wgmma kernels: `blocks` output
+// tiles of bn vectors, nst stages each, `slots` blocks resident at once; 1
+// to 8 parts of at least two stages each, the count of least estimated time
+// (waves x (stages + kGemmBlockCost + kGemmPartCost x parts x bn / 16)),
+// the fewest on a tie within 2 %. Returns the parts, with their stages in
+// spp (the last part may hold fewer).
+int gemm_parts(int blocks, int nst, int slots, int bn, int &spp)
+{
+    int nparts = 1;
+    double best = 0.0;
+    for (int p = 1; p <= 8 && (p == 1 || 2 * p <= nst); p++) {
+        const int spp_ = (nst + p - 1) / p, np_ = (nst + spp_ - 1) / spp_;
+        const long total = (long)blocks * np_, waves = (total + slots - 1) / slots;
+        const double t = (double)waves * (spp_ + kGemmBlockCost + (np_ > 1 ? kGemmPartCost * np_ * bn / 16 : 0.0));
+        if (p == 1 || t < best * 0.98) best = t, nparts = np_;
+    }
+    spp = (nst + nparts - 1) / nparts;
+    return (nst + spp - 1) / spp;
+}
 
 // The GEMM kernel (matrices with a code copy and groups of at most
 // kGemmCols columns), after gemm_prep. Vector tiles: 16 vectors up to batch
@@ -3159,10 +3180,9 @@ constexpr double kGemmBlockCost = 1.5, kGemmPartCost = 0.25;
 // later ones mostly from L2, were faster than one block of 64 on most shapes
 // at batches 64 to 128 on an H200, slower at 33; bench/results/NOTES.md); as
 // many stages in flight as fit shared memory (at least two, with one block
-// per multiprocessor where two blocks would leave less);
-// column parts (split-k) of 1 to 8 parts (each at least two stages), the
-// count of least estimated time (kGemmBlockCost), the fewest on a tie
-// within 2 %. a8: 8-bit activations on the int8 tensor cores. The rule
+// per multiprocessor where two blocks would leave less); the column parts
+// as gemm_parts chooses them. a8: 8-bit activations on the int8 tensor
+// cores. The rule
 // table calls it through run_gemm and run_gemm_a8 (MPQ_ERR_UNSUPPORTED for
 // a matrix it does not take).
 mpq_status launch_gemm(cuda_ctx *c, const cuda_handle *h, const float *x, float *y, int batch, int skip, bool a8)
@@ -3183,16 +3203,8 @@ mpq_status launch_gemm(cuda_ctx *c, const cuda_handle *h, const float *x, float 
     if (ns < 2) occ = 1, ns = stages_at(1);
     if (ns < 2) return MPQ_ERR_UNSUPPORTED;
     const int nrb = (M.ntiles + kGemmTiles - 1) / kGemmTiles, blocks = ntn * nrb;
-    int nparts = 1;
-    double best = 0.0;
-    for (int p = 1; p <= 8 && (p == 1 || 2 * p <= nst); p++) {
-        const int spp_ = (nst + p - 1) / p, np_ = (nst + spp_ - 1) / spp_;
-        const long total = (long)blocks * np_, want = (long)occ * c->sms, waves = (total + want - 1) / want;
-        const double t = (double)waves * (spp_ + kGemmBlockCost + (np_ > 1 ? kGemmPartCost * np_ * bn / 16 : 0.0));
-        if (p == 1 || t < best * 0.98) best = t, nparts = np_;
-    }
-    const int spp = (nst + nparts - 1) / nparts;
-    nparts = (nst + spp - 1) / spp;
+    int spp;
+    const int nparts = gemm_parts(blocks, nst, occ * c->sms, bn, spp);
     // the parts' sums (gemm_codes): 256 rows x bn vectors of floats per block and part
     const size_t part_bytes = nparts > 1 ? (size_t)nparts * blocks * kGemmTiles * kTile * bn * sizeof(float) : 0;
     const gemm_xp X(M.cols, M.ngroups, bnpad, a8);
@@ -3227,16 +3239,8 @@ mpq_status launch_wg(cuda_ctx *c, const cuda_handle *h, const float *x, float *y
     if (ns < 2 || smem > room) return MPQ_ERR_UNSUPPORTED;
     const int nst = (M.ngroups + sg - 1) / sg;
     const int nrb = (M.ntiles + kGemmTiles - 1) / kGemmTiles, blocks = ntn * nrb;
-    int nparts = 1;
-    double best = 0.0;
-    for (int p = 1; p <= 8 && (p == 1 || 2 * p <= nst); p++) {
-        const int spp_ = (nst + p - 1) / p, np_ = (nst + spp_ - 1) / spp_;
-        const long total = (long)blocks * np_, waves = (total + c->sms - 1) / c->sms;
-        const double t = (double)waves * (spp_ + kGemmBlockCost + (np_ > 1 ? kGemmPartCost * np_ * bn / 16 : 0.0));
-        if (p == 1 || t < best * 0.98) best = t, nparts = np_;
-    }
-    const int spp = (nst + nparts - 1) / nparts;
-    nparts = (nst + spp - 1) / spp;
+    int spp;
+    const int nparts = gemm_parts(blocks, nst, c->sms, bn, spp);
     const size_t part_bytes = nparts > 1 ? (size_t)nparts * blocks * kGemmTiles * kTile * bn * sizeof(float) : 0;
     const size_t xbytes = wg_xbytes(M.cols, bnpad) + sizeof(int) * (size_t)bnpad;
     mpq_status st = grow(c, part_bytes + xbytes, (size_t)blocks);
