@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Everything the CUDA backend needs checked and timed on a machine with a GPU,
 # in one go: the kernels against the CPU reference (cuda_check), the same
+# with the wgmma kernel on every batch from 16 (cuda_check_wg16: sm_90a
+# machine code alone, for an H100 or H200), the same
 # built with compute_80 PTX alone (cuda_check_ptx80: the driver compiles it
 # for the GPU at hand, so the code paths of sm_80 run on a newer card), the
 # small cases under compute-sanitizer memcheck, racecheck and synccheck, the
@@ -10,7 +12,7 @@
 # build; GPU_ARCHS, a comma list, replaces meson's gpu_archs for the main
 # build), then run it where the GPU is (bash test/gpu/run_device.sh run
 # [OUTDIR]), with .gpu beside it. CHECK=0, PTX80=0 or SAN=0 leave out
-# cuda_check, its compute_80 build or the sanitizers.
+# cuda_check (and cuda_check_wg16), its compute_80 build or the sanitizers.
 set -u
 cd "$(dirname "$0")/../.."
 bin=.gpu
@@ -30,6 +32,10 @@ build)
             -Dexamples=false -Dio=disabled -Dgpu_archs=compute_80 >"$bin/setup80.log" 2>&1 &&
         ninja -C "$bin/build80" cuda_check >"$bin/ninja80.log" 2>&1 &&
         cp "$bin/build80/cuda_check" "$bin/cuda_check_ptx80" && rm -rf "$bin/build80" &&
+        # the wgmma kernel on every batch from 16 (sm_90a only)
+        nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -DMPQ_CUDA_WG_BATCH=16 -DMPQ_CUDA_WG_MAX=100000 \
+            -I. -Iutil -Xcompiler -fopenmp test/gpu/cuda_check.c mpq_cuda.cu -o "$bin/cuda_check_wg16" \
+            -lcublas -lm -lgomp >"$bin/nvcc_wg16.log" 2>&1 &&
         # the shared libraries of mpq and bench_random_llm that the GPU machine may lack
         mkdir -p "$bin/lib" && for l in libcjson.so.1 libgomp.so.1; do
             cp -L "$(ldd "$bin/mpq" | awk -v l=$l '$1 == l { print $3 }')" "$bin/lib/"
@@ -41,8 +47,8 @@ run)
     export LD_LIBRARY_PATH=$PWD/$bin/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
     nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv | tee "$out/gpu.txt"
     rc=0
-    for v in cuda_check cuda_check_ptx80; do
-        [ "$v" = cuda_check ] && [ "${CHECK:-1}" = 0 ] && continue
+    for v in cuda_check cuda_check_wg16 cuda_check_ptx80; do
+        [ "$v" != cuda_check_ptx80 ] && [ "${CHECK:-1}" = 0 ] && continue
         [ "$v" = cuda_check_ptx80 ] && [ "${PTX80:-1}" = 0 ] && continue
         t0=$(date +%s)
         "$bin/$v" >"$out/$v.txt" 2>&1 || rc=1
