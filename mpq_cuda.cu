@@ -3400,10 +3400,12 @@ mpq_status run_pieces(cuda_ctx *c, const cuda_handle *h, const float *x, float *
 // kQuads, the LUT kernel's layout (groups and the last group of whole
 // quads; the MMA kernel also needs the code copy and says so by its
 // answer); kCodes, the code copy. The crossovers behind the ranges are measured in
-// bench/results/NOTES.md ("The CUDA kernels", "The GEMM kernel"). A kernel
-// that cannot take a matrix (the GEMM kernel: groups past kGemmCols, or
-// too little shared memory) answers MPQ_ERR_UNSUPPORTED and the next row
-// runs it.
+// bench/results/NOTES.md ("The CUDA kernels", "The GEMM kernel", "The wgmma
+// kernel"). A kernel that cannot take a matrix (the GEMM kernel: groups
+// past kGemmCols, or too little shared memory; the wgmma kernel also: a
+// build or device without its code, or scales that one power of two per
+// row does not make exact fp16 numbers) answers MPQ_ERR_UNSUPPORTED and the
+// next row runs it.
 enum rule_need { kAny, kQuads, kCodes };
 struct kernel_rule {
     bool a8;        // 8-bit activations

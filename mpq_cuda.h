@@ -24,9 +24,9 @@
      fp16 range; on Hopper, from MPQ_CUDA_WG_BATCH to MPQ_CUDA_WG_MAX,
      the wgmma kernel instead), the MMA kernel on the code copy (float
      activations kept to about 22 bits) where the GEMM kernel does not
-     take the matrix, fp16
-     dequantization and cuBLAS (fp32 accumulation) beyond, and a plain
-     kernel that decodes every weight for groups the others do not take. On
+     take the matrix, fp16 dequantization and cuBLAS (fp32 accumulation)
+     beyond, and a plain kernel that decodes every weight for groups the
+     others do not take. On
      the fp16 path the activations are rounded to fp16 unscaled, so a vector
      with an entry past 65504 gets inf or NaN outputs there, as in an engine
      that holds activations in fp16;
@@ -52,9 +52,8 @@
      architecture-specific instructions), plus compute_90 PTX that newer
      GPUs compile at load (meson option gpu_archs; the PTX has no wgmma, so
      there, as with a build without sm_90a, the GEMM kernel runs those
-     batches); a device before sm_80, or
-     one the build has no code for, gets MPQ_ERR_UNSUPPORTED from
-     mpq_cuda_backend.
+     batches); a device before sm_80, or one the build has no code for,
+     gets MPQ_ERR_UNSUPPORTED from mpq_cuda_backend.
    One backend (its stream and scratch buffers) serves one thread at a time.
    Link with the program's MPQ_IMPLEMENTATION translation unit and cuBLAS. */
 #ifndef MPQ_CUDA_H_INCLUDED

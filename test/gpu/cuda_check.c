@@ -38,7 +38,7 @@
    first few. MPQ_CHECK_CASES (see `dry`) keeps some cases.
 
    Build (Meson builds it when CUDA is found):
-     nvcc -arch=sm_90 -I. -Iutil test/gpu/cuda_check.c mpq_cuda.cu -lcublas */
+     nvcc -gencode=arch=compute_90a,code=sm_90a -I. -Iutil test/gpu/cuda_check.c mpq_cuda.cu -lcublas */
 #define MPQ_IMPLEMENTATION
 #include "mpq.h"
 #include "mpq_cuda.h"
