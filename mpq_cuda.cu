@@ -1478,6 +1478,7 @@ static_assert(kGemmTiles == kCodeTiles, "a GEMM stage is one range of the CODE L
 constexpr int kGemmCols = 256;      // the widest group the kernel takes
 constexpr int kGemmStages = 4;      // stages in flight, at most
 constexpr int kGemmStageCols = 256; // columns of a stage where groups are narrower
+constexpr int kGemmMaxParts = 8;    // column parts (split-k), at most (gemm_parts)
 static_assert(kGemmStages >= 2 && kGemmStages <= 4, "gemm_codes waits for 0, 1 or 2 stages still out");
 
 // Resident blocks per multiprocessor the GEMM kernel is built for: two
@@ -2045,13 +2046,15 @@ constexpr gemm_kernel kGemm[2][2][3] = {{{gemm_codes<4, 2, false>, gemm_codes<4,
 //   at its end.
 //
 //   End. The block's sums go through shared memory (every slot is free by
-//   then): each thread takes four rows for a quarter of the vectors, writes
-//   a part's sums (split-k) or adds every part's in their order from 0 (the
-//   last block to finish; the bits do not depend on which it is), scales by
-//   2^(E - R), adds the sparse part and scatters through p_row: coalesced
-//   along the rows, and a short loop. The GEMM kernel's end, fully unrolled
-//   from the lanes' registers, took longer here than the main loop at
-//   batch 128 (bench/results/NOTES.md).
+//   then): each thread takes four rows for a quarter of the vectors and
+//   scales them by 2^(E - R), adds the sparse part and writes y, four rows
+//   in one store where they are in order (wg_store): coalesced along the
+//   rows, and a short loop. The GEMM kernel's end, fully unrolled from the
+//   lanes' registers, took longer here than the main loop at batch 128
+//   (bench/results/NOTES.md). With column parts (split-k) each block writes
+//   its sums to `part` as they are, and wg_sum, a kernel of its own spread
+//   over the GPU, adds them in their order from 0 and writes y the same
+//   way: deterministic.
 //
 //   Tiles and parts (launch_wg): 32 vectors up to batch 32, 64 up to 64,
 //   then tiles of 128; stages of 256 columns where three fit shared memory,
@@ -2195,6 +2198,92 @@ __global__ void wg_probe(int *has)
 #endif
 }
 
+// Where the wgmma kernel's outputs of a thread's four rows r0 + rq .. + 3
+// (of nrow rows in the row block from r0) go: their rows of y (p_row; -1
+// past the matrix) and exponents R, and whether the four are one 16-byte
+// store: rows r0 + rq .. + 3 of y in order (no p_row), all in the matrix,
+// and every vector's first one aligned (a warp's 4-byte stores at a
+// 16-byte stride write each 32-byte sector four times).
+struct wg_rows4 {
+    int orow[4], R[4];
+    bool whole;
+};
+__device__ __forceinline__ wg_rows4 wg_out_rows(const dmat &M, int r0, int rq, int nrow, const float *y)
+{
+    wg_rows4 o;
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        const int row = r0 + rq + k;
+        o.orow[k] = rq + k < nrow ? (M.p_row ? (int)M.p_row[row] : row) : -1;
+        o.R[k] = rq + k < nrow ? M.wexp[row] : 0;
+    }
+    o.whole = !M.p_row && rq + 4 <= nrow && (M.rows & 3) == 0 && (reinterpret_cast<uintptr_t>(y) & 15) == 0;
+    return o;
+}
+
+// Vector n's outputs at those rows (row0 = r0 + rq) from the sums v of its
+// fp16 products: v 2^(E - R) in two exact steps, plus the sparse part.
+__device__ __forceinline__ void wg_store(const dmat &M, const float *x, const wg_rows4 &o, int row0, int n, int E,
+                                         float4 v, float *y)
+{
+    const float vk[4] = {v.x, v.y, v.z, v.w};
+    float out[4];
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        const int e = E - o.R[k], e1 = e >> 1; // each step within 2^+-100
+        out[k] = o.orow[k] < 0 ? 0.0f
+                               : vk[k] * __int_as_float((127 + e1) << 23) * __int_as_float((127 + e - e1) << 23) +
+                sparse_dot(M, o.orow[k], x + (size_t)n * M.cols);
+    }
+    float *const yv = y + (size_t)n * M.rows;
+    if (o.whole)
+        *reinterpret_cast<float4 *>(yv + row0) = make_float4(out[0], out[1], out[2], out[3]);
+    else
+#pragma unroll
+        for (int k = 0; k < 4; k++)
+            if (o.orow[k] >= 0) yv[o.orow[k]] = out[k];
+}
+
+// The sum of the wgmma kernel's column parts, where launch_wg splits the
+// columns: grid x = vector tiles of bn, y = slices of kWgSumVectors vectors
+// of a tile, z = row blocks. Thread u takes rows 4 (u % 64) .. + 3 of its
+// row block and vectors u / 64 + 4 j of its slice, adds the parts' sums in
+// their order from 0 (all of them in flight at once) and writes y as the
+// kernel does with one part: spread over the GPU, where the last block of
+// a row block to finish would add them alone, the other multiprocessors
+// idle meanwhile.
+constexpr int kWgSumVectors = 16;
+__global__ void __launch_bounds__(kGemmThreads)
+    wg_sum(dmat M, const float *__restrict__ x, int batch, int bn, int bnpad, int nparts,
+           const uint8_t *__restrict__ xprep, const float *__restrict__ part, float *__restrict__ y)
+{
+    pdl_release();
+    constexpr int kRows = kGemmTiles * kTile;
+    const int tid = threadIdx.x, rq = 4 * (tid & 63), r0 = blockIdx.z * kRows, nrow = min(kRows, M.rows - r0);
+    const int n0 = blockIdx.x * bn + blockIdx.y * kWgSumVectors + (tid >> 6);
+    const size_t tile = (size_t)bn * kRows; // floats of a part's tile
+    const float4 *const pb = reinterpret_cast<const float4 *>(part) +
+        ((size_t)blockIdx.z * gridDim.x + blockIdx.x) * nparts * (tile / 4) +
+        (size_t)(blockIdx.y * kWgSumVectors + (tid >> 6)) * (kRows / 4) + (tid & 63);
+    const wg_rows4 o = wg_out_rows(M, r0, rq, nrow, y);
+    const int *const E = reinterpret_cast<const int *>(xprep + wg_xbytes(M.cols, bnpad));
+    pdl_wait();
+    float4 v[kWgSumVectors / 4];
+#pragma unroll
+    for (int j = 0; j < kWgSumVectors / 4; j++) {
+        v[j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+        for (int p = 0; p < kGemmMaxParts; p++)
+            if (p < nparts && n0 + 4 * j < batch) {
+                const float4 a = __ldcg(pb + p * (tile / 4) + j * kRows);
+                v[j].x += a.x, v[j].y += a.y, v[j].z += a.z, v[j].w += a.w;
+            }
+    }
+#pragma unroll
+    for (int j = 0; j < kWgSumVectors / 4; j++)
+        if (n0 + 4 * j < batch) wg_store(M, x, o, r0 + rq, n0 + 4 * j, E[n0 + 4 * j], v[j], y);
+}
+
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 // The warpgroup's matrix instructions: a fence before products that read
 // registers written since, the commit of the products issued as a group,
@@ -2285,8 +2374,7 @@ template <int NB> __device__ __forceinline__ void wgmma_nb(float (&d)[NB * 4], c
 template <int CB, int NB>
 __global__ void __launch_bounds__(kGemmThreads, 1)
     gemm_wg(dmat M, const float *__restrict__ x, int batch, int skip, int sg, int ns, int spp, int bnpad,
-            const uint8_t *__restrict__ xprep, float *__restrict__ part, unsigned *__restrict__ counters,
-            float *__restrict__ y)
+            const uint8_t *__restrict__ xprep, float *__restrict__ part, float *__restrict__ y)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     constexpr int BN = 8 * NB;
@@ -2408,8 +2496,8 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     pdl_release(); // (see gemm_codes)
 
     // The end (see End): the block's sums as T[vector][row of the block],
-    // kWgTileStride floats a vector; with parts, each block's tile as it is
-    // to `part`, and the last block adds them.
+    // kWgTileStride floats a vector, then y, or with parts the tile as it is
+    // to `part`.
     static_assert(kGemmThreads == kGemmTiles * kTile, "the end gives each thread four rows of four vectors in turn");
     static_assert(BN <= 128, "evs holds a tile's E");
     __shared__ int evs[128]; // the vectors' E
@@ -2429,52 +2517,25 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     __syncthreads();
     // thread u: rows 4 (u % 64) .. + 3 of the block, vectors u / 64 + 4 j
     const int rq = 4 * (tid & 63), nv0 = tid >> 6;
-    float4 *const pb = reinterpret_cast<float4 *>(part) +
-        ((size_t)blockIdx.z * gridDim.x + blockIdx.x) * gridDim.y * (kTileFloats / 4) + (tid & 63);
-    unsigned *const counter = &counters[(size_t)blockIdx.z * gridDim.x + blockIdx.x];
     auto tile4 = [&](int n) { return *reinterpret_cast<const float4 *>(&T[n * kWgTileStride + rq]); };
-    if (gridDim.y > 1) {
+    if (gridDim.y > 1) { // the tile as it is to `part`, for wg_sum
+        float4 *const pb = reinterpret_cast<float4 *>(part) +
+            ((size_t)blockIdx.z * gridDim.x + blockIdx.x) * gridDim.y * (kTileFloats / 4) + (tid & 63);
 #pragma unroll 4
         for (int n = nv0; n < nvec; n += 4) pb[(blockIdx.y * kTileFloats + n * kRows) / 4] = tile4(n);
-        if (!last_part(counter, gridDim.y)) return;
+        return;
     }
-    int orow[4], R[4];
-#pragma unroll
-    for (int k = 0; k < 4; k++) {
-        const int row = r0 + rq + k;
-        orow[k] = rq + k < nrow ? (M.p_row ? (int)M.p_row[row] : row) : -1;
-        R[k] = rq + k < nrow ? M.wexp[row] : 0;
-    }
+    const wg_rows4 o = wg_out_rows(M, r0, rq, nrow, y);
 #pragma unroll 2
-    for (int n = nv0; n < nvec; n += 4) {
-        float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        if (gridDim.y > 1)
-            for (unsigned p = 0; p < gridDim.y; p++) {
-                const float4 a = __ldcg(&pb[(p * kTileFloats + n * kRows) / 4]);
-                v.x += a.x, v.y += a.y, v.z += a.z, v.w += a.w;
-            }
-        else
-            v = tile4(n);
-        const float vk[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-        for (int k = 0; k < 4; k++) {
-            if (orow[k] < 0) continue;
-            const int e = evs[n] - R[k], e1 = e >> 1; // two exact steps, each within 2^+-100
-            y[(size_t)(n0 + n) * M.rows + orow[k]] =
-                vk[k] * __int_as_float((127 + e1) << 23) * __int_as_float((127 + e - e1) << 23) +
-                sparse_dot(M, orow[k], x + (size_t)(n0 + n) * M.cols);
-        }
-    }
-    if (gridDim.y > 1 && tid == 0) *counter = 0; // ready for the next launch
+    for (int n = nv0; n < nvec; n += 4) wg_store(M, x, o, r0 + rq, n0 + n, evs[n], tile4(n), y);
 #else
     (void)M, (void)x, (void)batch, (void)skip, (void)sg, (void)ns, (void)spp, (void)bnpad, (void)xprep, (void)part;
-    (void)counters, (void)y;
+    (void)y;
     __trap(); // launched only where wg_probe found this code (launch_wg)
 #endif
 }
 
-typedef void (*wg_kernel)(dmat, const float *, int, int, int, int, int, int, const uint8_t *, float *, unsigned *,
-                          float *);
+typedef void (*wg_kernel)(dmat, const float *, int, int, int, int, int, int, const uint8_t *, float *, float *);
 // [code bits 4, 8][vector blocks 4, 8, 16]
 constexpr wg_kernel kWg[2][3] = {{gemm_wg<4, 4>, gemm_wg<4, 8>, gemm_wg<4, 16>},
                                  {gemm_wg<8, 4>, gemm_wg<8, 8>, gemm_wg<8, 16>}};
@@ -3163,7 +3224,7 @@ int gemm_parts(int blocks, int nst, int slots, int bn, int &spp)
 {
     int nparts = 1;
     double best = 0.0;
-    for (int p = 1; p <= 8 && (p == 1 || 2 * p <= nst); p++) {
+    for (int p = 1; p <= kGemmMaxParts && (p == 1 || 2 * p <= nst); p++) {
         const int spp_ = (nst + p - 1) / p, np_ = (nst + spp_ - 1) / spp_;
         const long total = (long)blocks * np_, waves = (total + slots - 1) / slots;
         const double t = (double)waves * (spp_ + kGemmBlockCost + (np_ > 1 ? kGemmPartCost * np_ * bn / 16 : 0.0));
@@ -3243,14 +3304,17 @@ mpq_status launch_wg(cuda_ctx *c, const cuda_handle *h, const float *x, float *y
     const int nparts = gemm_parts(blocks, nst, c->sms, bn, spp);
     const size_t part_bytes = nparts > 1 ? (size_t)nparts * blocks * kGemmTiles * kTile * bn * sizeof(float) : 0;
     const size_t xbytes = wg_xbytes(M.cols, bnpad) + sizeof(int) * (size_t)bnpad;
-    mpq_status st = grow(c, part_bytes + xbytes, (size_t)blocks);
+    mpq_status st = grow(c, part_bytes + xbytes, 0);
     if (st != MPQ_OK) return st;
     uint8_t *xprep = static_cast<uint8_t *>(c->scratch) + part_bytes;
+    float *part = static_cast<float *>(c->scratch);
     st = launch_pdl(c, wg_prep, dim3((unsigned)bnpad), kWgPrepThreads, 0, M, x, batch, bn, bnpad, xprep);
     if (st != MPQ_OK) return st;
-    return launch_pdl(c, kWg[h->cb == 8][ni], dim3(ntn, nparts, nrb), kGemmThreads, smem, M, x, batch, skip, sg, ns,
-                      spp, bnpad, static_cast<const uint8_t *>(xprep), static_cast<float *>(c->scratch), c->counters,
-                      y);
+    st = launch_pdl(c, kWg[h->cb == 8][ni], dim3(ntn, nparts, nrb), kGemmThreads, smem, M, x, batch, skip, sg, ns, spp,
+                    bnpad, static_cast<const uint8_t *>(xprep), part, y);
+    if (st != MPQ_OK || nparts == 1) return st;
+    return launch_pdl(c, wg_sum, dim3(ntn, bn / kWgSumVectors, nrb), kGemmThreads, 0, M, x, batch, bn, bnpad, nparts,
+                      static_cast<const uint8_t *>(xprep), static_cast<const float *>(part), y);
 }
 
 // y = W16 x through cuBLAS (fp16 in, fp32 accumulate), the activations
