@@ -94,13 +94,13 @@
    in registers (one rounding of each weight), on a matrix with the code
    copy, groups of at most 256 columns and every scale exact in fp16 after
    one power of two per row (else the rows below run it). Measured on an
-   H200 at 3.25 bits (bench/results/NOTES.md, "The wgmma kernel"), against
-   the GEMM kernel or fp16 + cuBLAS that ran these batches: 1.16-1.42x at
-   batch 48 on four shapes, 1.23-2.10x at 128, 1.05-1.16x at 512 on three of
-   them (0.97x on 14336x4096); slower at 16 and 32 on every shape (one by
-   0.2 %) and at 1024 on the three measured there. */
+   H200 at 3.25 bits (bench/results/NOTES.md, "The wgmma kernel's column
+   parts"), against the GEMM kernel or fp16 + cuBLAS that ran these
+   batches, on four shapes: 0.95-1.08x at batch 32 (faster on three),
+   1.05-1.16x at 48, 1.05-1.42x at 128, 1.03-1.05x at 512; slower at 16
+   on every shape (0.70-0.84x) and at 1024 (0.74-0.97x). */
 #ifndef MPQ_CUDA_WG_BATCH
-#define MPQ_CUDA_WG_BATCH 48
+#define MPQ_CUDA_WG_BATCH 32
 #endif
 #ifndef MPQ_CUDA_WG_MAX
 #define MPQ_CUDA_WG_MAX 512
