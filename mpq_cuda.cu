@@ -3211,7 +3211,8 @@ mpq_status launch_mma(cuda_ctx *c, const cuda_handle *h, const float *x, float *
 // a fourth round"): more parts fill the multiprocessors better, but adding
 // eight parts of sums costs the last block about two stages, and a split
 // into more waves pays that in each. The wgmma kernel takes them as they
-// are (not fitted to it).
+// are, though its parts are added by wg_sum over the whole GPU rather than
+// by a last block (not refitted to it).
 constexpr double kGemmBlockCost = 1.5, kGemmPartCost = 0.25;
 
 // The column parts (split-k) of the GEMM and wgmma kernels: `blocks` output
