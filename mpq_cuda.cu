@@ -2464,6 +2464,13 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
 #pragma unroll
                 for (int rr = 0; rr < 2; rr++)
                     s16[i][rr] = half2_of(sv[i][rr] * p2r[i][rr]), z16[i][rr] = half2_of(zv[i][rr] * p2r[i][rr]);
+            // A wgmma reads its A registers while it runs, and ptxas does
+            // not keep them for it (writing them before the wait is
+            // undefined): the loop's two copies alternate two sets of
+            // registers, but a group of one quad decodes into the set of
+            // the odd quad at the end of a group, which the group before
+            // may still be reading. Its products are waited for first.
+            if (nq == 1) wgmma_wait<0>();
 #pragma unroll 2
             for (int q = 0; q < nq; q++) {
                 uint32_t a[kMmaPair][2][4];
