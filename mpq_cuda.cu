@@ -101,6 +101,8 @@
 #include "mpq_cuda.h"
 
 #include <cublas_v2.h>
+#include <cuda.h>         // CUtensorMap (the driver's function comes through the runtime)
+#include <cudaTypedefs.h> // its type
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <float.h>
@@ -171,9 +173,10 @@ struct cuda_ctx {
     size_t a8x_bytes;
     float *rotx; // V x of a rotated matrix's batch (rotate_input), what its kernels read
     size_t rotx_bytes;
-    int rot_smem;     // the most shared memory rotate_input may take (its vector: cols floats)
-    int fp16_weights; // mpq_cuda_backend_fp16: every matrix as resident fp16 weights
-    int wgmma;        // the build has the wgmma kernel's code for this device (wg_probe)
+    int rot_smem;      // the most shared memory rotate_input may take (its vector: cols floats)
+    int fp16_weights;  // mpq_cuda_backend_fp16: every matrix as resident fp16 weights
+    int wgmma;         // the wgmma kernel's code for this device is in the build (wg_probe), tensor maps in the driver
+    void *tmap_encode; // cuTensorMapEncodeTiled, from the driver (the wgmma kernel's activations)
 };
 
 struct cuda_handle {
@@ -862,16 +865,24 @@ struct code_rows {
     uint32_t mask[2], mul[2], add[2];
 };
 
+// The HFMA2's factor for a row of parity rr, twice in a half2 word: 2, or
+// for the high nibbles of CB = 4 (16 times too large) 0.125 (fp16 0x4000,
+// 0x3000).
+template <int CB> __host__ __device__ constexpr uint32_t code_mul(int rr)
+{
+    return CB == 4 && rr ? 0x30003000u : 0x40004000u;
+}
+
 // {mask, factor, addend, C % 2} for a row of parity rr and width b.
 template <int CB> __device__ uint4 code_row(int rr, int b, int skip)
 {
     const int lo = b ? mpq_first_plane(b, skip) : 0, C = b ? (1 << b) - (1 << lo) : 0;
     if (CB == 4) { // rr = 1 reads its nibbles 16 times too large
         const uint32_t keep = (0xFu << lo) & 0xFu;
-        return make_uint4((keep << (4 * rr)) * 0x00010001u, half2_of(rr ? 0.125f : 2.0f),
+        return make_uint4((keep << (4 * rr)) * 0x00010001u, code_mul<4>(rr),
                           half2_of(-(float)((rr ? 128 : 2048) + C - (C & 1))), (uint32_t)(C & 1));
     }
-    return make_uint4(((0xFFu << lo) & 0xFFu) * 0x01010101u, half2_of(2.0f), half2_of(-(float)(2048 + C - (C & 1))),
+    return make_uint4(((0xFFu << lo) & 0xFFu) * 0x01010101u, code_mul<8>(rr), half2_of(-(float)(2048 + C - (C & 1))),
                       (uint32_t)(C & 1));
 }
 
@@ -1651,6 +1662,21 @@ template <typename T> __device__ __forceinline__ void gemm_share(T v, int m, T (
         for (int rr = 0; rr < 2; rr++) out[i][rr] = __shfl_sync(0xffffffffu, v, 16 * i + 2 * m + rr);
 }
 
+// The centering of one row: with E its code_row entry, z^ less s^ where C
+// is odd, then plus c s^; returns c.
+__device__ __forceinline__ float gemm_center(float s, float &z, const uint4 &E)
+{
+    z -= E.w ? s : 0.0f;
+    // 1 / s^, approximate and with a subnormal s^ (MXINT scales below 2^-126)
+    // flushed to 0: any even c within the bounds keeps every value exact,
+    // such an s^ only leaves z^' less well centered
+    float rcp;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(rcp) : "f"(s));
+    const float c = s != 0.0f ? fminf(fmaxf(2.0f * rintf(-0.5f * z * rcp), -1792.0f), 1792.0f) : 0.0f;
+    z = fmaf(s, c, z);
+    return c;
+}
+
 // The per-group constants of a lane's four rows (tiles 0 and 1 of its
 // pair, rows 2m and 2m + 1 of each), as mma_rows gives them and then
 // centered (see Weights). The four lanes of a row group need the same rows,
@@ -1670,23 +1696,48 @@ __device__ __forceinline__ void gemm_rows(const dmat &M, const char *rec0, const
     float sr, zr;
     const int b = gemm_lane_row(M, rec0, rec1, live1, sr, zr);
     const uint4 E = rtab[threadIdx.x & 1][b]; // (the row's parity is the lane's)
-    zr -= E.w ? sr : 0.0f;
-    // 1 / s^, approximate and with a subnormal s^ (MXINT scales below 2^-126)
-    // flushed to 0: any even c within the bounds keeps every value exact,
-    // such an s^ only leaves z^' less well centered
-    float rcp;
-    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(rcp) : "f"(sr));
-    const float c = sr != 0.0f ? fminf(fmaxf(2.0f * rintf(-0.5f * zr * rcp), -1792.0f), 1792.0f) : 0.0f;
-    zr = fmaf(sr, c, zr);
-    const uint32_t add = half2_of(half_lo(E.z) - c);
+    const uint32_t add = half2_of(half_lo(E.z) - gemm_center(sr, zr, E));
     uint32_t adds[kMmaPair][2], masks[kMmaPair][2];
     gemm_share(sr, m, s), gemm_share(zr, m, z), gemm_share(add, m, adds), gemm_share(E.x, m, masks);
 #pragma unroll
     for (int i = 0; i < kMmaPair; i++)
 #pragma unroll
+        for (int rr = 0; rr < 2; rr++)
+            R[i].add[rr] = adds[i][rr], R[i].mask[rr] = masks[i][rr], R[i].mul[rr] = code_mul<CB>(rr);
+}
+
+// The wgmma kernel's per-group constants of a lane's four rows: those of
+// gemm_rows, with s^ and the centered z^' times 2^R of their row (p2r: the
+// factor of the lane's own row in gemm_lane_row) as fp16 half2 words s16
+// and z16. The lane working out a row packs its four 16-bit values (s~,
+// z~; the addend, the mask's first byte) into two words, so that a row
+// takes two shuffles, and PRMT unpacks them (masks of CB = 4 repeat bytes
+// k, 0; of CB = 8 byte k).
+template <int CB>
+__device__ __forceinline__ void wg_group_rows(const dmat &M, const char *rec0, const char *rec1, bool live1, int m,
+                                              float p2r, const uint4 (*rtab)[MPQ_MAX_BITS + 1],
+                                              code_rows (&R)[kMmaPair], uint32_t (&s16)[kMmaPair][2],
+                                              uint32_t (&z16)[kMmaPair][2])
+{
+    float sr, zr;
+    const int b = gemm_lane_row(M, rec0, rec1, live1, sr, zr);
+    const uint4 E = rtab[threadIdx.x & 1][b]; // (the row's parity is the lane's)
+    const float c = gemm_center(sr, zr, E);
+    auto bits = [](float v) { return (uint32_t)__half_as_ushort(__float2half_rn(v)); };
+    const uint32_t sz = bits(sr * p2r) | bits(zr * p2r) << 16, am = bits(half_lo(E.z) - c) | (E.x & 0xFFu) << 16;
+    uint32_t szs[kMmaPair][2], ams[kMmaPair][2];
+    gemm_share(sz, m, szs), gemm_share(am, m, ams);
+#pragma unroll
+    for (int i = 0; i < kMmaPair; i++)
+#pragma unroll
         for (int rr = 0; rr < 2; rr++) {
-            R[i].add[rr] = adds[i][rr], R[i].mask[rr] = masks[i][rr];
-            R[i].mul[rr] = rtab[rr][0].y; // the factor depends on the row's parity alone (code_row)
+            s16[i][rr] = __byte_perm(szs[i][rr], 0u, 0x1010), z16[i][rr] = __byte_perm(szs[i][rr], 0u, 0x3232);
+            R[i].add[rr] = __byte_perm(ams[i][rr], 0u, 0x1010);
+            R[i].mask[rr] = __byte_perm(ams[i][rr], 0u, CB == 4 ? 0x4242 : 0x2222);
+            R[i].mul[rr] = code_mul<CB>(rr);
+            // kept in registers: left to itself ptxas redoes the PRMTs in
+            // every quad of the group
+            asm volatile("" : "+r"(s16[i][rr]), "+r"(z16[i][rr]), "+r"(R[i].add[rr]), "+r"(R[i].mask[rr]));
         }
 }
 
@@ -2011,7 +2062,8 @@ constexpr gemm_kernel kGemm[2][2][3] = {{{gemm_codes<4, 2, false>, gemm_codes<4,
 //   warp's rows in a wgmma is the mma.sync m16n8k16 one, so code_frags
 //   gives it as for the other kernels.
 //
-//   Weights. Each field becomes the centered integer Q' - c of gemm_rows,
+//   Weights. Each field becomes the centered integer Q' - c of gemm_rows
+//   (the row constants worked out and handed over as wg_group_rows says),
 //   then one more HFMA2 per register makes the weight itself in fp16,
 //   fp16(s~ (Q' - c) + z~) with s~ = s^ 2^R and z~ = fp16((z^' + c s^)
 //   2^R): one rounding of the exact product (the HFMA2 is fused) and of the
@@ -2028,22 +2080,22 @@ constexpr gemm_kernel kGemm[2][2][3] = {{{gemm_codes<4, 2, false>, gemm_codes<4,
 //   Activations. wg_prep scales each vector by one power of two 2^-E that
 //   puts its largest |x~| in [2^14, 2^15) (x gathered through p_col, times
 //   col_scale; no overflow, 11 bits kept down to 2^-28 of the largest) and
-//   writes it in fp16 as the B operand in shared memory wants it: per k
-//   step (16 columns in the k order of the A fragments, Fragments above)
-//   and block of 8 vectors, two 8 x 16-byte core matrices (k 0..7, 8..15)
-//   of the no-swizzle K-major layout, so a stage's share is one range and
-//   a k step's B descriptor moves by BN * 32 bytes. y = 2^(E - R) times the
-//   sums.
+//   writes it in fp16, a row per vector with the columns of each k step
+//   (16) in the k order of the A fragments (Fragments above); the tensor
+//   memory accelerator copies a stage's box of it, through a tensor map,
+//   into shared memory in the K-major layout with the 128-byte swizzle
+//   that the B descriptor names (wg_xbytes, wg_desc). y = 2^(E - R) times
+//   the sums.
 //
-//   Pipeline. As the GEMM kernel's: bulk copies of each stage (the codes,
-//   the activations) on the slot's mbarrier, one barrier of the block per
-//   stage. Per quad a warpgroup decodes its A fragments, fences, issues its
-//   four products and commits them as a group; it then waits for the group
-//   before, so that one quad's products are in flight while the next is
-//   decoded, across the end of a stage too: with three slots or more a slot
-//   is refilled two stages after its own (by then every product that read
-//   it is done), with two one stage after, each stage's products waited for
-//   at its end.
+//   Pipeline. As the GEMM kernel's: a bulk copy of each stage's codes and
+//   a tensor copy of its activations on the slot's mbarrier, one barrier
+//   of the block per stage. Per quad a warpgroup decodes its A fragments,
+//   fences, issues its four products and commits them as a group; it then
+//   waits for the group before, so that one quad's products are in flight
+//   while the next is decoded, across the end of a stage too: with three
+//   slots or more a slot is refilled two stages after its own (by then
+//   every product that read it is done), with two one stage after, each
+//   stage's products waited for at its end.
 //
 //   End. The block's sums go through shared memory (every slot is free by
 //   then): each thread takes four rows for a quarter of the vectors and
@@ -2052,9 +2104,10 @@ constexpr gemm_kernel kGemm[2][2][3] = {{{gemm_codes<4, 2, false>, gemm_codes<4,
 //   rows, and a short loop. The GEMM kernel's end, fully unrolled from the
 //   lanes' registers, took longer here than the main loop at batch 128
 //   (bench/results/NOTES.md). With column parts (split-k) each block writes
-//   its sums to `part` as they are, and wg_sum, a kernel of its own spread
-//   over the GPU, adds them in their order from 0 and writes y the same
-//   way: deterministic.
+//   its sums to `part` as they are, and they are added in their order from
+//   0 and written the same way, deterministic: in tiles of up to kWgFuseBn
+//   vectors by the last block of the row block to finish (counters), in
+//   wider ones by wg_sum, a kernel of its own spread over the GPU.
 //
 //   Tiles and parts (launch_wg): 32 vectors up to batch 32, 64 up to 64,
 //   then tiles of 128; stages of 256 columns where three fit shared memory,
@@ -2067,49 +2120,72 @@ constexpr gemm_kernel kGemm[2][2][3] = {{{gemm_codes<4, 2, false>, gemm_codes<4,
 constexpr int kWgTileStride = kGemmTiles * kTile + 4;
 __host__ __device__ constexpr int wg_tile_bytes(int bn) { return bn * kWgTileStride * 4; }
 
-// Bytes of one wgmma stage: the codes of kGemmTiles tiles x sg records,
-// then the activations of sg groups' columns for BN vectors.
+// Bytes of one wgmma stage: the activations of sg groups' columns for BN
+// vectors (xb, a multiple of 1024 bytes: stages of 128 or 256 columns),
+// then the codes of kGemmTiles tiles x sg records; a slot of `bytes` is
+// rounded up to 1024, where the 128-byte swizzle's pattern repeats.
+constexpr int kWgSlotAlign = 1024;
 struct wg_stage {
-    int codes, bytes;
+    int xb, bytes;
     __host__ __device__ wg_stage(int sg, int crec, int group, int bn)
     {
-        codes = kGemmTiles * sg * crec;
-        bytes = codes + sg * group * bn * 2;
+        xb = sg * group * bn * 2;
+        bytes = (xb + kGemmTiles * sg * crec + kWgSlotAlign - 1) / kWgSlotAlign * kWgSlotAlign;
     }
 };
 
-// What wg_prep writes for a product: the B operand [vector tile][k step]
-// [8-vector block][k half][vector][8 fp16] (cols * bnpad * 2 bytes), then
-// each vector's E (int).
-__host__ __device__ inline size_t wg_xbytes(int cols, int bnpad) { return (size_t)cols * bnpad * 2; }
+// What wg_prep writes for a product: per vector a row of xcols fp16 values
+// (the columns padded with zeros to whole stages), item it = 2 kk + h of
+// the row being the 8 values of k half h of k step kk in the k order of
+// the A fragments (xcols * bnpad * 2 bytes), then each vector's E (int).
+// The kernel reads a stage's B operand from it through a tensor map of
+// three dimensions (64 values, vectors, blocks of 64 values) with the
+// 128-byte swizzle: a box lands in shared memory as [block of 64 k][vector]
+// [128 bytes, their 16-byte pieces permuted within each 8 vectors], the
+// K-major layout with the 128-byte swizzle that the wgmma's descriptor
+// names (wg_desc).
+__host__ __device__ inline size_t wg_xbytes(int xcols, int bnpad) { return (size_t)xcols * bnpad * 2; }
 
 // One block of kWgPrepThreads per vector (bnpad of them). Thread u takes
 // items u, u + kWgPrepThreads, ...: item 2 kk + h is k half h of k step kk,
-// row `vector % 8` of that core matrix, the columns of k = 8 h + j (j = 2 c
-// + e: column c + 4 (2 S + h) + 16 e of quad kk / 2, S = kk % 2). It loads
-// its first kWgPrepItems items' values and keeps them; the largest |x~| of
-// the vector (a block maximum) sets E; then the values times 2^-E are
-// rounded to fp16 and written, a 16-byte row of a core matrix per item
-// (items past the kept ones, in vectors of more than kWgPrepThreads x
-// kWgPrepItems x 8 columns, are loaded again).
+// the columns of k = 8 h + j (j = 2 c + e: column c + 4 (2 S + h) + 16 e of
+// quad kk / 2, S = kk % 2). It loads its first kWgPrepItems items' values
+// and keeps them; the largest |x~| of the vector (a block maximum) sets E;
+// then the values times 2^-E are rounded to fp16 and written, 16 bytes an
+// item, a warp's 32 items side by side (items past the kept ones, in
+// vectors of more than kWgPrepThreads x kWgPrepItems x 8 columns, are
+// loaded again).
 constexpr int kWgPrepThreads = 1024, kWgPrepItems = 4;
 __global__ void __launch_bounds__(kWgPrepThreads)
-    wg_prep(dmat M, const float *__restrict__ x, int batch, int bn, int bnpad, uint8_t *__restrict__ out)
+    wg_prep(dmat M, const float *__restrict__ x, int batch, int xcols, int bnpad, uint8_t *__restrict__ out)
 {
     pdl_release();
     __shared__ unsigned red[kWgPrepThreads / 32];
-    const int n = blockIdx.x, vt = n / bn, nb = (n % bn) >> 3, r = n & 7, tid = threadIdx.x;
-    const int nks = M.cols / 16, nit = 2 * nks;
+    const int n = blockIdx.x, tid = threadIdx.x;
+    const int nit = M.cols / 8, nitp = xcols / 8; // items of the matrix's columns, of the row
     const bool live = n < batch;
     const float *xv = x + (size_t)n * M.cols;
     // the 8 values of item it: v[2 p] column col0 + p, v[2 p + 1] column col0 + p + 16
+    // (without p_col, from 16-byte aligned vectors, two 16-byte loads: col0 is a multiple of 4)
+    const bool vec4 = !M.p_col && (reinterpret_cast<uintptr_t>(xv) & 15) == 0;
     auto load = [&](int it, float(&v)[8]) {
         const int kk = it >> 1, col0 = 32 * (kk >> 1) + 8 * (kk & 1) + 4 * (it & 1);
+        if (!(live && it < nit)) {
 #pragma unroll
-        for (int j = 0; j < 8; j++) {
-            const int col = col0 + (j >> 1) + 16 * (j & 1);
-            v[j] = live && it < nit ? xv[M.p_col ? (int)M.p_col[col] : col] * (M.cscale ? M.cscale[col] : 1.0f) : 0.0f;
-        }
+            for (int j = 0; j < 8; j++) v[j] = 0.0f;
+        } else if (vec4) {
+            const float4 a = *reinterpret_cast<const float4 *>(xv + col0),
+                         b = *reinterpret_cast<const float4 *>(xv + col0 + 16);
+            v[0] = a.x, v[1] = b.x, v[2] = a.y, v[3] = b.y, v[4] = a.z, v[5] = b.z, v[6] = a.w, v[7] = b.w;
+            if (M.cscale)
+#pragma unroll
+                for (int j = 0; j < 8; j++) v[j] *= M.cscale[col0 + (j >> 1) + 16 * (j & 1)];
+        } else
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                const int col = col0 + (j >> 1) + 16 * (j & 1);
+                v[j] = xv[M.p_col ? (int)M.p_col[col] : col] * (M.cscale ? M.cscale[col] : 1.0f);
+            }
     };
     pdl_wait();
     float v[kWgPrepItems][8];
@@ -2141,18 +2217,17 @@ __global__ void __launch_bounds__(kWgPrepThreads)
         for (int p = 0; p < 4; p++)
             h[p] = (uint32_t)__half_as_ushort(__float2half_rn(w[2 * p] * inv)) |
                 (uint32_t)__half_as_ushort(__float2half_rn(w[2 * p + 1] * inv)) << 16;
-        const size_t at = (((size_t)vt * nks + (it >> 1)) * (bn / 8) + nb) * 256 + (it & 1) * 128 + r * 16;
-        *reinterpret_cast<uint4 *>(out + at) = make_uint4(h[0], h[1], h[2], h[3]);
+        *reinterpret_cast<uint4 *>(out + ((size_t)n * nitp + it) * 16) = make_uint4(h[0], h[1], h[2], h[3]);
     };
 #pragma unroll
     for (int k = 0; k < kWgPrepItems; k++)
-        if (tid + k * kWgPrepThreads < nit) store(tid + k * kWgPrepThreads, v[k]);
-    for (int it = tid + kWgPrepItems * kWgPrepThreads; it < nit; it += kWgPrepThreads) {
+        if (tid + k * kWgPrepThreads < nitp) store(tid + k * kWgPrepThreads, v[k]);
+    for (int it = tid + kWgPrepItems * kWgPrepThreads; it < nitp; it += kWgPrepThreads) {
         float w[8];
-        load(it, w);
+        load(it, w); // zeros past the matrix's columns
         store(it, w);
     }
-    if (tid == 0) reinterpret_cast<int *>(out + wg_xbytes(M.cols, bnpad))[n] = e;
+    if (tid == 0) reinterpret_cast<int *>(out + wg_xbytes(xcols, bnpad))[n] = e;
 }
 
 // At upload, one thread per row: the row's exponent R (see Weights) from
@@ -2244,44 +2319,69 @@ __device__ __forceinline__ void wg_store(const dmat &M, const float *x, const wg
             if (o.orow[k] >= 0) yv[o.orow[k]] = out[k];
 }
 
-// The sum of the wgmma kernel's column parts, where launch_wg splits the
-// columns: grid x = vector tiles of bn, y = slices of kWgSumVectors vectors
-// of a tile, z = row blocks. Thread u takes rows 4 (u % 64) .. + 3 of its
-// row block and vectors u / 64 + 4 j of its slice, adds the parts' sums in
-// their order from 0 (all of them in flight at once) and writes y as the
-// kernel does with one part: spread over the GPU, where the last block of
-// a row block to finish would add them alone, the other multiprocessors
-// idle meanwhile.
-constexpr int kWgSumVectors = 16;
-__global__ void __launch_bounds__(kGemmThreads)
-    wg_sum(dmat M, const float *__restrict__ x, int batch, int bn, int bnpad, int nparts,
-           const uint8_t *__restrict__ xprep, const float *__restrict__ part, float *__restrict__ y)
+// The column parts' sums of the wgmma kernel's output tile (vector tile
+// xt of ntn, row block z), where launch_wg splits the columns: nparts
+// tiles of bn x kWgRows floats, [part][vector][row of the block], each part
+// as its block left it; the float4 of rows 4 (tid % 64) .. + 3 of part 0,
+// vector 0 for thread tid.
+constexpr int kWgRows = kGemmTiles * kTile; // rows of a row block
+__device__ __forceinline__ float4 *wg_parts_at(float *part, int z, int ntn, int xt, int nparts, int bn, int tid)
 {
-    pdl_release();
-    constexpr int kRows = kGemmTiles * kTile;
-    const int tid = threadIdx.x, rq = 4 * (tid & 63), r0 = blockIdx.z * kRows, nrow = min(kRows, M.rows - r0);
-    const int n0 = blockIdx.x * bn + blockIdx.y * kWgSumVectors + (tid >> 6);
-    const size_t tile = (size_t)bn * kRows; // floats of a part's tile
-    const float4 *const pb = reinterpret_cast<const float4 *>(part) +
-        ((size_t)blockIdx.z * gridDim.x + blockIdx.x) * nparts * (tile / 4) +
-        (size_t)(blockIdx.y * kWgSumVectors + (tid >> 6)) * (kRows / 4) + (tid & 63);
-    const wg_rows4 o = wg_out_rows(M, r0, rq, nrow, y);
-    const int *const E = reinterpret_cast<const int *>(xprep + wg_xbytes(M.cols, bnpad));
-    pdl_wait();
-    float4 v[kWgSumVectors / 4];
+    return reinterpret_cast<float4 *>(part) + ((size_t)z * ntn + xt) * nparts * (bn * kWgRows / 4) + (tid & 63);
+}
+
+// The sums over the parts (pb from wg_parts_at) of vectors n, n + 4, n + 8
+// and n + 12 of the tile, added in their order from 0 with every load in
+// flight at once; vectors from nvec on get 0.
+__device__ __forceinline__ void wg_add_parts(const float4 *pb, int nparts, int bn, int n, int nvec, float4 (&v)[4])
+{
+    const size_t tile4 = (size_t)bn * kWgRows / 4;
 #pragma unroll
-    for (int j = 0; j < kWgSumVectors / 4; j++) {
+    for (int j = 0; j < 4; j++) {
         v[j] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
         for (int p = 0; p < kGemmMaxParts; p++)
-            if (p < nparts && n0 + 4 * j < batch) {
-                const float4 a = __ldcg(pb + p * (tile / 4) + j * kRows);
+            if (p < nparts && n + 4 * j < nvec) {
+                const float4 a = __ldcg(pb + p * tile4 + (size_t)(n + 4 * j) * (kWgRows / 4));
                 v[j].x += a.x, v[j].y += a.y, v[j].z += a.z, v[j].w += a.w;
             }
     }
+}
+
+// Vector tiles up to this width have their column parts added by the
+// wgmma kernel's last block of each row block (its end): no kernel of its
+// own to wait for, the same bits. Wider ones by wg_sum: a last block adding
+// 64 or 128 vectors of every part alone was slower on an H200
+// (bench/results/NOTES.md, "Activations through a tensor map").
+#ifndef MPQ_CUDA_WG_FUSE_BN
+#define MPQ_CUDA_WG_FUSE_BN 32
+#endif
+constexpr int kWgFuseBn = MPQ_CUDA_WG_FUSE_BN;
+
+// The sum of the wgmma kernel's column parts where the kernel leaves it
+// to a kernel of its own (launch_wg): grid x = vector tiles of bn, y =
+// slices of kWgSumVectors vectors of a tile, z = row blocks. Thread u takes
+// rows 4 (u % 64) .. + 3 of its row block and vectors u / 64 + 4 j of its
+// slice and writes y as the kernel does with one part: spread over the
+// GPU, where the last block of a row block to finish would add them alone,
+// the other multiprocessors idle meanwhile.
+constexpr int kWgSumVectors = 16;
+__global__ void __launch_bounds__(kGemmThreads)
+    wg_sum(dmat M, const float *__restrict__ x, int batch, int bn, int nparts, const int *__restrict__ E,
+           float *__restrict__ part, float *__restrict__ y)
+{
+    static_assert(kWgSumVectors == 16, "a thread adds four vectors (wg_add_parts)");
+    pdl_release();
+    const int tid = threadIdx.x, rq = 4 * (tid & 63), r0 = blockIdx.z * kWgRows, nrow = min(kWgRows, M.rows - r0);
+    const int nt0 = blockIdx.x * bn, n = blockIdx.y * kWgSumVectors + (tid >> 6), nvec = batch - nt0;
+    const float4 *const pb = wg_parts_at(part, blockIdx.z, gridDim.x, blockIdx.x, nparts, bn, tid);
+    const wg_rows4 o = wg_out_rows(M, r0, rq, nrow, y);
+    pdl_wait();
+    float4 v[4];
+    wg_add_parts(pb, nparts, bn, n, nvec, v);
 #pragma unroll
-    for (int j = 0; j < kWgSumVectors / 4; j++)
-        if (n0 + 4 * j < batch) wg_store(M, x, o, r0 + rq, n0 + 4 * j, E[n0 + 4 * j], v[j], y);
+    for (int j = 0; j < 4; j++)
+        if (n + 4 * j < nvec) wg_store(M, x, o, r0 + rq, nt0 + n + 4 * j, E[nt0 + n + 4 * j], v[j], y);
 }
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -2302,13 +2402,28 @@ template <int K> __device__ __forceinline__ void wgmma_touch(float (&d)[K])
     for (int k = 0; k < K; k++) asm volatile("" : "+f"(d[k])::"memory");
 }
 
-// The B descriptor of a no-swizzle K-major operand at shared address a:
-// its core matrices 128 bytes apart along k (the two halves of a k step),
-// 256 along the vectors (the next block of 8).
-constexpr int kWgDescLbo = 128, kWgDescSbo = 256;
-__device__ __forceinline__ uint64_t wg_desc(uint32_t a)
+// The B descriptor of k step kk of a stage at shared address xs (the
+// tensor map's box, see wg_xbytes): K-major with the 128-byte swizzle
+// (layout type 1), rows of 64 k values 128 bytes long, 8 rows (1024 bytes)
+// apart from one block of 8 vectors to the next; k step kk starts 32 kk
+// bytes into its block's rows (the swizzle applies to the address as a
+// whole, so the start moves as in an unswizzled row), the blocks of 64 k
+// BN * 128 bytes apart. The byte offset between k halves is unused with
+// this swizzle (1 by convention).
+template <int BN> __device__ __forceinline__ uint64_t wg_desc(uint32_t xs, int kk)
 {
-    return (uint64_t)((a & 0x3FFFF) >> 4) | (uint64_t)(kWgDescLbo >> 4) << 16 | (uint64_t)(kWgDescSbo >> 4) << 32;
+    const uint32_t a = xs + (kk >> 2) * BN * 128 + (kk & 3) * 32;
+    return (uint64_t)((a & 0x3FFFF) >> 4) | (uint64_t)1 << 16 | (uint64_t)(1024 >> 4) << 32 | (uint64_t)1 << 62;
+}
+
+// A box of the tensor map at its coordinates (c0, c1, c2) to shared memory
+// at dst, completing on the mbarrier bar.
+__device__ __forceinline__ void tma_load3(void *dst, const CUtensorMap *map, int c0, int c1, int c2, uint64_t *bar)
+{
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, "
+                 "%4}], [%5];" ::"r"(smem_addr(dst)),
+                 "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(smem_addr(bar))
+                 : "memory");
 }
 
 // d += A B for m64nNk16 (N = 32, 64, 128), fp16 in, fp32 accumulate, A
@@ -2370,15 +2485,18 @@ template <int NB> __device__ __forceinline__ void wgmma_nb(float (&d)[NB * 4], c
 
 // The wgmma kernel (see above). Grid: x = vector tiles of BN = 8 NB, y =
 // column parts of spp stages, z = row blocks; sg: groups per stage; ns:
-// stages in flight; bnpad: vectors of xprep (the batch rounded up to BN).
+// stages in flight; xmap: the tensor map of wg_prep's B operand, E its
+// vectors' exponents; counters: where the kernel's last blocks add the
+// parts (null: wg_sum does).
 template <int CB, int NB>
 __global__ void __launch_bounds__(kGemmThreads, 1)
-    gemm_wg(dmat M, const float *__restrict__ x, int batch, int skip, int sg, int ns, int spp, int bnpad,
-            const uint8_t *__restrict__ xprep, float *__restrict__ part, float *__restrict__ y)
+    gemm_wg(dmat M, const float *__restrict__ x, int batch, int skip, int sg, int ns, int spp,
+            const __grid_constant__ CUtensorMap xmap, const int *__restrict__ E, float *__restrict__ part,
+            unsigned *__restrict__ counters, float *__restrict__ y)
 {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     constexpr int BN = 8 * NB;
-    extern __shared__ uint4 smem4[];
+    extern __shared__ uint4 smem4[]; // (launch_wg asks for kWgSlotAlign more bytes: the slots are aligned here)
     __shared__ uint4 rtab[2][MPQ_MAX_BITS + 1]; // code_row of (row parity, width)
     __shared__ uint64_t bars[kGemmStages];      // the slots' mbarriers
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, m = lane >> 2;
@@ -2387,40 +2505,33 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     const int t0 = blockIdx.z * kGemmTiles + kMmaPair * warp; // the warp's first tile
     const bool live1 = t0 + 1 < M.ntiles;
     const wg_stage L(sg, M.crec, G, BN);
-    char *const sbase = reinterpret_cast<char *>(smem4);
+    char *const sbase = reinterpret_cast<char *>((reinterpret_cast<uintptr_t>(smem4) + kWgSlotAlign - 1) &
+                                                 ~(uintptr_t)(kWgSlotAlign - 1));
     code_row_table<CB>(rtab, skip);
-    // 2^R of the lane's four rows (rows past the matrix: 1)
-    float p2r[kMmaPair][2];
-#pragma unroll
-    for (int i = 0; i < kMmaPair; i++)
-#pragma unroll
-        for (int rr = 0; rr < 2; rr++) {
-            const int row = (t0 + i) * kTile + 2 * m + rr;
-            p2r[i][rr] = __int_as_float((127 + (row < M.rows ? M.wexp[row] : 0)) << 23);
-        }
+    // 2^R of the row the lane works out in wg_group_rows (past the matrix: 1)
+    const int lrow = (t0 + (lane >> 4)) * kTile + (lane & 15);
+    const float p2r = __int_as_float((127 + (lrow < M.rows ? M.wexp[lrow] : 0)) << 23);
 
-    // stage k: groups (st0 + k) sg ..; its two ranges, the row block's
-    // records in the CODE LAYOUT and the vector tile's B operand of their
-    // columns (only the matrix's last stage may hold fewer groups, the last
-    // one narrower)
+    // stage k: groups (st0 + k) sg ..; the row block's records in the CODE
+    // LAYOUT, one range (only the matrix's last stage may hold fewer groups,
+    // the last one narrower), and the vector tile's B operand of their
+    // columns, a box of xmap (whole stages: wg_prep pads the columns)
     const int last_ngs = M.ngroups - (nst - 1) * sg, last_cols = M.cols - (M.ngroups - 1) * G;
     const int last_rec = M.crow - (M.ngroups - 1) * M.crec;
     const char *csrc = reinterpret_cast<const char *>(M.codes) + code_offset(M, blockIdx.z * kGemmTiles, st0 * sg);
-    const char *xsrc =
-        reinterpret_cast<const char *>(xprep) + ((size_t)blockIdx.x * M.cols + (size_t)st0 * sg * G) * BN * 2;
     auto slot_at = [&](int sl) { return sbase + sl * L.bytes; };
     auto issue = [&](int k, int sl, bool codes) {
         if (k >= nstp || tid != 0) return;
         const bool last = st0 + k == nst - 1;
-        const int ngs = last ? last_ngs : sg, cols = last ? (last_ngs - 1) * G + last_cols : sg * G;
+        const int ngs = last ? last_ngs : sg;
         const unsigned cb = (unsigned)(kGemmTiles * ((ngs - 1) * M.crec + (last ? last_rec : M.crec)));
-        const unsigned xb = (unsigned)cols * BN * 2;
+        const unsigned xb = (unsigned)(sg * G * BN * 2); // the box
         if (codes) {
             asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
             mbar_expect(&bars[sl], cb + xb);
-            bulk_copy(slot_at(sl), csrc + (size_t)k * kGemmTiles * sg * M.crec, cb, &bars[sl]);
+            bulk_copy(slot_at(sl) + L.xb, csrc + (size_t)k * kGemmTiles * sg * M.crec, cb, &bars[sl]);
         } else {
-            bulk_copy(slot_at(sl) + L.codes, xsrc + (size_t)k * sg * G * BN * 2, xb, &bars[sl]);
+            tma_load3(slot_at(sl), &xmap, 0, blockIdx.x * BN, (st0 + k) * sg * G / 64, &bars[sl]);
         }
     };
     if (tid < ns) {
@@ -2446,8 +2557,8 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
         issue(k + ahead, (k + ahead) % ns, false);
         mbar_wait(&bars[k % ns], (unsigned)(k / ns) & 1u);
         const int ngs = st0 + k == nst - 1 ? last_ngs : sg, g0 = (st0 + k) * sg;
-        const char *slot = slot_at(k % ns);
-        const uint32_t xs = smem_addr(slot + L.codes);
+        const char *slot = slot_at(k % ns) + L.xb; // the codes
+        const uint32_t xs = smem_addr(slot_at(k % ns));
         int kk = 0; // k step of the stage
         for (int j = 0; j < ngs; j++) {
             const bool lastg = g0 + j == M.ngroups - 1;
@@ -2456,14 +2567,8 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
             const char *rec1 = rec0 + (live1 ? rs : 0);
             const char *cw0 = rec0 + hdr + 2 * CB * lane, *cw1 = rec1 + hdr + 2 * CB * lane;
             code_rows R[kMmaPair];
-            float sv[kMmaPair][2], zv[kMmaPair][2];
-            gemm_rows<CB>(M, rec0, rec1, live1, m, rtab, R, sv, zv);
             uint32_t s16[kMmaPair][2], z16[kMmaPair][2];
-#pragma unroll
-            for (int i = 0; i < kMmaPair; i++)
-#pragma unroll
-                for (int rr = 0; rr < 2; rr++)
-                    s16[i][rr] = half2_of(sv[i][rr] * p2r[i][rr]), z16[i][rr] = half2_of(zv[i][rr] * p2r[i][rr]);
+            wg_group_rows<CB>(M, rec0, rec1, live1, m, p2r, rtab, R, s16, z16);
             // A wgmma reads its A registers while it runs, and ptxas does
             // not keep them for it (writing them before the wait is
             // undefined): the loop's two copies alternate two sets of
@@ -2485,7 +2590,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
                 wgmma_fence();
 #pragma unroll
                 for (int S = 0; S < 2; S++) {
-                    const uint64_t d = wg_desc(xs + (kk + 2 * q + S) * BN * 32);
+                    const uint64_t d = wg_desc<BN>(xs, kk + 2 * q + S);
 #pragma unroll
                     for (int i = 0; i < kMmaPair; i++) wgmma_nb<NB>(accv(i), a[i][S], d);
                 }
@@ -2508,9 +2613,9 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     static_assert(kGemmThreads == kGemmTiles * kTile, "the end gives each thread four rows of four vectors in turn");
     static_assert(BN <= 128, "evs holds a tile's E");
     __shared__ int evs[128]; // the vectors' E
-    constexpr int kRows = kGemmTiles * kTile, kTileFloats = BN * kRows;
-    const int nvec = min(BN, batch - n0), r0 = blockIdx.z * kRows, nrow = min(kRows, M.rows - r0);
-    if (tid < nvec) evs[tid] = reinterpret_cast<const int *>(xprep + wg_xbytes(M.cols, bnpad))[n0 + tid];
+    constexpr int kTileFloats = BN * kWgRows;
+    const int nvec = min(BN, batch - n0), r0 = blockIdx.z * kWgRows, nrow = min(kWgRows, M.rows - r0);
+    if (tid < nvec) evs[tid] = E[n0 + tid];
     __syncthreads();
     float *const T = reinterpret_cast<float *>(sbase);
 #pragma unroll
@@ -2525,24 +2630,35 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     // thread u: rows 4 (u % 64) .. + 3 of the block, vectors u / 64 + 4 j
     const int rq = 4 * (tid & 63), nv0 = tid >> 6;
     auto tile4 = [&](int n) { return *reinterpret_cast<const float4 *>(&T[n * kWgTileStride + rq]); };
-    if (gridDim.y > 1) { // the tile as it is to `part`, for wg_sum
-        float4 *const pb = reinterpret_cast<float4 *>(part) +
-            ((size_t)blockIdx.z * gridDim.x + blockIdx.x) * gridDim.y * (kTileFloats / 4) + (tid & 63);
+    const wg_rows4 o = wg_out_rows(M, r0, rq, nrow, y);
+    if (gridDim.y > 1) { // the tile as it is to `part`, then added there by the last part or by wg_sum
+        float4 *const pb = wg_parts_at(part, blockIdx.z, gridDim.x, blockIdx.x, gridDim.y, BN, tid);
 #pragma unroll 4
-        for (int n = nv0; n < nvec; n += 4) pb[(blockIdx.y * kTileFloats + n * kRows) / 4] = tile4(n);
+        for (int n = nv0; n < nvec; n += 4) pb[(blockIdx.y * kTileFloats + n * kWgRows) / 4] = tile4(n);
+        if (!counters) return;
+        unsigned *const counter = &counters[(size_t)blockIdx.z * gridDim.x + blockIdx.x];
+        if (!last_part(counter, gridDim.y)) return;
+        for (int n = nv0; n < nvec; n += 16) {
+            float4 v[4];
+            wg_add_parts(pb, gridDim.y, BN, n, nvec, v);
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+                if (n + 4 * j < nvec) wg_store(M, x, o, r0 + rq, n0 + n + 4 * j, evs[n + 4 * j], v[j], y);
+        }
+        if (tid == 0) *counter = 0; // ready for the next launch
         return;
     }
-    const wg_rows4 o = wg_out_rows(M, r0, rq, nrow, y);
 #pragma unroll 2
     for (int n = nv0; n < nvec; n += 4) wg_store(M, x, o, r0 + rq, n0 + n, evs[n], tile4(n), y);
 #else
-    (void)M, (void)x, (void)batch, (void)skip, (void)sg, (void)ns, (void)spp, (void)bnpad, (void)xprep, (void)part;
-    (void)y;
+    (void)M, (void)x, (void)batch, (void)skip, (void)sg, (void)ns, (void)spp, (void)xmap, (void)E, (void)part;
+    (void)counters, (void)y;
     __trap(); // launched only where wg_probe found this code (launch_wg)
 #endif
 }
 
-typedef void (*wg_kernel)(dmat, const float *, int, int, int, int, int, int, const uint8_t *, float *, float *);
+typedef void (*wg_kernel)(dmat, const float *, int, int, int, int, int, const CUtensorMap, const int *, float *,
+                          unsigned *, float *);
 // [code bits 4, 8][vector blocks 4, 8, 16]
 constexpr wg_kernel kWg[2][3] = {{gemm_wg<4, 4>, gemm_wg<4, 8>, gemm_wg<4, 16>},
                                  {gemm_wg<8, 4>, gemm_wg<8, 8>, gemm_wg<8, 16>}};
@@ -3218,8 +3334,8 @@ mpq_status launch_mma(cuda_ctx *c, const cuda_handle *h, const float *x, float *
 // a fourth round"): more parts fill the multiprocessors better, but adding
 // eight parts of sums costs the last block about two stages, and a split
 // into more waves pays that in each. The wgmma kernel takes them as they
-// are, though its parts are added by wg_sum over the whole GPU rather than
-// by a last block (not refitted to it).
+// are (not refitted to it: its parts are added by a last block only in
+// tiles of 32 vectors, else by wg_sum over the whole GPU).
 constexpr double kGemmBlockCost = 1.5, kGemmPartCost = 0.25;
 
 // The column parts (split-k) of the GEMM and wgmma kernels: `blocks` output
@@ -3302,27 +3418,41 @@ mpq_status launch_wg(cuda_ctx *c, const cuda_handle *h, const float *x, float *y
     int sg = 0, ns = 0;
     for (int cols = 256; cols >= 128 && ns < 3; cols /= 2) {
         sg = M.group < cols ? cols / M.group : 1;
-        ns = min(kGemmStages, room / wg_stage(sg, M.crec, M.group, bn).bytes);
+        ns = min(kGemmStages, (room - kWgSlotAlign) / wg_stage(sg, M.crec, M.group, bn).bytes);
     }
-    const int smem = max(ns * wg_stage(sg, M.crec, M.group, bn).bytes, wg_tile_bytes(bn));
+    const int smem = max(ns * wg_stage(sg, M.crec, M.group, bn).bytes, wg_tile_bytes(bn)) + kWgSlotAlign;
     if (ns < 2 || smem > room) return MPQ_ERR_UNSUPPORTED;
     const int nst = (M.ngroups + sg - 1) / sg;
     const int nrb = (M.ntiles + kGemmTiles - 1) / kGemmTiles, blocks = ntn * nrb;
     int spp;
     const int nparts = gemm_parts(blocks, nst, c->sms, bn, spp);
     const size_t part_bytes = nparts > 1 ? (size_t)nparts * blocks * kGemmTiles * kTile * bn * sizeof(float) : 0;
-    const size_t xbytes = wg_xbytes(M.cols, bnpad) + sizeof(int) * (size_t)bnpad;
-    mpq_status st = grow(c, part_bytes + xbytes, 0);
+    const int xcols = nst * sg * M.group; // wg_prep's rows: whole stages
+    const size_t xbytes = wg_xbytes(xcols, bnpad) + sizeof(int) * (size_t)bnpad;
+    const bool fuse = bn <= kWgFuseBn;
+    mpq_status st = grow(c, part_bytes + xbytes, fuse ? (size_t)blocks : 0);
     if (st != MPQ_OK) return st;
     uint8_t *xprep = static_cast<uint8_t *>(c->scratch) + part_bytes;
     float *part = static_cast<float *>(c->scratch);
-    st = launch_pdl(c, wg_prep, dim3((unsigned)bnpad), kWgPrepThreads, 0, M, x, batch, bn, bnpad, xprep);
+    const int *E = reinterpret_cast<const int *>(xprep + wg_xbytes(xcols, bnpad));
+    // the tensor map of xprep (see wg_xbytes): dimensions 64 values, the
+    // vectors, blocks of 64 values; a box is a stage of a vector tile
+    CUtensorMap xmap;
+    const cuuint64_t dims[3] = {64, (cuuint64_t)bnpad, (cuuint64_t)xcols / 64};
+    const cuuint64_t strides[2] = {(cuuint64_t)xcols * 2, 128}; // bytes, of dimensions 1 and 2
+    const cuuint32_t box[3] = {64, (cuuint32_t)bn, (cuuint32_t)(sg * M.group / 64)}, unit[3] = {1, 1, 1};
+    const auto encode = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(c->tmap_encode);
+    if (encode(&xmap, CU_TENSOR_MAP_DATA_TYPE_UINT16, 3, xprep, dims, strides, box, unit, CU_TENSOR_MAP_INTERLEAVE_NONE,
+               CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
+        return MPQ_ERR_UNSUPPORTED;
+    st = launch_pdl(c, wg_prep, dim3((unsigned)bnpad), kWgPrepThreads, 0, M, x, batch, xcols, bnpad, xprep);
     if (st != MPQ_OK) return st;
     st = launch_pdl(c, kWg[h->cb == 8][ni], dim3(ntn, nparts, nrb), kGemmThreads, smem, M, x, batch, skip, sg, ns, spp,
-                    bnpad, static_cast<const uint8_t *>(xprep), part, y);
-    if (st != MPQ_OK || nparts == 1) return st;
-    return launch_pdl(c, wg_sum, dim3(ntn, bn / kWgSumVectors, nrb), kGemmThreads, 0, M, x, batch, bn, bnpad, nparts,
-                      static_cast<const uint8_t *>(xprep), static_cast<const float *>(part), y);
+                    xmap, E, part, fuse ? c->counters : nullptr, y);
+    if (st != MPQ_OK || nparts == 1 || fuse) return st;
+    return launch_pdl(c, wg_sum, dim3(ntn, bn / kWgSumVectors, nrb), kGemmThreads, 0, M, x, batch, bn, nparts, E, part,
+                      y);
 }
 
 // y = W16 x through cuBLAS (fp16 in, fp32 accumulate), the activations
@@ -3631,6 +3761,13 @@ extern "C" mpq_status mpq_cuda_backend(int device, mpq_backend *b)
         if (e == cudaSuccess) e = cudaMemcpyAsync(&c->wgmma, has, sizeof(int), cudaMemcpyDeviceToHost, c->stream);
         if (e == cudaSuccess) e = cudaStreamSynchronize(c->stream);
         cudaFree(has);
+    }
+    if (e == cudaSuccess && c->wgmma) { // its activations come through a tensor map, encoded by the driver
+        cudaDriverEntryPointQueryResult q;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &c->tmap_encode, 12000, cudaEnableDefault, &q) !=
+                cudaSuccess ||
+            q != cudaDriverEntryPointSuccess)
+            c->tmap_encode = nullptr, c->wgmma = 0, (void)cudaGetLastError();
     }
     for (int k = 0; k < 6 && e == cudaSuccess; k++) // a group's activations (at most kMmaFragBytes) and quad sums
         if (kPrep[k / 3][k % 3])

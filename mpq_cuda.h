@@ -94,13 +94,13 @@
    in registers (one rounding of each weight), on a matrix with the code
    copy, groups of at most 256 columns and every scale exact in fp16 after
    one power of two per row (else the rows below run it). Measured on an
-   H200 at 3.25 bits (bench/results/NOTES.md, "The wgmma kernel's column
-   parts"), against the GEMM kernel or fp16 + cuBLAS that ran these
-   batches, on four shapes: 0.95-1.08x at batch 32 (faster on three),
-   1.05-1.16x at 48, 1.05-1.42x at 128, 1.03-1.05x at 512; slower at 16
-   on every shape (0.70-0.84x) and at 1024 (0.74-0.97x). */
+   H200 at 3.25 bits (bench/results/NOTES.md, "Activations through a
+   tensor map"), against the kernels the rule would run otherwise, on four
+   shapes: 1.05-1.22x the GEMM kernel at batch 24 (the GEMM kernel's tiles
+   of 32 vectors start at 17), 0.80-0.95x at 16; against fp16 + cuBLAS
+   at 1024, 0.87-1.04x (faster on one shape of four). */
 #ifndef MPQ_CUDA_WG_BATCH
-#define MPQ_CUDA_WG_BATCH 32
+#define MPQ_CUDA_WG_BATCH 17
 #endif
 #ifndef MPQ_CUDA_WG_MAX
 #define MPQ_CUDA_WG_MAX 512
