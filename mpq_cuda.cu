@@ -3407,7 +3407,9 @@ mpq_status launch_gemm(cuda_ctx *c, const cuda_handle *h, const float *x, float 
 // The wgmma kernel (a device and build with its code, a matrix it takes:
 // M.wexp), after wg_prep; tiles, stages and parts as Tiles and parts says
 // (groups of 256 columns: a stage of one group), as many stages in flight
-// as fit (at least two).
+// as fit (at least two). A stage must be a multiple of 64 columns (the
+// tensor map's blocks): groups of 160 or 224 columns, one to a stage, are
+// left to the GEMM kernel.
 mpq_status launch_wg(cuda_ctx *c, const cuda_handle *h, const float *x, float *y, int batch, int skip)
 {
     const dmat &M = h->m;
@@ -3417,8 +3419,9 @@ mpq_status launch_wg(cuda_ctx *c, const cuda_handle *h, const float *x, float *y
     const int room = min(c->mma_dmax, c->smem_sm - c->smem_reserved - c->mma_static);
     int sg = 0, ns = 0;
     for (int cols = 256; cols >= 128 && ns < 3; cols /= 2) {
-        sg = M.group < cols ? cols / M.group : 1;
-        ns = min(kGemmStages, (room - kWgSlotAlign) / wg_stage(sg, M.crec, M.group, bn).bytes);
+        const int g = M.group < cols ? cols / M.group : 1;
+        if (g * M.group % 64) continue; // a stage is whole blocks of 64 columns of the tensor map
+        sg = g, ns = min(kGemmStages, (room - kWgSlotAlign) / wg_stage(g, M.crec, M.group, bn).bytes);
     }
     const int smem = max(ns * wg_stage(sg, M.crec, M.group, bn).bytes, wg_tile_bytes(bn)) + kWgSlotAlign;
     if (ns < 2 || smem > room) return MPQ_ERR_UNSUPPORTED;

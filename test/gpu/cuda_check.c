@@ -4,8 +4,10 @@
    the whole program skipped. Exit status 1 on any failure.
 
    Cases (with 8-bit activations too, run_a8): both formats; groups 32, 64,
-   128, 256, 512 (the LUT kernel), 4096 (the LUT kernel, never the MMA
-   kernel) and 40 and a partial last group (the plain kernel); mixed
+   96, 128, 160 (one to a stage of the GEMM kernel; not the wgmma kernel's,
+   whose stages are blocks of 64 columns), 256, 512 (the LUT kernel), 4096
+   (the LUT kernel, never the MMA kernel) and 40 and a partial last group
+   (the plain kernel); mixed
    widths with block_rows 16 and 3; permutations, column scales, a sparse
    part; skip_planes 0..2; every batch 1..17, 24, 33, 48, 49, 64, 100,
    128, 129, 256 and 1000 and prompts of 512 and 2048 vectors (as far as the float64
@@ -130,6 +132,7 @@ static const cas cases[] = {
     {18000, 4096, 32, 16, 1, 4, 0, 0, 0}, /* MMA kernel: dozens of records per warp */
     {260, 2048, 512, 16, 1, 6, 0, 1, 0},  /* groups wider than a slice of batch 2 */
     {100, 4096, 4096, 16, 1, 8, 1, 1, 0}, /* a group per row: past the MMA kernel, the LUT kernel up to batch 8 */
+    {300, 1120, 160, 16, 1, 4, 1, 0, 0},  /* stages of 160 columns: not the wgmma kernel's, the GEMM kernel's */
     /* rotated: V x first, then every kernel of the rule table on it */
     {37, 96, 32, 3, 1, 8, 1, 1, 1},
     {576, 576, 128, 16, 1, 4, 1, 1, 1},
