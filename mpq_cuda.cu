@@ -3767,9 +3767,13 @@ extern "C" mpq_status mpq_cuda_backend(int device, mpq_backend *b)
     }
     if (e == cudaSuccess && c->wgmma) { // its activations come through a tensor map, encoded by the driver
         cudaDriverEntryPointQueryResult q;
-        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &c->tmap_encode, 12000, cudaEnableDefault, &q) !=
-                cudaSuccess ||
-            q != cudaDriverEntryPointSuccess)
+#if CUDART_VERSION >= 12050
+        const cudaError_t f =
+            cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &c->tmap_encode, 12000, cudaEnableDefault, &q);
+#else
+        const cudaError_t f = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &c->tmap_encode, cudaEnableDefault, &q);
+#endif
+        if (f != cudaSuccess || q != cudaDriverEntryPointSuccess)
             c->tmap_encode = nullptr, c->wgmma = 0, (void)cudaGetLastError();
     }
     for (int k = 0; k < 6 && e == cudaSuccess; k++) // a group's activations (at most kMmaFragBytes) and quad sums
