@@ -1662,11 +1662,11 @@ template <typename T> __device__ __forceinline__ void gemm_share(T v, int m, T (
         for (int rr = 0; rr < 2; rr++) out[i][rr] = __shfl_sync(0xffffffffu, v, 16 * i + 2 * m + rr);
 }
 
-// The centering of one row: with E its code_row entry, z^ less s^ where C
-// is odd, then plus c s^; returns c.
-__device__ __forceinline__ float gemm_center(float s, float &z, const uint4 &E)
+// The centering of one row: z^ less s^ where C is odd (odd: its code_row
+// entry's w), then plus c s^; returns c.
+__device__ __forceinline__ float gemm_center(float s, float &z, bool odd)
 {
-    z -= E.w ? s : 0.0f;
+    z -= odd ? s : 0.0f;
     // 1 / s^, approximate and with a subnormal s^ (MXINT scales below 2^-126)
     // flushed to 0: any even c within the bounds keeps every value exact,
     // such an s^ only leaves z^' less well centered
@@ -1696,7 +1696,7 @@ __device__ __forceinline__ void gemm_rows(const dmat &M, const char *rec0, const
     float sr, zr;
     const int b = gemm_lane_row(M, rec0, rec1, live1, sr, zr);
     const uint4 E = rtab[threadIdx.x & 1][b]; // (the row's parity is the lane's)
-    const uint32_t add = half2_of(half_lo(E.z) - gemm_center(sr, zr, E));
+    const uint32_t add = half2_of(half_lo(E.z) - gemm_center(sr, zr, E.w != 0));
     uint32_t adds[kMmaPair][2], masks[kMmaPair][2];
     gemm_share(sr, m, s), gemm_share(zr, m, z), gemm_share(add, m, adds), gemm_share(E.x, m, masks);
 #pragma unroll
@@ -1722,7 +1722,7 @@ __device__ __forceinline__ void wg_group_rows(const dmat &M, const char *rec0, c
     float sr, zr;
     const int b = gemm_lane_row(M, rec0, rec1, live1, sr, zr);
     const uint4 E = rtab[threadIdx.x & 1][b]; // (the row's parity is the lane's)
-    const float c = gemm_center(sr, zr, E);
+    const float c = gemm_center(sr, zr, E.w != 0);
     auto bits = [](float v) { return (uint32_t)__half_as_ushort(__float2half_rn(v)); };
     const uint32_t sz = bits(sr * p2r) | bits(zr * p2r) << 16, am = bits(half_lo(E.z) - c) | (E.x & 0xFFu) << 16;
     uint32_t szs[kMmaPair][2], ams[kMmaPair][2];
@@ -2525,10 +2525,9 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
         const bool last = st0 + k == nst - 1;
         const int ngs = last ? last_ngs : sg;
         const unsigned cb = (unsigned)(kGemmTiles * ((ngs - 1) * M.crec + (last ? last_rec : M.crec)));
-        const unsigned xb = (unsigned)(sg * G * BN * 2); // the box
         if (codes) {
             asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-            mbar_expect(&bars[sl], cb + xb);
+            mbar_expect(&bars[sl], cb + (unsigned)L.xb); // the codes and the box
             bulk_copy(slot_at(sl) + L.xb, csrc + (size_t)k * kGemmTiles * sg * M.crec, cb, &bars[sl]);
         } else {
             tma_load3(slot_at(sl), &xmap, 0, blockIdx.x * BN, (st0 + k) * sg * G / 64, &bars[sl]);
@@ -2630,7 +2629,6 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
     // thread u: rows 4 (u % 64) .. + 3 of the block, vectors u / 64 + 4 j
     const int rq = 4 * (tid & 63), nv0 = tid >> 6;
     auto tile4 = [&](int n) { return *reinterpret_cast<const float4 *>(&T[n * kWgTileStride + rq]); };
-    const wg_rows4 o = wg_out_rows(M, r0, rq, nrow, y);
     if (gridDim.y > 1) { // the tile as it is to `part`, then added there by the last part or by wg_sum
         float4 *const pb = wg_parts_at(part, blockIdx.z, gridDim.x, blockIdx.x, gridDim.y, BN, tid);
 #pragma unroll 4
@@ -2638,6 +2636,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
         if (!counters) return;
         unsigned *const counter = &counters[(size_t)blockIdx.z * gridDim.x + blockIdx.x];
         if (!last_part(counter, gridDim.y)) return;
+        const wg_rows4 o = wg_out_rows(M, r0, rq, nrow, y);
         for (int n = nv0; n < nvec; n += 16) {
             float4 v[4];
             wg_add_parts(pb, gridDim.y, BN, n, nvec, v);
@@ -2648,6 +2647,7 @@ __global__ void __launch_bounds__(kGemmThreads, 1)
         if (tid == 0) *counter = 0; // ready for the next launch
         return;
     }
+    const wg_rows4 o = wg_out_rows(M, r0, rq, nrow, y);
 #pragma unroll 2
     for (int n = nv0; n < nvec; n += 4) wg_store(M, x, o, r0 + rq, n0 + n, evs[n], tile4(n), y);
 #else
