@@ -1492,10 +1492,10 @@ constexpr int kGemmStageCols = 256; // columns of a stage where groups are narro
 constexpr int kGemmMaxParts = 8;    // column parts (split-k), at most (gemm_parts)
 static_assert(kGemmStages >= 2 && kGemmStages <= 4, "gemm_codes waits for 0, 1 or 2 stages still out");
 
-// Resident blocks per multiprocessor the GEMM kernel is built for: two
-// for vector tiles of 16 and 32 (a block's 8 warps alone leave the
+// Resident blocks per multiprocessor the GEMM and wgmma kernels are built
+// for: two for vector tiles of 16 and 32 (a block's 8 warps alone leave the
 // schedulers idle most cycles, waiting on the latency of the decoding and
-// the tensor cores), one for 64 (its 128 accumulators).
+// the tensor cores), one for 64 and 128 (their accumulators).
 __host__ __device__ constexpr int gemm_blocks(int nb) { return nb <= 4 ? 2 : 1; }
 
 // Bytes of a quad's activations for one vector: 32 fp16 values, or 32
@@ -2110,9 +2110,12 @@ constexpr gemm_kernel kGemm[2][2][3] = {{{gemm_codes<4, 2, false>, gemm_codes<4,
 //   wider ones by wg_sum, a kernel of its own spread over the GPU.
 //
 //   Tiles and parts (launch_wg): 32 vectors up to batch 32, 64 up to 64,
-//   then tiles of 128; stages of 256 columns where three fit shared memory,
-//   else 128; the column parts as gemm_parts chooses them, for one block
-//   per multiprocessor.
+//   then tiles of 128; two blocks per multiprocessor for tiles of 32 (each
+//   in half the shared memory; their 8 warps alone leave the schedulers
+//   waiting on the decoding's latency), one for the wider ones or where
+//   two would not hold two stages each; stages of 256 columns where three
+//   fit the block's shared memory, else 128; the column parts as gemm_parts
+//   chooses them for that many resident blocks.
 
 // The wgmma kernel's end stages its sums through shared memory, a row of
 // kWgTileStride floats per vector (the pad spreads a warp's stores over the
@@ -2489,7 +2492,7 @@ template <int NB> __device__ __forceinline__ void wgmma_nb(float (&d)[NB * 4], c
 // vectors' exponents; counters: where the kernel's last blocks add the
 // parts (null: wg_sum does).
 template <int CB, int NB>
-__global__ void __launch_bounds__(kGemmThreads, 1)
+__global__ void __launch_bounds__(kGemmThreads, gemm_blocks(NB))
     gemm_wg(dmat M, const float *__restrict__ x, int batch, int skip, int sg, int ns, int spp,
             const __grid_constant__ CUtensorMap xmap, const int *__restrict__ E, float *__restrict__ part,
             unsigned *__restrict__ counters, float *__restrict__ y)
@@ -3416,19 +3419,32 @@ mpq_status launch_wg(cuda_ctx *c, const cuda_handle *h, const float *x, float *y
     if (!c->wgmma || !M.codes || !M.wexp || M.group > kGemmCols) return MPQ_ERR_UNSUPPORTED;
     const int ni = batch <= 32 ? 0 : batch <= 64 ? 1 : 2, bn = 32 << ni;
     const int ntn = (batch + bn - 1) / bn, bnpad = ntn * bn;
-    const int room = min(c->mma_dmax, c->smem_sm - c->smem_reserved - c->mma_static);
-    int sg = 0, ns = 0;
-    for (int cols = 256; cols >= 128 && ns < 3; cols /= 2) {
-        const int g = M.group < cols ? cols / M.group : 1;
-        if (g * M.group % 64) continue; // a stage is whole blocks of 64 columns of the tensor map
-        sg = g, ns = min(kGemmStages, (room - kWgSlotAlign) / wg_stage(g, M.crec, M.group, bn).bytes);
-    }
-    const int smem = max(ns * wg_stage(sg, M.crec, M.group, bn).bytes, wg_tile_bytes(bn)) + kWgSlotAlign;
-    if (ns < 2 || smem > room) return MPQ_ERR_UNSUPPORTED;
+    // the stages of a block when occ blocks share a multiprocessor: sg
+    // groups each, ns in flight (0: two do not fit), smem bytes of shared
+    // memory in all
+    int sg = 0, ns = 0, smem = 0;
+    auto plan = [&](int occ_) {
+        const int room = min(c->mma_dmax, c->smem_sm / occ_ - c->smem_reserved - c->mma_static);
+        sg = ns = 0;
+        for (int cols = 256; cols >= 128 && ns < 3; cols /= 2) {
+            const int g = M.group < cols ? cols / M.group : 1;
+            if (g * M.group % 64) continue; // a stage is whole blocks of 64 columns of the tensor map
+            sg = g, ns = min(kGemmStages, (room - kWgSlotAlign) / wg_stage(g, M.crec, M.group, bn).bytes);
+        }
+        smem = ns ? max(ns * wg_stage(sg, M.crec, M.group, bn).bytes, wg_tile_bytes(bn)) + kWgSlotAlign : 0;
+        if (ns < 2 || smem > room) ns = 0;
+    };
+    // as many blocks per multiprocessor as the kernel is built for
+    // (gemm_blocks: two for tiles of 32 vectors), one where two would not
+    // hold two stages each
+    int occ = gemm_blocks(bn / 8);
+    plan(occ);
+    if (ns == 0 && occ > 1) plan(occ = 1);
+    if (ns == 0) return MPQ_ERR_UNSUPPORTED;
     const int nst = (M.ngroups + sg - 1) / sg;
     const int nrb = (M.ntiles + kGemmTiles - 1) / kGemmTiles, blocks = ntn * nrb;
     int spp;
-    const int nparts = gemm_parts(blocks, nst, c->sms, bn, spp);
+    const int nparts = gemm_parts(blocks, nst, occ * c->sms, bn, spp);
     const size_t part_bytes = nparts > 1 ? (size_t)nparts * blocks * kGemmTiles * kTile * bn * sizeof(float) : 0;
     const int xcols = nst * sg * M.group; // wg_prep's rows: whole stages
     const size_t xbytes = wg_xbytes(xcols, bnpad) + sizeof(int) * (size_t)bnpad;
