@@ -151,7 +151,8 @@ struct dmat {
     const float *rot_R;
     const uint8_t *rot_sign;
     int rot_p, rot_m;
-    const int *wexp; // per row: the wgmma kernel's weight exponent R (wg_rows), or null where it does not apply
+    const int *wexp;  // per row: the wgmma kernel's weight exponent R (wg_rows), or null where it does not apply
+    const uint2 *wgw; // the wgmma kernel's row constants without skipped planes (wg_words), or null
 };
 
 struct cuda_ctx {
@@ -186,6 +187,7 @@ struct cuda_handle {
     void *drec;      // the record table
     void *dcodes;    // the CODE LAYOUT copy
     int *dwexp;      // the wgmma kernel's row exponents (M.wexp)
+    uint2 *dwgw;     // its row constants (M.wgw)
     int fast;        // the LUT kernel applies
     int maxw;        // the largest width in the matrix
     int cb;          // code field bits of the copy: 4 or 8
@@ -1706,13 +1708,46 @@ __device__ __forceinline__ void gemm_rows(const dmat &M, const char *rec0, const
             R[i].add[rr] = adds[i][rr], R[i].mask[rr] = masks[i][rr], R[i].mul[rr] = code_mul<CB>(rr);
 }
 
-// The wgmma kernel's per-group constants of a lane's four rows: those of
-// gemm_rows, with s^ and the centered z^' times 2^R of their row (p2r: the
-// factor of the lane's own row in gemm_lane_row) as fp16 half2 words s16
-// and z16. The lane working out a row packs its four 16-bit values (s~,
-// z~; the addend, the mask's first byte) into two words, so that a row
-// takes two shuffles, and PRMT unpacks them (masks of CB = 4 repeat bytes
-// k, 0; of CB = 8 byte k).
+// The wgmma kernel's per-group constants of one row: those of gemm_rows,
+// with s^ and the centered z^' times 2^R of the row (p2r) as fp16 values
+// s~ and z~, packed with the HFMA2's addend and the mask's first byte into
+// two words: {s~ | z~ << 16, addend | mask byte << 16}. s and z: the row's
+// s^ and z^ (row_pair; 0 for a row past the matrix), E: its code_row entry.
+__device__ __forceinline__ uint2 wg_row_words(float s, float z, const uint4 &E, float p2r)
+{
+    const float c = gemm_center(s, z, E.w != 0);
+    auto bits = [](float v) { return (uint32_t)__half_as_ushort(__float2half_rn(v)); };
+    return make_uint2(bits(s * p2r) | bits(z * p2r) << 16, bits(half_lo(E.z) - c) | (E.x & 0xFFu) << 16);
+}
+
+// A lane's four rows' constants (tiles 0 and 1 of its pair, rows 2m and 2m
+// + 1 of each) from their wg_row_words (sz, am): s~ and z~ as half2 words
+// s16 and z16, the mask and addend in R. PRMT unpacks them (masks of CB = 4
+// repeat bytes k, 0; of CB = 8 byte k).
+template <int CB>
+__device__ __forceinline__ void wg_unpack(const uint32_t (&sz)[kMmaPair][2], const uint32_t (&am)[kMmaPair][2],
+                                          code_rows (&R)[kMmaPair], uint32_t (&s16)[kMmaPair][2],
+                                          uint32_t (&z16)[kMmaPair][2])
+{
+#pragma unroll
+    for (int i = 0; i < kMmaPair; i++)
+#pragma unroll
+        for (int rr = 0; rr < 2; rr++) {
+            s16[i][rr] = __byte_perm(sz[i][rr], 0u, 0x1010), z16[i][rr] = __byte_perm(sz[i][rr], 0u, 0x3232);
+            R[i].add[rr] = __byte_perm(am[i][rr], 0u, 0x1010);
+            R[i].mask[rr] = __byte_perm(am[i][rr], 0u, CB == 4 ? 0x4242 : 0x2222);
+            R[i].mul[rr] = code_mul<CB>(rr);
+            // kept in registers: left to itself ptxas redoes the PRMTs in
+            // every quad of the group
+            asm volatile("" : "+r"(s16[i][rr]), "+r"(z16[i][rr]), "+r"(R[i].add[rr]), "+r"(R[i].mask[rr]));
+        }
+}
+
+// The same four rows' constants worked out by the warp from the group's
+// records (p2r: the factor 2^R of the lane's own row in gemm_lane_row),
+// where the matrix has no wg_words for the product's skip: each row once,
+// by lane 16 i + r for row r of tile i, its two words handed to the lanes
+// that need them by two shuffles.
 template <int CB>
 __device__ __forceinline__ void wg_group_rows(const dmat &M, const char *rec0, const char *rec1, bool live1, int m,
                                               float p2r, const uint4 (*rtab)[MPQ_MAX_BITS + 1],
@@ -1721,24 +1756,10 @@ __device__ __forceinline__ void wg_group_rows(const dmat &M, const char *rec0, c
 {
     float sr, zr;
     const int b = gemm_lane_row(M, rec0, rec1, live1, sr, zr);
-    const uint4 E = rtab[threadIdx.x & 1][b]; // (the row's parity is the lane's)
-    const float c = gemm_center(sr, zr, E.w != 0);
-    auto bits = [](float v) { return (uint32_t)__half_as_ushort(__float2half_rn(v)); };
-    const uint32_t sz = bits(sr * p2r) | bits(zr * p2r) << 16, am = bits(half_lo(E.z) - c) | (E.x & 0xFFu) << 16;
+    const uint2 w = wg_row_words(sr, zr, rtab[threadIdx.x & 1][b], p2r); // (the row's parity is the lane's)
     uint32_t szs[kMmaPair][2], ams[kMmaPair][2];
-    gemm_share(sz, m, szs), gemm_share(am, m, ams);
-#pragma unroll
-    for (int i = 0; i < kMmaPair; i++)
-#pragma unroll
-        for (int rr = 0; rr < 2; rr++) {
-            s16[i][rr] = __byte_perm(szs[i][rr], 0u, 0x1010), z16[i][rr] = __byte_perm(szs[i][rr], 0u, 0x3232);
-            R[i].add[rr] = __byte_perm(ams[i][rr], 0u, 0x1010);
-            R[i].mask[rr] = __byte_perm(ams[i][rr], 0u, CB == 4 ? 0x4242 : 0x2222);
-            R[i].mul[rr] = code_mul<CB>(rr);
-            // kept in registers: left to itself ptxas redoes the PRMTs in
-            // every quad of the group
-            asm volatile("" : "+r"(s16[i][rr]), "+r"(z16[i][rr]), "+r"(R[i].add[rr]), "+r"(R[i].mask[rr]));
-        }
+    gemm_share(w.x, m, szs), gemm_share(w.y, m, ams);
+    wg_unpack<CB>(szs, ams, R, s16, z16);
 }
 
 // With 8-bit activations (A8): the same four rows' kept bits of their code
@@ -2062,8 +2083,7 @@ constexpr gemm_kernel kGemm[2][2][3] = {{{gemm_codes<4, 2, false>, gemm_codes<4,
 //   warp's rows in a wgmma is the mma.sync m16n8k16 one, so code_frags
 //   gives it as for the other kernels.
 //
-//   Weights. Each field becomes the centered integer Q' - c of gemm_rows
-//   (the row constants worked out and handed over as wg_group_rows says),
+//   Weights. Each field becomes the centered integer Q' - c of gemm_rows,
 //   then one more HFMA2 per register makes the weight itself in fp16,
 //   fp16(s~ (Q' - c) + z~) with s~ = s^ 2^R and z~ = fp16((z^' + c s^)
 //   2^R): one rounding of the exact product (the HFMA2 is fused) and of the
@@ -2077,6 +2097,14 @@ constexpr gemm_kernel kGemm[2][2][3] = {{{gemm_codes<4, 2, false>, gemm_codes<4,
 //   The tensor cores then add over all the columns with no per-group
 //   work, in fp32.
 //
+//   Row constants. Each row's per-group words (s~, z~, the addend, the
+//   mask: wg_row_words) are worked out at upload for the product without
+//   skipped planes (wg_words, 8 bytes per row and group, in the CODE
+//   LAYOUT's row blocks) and copied with each stage's codes, so that a lane
+//   loads its four rows' words with two 16-byte shared-memory loads. Where
+//   planes are skipped, or there was no room for them, the warp works them
+//   out from the records' headers (wg_group_rows), the same bits.
+//
 //   Activations. wg_prep scales each vector by one power of two 2^-E that
 //   puts its largest |x~| in [2^14, 2^15) (x gathered through p_col, times
 //   col_scale; no overflow, 11 bits kept down to 2^-28 of the largest) and
@@ -2087,13 +2115,13 @@ constexpr gemm_kernel kGemm[2][2][3] = {{{gemm_codes<4, 2, false>, gemm_codes<4,
 //   that the B descriptor names (wg_xbytes, wg_desc). y = 2^(E - R) times
 //   the sums.
 //
-//   Pipeline. As the GEMM kernel's: a bulk copy of each stage's codes and
-//   a tensor copy of its activations on the slot's mbarrier, one barrier
-//   of the block per stage. Per quad a warpgroup decodes its A fragments,
-//   fences, issues its four products and commits them as a group; it then
-//   waits for the group before, so that one quad's products are in flight
-//   while the next is decoded, across the end of a stage too: with three
-//   slots or more a slot is refilled two stages after its own (by then
+//   Pipeline. As the GEMM kernel's: a bulk copy of each stage's codes (and one
+//   of their row constants) and a tensor copy of its activations on the slot's
+//   mbarrier, one barrier of the block per stage. Per quad a warpgroup decodes
+//   its A fragments, fences, issues its four products and commits them as a
+//   group; it then waits for the group before, so that one quad's products are
+//   in flight while the next is decoded, across the end of a stage too: with
+//   three slots or more a slot is refilled two stages after its own (by then
 //   every product that read it is done), with two one stage after, each
 //   stage's products waited for at its end.
 //
@@ -2125,15 +2153,20 @@ __host__ __device__ constexpr int wg_tile_bytes(int bn) { return bn * kWgTileStr
 
 // Bytes of one wgmma stage: the activations of sg groups' columns for BN
 // vectors (xb, a multiple of 1024 bytes: stages of 128 or 256 columns),
-// then the codes of kGemmTiles tiles x sg records; a slot of `bytes` is
-// rounded up to 1024, where the 128-byte swizzle's pattern repeats.
+// then the codes of kGemmTiles tiles x sg records, then (words: the matrix's
+// wg_words serve the product) the row constants of those records, from
+// woff (records and constants are multiples of 16 bytes); a slot of
+// `bytes` is rounded up to 1024, where the 128-byte swizzle's pattern
+// repeats.
 constexpr int kWgSlotAlign = 1024;
+constexpr int kWgWordBytes = kGemmTiles * kTile * (int)sizeof(uint2); // a row block's constants of one group
 struct wg_stage {
-    int xb, bytes;
-    __host__ __device__ wg_stage(int sg, int crec, int group, int bn)
+    int xb, woff, bytes;
+    __host__ __device__ wg_stage(int sg, int crec, int group, int bn, bool words)
     {
         xb = sg * group * bn * 2;
-        bytes = (xb + kGemmTiles * sg * crec + kWgSlotAlign - 1) / kWgSlotAlign * kWgSlotAlign;
+        woff = xb + kGemmTiles * sg * crec;
+        bytes = (woff + (words ? sg * kWgWordBytes : 0) + kWgSlotAlign - 1) / kWgSlotAlign * kWgSlotAlign;
     }
 };
 
@@ -2263,6 +2296,31 @@ __global__ void wg_rows(dmat M, int *__restrict__ wexp, int *__restrict__ ok)
     }
     wexp[row] = R;
     if (!good) atomicAnd(ok, 0);
+}
+
+// At upload, one thread per row slot of the CODE LAYOUT's row blocks and
+// group: the row's wg_row_words with no planes skipped, as the warp works
+// them out in wg_group_rows (rows past the matrix: those of width 0), at
+// ((row block ngroups + g) kCodeTiles + tile of the block) kTile + row of
+// the tile, so that a stage's constants are one range (wg_stage).
+static_assert(kGemmTiles == kCodeTiles, "a stage's row block is one of the CODE LAYOUT");
+template <int CB> __global__ void wg_words(dmat M, uint2 *__restrict__ out)
+{
+    const size_t k = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const int nrb = (M.ntiles + kCodeTiles - 1) / kCodeTiles;
+    if (k >= (size_t)nrb * M.ngroups * kCodeTiles * kTile) return;
+    const int r = (int)(k % kTile), tl = (int)(k / kTile % kCodeTiles);
+    const size_t q = k / (kTile * kCodeTiles);
+    const int g = (int)(q % M.ngroups), t = (int)(q / M.ngroups) * kCodeTiles + tl, row = t * kTile + r;
+    int b = 0;
+    float s = 0.0f, z = 0.0f;
+    if (t < M.ntiles) {
+        const uint8_t *rec = M.codes + code_offset(M, t, g);
+        b = rec[M.meta + r];
+        row_pair(M, rec, r, b, s, z);
+    }
+    const float p2r = __int_as_float((127 + (row < M.rows ? M.wexp[row] : 0)) << 23);
+    out[k] = wg_row_words(s, z, code_row<CB>(r & 1, b, 0), p2r);
 }
 
 // Says whether this build holds the wgmma kernel's code for the device
@@ -2507,7 +2565,8 @@ __global__ void __launch_bounds__(kGemmThreads, gemm_blocks(NB))
     const int nst = (M.ngroups + sg - 1) / sg, st0 = blockIdx.y * spp, nstp = min(spp, nst - st0);
     const int t0 = blockIdx.z * kGemmTiles + kMmaPair * warp; // the warp's first tile
     const bool live1 = t0 + 1 < M.ntiles;
-    const wg_stage L(sg, M.crec, G, BN);
+    const bool pre = M.wgw != nullptr; // the row constants from wg_words (launch_wg: none where planes are skipped)
+    const wg_stage L(sg, M.crec, G, BN, pre);
     char *const sbase = reinterpret_cast<char *>((reinterpret_cast<uintptr_t>(smem4) + kWgSlotAlign - 1) &
                                                  ~(uintptr_t)(kWgSlotAlign - 1));
     code_row_table<CB>(rtab, skip);
@@ -2522,6 +2581,9 @@ __global__ void __launch_bounds__(kGemmThreads, gemm_blocks(NB))
     const int last_ngs = M.ngroups - (nst - 1) * sg, last_cols = M.cols - (M.ngroups - 1) * G;
     const int last_rec = M.crow - (M.ngroups - 1) * M.crec;
     const char *csrc = reinterpret_cast<const char *>(M.codes) + code_offset(M, blockIdx.z * kGemmTiles, st0 * sg);
+    const char *wsrc = pre
+        ? reinterpret_cast<const char *>(M.wgw) + ((size_t)blockIdx.z * M.ngroups + (size_t)st0 * sg) * kWgWordBytes
+        : nullptr;
     auto slot_at = [&](int sl) { return sbase + sl * L.bytes; };
     auto issue = [&](int k, int sl, bool codes) {
         if (k >= nstp || tid != 0) return;
@@ -2529,9 +2591,11 @@ __global__ void __launch_bounds__(kGemmThreads, gemm_blocks(NB))
         const int ngs = last ? last_ngs : sg;
         const unsigned cb = (unsigned)(kGemmTiles * ((ngs - 1) * M.crec + (last ? last_rec : M.crec)));
         if (codes) {
+            const unsigned wb = pre ? (unsigned)(ngs * kWgWordBytes) : 0u;
             asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-            mbar_expect(&bars[sl], cb + (unsigned)L.xb); // the codes and the box
+            mbar_expect(&bars[sl], cb + wb + (unsigned)L.xb); // the codes, their constants and the box
             bulk_copy(slot_at(sl) + L.xb, csrc + (size_t)k * kGemmTiles * sg * M.crec, cb, &bars[sl]);
+            if (pre) bulk_copy(slot_at(sl) + L.woff, wsrc + (size_t)k * sg * kWgWordBytes, wb, &bars[sl]);
         } else {
             tma_load3(slot_at(sl), &xmap, 0, blockIdx.x * BN, (st0 + k) * sg * G / 64, &bars[sl]);
         }
@@ -2559,7 +2623,8 @@ __global__ void __launch_bounds__(kGemmThreads, gemm_blocks(NB))
         issue(k + ahead, (k + ahead) % ns, false);
         mbar_wait(&bars[k % ns], (unsigned)(k / ns) & 1u);
         const int ngs = st0 + k == nst - 1 ? last_ngs : sg, g0 = (st0 + k) * sg;
-        const char *slot = slot_at(k % ns) + L.xb; // the codes
+        const char *slot = slot_at(k % ns) + L.xb; // the codes, then their constants
+        const uint4 *words = reinterpret_cast<const uint4 *>(slot_at(k % ns) + L.woff);
         const uint32_t xs = smem_addr(slot_at(k % ns));
         int kk = 0; // k step of the stage
         for (int j = 0; j < ngs; j++) {
@@ -2570,7 +2635,16 @@ __global__ void __launch_bounds__(kGemmThreads, gemm_blocks(NB))
             const char *cw0 = rec0 + hdr + 2 * CB * lane, *cw1 = rec1 + hdr + 2 * CB * lane;
             code_rows R[kMmaPair];
             uint32_t s16[kMmaPair][2], z16[kMmaPair][2];
-            wg_group_rows<CB>(M, rec0, rec1, live1, m, p2r, rtab, R, s16, z16);
+            if (pre) { // rows 2m, 2m + 1 of tile i of the pair: 16 bytes
+                uint32_t szs[kMmaPair][2], ams[kMmaPair][2];
+#pragma unroll
+                for (int i = 0; i < kMmaPair; i++) {
+                    const uint4 v = words[(j * kGemmTiles + kMmaPair * warp + i) * (kTile / 2) + m];
+                    szs[i][0] = v.x, ams[i][0] = v.y, szs[i][1] = v.z, ams[i][1] = v.w;
+                }
+                wg_unpack<CB>(szs, ams, R, s16, z16);
+            } else
+                wg_group_rows<CB>(M, rec0, rec1, live1, m, p2r, rtab, R, s16, z16);
             // A wgmma reads its A registers while it runs, and ptxas does
             // not keep them for it (writing them before the wait is
             // undefined): the loop's two copies alternate two sets of
@@ -3142,6 +3216,30 @@ mpq_status upload(void *ctx, const mpq_packed *A, void **handle)
         else
             cudaFree(h->dwexp), h->dwexp = nullptr;
     }
+    // its row constants without skipped planes (wg_words), where there is
+    // room for them (else the warps work them out for every product)
+    if (M.wexp) {
+        const size_t n = (size_t)(ntiles + kCodeTiles - 1) / kCodeTiles * (size_t)A->ngroups * kCodeTiles * kTile;
+        e = cudaMalloc(&h->dwgw, sizeof(uint2) * n);
+        if (e == cudaErrorMemoryAllocation) {
+            cudaGetLastError();
+            h->dwgw = nullptr;
+            e = cudaSuccess;
+        } else if (e == cudaSuccess) {
+            const unsigned nb = (unsigned)((n + 255) / 256);
+            if (h->cb == 4)
+                wg_words<4><<<nb, 256, 0, c->stream>>>(M, h->dwgw);
+            else
+                wg_words<8><<<nb, 256, 0, c->stream>>>(M, h->dwgw);
+            e = cudaGetLastError();
+            if (e == cudaSuccess) e = cudaStreamSynchronize(c->stream);
+            if (e == cudaSuccess) M.wgw = h->dwgw;
+        }
+        if (e != cudaSuccess) {
+            release(ctx, h);
+            return map_error(e);
+        }
+    }
     if (c->fp16_weights) { // the fp16 baseline: dequantized once; the packed buffer stays for p_col (gather_f16)
         e = cudaMalloc(&h->w16, sizeof(__half) * (size_t)A->rows * (size_t)A->cols);
         if (e == cudaSuccess) e = dequantize(c, h, 0, h->w16);
@@ -3166,6 +3264,7 @@ void release(void *ctx, void *handle)
     cudaFree(h->drec);
     cudaFree(h->dcodes);
     cudaFree(h->dwexp);
+    cudaFree(h->dwgw);
     cudaFree(h->w16);
     free(h);
 }
@@ -3415,8 +3514,10 @@ mpq_status launch_gemm(cuda_ctx *c, const cuda_handle *h, const float *x, float 
 // left to the GEMM kernel.
 mpq_status launch_wg(cuda_ctx *c, const cuda_handle *h, const float *x, float *y, int batch, int skip)
 {
-    const dmat &M = h->m;
+    dmat M = h->m;
     if (!c->wgmma || !M.codes || !M.wexp || M.group > kGemmCols) return MPQ_ERR_UNSUPPORTED;
+    if (skip) M.wgw = nullptr; // wg_words holds the constants of every plane: the warps work them out
+    const bool words = M.wgw != nullptr;
     const int ni = batch <= 32 ? 0 : batch <= 64 ? 1 : 2, bn = 32 << ni;
     const int ntn = (batch + bn - 1) / bn, bnpad = ntn * bn;
     // the stages of a block when occ blocks share a multiprocessor: sg
@@ -3429,9 +3530,9 @@ mpq_status launch_wg(cuda_ctx *c, const cuda_handle *h, const float *x, float *y
         for (int cols = 256; cols >= 128 && ns < 3; cols /= 2) {
             const int g = M.group < cols ? cols / M.group : 1;
             if (g * M.group % 64) continue; // a stage is whole blocks of 64 columns of the tensor map
-            sg = g, ns = min(kGemmStages, (room - kWgSlotAlign) / wg_stage(g, M.crec, M.group, bn).bytes);
+            sg = g, ns = min(kGemmStages, (room - kWgSlotAlign) / wg_stage(g, M.crec, M.group, bn, words).bytes);
         }
-        smem = ns ? max(ns * wg_stage(sg, M.crec, M.group, bn).bytes, wg_tile_bytes(bn)) + kWgSlotAlign : 0;
+        smem = ns ? max(ns * wg_stage(sg, M.crec, M.group, bn, words).bytes, wg_tile_bytes(bn)) + kWgSlotAlign : 0;
         if (ns < 2 || smem > room) ns = 0;
     };
     // as many blocks per multiprocessor as the kernel is built for
@@ -3752,9 +3853,11 @@ extern "C" mpq_status mpq_cuda_backend(int device, mpq_backend *b)
         e = cudaFuncGetAttributes(&fa, kGemm[k / 6][k / 3 % 2][k % 3]);
         if (e == cudaSuccess && (int)fa.sharedSizeBytes > c->mma_static) c->mma_static = (int)fa.sharedSizeBytes;
     }
-    for (int k = 0; k < 6 && e == cudaSuccess; k++) { // and of the wgmma kernels, which share it too
+    // the wgmma kernels, which share it too (every entry of their table)
+    constexpr int nwg = (int)(sizeof(kWg) / sizeof(kWg[0][0]));
+    for (int k = 0; k < nwg && e == cudaSuccess; k++) {
         cudaFuncAttributes fa;
-        e = cudaFuncGetAttributes(&fa, kWg[k / 3][k % 3]);
+        e = cudaFuncGetAttributes(&fa, (&kWg[0][0])[k]);
         if (e == cudaSuccess && (int)fa.sharedSizeBytes > c->mma_static) c->mma_static = (int)fa.sharedSizeBytes;
     }
     c->mma_dmax = per_block - c->mma_static;
@@ -3768,8 +3871,8 @@ extern "C" mpq_status mpq_cuda_backend(int device, mpq_backend *b)
     for (int k = 0; k < 12 && e == cudaSuccess; k++)
         e = cudaFuncSetAttribute(kGemm[k / 6][k / 3 % 2][k % 3], cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  c->mma_dmax);
-    for (int k = 0; k < 6 && e == cudaSuccess; k++)
-        e = cudaFuncSetAttribute(kWg[k / 3][k % 3], cudaFuncAttributeMaxDynamicSharedMemorySize, c->mma_dmax);
+    for (int k = 0; k < nwg && e == cudaSuccess; k++)
+        e = cudaFuncSetAttribute((&kWg[0][0])[k], cudaFuncAttributeMaxDynamicSharedMemorySize, c->mma_dmax);
     if (e == cudaSuccess) { // does this build have the wgmma kernel's code for the device?
         int *has = nullptr;
         e = cudaMalloc(&has, sizeof(int));

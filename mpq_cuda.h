@@ -15,6 +15,9 @@
      fields (8-bit where a row is wider than 4 bits) for the tensor cores:
      4 or 8 more bits per weight of device memory (without room for it the
      matrix is uploaded without it, and the other kernels take its batches);
+     on Hopper, for the wgmma kernel, each row's exponent and its per-group
+     constants, 8 bytes per row and group (0.5 bits per weight at groups of
+     128 columns; without room for them the kernel works them out itself);
    - gemv: a rotated matrix's input goes through V first (one kernel,
      rotate_input); which kernel runs which batch is one table, kRules in
      mpq_cuda.cu (THE BATCH -> KERNEL RULE): lookup tables in shared
