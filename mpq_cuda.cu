@@ -2300,7 +2300,8 @@ __global__ void wg_rows(dmat M, int *__restrict__ wexp, int *__restrict__ ok)
 
 // At upload, one thread per row slot of the CODE LAYOUT's row blocks and
 // group: the row's wg_row_words with no planes skipped, as the warp works
-// them out in wg_group_rows (rows past the matrix: those of width 0), at
+// them out in wg_group_rows (the rows of tiles past the matrix: those of
+// width 0), at
 // ((row block ngroups + g) kCodeTiles + tile of the block) kTile + row of
 // the tile, so that a stage's constants are one range (wg_stage).
 static_assert(kGemmTiles == kCodeTiles, "a stage's row block is one of the CODE LAYOUT");
