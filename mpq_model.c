@@ -8,6 +8,7 @@
 #include <cjson/cJSON.h>
 
 #include <assert.h>
+#include <locale.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -28,6 +29,25 @@ double mpq__now(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+/* v as the shortest decimal of 15 to 17 significant digits that reads back
+   as v itself (17 always do), as raw JSON text with a '.' whatever the
+   locale; null where v is not finite. cJSON's own printing keeps 15 digits
+   wherever they read back within about an ulp, so a double it writes need
+   not read back the same. */
+static cJSON *mpq__json_exact(double v)
+{
+    if (!isfinite(v)) return cJSON_CreateNull();
+    char num[40];
+    for (int digits = 15; digits <= 17; digits++) {
+        snprintf(num, sizeof num, "%.*g", digits, v);
+        if (strtod(num, NULL) == v) break;
+    }
+    const char point = *localeconv()->decimal_point;
+    for (char *c = num; *c; c++)
+        if (*c == point) *c = '.';
+    return cJSON_CreateRaw(num);
+}
+
 mpq_status mpq__meta_json(const char *const *keys, const double *vals, int n, const char *extra_json, const char *path,
                           char **json, mpq_io_err *err)
 {
@@ -36,9 +56,16 @@ mpq_status mpq__meta_json(const char *const *keys, const double *vals, int n, co
         cJSON_Delete(o), cJSON_Delete(extra);
         return mpq__fail(err, extra_json ? MPQ_ERR_ARG : MPQ_ERR_NOMEM, path, "the extra metadata is not JSON");
     }
-    for (int i = 0; i < n; i++) cJSON_AddNumberToObject(o, keys[i], vals[i]);
-    if (extra) cJSON_AddItemToObject(o, "source", extra);
-    *json = cJSON_PrintUnformatted(o);
+    int ok = 1;
+    for (int i = 0; i < n && ok; i++) {
+        cJSON *v = mpq__json_exact(vals[i]);
+        ok = v && cJSON_AddItemToObject(o, keys[i], v);
+        if (!ok) cJSON_Delete(v);
+    }
+    if (extra && ok && cJSON_AddItemToObject(o, "source", extra)) extra = NULL; /* o holds it now */
+    ok = ok && !extra;
+    cJSON_Delete(extra);
+    *json = ok ? cJSON_PrintUnformatted(o) : NULL;
     cJSON_Delete(o);
     return *json ? MPQ_OK : mpq__fail(err, MPQ_ERR_NOMEM, path, "out of memory");
 }

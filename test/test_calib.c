@@ -1714,6 +1714,49 @@ Test(calib, xtx_is_kept_once_per_input_as_its_triangle)
     tl_free(&t);
 }
 
+/* The statistics file's numbers read back bit for bit: the loss, at values
+   whose 15-digit decimals read back as a neighbouring double (cJSON's own
+   printing keeps those, 5.9071321473013505 one of them, a loss measured on
+   a machine without AVX-512), at exact short ones and at random doubles. */
+Test(calib, the_files_loss_reads_back_bit_for_bit)
+{
+    tl_model t;
+    shape(&t, 1, 0, 1);
+    tl_make(&t, 61);
+    mpq_llm *m = load_hf(&t);
+    synth_rng r = {23};
+    int32_t text[NTOK];
+    random_tokens(&r, &t, text, NTOK);
+    mpq_calib_stats a = calibrate(m, text, MPQ_CALIB_ACTS);
+    char p[600];
+    snprintf(p, sizeof p, "%s/loss.safetensors", tmpdir);
+    double losses[40] = {5.9071321473013505, 0.1, 1.0 / 3.0, 7.0, 1e-300, 12345.678900000001};
+    int short15 = 0; /* of the random ones, how many 15 digits do not give back */
+    char d15[32];
+    for (int k = 6; k < 40; k++) {
+        losses[k] = 0.5 + 11.5 * synth_unif(&r);
+        snprintf(d15, sizeof d15, "%.15g", losses[k]);
+        short15 += strtod(d15, NULL) != losses[k];
+    }
+    snprintf(d15, sizeof d15, "%.15g", losses[0]);
+    cr_assert_neq(strtod(d15, NULL), losses[0], "the first loss must need more than 15 digits");
+    cr_assert_gt(short15, 0, "some of the random losses must need more than 15 digits");
+    for (int k = 0; k < 40; k++) {
+        a.loss = losses[k];
+        mpq_io_err e;
+        cr_assert_eq(mpq_calib_write(m, &a, NULL, p, &e), MPQ_OK, "%s", e.msg);
+        mpq_calib_stats b;
+        cr_assert_eq(mpq_calib_read(m, p, &b, &e), MPQ_OK, "%s", e.msg);
+        cr_assert(!memcmp(&b.loss, &losses[k], sizeof(double)), "loss %.17g read back as %.17g", losses[k], b.loss);
+        cr_assert(same_stats(&a, &b, m));
+        mpq_calib_stats_free(&b);
+    }
+    unlink(p);
+    mpq_calib_stats_free(&a);
+    mpq_llm_free(m);
+    tl_free(&t);
+}
+
 Test(calib, deterministic_for_any_thread_count_and_the_file_round_trips)
 {
     tl_model t;
