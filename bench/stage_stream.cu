@@ -18,29 +18,16 @@
 //
 // Usage: bench_stage_stream. sm_90 and later only (elsewhere it says so and
 // stops).
-#include <cuda_runtime.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
+#define PROBE_NAME "bench_stage_stream"
+#include "bulk_copy.cuh"
 
 #include <algorithm>
-
-#define CK(x)                                                                                                          \
-    do {                                                                                                               \
-        cudaError_t e_ = (x);                                                                                          \
-        if (e_ != cudaSuccess) {                                                                                       \
-            fprintf(stderr, "bench_stage_stream: %s:%d: %s\n", __FILE__, __LINE__, cudaGetErrorString(e_));            \
-            exit(1);                                                                                                   \
-        }                                                                                                              \
-    } while (0)
 
 namespace
 {
 
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
 constexpr int kSlots = 8; // the most slots a block may ask for
-
-__device__ __forceinline__ uint32_t smem_addr(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
 #endif
 
 // Block b takes chunks b per, b per + 1, ... (round_robin 0) or b, b +
@@ -52,10 +39,7 @@ __global__ void __launch_bounds__(256)
     extern __shared__ __align__(128) char ring[];
     __shared__ uint64_t bars[kSlots];
     const int tid = threadIdx.x;
-    if (tid < ns) {
-        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(&bars[tid])) : "memory");
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    }
+    if (tid < ns) mbar_init(&bars[tid]);
     __syncthreads();
     auto index = [&](int k) {
         return round_robin ? (long)blockIdx.x + (long)k * gridDim.x : (long)blockIdx.x * per + k;
@@ -65,27 +49,16 @@ __global__ void __launch_bounds__(256)
     auto issue = [&](int k) {
         if (k >= mine || tid != 0) return;
         const int sl = k % ns;
-        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(&bars[sl])), "r"(chunk)
-                     : "memory");
-        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-                         smem_addr(ring + (size_t)sl * chunk)),
-                     "l"(base + index(k) * (size_t)chunk), "r"(chunk), "r"(smem_addr(&bars[sl]))
-                     : "memory");
+        proxy_fence();
+        mbar_expect(&bars[sl], (unsigned)chunk);
+        bulk_copy(ring + (size_t)sl * chunk, base + index(k) * (size_t)chunk, (unsigned)chunk, &bars[sl]);
     };
     for (int k = 0; k < ns - 1; k++) issue(k);
     unsigned acc = 0;
     for (int k = 0; k < mine; k++) {
         issue(k + ns - 1); // into the slot freed by the barrier that ended the last step
         const int sl = k % ns;
-        asm volatile("{\n"
-                     ".reg .pred p;\n"
-                     "WAIT:\n"
-                     "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-                     "@!p bra WAIT;\n"
-                     "}" ::"r"(smem_addr(&bars[sl])),
-                     "r"((unsigned)(k / ns) & 1u)
-                     : "memory");
+        mbar_wait(&bars[sl], (unsigned)(k / ns) & 1u);
         acc ^= reinterpret_cast<const unsigned *>(ring + (size_t)sl * chunk)[tid];
         __syncthreads();
     }

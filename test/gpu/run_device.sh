@@ -5,8 +5,10 @@
 # machine code alone, for an H100 or H200), the same
 # built with compute_80 PTX alone (cuda_check_ptx80: the driver compiles it
 # for the GPU at hand, so the code paths of sm_80 run on a newer card), the
-# small cases under compute-sanitizer memcheck, racecheck and synccheck, the
-# benchmark (BENCH_ARGS) and PyTorch's products beside it
+# small cases under compute-sanitizer memcheck, racecheck and synccheck
+# (synccheck tracking up to 100000 mbarriers: with its default it stopped
+# cluster_probe's bulk copies with a launch failure), test/gpu/cluster_probe.cu plain
+# and under racecheck, the benchmark (BENCH_ARGS) and PyTorch's products beside it
 # (bench/torch_peers.py, TORCH_ARGS; TORCH=0 leaves them out), and with
 # LLM=1 bench/llm_cuda.sh. Build here first (bash test/gpu/run_device.sh
 # build; GPU_ARCHS, a comma list, replaces meson's gpu_archs for the main
@@ -25,8 +27,9 @@ build)
     rm -rf "$bin" && mkdir -p "$bin" &&
         meson setup "$bin/build" --buildtype=release -Dnative=false -Dcuda=enabled -Dtests=true -Dbenches=true \
             -Dexamples=false ${GPU_ARCHS:+-Dgpu_archs=$GPU_ARCHS} >"$bin/setup.log" 2>&1 &&
-        ninja -C "$bin/build" cuda_check bench_gemv_cuda mpq bench_random_llm >"$bin/ninja.log" 2>&1 &&
-        cp "$bin/build/cuda_check" "$bin/build/bench_gemv_cuda" "$bin/build/mpq" "$bin/build/bench_random_llm" "$bin/" &&
+        ninja -C "$bin/build" cuda_check cluster_probe bench_gemv_cuda mpq bench_random_llm >"$bin/ninja.log" 2>&1 &&
+        cp "$bin/build/cuda_check" "$bin/build/cluster_probe" "$bin/build/bench_gemv_cuda" "$bin/build/mpq" \
+            "$bin/build/bench_random_llm" "$bin/" &&
         rm -rf "$bin/build" &&
         meson setup "$bin/build80" --buildtype=release -Dnative=false -Dcuda=enabled -Dtests=true -Dbenches=false \
             -Dexamples=false -Dio=disabled -Dgpu_archs=compute_80 >"$bin/setup80.log" 2>&1 &&
@@ -56,9 +59,19 @@ run)
     done
     for tool in memcheck racecheck synccheck; do
         [ "${SAN:-1}" = 0 ] && break
-        compute-sanitizer --tool $tool --error-exitcode 9 "$bin/cuda_check" --quick >"$out/$tool.txt" 2>&1 || rc=1
+        opt=()
+        [ $tool = synccheck ] && opt=(--num-cuda-barriers 100000)
+        compute-sanitizer --tool $tool "${opt[@]}" --error-exitcode 9 "$bin/cuda_check" --quick >"$out/$tool.txt" 2>&1 ||
+            rc=1
         echo "$tool: $(grep -cE '^ok' "$out/$tool.txt") ok, $(grep -cE '^not ok' "$out/$tool.txt") not ok; $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$out/$tool.txt" | tail -n 1)"
     done
+    # the probe's cases, plain and under racecheck: what the tool says on the pattern alone
+    if [ "${SAN:-1}" = 1 ]; then
+        "$bin/cluster_probe" >"$out/cluster_probe.txt" 2>&1 || rc=1
+        compute-sanitizer --tool racecheck --error-exitcode 9 "$bin/cluster_probe" >"$out/cluster_racecheck.txt" 2>&1 ||
+            rc=1
+        echo "cluster_probe: $(grep -c '^ok' "$out/cluster_probe.txt") ok; racecheck: $(grep 'RACECHECK SUMMARY' "$out/cluster_racecheck.txt")"
+    fi
     "$bin/bench_gemv_cuda" ${BENCH_ARGS:-} 2>&1 | tee "$out/bench.txt"
     # PyTorch's int4, fp8 and fp16 products in the same call, where python3 has torch
     if [ "${TORCH:-1}" = 1 ] && python3 -c 'import torch' 2>/dev/null; then
