@@ -134,8 +134,9 @@ const probe_case kCases[] = {
 int main(int argc, char **argv)
 {
     const int ncases = (int)(sizeof kCases / sizeof kCases[0]);
-    const int only = argc > 1 ? atoi(argv[1]) : -1;
-    if (argc > 1 && (only < 0 || only >= ncases)) {
+    char *end = nullptr;
+    const long only = argc > 1 ? strtol(argv[1], &end, 10) : -1;
+    if (argc > 2 || (argc > 1 && (end == argv[1] || *end || only < 0 || only >= ncases))) {
         fprintf(stderr, "cluster_probe: CASE is 0 to %d\n", ncases - 1);
         return 2;
     }
