@@ -791,7 +791,13 @@ MPQ_DEF const mpq_format_traits *mpq_format_get(mpq_format f);
    upload makes a backend-side handle for a validated matrix (the CPU backend
    keeps a view and a workspace, and does not copy the weights); gemv takes x
    and y in the backend's memory space (see caps). A handle is used by one
-   thread at a time. */
+   thread at a time. pin and unpin may be NULL (the CPU backend's are): pin
+   makes host memory that gemv will read and write quicker for the backend
+   to reach (the CUDA backend page-locks it, so that its copies go by DMA
+   without a staging copy), unpin undoes it and must come before the memory
+   is freed; a failed pin changes nothing and the memory works as before.
+   mpq_llm_state_init pins a state's scratch on the model's backend and
+   mpq_llm_state_free unpins it (mpq_model.h). */
 typedef struct mpq_backend {
     const char *name;
     unsigned caps;
@@ -800,6 +806,8 @@ typedef struct mpq_backend {
     void (*release)(void *ctx, void *handle);
     mpq_status (*gemv)(void *ctx, void *handle, const float *x, float *y, int batch, const mpq_gemv_opts *opts);
     mpq_status (*synchronize)(void *ctx);
+    mpq_status (*pin)(void *ctx, void *p, size_t bytes);
+    void (*unpin)(void *ctx, void *p);
 } mpq_backend;
 
 /* Fills *b with the CPU backend. */
@@ -5436,6 +5444,8 @@ MPQ_DEF void mpq_backend_cpu(mpq_backend *b)
     b->release = mpq__cpu_release;
     b->gemv = mpq__cpu_gemv;
     b->synchronize = mpq__cpu_sync;
+    b->pin = NULL; /* the CPU reads its own memory as it is */
+    b->unpin = NULL;
 }
 
 /* ========================================================================== */

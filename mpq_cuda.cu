@@ -3788,6 +3788,29 @@ mpq_status gemv_rules(cuda_ctx *c, const cuda_handle *h, const float *x, float *
     return MPQ_ERR_UNSUPPORTED;
 }
 
+// Host memory page-locked for every device (portable), so that gemv's
+// copies of it go by DMA, asynchronous on the stream, with no staging copy
+// through the driver's own buffers. unpin does not read ctx: it may run
+// after mpq_cuda_backend_destroy.
+mpq_status pin(void *ctx, void *p, size_t bytes)
+{
+    const cuda_ctx *c = static_cast<const cuda_ctx *>(ctx);
+    if (!c || !p || bytes == 0) return MPQ_ERR_ARG;
+    int cur = -1;
+    cudaError_t e = cudaGetDevice(&cur);
+    if (e == cudaSuccess && cur != c->device) e = cudaSetDevice(c->device);
+    if (e == cudaSuccess) e = cudaHostRegister(p, bytes, cudaHostRegisterPortable);
+    if (e == cudaSuccess) return MPQ_OK;
+    cudaGetLastError(); // not sticky: clear it for the calls after
+    return e == cudaErrorHostMemoryAlreadyRegistered ? MPQ_ERR_ARG : map_error(e);
+}
+
+void unpin(void *ctx, void *p)
+{
+    (void)ctx;
+    if (p && cudaHostUnregister(p) != cudaSuccess) cudaGetLastError();
+}
+
 mpq_status synchronize(void *ctx)
 {
     cuda_ctx *c = static_cast<cuda_ctx *>(ctx);
@@ -3920,6 +3943,8 @@ extern "C" mpq_status mpq_cuda_backend(int device, mpq_backend *b)
     b->release = release;
     b->gemv = gemv;
     b->synchronize = synchronize;
+    b->pin = pin;
+    b->unpin = unpin;
     return MPQ_OK;
 }
 

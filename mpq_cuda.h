@@ -42,7 +42,10 @@
    - x and y may be device pointers (the call is then asynchronous on the
      backend's stream: synchronize before reading y) or host pointers (staged
      through device buffers; the call returns with y written); they must
-     not overlap (MPQ_ERR_ARG);
+     not overlap (MPQ_ERR_ARG); host memory given to pin (mpq_backend) is
+     page-locked (cudaHostRegister, for every device), so that those copies
+     go by DMA with no staging copy in the driver; pinning a range that is
+     pinned already is MPQ_ERR_ARG (ranges that only share a page are not);
    - products on the backend's stream use programmatic dependent launch
      (sm_90 and later): a product starts loading its (immutable,
      backend-owned) weights while the kernel before it on the stream

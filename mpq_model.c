@@ -1197,11 +1197,17 @@ mpq_status mpq_llm_state_init(const mpq_llm *m, int ctx, int batch, mpq_llm_stat
     s->kc = (float *)malloc(sizeof(float) * (size_t)c->layers * (size_t)ctx * kvd);
     s->vc = (float *)malloc(sizeof(float) * (size_t)c->layers * (size_t)ctx * kvd);
     const size_t per = B * (2 * D + qd + 2 * kvd + wide + 2 * F + (size_t)c->head_dim);
-    s->mem = (float *)malloc(sizeof(float) * (per + (size_t)s->nthreads * (size_t)ctx));
+    const size_t mem_bytes = sizeof(float) * (per + (size_t)s->nthreads * (size_t)ctx);
+    s->mem = (float *)malloc(mem_bytes);
     if (!s->kc || !s->vc || !s->mem) {
         mpq_llm_state_free(s);
         return MPQ_ERR_NOMEM;
     }
+    /* the products' inputs and outputs reachable by the backend's copies (a
+       pin that fails leaves the memory as malloc gave it) */
+    const mpq_backend *be = m->backend;
+    if (be && be->pin && be->unpin && be->pin(be->ctx, s->mem, mem_bytes) == MPQ_OK)
+        s->unpin = be->unpin, s->unpin_ctx = be->ctx;
     float *p = s->mem;
     s->x = p, p += B * D;
     s->h = p, p += B * D;
@@ -1219,6 +1225,7 @@ mpq_status mpq_llm_state_init(const mpq_llm *m, int ctx, int batch, mpq_llm_stat
 void mpq_llm_state_free(mpq_llm_state *s)
 {
     if (!s) return;
+    if (s->unpin) s->unpin(s->unpin_ctx, s->mem);
     free(s->kc);
     free(s->vc);
     free(s->mem);

@@ -273,7 +273,11 @@ uint64_t mpq_llm_weight_bytes(const mpq_llm *m);
 /* ========================================================================== */
 
 /* A KV cache of `ctx` positions and the scratch of a forward pass over up to
-   `batch` tokens at a time (longer calls are cut into pieces of `batch`). */
+   `batch` tokens at a time (longer calls are cut into pieces of `batch`).
+   On a model with a backend that has a pin function (mpq_backend), init
+   pins the scratch that the products read and write (mem) on it, and free
+   unpins it: free a state before destroying the backend it was made on.
+   Where the pin fails the state is made all the same, unpinned. */
 typedef struct mpq_llm_state {
     int ctx, batch;
     int pos;        /* positions in the cache */
@@ -287,6 +291,8 @@ typedef struct mpq_llm_state {
     int nthreads;    /* the most threads a piece runs on (omp_get_max_threads() at init) */
     int team;        /* threads of the last piece's parallel region; 1: it ran without one
                         (another backend, an observed model, one thread free) */
+    void (*unpin)(void *ctx, void *p); /* the backend's, where mem is pinned; or NULL */
+    void *unpin_ctx;
 } mpq_llm_state;
 
 mpq_status mpq_llm_state_init(const mpq_llm *m, int ctx, int batch, mpq_llm_state *s);

@@ -770,6 +770,109 @@ static void pack_all(mpq_llm *m, int bits)
     }
 }
 
+/* ---- another backend ----------------------------------------------------------------- */
+
+/* The CPU backend's functions, with a pin and an unpin that record their
+   calls (and a pin that can be made to fail). */
+typedef struct pin_log {
+    int pins, unpins, fail;
+    void *p, *unpinned;
+    size_t bytes;
+} pin_log;
+
+static mpq_status log_pin(void *ctx, void *p, size_t bytes)
+{
+    pin_log *g = (pin_log *)ctx;
+    g->pins++;
+    if (g->fail) return MPQ_ERR_DEVICE;
+    g->p = p, g->bytes = bytes;
+    return MPQ_OK;
+}
+
+static void log_unpin(void *ctx, void *p)
+{
+    pin_log *g = (pin_log *)ctx;
+    g->unpins++, g->unpinned = p;
+}
+
+/* [p, p + n floats) inside the pinned range */
+static int inside(const pin_log *g, const float *p, size_t n)
+{
+    const char *lo = (const char *)g->p, *a = (const char *)p;
+    return a >= lo && a + sizeof(float) * n <= lo + g->bytes;
+}
+
+Test(model, a_backend_pins_the_scratch_of_its_states, .init = make_tmpdir, .fini = remove_tmpdir)
+{
+    tl_model tm;
+    shape(&tm, 0, 0, 0);
+    char hf[600], gguf[600];
+    paths(hf, gguf);
+    tl_make(&tm, 47);
+    tl_write_hf(&tm, hf, MPQ_DT_F32);
+    mpq_llm *m = load(hf);
+    pack_all(m, 3);
+    enum { N = 13, B = 5, S = 3 };
+    synth_rng r = {48};
+    int32_t tok[N];
+    random_tokens(&r, tok, N, tm.v->n);
+    const size_t V = (size_t)m->c.vocab;
+    float *want = logits_of(m, tok, N, B, 0); /* on this CPU, no backend */
+    mpq_backend be;
+    mpq_backend_cpu(&be);
+    cr_assert(!be.pin && !be.unpin, "the CPU backend has nothing to pin");
+    pin_log g = {0};
+    be.ctx = &g, be.pin = log_pin, be.unpin = log_unpin;
+    cr_assert_eq(mpq_llm_use_backend(m, &be), MPQ_OK);
+    mpq_llm_state s;
+    cr_assert_eq(mpq_llm_state_init(m, N, B, &s), MPQ_OK);
+    cr_assert(g.pins == 1 && g.p == (void *)s.mem && g.unpins == 0);
+    const size_t D = (size_t)m->c.dim, F = (size_t)m->c.ffn, hd = (size_t)m->c.head_dim;
+    const size_t qd = (size_t)m->c.heads * hd, kvd = (size_t)m->c.kv_heads * hd;
+    cr_assert(inside(&g, s.x, B * D) && inside(&g, s.h, B * D) && inside(&g, s.q, B * qd) && inside(&g, s.k, B * kvd) &&
+                  inside(&g, s.v, B * kvd) && inside(&g, s.a, B * (qd > D ? qd : D)) && inside(&g, s.g, B * F) &&
+                  inside(&g, s.u, B * F),
+              "every buffer that the products read or write is pinned");
+    float *z = malloc(sizeof(float) * N * V);
+    cr_assert_eq(mpq_llm_forward(m, &s, tok, N, 0, z, 0), MPQ_OK);
+    cr_assert(!memcmp(z, want, sizeof(float) * N * V), "the backend's products give the CPU's logits");
+    mpq_llm_state_free(&s);
+    cr_assert(g.pins == 1 && g.unpins == 1 && g.unpinned == g.p, "free unpins what init pinned, once");
+    /* several sequences and a work state: each pinned once and unpinned once */
+    mpq_llm_state seq[S], work, *sp[S];
+    g = (pin_log){0};
+    cr_assert_eq(mpq_llm_state_init(m, 4, S, &work), MPQ_OK);
+    for (int i = 0; i < S; i++) {
+        cr_assert_eq(mpq_llm_state_init(m, 4, 1, &seq[i]), MPQ_OK);
+        sp[i] = &seq[i];
+    }
+    cr_assert_eq(g.pins, S + 1);
+    cr_assert_eq(mpq_llm_decode(m, sp, S, tok, 0, &work, z), MPQ_OK);
+    for (int i = 0; i < S; i++) mpq_llm_state_free(&seq[i]);
+    void *wm = work.mem;
+    mpq_llm_state_free(&work);
+    cr_assert(g.pins == S + 1 && g.unpins == S + 1 && g.unpinned == wm);
+    /* a pin that fails: the state is made unpinned, gives the same logits, and free unpins nothing */
+    g = (pin_log){0};
+    g.fail = 1;
+    cr_assert_eq(mpq_llm_state_init(m, N, B, &s), MPQ_OK);
+    cr_assert(g.pins == 1 && !s.unpin);
+    memset(z, 0, sizeof(float) * N * V);
+    cr_assert_eq(mpq_llm_forward(m, &s, tok, N, 0, z, 0), MPQ_OK);
+    cr_assert(!memcmp(z, want, sizeof(float) * N * V));
+    mpq_llm_state_free(&s);
+    cr_assert_eq(g.unpins, 0);
+    /* back on the CPU: nothing pinned */
+    cr_assert_eq(mpq_llm_use_backend(m, NULL), MPQ_OK);
+    g = (pin_log){0};
+    cr_assert_eq(mpq_llm_state_init(m, N, B, &s), MPQ_OK);
+    mpq_llm_state_free(&s);
+    cr_assert(g.pins == 0 && g.unpins == 0);
+    free(z), free(want);
+    mpq_llm_free(m);
+    tl_free(&tm);
+}
+
 Test(model, perplexity_as_llama_perplexity_computes_it, .init = make_tmpdir, .fini = remove_tmpdir)
 {
     tl_model tm;

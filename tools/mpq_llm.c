@@ -672,10 +672,14 @@ int cmd_speed(int argc, char **argv)
     speed_run S;
     memset(&S, 0, sizeof S);
     S.tok = (int32_t *)malloc(sizeof(int32_t) * (size_t)ctx * nb);
-    S.logits = (float *)malloc(sizeof(float) * (size_t)V * nb);
+    const size_t logit_bytes = sizeof(float) * (size_t)V * nb;
+    S.logits = (float *)malloc(logit_bytes);
     S.pp = (double *)calloc((size_t)a.reps, sizeof(double)), S.tg = (double *)calloc((size_t)a.reps, sizeof(double));
     S.seqs = nb > 1 ? (mpq_llm_state *)calloc((size_t)nb, sizeof *S.seqs) : NULL;
     S.sp = nb > 1 ? (mpq_llm_state **)calloc((size_t)nb, sizeof *S.sp) : NULL;
+    /* the logits, which the head's products write, pinned as the states' scratch is */
+    const mpq_backend *be = L.m->backend;
+    const int pinned = S.logits && be && be->pin && be->unpin && be->pin(be->ctx, S.logits, logit_bytes) == MPQ_OK;
     mpq_status st = mpq_llm_state_init(L.m, ctx, 512, &S.s);
     for (int i = 0; i < nb && nb > 1 && st == MPQ_OK && S.seqs && S.sp; i++) {
         st = mpq_llm_state_init(L.m, ctx, 1, &S.seqs[i]);
@@ -696,6 +700,7 @@ int cmd_speed(int argc, char **argv)
     }
     mpq_llm_state_free(&S.s);
     for (int i = 0; i < nb && S.seqs; i++) mpq_llm_state_free(&S.seqs[i]);
+    if (pinned) be->unpin(be->ctx, S.logits);
     free(S.seqs), free(S.sp), free(S.tok), free(S.logits), free(S.pp), free(S.tg);
     model_unload(&L);
     return rc;
