@@ -1576,18 +1576,24 @@ static void mpq__piece_run(mpq__piece_ctx *P, mpq__me me)
     const mpq_llm_config *c = &m->c;
     mpq_llm_state *s = P->s;
     const int T = P->T, th = s->nthreads;
+    /* Without a team (another backend, an observed model) the per-token steps
+       of a piece of at least 16384 floats a row go to the state's threads,
+       the team of the attention's: on the caller alone, 64 tokens of
+       Llama-70B's width took most of a decode step whose products ran on a
+       GPU (bench/results/NOTES.md, "The host's share of a GPU decode step") */
+    const int tt = (size_t)T * (size_t)c->dim >= 16384 ? th : 1;
     mpq__token_job tj = {P, 0, 0, NULL, NULL, 0};
-    mpq__step(P, me, T, 1, mpq__embed_task, &tj);
+    mpq__step(P, me, T, tt, mpq__embed_task, &tj);
     for (int l = 0; l < c->layers; l++) {
         const mpq_llm_layer *Ly = &m->layer[l];
         const unsigned sh = P->shared ? P->shared[l] : 0u;
         tj = (mpq__token_job){P, l, l > 0, Ly->attn_norm, s->h, 0}; /* the last layer's down product added */
-        mpq__step(P, me, T, 1, mpq__norm_task, &tj);
+        mpq__step(P, me, T, tt, mpq__norm_task, &tj);
         const mpq_linear *qkv[3] = {&Ly->lin[MPQ_LIN_Q], &Ly->lin[MPQ_LIN_K], &Ly->lin[MPQ_LIN_V]};
         const int lqkv[3] = {MPQ_LIN_Q, MPQ_LIN_K, MPQ_LIN_V};
         float *const yqkv[3] = {s->q, s->k, s->v};
         mpq__products(P, me, qkv, lqkv, 3, l, s->h, yqkv, T, (sh & 3u) << 1);
-        mpq__step(P, me, T, 1, mpq__cache_task, &tj);
+        mpq__step(P, me, T, tt, mpq__cache_task, &tj);
         mpq__attention_job aj = {m, s, P->seq, l, T, P->pos, me.n > 1 ? me.n : th};
         mpq__step(P, me, aj.tasks, th, mpq__attention_task, &aj);
         const mpq_linear *lo[1] = {&Ly->lin[MPQ_LIN_O]};
@@ -1595,7 +1601,7 @@ static void mpq__piece_run(mpq__piece_ctx *P, mpq__me me)
         float *const yo[1] = {s->h};
         mpq__products(P, me, lo, llo, 1, l, s->a, yo, T, 0);
         tj = (mpq__token_job){P, l, 1, Ly->ffn_norm, s->h, 0};
-        mpq__step(P, me, T, 1, mpq__norm_task, &tj);
+        mpq__step(P, me, T, tt, mpq__norm_task, &tj);
         const mpq_linear *gu[2] = {&Ly->lin[MPQ_LIN_GATE], &Ly->lin[MPQ_LIN_UP]};
         const int lgu[2] = {MPQ_LIN_GATE, MPQ_LIN_UP};
         float *const ygu[2] = {s->g, s->u};
@@ -1609,7 +1615,7 @@ static void mpq__piece_run(mpq__piece_ctx *P, mpq__me me)
     }
     /* the last down product added; the norm of rows lo.. into s->a, which the head reads */
     tj = (mpq__token_job){P, 0, c->layers > 0, P->logits && P->lo < T ? m->out_norm : NULL, s->a, P->lo};
-    mpq__step(P, me, T, 1, mpq__norm_task, &tj);
+    mpq__step(P, me, T, tt, mpq__norm_task, &tj);
     if (P->logits && P->lo < T) {
         const mpq_linear *hd[1] = {&m->head};
         const int lhd[1] = {0};

@@ -852,6 +852,17 @@ Test(model, a_backend_pins_the_scratch_of_its_states, .init = make_tmpdir, .fini
     void *wm = work.mem;
     mpq_llm_state_free(&work);
     cr_assert(g.pins == S + 1 && g.unpins == S + 1 && g.unpinned == wm);
+    { /* a prompt in one piece of 400 x 48 floats a row: its per-token steps on the state's threads */
+        enum { NP = 400 };
+        int32_t *tp = malloc(sizeof(int32_t) * NP);
+        random_tokens(&r, tp, NP, tm.v->n);
+        float *zb = logits_of(m, tp, NP, NP, 0);
+        cr_assert_eq(mpq_llm_use_backend(m, NULL), MPQ_OK);
+        float *zc = logits_of(m, tp, NP, NP, 0);
+        cr_assert(!memcmp(zb, zc, sizeof(float) * NP * V), "a long piece through the backend: the CPU's logits");
+        cr_assert_eq(mpq_llm_use_backend(m, &be), MPQ_OK);
+        free(tp), free(zb), free(zc);
+    }
     /* a pin that fails: the state is made unpinned, gives the same logits, and free unpins nothing */
     g = (pin_log){0};
     g.fail = 1;
