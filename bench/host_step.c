@@ -10,15 +10,15 @@
    cache rows, attention, SwiGLU, the float maps. With a GPU backend the
    products come on top of it, plus their copies. The same threads as the
    model commands (OMP_NUM_THREADS). */
-#define _XOPEN_SOURCE 700 /* clock_gettime */
+#define _XOPEN_SOURCE 700 /* clock_gettime, in bench_util.h */
 #define MPQ_IMPLEMENTATION
 #include "mpq.h"
+#include "bench_util.h"
 #include "mpq_model.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 typedef struct null_handle {
     int rows;
@@ -51,13 +51,6 @@ static mpq_status null_sync(void *ctx)
 {
     (void)ctx;
     return MPQ_OK;
-}
-
-static double now(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
 int main(int argc, char **argv)
@@ -95,10 +88,10 @@ int main(int argc, char **argv)
         sp[made] = &seqs[made];
         tok[made] = (int32_t)((made * 7919) % m->c.vocab);
     }
-    double t0 = now(), t1 = t0;
+    double t0 = bench_now(), t1 = t0;
     if (st == MPQ_OK) {
         for (int s = 0; s < steps && st == MPQ_OK; s++) st = mpq_llm_decode(m, sp, nb, tok, 0, &work, logits);
-        t1 = now();
+        t1 = bench_now();
     }
     if (st == MPQ_OK)
         printf("%s: %d layers, %d sequences: %.3f ms per step on the host (%d steps)\n", argv[1], m->c.layers, nb,
