@@ -3615,8 +3615,20 @@ static void mpq__rec_pairs(const mpq__shape *s, const uint8_t *rec, int t, int g
     }
 }
 
+/* Byte k of the result is bit k of v: v copied into every byte, byte k
+   keeping bit k, and 0x7f added so that bit 7 of a byte is set where any
+   bit of it is (no carries: a byte holds at most 0x80). */
+static inline uint64_t mpq__spread8(unsigned v)
+{
+    const uint64_t one = (uint64_t)((uint64_t)v * 0x0101010101010101ull) & 0x8040201008040201ull;
+    return (one + 0x7f7f7f7f7f7f7f7full) >> 7 & 0x0101010101010101ull;
+}
+
 /* Decodes row r of record (t, g) into out[0 .. group width): values in
-   float64, exact (fp16 times a small integer plus fp16). */
+   float64, exact (fp16 times a small integer plus fp16). Eight columns at
+   a time: the byte of each kept plane spread into the bytes of one word
+   (mpq__spread8), plane i shifted to bit i, so that byte k of the word is
+   column k's code without the skipped planes. */
 static void mpq__decode_row(const mpq__shape *s, const uint8_t *rec, int t, int g, int r, int skip, double *out)
 {
     const int b = mpq__bits_at(s, t * MPQ_TILE_ROWS + r, g), nch = mpq__nch(s, g), gw = mpq__group_cols(s, g);
@@ -3626,11 +3638,14 @@ static void mpq__decode_row(const mpq__shape *s, const uint8_t *rec, int t, int 
     s->f->meta_read(rec, r, &sh, &zh);
     s->f->pair(b, sh, zh, &sf, &zf);
     const double S = (double)sf, Z = (double)zf;
-    for (int j = 0; j < gw; j++) {
-        unsigned q = 0;
-        size_t o = (size_t)s->meta + mpq__slab_off(j / 8, r, nch);
-        for (int i = 0; i < b; i++, o += (size_t)nch * 16u) q |= ((unsigned)(rec[o] >> (j % 8)) & 1u) << i;
-        out[j] = S * (double)mpq__mirror_sum(q, b, sk) + Z;
+    const size_t stride = (size_t)nch * 16u; /* from a plane's bytes to the next plane's */
+    const int C = (1 << b) - (1 << sk);      /* mpq__mirror_sum(q, b, sk) = 2 q - C, planes below sk dropped */
+    for (int c = 0; c < nch; c++) {
+        const uint8_t *p = rec + (size_t)s->meta + mpq__slab_off(c, r, nch) + (size_t)sk * stride;
+        uint64_t q = 0;
+        for (int i = sk; i < b; i++, p += stride) q |= mpq__spread8(*p) << i;
+        const int n = gw - 8 * c < 8 ? gw - 8 * c : 8;
+        for (int k = 0; k < n; k++) out[8 * c + k] = S * (double)(2 * (int)(q >> (8 * k) & 255u) - C) + Z;
     }
 }
 

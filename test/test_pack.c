@@ -192,6 +192,13 @@ Test(pack, packing_floats_quantizes_the_permuted_scaled_matrix)
                         double ref = tc_weight(&M, i, j, skip) * M.cscale[j];
                         cr_assert_eq(Wd[(size_t)M.prow[i] * s->n + M.pcol[j]], (float)ref);
                     }
+                /* mpq_packed_dequantize_row: the same row of it, eight columns at a time */
+                for (int i = 0; i < s->m; i++) {
+                    cr_assert_eq(mpq_packed_dequantize_row(&A, skip, M.prow[i], row), MPQ_OK);
+                    for (int j = 0; j < s->n; j++)
+                        cr_assert_eq(row[M.pcol[j]], (float)(tc_weight(&M, i, j, skip) * M.cscale[j]), "row %d col %d",
+                                     i, j);
+                }
             }
             tc_free(&M);
             mpq_packed_free(&A);
