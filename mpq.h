@@ -797,7 +797,12 @@ MPQ_DEF const mpq_format_traits *mpq_format_get(mpq_format f);
    without a staging copy), unpin undoes it and must come before the memory
    is freed; a failed pin changes nothing and the memory works as before.
    mpq_llm_state_init pins a state's scratch on the model's backend and
-   mpq_llm_state_free unpins it (mpq_model.h). */
+   mpq_llm_state_free unpins it (mpq_model.h). gemv_n may be NULL too (the
+   CPU backend's is): the products y[k] = A_k x of one input by n maps
+   (handles[k], all with the same columns), each y[k] as gemv would give
+   it, so that a backend that copies x to its memory copies it once and
+   waits once; the model's forward pass uses it for q, k and v and for
+   gate and up. */
 typedef struct mpq_backend {
     const char *name;
     unsigned caps;
@@ -808,6 +813,8 @@ typedef struct mpq_backend {
     mpq_status (*synchronize)(void *ctx);
     mpq_status (*pin)(void *ctx, void *p, size_t bytes);
     void (*unpin)(void *ctx, void *p);
+    mpq_status (*gemv_n)(void *ctx, int n, void *const *handles, const float *x, float *const *y, int batch,
+                         const mpq_gemv_opts *opts);
 } mpq_backend;
 
 /* Fills *b with the CPU backend. */
@@ -5461,6 +5468,7 @@ MPQ_DEF void mpq_backend_cpu(mpq_backend *b)
     b->synchronize = mpq__cpu_sync;
     b->pin = NULL; /* the CPU reads its own memory as it is */
     b->unpin = NULL;
+    b->gemv_n = NULL; /* nothing to copy: the model calls gemv for each map */
 }
 
 /* ========================================================================== */

@@ -3638,37 +3638,93 @@ bool on_device(const void *p)
     return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
 }
 
-// x and y may live on the host: then they are staged through device buffers
-// and the call returns when y is back (device pointers: asynchronous).
-mpq_status gemv(void *ctx, void *handle, const float *x, float *y, int batch, const mpq_gemv_opts *opts)
+// The checks of a product's arguments (of each of gemv_n's), and the
+// device made current.
+mpq_status gemv_args(cuda_ctx *c, const cuda_handle *h, const float *x, const float *y, int batch,
+                     const mpq_gemv_opts *opts)
 {
-    cuda_ctx *c = static_cast<cuda_ctx *>(ctx);
-    const cuda_handle *h = static_cast<const cuda_handle *>(handle);
     if (!c || !h || !x || !y) return MPQ_ERR_ARG;
     if (batch < 1) return MPQ_ERR_SIZE;
-    const int skip = opts ? opts->skip_planes : 0;
-    if (skip < 0) return MPQ_ERR_ARG;
-    const bool a8 = opts && opts->a8;
-    if (opts && (opts->a8 < 0 || opts->a8 > 1)) return MPQ_ERR_ARG;
+    if (opts && (opts->skip_planes < 0 || opts->a8 < 0 || opts->a8 > 1)) return MPQ_ERR_ARG;
     const uintptr_t xa = reinterpret_cast<uintptr_t>(x), ya = reinterpret_cast<uintptr_t>(y);
     if (xa < ya + sizeof(float) * batch * (size_t)h->m.rows && ya < xa + sizeof(float) * batch * (size_t)h->m.cols)
         return MPQ_ERR_ARG; // y overlaps x: some blocks may still read x while others write y
     int cur = -1;
     cudaError_t e = cudaGetDevice(&cur);
     if (e == cudaSuccess && cur != c->device) e = cudaSetDevice(c->device);
-    if (e != cudaSuccess) return map_error(e);
+    return map_error(e);
+}
+
+// x and y may live on the host: then they are staged through device buffers
+// and the call returns when y is back (device pointers: asynchronous).
+mpq_status gemv(void *ctx, void *handle, const float *x, float *y, int batch, const mpq_gemv_opts *opts)
+{
+    cuda_ctx *c = static_cast<cuda_ctx *>(ctx);
+    const cuda_handle *h = static_cast<const cuda_handle *>(handle);
+    mpq_status st = gemv_args(c, h, x, y, batch, opts);
+    if (st != MPQ_OK) return st;
+    const int skip = opts ? opts->skip_planes : 0;
+    const bool a8 = opts && opts->a8;
     if (on_device(x) && on_device(y)) return gemv_device(c, h, x, y, batch, skip, a8);
     const size_t xn = (size_t)batch * h->m.cols, yn = (size_t)batch * h->m.rows;
-    mpq_status st = reserve(&c->stage, &c->stage_bytes, (xn + yn) * sizeof(float));
+    st = reserve(&c->stage, &c->stage_bytes, (xn + yn) * sizeof(float));
     if (st != MPQ_OK) return st;
     float *dx = c->stage, *dy = c->stage + xn;
-    e = cudaMemcpyAsync(dx, x, xn * sizeof(float), cudaMemcpyHostToDevice, c->stream);
+    cudaError_t e = cudaMemcpyAsync(dx, x, xn * sizeof(float), cudaMemcpyHostToDevice, c->stream);
     if (e != cudaSuccess) return map_error(e);
     st = gemv_device(c, h, dx, dy, batch, skip, a8);
     if (st != MPQ_OK) return st;
     e = cudaMemcpyAsync(y, dy, yn * sizeof(float), cudaMemcpyDeviceToHost, c->stream);
     if (e == cudaSuccess) e = cudaStreamSynchronize(c->stream);
     return map_error(e);
+}
+
+// n products of one x. In host memory, x and every y: x is staged once, the
+// products run one after another into the stage, their y are copied back
+// in order and the call waits once; all on the device: asynchronous, as n
+// calls of gemv; a mix: those n calls.
+mpq_status gemv_n(void *ctx, int n, void *const *handles, const float *x, float *const *y, int batch,
+                  const mpq_gemv_opts *opts)
+{
+    cuda_ctx *c = static_cast<cuda_ctx *>(ctx);
+    if (!c || n < 1 || !handles || !y) return MPQ_ERR_ARG;
+    size_t yn = 0;
+    for (int k = 0; k < n; k++) {
+        const cuda_handle *h = static_cast<const cuda_handle *>(handles[k]);
+        const mpq_status st = gemv_args(c, h, x, y[k], batch, opts);
+        if (st != MPQ_OK) return st;
+        if (h->m.cols != static_cast<const cuda_handle *>(handles[0])->m.cols) return MPQ_ERR_SIZE;
+        yn += (size_t)batch * h->m.rows;
+    }
+    const int skip = opts ? opts->skip_planes : 0;
+    const bool a8 = opts && opts->a8;
+    int on = on_device(x);
+    for (int k = 0; k < n; k++) on += on_device(y[k]);
+    if (on == n + 1)
+        for (int k = 0; k < n; k++) {
+            const mpq_status st =
+                gemv_device(c, static_cast<const cuda_handle *>(handles[k]), x, y[k], batch, skip, a8);
+            if (st != MPQ_OK || k == n - 1) return st;
+        }
+    if (on > 0)
+        for (int k = 0; k < n; k++) {
+            const mpq_status st = gemv(ctx, handles[k], x, y[k], batch, opts);
+            if (st != MPQ_OK || k == n - 1) return st;
+        }
+    const size_t xn = (size_t)batch * static_cast<const cuda_handle *>(handles[0])->m.cols;
+    mpq_status st = reserve(&c->stage, &c->stage_bytes, (xn + yn) * sizeof(float));
+    if (st != MPQ_OK) return st;
+    cudaError_t e = cudaMemcpyAsync(c->stage, x, xn * sizeof(float), cudaMemcpyHostToDevice, c->stream);
+    if (e != cudaSuccess) return map_error(e);
+    float *dy = c->stage + xn;
+    for (int k = 0; k < n; k++) {
+        const cuda_handle *h = static_cast<const cuda_handle *>(handles[k]);
+        if ((st = gemv_device(c, h, c->stage, dy, batch, skip, a8)) != MPQ_OK) return st;
+        e = cudaMemcpyAsync(y[k], dy, (size_t)batch * h->m.rows * sizeof(float), cudaMemcpyDeviceToHost, c->stream);
+        if (e != cudaSuccess) return map_error(e);
+        dy += (size_t)batch * h->m.rows;
+    }
+    return map_error(cudaStreamSynchronize(c->stream));
 }
 
 // The kernels as the rule table calls them: each answers MPQ_ERR_UNSUPPORTED
@@ -3945,6 +4001,7 @@ extern "C" mpq_status mpq_cuda_backend(int device, mpq_backend *b)
     b->synchronize = synchronize;
     b->pin = pin;
     b->unpin = unpin;
+    b->gemv_n = gemv_n;
     return MPQ_OK;
 }
 

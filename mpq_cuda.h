@@ -46,6 +46,11 @@
      page-locked (cudaHostRegister, for every device), so that those copies
      go by DMA with no staging copy in the driver; pinning a range that is
      pinned already is MPQ_ERR_ARG (ranges that only share a page are not);
+   - gemv_n (mpq_backend): in host memory x is copied once, the products
+     run one after another, their outputs come back in order and the call
+     returns when the last is written; all in device memory it is
+     asynchronous, as n calls of gemv; the maps' columns must agree
+     (MPQ_ERR_SIZE); each y is bit for bit what gemv writes;
    - products on the backend's stream use programmatic dependent launch
      (sm_90 and later): a product starts loading its (immutable,
      backend-owned) weights while the kernel before it on the stream

@@ -1236,6 +1236,12 @@ void mpq_llm_state_free(mpq_llm_state *s)
 
 static size_t mpq__align(size_t x) { return (x + 63u) & ~(size_t)63u; }
 
+/* y[0 .. rows) += L's bias. */
+static void mpq__add_bias(const mpq_linear *L, float *y)
+{
+    for (int i = 0; i < L->rows; i++) y[i] += L->bias[i];
+}
+
 /* y[T x rows] = L x[T x cols] (+ bias); L is linear map `lin` of `layer`
    (layer -1: the head, not observed). */
 static mpq_status mpq__linear(const mpq_llm *m, mpq_llm_state *s, const mpq_linear *L, int layer, int lin,
@@ -1264,9 +1270,7 @@ static mpq_status mpq__linear(const mpq_llm *m, mpq_llm_state *s, const mpq_line
         mpq__sgemm_job J = mpq__sgemm_of(s, L, x, T, y);
         mpq_parallel(J.tasks, 0, mpq__sgemm_task, &J);
     }
-    if (st == MPQ_OK && L->bias)
-        for (int t = 0; t < T; t++)
-            for (int i = 0; i < L->rows; i++) y[(size_t)t * L->rows + i] += L->bias[i];
+    for (int t = 0; st == MPQ_OK && L->bias && t < T; t++) mpq__add_bias(L, y + (size_t)t * L->rows);
     return st;
 }
 
@@ -1499,7 +1503,9 @@ static void mpq__cache_task(void *ctx, int t)
    of layer `layer` (-1: the head) into y[0..n). In a team: as
    mpq_gemv_jobs, the tasks of each phase of all of them split between the
    threads as one list, with the tables of those marked in `share` (bit k:
-   map k reads map 0's) built once; float maps through mpq__sgemm's tasks. */
+   map k reads map 0's) built once; float maps through mpq__sgemm's tasks.
+   Without a team, where every map of several has a handle on a backend
+   with gemv_n: that one call. */
 typedef struct mpq__bias_job {
     const mpq_linear *const *L;
     float *const *y;
@@ -1510,8 +1516,7 @@ static void mpq__bias_task(void *ctx, int t)
 {
     const mpq__bias_job *J = (const mpq__bias_job *)ctx;
     for (int k = 0; k < J->n; k++)
-        if (J->L[k]->bias)
-            for (int i = 0; i < J->L[k]->rows; i++) J->y[k][(size_t)t * J->L[k]->rows + i] += J->L[k]->bias[i];
+        if (J->L[k]->bias) mpq__add_bias(J->L[k], J->y[k] + (size_t)t * J->L[k]->rows);
 }
 
 static void mpq__products(mpq__piece_ctx *P, mpq__me me, const mpq_linear *const *L, const int *lin, int n, int layer,
@@ -1521,6 +1526,23 @@ static void mpq__products(mpq__piece_ctx *P, mpq__me me, const mpq_linear *const
     mpq_llm_state *s = P->s;
     const int skip = layer >= 0 ? P->skip : 0;
     if (me.n == 1) {
+        const mpq_backend *be = m->backend;
+        int together = n > 1 && be && be->gemv_n;
+        for (int k = 0; k < n; k++) together &= L[k]->handle != NULL;
+        if (together) { /* one call for them all, which copies x once (mpq_backend.gemv_n) */
+            void *h[3];
+            for (int k = 0; k < n; k++) {
+                if (m->observe && layer >= 0) m->observe(m->observe_user, layer, lin[k], x, T, L[k]->cols);
+                h[k] = L[k]->handle;
+            }
+            mpq_gemv_opts o;
+            memset(&o, 0, sizeof o);
+            o.skip_planes = skip, o.a8 = m->a8, o.path = m->cpu_path;
+            mpq__piece_fail(P, be->gemv_n(be->ctx, n, h, x, y, T, &o));
+            for (int k = 0; k < n && !mpq__piece_failed(P); k++)
+                for (int t = 0; L[k]->bias && t < T; t++) mpq__add_bias(L[k], y[k] + (size_t)t * L[k]->rows);
+            return;
+        }
         for (int k = 0; k < n && !mpq__piece_failed(P); k++)
             mpq__piece_fail(P, mpq__linear(m, s, L[k], layer, lin[k], x, y[k], T, skip));
         return;

@@ -884,6 +884,78 @@ Test(model, a_backend_pins_the_scratch_of_its_states, .init = make_tmpdir, .fini
     tl_free(&tm);
 }
 
+/* The CPU backend's functions, with a gemv_n that records its calls and
+   makes them as n calls of the CPU backend's gemv (that backend's ctx is
+   NULL: it is not passed on). */
+typedef struct many_log {
+    mpq_status (*gemv)(void *ctx, void *handle, const float *x, float *y, int batch, const mpq_gemv_opts *opts);
+    int calls, maps[4], fail; /* maps[n]: calls of n maps */
+} many_log;
+
+static mpq_status log_gemv_n(void *ctx, int n, void *const *handles, const float *x, float *const *y, int batch,
+                             const mpq_gemv_opts *opts)
+{
+    many_log *g = (many_log *)ctx;
+    g->calls++;
+    if (n >= 1 && n <= 3) g->maps[n]++;
+    if (g->fail) return MPQ_ERR_DEVICE;
+    for (int k = 0; k < n; k++) {
+        const mpq_status st = g->gemv(NULL, handles[k], x, y[k], batch, opts);
+        if (st != MPQ_OK) return st;
+    }
+    return MPQ_OK;
+}
+
+Test(model, products_of_one_input_go_to_the_backend_in_one_call, .init = make_tmpdir, .fini = remove_tmpdir)
+{
+    for (int bias = 0; bias < 2; bias++) {
+        tl_model tm;
+        shape(&tm, bias, 0, bias); /* with biases: q, k and v's added after the call */
+        char hf[600], gguf[600];
+        paths(hf, gguf);
+        tl_make(&tm, 61 + bias);
+        tl_write_hf(&tm, hf, MPQ_DT_F32);
+        mpq_llm *m = load(hf);
+        pack_all(m, 3);
+        enum { N = 11, B = 4, S = 3 };
+        synth_rng r = {62};
+        int32_t tok[N];
+        random_tokens(&r, tok, N, tm.v->n);
+        const size_t V = (size_t)m->c.vocab;
+        float *want = logits_of(m, tok, N, B, 0), *z = malloc(sizeof(float) * N * V);
+        mpq_backend be;
+        mpq_backend_cpu(&be);
+        cr_assert_null(be.gemv_n, "the CPU backend copies nothing: it has no gemv_n");
+        many_log g = {be.gemv, 0, {0}, 0};
+        be.ctx = &g, be.gemv_n = log_gemv_n;
+        cr_assert_eq(mpq_llm_use_backend(m, &be), MPQ_OK);
+        float *got = logits_of(m, tok, N, B, 0);
+        cr_assert(!memcmp(got, want, sizeof(float) * N * V), "bias %d: the CPU's logits", bias);
+        const int pieces = (N + B - 1) / B, L = m->c.layers;
+        cr_assert(g.maps[3] == pieces * L && g.maps[2] == pieces * L && g.maps[1] == 0 && g.calls == 2 * pieces * L,
+                  "q, k, v in one call and gate, up in one, per layer and piece: %d %d %d", g.maps[1], g.maps[2],
+                  g.maps[3]);
+        /* several sequences at once */
+        mpq_llm_state seq[S], work, *sp[S];
+        cr_assert_eq(mpq_llm_state_init(m, 4, S, &work), MPQ_OK);
+        for (int i = 0; i < S; i++) {
+            cr_assert_eq(mpq_llm_state_init(m, 4, 1, &seq[i]), MPQ_OK);
+            sp[i] = &seq[i];
+        }
+        g.calls = 0;
+        cr_assert_eq(mpq_llm_decode(m, sp, S, tok, 0, &work, z), MPQ_OK);
+        cr_assert_eq(g.calls, 2 * L);
+        /* a failing call fails the step */
+        g.fail = 1;
+        cr_assert_eq(mpq_llm_decode(m, sp, S, tok, 0, &work, z), MPQ_ERR_DEVICE);
+        for (int i = 0; i < S; i++) mpq_llm_state_free(&seq[i]);
+        mpq_llm_state_free(&work);
+        free(want), free(got), free(z);
+        mpq_llm_free(m);
+        tl_free(&tm);
+    }
+}
+
 Test(model, perplexity_as_llama_perplexity_computes_it, .init = make_tmpdir, .fini = remove_tmpdir)
 {
     tl_model tm;

@@ -515,6 +515,94 @@ int main(int argc, char **argv)
     }
     report(mpq_cuda_stream(&be16) != NULL, "fp16-weights backend: its stream");
     mpq_cuda_backend_destroy(&be16);
+    /* several maps of one input in one call (gemv_n): as many calls of gemv, bit for bit */
+    {
+        enum { N = 1024 };
+        const int rows[3] = {600, 200, 600}, bw[2] = {3, 4};
+        mpq_packed P[2];
+        memset(P, 0, sizeof P);
+        void *hs[3] = {NULL, NULL, NULL};
+        mpq_status st = MPQ_OK;
+        for (int k = 0; k < 2 && st == MPQ_OK; k++) {
+            float *W = malloc(sizeof(float) * rows[k] * N);
+            synth_weights(&r, W, rows[k], N);
+            mpq_bitplane_desc d = {0};
+            d.rows = rows[k], d.cols = N, d.uniform_bits = bw[k];
+            st = mpq_pack_alloc(&d, W, &P[k]);
+            if (st == MPQ_OK) st = be.upload(be.ctx, &P[k], &hs[k]);
+            free(W);
+        }
+        hs[2] = hs[0]; /* a map twice */
+        report(st == MPQ_OK, "gemv_n: three maps of 1024 columns uploaded");
+        const int batches[] = {1, 5, 17, 64};
+        for (size_t bi = 0; st == MPQ_OK && bi < sizeof batches / sizeof batches[0]; bi++)
+            for (int a8 = 0; a8 < 2; a8++) {
+                const int B = batches[bi];
+                const size_t xn = (size_t)B * N, yn = (size_t)B * (rows[0] + rows[1] + rows[2]);
+                float *x = malloc(sizeof(float) * xn), *want = malloc(sizeof(float) * yn);
+                float *px = malloc(sizeof(float) * (xn + yn)), *got = px + xn;
+                synth_activations(&r, x, (int)xn);
+                memcpy(px, x, sizeof(float) * xn);
+                mpq_gemv_opts o = {0};
+                o.a8 = a8;
+                float *yw[3], *yg[3];
+                int ok = 1;
+                for (int k = 0, at = 0; k < 3; at += B * rows[k], k++) {
+                    yw[k] = want + at, yg[k] = got + at;
+                    ok &= be.gemv(be.ctx, hs[k], x, yw[k], B, &o) == MPQ_OK;
+                }
+                for (size_t k = 0; k < yn; k++) got[k] = NAN;
+                const mpq_status g1 = be.gemv_n(be.ctx, 3, hs, px, yg, B, &o);
+                report(ok && g1 == MPQ_OK && !memcmp(got, want, sizeof(float) * yn),
+                       "gemv_n: batch %d%s, host memory: the bits of three gemv calls", B, a8 ? " a8" : "");
+                for (size_t k = 0; k < yn; k++) got[k] = NAN;
+                const mpq_status p1 = be.pin(be.ctx, px, sizeof(float) * (xn + yn));
+                const mpq_status g2 = be.gemv_n(be.ctx, 3, hs, px, yg, B, &o);
+                if (p1 == MPQ_OK) be.unpin(be.ctx, px);
+                report(p1 == MPQ_OK && g2 == MPQ_OK && !memcmp(got, want, sizeof(float) * yn),
+                       "  pinned, the same bits");
+                float *d = NULL, *dy[3];
+                cudaError_t e = cudaMalloc((void **)&d, sizeof(float) * (xn + yn));
+                for (int k = 0, at = 0; k < 3; at += B * rows[k], k++) dy[k] = d + xn + at;
+                if (e == cudaSuccess) e = cudaMemcpy(d, x, sizeof(float) * xn, cudaMemcpyHostToDevice);
+                const mpq_status g3 = e == cudaSuccess ? be.gemv_n(be.ctx, 3, hs, d, dy, B, &o) : MPQ_ERR_DEVICE;
+                for (size_t k = 0; k < yn; k++) got[k] = NAN;
+                const mpq_status sy = g3 == MPQ_OK ? be.synchronize(be.ctx) : g3; /* asynchronous on its stream */
+                if (sy == MPQ_OK) e = cudaMemcpy(got, d + xn, sizeof(float) * yn, cudaMemcpyDeviceToHost);
+                report(sy == MPQ_OK && e == cudaSuccess && !memcmp(got, want, sizeof(float) * yn),
+                       "  device memory, the same bits");
+                cudaFree(d);
+                free(x), free(want), free(px);
+            }
+        { /* bad calls */
+            float W[64 * 32], x[N], y[600], *ys[3] = {y, y, y};
+            synth_weights(&r, W, 64, 32);
+            mpq_bitplane_desc d = {0};
+            d.rows = 64, d.cols = 32, d.group = 32;
+            mpq_packed A;
+            memset(&A, 0, sizeof A);
+            void *hn = NULL, *two[2] = {hs[0], NULL};
+            memset(x, 0, sizeof x);
+            report(mpq_pack_alloc(&d, W, &A) == MPQ_OK && be.upload(be.ctx, &A, &two[1]) == MPQ_OK,
+                   "gemv_n: a map of 32 columns");
+            report(be.gemv_n(be.ctx, 2, two, x, ys, 1, NULL) == MPQ_ERR_SIZE,
+                   "gemv_n: columns that differ: MPQ_ERR_SIZE");
+            report(be.gemv_n(be.ctx, 0, hs, x, ys, 1, NULL) == MPQ_ERR_ARG &&
+                       be.gemv_n(be.ctx, 1, &hn, x, ys, 1, NULL) == MPQ_ERR_ARG &&
+                       be.gemv_n(be.ctx, 3, hs, NULL, ys, 1, NULL) == MPQ_ERR_ARG &&
+                       be.gemv_n(be.ctx, 3, hs, x, NULL, 1, NULL) == MPQ_ERR_ARG,
+                   "gemv_n: no maps, no handle, no x or no y: MPQ_ERR_ARG");
+            report(be.gemv_n(be.ctx, 3, hs, x, ys, 0, NULL) == MPQ_ERR_SIZE, "gemv_n: batch 0: MPQ_ERR_SIZE");
+            float *ov[3] = {y, x + 8, y};
+            report(be.gemv_n(be.ctx, 3, hs, x, ov, 1, NULL) == MPQ_ERR_ARG, "gemv_n: a y overlapping x: MPQ_ERR_ARG");
+            if (two[1]) be.release(be.ctx, two[1]);
+            mpq_packed_free(&A);
+        }
+        for (int k = 0; k < 2; k++) {
+            if (hs[k]) be.release(be.ctx, hs[k]);
+            mpq_packed_free(&P[k]);
+        }
+    }
     /* bad input */
     {
         void *h = NULL;
