@@ -3627,7 +3627,7 @@ static void mpq__rec_pairs(const mpq__shape *s, const uint8_t *rec, int t, int g
    bit of it is (no carries: a byte holds at most 0x80). */
 static inline uint64_t mpq__spread8(unsigned v)
 {
-    const uint64_t one = (uint64_t)((uint64_t)v * 0x0101010101010101ull) & 0x8040201008040201ull;
+    const uint64_t one = ((uint64_t)v * 0x0101010101010101ull) & 0x8040201008040201ull;
     return (one + 0x7f7f7f7f7f7f7f7full) >> 7 & 0x0101010101010101ull;
 }
 

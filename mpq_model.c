@@ -1530,6 +1530,7 @@ static void mpq__products(mpq__piece_ctx *P, mpq__me me, const mpq_linear *const
         int together = n > 1 && be && be->gemv_n;
         for (int k = 0; k < n; k++) together &= L[k]->handle != NULL;
         if (together) { /* one call for them all, which copies x once (mpq_backend.gemv_n) */
+            if (mpq__piece_failed(P)) return;
             void *h[3];
             for (int k = 0; k < n; k++) {
                 if (m->observe && layer >= 0) m->observe(m->observe_user, layer, lin[k], x, T, L[k]->cols);
