@@ -3700,17 +3700,12 @@ mpq_status gemv_n(void *ctx, int n, void *const *handles, const float *x, float 
     const bool a8 = opts && opts->a8;
     int on = on_device(x);
     for (int k = 0; k < n; k++) on += on_device(y[k]);
-    if (on == n + 1)
-        for (int k = 0; k < n; k++) {
-            const mpq_status st =
-                gemv_device(c, static_cast<const cuda_handle *>(handles[k]), x, y[k], batch, skip, a8);
-            if (st != MPQ_OK || k == n - 1) return st;
-        }
-    if (on > 0)
-        for (int k = 0; k < n; k++) {
-            const mpq_status st = gemv(ctx, handles[k], x, y[k], batch, opts);
-            if (st != MPQ_OK || k == n - 1) return st;
-        }
+    for (int k = 0; on > 0 && k < n; k++) { // all on the device, or a mix: a product at a time
+        const mpq_status st = on == n + 1
+            ? gemv_device(c, static_cast<const cuda_handle *>(handles[k]), x, y[k], batch, skip, a8)
+            : gemv(ctx, handles[k], x, y[k], batch, opts);
+        if (st != MPQ_OK || k == n - 1) return st;
+    }
     const size_t xn = (size_t)batch * static_cast<const cuda_handle *>(handles[0])->m.cols;
     mpq_status st = reserve(&c->stage, &c->stage_bytes, (xn + yn) * sizeof(float));
     if (st != MPQ_OK) return st;

@@ -1236,10 +1236,20 @@ void mpq_llm_state_free(mpq_llm_state *s)
 
 static size_t mpq__align(size_t x) { return (x + 63u) & ~(size_t)63u; }
 
-/* y[0 .. rows) += L's bias. */
-static void mpq__add_bias(const mpq_linear *L, float *y)
+/* T rows of y (rows floats each) += L's bias, where it has one. */
+static void mpq__add_bias(const mpq_linear *L, float *y, int T)
 {
-    for (int i = 0; i < L->rows; i++) y[i] += L->bias[i];
+    for (int t = 0; L->bias && t < T; t++)
+        for (int i = 0; i < L->rows; i++) y[(size_t)t * L->rows + i] += L->bias[i];
+}
+
+/* The options of a product of the model's packed maps. */
+static mpq_gemv_opts mpq__opts_of(const mpq_llm *m, int skip)
+{
+    mpq_gemv_opts o;
+    memset(&o, 0, sizeof o);
+    o.skip_planes = skip, o.a8 = m->a8, o.path = m->cpu_path;
+    return o;
 }
 
 /* y[T x rows] = L x[T x cols] (+ bias); L is linear map `lin` of `layer`
@@ -1250,9 +1260,7 @@ static mpq_status mpq__linear(const mpq_llm *m, mpq_llm_state *s, const mpq_line
     mpq_status st = MPQ_OK;
     if (m->observe && layer >= 0) m->observe(m->observe_user, layer, lin, x, T, L->cols);
     if (L->A.buf) {
-        mpq_gemv_opts o;
-        memset(&o, 0, sizeof o);
-        o.skip_planes = skip, o.a8 = m->a8, o.path = m->cpu_path;
+        const mpq_gemv_opts o = mpq__opts_of(m, skip);
         if (L->handle) {
             st = m->backend->gemv(m->backend->ctx, L->handle, x, y, T, &o);
         } else {
@@ -1270,7 +1278,7 @@ static mpq_status mpq__linear(const mpq_llm *m, mpq_llm_state *s, const mpq_line
         mpq__sgemm_job J = mpq__sgemm_of(s, L, x, T, y);
         mpq_parallel(J.tasks, 0, mpq__sgemm_task, &J);
     }
-    for (int t = 0; st == MPQ_OK && L->bias && t < T; t++) mpq__add_bias(L, y + (size_t)t * L->rows);
+    if (st == MPQ_OK) mpq__add_bias(L, y, T);
     return st;
 }
 
@@ -1515,8 +1523,7 @@ typedef struct mpq__bias_job {
 static void mpq__bias_task(void *ctx, int t)
 {
     const mpq__bias_job *J = (const mpq__bias_job *)ctx;
-    for (int k = 0; k < J->n; k++)
-        if (J->L[k]->bias) mpq__add_bias(J->L[k], J->y[k] + (size_t)t * J->L[k]->rows);
+    for (int k = 0; k < J->n; k++) mpq__add_bias(J->L[k], J->y[k] + (size_t)t * J->L[k]->rows, 1);
 }
 
 static void mpq__products(mpq__piece_ctx *P, mpq__me me, const mpq_linear *const *L, const int *lin, int n, int layer,
@@ -1536,12 +1543,9 @@ static void mpq__products(mpq__piece_ctx *P, mpq__me me, const mpq_linear *const
                 if (m->observe && layer >= 0) m->observe(m->observe_user, layer, lin[k], x, T, L[k]->cols);
                 h[k] = L[k]->handle;
             }
-            mpq_gemv_opts o;
-            memset(&o, 0, sizeof o);
-            o.skip_planes = skip, o.a8 = m->a8, o.path = m->cpu_path;
+            const mpq_gemv_opts o = mpq__opts_of(m, skip);
             mpq__piece_fail(P, be->gemv_n(be->ctx, n, h, x, y, T, &o));
-            for (int k = 0; k < n && !mpq__piece_failed(P); k++)
-                for (int t = 0; L[k]->bias && t < T; t++) mpq__add_bias(L[k], y[k] + (size_t)t * L[k]->rows);
+            for (int k = 0; k < n && !mpq__piece_failed(P); k++) mpq__add_bias(L[k], y[k], T);
             return;
         }
         for (int k = 0; k < n && !mpq__piece_failed(P); k++)
@@ -1552,9 +1556,7 @@ static void mpq__products(mpq__piece_ctx *P, mpq__me me, const mpq_linear *const
     mpq__sgemm_job F[3];
     int packed[3];
     size_t used = 0;
-    mpq_gemv_opts o;
-    memset(&o, 0, sizeof o);
-    o.skip_planes = skip, o.a8 = m->a8, o.path = m->cpu_path;
+    const mpq_gemv_opts o = mpq__opts_of(m, skip);
     for (int k = 0; k < n; k++) {
         memset(&J[k], 0, sizeof J[k]);
         packed[k] = L[k]->A.buf != NULL;
