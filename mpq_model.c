@@ -992,6 +992,11 @@ uint64_t mpq_llm_weight_bytes(const mpq_llm *m)
 /* 2. Forward pass                                                            */
 /* ========================================================================== */
 
+/* Heads an attention task takes at a time: heads of one group read the
+   same keys and values, so each cache row is loaded once for all of them
+   and their dot products and sums run side by side. */
+#define MPQ__ATT_HEADS 4
+
 #if defined(__GNUC__) || defined(__clang__)
 #if defined(__AVX512F__)
 #define MPQ__VB 64
@@ -1197,7 +1202,10 @@ mpq_status mpq_llm_state_init(const mpq_llm *m, int ctx, int batch, mpq_llm_stat
     s->kc = (float *)malloc(sizeof(float) * (size_t)c->layers * (size_t)ctx * kvd);
     s->vc = (float *)malloc(sizeof(float) * (size_t)c->layers * (size_t)ctx * kvd);
     const size_t per = B * (2 * D + qd + 2 * kvd + wide + 2 * F + (size_t)c->head_dim);
-    const size_t mem_bytes = sizeof(float) * (per + (size_t)s->nthreads * (size_t)ctx);
+    /* per thread: MPQ__ATT_HEADS rows of attention scores, then two times
+       MPQ__ATT_HEADS head rows (mpq__attention_task) */
+    const size_t att = (size_t)MPQ__ATT_HEADS * ((size_t)ctx + 2 * (size_t)c->head_dim);
+    const size_t mem_bytes = sizeof(float) * (per + (size_t)s->nthreads * att);
     s->mem = (float *)malloc(mem_bytes);
     if (!s->kc || !s->vc || !s->mem) {
         mpq_llm_state_free(s);
@@ -1381,9 +1389,94 @@ static void mpq__step(mpq__piece_ctx *P, mpq__me me, int n, int threads, mpq_tas
         for (int t = 0; t < n; t++) fn(ctx, t);
 }
 
+/* Cache rows ahead that the attention asks for: a head's rows of keys and
+   values lie a whole row of the cache (kv_heads x head_dim floats, 4 KB on
+   Llama-70B's shape) apart, each in a page of its own, where the
+   hardware's prefetchers do not follow. */
+#define MPQ__ATT_AHEAD 8
+static inline void mpq__att_prefetch(const float *row, int hd)
+{
+#if defined(__GNUC__) || defined(__clang__)
+    for (int d = 0; d < hd; d += 16) __builtin_prefetch((const void *)(row + d), 0, 3);
+#else
+    (void)row, (void)hd;
+#endif
+}
+
+/* The dot products of MPQ__ATT_HEADS rows of q (qs floats apart) with one
+   key row k of n floats, each in mpq__mdot's order (two vector
+   accumulators, then the tail), so a head's score is the same float in
+   whichever slot it lies. */
+static void mpq__att_dots(const float *q, size_t qs, const float *k, int n, float *out)
+{
+#if defined(__GNUC__) || defined(__clang__)
+    mpq__vf s[MPQ__ATT_HEADS][2];
+    memset(s, 0, sizeof s);
+    int d = 0;
+    for (; d + 2 * MPQ__VL <= n; d += 2 * MPQ__VL) {
+        const mpq__vf k0 = mpq__ld(k + d), k1 = mpq__ld(k + d + MPQ__VL);
+        for (int i = 0; i < MPQ__ATT_HEADS; i++) {
+            s[i][0] += mpq__ld(q + (size_t)i * qs + d) * k0;
+            s[i][1] += mpq__ld(q + (size_t)i * qs + d + MPQ__VL) * k1;
+        }
+    }
+    for (int i = 0; i < MPQ__ATT_HEADS; i++) {
+        float t = mpq__hsum(s[i][0] + s[i][1]);
+        for (int dd = d; dd < n; dd++) t += q[(size_t)i * qs + dd] * k[dd];
+        out[i] = t;
+    }
+#else
+    for (int i = 0; i < MPQ__ATT_HEADS; i++) out[i] = mpq__mdot(q + (size_t)i * qs, k, n);
+#endif
+}
+
+/* o_i = sum_j p_ij v_j for MPQ__ATT_HEADS heads (o_i at o + i * os, p_ij
+   = sc[i * ss + j] * inv[i]) over the n value rows v_j (vs floats apart)
+   of hd floats: each o_i[d] starts at 0 and adds p_ij v_j[d] in the order
+   of j, as a loop over j of o[d] += p v_j[d] would, with the sums of a
+   slice of d held in registers over the whole of j. */
+static void mpq__att_values(const float *sc, size_t ss, const float *inv, const float *v, size_t vs, int n, int hd,
+                            float *o, size_t os)
+{
+    int d0 = 0;
+#if defined(__GNUC__) || defined(__clang__)
+    for (; d0 + 2 * MPQ__VL <= hd; d0 += 2 * MPQ__VL) {
+        mpq__vf acc[MPQ__ATT_HEADS][2];
+        memset(acc, 0, sizeof acc);
+        for (int j = 0; j < n; j++) {
+            if (d0 == 0 && j + MPQ__ATT_AHEAD < n) mpq__att_prefetch(v + (size_t)(j + MPQ__ATT_AHEAD) * vs, hd);
+            const float *vj = v + (size_t)j * vs + d0;
+            const mpq__vf v0 = mpq__ld(vj), v1 = mpq__ld(vj + MPQ__VL);
+            for (int i = 0; i < MPQ__ATT_HEADS; i++) {
+                const float p = sc[(size_t)i * ss + j] * inv[i];
+                acc[i][0] += p * v0;
+                acc[i][1] += p * v1;
+            }
+        }
+        for (int i = 0; i < MPQ__ATT_HEADS; i++) {
+            memcpy(o + (size_t)i * os + d0, &acc[i][0], sizeof acc[i][0]);
+            memcpy(o + (size_t)i * os + d0 + MPQ__VL, &acc[i][1], sizeof acc[i][1]);
+        }
+    }
+#endif
+    for (int i = 0; i < MPQ__ATT_HEADS; i++) {
+        float *oi = o + (size_t)i * os;
+        for (int d = d0; d < hd; d++) oi[d] = 0;
+        for (int j = 0; j < n; j++) {
+            const float p = sc[(size_t)i * ss + j] * inv[i], *vj = v + (size_t)j * vs;
+            for (int d = d0; d < hd; d++) oi[d] += p * vj[d];
+        }
+    }
+}
+
 /* Causal attention of T new tokens at positions pos.. over the cache of
    layer l (already holding their keys and values): `tasks` tasks, each a
-   range of (token, head) pairs with its own row of s->scores. */
+   range of (token, head) pairs with its own MPQ__ATT_HEADS rows of
+   s->scores. A task takes its range in runs of up to MPQ__ATT_HEADS heads
+   of one token and one group; a run of fewer fills the other slots with
+   its last head and keeps only its own heads' results (scratch rows), so
+   that every head is computed by the same code and a head's output does
+   not depend on the split. */
 typedef struct mpq__attention_job {
     const mpq_llm *m;
     mpq_llm_state *s;
@@ -1397,30 +1490,55 @@ static void mpq__attention_task(void *ctx, int task)
     const mpq_llm_config *c = &J->m->c;
     mpq_llm_state *s = J->s;
     const int hd = c->head_dim, H = c->heads, group = c->heads / c->kv_heads, n = J->T * H;
-    const size_t kvd = (size_t)c->kv_heads * hd, qd = (size_t)H * hd;
+    const size_t kvd = (size_t)c->kv_heads * hd, qd = (size_t)H * hd, ss = (size_t)s->ctx;
     const float scale = (float)(1.0 / sqrt((double)hd));
-    float *sc = s->scores + (size_t)task * s->ctx;
+    float *sc = s->scores + (size_t)task * MPQ__ATT_HEADS * ss;
+    /* a run of fewer heads: its q rows and the copies of its last one, and
+       the outputs of all its slots */
+    float *qx = s->scores + (size_t)s->nthreads * MPQ__ATT_HEADS * ss + (size_t)task * 2 * MPQ__ATT_HEADS * hd;
+    float *ox = qx + (size_t)MPQ__ATT_HEADS * hd;
     const int th1 = (int)((long long)n * (task + 1) / J->tasks);
-    for (int th = (int)((long long)n * task / J->tasks); th < th1; th++) {
+    for (int th = (int)((long long)n * task / J->tasks); th < th1;) {
         const int t = th / H, h = th % H, g = h / group;
-        const mpq_llm_state *own = J->seq ? J->seq[t] : s; /* the cache row t reads */
+        int nh = group - h % group;
+        nh = nh < th1 - th ? nh : th1 - th;
+        nh = nh < MPQ__ATT_HEADS ? nh : MPQ__ATT_HEADS;
+        const mpq_llm_state *own = J->seq ? J->seq[t] : s; /* the cache rows token t reads */
         const int P = J->seq ? own->pos : J->pos + t;
-        const float *kc = own->kc + (size_t)J->l * own->ctx * kvd, *vc = own->vc + (size_t)J->l * own->ctx * kvd;
+        const float *kc = own->kc + (size_t)J->l * own->ctx * kvd + (size_t)g * hd;
+        const float *vc = own->vc + (size_t)J->l * own->ctx * kvd + (size_t)g * hd;
         const float *q = s->q + (size_t)t * qd + (size_t)h * hd;
-        float mx = -INFINITY;
-        for (int j = 0; j <= P; j++) {
-            sc[j] = mpq__mdot(q, kc + (size_t)j * kvd + (size_t)g * hd, hd) * scale;
-            mx = sc[j] > mx ? sc[j] : mx;
-        }
-        double sum = 0;
-        for (int j = 0; j <= P; j++) sum += (sc[j] = expf(sc[j] - mx));
-        const float inv = (float)(1.0 / sum);
         float *o = s->a + (size_t)t * qd + (size_t)h * hd;
-        for (int d = 0; d < hd; d++) o[d] = 0;
-        for (int j = 0; j <= P; j++) {
-            const float p = sc[j] * inv, *vj = vc + (size_t)j * kvd + (size_t)g * hd;
-            for (int d = 0; d < hd; d++) o[d] += p * vj[d];
+        if (nh < MPQ__ATT_HEADS) {
+            for (int i = 0; i < MPQ__ATT_HEADS; i++)
+                memcpy(qx + (size_t)i * hd, q + (size_t)(i < nh ? i : nh - 1) * hd, sizeof(float) * (size_t)hd);
+            q = qx;
         }
+        float mx[MPQ__ATT_HEADS], inv[MPQ__ATT_HEADS];
+        for (int i = 0; i < MPQ__ATT_HEADS; i++) mx[i] = -INFINITY;
+        for (int j = 0; j <= P; j++) {
+            float dot[MPQ__ATT_HEADS];
+            if (j + MPQ__ATT_AHEAD <= P) mpq__att_prefetch(kc + (size_t)(j + MPQ__ATT_AHEAD) * kvd, hd);
+            mpq__att_dots(q, (size_t)hd, kc + (size_t)j * kvd, hd, dot);
+            for (int i = 0; i < MPQ__ATT_HEADS; i++) {
+                const float v = dot[i] * scale;
+                sc[(size_t)i * ss + j] = v;
+                mx[i] = v > mx[i] ? v : mx[i];
+            }
+        }
+        for (int i = 0; i < MPQ__ATT_HEADS; i++) {
+            float *si = sc + (size_t)i * ss;
+            double sum = 0;
+            for (int j = 0; j <= P; j++) sum += (si[j] = expf(si[j] - mx[i]));
+            inv[i] = (float)(1.0 / sum);
+        }
+        if (nh == MPQ__ATT_HEADS)
+            mpq__att_values(sc, ss, inv, vc, kvd, P + 1, hd, o, (size_t)hd);
+        else {
+            mpq__att_values(sc, ss, inv, vc, kvd, P + 1, hd, ox, (size_t)hd);
+            memcpy(o, ox, sizeof(float) * (size_t)nh * (size_t)hd);
+        }
+        th += nh;
     }
 }
 

@@ -166,6 +166,37 @@ Test(model, qwen2_with_biases_gives_the_reference, .init = make_tmpdir, .fini = 
     tl_free(&tm);
 }
 
+/* Heads of 40 floats (past two vectors of every SIMD width, with a tail)
+   in groups of 4 (the attention's runs, whole) and of 6 (a run of 4 and
+   one of 2): the float64 reference, and the same bits for every batch
+   (pieces of 1, 5 and 64 tokens split the heads differently). */
+Test(model, wide_heads_in_groups_give_the_reference_and_the_same_bits, .init = make_tmpdir, .fini = remove_tmpdir)
+{
+    for (int k = 0; k < 2; k++) {
+        tl_model tm;
+        shape(&tm, k, 0, k);
+        tm.heads = k ? 12 : 8, tm.kv_heads = 2, tm.head_dim = 40;
+        both_forms_match_reference(&tm, 17 + (uint64_t)k);
+        char hf[600], gguf[600];
+        paths(hf, gguf);
+        mpq_llm *m = load(gguf);
+        enum { N = 29 };
+        int32_t tok[N];
+        synth_rng r = {23 + (uint64_t)k};
+        random_tokens(&r, tok, N, tm.v->n);
+        float *whole = logits_of(m, tok, N, 64, 0);
+        for (int b = 1; b <= 5; b += 4) {
+            float *z = logits_of(m, tok, N, b, 0);
+            cr_assert(!memcmp(z, whole, sizeof(float) * N * 320), "groups of %d, batch %d: not bit for bit",
+                      tm.heads / tm.kv_heads, b);
+            free(z);
+        }
+        free(whole);
+        mpq_llm_free(m);
+        tl_free(&tm);
+    }
+}
+
 Test(model, rotary_scaling_gives_the_reference, .init = make_tmpdir, .fini = remove_tmpdir)
 {
     for (int sc = 1; sc <= 2; sc++) {
