@@ -1529,8 +1529,9 @@ static void mpq__attention_task(void *ctx, int task)
         for (int i = 0; i < MPQ__ATT_HEADS; i++) {
             float *si = sc + (size_t)i * ss;
             double sum = 0;
-            for (int j = 0; j <= P; j++) sum += (si[j] = expf(si[j] - mx[i]));
-            inv[i] = (float)(1.0 / sum);
+            if (i < nh)
+                for (int j = 0; j <= P; j++) sum += (si[j] = expf(si[j] - mx[i]));
+            inv[i] = i < nh ? (float)(1.0 / sum) : 0.0f; /* a spare slot's output is not kept */
         }
         if (nh == MPQ__ATT_HEADS)
             mpq__att_values(sc, ss, inv, vc, kvd, P + 1, hd, o, (size_t)hd);
